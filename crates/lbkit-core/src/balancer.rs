@@ -1,0 +1,367 @@
+//! [`Balancer`]: one snapshot and its prepared picker, published together through one
+//! `ArcSwap`, and [`CallGuard`], which feeds each call's outcome back into the statistics.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+
+use crate::availability::Availability;
+use crate::endpoint::Endpoint;
+use crate::error::PickError;
+use crate::snapshot::{EndpointIdx, Snapshot};
+use crate::stats::Outcome;
+use crate::strategy::{BoxStrategy, PickContext, Picker, Strategy};
+use crate::time::{Clock, Timestamp};
+
+/// How often the balancer re-prepares while some endpoint is inside its warm-up window, so
+/// warm-up weights follow Dubbo's curve in steps of at most this length.
+pub const WARMUP_REFRESH: Duration = Duration::from_secs(1);
+
+/// Candidates the balancer asks the picker for before it scans for an acceptable endpoint
+/// (Ribbon's `AvailabilityFilteringRule` tries 10 times).
+pub const MAX_PROBES: u32 = 10;
+
+/// A snapshot and the picker prepared for it. Immutable; replaced as a whole.
+pub struct Prepared<P> {
+    snapshot: Arc<Snapshot>,
+    picker: P,
+    prepared_at: Timestamp,
+    refresh_at: Option<Timestamp>,
+}
+
+// === impl Prepared ===
+
+impl<P: Picker> Prepared<P> {
+    /// The snapshot the picker was prepared for.
+    pub fn snapshot(&self) -> &Arc<Snapshot> {
+        &self.snapshot
+    }
+
+    /// The prepared picker.
+    pub fn picker(&self) -> &P {
+        &self.picker
+    }
+
+    /// When it was prepared.
+    pub fn prepared_at(&self) -> Timestamp {
+        self.prepared_at
+    }
+
+    /// When it should be prepared again (response-time refresh, warm-up), if ever.
+    pub fn refresh_at(&self) -> Option<Timestamp> {
+        self.refresh_at
+    }
+
+    /// Choose an endpoint: the picker's choice, unless it was already tried by this call or the
+    /// availability filter rejects it.
+    ///
+    /// With one eligible endpoint it is returned without running the strategy (Dubbo's
+    /// `select`). A rejected candidate is re-picked at most [`MAX_PROBES`] times, then the
+    /// eligible list is scanned once from a random start; when everything is rejected, an
+    /// untried endpoint is preferred over an available one, and finally the picker's first
+    /// choice is returned (Ribbon falls back to all servers rather than failing).
+    ///
+    /// # Errors
+    /// [`PickError::NoEndpoints`] or [`PickError::AllIneligible`] when nothing is eligible; a
+    /// picker's own error.
+    ///
+    /// # Complexity
+    /// The picker's cost when the first candidate is acceptable; O(n) only in the fallback.
+    #[inline]
+    pub fn select(&self, cx: &mut PickContext<'_>, filter: &Availability) -> Result<EndpointIdx, PickError> {
+        let eligible = self.snapshot.eligible();
+        match eligible {
+            [] => return Err(self.snapshot.empty_error()),
+            [only] => return Ok(*only),
+            _ => {}
+        }
+        cx.probe = 0;
+        let first = self.checked_pick(cx)?;
+        if self.acceptable(first, cx, filter) {
+            return Ok(first);
+        }
+        self.reselect(first, cx, filter)
+    }
+
+    #[cold]
+    fn reselect(&self, first: EndpointIdx, cx: &mut PickContext<'_>, filter: &Availability) -> Result<EndpointIdx, PickError> {
+        for probe in 1..MAX_PROBES {
+            cx.probe = probe;
+            let idx = self.checked_pick(cx)?;
+            if self.acceptable(idx, cx, filter) {
+                return Ok(idx);
+            }
+        }
+        let eligible = self.snapshot.eligible();
+        let start = cx.rng.index(eligible.len());
+        let ring = || eligible[start..].iter().chain(&eligible[..start]).copied();
+        if let Some(idx) = ring().find(|&i| self.acceptable(i, cx, filter)) {
+            return Ok(idx);
+        }
+        let untried = |&i: &EndpointIdx| !cx.tried.contains(self.snapshot.endpoint(i));
+        Ok(ring().find(untried).unwrap_or(first))
+    }
+
+    #[inline]
+    fn checked_pick(&self, cx: &mut PickContext<'_>) -> Result<EndpointIdx, PickError> {
+        let idx = self.picker.pick(cx)?;
+        if idx.get() < self.snapshot.len() {
+            Ok(idx)
+        } else {
+            Err(PickError::Declined("picker returned an index outside the snapshot"))
+        }
+    }
+
+    #[inline]
+    fn acceptable(&self, idx: EndpointIdx, cx: &PickContext<'_>, filter: &Availability) -> bool {
+        let e = self.snapshot.endpoint(idx);
+        e.is_eligible() && !cx.tried.contains(e) && filter.admits(e, cx.now)
+    }
+}
+
+impl<P> fmt::Debug for Prepared<P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Prepared")
+            .field("snapshot_version", &self.snapshot.version())
+            .field("prepared_at", &self.prepared_at)
+            .field("refresh_at", &self.refresh_at)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Picks endpoints with a strategy over the current snapshot. Share it (`Arc<Balancer>`) across
+/// threads: picks only read.
+///
+/// ```
+/// use std::sync::Arc;
+/// use lbkit_core::{Balancer, EndpointSpec, FastRng, Outcome, PickContext, Snapshot, Timestamp};
+/// # use lbkit_core::{Picker, PickError, EndpointIdx, Strategy};
+/// # struct First;
+/// # struct FirstPicker(EndpointIdx);
+/// # impl Picker for FirstPicker {
+/// #     fn pick(&self, _: &mut PickContext<'_>) -> Result<EndpointIdx, PickError> { Ok(self.0) }
+/// # }
+/// # impl Strategy for First {
+/// #     type Picker = FirstPicker;
+/// #     fn name(&self) -> &str { "first" }
+/// #     fn prepare(&self, s: &Arc<Snapshot>, _: Timestamp) -> FirstPicker {
+/// #         FirstPicker(s.eligible().first().copied().unwrap_or(EndpointIdx::new(0)))
+/// #     }
+/// # }
+/// let now = Timestamp::ZERO;
+/// let snap = Arc::new(Snapshot::from_specs(vec![EndpointSpec::new("a:1"), EndpointSpec::new("b:1")], now));
+/// let balancer = Balancer::new(First, snap, now);
+/// let mut rng = FastRng::seed_from_u64(1);
+/// let guard = balancer.pick(&mut PickContext::new(now, &mut rng)).unwrap();
+/// assert_eq!(guard.endpoint().address(), "a:1");
+/// assert_eq!(guard.endpoint().stats().in_flight(), 1);
+/// guard.finish(Outcome::Success);
+/// ```
+pub struct Balancer<S: Strategy = BoxStrategy> {
+    strategy: S,
+    availability: Availability,
+    clock: Clock,
+    /// The published state; replaced whole by `publish` and `tick`.
+    current: ArcSwap<Prepared<S::Picker>>,
+    /// Set while one thread re-prepares in `tick`, so at most one does.
+    refreshing: AtomicBool,
+}
+
+// === impl Balancer ===
+
+impl<S: Strategy> Balancer<S> {
+    /// A balancer over `snapshot`, prepared at `now`, with the default [`Availability`] filter
+    /// and the system clock.
+    pub fn new(strategy: S, snapshot: Arc<Snapshot>, now: Timestamp) -> Self {
+        let prepared = prepare(&strategy, snapshot, now);
+        Balancer {
+            strategy,
+            availability: Availability::default(),
+            clock: Clock::System,
+            current: ArcSwap::from_pointee(prepared),
+            refreshing: AtomicBool::new(false),
+        }
+    }
+
+    /// Use `availability` as the pick-time filter.
+    pub fn with_availability(mut self, availability: Availability) -> Self {
+        self.availability = availability;
+        self
+    }
+
+    /// Use `clock` for guards that finish without an explicit time.
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The strategy.
+    pub fn strategy(&self) -> &S {
+        &self.strategy
+    }
+
+    /// The pick-time filter.
+    pub fn availability(&self) -> &Availability {
+        &self.availability
+    }
+
+    /// The clock guards use.
+    pub fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
+    /// The current snapshot and picker.
+    pub fn current(&self) -> Arc<Prepared<S::Picker>> {
+        self.current.load_full()
+    }
+
+    /// The current snapshot.
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.current.load().snapshot.clone()
+    }
+
+    /// Prepare `snapshot` and publish it with its picker in one swap. Call from one task (the
+    /// owner of the endpoint source); picks running meanwhile see the old or the new state,
+    /// never a mix.
+    pub fn publish(&self, snapshot: Arc<Snapshot>, now: Timestamp) {
+        self.current.store(Arc::new(prepare(&self.strategy, snapshot, now)));
+    }
+
+    /// Whether the current picker asked to be re-prepared by `now`.
+    pub fn refresh_due(&self, now: Timestamp) -> bool {
+        self.current.load().refresh_at.is_some_and(|at| at <= now)
+    }
+
+    /// Re-prepare the current snapshot if it is due (response-time weights, warm-up). At most
+    /// one thread prepares at a time; a `publish` that lands meanwhile wins. Returns whether a
+    /// new picker was published.
+    pub fn tick(&self, now: Timestamp) -> bool {
+        if !self.refresh_due(now) {
+            return false;
+        }
+        // Acquire/Release: the flag only excludes other refreshers; ArcSwap orders the data.
+        if self.refreshing.swap(true, Ordering::Acquire) {
+            return false;
+        }
+        let before = self.current.load_full();
+        let next = Arc::new(prepare(&self.strategy, before.snapshot.clone(), now));
+        let prev = self.current.compare_and_swap(&before, next);
+        let swapped = Arc::ptr_eq(&prev, &before);
+        self.refreshing.store(false, Ordering::Release);
+        swapped
+    }
+
+    /// Pick an endpoint for one call and start tracking it.
+    ///
+    /// # Errors
+    /// See [`Prepared::select`].
+    #[inline]
+    pub fn pick(&self, cx: &mut PickContext<'_>) -> Result<CallGuard, PickError> {
+        let prepared = self.current.load();
+        let idx = prepared.select(cx, &self.availability)?;
+        let endpoint = prepared.snapshot.endpoint(idx).clone();
+        Ok(CallGuard::new(endpoint, cx.now, self.clock.clone()))
+    }
+}
+
+fn prepare<S: Strategy>(strategy: &S, snapshot: Arc<Snapshot>, now: Timestamp) -> Prepared<S::Picker> {
+    let picker = strategy.prepare(&snapshot, now);
+    let periodic = strategy.refresh_interval().map(|d| now.saturating_add(d));
+    let warming = snapshot
+        .eligible()
+        .iter()
+        .any(|&i| snapshot.endpoint(i).is_warming(now))
+        .then(|| now.saturating_add(WARMUP_REFRESH));
+    let refresh_at = match (periodic, warming) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    Prepared {
+        snapshot,
+        picker,
+        prepared_at: now,
+        refresh_at,
+    }
+}
+
+impl<S: Strategy + fmt::Debug> fmt::Debug for Balancer<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Balancer")
+            .field("strategy", &self.strategy)
+            .field("availability", &self.availability)
+            .field("current", &*self.current.load())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Tracks one call to a picked endpoint: `in_flight` goes up when the guard is made and down
+/// when it finishes; finishing records latency and outcome. Dropping it unfinished records a
+/// cancellation (the elapsed time still counts, as in linkerd).
+#[must_use = "dropping a CallGuard at once records a cancelled call"]
+pub struct CallGuard {
+    endpoint: Endpoint,
+    started: Timestamp,
+    clock: Clock,
+    done: bool,
+}
+
+// === impl CallGuard ===
+
+impl CallGuard {
+    /// Start tracking a call to `endpoint` that starts at `started`.
+    #[inline]
+    pub fn new(endpoint: Endpoint, started: Timestamp, clock: Clock) -> Self {
+        endpoint.stats().start();
+        CallGuard {
+            endpoint,
+            started,
+            clock,
+            done: false,
+        }
+    }
+
+    /// The endpoint picked.
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
+    }
+
+    /// When the call started.
+    pub fn started(&self) -> Timestamp {
+        self.started
+    }
+
+    /// Finish the call now (one clock read) with `outcome`.
+    pub fn finish(self, outcome: Outcome) {
+        let now = self.clock.now();
+        self.finish_at(outcome, now);
+    }
+
+    /// Finish the call at `now` with `outcome`.
+    pub fn finish_at(mut self, outcome: Outcome, now: Timestamp) {
+        self.done = true;
+        self.endpoint.stats().finish(self.started, now, outcome);
+    }
+}
+
+impl Drop for CallGuard {
+    fn drop(&mut self) {
+        if !self.done {
+            let now = self.clock.now();
+            self.endpoint
+                .stats()
+                .finish(self.started, now, Outcome::Cancelled);
+        }
+    }
+}
+
+impl fmt::Debug for CallGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CallGuard")
+            .field("endpoint", &self.endpoint.address())
+            .field("started", &self.started)
+            .finish()
+    }
+}

@@ -1,0 +1,402 @@
+//! The endpoint model: [`EndpointSpec`] (what a source says) and [`Endpoint`] (what a snapshot
+//! holds), plus Dubbo's warm-up rule.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::stats::EndpointStats;
+use crate::time::Timestamp;
+
+/// Weight of an endpoint that does not say (Dubbo's default).
+pub const DEFAULT_WEIGHT: u32 = 100;
+
+/// Warm-up window when a registration time is known and no window is given (Dubbo's default,
+/// `warmup = 10 * 60 * 1000` ms).
+pub const DEFAULT_WARMUP: Duration = Duration::from_secs(10 * 60);
+
+/// Free-form metadata (version, group, tags). Opaque to the core.
+pub type Metadata = BTreeMap<String, String>;
+
+/// Stable identity of an endpoint across snapshots, e.g. `"10.0.0.7:20880"` or a registry id.
+///
+/// Statistics follow the key: an endpoint that stays in the set keeps its [`EndpointStats`].
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EndpointKey(Arc<str>);
+
+// === impl EndpointKey ===
+
+impl EndpointKey {
+    /// The key as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<&str> for EndpointKey {
+    fn from(s: &str) -> Self {
+        EndpointKey(Arc::from(s))
+    }
+}
+
+impl From<String> for EndpointKey {
+    fn from(s: String) -> Self {
+        EndpointKey(Arc::from(s))
+    }
+}
+
+impl fmt::Display for EndpointKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// What a source (config, file, registry) says about one endpoint.
+///
+/// ```
+/// use lbkit_core::{EndpointSpec, Timestamp};
+/// let spec = EndpointSpec::new("10.0.0.1:20880")
+///     .with_weight(200)
+///     .with_zone("eu-1")
+///     .with_registered_at(Timestamp::from_millis(1_700_000_000_000));
+/// assert_eq!(spec.key.as_str(), "10.0.0.1:20880");
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EndpointSpec {
+    /// Identity across snapshots. Defaults to the address.
+    pub key: EndpointKey,
+    /// `host:port` exactly as configured or registered; hash rings hash this text.
+    pub address: String,
+    /// Configured weight; [`DEFAULT_WEIGHT`] unless set; 0 = receives no traffic.
+    pub weight: u32,
+    /// Zone (availability zone, data centre) the endpoint runs in.
+    pub zone: Option<String>,
+    /// Free-form metadata.
+    pub metadata: Metadata,
+    /// When the endpoint registered (wall clock, as registries store it), for warm-up.
+    pub registered_at: Option<Timestamp>,
+    /// Warm-up window; [`DEFAULT_WARMUP`] when `registered_at` is known and this is `None`.
+    pub warmup: Option<Duration>,
+    /// `false` when marked down (health check, registry `disabled`): never picked.
+    pub healthy: bool,
+}
+
+// === impl EndpointSpec ===
+
+impl EndpointSpec {
+    /// An endpoint at `address` with the default weight, healthy, no zone or warm-up.
+    pub fn new(address: impl Into<String>) -> Self {
+        let address = address.into();
+        EndpointSpec {
+            key: EndpointKey::from(address.as_str()),
+            address,
+            weight: DEFAULT_WEIGHT,
+            zone: None,
+            metadata: Metadata::new(),
+            registered_at: None,
+            warmup: None,
+            healthy: true,
+        }
+    }
+
+    /// Set the identity (defaults to the address).
+    pub fn with_key(mut self, key: impl Into<EndpointKey>) -> Self {
+        self.key = key.into();
+        self
+    }
+
+    /// Set the configured weight.
+    pub fn with_weight(mut self, weight: u32) -> Self {
+        self.weight = weight;
+        self
+    }
+
+    /// Set the zone.
+    pub fn with_zone(mut self, zone: impl Into<String>) -> Self {
+        self.zone = Some(zone.into());
+        self
+    }
+
+    /// Add one metadata entry.
+    pub fn with_meta(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.metadata.insert(key.into(), value.into());
+        self
+    }
+
+    /// Set the registration time (enables warm-up).
+    pub fn with_registered_at(mut self, at: Timestamp) -> Self {
+        self.registered_at = Some(at);
+        self
+    }
+
+    /// Set the warm-up window.
+    pub fn with_warmup(mut self, warmup: Duration) -> Self {
+        self.warmup = Some(warmup);
+        self
+    }
+
+    /// Mark the endpoint up or down.
+    pub fn with_healthy(mut self, healthy: bool) -> Self {
+        self.healthy = healthy;
+        self
+    }
+}
+
+/// One endpoint of a [`Snapshot`](crate::Snapshot). Cheap to clone (one `Arc`).
+///
+/// Immutable except for its [`EndpointStats`], which are shared atomics that survive snapshot
+/// swaps for as long as the key stays in the set.
+#[derive(Clone)]
+pub struct Endpoint(Arc<EndpointInner>);
+
+struct EndpointInner {
+    // Immutable after construction.
+    key: EndpointKey,
+    key_hash: u64,
+    address: Arc<str>,
+    weight: u32,
+    zone: Option<Arc<str>>,
+    metadata: Arc<Metadata>,
+    registered_at: Option<Timestamp>,
+    warmup: Duration,
+    healthy: bool,
+    /// Monotonic time this process first saw the key (kept across snapshots).
+    added_at: Timestamp,
+    // Atomics, shared with every snapshot that holds this key.
+    stats: Arc<EndpointStats>,
+}
+
+// === impl Endpoint ===
+
+impl Endpoint {
+    /// Build an endpoint from a spec, with the given stats and first-seen time.
+    pub fn new(spec: EndpointSpec, stats: Arc<EndpointStats>, added_at: Timestamp) -> Self {
+        let warmup = match (spec.registered_at, spec.warmup) {
+            (_, Some(w)) => w,
+            (Some(_), None) => DEFAULT_WARMUP,
+            (None, None) => Duration::ZERO,
+        };
+        Endpoint(Arc::new(EndpointInner {
+            key_hash: key_hash(&spec.key),
+            key: spec.key,
+            address: Arc::from(spec.address),
+            weight: spec.weight,
+            zone: spec.zone.map(Arc::from),
+            metadata: Arc::new(spec.metadata),
+            registered_at: spec.registered_at,
+            warmup,
+            healthy: spec.healthy,
+            added_at,
+            stats,
+        }))
+    }
+
+    /// Stable identity.
+    pub fn key(&self) -> &EndpointKey {
+        &self.0.key
+    }
+
+    /// A 64-bit hash of the key, stable for the process (used for retry exclusion).
+    pub fn key_hash(&self) -> u64 {
+        self.0.key_hash
+    }
+
+    /// `host:port` exactly as given.
+    pub fn address(&self) -> &str {
+        &self.0.address
+    }
+
+    /// Configured weight (0 = drained).
+    pub fn weight(&self) -> u32 {
+        self.0.weight
+    }
+
+    /// Zone, if known.
+    pub fn zone(&self) -> Option<&str> {
+        self.0.zone.as_deref()
+    }
+
+    /// Metadata.
+    pub fn metadata(&self) -> &Metadata {
+        &self.0.metadata
+    }
+
+    /// Registration time (wall clock), if known.
+    pub fn registered_at(&self) -> Option<Timestamp> {
+        self.0.registered_at
+    }
+
+    /// Warm-up window (zero when no registration time is known and none was set).
+    pub fn warmup(&self) -> Duration {
+        self.0.warmup
+    }
+
+    /// Marked up (`true`) or down.
+    pub fn is_healthy(&self) -> bool {
+        self.0.healthy
+    }
+
+    /// Whether a strategy may pick it at all: healthy and weight > 0.
+    pub fn is_eligible(&self) -> bool {
+        self.0.healthy && self.0.weight > 0
+    }
+
+    /// When this process first saw the key.
+    pub fn added_at(&self) -> Timestamp {
+        self.0.added_at
+    }
+
+    /// Live statistics.
+    pub fn stats(&self) -> &EndpointStats {
+        &self.0.stats
+    }
+
+    /// The shared statistics handle (for reuse across snapshots).
+    pub fn stats_arc(&self) -> &Arc<EndpointStats> {
+        &self.0.stats
+    }
+
+    /// Weight after Dubbo's warm-up rule at `now` (see [`warmup_weight`]).
+    pub fn effective_weight(&self, now: Timestamp) -> u32 {
+        match self.0.registered_at {
+            Some(at) => warmup_weight(self.0.weight, at, now, self.0.warmup),
+            None => self.0.weight,
+        }
+    }
+
+    /// Whether the endpoint is still inside its warm-up window at `now`.
+    pub fn is_warming(&self, now: Timestamp) -> bool {
+        match self.0.registered_at {
+            Some(at) => self.0.weight > 0 && now < at.saturating_add(self.0.warmup),
+            None => false,
+        }
+    }
+}
+
+impl fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("key", &self.0.key)
+            .field("address", &self.0.address)
+            .field("weight", &self.0.weight)
+            .field("zone", &self.0.zone)
+            .field("healthy", &self.0.healthy)
+            .field("registered_at", &self.0.registered_at)
+            .finish_non_exhaustive()
+    }
+}
+
+fn key_hash(key: &EndpointKey) -> u64 {
+    // std's SipHash with fixed keys: stable for the process, no extra dependency.
+    #[allow(deprecated)]
+    let mut h = std::hash::SipHasher::new_with_keys(0x6c62_6b69_745f_6b65, 0x795f_6861_7368_0001);
+    key.as_str().hash(&mut h);
+    h.finish()
+}
+
+/// Dubbo's warm-up weight (`AbstractLoadBalance.getWeight` and `calculateWarmupWeight`).
+///
+/// With `uptime = now − registered_at` in whole milliseconds:
+/// * `weight == 0` stays 0 (drained);
+/// * `uptime < 0` (registration time in the future, clock skew) gives 1;
+/// * `0 < uptime < warmup` gives `trunc(uptime / (warmup / weight))` clamped to `[1, weight]`,
+///   computed in 32-bit floating point exactly as Java does (`(int)(uptime / ((float) warmup /
+///   weight))`), so lbkit and a Dubbo consumer agree on every weight;
+/// * otherwise (including `uptime == 0`, as in Dubbo) the full weight.
+///
+/// ```
+/// use lbkit_core::{warmup_weight, Timestamp};
+/// use std::time::Duration;
+/// let reg = Timestamp::from_millis(1_000_000);
+/// let ten_min = Duration::from_secs(600);
+/// // Half-way through a 10-minute warm-up, weight 100 counts as 50.
+/// assert_eq!(warmup_weight(100, reg, Timestamp::from_millis(1_300_000), ten_min), 50);
+/// assert_eq!(warmup_weight(100, reg, Timestamp::from_millis(999_000), ten_min), 1);
+/// ```
+pub fn warmup_weight(weight: u32, registered_at: Timestamp, now: Timestamp, warmup: Duration) -> u32 {
+    if weight == 0 {
+        return 0;
+    }
+    let (now_ms, reg_ms) = (now.as_millis(), registered_at.as_millis());
+    if now_ms < reg_ms {
+        return 1;
+    }
+    let uptime_ms = now_ms - reg_ms;
+    let warmup_ms = u64::try_from(warmup.as_millis()).unwrap_or(u64::MAX);
+    if uptime_ms > 0 && uptime_ms < warmup_ms {
+        // Java: (int) (uptime / ((float) warmup / weight)); f32 -> int truncates and saturates.
+        let ww = (uptime_ms as f32 / (warmup_ms as f32 / weight as f32)) as i64;
+        ww.clamp(1, i64::from(weight)) as u32
+    } else {
+        weight
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const MIN: u64 = 60_000;
+
+    fn ww(weight: u32, uptime_ms: i64, warmup_ms: u64) -> u32 {
+        let reg = Timestamp::from_millis(1_000_000_000);
+        let now = Timestamp::from_millis((1_000_000_000i64 + uptime_ms) as u64);
+        warmup_weight(weight, reg, now, Duration::from_millis(warmup_ms))
+    }
+
+    #[test]
+    fn dubbo_warmup_edges() {
+        // Values checked by hand against Dubbo's Java expression.
+        assert_eq!(ww(100, 0, 10 * MIN), 100, "uptime 0 is not < 0 and not > 0: full weight");
+        assert_eq!(ww(100, 1, 10 * MIN), 1);
+        assert_eq!(ww(100, 6_000, 10 * MIN), 1);
+        assert_eq!(ww(100, 12_000, 10 * MIN), 2);
+        assert_eq!(ww(100, 5 * MIN as i64, 10 * MIN), 50);
+        assert_eq!(ww(100, 10 * MIN as i64 - 1, 10 * MIN), 99);
+        assert_eq!(ww(100, 10 * MIN as i64, 10 * MIN), 100);
+        assert_eq!(ww(100, -5, 10 * MIN), 1, "registered in the future");
+        assert_eq!(ww(0, 5 * MIN as i64, 10 * MIN), 0, "drained stays drained");
+        assert_eq!(ww(7, 5 * MIN as i64, 0), 7, "no window");
+        assert_eq!(ww(u32::MAX, 5 * MIN as i64, 10 * MIN), 2_147_483_648);
+    }
+
+    #[test]
+    fn default_warmup_applies_only_with_a_registration_time() {
+        let stats = Arc::new(EndpointStats::default());
+        let plain = Endpoint::new(EndpointSpec::new("a:1"), stats.clone(), Timestamp::ZERO);
+        assert_eq!(plain.warmup(), Duration::ZERO);
+        assert_eq!(plain.effective_weight(Timestamp::from_millis(5)), 100);
+        let reg = Endpoint::new(
+            EndpointSpec::new("a:1").with_registered_at(Timestamp::from_millis(0)),
+            stats,
+            Timestamp::ZERO,
+        );
+        assert_eq!(reg.warmup(), DEFAULT_WARMUP);
+        assert!(reg.is_warming(Timestamp::from_millis(1)));
+        assert!(!reg.is_warming(Timestamp::from_millis(10 * MIN)));
+    }
+
+    proptest! {
+        #[test]
+        fn warmup_weight_is_bounded_and_monotonic(
+            weight in 1u32..=u32::MAX,
+            warmup_ms in 0u64..=7 * 24 * 3_600_000,
+            a in -1_000_000i64..800_000_000,
+            b in -1_000_000i64..800_000_000,
+        ) {
+            let (lo, hi) = if a <= b { (a, b) } else { (b, a) };
+            let (w_lo, w_hi) = (ww(weight, lo, warmup_ms), ww(weight, hi, warmup_ms));
+            prop_assert!((1..=weight).contains(&w_lo));
+            prop_assert!((1..=weight).contains(&w_hi));
+            if lo > 0 {
+                prop_assert!(w_lo <= w_hi, "weight must grow with age");
+            }
+            if hi >= warmup_ms as i64 {
+                prop_assert_eq!(w_hi, weight, "full weight at the window's end");
+            }
+        }
+    }
+}

@@ -1,0 +1,21 @@
+//! Errors of the core crate. Hot-path errors are `Copy` and never allocate.
+
+/// Why a pick found no endpoint.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PickError {
+    /// The snapshot holds no endpoints at all.
+    #[error("no endpoints")]
+    NoEndpoints,
+    /// Endpoints exist but none may be picked.
+    #[error("no eligible endpoint ({unhealthy} marked down, {drained} with weight 0)")]
+    AllIneligible {
+        /// Endpoints marked down.
+        unhealthy: u32,
+        /// Healthy endpoints with weight 0.
+        drained: u32,
+    },
+    /// A user-defined picker refused to choose.
+    #[error("the strategy declined to pick: {0}")]
+    Declined(&'static str),
+}

@@ -1,0 +1,454 @@
+//! Live per-endpoint statistics, shared across threads with atomics only.
+//!
+//! Every field is an independent atomic updated with `Relaxed` ordering: a reader may see two
+//! fields one sample apart, and every strategy tolerates that. No field is ever behind a lock.
+//!
+//! * `in_flight` is incremented when a pick hands out a [`CallGuard`](crate::CallGuard) and
+//!   decremented when the guard finishes or is dropped, so it always returns to zero.
+//! * The **windowed mean** of successful response times (Ribbon's `ResponseTimeAvg`, Dubbo's
+//!   sliding window for `ShortestResponse`) lives in [`SLOTS`] time slots of [`SLOT`] each.
+//!   Failures are left out on purpose: a server that fails fast must not look fast.
+//! * The **peak EWMA** (Finagle/linkerd) jumps to any new peak and otherwise decays toward new
+//!   samples with a time constant; between samples it decays toward zero so an idle endpoint is
+//!   probed again. Reading never mutates: [`EndpointStats::ewma_at`] projects the decay to `now`.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+use crossbeam_utils::CachePadded;
+
+use crate::time::{duration_nanos, Timestamp};
+
+/// Default EWMA time constant (linkerd's and Finagle's `decay`: 10 s).
+pub const DEFAULT_EWMA_DECAY: Duration = Duration::from_secs(10);
+
+/// Width of one slot of the windowed response-time mean.
+pub const SLOT: Duration = Duration::from_secs(5);
+
+/// Number of slots: the window can reach back `SLOTS × SLOT` = 60 s (Ribbon publishes its
+/// response-time distribution every minute).
+pub const SLOTS: usize = 12;
+
+/// How a finished call went.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The call succeeded.
+    Success,
+    /// The call failed.
+    Failure(FailureKind),
+    /// The caller gave up (the guard was dropped unfinished).
+    Cancelled,
+}
+
+/// Why a call failed; strategies and breakers may treat kinds differently.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FailureKind {
+    /// Could not connect: the request never reached the server.
+    Connect,
+    /// No answer in time.
+    Timeout,
+    /// The server answered with an error.
+    Server,
+    /// Anything else.
+    Other,
+}
+
+/// Observed statistics to load into an [`EndpointStats`], for what-if tools (`lbkit pick`) and
+/// simulators. Every field is optional in spirit: zero means "nothing observed".
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StatsSeed {
+    /// Calls currently in flight.
+    pub in_flight: u32,
+    /// Average successful response time over the recent window.
+    pub avg_response: Option<Duration>,
+    /// Peak-EWMA latency estimate.
+    pub ewma: Option<Duration>,
+    /// Successful calls so far.
+    pub successes: u64,
+    /// Failed calls so far.
+    pub failures: u64,
+    /// Failures since the last success.
+    pub consecutive_failures: u32,
+    /// When the last failure happened.
+    pub last_failure_at: Option<Timestamp>,
+}
+
+/// Live statistics of one endpoint. See the [module docs](self).
+#[derive(Debug)]
+pub struct EndpointStats {
+    // Contended by every pick of this endpoint: its own cache line.
+    in_flight: CachePadded<AtomicU32>,
+    // Written when calls finish; atomics, Relaxed.
+    successes: AtomicU64,
+    failures: AtomicU64,
+    cancellations: AtomicU64,
+    consecutive_failures: AtomicU32,
+    last_failure_ns: AtomicU64, // 0 = never
+    window: WindowedMean,
+    ewma: PeakEwma,
+}
+
+impl Default for EndpointStats {
+    fn default() -> Self {
+        EndpointStats::new(DEFAULT_EWMA_DECAY)
+    }
+}
+
+// === impl EndpointStats ===
+
+impl EndpointStats {
+    /// Fresh statistics whose peak EWMA uses time constant `ewma_decay`.
+    pub fn new(ewma_decay: Duration) -> Self {
+        EndpointStats {
+            in_flight: CachePadded::new(AtomicU32::new(0)),
+            successes: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
+            cancellations: AtomicU64::new(0),
+            consecutive_failures: AtomicU32::new(0),
+            last_failure_ns: AtomicU64::new(0),
+            window: WindowedMean::default(),
+            ewma: PeakEwma::new(ewma_decay),
+        }
+    }
+
+    /// Calls handed out and not yet finished.
+    #[inline]
+    pub fn in_flight(&self) -> u32 {
+        self.in_flight.load(Relaxed)
+    }
+
+    /// Successful calls.
+    pub fn successes(&self) -> u64 {
+        self.successes.load(Relaxed)
+    }
+
+    /// Failed calls.
+    pub fn failures(&self) -> u64 {
+        self.failures.load(Relaxed)
+    }
+
+    /// Cancelled calls (guards dropped unfinished).
+    pub fn cancellations(&self) -> u64 {
+        self.cancellations.load(Relaxed)
+    }
+
+    /// Finished calls of every outcome.
+    pub fn total(&self) -> u64 {
+        self.successes() + self.failures() + self.cancellations()
+    }
+
+    /// Failures since the last success.
+    #[inline]
+    pub fn consecutive_failures(&self) -> u32 {
+        self.consecutive_failures.load(Relaxed)
+    }
+
+    /// When the last failure was recorded.
+    pub fn last_failure_at(&self) -> Option<Timestamp> {
+        match self.last_failure_ns.load(Relaxed) {
+            0 => None,
+            ns => Some(Timestamp::from_nanos(ns)),
+        }
+    }
+
+    /// Mean successful response time over the last `window` (rounded up to whole [`SLOT`]s, at
+    /// most `SLOTS × SLOT`), or `None` when no success was recorded in it.
+    pub fn avg_response_at(&self, now: Timestamp, window: Duration) -> Option<Duration> {
+        self.window.mean_at(now, window)
+    }
+
+    /// Number of successful samples behind [`avg_response_at`](Self::avg_response_at).
+    pub fn window_count_at(&self, now: Timestamp, window: Duration) -> u64 {
+        self.window.sum_at(now, window).1
+    }
+
+    /// Peak-EWMA latency projected to `now`, or `None` before the first sample.
+    #[inline]
+    pub fn ewma_at(&self, now: Timestamp) -> Option<Duration> {
+        self.ewma.at(now).map(|ns| Duration::from_nanos(ns as u64))
+    }
+
+    /// Peak-EWMA latency in nanoseconds (f64) projected to `now`.
+    #[inline]
+    pub fn ewma_ns_at(&self, now: Timestamp) -> Option<f64> {
+        self.ewma.at(now)
+    }
+
+    /// A call was handed out (done by [`CallGuard`](crate::CallGuard)).
+    #[inline]
+    pub fn start(&self) {
+        self.in_flight.fetch_add(1, Relaxed);
+    }
+
+    /// A call handed out at `started` finished at `now` with `outcome`.
+    pub fn finish(&self, started: Timestamp, now: Timestamp, outcome: Outcome) {
+        // Saturating: never wraps below zero even if finish is called without start.
+        let _ = self
+            .in_flight
+            .fetch_update(Relaxed, Relaxed, |n| Some(n.saturating_sub(1)));
+        self.record(now.saturating_duration_since(started), now, outcome);
+    }
+
+    /// Record a call's latency and outcome without touching `in_flight` (for callers that track
+    /// concurrency themselves).
+    pub fn record(&self, latency: Duration, now: Timestamp, outcome: Outcome) {
+        let ns = duration_nanos(latency);
+        self.ewma.record(now, ns as f64);
+        match outcome {
+            Outcome::Success => {
+                self.successes.fetch_add(1, Relaxed);
+                self.consecutive_failures.store(0, Relaxed);
+                self.window.record(now, ns);
+            }
+            Outcome::Failure(_) => {
+                self.failures.fetch_add(1, Relaxed);
+                self.consecutive_failures.fetch_add(1, Relaxed);
+                self.last_failure_ns.store(now.as_nanos().max(1), Relaxed);
+            }
+            Outcome::Cancelled => {
+                self.cancellations.fetch_add(1, Relaxed);
+            }
+        }
+    }
+
+    /// Load observed statistics (for what-if tools and simulators; adds to what is there).
+    pub fn seed(&self, seed: &StatsSeed, now: Timestamp) {
+        self.in_flight.fetch_add(seed.in_flight, Relaxed);
+        self.successes.fetch_add(seed.successes, Relaxed);
+        self.failures.fetch_add(seed.failures, Relaxed);
+        self.consecutive_failures
+            .fetch_add(seed.consecutive_failures, Relaxed);
+        if let Some(at) = seed.last_failure_at.or_else(|| {
+            (seed.consecutive_failures > 0 || seed.failures > 0).then_some(now)
+        }) {
+            self.last_failure_ns.store(at.as_nanos().max(1), Relaxed);
+        }
+        if let Some(avg) = seed.avg_response {
+            self.window.record(now, duration_nanos(avg));
+        }
+        if let Some(ewma) = seed.ewma {
+            self.ewma.set(now, duration_nanos(ewma) as f64);
+        }
+    }
+}
+
+/// Sum and count of samples in time slots; atomics, Relaxed.
+///
+/// A writer that finds a slot from an older epoch claims it with a CAS and zeroes it. A sample
+/// racing with that reset may be lost; the mean tolerates it.
+#[derive(Debug, Default)]
+struct WindowedMean {
+    slots: [Slot; SLOTS],
+}
+
+#[derive(Debug, Default)]
+struct Slot {
+    epoch: AtomicU64, // slot number + 1; 0 = never used
+    sum_ns: AtomicU64,
+    count: AtomicU64,
+}
+
+const SLOT_NS: u64 = SLOT.as_nanos() as u64;
+
+impl WindowedMean {
+    fn record(&self, now: Timestamp, value_ns: u64) {
+        let epoch = now.as_nanos() / SLOT_NS + 1;
+        let slot = &self.slots[(epoch % SLOTS as u64) as usize];
+        let seen = slot.epoch.load(Relaxed);
+        if seen != epoch {
+            if seen > epoch {
+                return; // a late writer from an expired slot
+            }
+            if slot
+                .epoch
+                .compare_exchange(seen, epoch, Relaxed, Relaxed)
+                .is_ok()
+            {
+                slot.sum_ns.store(0, Relaxed);
+                slot.count.store(0, Relaxed);
+            }
+        }
+        slot.sum_ns.fetch_add(value_ns, Relaxed);
+        slot.count.fetch_add(1, Relaxed);
+    }
+
+    fn sum_at(&self, now: Timestamp, window: Duration) -> (u64, u64) {
+        let current = now.as_nanos() / SLOT_NS + 1;
+        let span = duration_nanos(window).div_ceil(SLOT_NS).clamp(1, SLOTS as u64);
+        let oldest = current.saturating_sub(span - 1);
+        self.slots
+            .iter()
+            .filter(|s| (oldest..=current).contains(&s.epoch.load(Relaxed)))
+            .fold((0u64, 0u64), |(sum, n), s| {
+                (
+                    sum.saturating_add(s.sum_ns.load(Relaxed)),
+                    n + s.count.load(Relaxed),
+                )
+            })
+    }
+
+    fn mean_at(&self, now: Timestamp, window: Duration) -> Option<Duration> {
+        match self.sum_at(now, window) {
+            (_, 0) => None,
+            (sum, n) => Some(Duration::from_nanos(sum / n)),
+        }
+    }
+}
+
+/// Peak-sensitive EWMA (linkerd's `PeakEwma`), stored as f64 bits plus the time of the last
+/// update. Atomics, Relaxed: the estimate and its time may be one update apart.
+#[derive(Debug)]
+struct PeakEwma {
+    decay_ns: f64,
+    estimate_bits: AtomicU64, // f64 nanoseconds; NaN bits = no sample yet
+    at_ns: AtomicU64,
+}
+
+const NO_SAMPLE: u64 = f64::NAN.to_bits();
+
+impl PeakEwma {
+    fn new(decay: Duration) -> Self {
+        PeakEwma {
+            decay_ns: (duration_nanos(decay) as f64).max(1.0),
+            estimate_bits: AtomicU64::new(NO_SAMPLE),
+            at_ns: AtomicU64::new(0),
+        }
+    }
+
+    /// The estimate decayed toward zero from its last update to `now`.
+    fn at(&self, now: Timestamp) -> Option<f64> {
+        let est = f64::from_bits(self.estimate_bits.load(Relaxed));
+        if est.is_nan() {
+            return None;
+        }
+        let elapsed = now.as_nanos().saturating_sub(self.at_ns.load(Relaxed)) as f64;
+        Some(est * (-elapsed / self.decay_ns).exp())
+    }
+
+    fn record(&self, now: Timestamp, rtt_ns: f64) {
+        let rtt_ns = if rtt_ns.is_finite() { rtt_ns.max(0.0) } else { return };
+        let mut bits = self.estimate_bits.load(Relaxed);
+        loop {
+            let prev = f64::from_bits(bits);
+            let elapsed = now.as_nanos().saturating_sub(self.at_ns.load(Relaxed)) as f64;
+            let w = (-elapsed / self.decay_ns).exp();
+            // The estimate as a reader sees it now: decayed toward zero since the last update.
+            let decayed = prev * w;
+            let next = if prev.is_nan() || rtt_ns >= decayed {
+                rtt_ns // a new peak replaces the estimate at once
+            } else {
+                decayed * w + rtt_ns * (1.0 - w) // then move toward the sample
+            };
+            match self
+                .estimate_bits
+                .compare_exchange_weak(bits, next.to_bits(), Relaxed, Relaxed)
+            {
+                Ok(_) => break,
+                Err(seen) => bits = seen,
+            }
+        }
+        self.at_ns.fetch_max(now.as_nanos(), Relaxed);
+    }
+
+    fn set(&self, now: Timestamp, value_ns: f64) {
+        self.estimate_bits.store(value_ns.to_bits(), Relaxed);
+        self.at_ns.store(now.as_nanos(), Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const MS: u64 = 1_000_000;
+
+    fn t(ms: u64) -> Timestamp {
+        Timestamp::from_millis(ms)
+    }
+
+    #[test]
+    fn outcomes_update_counters() {
+        let s = EndpointStats::default();
+        s.start();
+        s.start();
+        assert_eq!(s.in_flight(), 2);
+        s.finish(t(0), t(10), Outcome::Failure(FailureKind::Connect));
+        assert_eq!((s.in_flight(), s.failures(), s.consecutive_failures()), (1, 1, 1));
+        assert_eq!(s.last_failure_at(), Some(t(10)));
+        s.finish(t(0), t(20), Outcome::Success);
+        assert_eq!((s.in_flight(), s.successes(), s.consecutive_failures()), (0, 1, 0));
+        s.finish(t(0), t(20), Outcome::Cancelled);
+        assert_eq!((s.in_flight(), s.cancellations(), s.total()), (0, 1, 3));
+    }
+
+    #[test]
+    fn windowed_mean_forgets_old_slots() {
+        let s = EndpointStats::default();
+        let w = Duration::from_secs(30);
+        s.record(Duration::from_millis(10), t(1_000), Outcome::Success);
+        s.record(Duration::from_millis(30), t(2_000), Outcome::Success);
+        s.record(Duration::from_millis(999), t(2_000), Outcome::Failure(FailureKind::Server));
+        assert_eq!(s.avg_response_at(t(2_000), w), Some(Duration::from_millis(20)));
+        // 29 s later the samples are still inside a 30 s window...
+        assert_eq!(s.avg_response_at(t(29_000), w), Some(Duration::from_millis(20)));
+        // ...and gone once the window has passed.
+        assert_eq!(s.avg_response_at(t(40_000), w), None);
+        // A slot reused a full turn later starts from zero.
+        s.record(Duration::from_millis(50), t(1_000 + 60_000), Outcome::Success);
+        assert_eq!(s.avg_response_at(t(61_000), w), Some(Duration::from_millis(50)));
+        assert_eq!(s.window_count_at(t(61_000), w), 1);
+    }
+
+    #[test]
+    fn peak_ewma_jumps_to_peaks_and_decays() {
+        let e = PeakEwma::new(Duration::from_secs(10));
+        assert_eq!(e.at(t(0)), None);
+        e.record(t(0), 10.0 * MS as f64);
+        assert_eq!(e.at(t(0)), Some(10.0 * MS as f64));
+        e.record(t(1), 100.0 * MS as f64);
+        assert!((e.at(t(1)).unwrap() - 100.0 * MS as f64).abs() < 1.0, "peak taken at once");
+        // One time constant later the projection is 1/e of the peak.
+        let later = e.at(t(10_001)).unwrap();
+        assert!((later / (100.0 * MS as f64) - (-1.0f64).exp()).abs() < 1e-9);
+        // A smaller sample right away moves the estimate only a little.
+        e.record(t(2), 1.0 * MS as f64);
+        let est = e.at(t(2)).unwrap();
+        assert!(est > 99.0 * MS as f64 && est < 100.0 * MS as f64, "{est}");
+    }
+
+    #[test]
+    fn seed_loads_observations() {
+        let s = EndpointStats::default();
+        s.seed(
+            &StatsSeed {
+                in_flight: 4,
+                avg_response: Some(Duration::from_millis(12)),
+                ewma: Some(Duration::from_millis(30)),
+                failures: 2,
+                consecutive_failures: 2,
+                ..StatsSeed::default()
+            },
+            t(5_000),
+        );
+        assert_eq!(s.in_flight(), 4);
+        assert_eq!(s.avg_response_at(t(5_000), Duration::from_secs(30)), Some(Duration::from_millis(12)));
+        assert_eq!(s.ewma_at(t(5_000)), Some(Duration::from_millis(30)));
+        assert_eq!(s.last_failure_at(), Some(t(5_000)));
+    }
+
+    proptest! {
+        #[test]
+        fn ewma_never_nan_or_negative(samples in proptest::collection::vec((0u64..10_000_000_000, 0u64..1u64 << 40), 1..50)) {
+            let e = PeakEwma::new(Duration::from_secs(10));
+            let mut now = 0u64;
+            for (dt, rtt) in samples {
+                now += dt;
+                e.record(Timestamp::from_nanos(now), rtt as f64);
+                let v = e.at(Timestamp::from_nanos(now)).unwrap();
+                prop_assert!(v.is_finite() && v >= 0.0);
+            }
+        }
+    }
+}

@@ -1,0 +1,256 @@
+//! The strategy interface: [`Strategy`] prepares a [`Picker`] per snapshot; the picker picks.
+//!
+//! A user-defined strategy implements these two traits and nothing else; it then runs in a
+//! [`Balancer`](crate::Balancer), in `lbkit pick` and in the conformance suite like the built-in
+//! ones. See `examples/sticky_custom.rs` in the `lbkit` crate.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::endpoint::Endpoint;
+use crate::error::PickError;
+use crate::rng::FastRng;
+use crate::snapshot::{EndpointIdx, Snapshot};
+use crate::time::Timestamp;
+
+/// Builds per-snapshot state (tables, cycles, cumulative weights). Never on the hot path.
+///
+/// `prepare` runs once per snapshot change, and again every
+/// [`refresh_interval`](Strategy::refresh_interval) for strategies whose weights move with time
+/// or statistics. The [`Balancer`](crate::Balancer) also re-prepares while an endpoint warms up.
+pub trait Strategy: Send + Sync + 'static {
+    /// The prepared, immutable picker.
+    type Picker: Picker;
+
+    /// The strategy's name, as `lbkit pick --strategy` spells it.
+    fn name(&self) -> &str;
+
+    /// Build the picker for `snapshot` at time `now`.
+    ///
+    /// Only [`Snapshot::eligible`] endpoints may be returned by the picker; the balancer never
+    /// calls `pick` when that list is empty.
+    fn prepare(&self, snapshot: &Arc<Snapshot>, now: Timestamp) -> Self::Picker;
+
+    /// `Some(period)`: re-prepare on a timer (response-time weights), as grpc-go WRR does.
+    fn refresh_interval(&self) -> Option<Duration> {
+        None
+    }
+}
+
+/// Chooses one endpoint. Object-safe, `&self`, called concurrently from many threads:
+/// no locks, no allocation, no clock reads (time comes in [`PickContext::now`]).
+pub trait Picker: Send + Sync + 'static {
+    /// Pick one of the snapshot's eligible endpoints.
+    ///
+    /// Called repeatedly for one call when the balancer rejects a candidate (already tried, or
+    /// unavailable); [`PickContext::probe`] counts those rejections, so deterministic pickers
+    /// (hash rings) can walk on instead of returning the same endpoint.
+    ///
+    /// # Errors
+    /// Only when the picker cannot choose at all ([`PickError::Declined`]).
+    fn pick(&self, cx: &mut PickContext<'_>) -> Result<EndpointIdx, PickError>;
+
+    /// Strategy-specific inputs behind this endpoint's chances (`lbkit pick --explain`).
+    /// Off the hot path; may allocate.
+    fn explain(&self, idx: EndpointIdx) -> Option<String> {
+        let _ = idx;
+        None
+    }
+}
+
+impl<P: Picker + ?Sized> Picker for Box<P> {
+    #[inline]
+    fn pick(&self, cx: &mut PickContext<'_>) -> Result<EndpointIdx, PickError> {
+        (**self).pick(cx)
+    }
+
+    fn explain(&self, idx: EndpointIdx) -> Option<String> {
+        (**self).explain(idx)
+    }
+}
+
+/// Everything a pick may depend on besides the prepared state. Built by the caller per call.
+#[derive(Debug)]
+pub struct PickContext<'a> {
+    /// The time of this call, read once by the caller.
+    pub now: Timestamp,
+    /// Consistent-hash key of the request, if any.
+    pub hash: Option<u64>,
+    /// 0 for the first try of a call; failover increments it.
+    pub attempt: u32,
+    /// Candidates the balancer already rejected during this pick.
+    pub probe: u32,
+    /// Endpoints this call already tried (retry exclusion).
+    pub tried: &'a TriedSet,
+    /// The caller's random source.
+    pub rng: &'a mut FastRng,
+}
+
+static NOTHING_TRIED: TriedSet = TriedSet::new();
+
+// === impl PickContext ===
+
+impl<'a> PickContext<'a> {
+    /// A context for a first attempt at `now`, without hash key or exclusions.
+    #[inline]
+    pub fn new(now: Timestamp, rng: &'a mut FastRng) -> Self {
+        PickContext {
+            now,
+            hash: None,
+            attempt: 0,
+            probe: 0,
+            tried: &NOTHING_TRIED,
+            rng,
+        }
+    }
+
+    /// Set the consistent-hash key.
+    pub fn with_hash(mut self, hash: u64) -> Self {
+        self.hash = Some(hash);
+        self
+    }
+
+    /// Set the retry attempt number and the endpoints already tried.
+    pub fn with_tried(mut self, attempt: u32, tried: &'a TriedSet) -> Self {
+        self.attempt = attempt;
+        self.tried = tried;
+        self
+    }
+}
+
+/// Endpoints a call already tried, for retry exclusion. Fixed capacity, no allocation.
+///
+/// Holds key hashes, so it stays valid when a snapshot is swapped between attempts. Beyond
+/// [`TriedSet::CAPACITY`] entries further inserts are ignored (only the first ones are excluded).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TriedSet {
+    hashes: [u64; TriedSet::CAPACITY],
+    len: u8,
+}
+
+// === impl TriedSet ===
+
+impl TriedSet {
+    /// Most endpoints remembered (more than any sane retry count).
+    pub const CAPACITY: usize = 16;
+
+    /// An empty set.
+    pub const fn new() -> Self {
+        TriedSet {
+            hashes: [0; TriedSet::CAPACITY],
+            len: 0,
+        }
+    }
+
+    /// Remember `endpoint`. Returns `false` when the set is full.
+    pub fn insert(&mut self, endpoint: &Endpoint) -> bool {
+        if self.contains(endpoint) {
+            return true;
+        }
+        let len = usize::from(self.len);
+        if len == Self::CAPACITY {
+            return false;
+        }
+        self.hashes[len] = endpoint.key_hash();
+        self.len += 1;
+        true
+    }
+
+    /// Whether `endpoint` was tried.
+    #[inline]
+    pub fn contains(&self, endpoint: &Endpoint) -> bool {
+        let h = endpoint.key_hash();
+        self.hashes[..usize::from(self.len)].contains(&h)
+    }
+
+    /// Number of endpoints remembered.
+    pub fn len(&self) -> usize {
+        usize::from(self.len)
+    }
+
+    /// Whether nothing was tried yet.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// A type-erased strategy, for strategies chosen by configuration or written by users.
+/// Allocates once per prepare (the boxed picker), never per pick.
+///
+/// ```
+/// use lbkit_core::{BoxStrategy, Strategy};
+/// # use lbkit_core::{Picker, PickContext, PickError, EndpointIdx, Snapshot, Timestamp};
+/// # use std::sync::Arc;
+/// # struct First;
+/// # struct FirstPicker(EndpointIdx);
+/// # impl Picker for FirstPicker {
+/// #     fn pick(&self, _: &mut PickContext<'_>) -> Result<EndpointIdx, PickError> { Ok(self.0) }
+/// # }
+/// # impl Strategy for First {
+/// #     type Picker = FirstPicker;
+/// #     fn name(&self) -> &str { "first" }
+/// #     fn prepare(&self, s: &Arc<Snapshot>, _: Timestamp) -> FirstPicker {
+/// #         FirstPicker(s.eligible().first().copied().unwrap_or(EndpointIdx::new(0)))
+/// #     }
+/// # }
+/// let s = BoxStrategy::new(First);
+/// assert_eq!(s.name(), "first");
+/// ```
+#[derive(Clone)]
+pub struct BoxStrategy(Arc<dyn DynStrategy>);
+
+trait DynStrategy: Send + Sync + 'static {
+    fn name(&self) -> &str;
+    fn prepare_boxed(&self, snapshot: &Arc<Snapshot>, now: Timestamp) -> Box<dyn Picker>;
+    fn refresh_interval(&self) -> Option<Duration>;
+}
+
+impl<S: Strategy> DynStrategy for S {
+    fn name(&self) -> &str {
+        Strategy::name(self)
+    }
+    fn prepare_boxed(&self, snapshot: &Arc<Snapshot>, now: Timestamp) -> Box<dyn Picker> {
+        Box::new(self.prepare(snapshot, now))
+    }
+    fn refresh_interval(&self) -> Option<Duration> {
+        Strategy::refresh_interval(self)
+    }
+}
+
+// === impl BoxStrategy ===
+
+impl BoxStrategy {
+    /// Erase the type of `strategy`.
+    pub fn new<S: Strategy>(strategy: S) -> Self {
+        BoxStrategy(Arc::new(strategy))
+    }
+}
+
+impl Strategy for BoxStrategy {
+    type Picker = Box<dyn Picker>;
+
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+
+    fn prepare(&self, snapshot: &Arc<Snapshot>, now: Timestamp) -> Box<dyn Picker> {
+        self.0.prepare_boxed(snapshot, now)
+    }
+
+    fn refresh_interval(&self) -> Option<Duration> {
+        self.0.refresh_interval()
+    }
+}
+
+impl fmt::Debug for BoxStrategy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("BoxStrategy").field(&self.0.name()).finish()
+    }
+}
+
+impl fmt::Debug for dyn Picker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("dyn Picker")
+    }
+}

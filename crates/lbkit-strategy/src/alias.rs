@@ -1,0 +1,109 @@
+//! Exact integer alias table (Walker 1977, Vose 1991): O(n) build, O(1) weighted draw.
+//!
+//! Probabilities are kept as integers over the weight total, so every endpoint is drawn with
+//! probability exactly `wᵢ / Σw` (no floating-point rounding, zero weights never drawn).
+
+use lbkit_core::{EndpointIdx, FastRng};
+
+/// One column: keep `own` when the draw is below `threshold`, else take `alias`.
+#[derive(Clone, Copy, Debug)]
+struct Column {
+    threshold: u64,
+    own: EndpointIdx,
+    alias: EndpointIdx,
+}
+
+/// A weighted sampler over endpoints.
+#[derive(Clone, Debug)]
+pub(crate) struct AliasTable {
+    columns: Box<[Column]>,
+    total: u64,
+}
+
+impl AliasTable {
+    /// Build from `(endpoint, weight)` pairs. Returns `None` when every weight is zero or the
+    /// list is empty.
+    pub(crate) fn new(items: &[(EndpointIdx, u64)]) -> Option<Self> {
+        let n = items.len() as u128;
+        let total: u64 = items.iter().map(|&(_, w)| w).sum();
+        if total == 0 {
+            return None;
+        }
+        let t = u128::from(total);
+        // Scaled weight wᵢ·n compared against the total: a column is "full" at t.
+        let mut scaled: Vec<u128> = items.iter().map(|&(_, w)| u128::from(w) * n).collect();
+        let (mut small, mut large): (Vec<usize>, Vec<usize>) =
+            (0..items.len()).partition(|&i| scaled[i] < t);
+        let mut columns: Vec<Column> = items
+            .iter()
+            .map(|&(idx, _)| Column {
+                threshold: total,
+                own: idx,
+                alias: idx,
+            })
+            .collect();
+        while let (Some(s), Some(&l)) = (small.pop(), large.last()) {
+            columns[s].threshold = scaled[s] as u64; // < t ≤ u64::MAX
+            columns[s].alias = items[l].0;
+            scaled[l] -= t - scaled[s];
+            if scaled[l] < t {
+                large.pop();
+                small.push(l);
+            }
+        }
+        // Leftovers are full columns (exact arithmetic leaves none short).
+        Some(AliasTable {
+            columns: columns.into_boxed_slice(),
+            total,
+        })
+    }
+
+    /// Draw one endpoint.
+    #[inline]
+    pub(crate) fn sample(&self, rng: &mut FastRng) -> EndpointIdx {
+        let c = &self.columns[rng.index(self.columns.len())];
+        if rng.below(self.total) < c.threshold {
+            c.own
+        } else {
+            c.alias
+        }
+    }
+
+    /// Sum of the weights.
+    pub(crate) fn total(&self) -> u64 {
+        self.total
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Exact probability mass of each endpoint, as a numerator over `total · n`.
+    fn mass(t: &AliasTable, n: usize) -> Vec<u128> {
+        let mut m = vec![0u128; n];
+        for c in t.columns.iter() {
+            m[c.own.get()] += u128::from(c.threshold);
+            m[c.alias.get()] += u128::from(t.total - c.threshold);
+        }
+        m
+    }
+
+    proptest! {
+        #[test]
+        fn probabilities_are_exact(weights in proptest::collection::vec(0u64..=u64::from(u32::MAX), 1..64)) {
+            let items: Vec<_> = weights.iter().enumerate().map(|(i, &w)| (EndpointIdx::new(i), w)).collect();
+            match AliasTable::new(&items) {
+                None => prop_assert!(weights.iter().all(|&w| w == 0)),
+                Some(t) => {
+                    let m = mass(&t, weights.len());
+                    for (i, &w) in weights.iter().enumerate() {
+                        // P(i) = m[i] / (n · total) must equal w / total.
+                        prop_assert_eq!(m[i], u128::from(w) * weights.len() as u128);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,50 @@
+//! # lbkit-strategy
+//!
+//! The built-in strategies of lbkit, each in its own module whose docs give the algorithm, its
+//! origin, its complexity and its behaviour under trouble:
+//!
+//! | name (`lbkit pick --strategy`) | type | origin |
+//! |---|---|---|
+//! | `random` | [`Random`] | Ribbon `RandomRule` |
+//! | `round-robin` | [`RoundRobin`] | Ribbon `RoundRobinRule` |
+//! | `weighted-random` | [`WeightedRandom`] | Dubbo `RandomLoadBalance` (alias table, O(1)) |
+//! | `weighted-round-robin` | [`SmoothWeightedRoundRobin`] | nginx smooth WRR / Dubbo ≥ 2.6.5 (O(1)) |
+//! | `weighted-response-time` | [`WeightedResponseTime`] | Ribbon `WeightedResponseTimeRule` |
+//! | `sticky-round-robin` | [`StickyRoundRobin`] | the seed framework's "n calls, then switch" rule |
+//!
+//! [`catalog`] builds any of them by name with string parameters, as configuration files and
+//! the CLI do.
+//!
+//! ```
+//! use lbkit_strategy::catalog::{build, Params};
+//! let strategy = build("sticky-round-robin", Params::from_pairs([("n", "5")])).unwrap();
+//! assert_eq!(lbkit_core::Strategy::name(&strategy), "sticky-round-robin");
+//! ```
+#![forbid(unsafe_code)]
+#![warn(
+    missing_docs,
+    missing_debug_implementations,
+    unreachable_pub,
+    rust_2018_idioms
+)]
+#![deny(clippy::disallowed_methods, clippy::disallowed_types)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
+mod alias;
+pub mod catalog;
+mod common;
+mod random;
+mod response_time;
+mod round_robin;
+mod smooth_weighted;
+mod sticky;
+mod weighted_random;
+
+pub use random::{Random, RandomPicker};
+pub use response_time::{
+    ResponseTimePicker, WeightedResponseTime, DEFAULT_INTERVAL, DEFAULT_WINDOW, MIN_WEIGHT_PERCENT,
+};
+pub use round_robin::{RoundRobin, RoundRobinPicker};
+pub use smooth_weighted::{SmoothWeightedPicker, SmoothWeightedRoundRobin, MAX_CYCLE, MAX_CYCLE_WORK};
+pub use sticky::{StickyPicker, StickyRoundRobin, DEFAULT_STICKY_RUN};
+pub use weighted_random::{WeightedRandom, WeightedRandomPicker};

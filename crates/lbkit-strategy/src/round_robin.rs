@@ -1,0 +1,108 @@
+//! `round-robin`: each eligible endpoint in turn.
+//!
+//! * **Algorithm**: a shared counter, `fetch_add(1)`, index = counter mod n over the eligible
+//!   endpoints in source order.
+//! * **Origin**: Ribbon `RoundRobinRule`, Dubbo's unweighted case, Envoy `ROUND_ROBIN` with equal
+//!   weights.
+//! * **Complexity**: prepare O(n) (copies the eligible list); pick O(1), one atomic add on a
+//!   cache-padded counter; memory 4 bytes per endpoint.
+//! * **Behaviour under trouble**: blind to load, so a slow endpoint keeps its full share
+//!   (use `least-active` or `p2c-ewma` there); endpoints marked down are skipped because only
+//!   eligible ones are in the cycle; the availability filter passes over tripped ones.
+//! * **Differences from the origin**: the counter is one 64-bit counter per strategy (per
+//!   service or method), kept across snapshot swaps, so an update does not send the next call back
+//!   to the first endpoint; it wraps after 2⁶⁴ calls (Ribbon's `incrementAndGetModulo` CAS loop
+//!   is replaced by one `fetch_add`).
+//!
+//! ```
+//! use std::sync::Arc;
+//! use lbkit_core::{EndpointSpec, FastRng, PickContext, Picker, Snapshot, Strategy, Timestamp};
+//! use lbkit_strategy::RoundRobin;
+//! let snap = Arc::new(Snapshot::from_specs(
+//!     vec![EndpointSpec::new("a:1"), EndpointSpec::new("b:1")], Timestamp::ZERO));
+//! let picker = RoundRobin::new().prepare(&snap, Timestamp::ZERO);
+//! let mut rng = FastRng::seed_from_u64(1);
+//! let picks: Vec<usize> = (0..4)
+//!     .map(|_| picker.pick(&mut PickContext::new(Timestamp::ZERO, &mut rng)).unwrap().get())
+//!     .collect();
+//! assert_eq!(picks, [0, 1, 0, 1]);
+//! ```
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+use crossbeam_utils::CachePadded;
+use lbkit_core::{EndpointIdx, PickContext, PickError, Picker, Snapshot, Strategy, Timestamp};
+
+/// A counter shared by every picker a strategy prepares (survives snapshot swaps).
+pub(crate) type SharedCounter = Arc<CachePadded<AtomicU64>>;
+
+pub(crate) fn counter(start: u64) -> SharedCounter {
+    Arc::new(CachePadded::new(AtomicU64::new(start)))
+}
+
+/// Round robin over the eligible endpoints.
+#[derive(Debug, Clone)]
+pub struct RoundRobin {
+    counter: SharedCounter,
+}
+
+impl Default for RoundRobin {
+    fn default() -> Self {
+        RoundRobin::new()
+    }
+}
+
+// === impl RoundRobin ===
+
+impl RoundRobin {
+    /// Starts at the first endpoint.
+    pub fn new() -> Self {
+        RoundRobin::with_start(0)
+    }
+
+    /// Starts at position `start` (a random start keeps a fleet of clients out of lockstep).
+    pub fn with_start(start: u64) -> Self {
+        RoundRobin {
+            counter: counter(start),
+        }
+    }
+}
+
+impl Strategy for RoundRobin {
+    type Picker = RoundRobinPicker;
+
+    fn name(&self) -> &str {
+        "round-robin"
+    }
+
+    fn prepare(&self, snapshot: &Arc<Snapshot>, _now: Timestamp) -> RoundRobinPicker {
+        RoundRobinPicker {
+            eligible: snapshot.eligible().into(),
+            counter: self.counter.clone(),
+        }
+    }
+}
+
+/// Prepared [`RoundRobin`].
+#[derive(Debug)]
+pub struct RoundRobinPicker {
+    eligible: Box<[EndpointIdx]>,
+    counter: SharedCounter,
+}
+
+impl Picker for RoundRobinPicker {
+    #[inline]
+    fn pick(&self, _cx: &mut PickContext<'_>) -> Result<EndpointIdx, PickError> {
+        let n = self.eligible.len() as u64;
+        if n == 0 {
+            return Err(PickError::NoEndpoints);
+        }
+        let c = self.counter.fetch_add(1, Relaxed);
+        Ok(self.eligible[(c % n) as usize])
+    }
+
+    fn explain(&self, _idx: EndpointIdx) -> Option<String> {
+        Some(format!("1 of {} in turn", self.eligible.len()))
+    }
+}

@@ -1,0 +1,128 @@
+use super::*;
+use lbkit_core::Strategy;
+use lbkit_core::{EndpointSpec, FastRng};
+use proptest::prelude::*;
+
+/// nginx's algorithm as published, O(n) per pick: the reference the cycle must equal.
+fn nginx_reference(weights: &[u64], picks: usize) -> Vec<usize> {
+    let total: i128 = weights.iter().map(|&w| i128::from(w)).sum();
+    let mut current = vec![0i128; weights.len()];
+    (0..picks)
+        .map(|_| {
+            let mut best = 0;
+            for (i, &w) in weights.iter().enumerate() {
+                current[i] += i128::from(w);
+                if current[i] > current[best] {
+                    best = i;
+                }
+            }
+            current[best] -= total;
+            best
+        })
+        .collect()
+}
+
+fn picker(weights: &[u64]) -> SmoothWeightedPicker {
+    let specs = weights
+        .iter()
+        .enumerate()
+        .map(|(i, &w)| EndpointSpec::new(format!("10.0.0.{i}:80")).with_weight(w as u32))
+        .collect();
+    let snap = Arc::new(Snapshot::from_specs(specs, Timestamp::ZERO));
+    SmoothWeightedRoundRobin::new().prepare(&snap, Timestamp::ZERO)
+}
+
+fn picks(p: &SmoothWeightedPicker, n: usize) -> Vec<usize> {
+    let mut rng = FastRng::seed_from_u64(0);
+    (0..n)
+        .map(|_| p.pick(&mut PickContext::new(Timestamp::ZERO, &mut rng)).unwrap().get())
+        .collect()
+}
+
+#[test]
+fn nginx_commit_sequence() {
+    // nginx commit "Upstream: smooth weighted round-robin balancing" (2012): {5,1,1} → a a b a c a a.
+    assert_eq!(picks(&picker(&[5, 1, 1]), 14), [0, 0, 1, 0, 2, 0, 0, 0, 0, 1, 0, 2, 0, 0]);
+}
+
+#[test]
+fn dubbo_documented_table() {
+    // Dubbo's RoundRobinLoadBalance docs, weights A:3 B:2 C:1 → A B A C B A.
+    assert_eq!(picks(&picker(&[3, 2, 1]), 6), [0, 1, 0, 2, 1, 0]);
+}
+
+#[test]
+fn equal_weights_are_plain_round_robin() {
+    assert_eq!(picks(&picker(&[100, 100, 100]), 6), [0, 1, 2, 0, 1, 2]);
+}
+
+#[test]
+fn zero_weights_never_picked() {
+    let p = picker(&[0, 2, 0, 1]);
+    assert_eq!(picks(&p, 6), [1, 3, 1, 1, 3, 1]);
+}
+
+#[test]
+fn large_fleets_with_many_weights_use_the_stride_with_exact_shares() {
+    let weights: Vec<u64> = (0..5_000u64).map(|i| 1 + (i * 7919) % 997).collect();
+    let p = picker(&weights);
+    assert!(!p.is_exact_nginx_order());
+    let total: u64 = weights.iter().sum();
+    let mut counts = vec![0u64; weights.len()];
+    for i in picks(&p, total as usize) {
+        counts[i] += 1;
+    }
+    assert_eq!(counts, weights, "one span of Σw picks holds exactly wᵢ of each");
+}
+
+#[test]
+fn a_hundred_thousand_equal_endpoints_keep_the_exact_cycle() {
+    let p = picker(&vec![100; 100_000]);
+    assert!(p.is_exact_nginx_order());
+    assert_eq!(picks(&p, 3), [0, 1, 2]);
+}
+
+proptest! {
+    #[test]
+    fn cycle_equals_nginx_reference(weights in proptest::collection::vec(0u64..20, 1..12)) {
+        prop_assume!(weights.iter().any(|&w| w > 0));
+        let total: u64 = weights.iter().sum();
+        let n = 2 * total as usize + 3;
+        prop_assert_eq!(picks(&picker(&weights), n), nginx_reference(&weights, n));
+    }
+
+    #[test]
+    fn every_window_holds_exact_shares_with_bounded_gaps(weights in proptest::collection::vec(1u64..50, 1..10)) {
+        let g = weights.iter().fold(0, |g, &w| gcd(g, w));
+        let w: Vec<u64> = weights.iter().map(|&x| x / g).collect();
+        let cycle: u64 = w.iter().sum();
+        let seq = picks(&picker(&weights), 3 * cycle as usize);
+        for start in [0usize, 1, cycle as usize / 2, cycle as usize] {
+            let mut counts = vec![0u64; w.len()];
+            for &i in &seq[start..start + cycle as usize] {
+                counts[i] += 1;
+            }
+            prop_assert_eq!(&counts, &w);
+        }
+        // Smoothness: nginx keeps every current weight inside (−T, T), so the pick count lags
+        // the ideal t·wᵢ/T by less than 1 and two picks of i are under 2T/wᵢ + 1 apart.
+        for (i, &wi) in w.iter().enumerate() {
+            let pos: Vec<usize> = seq.iter().enumerate().filter(|&(_, &x)| x == i).map(|(p, _)| p).collect();
+            let bound = (2 * cycle).div_ceil(wi) as usize + 1;
+            prop_assert!(pos.windows(2).all(|p| p[1] - p[0] <= bound), "gap over {bound} for {i}");
+        }
+    }
+
+    #[test]
+    fn golden_stride_spans_hold_exact_shares(weights in proptest::collection::vec(0u64..1000, 1..40), offset in 0u64..10_000) {
+        let items: Vec<(EndpointIdx, u64)> = weights.iter().enumerate().filter(|&(_, &w)| w > 0).map(|(i, &w)| (EndpointIdx::new(i), w)).collect();
+        prop_assume!(!items.is_empty());
+        let s = GoldenStride::new(&items);
+        let total: u64 = items.iter().map(|&(_, w)| w).sum();
+        let mut counts = vec![0u64; weights.len()];
+        for k in offset..offset + total {
+            counts[s.at(k).get()] += 1;
+        }
+        prop_assert_eq!(counts, weights);
+    }
+}

@@ -1,0 +1,52 @@
+//! Every built-in strategy passes the shared conformance suite.
+
+use lbkit_strategy::catalog::{build, Params};
+use lbkit_strategy::*;
+use lbkit_testkit::alloc::CountingAlloc;
+use lbkit_testkit::conformance::{check, Shares};
+
+#[global_allocator]
+static ALLOC: CountingAlloc = CountingAlloc;
+
+#[test]
+fn random() {
+    check(|| Random, Shares::Uniform);
+}
+
+#[test]
+fn round_robin() {
+    check(RoundRobin::new, Shares::Uniform);
+}
+
+#[test]
+fn sticky_round_robin() {
+    check(|| StickyRoundRobin::new(3), Shares::Uniform);
+}
+
+#[test]
+fn weighted_random() {
+    check(|| WeightedRandom, Shares::Weighted);
+}
+
+#[test]
+fn weighted_round_robin() {
+    check(SmoothWeightedRoundRobin::new, Shares::Weighted);
+}
+
+#[test]
+fn weighted_response_time_without_statistics_is_round_robin() {
+    check(WeightedResponseTime::default, Shares::Uniform);
+}
+
+#[test]
+fn every_catalog_entry_through_the_boxed_strategy() {
+    for info in catalog::STRATEGIES {
+        check(|| build(info.name, Params::new()).unwrap(), Shares::Any);
+    }
+}
+
+#[test]
+fn the_allocation_counter_counts() {
+    let (v, n) = lbkit_testkit::alloc::allocations_in(|| Box::new(7u64));
+    assert_eq!((*v, n), (7, 1), "without a working counter the zero-allocation check proves nothing");
+}
