@@ -1,0 +1,199 @@
+//! Dubbo provider URLs, as stored under `/dubbo/<interface>/providers` in ZooKeeper.
+//!
+//! A provider registers `URL.encode(url.toFullString())`, for example
+//! `dubbo%3A%2F%2F10.0.0.1%3A20880%2Fcom.acme.Greeter%3Fweight%3D200%26timestamp%3D1700000000000`,
+//! which decodes to `dubbo://10.0.0.1:20880/com.acme.Greeter?weight=200&timestamp=1700000000000`.
+//! Parsing follows Dubbo's `URL.valueOf`: `protocol://[user[:password]@]host:port/path?k=v&…`,
+//! query values taken verbatim. The consumer reads `weight` (default 100), `timestamp` (epoch ms,
+//! for warm-up) and `warmup` (ms, default 10 min) as `AbstractLoadBalance.getWeight` does;
+//! `enabled=false` or `disabled=true` marks the provider down.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use lbkit_core::{EndpointSpec, Timestamp};
+use percent_encoding::percent_decode_str;
+
+use crate::address::check_address;
+use crate::error::UrlError;
+
+/// A parsed provider URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProviderUrl {
+    /// `dubbo`, `tri`, `rest`, …
+    pub protocol: String,
+    /// `host:port` exactly as written.
+    pub address: String,
+    /// The path: the service interface.
+    pub path: String,
+    /// Query parameters in order of appearance (later duplicates win).
+    pub params: BTreeMap<String, String>,
+}
+
+// === impl ProviderUrl ===
+
+impl ProviderUrl {
+    /// Parse one URL, plain or URL-encoded as ZooKeeper stores it.
+    ///
+    /// # Errors
+    /// A missing protocol, host or port, or undecodable text.
+    ///
+    /// ```
+    /// use lbkit_discovery::dubbo::ProviderUrl;
+    /// let u = ProviderUrl::parse("dubbo%3A%2F%2F10.0.0.1%3A20880%2Fcom.acme.Greeter%3Fweight%3D200").unwrap();
+    /// assert_eq!((u.protocol.as_str(), u.address.as_str(), u.path.as_str()), ("dubbo", "10.0.0.1:20880", "com.acme.Greeter"));
+    /// assert_eq!(u.params["weight"], "200");
+    /// ```
+    pub fn parse(text: &str) -> Result<Self, UrlError> {
+        let text = text.trim();
+        let decoded = if text.contains("://") {
+            text.to_owned()
+        } else {
+            percent_decode_str(text)
+                .decode_utf8()
+                .map_err(|_| err(text, "percent-encoding does not decode to UTF-8"))?
+                .into_owned()
+        };
+        parse_plain(&decoded)
+    }
+
+    /// The endpoint this provider describes, with Dubbo's weight and warm-up parameters.
+    ///
+    /// # Errors
+    /// A `weight`, `timestamp` or `warmup` that is not a non-negative integer.
+    pub fn to_spec(&self) -> Result<EndpointSpec, UrlError> {
+        let mut spec = EndpointSpec::new(self.address.clone());
+        if let Some(w) = self.param_u64("weight")? {
+            // Dubbo's weight is a Java int: negative weights are rejected by the parse above,
+            // larger ones clamp to u32.
+            spec.weight = u32::try_from(w).unwrap_or(u32::MAX);
+        }
+        if let Some(ts) = self.param_u64("timestamp")? {
+            if ts > 0 {
+                spec.registered_at = Some(Timestamp::from_millis(ts));
+            }
+        }
+        if let Some(ms) = self.param_u64("warmup")? {
+            spec.warmup = Some(Duration::from_millis(ms));
+        }
+        let off = self.params.get("enabled").is_some_and(|v| v == "false")
+            || self.params.get("disabled").is_some_and(|v| v == "true");
+        spec.healthy = !off;
+        if let Some(zone) = self.params.get("zone") {
+            spec.zone = Some(zone.clone());
+        }
+        spec.metadata.insert("protocol".into(), self.protocol.clone());
+        spec.metadata.insert("interface".into(), self.path.clone());
+        for (k, v) in &self.params {
+            if !matches!(k.as_str(), "weight" | "timestamp" | "warmup" | "zone") {
+                spec.metadata.insert(k.clone(), v.clone());
+            }
+        }
+        Ok(spec)
+    }
+
+    fn param_u64(&self, key: &str) -> Result<Option<u64>, UrlError> {
+        self.params
+            .get(key)
+            .map(|v| {
+                v.parse::<u64>().map_err(|_| UrlError {
+                    url: self.to_string(),
+                    reason: format!("{key}={v:?} is not a non-negative integer"),
+                })
+            })
+            .transpose()
+    }
+}
+
+impl std::fmt::Display for ProviderUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}://{}/{}", self.protocol, self.address, self.path)?;
+        for (i, (k, v)) in self.params.iter().enumerate() {
+            write!(f, "{}{k}={v}", if i == 0 { '?' } else { '&' })?;
+        }
+        Ok(())
+    }
+}
+
+fn err(url: &str, reason: impl Into<String>) -> UrlError {
+    UrlError {
+        url: url.to_owned(),
+        reason: reason.into(),
+    }
+}
+
+fn parse_plain(url: &str) -> Result<ProviderUrl, UrlError> {
+    let (protocol, rest) = url
+        .split_once("://")
+        .ok_or_else(|| err(url, "no protocol (expected protocol://host:port/interface)"))?;
+    let protocol_ok = !protocol.is_empty()
+        && protocol
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+    if !protocol_ok {
+        return Err(err(url, format!("invalid protocol {protocol:?}")));
+    }
+    let (before_query, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let (authority, path) = before_query.split_once('/').unwrap_or((before_query, ""));
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, hp)| hp);
+    check_address(host_port).map_err(|reason| err(url, reason))?;
+    let mut params = BTreeMap::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        if k.is_empty() {
+            return Err(err(url, format!("query parameter {pair:?} has no name")));
+        }
+        params.insert(k.to_owned(), v.to_owned());
+    }
+    Ok(ProviderUrl {
+        protocol: protocol.to_owned(),
+        address: host_port.to_owned(),
+        path: path.to_owned(),
+        params,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_weight_timestamp_warmup_and_state() {
+        let u = ProviderUrl::parse(
+            "dubbo://admin:pw@10.0.0.1:20880/com.acme.Greeter?anyhost=true&weight=200&timestamp=1700000000000&warmup=60000&enabled=false&version=1.0",
+        )
+        .unwrap();
+        let s = u.to_spec().unwrap();
+        assert_eq!(s.address, "10.0.0.1:20880");
+        assert_eq!(s.weight, 200);
+        assert_eq!(s.registered_at, Some(Timestamp::from_millis(1_700_000_000_000)));
+        assert_eq!(s.warmup, Some(Duration::from_secs(60)));
+        assert!(!s.healthy);
+        assert_eq!(s.metadata["version"], "1.0");
+        assert_eq!(s.metadata["interface"], "com.acme.Greeter");
+    }
+
+    #[test]
+    fn encoded_and_plain_agree() {
+        let plain = "dubbo://10.0.0.1:20880/com.acme.Greeter?weight=5&side=provider";
+        let encoded = percent_encoding::utf8_percent_encode(plain, percent_encoding::NON_ALPHANUMERIC).to_string();
+        assert_eq!(ProviderUrl::parse(plain).unwrap(), ProviderUrl::parse(&encoded).unwrap());
+    }
+
+    #[test]
+    fn malformed() {
+        for (bad, why) in [
+            ("10.0.0.1:20880/x", "no protocol"),
+            ("dubbo://10.0.0.1/x", "no port"),
+            ("dubbo://:20880/x", "no valid host"),
+            ("dub bo://a:1/x", "invalid protocol"),
+            ("dubbo://a:1/x?=3", "has no name"),
+            ("dubbo%3A%2F%2F%FF", "UTF-8"),
+        ] {
+            let e = ProviderUrl::parse(bad).unwrap_err().to_string();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+        let e = ProviderUrl::parse("dubbo://a:1/x?weight=-5").unwrap().to_spec().unwrap_err();
+        assert!(e.to_string().contains("weight=\"-5\""), "{e}");
+    }
+}
