@@ -144,33 +144,71 @@ mod tests {
 
     #[test]
     fn breaker_trips_backs_off_and_resets() {
-        let e = Endpoint::new(EndpointSpec::new("a:1"), Arc::new(EndpointStats::default()), Timestamp::ZERO);
+        let e = Endpoint::new(
+            EndpointSpec::new("a:1"),
+            Arc::new(EndpointStats::default()),
+            Timestamp::ZERO,
+        );
         let f = Availability::default();
-        let fail = |ms| e.stats().record(Duration::ZERO, Timestamp::from_millis(ms), Outcome::Failure(FailureKind::Connect));
+        let fail = |ms| {
+            e.stats().record(
+                Duration::ZERO,
+                Timestamp::from_millis(ms),
+                Outcome::Failure(FailureKind::Connect),
+            )
+        };
         fail(1_000);
         fail(1_000);
-        assert!(f.admits(&e, Timestamp::from_millis(1_000)), "2 failures: still closed");
+        assert!(
+            f.admits(&e, Timestamp::from_millis(1_000)),
+            "2 failures: still closed"
+        );
         fail(1_000);
         assert_eq!(
             f.check(&e, Timestamp::from_millis(1_000)),
-            Some(Unavailable::Tripped { until: Timestamp::from_millis(11_000) })
+            Some(Unavailable::Tripped {
+                until: Timestamp::from_millis(11_000)
+            })
         );
-        assert!(f.admits(&e, Timestamp::from_millis(11_000)), "blackout served");
+        assert!(
+            f.admits(&e, Timestamp::from_millis(11_000)),
+            "blackout served"
+        );
         fail(11_000); // 4th: 20 s
         assert!(!f.admits(&e, Timestamp::from_millis(30_999)));
         assert!(f.admits(&e, Timestamp::from_millis(31_000)));
-        e.stats().record(Duration::ZERO, Timestamp::from_millis(31_000), Outcome::Success);
+        e.stats().record(
+            Duration::ZERO,
+            Timestamp::from_millis(31_000),
+            Outcome::Success,
+        );
         fail(31_000);
-        assert!(f.admits(&e, Timestamp::from_millis(31_000)), "a success resets the count");
+        assert!(
+            f.admits(&e, Timestamp::from_millis(31_000)),
+            "a success resets the count"
+        );
     }
 
     #[test]
     fn in_flight_limit() {
-        let e = Endpoint::new(EndpointSpec::new("a:1"), Arc::new(EndpointStats::default()), Timestamp::ZERO);
-        let f = Availability { circuit_breaker: None, max_in_flight: Some(2) };
+        let e = Endpoint::new(
+            EndpointSpec::new("a:1"),
+            Arc::new(EndpointStats::default()),
+            Timestamp::ZERO,
+        );
+        let f = Availability {
+            circuit_breaker: None,
+            max_in_flight: Some(2),
+        };
         e.stats().start();
         assert!(f.admits(&e, Timestamp::ZERO));
         e.stats().start();
-        assert_eq!(f.check(&e, Timestamp::ZERO), Some(Unavailable::Busy { in_flight: 2, limit: 2 }));
+        assert_eq!(
+            f.check(&e, Timestamp::ZERO),
+            Some(Unavailable::Busy {
+                in_flight: 2,
+                limit: 2
+            })
+        );
     }
 }

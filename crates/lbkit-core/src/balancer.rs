@@ -71,7 +71,11 @@ impl<P: Picker> Prepared<P> {
     /// # Complexity
     /// The picker's cost when the first candidate is acceptable; O(n) only in the fallback.
     #[inline]
-    pub fn select(&self, cx: &mut PickContext<'_>, filter: &Availability) -> Result<EndpointIdx, PickError> {
+    pub fn select(
+        &self,
+        cx: &mut PickContext<'_>,
+        filter: &Availability,
+    ) -> Result<EndpointIdx, PickError> {
         let eligible = self.snapshot.eligible();
         match eligible {
             [] => return Err(self.snapshot.empty_error()),
@@ -87,7 +91,12 @@ impl<P: Picker> Prepared<P> {
     }
 
     #[cold]
-    fn reselect(&self, first: EndpointIdx, cx: &mut PickContext<'_>, filter: &Availability) -> Result<EndpointIdx, PickError> {
+    fn reselect(
+        &self,
+        first: EndpointIdx,
+        cx: &mut PickContext<'_>,
+        filter: &Availability,
+    ) -> Result<EndpointIdx, PickError> {
         for probe in 1..MAX_PROBES {
             cx.probe = probe;
             let idx = self.checked_pick(cx)?;
@@ -111,7 +120,9 @@ impl<P: Picker> Prepared<P> {
         if idx.get() < self.snapshot.len() {
             Ok(idx)
         } else {
-            Err(PickError::Declined("picker returned an index outside the snapshot"))
+            Err(PickError::Declined(
+                "picker returned an index outside the snapshot",
+            ))
         }
     }
 
@@ -227,7 +238,8 @@ impl<S: Strategy> Balancer<S> {
     /// owner of the endpoint source); picks running meanwhile see the old or the new state,
     /// never a mix.
     pub fn publish(&self, snapshot: Arc<Snapshot>, now: Timestamp) {
-        self.current.store(Arc::new(prepare(&self.strategy, snapshot, now)));
+        self.current
+            .store(Arc::new(prepare(&self.strategy, snapshot, now)));
     }
 
     /// Whether the current picker asked to be re-prepared by `now`.
@@ -267,7 +279,11 @@ impl<S: Strategy> Balancer<S> {
     }
 }
 
-fn prepare<S: Strategy>(strategy: &S, snapshot: Arc<Snapshot>, now: Timestamp) -> Prepared<S::Picker> {
+fn prepare<S: Strategy>(
+    strategy: &S,
+    snapshot: Arc<Snapshot>,
+    now: Timestamp,
+) -> Prepared<S::Picker> {
     let picker = strategy.prepare(&snapshot, now);
     let periodic = strategy.refresh_interval().map(|d| now.saturating_add(d));
     let warming = snapshot

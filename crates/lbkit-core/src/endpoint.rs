@@ -3,7 +3,6 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -289,11 +288,7 @@ impl fmt::Debug for Endpoint {
 }
 
 fn key_hash(key: &EndpointKey) -> u64 {
-    // std's SipHash with fixed keys: stable for the process, no extra dependency.
-    #[allow(deprecated)]
-    let mut h = std::hash::SipHasher::new_with_keys(0x6c62_6b69_745f_6b65, 0x795f_6861_7368_0001);
-    key.as_str().hash(&mut h);
-    h.finish()
+    crate::strategy::key_hash(key.as_str().as_bytes())
 }
 
 /// Dubbo's warm-up weight (`AbstractLoadBalance.getWeight` and `calculateWarmupWeight`).
@@ -315,7 +310,12 @@ fn key_hash(key: &EndpointKey) -> u64 {
 /// assert_eq!(warmup_weight(100, reg, Timestamp::from_millis(1_300_000), ten_min), 50);
 /// assert_eq!(warmup_weight(100, reg, Timestamp::from_millis(999_000), ten_min), 1);
 /// ```
-pub fn warmup_weight(weight: u32, registered_at: Timestamp, now: Timestamp, warmup: Duration) -> u32 {
+pub fn warmup_weight(
+    weight: u32,
+    registered_at: Timestamp,
+    now: Timestamp,
+    warmup: Duration,
+) -> u32 {
     if weight == 0 {
         return 0;
     }
@@ -350,7 +350,11 @@ mod tests {
     #[test]
     fn dubbo_warmup_edges() {
         // Values checked by hand against Dubbo's Java expression.
-        assert_eq!(ww(100, 0, 10 * MIN), 100, "uptime 0 is not < 0 and not > 0: full weight");
+        assert_eq!(
+            ww(100, 0, 10 * MIN),
+            100,
+            "uptime 0 is not < 0 and not > 0: full weight"
+        );
         assert_eq!(ww(100, 1, 10 * MIN), 1);
         assert_eq!(ww(100, 6_000, 10 * MIN), 1);
         assert_eq!(ww(100, 12_000, 10 * MIN), 2);

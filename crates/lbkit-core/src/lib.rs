@@ -64,8 +64,6 @@ pub use endpoint::{
 pub use error::PickError;
 pub use rng::FastRng;
 pub use snapshot::{EndpointIdx, Snapshot, SnapshotBuilder, Update};
-pub use stats::{
-    EndpointStats, FailureKind, Outcome, StatsSeed, DEFAULT_EWMA_DECAY, SLOT, SLOTS,
-};
-pub use strategy::{BoxStrategy, PickContext, Picker, Strategy, TriedSet};
+pub use stats::{EndpointStats, FailureKind, Outcome, StatsSeed, DEFAULT_EWMA_DECAY, SLOT, SLOTS};
+pub use strategy::{key_hash, BoxStrategy, PickContext, Picker, Strategy, TriedSet};
 pub use time::{Clock, ManualClock, Timestamp};

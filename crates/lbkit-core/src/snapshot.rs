@@ -212,7 +212,11 @@ impl SnapshotBuilder {
     }
 
     /// Apply a batch of updates and build one snapshot for all of them.
-    pub fn apply_all(&mut self, updates: impl IntoIterator<Item = Update>, now: Timestamp) -> Arc<Snapshot> {
+    pub fn apply_all(
+        &mut self,
+        updates: impl IntoIterator<Item = Update>,
+        now: Timestamp,
+    ) -> Arc<Snapshot> {
         let mut specs: Vec<EndpointSpec> = Vec::new();
         let mut changed_set = false;
         for update in updates {
@@ -265,8 +269,11 @@ fn apply_to(specs: &mut Vec<EndpointSpec>, update: Update) {
 }
 
 fn add_or_replace(specs: &mut Vec<EndpointSpec>, new: Vec<EndpointSpec>) {
-    let mut pos: HashMap<EndpointKey, usize> =
-        specs.iter().enumerate().map(|(i, s)| (s.key.clone(), i)).collect();
+    let mut pos: HashMap<EndpointKey, usize> = specs
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (s.key.clone(), i))
+        .collect();
     for spec in new {
         match pos.get(&spec.key) {
             Some(&i) => specs[i] = spec,
@@ -303,19 +310,38 @@ mod tests {
     #[test]
     fn eligibility_and_errors() {
         let s = Snapshot::from_specs(
-            vec![spec("a:1", 0), spec("b:1", 5).with_healthy(false), spec("c:1", 1)],
+            vec![
+                spec("a:1", 0),
+                spec("b:1", 5).with_healthy(false),
+                spec("c:1", 1),
+            ],
             Timestamp::ZERO,
         );
         assert_eq!(s.eligible(), &[EndpointIdx::new(2)]);
-        let none = Snapshot::from_specs(vec![spec("a:1", 0), spec("b:1", 5).with_healthy(false)], Timestamp::ZERO);
-        assert_eq!(none.empty_error(), PickError::AllIneligible { unhealthy: 1, drained: 1 });
-        assert_eq!(Snapshot::from_specs(vec![], Timestamp::ZERO).empty_error(), PickError::NoEndpoints);
+        let none = Snapshot::from_specs(
+            vec![spec("a:1", 0), spec("b:1", 5).with_healthy(false)],
+            Timestamp::ZERO,
+        );
+        assert_eq!(
+            none.empty_error(),
+            PickError::AllIneligible {
+                unhealthy: 1,
+                drained: 1
+            }
+        );
+        assert_eq!(
+            Snapshot::from_specs(vec![], Timestamp::ZERO).empty_error(),
+            PickError::NoEndpoints
+        );
     }
 
     #[test]
     fn builder_keeps_stats_and_first_seen_time_of_staying_keys() {
         let mut b = SnapshotBuilder::new();
-        let s1 = b.apply(Update::Reset(vec![spec("a:1", 1), spec("b:1", 1)]), Timestamp::from_millis(1));
+        let s1 = b.apply(
+            Update::Reset(vec![spec("a:1", 1), spec("b:1", 1)]),
+            Timestamp::from_millis(1),
+        );
         let s2 = b.apply_all(
             [
                 Update::Add(vec![spec("a:1", 7), spec("c:1", 1)]),
@@ -323,14 +349,24 @@ mod tests {
             ],
             Timestamp::from_millis(2),
         );
-        let addrs: Vec<_> = s2.endpoints().iter().map(|e| (e.address(), e.weight())).collect();
+        let addrs: Vec<_> = s2
+            .endpoints()
+            .iter()
+            .map(|e| (e.address(), e.weight()))
+            .collect();
         assert_eq!(addrs, vec![("a:1", 7), ("c:1", 1)]);
-        assert!(Arc::ptr_eq(s1.endpoints()[0].stats_arc(), s2.endpoints()[0].stats_arc()));
+        assert!(Arc::ptr_eq(
+            s1.endpoints()[0].stats_arc(),
+            s2.endpoints()[0].stats_arc()
+        ));
         assert_eq!(s2.endpoints()[0].added_at(), Timestamp::from_millis(1));
         assert_eq!(s2.endpoints()[1].added_at(), Timestamp::from_millis(2));
         // A key that leaves and comes back starts fresh.
         let s3 = b.apply(Update::Add(vec![spec("b:1", 1)]), Timestamp::from_millis(3));
-        assert!(!Arc::ptr_eq(s1.endpoints()[1].stats_arc(), s3.endpoints()[2].stats_arc()));
+        assert!(!Arc::ptr_eq(
+            s1.endpoints()[1].stats_arc(),
+            s3.endpoints()[2].stats_arc()
+        ));
     }
 
     proptest! {

@@ -219,9 +219,10 @@ impl EndpointStats {
         self.failures.fetch_add(seed.failures, Relaxed);
         self.consecutive_failures
             .fetch_add(seed.consecutive_failures, Relaxed);
-        if let Some(at) = seed.last_failure_at.or_else(|| {
-            (seed.consecutive_failures > 0 || seed.failures > 0).then_some(now)
-        }) {
+        if let Some(at) = seed
+            .last_failure_at
+            .or_else(|| (seed.consecutive_failures > 0 || seed.failures > 0).then_some(now))
+        {
             self.last_failure_ns.store(at.as_nanos().max(1), Relaxed);
         }
         if let Some(avg) = seed.avg_response {
@@ -275,7 +276,9 @@ impl WindowedMean {
 
     fn sum_at(&self, now: Timestamp, window: Duration) -> (u64, u64) {
         let current = now.as_nanos() / SLOT_NS + 1;
-        let span = duration_nanos(window).div_ceil(SLOT_NS).clamp(1, SLOTS as u64);
+        let span = duration_nanos(window)
+            .div_ceil(SLOT_NS)
+            .clamp(1, SLOTS as u64);
         let oldest = current.saturating_sub(span - 1);
         self.slots
             .iter()
@@ -327,7 +330,11 @@ impl PeakEwma {
     }
 
     fn record(&self, now: Timestamp, rtt_ns: f64) {
-        let rtt_ns = if rtt_ns.is_finite() { rtt_ns.max(0.0) } else { return };
+        let rtt_ns = if rtt_ns.is_finite() {
+            rtt_ns.max(0.0)
+        } else {
+            return;
+        };
         let mut bits = self.estimate_bits.load(Relaxed);
         loop {
             let prev = f64::from_bits(bits);
@@ -375,10 +382,16 @@ mod tests {
         s.start();
         assert_eq!(s.in_flight(), 2);
         s.finish(t(0), t(10), Outcome::Failure(FailureKind::Connect));
-        assert_eq!((s.in_flight(), s.failures(), s.consecutive_failures()), (1, 1, 1));
+        assert_eq!(
+            (s.in_flight(), s.failures(), s.consecutive_failures()),
+            (1, 1, 1)
+        );
         assert_eq!(s.last_failure_at(), Some(t(10)));
         s.finish(t(0), t(20), Outcome::Success);
-        assert_eq!((s.in_flight(), s.successes(), s.consecutive_failures()), (0, 1, 0));
+        assert_eq!(
+            (s.in_flight(), s.successes(), s.consecutive_failures()),
+            (0, 1, 0)
+        );
         s.finish(t(0), t(20), Outcome::Cancelled);
         assert_eq!((s.in_flight(), s.cancellations(), s.total()), (0, 1, 3));
     }
@@ -389,15 +402,32 @@ mod tests {
         let w = Duration::from_secs(30);
         s.record(Duration::from_millis(10), t(1_000), Outcome::Success);
         s.record(Duration::from_millis(30), t(2_000), Outcome::Success);
-        s.record(Duration::from_millis(999), t(2_000), Outcome::Failure(FailureKind::Server));
-        assert_eq!(s.avg_response_at(t(2_000), w), Some(Duration::from_millis(20)));
+        s.record(
+            Duration::from_millis(999),
+            t(2_000),
+            Outcome::Failure(FailureKind::Server),
+        );
+        assert_eq!(
+            s.avg_response_at(t(2_000), w),
+            Some(Duration::from_millis(20))
+        );
         // 29 s later the samples are still inside a 30 s window...
-        assert_eq!(s.avg_response_at(t(29_000), w), Some(Duration::from_millis(20)));
+        assert_eq!(
+            s.avg_response_at(t(29_000), w),
+            Some(Duration::from_millis(20))
+        );
         // ...and gone once the window has passed.
         assert_eq!(s.avg_response_at(t(40_000), w), None);
         // A slot reused a full turn later starts from zero.
-        s.record(Duration::from_millis(50), t(1_000 + 60_000), Outcome::Success);
-        assert_eq!(s.avg_response_at(t(61_000), w), Some(Duration::from_millis(50)));
+        s.record(
+            Duration::from_millis(50),
+            t(1_000 + 60_000),
+            Outcome::Success,
+        );
+        assert_eq!(
+            s.avg_response_at(t(61_000), w),
+            Some(Duration::from_millis(50))
+        );
         assert_eq!(s.window_count_at(t(61_000), w), 1);
     }
 
@@ -408,7 +438,10 @@ mod tests {
         e.record(t(0), 10.0 * MS as f64);
         assert_eq!(e.at(t(0)), Some(10.0 * MS as f64));
         e.record(t(1), 100.0 * MS as f64);
-        assert!((e.at(t(1)).unwrap() - 100.0 * MS as f64).abs() < 1.0, "peak taken at once");
+        assert!(
+            (e.at(t(1)).unwrap() - 100.0 * MS as f64).abs() < 1.0,
+            "peak taken at once"
+        );
         // One time constant later the projection is 1/e of the peak.
         let later = e.at(t(10_001)).unwrap();
         assert!((later / (100.0 * MS as f64) - (-1.0f64).exp()).abs() < 1e-9);
@@ -433,7 +466,10 @@ mod tests {
             t(5_000),
         );
         assert_eq!(s.in_flight(), 4);
-        assert_eq!(s.avg_response_at(t(5_000), Duration::from_secs(30)), Some(Duration::from_millis(12)));
+        assert_eq!(
+            s.avg_response_at(t(5_000), Duration::from_secs(30)),
+            Some(Duration::from_millis(12))
+        );
         assert_eq!(s.ewma_at(t(5_000)), Some(Duration::from_millis(30)));
         assert_eq!(s.last_failure_at(), Some(t(5_000)));
     }

@@ -75,8 +75,11 @@ impl<P: Picker + ?Sized> Picker for Box<P> {
 pub struct PickContext<'a> {
     /// The time of this call, read once by the caller.
     pub now: Timestamp,
-    /// Consistent-hash key of the request, if any.
+    /// Hash of the request key, if any (a 64-bit hash the caller chose).
     pub hash: Option<u64>,
+    /// The request key itself, for strategies that must hash it their own way (Dubbo's MD5
+    /// ring, nginx's CRC32 ring).
+    pub key: Option<&'a [u8]>,
     /// 0 for the first try of a call; failover increments it.
     pub attempt: u32,
     /// Candidates the balancer already rejected during this pick.
@@ -98,6 +101,7 @@ impl<'a> PickContext<'a> {
         PickContext {
             now,
             hash: None,
+            key: None,
             attempt: 0,
             probe: 0,
             tried: &NOTHING_TRIED,
@@ -111,12 +115,30 @@ impl<'a> PickContext<'a> {
         self
     }
 
+    /// Set the request key (and its 64-bit hash, [`key_hash`]).
+    pub fn with_key(mut self, key: &'a [u8]) -> Self {
+        self.key = Some(key);
+        self.hash = Some(key_hash(key));
+        self
+    }
+
     /// Set the retry attempt number and the endpoints already tried.
     pub fn with_tried(mut self, attempt: u32, tried: &'a TriedSet) -> Self {
         self.attempt = attempt;
         self.tried = tried;
         self
     }
+}
+
+/// lbkit's default 64-bit hash of a request key (SipHash-2-4 with fixed keys: stable across
+/// processes and versions of lbkit, so every client of a fleet hashes a key alike).
+pub fn key_hash(key: &[u8]) -> u64 {
+    use std::hash::Hasher;
+    #[allow(deprecated)]
+    // SipHasher is deprecated only in favour of DefaultHasher, whose output may change
+    let mut h = std::hash::SipHasher::new_with_keys(0x6c62_6b69_745f_6b65, 0x795f_6861_7368_0002);
+    h.write(key);
+    h.finish()
 }
 
 /// Endpoints a call already tried, for retry exclusion. Fixed capacity, no allocation.

@@ -26,11 +26,15 @@ pub fn check_address(address: &str) -> Result<(), String> {
         None => !host.is_empty() && !host.contains(':'),
     };
     if !host_ok {
-        return Err(format!("address {address:?} has no valid host (expected host:port, IPv6 as [addr]:port)"));
+        return Err(format!(
+            "address {address:?} has no valid host (expected host:port, IPv6 as [addr]:port)"
+        ));
     }
     match port.parse::<u16>() {
         Ok(p) if p > 0 => Ok(()),
-        _ => Err(format!("address {address:?} has an invalid port {port:?} (expected 1-65535)")),
+        _ => Err(format!(
+            "address {address:?} has an invalid port {port:?} (expected 1-65535)"
+        )),
     }
 }
 
@@ -40,7 +44,9 @@ mod tests {
 
     #[test]
     fn rejects() {
-        for bad in ["", ":80", "a:", "a:0", "a:70000", "a b:1", "::1:80", "[]:1", "a:x"] {
+        for bad in [
+            "", ":80", "a:", "a:0", "a:70000", "a b:1", "::1:80", "[]:1", "a:x",
+        ] {
             assert!(check_address(bad).is_err(), "{bad:?} accepted");
         }
         for good in ["a:1", "svc.local:65535", "[fe80::1]:20880"] {

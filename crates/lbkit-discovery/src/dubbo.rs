@@ -82,7 +82,8 @@ impl ProviderUrl {
         if let Some(zone) = self.params.get("zone") {
             spec.zone = Some(zone.clone());
         }
-        spec.metadata.insert("protocol".into(), self.protocol.clone());
+        spec.metadata
+            .insert("protocol".into(), self.protocol.clone());
         spec.metadata.insert("interface".into(), self.path.clone());
         for (k, v) in &self.params {
             if !matches!(k.as_str(), "weight" | "timestamp" | "warmup" | "zone") {
@@ -166,7 +167,10 @@ mod tests {
         let s = u.to_spec().unwrap();
         assert_eq!(s.address, "10.0.0.1:20880");
         assert_eq!(s.weight, 200);
-        assert_eq!(s.registered_at, Some(Timestamp::from_millis(1_700_000_000_000)));
+        assert_eq!(
+            s.registered_at,
+            Some(Timestamp::from_millis(1_700_000_000_000))
+        );
         assert_eq!(s.warmup, Some(Duration::from_secs(60)));
         assert!(!s.healthy);
         assert_eq!(s.metadata["version"], "1.0");
@@ -176,8 +180,13 @@ mod tests {
     #[test]
     fn encoded_and_plain_agree() {
         let plain = "dubbo://10.0.0.1:20880/com.acme.Greeter?weight=5&side=provider";
-        let encoded = percent_encoding::utf8_percent_encode(plain, percent_encoding::NON_ALPHANUMERIC).to_string();
-        assert_eq!(ProviderUrl::parse(plain).unwrap(), ProviderUrl::parse(&encoded).unwrap());
+        let encoded =
+            percent_encoding::utf8_percent_encode(plain, percent_encoding::NON_ALPHANUMERIC)
+                .to_string();
+        assert_eq!(
+            ProviderUrl::parse(plain).unwrap(),
+            ProviderUrl::parse(&encoded).unwrap()
+        );
     }
 
     #[test]
@@ -193,7 +202,10 @@ mod tests {
             let e = ProviderUrl::parse(bad).unwrap_err().to_string();
             assert!(e.contains(why), "{bad}: {e}");
         }
-        let e = ProviderUrl::parse("dubbo://a:1/x?weight=-5").unwrap().to_spec().unwrap_err();
+        let e = ProviderUrl::parse("dubbo://a:1/x?weight=-5")
+            .unwrap()
+            .to_spec()
+            .unwrap_err();
         assert!(e.to_string().contains("weight=\"-5\""), "{e}");
     }
 }

@@ -18,12 +18,20 @@ pub fn parse_static_list(text: &str, origin: &str) -> Result<Vec<EndpointSpec>, 
     let mut specs: Vec<EndpointSpec> = Vec::new();
     for item in text.split(',').map(str::trim) {
         if item.is_empty() {
-            return Err(SourceError::new(origin, None, format!("empty entry in {text:?}")));
+            return Err(SourceError::new(
+                origin,
+                None,
+                format!("empty entry in {text:?}"),
+            ));
         }
         let (address, weight) = match item.split_once('=') {
             Some((a, w)) => {
                 let w = w.trim().parse::<u32>().map_err(|_| {
-                    SourceError::new(origin, None, format!("bad weight {w:?} for {a} (expected 0-4294967295)"))
+                    SourceError::new(
+                        origin,
+                        None,
+                        format!("bad weight {w:?} for {a} (expected 0-4294967295)"),
+                    )
                 })?;
                 (a.trim(), w)
             }
@@ -31,7 +39,11 @@ pub fn parse_static_list(text: &str, origin: &str) -> Result<Vec<EndpointSpec>, 
         };
         check_address(address).map_err(|r| SourceError::new(origin, None, r))?;
         if specs.iter().any(|s| s.address == address) {
-            return Err(SourceError::new(origin, None, format!("duplicate address {address}")));
+            return Err(SourceError::new(
+                origin,
+                None,
+                format!("duplicate address {address}"),
+            ));
         }
         specs.push(EndpointSpec::new(address).with_weight(weight));
     }
@@ -52,8 +64,13 @@ mod tests {
             ("a=3", "has no port"),
             ("a:1,a:1", "duplicate address a:1"),
         ] {
-            let e = parse_static_list(bad, "--endpoints").unwrap_err().to_string();
-            assert!(e.starts_with("--endpoints: ") && e.contains(want), "{bad:?}: {e}");
+            let e = parse_static_list(bad, "--endpoints")
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.starts_with("--endpoints: ") && e.contains(want),
+                "{bad:?}: {e}"
+            );
         }
     }
 }

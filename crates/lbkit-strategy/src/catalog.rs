@@ -87,9 +87,14 @@ impl Params {
     }
 
     /// Parameters from pairs.
-    pub fn from_pairs<K: Into<String>, V: Into<String>>(pairs: impl IntoIterator<Item = (K, V)>) -> Self {
+    pub fn from_pairs<K: Into<String>, V: Into<String>>(
+        pairs: impl IntoIterator<Item = (K, V)>,
+    ) -> Self {
         Params {
-            pairs: pairs.into_iter().map(|(k, v)| (k.into(), v.into())).collect(),
+            pairs: pairs
+                .into_iter()
+                .map(|(k, v)| (k.into(), v.into()))
+                .collect(),
         }
     }
 
@@ -105,15 +110,25 @@ impl Params {
     pub fn parse_pair(text: &str) -> Result<(String, String), ParamError> {
         match text.split_once('=') {
             Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_owned(), v.trim().to_owned())),
-            _ => Err(ParamError::Malformed { text: text.to_owned() }),
+            _ => Err(ParamError::Malformed {
+                text: text.to_owned(),
+            }),
         }
     }
 
     fn get(&self, name: &str) -> Option<&str> {
-        self.pairs.iter().rev().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+        self.pairs
+            .iter()
+            .rev()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
     }
 
-    fn parse<T: std::str::FromStr>(&self, strategy: &str, name: &str) -> Result<Option<T>, ParamError>
+    fn parse<T: std::str::FromStr>(
+        &self,
+        strategy: &str,
+        name: &str,
+    ) -> Result<Option<T>, ParamError>
     where
         T::Err: fmt::Display,
     {
@@ -184,11 +199,17 @@ pub fn info(name: &str) -> Option<&'static StrategyInfo> {
 pub fn build(name: &str, params: Params) -> Result<BoxStrategy, ParamError> {
     let info = info(name).ok_or_else(|| ParamError::UnknownStrategy {
         name: name.to_owned(),
-        known: STRATEGIES.iter().map(|s| s.name).collect::<Vec<_>>().join(", "),
+        known: STRATEGIES
+            .iter()
+            .map(|s| s.name)
+            .collect::<Vec<_>>()
+            .join(", "),
     })?;
     check_names(info, &params)?;
     let ms = |p: &str, default: Duration| -> Result<Duration, ParamError> {
-        Ok(params.parse::<u64>(name, p)?.map_or(default, Duration::from_millis))
+        Ok(params
+            .parse::<u64>(name, p)?
+            .map_or(default, Duration::from_millis))
     };
     Ok(match name {
         "random" => BoxStrategy::new(Random),
@@ -203,7 +224,9 @@ pub fn build(name: &str, params: Params) -> Result<BoxStrategy, ParamError> {
             BoxStrategy::new(WeightedResponseTime::new(interval, window))
         }
         "sticky-round-robin" => {
-            let n = params.parse::<u32>(name, "n")?.unwrap_or(crate::DEFAULT_STICKY_RUN);
+            let n = params
+                .parse::<u32>(name, "n")?
+                .unwrap_or(crate::DEFAULT_STICKY_RUN);
             if n == 0 {
                 return Err(invalid(name, "n", "0", "must be at least 1"));
             }
@@ -219,7 +242,11 @@ fn check_names(info: &StrategyInfo, params: &Params) -> Result<(), ParamError> {
             let accepted = if info.params.is_empty() {
                 "none".to_owned()
             } else {
-                info.params.iter().map(|p| p.name).collect::<Vec<_>>().join(", ")
+                info.params
+                    .iter()
+                    .map(|p| p.name)
+                    .collect::<Vec<_>>()
+                    .join(", ")
             };
             return Err(ParamError::UnknownParam {
                 strategy: info.name.to_owned(),
@@ -266,13 +293,28 @@ mod tests {
     #[test]
     fn errors_name_the_problem() {
         let e = build("fastest", Params::new()).unwrap_err().to_string();
-        assert!(e.contains("unknown strategy \"fastest\"") && e.contains("round-robin"), "{e}");
-        let e = build("random", Params::from_pairs([("n", "2")])).unwrap_err().to_string();
-        assert_eq!(e, "strategy \"random\" has no parameter \"n\" (it accepts: none)");
-        let e = build("sticky-round-robin", Params::from_pairs([("n", "x")])).unwrap_err().to_string();
+        assert!(
+            e.contains("unknown strategy \"fastest\"") && e.contains("round-robin"),
+            "{e}"
+        );
+        let e = build("random", Params::from_pairs([("n", "2")]))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "strategy \"random\" has no parameter \"n\" (it accepts: none)"
+        );
+        let e = build("sticky-round-robin", Params::from_pairs([("n", "x")]))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("n=\"x\" is invalid"), "{e}");
-        let e = build("sticky-round-robin", Params::from_pairs([("n", "0")])).unwrap_err().to_string();
+        let e = build("sticky-round-robin", Params::from_pairs([("n", "0")]))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("at least 1"), "{e}");
-        assert!(matches!(Params::parse_pair("novalue"), Err(ParamError::Malformed { .. })));
+        assert!(matches!(
+            Params::parse_pair("novalue"),
+            Err(ParamError::Malformed { .. })
+        ));
     }
 }

@@ -21,6 +21,9 @@ pub(crate) fn share(weight: u64, total: u64) -> String {
     if total == 0 {
         format!("weight {weight}")
     } else {
-        format!("weight {weight} ({:.2}% of picks)", weight as f64 * 100.0 / total as f64)
+        format!(
+            "weight {weight} ({:.2}% of picks)",
+            weight as f64 * 100.0 / total as f64
+        )
     }
 }

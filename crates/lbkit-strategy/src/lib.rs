@@ -45,6 +45,8 @@ pub use response_time::{
     ResponseTimePicker, WeightedResponseTime, DEFAULT_INTERVAL, DEFAULT_WINDOW, MIN_WEIGHT_PERCENT,
 };
 pub use round_robin::{RoundRobin, RoundRobinPicker};
-pub use smooth_weighted::{SmoothWeightedPicker, SmoothWeightedRoundRobin, MAX_CYCLE, MAX_CYCLE_WORK};
+pub use smooth_weighted::{
+    SmoothWeightedPicker, SmoothWeightedRoundRobin, MAX_CYCLE, MAX_CYCLE_WORK,
+};
 pub use sticky::{StickyPicker, StickyRoundRobin, DEFAULT_STICKY_RUN};
 pub use weighted_random::{WeightedRandom, WeightedRandomPicker};

@@ -117,15 +117,24 @@ impl Strategy for WeightedResponseTime {
             .eligible()
             .iter()
             .map(|&i| {
-                let avg = snapshot.endpoint(i).stats().avg_response_at(now, self.window);
-                (i, avg.map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)))
+                let avg = snapshot
+                    .endpoint(i)
+                    .stats()
+                    .avg_response_at(now, self.window);
+                (
+                    i,
+                    avg.map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
+                )
             })
             .collect();
         let inner = match self.weights(&avgs) {
             Some(w) => Inner::Weighted(WeightedRandomPicker::new(&w)),
             None => Inner::RoundRobin(self.fallback.prepare(snapshot, now)),
         };
-        ResponseTimePicker { inner, avgs: avgs.into() }
+        ResponseTimePicker {
+            inner,
+            avgs: avgs.into(),
+        }
     }
 
     fn refresh_interval(&self) -> Option<Duration> {
@@ -157,7 +166,9 @@ impl Picker for ResponseTimePicker {
 
     fn explain(&self, idx: EndpointIdx) -> Option<String> {
         let avg = self.avgs.iter().find(|&&(i, _)| i == idx)?.1;
-        let avg = avg.map_or("no samples".to_owned(), |ns| format!("avg {:.3} ms", ns as f64 / 1e6));
+        let avg = avg.map_or("no samples".to_owned(), |ns| {
+            format!("avg {:.3} ms", ns as f64 / 1e6)
+        });
         Some(match &self.inner {
             Inner::RoundRobin(_) => format!("{avg}; round robin until response times are known"),
             Inner::Weighted(p) => {
@@ -173,7 +184,10 @@ mod tests {
     use super::*;
 
     fn avgs(v: &[Option<u64>]) -> Vec<(EndpointIdx, Option<u64>)> {
-        v.iter().enumerate().map(|(i, &a)| (EndpointIdx::new(i), a)).collect()
+        v.iter()
+            .enumerate()
+            .map(|(i, &a)| (EndpointIdx::new(i), a))
+            .collect()
     }
 
     fn weights(v: &[Option<u64>]) -> Option<Vec<u64>> {
@@ -184,24 +198,37 @@ mod tests {
 
     #[test]
     fn ribbon_formula() {
-        assert_eq!(weights(&[Some(10), Some(20), Some(70)]), Some(vec![90, 80, 30]));
+        assert_eq!(
+            weights(&[Some(10), Some(20), Some(70)]),
+            Some(vec![90, 80, 30])
+        );
     }
 
     #[test]
     fn degenerate_cases_fall_back_to_round_robin() {
         assert_eq!(weights(&[None, None]), None, "no statistics");
-        assert_eq!(weights(&[Some(50), None]), None, "one measured endpoint: Σ − avg = 0");
+        assert_eq!(
+            weights(&[Some(50), None]),
+            None,
+            "one measured endpoint: Σ − avg = 0"
+        );
         assert_eq!(weights(&[Some(0), Some(0)]), None, "all zero");
     }
 
     #[test]
     fn equal_averages_give_equal_nonzero_weights() {
-        assert_eq!(weights(&[Some(7), Some(7), Some(7)]), Some(vec![14, 14, 14]));
+        assert_eq!(
+            weights(&[Some(7), Some(7), Some(7)]),
+            Some(vec![14, 14, 14])
+        );
     }
 
     #[test]
     fn unmeasured_get_the_mean_and_slow_ones_keep_a_floor() {
         // Σ = 1010: weights 1000 and 10 → mean 505, floor 25.
-        assert_eq!(weights(&[Some(10), Some(1000), None]), Some(vec![1000, 25, 505]));
+        assert_eq!(
+            weights(&[Some(10), Some(1000), None]),
+            Some(vec![1000, 25, 505])
+        );
     }
 }

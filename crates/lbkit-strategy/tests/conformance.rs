@@ -48,5 +48,9 @@ fn every_catalog_entry_through_the_boxed_strategy() {
 #[test]
 fn the_allocation_counter_counts() {
     let (v, n) = lbkit_testkit::alloc::allocations_in(|| Box::new(7u64));
-    assert_eq!((*v, n), (7, 1), "without a working counter the zero-allocation check proves nothing");
+    assert_eq!(
+        (*v, n),
+        (7, 1),
+        "without a working counter the zero-allocation check proves nothing"
+    );
 }

@@ -61,11 +61,17 @@ fn specs(list: &[(&str, u32, bool)]) -> Arc<Snapshot> {
     ))
 }
 
-fn pick_idx<S: Strategy>(b: &Balancer<S>, rng: &mut FastRng, tried: &TriedSet) -> Result<usize, PickError> {
+fn pick_idx<S: Strategy>(
+    b: &Balancer<S>,
+    rng: &mut FastRng,
+    tried: &TriedSet,
+) -> Result<usize, PickError> {
     let mut cx = PickContext::new(Timestamp::ZERO, rng).with_tried(tried.len() as u32, tried);
     let guard = b.pick(&mut cx)?;
     let snap = b.snapshot();
-    let idx = snap.find(guard.endpoint().key()).expect("picked endpoint is in the snapshot");
+    let idx = snap
+        .find(guard.endpoint().key())
+        .expect("picked endpoint is in the snapshot");
     guard.finish_at(Outcome::Success, Timestamp::ZERO);
     Ok(idx.get())
 }
@@ -73,20 +79,34 @@ fn pick_idx<S: Strategy>(b: &Balancer<S>, rng: &mut FastRng, tried: &TriedSet) -
 fn empty_and_ineligible<S: Strategy>(make: &impl Fn() -> S, name: &str) {
     let mut rng = FastRng::seed_from_u64(SEED);
     let b = balancer(make(), specs(&[]));
-    assert_eq!(pick_idx(&b, &mut rng, &TriedSet::new()), Err(PickError::NoEndpoints), "{name}: empty set");
+    assert_eq!(
+        pick_idx(&b, &mut rng, &TriedSet::new()),
+        Err(PickError::NoEndpoints),
+        "{name}: empty set"
+    );
     let b = balancer(make(), specs(&[("a:1", 100, false), ("b:1", 0, true)]));
     assert_eq!(
         pick_idx(&b, &mut rng, &TriedSet::new()),
-        Err(PickError::AllIneligible { unhealthy: 1, drained: 1 }),
+        Err(PickError::AllIneligible {
+            unhealthy: 1,
+            drained: 1
+        }),
         "{name}: nothing eligible"
     );
 }
 
 fn single_endpoint<S: Strategy>(make: &impl Fn() -> S, name: &str) {
     let mut rng = FastRng::seed_from_u64(SEED);
-    let b = balancer(make(), specs(&[("down:1", 100, false), ("only:1", 7, true)]));
+    let b = balancer(
+        make(),
+        specs(&[("down:1", 100, false), ("only:1", 7, true)]),
+    );
     for _ in 0..100 {
-        assert_eq!(pick_idx(&b, &mut rng, &TriedSet::new()), Ok(1), "{name}: single eligible endpoint");
+        assert_eq!(
+            pick_idx(&b, &mut rng, &TriedSet::new()),
+            Ok(1),
+            "{name}: single eligible endpoint"
+        );
     }
 }
 
@@ -105,10 +125,20 @@ fn mixed_set<S: Strategy>(make: &impl Fn() -> S, name: &str, shares: Shares) {
     for _ in 0..PICKS {
         counts[pick_idx(&b, &mut rng, &TriedSet::new()).expect("eligible endpoints exist")] += 1;
     }
-    assert_eq!((counts[1], counts[2]), (0, 0), "{name}: picked a down or weight-0 endpoint: {counts:?}");
+    assert_eq!(
+        (counts[1], counts[2]),
+        (0, 0),
+        "{name}: picked a down or weight-0 endpoint: {counts:?}"
+    );
     let expected: Vec<f64> = match shares {
-        Shares::Uniform => MIXED.iter().map(|&(_, w, up)| f64::from(u8::from(up && w > 0))).collect(),
-        Shares::Weighted => MIXED.iter().map(|&(_, w, up)| if up { f64::from(w) } else { 0.0 }).collect(),
+        Shares::Uniform => MIXED
+            .iter()
+            .map(|&(_, w, up)| f64::from(u8::from(up && w > 0)))
+            .collect(),
+        Shares::Weighted => MIXED
+            .iter()
+            .map(|&(_, w, up)| if up { f64::from(w) } else { 0.0 })
+            .collect(),
         Shares::Any => return,
     };
     assert_fits(&counts, &expected, name);
@@ -122,7 +152,11 @@ fn retry_exclusion<S: Strategy>(make: &impl Fn() -> S, name: &str) {
     tried.insert(&snap.endpoints()[0]);
     tried.insert(&snap.endpoints()[3]);
     for _ in 0..500 {
-        assert_eq!(pick_idx(&b, &mut rng, &tried), Ok(4), "{name}: picked an endpoint already tried");
+        assert_eq!(
+            pick_idx(&b, &mut rng, &tried),
+            Ok(4),
+            "{name}: picked an endpoint already tried"
+        );
     }
     // Everything tried: the call still gets an endpoint (Dubbo re-selects among the tried).
     tried.insert(&snap.endpoints()[4]);
@@ -137,7 +171,9 @@ fn no_allocation<S: Strategy>(make: &impl Fn() -> S, name: &str) {
     let run = |rng: &mut FastRng| {
         for _ in 0..1_000 {
             let _ = picker.pick(&mut PickContext::new(Timestamp::ZERO, rng));
-            let guard = b.pick(&mut PickContext::new(Timestamp::ZERO, rng)).expect("eligible endpoints exist");
+            let guard = b
+                .pick(&mut PickContext::new(Timestamp::ZERO, rng))
+                .expect("eligible endpoints exist");
             guard.finish_at(Outcome::Success, Timestamp::ZERO);
         }
     };

@@ -1,1 +1,29 @@
-fn main(){}
+//! The `lbkit` command-line tool. See `lbkit --help`.
+
+mod cli;
+
+use std::io::ErrorKind;
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let args = cli::Cli::parse(); // usage errors exit with status 2 (clap)
+    match cli::run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("lbkit: {}", one_line(&format!("{e:#}")));
+            ExitCode::from(if e.is::<cli::BadInput>() { 2 } else { 1 })
+        }
+    }
+}
+
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.downcast_ref::<std::io::Error>()
+        .is_some_and(|io| io.kind() == ErrorKind::BrokenPipe)
+}
+
+fn one_line(s: &str) -> String {
+    s.lines().map(str::trim).collect::<Vec<_>>().join(" ")
+}

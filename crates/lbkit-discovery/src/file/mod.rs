@@ -95,7 +95,12 @@ pub fn load(path: &Path, now: Timestamp) -> Result<Vec<FileEndpoint>, SourceErro
 ///
 /// # Errors
 /// Any malformed entry; an empty list; a duplicate address.
-pub fn parse(text: &str, format: Format, origin: &str, now: Timestamp) -> Result<Vec<FileEndpoint>, SourceError> {
+pub fn parse(
+    text: &str,
+    format: Format,
+    origin: &str,
+    now: Timestamp,
+) -> Result<Vec<FileEndpoint>, SourceError> {
     let (entries, lines): (Vec<FileEndpoint>, Vec<Option<usize>>) = match format {
         Format::Toml => {
             let doc: TomlDoc = toml::from_str(text).map_err(|e| toml_error(origin, text, &e))?;
@@ -146,11 +151,17 @@ struct Entry {
     last_failure_ms: Option<u64>,
 }
 
-fn convert(list: Vec<Entry>, origin: &str, now: Timestamp) -> Result<Vec<FileEndpoint>, SourceError> {
+fn convert(
+    list: Vec<Entry>,
+    origin: &str,
+    now: Timestamp,
+) -> Result<Vec<FileEndpoint>, SourceError> {
     list.into_iter()
         .enumerate()
         .map(|(i, e)| {
-            entry(e, now).map_err(|reason| SourceError::new(origin, None, format!("endpoint #{}: {reason}", i + 1)))
+            entry(e, now).map_err(|reason| {
+                SourceError::new(origin, None, format!("endpoint #{}: {reason}", i + 1))
+            })
         })
         .collect()
 }
@@ -159,10 +170,12 @@ fn entry(e: Entry, now: Timestamp) -> Result<FileEndpoint, String> {
     check_address(&e.address)?;
     let ms = |field: &str, v: Option<f64>| -> Result<Option<Duration>, String> {
         v.map(|ms| {
-            if ms.is_finite() && ms >= 0.0 && ms < 1e12 {
+            if (0.0..1e12).contains(&ms) {
                 Ok(Duration::from_secs_f64(ms / 1e3))
             } else {
-                Err(format!("{field} = {ms} is not a duration in ms (expected 0 or more)"))
+                Err(format!(
+                    "{field} = {ms} is not a duration in ms (expected 0 or more)"
+                ))
             }
         })
         .transpose()
@@ -189,19 +202,35 @@ fn entry(e: Entry, now: Timestamp) -> Result<FileEndpoint, String> {
     Ok(FileEndpoint { spec, observed })
 }
 
-fn dubbo_lines(text: &str, origin: &str) -> Result<Vec<(FileEndpoint, Option<usize>)>, SourceError> {
+fn dubbo_lines(
+    text: &str,
+    origin: &str,
+) -> Result<Vec<(FileEndpoint, Option<usize>)>, SourceError> {
     text.lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty() && !l.trim_start().starts_with('#'))
         .map(|(i, line)| {
-            let at = |e: crate::error::UrlError| SourceError::new(origin, Some(i + 1), e.to_string());
-            let spec = ProviderUrl::parse(line).and_then(|u| u.to_spec()).map_err(at)?;
-            Ok((FileEndpoint { spec, observed: StatsSeed::default() }, Some(i + 1)))
+            let at =
+                |e: crate::error::UrlError| SourceError::new(origin, Some(i + 1), e.to_string());
+            let spec = ProviderUrl::parse(line)
+                .and_then(|u| u.to_spec())
+                .map_err(at)?;
+            Ok((
+                FileEndpoint {
+                    spec,
+                    observed: StatsSeed::default(),
+                },
+                Some(i + 1),
+            ))
         })
         .collect()
 }
 
-fn check_unique(entries: &[FileEndpoint], lines: &[Option<usize>], origin: &str) -> Result<(), SourceError> {
+fn check_unique(
+    entries: &[FileEndpoint],
+    lines: &[Option<usize>],
+    origin: &str,
+) -> Result<(), SourceError> {
     let mut seen: HashMap<&str, usize> = HashMap::new();
     for (i, e) in entries.iter().enumerate() {
         if let Some(&first) = seen.get(e.spec.address.as_str()) {
@@ -212,7 +241,10 @@ fn check_unique(entries: &[FileEndpoint], lines: &[Option<usize>], origin: &str)
             return Err(SourceError::new(
                 origin,
                 line,
-                format!("duplicate address {} (first given at {what})", e.spec.address),
+                format!(
+                    "duplicate address {} (first given at {what})",
+                    e.spec.address
+                ),
             ));
         }
         seen.insert(&e.spec.address, i);
@@ -221,7 +253,9 @@ fn check_unique(entries: &[FileEndpoint], lines: &[Option<usize>], origin: &str)
 }
 
 fn toml_error(origin: &str, text: &str, e: &toml::de::Error) -> SourceError {
-    let line = e.span().map(|s| text[..s.start.min(text.len())].lines().count().max(1));
+    let line = e
+        .span()
+        .map(|s| text[..s.start.min(text.len())].lines().count().max(1));
     SourceError::new(origin, line, e.message().to_owned())
 }
 

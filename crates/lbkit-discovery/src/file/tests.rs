@@ -32,21 +32,35 @@ healthy = false
     let a = &eps[0];
     assert_eq!(a.spec.weight, 200);
     assert_eq!(a.spec.zone.as_deref(), Some("eu-1"));
-    assert_eq!(a.spec.registered_at, Some(Timestamp::from_millis(1_699_999_700_000)));
+    assert_eq!(
+        a.spec.registered_at,
+        Some(Timestamp::from_millis(1_699_999_700_000))
+    );
     assert_eq!(a.spec.warmup, Some(Duration::from_secs(600)));
     assert_eq!(a.spec.metadata["version"], "1.2");
     assert_eq!(a.observed.in_flight, 3);
     assert_eq!(a.observed.avg_response, Some(Duration::from_micros(12_500)));
     assert_eq!(a.observed.ewma, Some(Duration::from_millis(20)));
-    assert_eq!(a.observed.last_failure_at, Some(NOW), "failures without a time: now");
+    assert_eq!(
+        a.observed.last_failure_at,
+        Some(NOW),
+        "failures without a time: now"
+    );
     assert!(!eps[1].spec.healthy);
     assert_eq!(eps[1].spec.weight, 100);
 }
 
 #[test]
 fn json_and_toml_agree() {
-    let j = parse(r#"[{"address":"a:1","weight":5},{"address":"b:1"}]"#, Format::Json, "eps.json", NOW).unwrap();
-    let t = toml("[[endpoint]]\naddress = \"a:1\"\nweight = 5\n[[endpoint]]\naddress = \"b:1\"\n").unwrap();
+    let j = parse(
+        r#"[{"address":"a:1","weight":5},{"address":"b:1"}]"#,
+        Format::Json,
+        "eps.json",
+        NOW,
+    )
+    .unwrap();
+    let t = toml("[[endpoint]]\naddress = \"a:1\"\nweight = 5\n[[endpoint]]\naddress = \"b:1\"\n")
+        .unwrap();
     assert_eq!(j, t);
 }
 
@@ -59,30 +73,73 @@ fn dubbo_urls_with_comments_and_encoding() {
     let eps = parse(text, Format::DubboUrls, "providers.txt", NOW).unwrap();
     assert_eq!(eps.len(), 2);
     assert_eq!((eps[0].spec.weight, eps[1].spec.weight), (200, 50));
-    assert_eq!(eps[0].spec.warmup, None, "default window applied by the endpoint");
+    assert_eq!(
+        eps[0].spec.warmup, None,
+        "default window applied by the endpoint"
+    );
 }
 
 #[test]
 fn errors_name_file_line_and_field() {
     let cases: &[(&str, Format, &str)] = &[
-        ("[[endpoint]]\naddress = \"a:1\"\nweight = -1\n", Format::Toml, "eps.toml:3:"),
-        ("[[endpoint]]\naddress = \"a:1\"\nwieght = 1\n", Format::Toml, "unknown field `wieght`"),
-        ("[[endpoint]]\naddress = \"a\"\n", Format::Toml, "endpoint #1: address \"a\" has no port"),
-        ("[[endpoint]]\naddress = \"a:1\"\navg_response_ms = -3\n", Format::Toml, "avg_response_ms = -3"),
+        (
+            "[[endpoint]]\naddress = \"a:1\"\nweight = -1\n",
+            Format::Toml,
+            "eps.toml:3:",
+        ),
+        (
+            "[[endpoint]]\naddress = \"a:1\"\nwieght = 1\n",
+            Format::Toml,
+            "unknown field `wieght`",
+        ),
+        (
+            "[[endpoint]]\naddress = \"a\"\n",
+            Format::Toml,
+            "endpoint #1: address \"a\" has no port",
+        ),
+        (
+            "[[endpoint]]\naddress = \"a:1\"\navg_response_ms = -3\n",
+            Format::Toml,
+            "avg_response_ms = -3",
+        ),
         ("", Format::Toml, "no endpoints"),
-        ("[{\"address\": 5}]", Format::Json, "eps.toml:1: invalid type"),
-        ("dubbo://a:1/x\ndubbo://b/x\n", Format::DubboUrls, "eps.toml:2: malformed provider URL"),
-        ("dubbo://a:1/x\n#\ndubbo://a:1/y\n", Format::DubboUrls, "eps.toml:3: duplicate address a:1 (first given at line 1)"),
-        ("[[endpoint]]\naddress = \"a:1\"\n[[endpoint]]\naddress = \"a:1\"\n", Format::Toml, "duplicate address a:1 (first given at endpoint #1)"),
+        (
+            "[{\"address\": 5}]",
+            Format::Json,
+            "eps.toml:1: invalid type",
+        ),
+        (
+            "dubbo://a:1/x\ndubbo://b/x\n",
+            Format::DubboUrls,
+            "eps.toml:2: malformed provider URL",
+        ),
+        (
+            "dubbo://a:1/x\n#\ndubbo://a:1/y\n",
+            Format::DubboUrls,
+            "eps.toml:3: duplicate address a:1 (first given at line 1)",
+        ),
+        (
+            "[[endpoint]]\naddress = \"a:1\"\n[[endpoint]]\naddress = \"a:1\"\n",
+            Format::Toml,
+            "duplicate address a:1 (first given at endpoint #1)",
+        ),
     ];
     for (text, format, want) in cases {
-        let e = parse(text, *format, "eps.toml", NOW).unwrap_err().to_string();
+        let e = parse(text, *format, "eps.toml", NOW)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains(want), "{text:?}: {e}");
     }
 }
 
 #[test]
 fn format_by_extension() {
-    assert_eq!(Format::from_path(Path::new("x.txt")).unwrap(), Format::DubboUrls);
-    assert!(Format::from_path(Path::new("x.yaml")).unwrap_err().to_string().contains("expected .toml"));
+    assert_eq!(
+        Format::from_path(Path::new("x.txt")).unwrap(),
+        Format::DubboUrls
+    );
+    assert!(Format::from_path(Path::new("x.yaml"))
+        .unwrap_err()
+        .to_string()
+        .contains("expected .toml"));
 }

@@ -72,7 +72,9 @@ impl Default for SmoothWeightedRoundRobin {
 impl SmoothWeightedRoundRobin {
     /// Starts at the beginning of the nginx cycle.
     pub fn new() -> Self {
-        SmoothWeightedRoundRobin { counter: counter(0) }
+        SmoothWeightedRoundRobin {
+            counter: counter(0),
+        }
     }
 }
 
@@ -90,9 +92,14 @@ impl Strategy for SmoothWeightedRoundRobin {
             .collect();
         let total: u64 = weights.iter().map(|&(_, w)| w).sum();
         let g = weights.iter().fold(0, |g, &(_, w)| gcd(g, w));
-        let cycle_len = if g == 0 { 0 } else { total / g };
-        let groups = weights.iter().map(|&(_, w)| w).collect::<std::collections::BTreeSet<_>>().len() as u64;
-        let order = if cycle_len <= MAX_CYCLE && cycle_len.saturating_mul(groups) <= MAX_CYCLE_WORK {
+        let cycle_len = total.checked_div(g).unwrap_or(0);
+        let groups = weights
+            .iter()
+            .map(|&(_, w)| w)
+            .collect::<std::collections::BTreeSet<_>>()
+            .len() as u64;
+        let order = if cycle_len <= MAX_CYCLE && cycle_len.saturating_mul(groups) <= MAX_CYCLE_WORK
+        {
             Order::Cycle(nginx_cycle(&weights, g))
         } else {
             Order::Stride(GoldenStride::new(&weights))
@@ -141,7 +148,11 @@ impl Picker for SmoothWeightedPicker {
 
     fn explain(&self, idx: EndpointIdx) -> Option<String> {
         let &(_, w) = self.weights.iter().find(|&&(i, _)| i == idx)?;
-        let mode = if self.is_exact_nginx_order() { "nginx cycle" } else { "golden stride" };
+        let mode = if self.is_exact_nginx_order() {
+            "nginx cycle"
+        } else {
+            "golden stride"
+        };
         Some(format!("{}, {mode}", share(w, self.total)))
     }
 }
@@ -173,7 +184,12 @@ fn nginx_cycle(weights: &[(EndpointIdx, u64)], g: u64) -> Box<[EndpointIdx]> {
     }
     let mut groups: Vec<Group> = by_weight
         .into_iter()
-        .map(|(w, members)| Group { weight: i128::from(w), members, cursor: 0, picks: 0 })
+        .map(|(w, members)| Group {
+            weight: i128::from(w),
+            members,
+            cursor: 0,
+            picks: 0,
+        })
         .collect();
     let total: i128 = weights.iter().map(|&(_, w)| i128::from(w / g)).sum();
     let mut cycle = Vec::with_capacity(usize::try_from(total).unwrap_or(0));
@@ -249,7 +265,11 @@ impl GoldenStride {
         let nb = self.buckets.len();
         let b = (u128::from(point) * nb as u128 / total) as usize;
         let lo = self.buckets[b] as usize;
-        let hi = self.buckets.get(b + 1).map_or(self.ends.len(), |&h| h as usize + 1).min(self.ends.len());
+        let hi = self
+            .buckets
+            .get(b + 1)
+            .map_or(self.ends.len(), |&h| h as usize + 1)
+            .min(self.ends.len());
         let j = lo + self.ends[lo..hi].partition_point(|&e| e <= point);
         self.idx[j.min(self.idx.len() - 1)]
     }

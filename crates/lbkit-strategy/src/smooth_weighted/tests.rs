@@ -35,14 +35,21 @@ fn picker(weights: &[u64]) -> SmoothWeightedPicker {
 fn picks(p: &SmoothWeightedPicker, n: usize) -> Vec<usize> {
     let mut rng = FastRng::seed_from_u64(0);
     (0..n)
-        .map(|_| p.pick(&mut PickContext::new(Timestamp::ZERO, &mut rng)).unwrap().get())
+        .map(|_| {
+            p.pick(&mut PickContext::new(Timestamp::ZERO, &mut rng))
+                .unwrap()
+                .get()
+        })
         .collect()
 }
 
 #[test]
 fn nginx_commit_sequence() {
     // nginx commit "Upstream: smooth weighted round-robin balancing" (2012): {5,1,1} → a a b a c a a.
-    assert_eq!(picks(&picker(&[5, 1, 1]), 14), [0, 0, 1, 0, 2, 0, 0, 0, 0, 1, 0, 2, 0, 0]);
+    assert_eq!(
+        picks(&picker(&[5, 1, 1]), 14),
+        [0, 0, 1, 0, 2, 0, 0, 0, 0, 1, 0, 2, 0, 0]
+    );
 }
 
 #[test]
@@ -72,7 +79,10 @@ fn large_fleets_with_many_weights_use_the_stride_with_exact_shares() {
     for i in picks(&p, total as usize) {
         counts[i] += 1;
     }
-    assert_eq!(counts, weights, "one span of Σw picks holds exactly wᵢ of each");
+    assert_eq!(
+        counts, weights,
+        "one span of Σw picks holds exactly wᵢ of each"
+    );
 }
 
 #[test]

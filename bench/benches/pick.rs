@@ -1,0 +1,301 @@
+//! Per-pick cost of lbkit's strategies next to two floors and two reference crates, all in one
+//! process run so the ratios compare like with like on a noisy machine.
+//!
+//! Every input (snapshot, picker, balancer, RNG, reference load balancer) is built outside the
+//! timed closure; the closure is one pick (or one pick + finish, or one reference dispatch).
+
+use std::cell::RefCell;
+use std::convert::Infallible;
+use std::future::{ready, Future, Ready};
+use std::pin::pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+use divan::{black_box, Bencher};
+use lbkit_bench::{
+    index_slice, snapshot, snapshot_with_response_times, xorshift_index, Weights, N, STATS_NOW,
+};
+use lbkit_core::{
+    Availability, Balancer, FastRng, Outcome, PickContext, Picker, Snapshot, Strategy, Timestamp,
+};
+use lbkit_strategy::{
+    Random, RoundRobin, SmoothWeightedRoundRobin, StickyRoundRobin, WeightedRandom,
+    WeightedResponseTime,
+};
+
+fn main() {
+    divan::main();
+}
+
+/// One pick per iteration with a caller-owned RNG (the intended use: one RNG per task).
+fn bench_pick<S: Strategy>(bencher: Bencher<'_, '_>, strategy: S, snap: Arc<Snapshot>, now: Timestamp) {
+    let picker = strategy.prepare(&snap, now);
+    let mut rng = FastRng::seed_from_u64(1);
+    bencher.bench_local(|| {
+        let mut cx = PickContext::new(now, &mut rng);
+        black_box(&picker).pick(&mut cx)
+    });
+}
+
+/// Single thread, `pick` only (no balancer, no availability filter).
+mod pick {
+    use super::*;
+
+    #[divan::bench(args = N)]
+    fn random(b: Bencher, n: usize) {
+        bench_pick(b, Random, snapshot(n, Weights::Uniform), Timestamp::ZERO);
+    }
+
+    #[divan::bench(args = N)]
+    fn round_robin(b: Bencher, n: usize) {
+        bench_pick(b, RoundRobin::new(), snapshot(n, Weights::Uniform), Timestamp::ZERO);
+    }
+
+    #[divan::bench(args = N)]
+    fn sticky_round_robin(b: Bencher, n: usize) {
+        bench_pick(b, StickyRoundRobin::new(3), snapshot(n, Weights::Uniform), Timestamp::ZERO);
+    }
+
+    #[divan::bench(args = N)]
+    fn weighted_random_uniform(b: Bencher, n: usize) {
+        bench_pick(b, WeightedRandom, snapshot(n, Weights::Uniform), Timestamp::ZERO);
+    }
+
+    #[divan::bench(args = N)]
+    fn weighted_random_skewed(b: Bencher, n: usize) {
+        bench_pick(b, WeightedRandom, snapshot(n, Weights::Skewed), Timestamp::ZERO);
+    }
+
+    #[divan::bench(args = N)]
+    fn weighted_round_robin_uniform(b: Bencher, n: usize) {
+        bench_pick(b, SmoothWeightedRoundRobin::new(), snapshot(n, Weights::Uniform), Timestamp::ZERO);
+    }
+
+    #[divan::bench(args = N)]
+    fn weighted_round_robin_skewed(b: Bencher, n: usize) {
+        bench_pick(b, SmoothWeightedRoundRobin::new(), snapshot(n, Weights::Skewed), Timestamp::ZERO);
+    }
+
+    /// No statistics recorded: the strategy's round-robin fallback.
+    #[divan::bench(args = N)]
+    fn weighted_response_time_no_stats(b: Bencher, n: usize) {
+        bench_pick(b, WeightedResponseTime::default(), snapshot(n, Weights::Uniform), Timestamp::ZERO);
+    }
+
+    /// One recorded response time per endpoint (0.5–10.5 ms), prepared at that time: the
+    /// weighted (alias-table) path.
+    #[divan::bench(args = N)]
+    fn weighted_response_time_with_stats(b: Bencher, n: usize) {
+        bench_pick(b, WeightedResponseTime::default(), snapshot_with_response_times(n), STATS_NOW);
+    }
+}
+
+/// What any strategy of the kind must at least pay.
+mod floor {
+    use super::*;
+
+    /// Cache-line aligned, like lbkit's `CachePadded` counter.
+    #[repr(align(128))]
+    pub(crate) struct Padded(pub(crate) AtomicUsize);
+
+    /// Shared `AtomicUsize::fetch_add(1, Relaxed) % n`, then a read of a `[u32]` of length n.
+    #[divan::bench(args = N)]
+    fn atomic_mod(b: Bencher, n: usize) {
+        let slice = index_slice(n);
+        let counter = Padded(AtomicUsize::new(0));
+        b.bench_local(|| {
+            let c = black_box(&counter).0.fetch_add(1, Relaxed);
+            black_box(&slice)[c % n]
+        });
+    }
+
+    /// Thread-local xorshift64, multiply-shift to `0..n`, then a read of a `[u32]` of length n.
+    #[divan::bench(args = N)]
+    fn xorshift_tls(b: Bencher, n: usize) {
+        let slice = index_slice(n);
+        b.bench_local(|| black_box(&slice)[xorshift_index(black_box(n))]);
+    }
+
+    /// Context only: the caller-owned `FastRng::index` lbkit's random strategies use (wyrand,
+    /// unbiased range), then a read of a `[u32]` of length n.
+    #[divan::bench(args = N)]
+    fn fastrng_local(b: Bencher, n: usize) {
+        let slice = index_slice(n);
+        let mut rng = FastRng::seed_from_u64(1);
+        b.bench_local(|| black_box(&slice)[rng.index(black_box(n))]);
+    }
+}
+
+/// Reference crates, same process run.
+mod reference {
+    use super::*;
+    use pingora_load_balancing::{selection, LoadBalancer};
+
+    /// Pingora's `Weighted` selector indexes backends with a `u16`: `build` asserts at most
+    /// 65 535 backends, so 100 000 cannot be measured and 65 535 stands in for it.
+    const PINGORA_N: [usize; 3] = [10, 1_000, 65_535];
+
+    fn pingora<S>(n: usize) -> LoadBalancer<S>
+    where
+        S: pingora_load_balancing::selection::BackendSelection + 'static,
+        S::Iter: pingora_load_balancing::selection::BackendIter,
+    {
+        let addrs: Vec<String> = (0..n).map(|i| format!("127.0.0.1:{}", i + 1)).collect();
+        LoadBalancer::try_from_iter(addrs.iter().map(String::as_str)).expect("static backends")
+    }
+
+    /// `LoadBalancer<RoundRobin>::select(b"", 256)`; the returned `Backend` clone is dropped
+    /// inside the timed closure (its drop is part of a real call's cost).
+    #[divan::bench(args = PINGORA_N)]
+    fn pingora_round_robin(b: Bencher, n: usize) {
+        let lb = pingora::<selection::RoundRobin>(n);
+        b.bench_local(|| lb.select(black_box(b""), 256).map(|be| be.weight));
+    }
+
+    /// `LoadBalancer<Random>::select(b"", 256)` (rand's thread-local RNG).
+    #[divan::bench(args = PINGORA_N)]
+    fn pingora_random(b: Bencher, n: usize) {
+        let lb = pingora::<selection::Random>(n);
+        b.bench_local(|| lb.select(black_box(b""), 256).map(|be| be.weight));
+    }
+
+    type Handler = fn(u32) -> Ready<Result<u32, Infallible>>;
+
+    fn echo(req: u32) -> Ready<Result<u32, Infallible>> {
+        ready(Ok(req))
+    }
+
+    /// tower `p2c::Balance` over n always-ready `service_fn`s wrapped in
+    /// `PendingRequests` (load = requests in flight). One iteration = `poll_ready` (discover
+    /// poll, pending promotion, two random indices, two `load()` reads, the chosen service's
+    /// `poll_ready`) + `call` + one poll of the returned, immediately ready future (which
+    /// releases the in-flight handle). No runtime: a no-op waker; nothing ever pends.
+    #[divan::bench(args = N)]
+    fn tower_p2c(b: Bencher, n: usize) {
+        use tower::balance::p2c::Balance;
+        use tower::discover::ServiceList;
+        use tower::load::{CompleteOnResponse, PendingRequests};
+        use tower::{service_fn, Service};
+
+        let services: Vec<_> = (0..n)
+            .map(|_| PendingRequests::new(service_fn(echo as Handler), CompleteOnResponse::default()))
+            .collect();
+        let mut balance: Balance<_, u32> = Balance::new(ServiceList::new(services));
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut dispatch = move || -> u32 {
+            match balance.poll_ready(&mut cx) {
+                Poll::Ready(Ok(())) => {}
+                _ => unreachable!("all services are always ready"),
+            }
+            let fut = pin!(balance.call(black_box(7)));
+            match fut.poll(&mut cx) {
+                Poll::Ready(Ok(v)) => v,
+                _ => unreachable!("the echo future is immediately ready"),
+            }
+        };
+        // First dispatch: discovery inserts and readies all n services (not timed).
+        assert_eq!(dispatch(), 7);
+        b.bench_local(dispatch);
+    }
+}
+
+/// One and two threads on the same picker. Each thread owns its RNG (a thread-local, reached
+/// through a `RefCell` in both the 1- and 2-thread runs, so the rows compare with each other;
+/// compare the `pick` group only with the 1-thread rows here with that in mind).
+mod threads {
+    use super::*;
+
+    static SEED: AtomicU64 = AtomicU64::new(1);
+
+    thread_local! {
+        static RNG: RefCell<FastRng> = RefCell::new(FastRng::seed_from_u64(SEED.fetch_add(1, Relaxed)));
+    }
+
+    fn bench_shared<S: Strategy>(b: Bencher<'_, '_>, strategy: S, snap: Arc<Snapshot>) {
+        let picker = strategy.prepare(&snap, Timestamp::ZERO);
+        b.bench(|| {
+            RNG.with(|r| {
+                let mut rng = r.borrow_mut();
+                let mut cx = PickContext::new(Timestamp::ZERO, &mut rng);
+                black_box(&picker).pick(&mut cx)
+            })
+        });
+    }
+
+    #[divan::bench(args = N, threads = [1, 2])]
+    fn round_robin(b: Bencher, n: usize) {
+        bench_shared(b, RoundRobin::new(), snapshot(n, Weights::Uniform));
+    }
+
+    #[divan::bench(args = N, threads = [1, 2])]
+    fn sticky_round_robin(b: Bencher, n: usize) {
+        bench_shared(b, StickyRoundRobin::new(3), snapshot(n, Weights::Uniform));
+    }
+
+    #[divan::bench(args = N, threads = [1, 2])]
+    fn weighted_round_robin_skewed(b: Bencher, n: usize) {
+        bench_shared(b, SmoothWeightedRoundRobin::new(), snapshot(n, Weights::Skewed));
+    }
+
+    #[divan::bench(args = N, threads = [1, 2])]
+    fn random(b: Bencher, n: usize) {
+        bench_shared(b, Random, snapshot(n, Weights::Uniform));
+    }
+
+    #[divan::bench(args = N, threads = [1, 2])]
+    fn weighted_random_skewed(b: Bencher, n: usize) {
+        bench_shared(b, WeightedRandom, snapshot(n, Weights::Skewed));
+    }
+
+    /// The atomic floor with a counter shared by both threads.
+    #[divan::bench(args = N, threads = [1, 2])]
+    fn floor_atomic_mod(b: Bencher, n: usize) {
+        let slice = index_slice(n);
+        let counter = super::floor::Padded(AtomicUsize::new(0));
+        b.bench(|| {
+            let c = black_box(&counter).0.fetch_add(1, Relaxed);
+            black_box(&slice)[c % n]
+        });
+    }
+}
+
+/// `Balancer::pick` + `CallGuard::finish_at(Success)`: ArcSwap load, select (with or without the
+/// availability filter), endpoint clone, in-flight increment, then the outcome recorded into the
+/// endpoint's statistics.
+mod balancer {
+    use super::*;
+
+    const BN: [usize; 2] = [10, 100_000];
+
+    fn bench_balancer<S: Strategy>(b: Bencher<'_, '_>, strategy: S, snap: Arc<Snapshot>, availability: Availability) {
+        let now = Timestamp::ZERO;
+        let balancer = Balancer::new(strategy, snap, now).with_availability(availability);
+        let mut rng = FastRng::seed_from_u64(1);
+        b.bench_local(|| {
+            let mut cx = PickContext::new(now, &mut rng);
+            let guard = black_box(&balancer).pick(&mut cx).expect("endpoints are eligible");
+            guard.finish_at(Outcome::Success, now);
+        });
+    }
+
+    #[divan::bench(args = BN)]
+    fn round_robin_filter_off(b: Bencher, n: usize) {
+        bench_balancer(b, RoundRobin::new(), snapshot(n, Weights::Uniform), Availability::OFF);
+    }
+
+    #[divan::bench(args = BN)]
+    fn round_robin_breaker_on(b: Bencher, n: usize) {
+        bench_balancer(b, RoundRobin::new(), snapshot(n, Weights::Uniform), Availability::default());
+    }
+
+    #[divan::bench(args = BN)]
+    fn weighted_random_skewed_filter_off(b: Bencher, n: usize) {
+        bench_balancer(b, WeightedRandom, snapshot(n, Weights::Skewed), Availability::OFF);
+    }
+
+    #[divan::bench(args = BN)]
+    fn weighted_random_skewed_breaker_on(b: Bencher, n: usize) {
+        bench_balancer(b, WeightedRandom, snapshot(n, Weights::Skewed), Availability::default());
+    }
+}

@@ -1,0 +1,203 @@
+//! `lbkit pick --explain`: each endpoint's effective weight and the inputs behind it.
+
+use std::io::Write;
+
+use lbkit::{Endpoint, EndpointIdx, Picker, Strategy, Timestamp, Unavailable};
+use serde_json::{json, Value};
+
+use super::pick::Run;
+
+/// What `--explain` shows, computed before the picks.
+pub(crate) struct Report {
+    strategy: String,
+    now: Timestamp,
+    rows: Vec<Row>,
+}
+
+struct Row {
+    address: String,
+    zone: Option<String>,
+    weight: u32,
+    effective: u32,
+    state: String,
+    eligible: bool,
+    warmup: Option<Warmup>,
+    in_flight: u32,
+    avg_response_ms: Option<f64>,
+    ewma_ms: Option<f64>,
+    failures: u64,
+    consecutive_failures: u32,
+    note: Option<String>,
+}
+
+struct Warmup {
+    registered_at_ms: u64,
+    uptime_ms: i64,
+    window_ms: u64,
+}
+
+/// Window over which `--explain` reads the observed average response time.
+const AVG_WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
+
+impl Report {
+    pub(crate) fn new(run: &Run) -> Self {
+        let prepared = run.balancer.current();
+        let snapshot = prepared.snapshot();
+        let now = run.now;
+        let rows = snapshot
+            .endpoints()
+            .iter()
+            .enumerate()
+            .map(|(i, e)| {
+                let (state, eligible) = state(e, run, now);
+                Row {
+                    address: e.address().to_owned(),
+                    zone: e.zone().map(str::to_owned),
+                    weight: e.weight(),
+                    effective: e.effective_weight(now),
+                    state,
+                    eligible,
+                    warmup: e.registered_at().map(|at| Warmup {
+                        registered_at_ms: at.as_millis(),
+                        uptime_ms: now.as_millis() as i64 - at.as_millis() as i64,
+                        window_ms: e.warmup().as_millis() as u64,
+                    }),
+                    in_flight: e.stats().in_flight(),
+                    avg_response_ms: e.stats().avg_response_at(now, AVG_WINDOW).map(ms),
+                    ewma_ms: e.stats().ewma_at(now).map(ms),
+                    failures: e.stats().failures(),
+                    consecutive_failures: e.stats().consecutive_failures(),
+                    note: e
+                        .is_eligible()
+                        .then(|| prepared.picker().explain(EndpointIdx::new(i)))
+                        .flatten(),
+                }
+            })
+            .collect();
+        Report {
+            strategy: run.balancer.strategy().name().to_owned(),
+            now,
+            rows,
+        }
+    }
+}
+
+fn ms(d: std::time::Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn state(e: &Endpoint, run: &Run, now: Timestamp) -> (String, bool) {
+    if !e.is_healthy() {
+        return ("not eligible: marked down".into(), false);
+    }
+    if e.weight() == 0 {
+        return ("not eligible: weight 0 (drained)".into(), false);
+    }
+    match run.balancer.availability().check(e, now) {
+        None => ("eligible".into(), true),
+        Some(Unavailable::Tripped { until }) => (
+            format!(
+                "passed over: circuit breaker tripped for {} ms more ({} consecutive failures)",
+                until.as_millis().saturating_sub(now.as_millis()),
+                e.stats().consecutive_failures()
+            ),
+            true,
+        ),
+        Some(Unavailable::Busy { in_flight, limit }) => (
+            format!("passed over: {in_flight} calls in flight, limit {limit}"),
+            true,
+        ),
+    }
+}
+
+pub(crate) fn text(out: &mut impl Write, r: &Report, picks: &[String]) -> std::io::Result<()> {
+    let eligible = r.rows.iter().filter(|x| x.eligible).count();
+    writeln!(
+        out,
+        "strategy: {}   now: {} ms   endpoints: {} ({} eligible)",
+        r.strategy,
+        r.now.as_millis(),
+        r.rows.len(),
+        eligible
+    )?;
+    let width = r.rows.iter().map(|x| x.address.len()).max().unwrap_or(0);
+    for x in &r.rows {
+        let zone = x
+            .zone
+            .as_deref()
+            .map(|z| format!("  zone {z}"))
+            .unwrap_or_default();
+        writeln!(
+            out,
+            "  {:width$}  weight {} -> effective {}  {}{zone}",
+            x.address, x.weight, x.effective, x.state
+        )?;
+        if let Some(w) = &x.warmup {
+            let phase = if w.uptime_ms < 0 {
+                "registered in the future: weight 1".to_owned()
+            } else if (w.uptime_ms as u64) < w.window_ms && w.uptime_ms > 0 {
+                format!(
+                    "warming: trunc({} / ({} / {})) = {}",
+                    w.uptime_ms, w.window_ms, x.weight, x.effective
+                )
+            } else {
+                "warm".to_owned()
+            };
+            writeln!(
+                out,
+                "      warm-up: registered at {} ms, uptime {} ms, window {} ms; {phase}",
+                w.registered_at_ms, w.uptime_ms, w.window_ms
+            )?;
+        }
+        let mut stats = format!("in_flight {}", x.in_flight);
+        if let Some(a) = x.avg_response_ms {
+            stats += &format!(", avg_response {a:.3} ms");
+        }
+        if let Some(e) = x.ewma_ms {
+            stats += &format!(", ewma {e:.3} ms");
+        }
+        stats += &format!(
+            ", failures {} ({} consecutive)",
+            x.failures, x.consecutive_failures
+        );
+        writeln!(out, "      stats: {stats}")?;
+        if let Some(n) = &x.note {
+            writeln!(out, "      {}: {n}", r.strategy)?;
+        }
+    }
+    writeln!(out, "picks:")?;
+    picks.iter().try_for_each(|p| writeln!(out, "{p}"))
+}
+
+pub(crate) fn json(out: &mut impl Write, r: &Report, picks: &[String]) -> std::io::Result<()> {
+    let endpoints: Vec<Value> = r
+        .rows
+        .iter()
+        .map(|x| {
+            json!({
+                "address": x.address,
+                "zone": x.zone,
+                "weight": x.weight,
+                "effective_weight": x.effective,
+                "eligible": x.eligible,
+                "state": x.state,
+                "registered_at_ms": x.warmup.as_ref().map(|w| w.registered_at_ms),
+                "uptime_ms": x.warmup.as_ref().map(|w| w.uptime_ms),
+                "warmup_ms": x.warmup.as_ref().map(|w| w.window_ms),
+                "in_flight": x.in_flight,
+                "avg_response_ms": x.avg_response_ms,
+                "ewma_ms": x.ewma_ms,
+                "failures": x.failures,
+                "consecutive_failures": x.consecutive_failures,
+                "strategy_note": x.note,
+            })
+        })
+        .collect();
+    let doc = json!({
+        "strategy": r.strategy,
+        "now_ms": r.now.as_millis(),
+        "endpoints": endpoints,
+        "picks": picks,
+    });
+    writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)
+}

@@ -1,0 +1,46 @@
+//! Subcommands of the `lbkit` binary.
+
+mod explain;
+mod pick;
+
+use std::fmt;
+
+use clap::{Parser, Subcommand};
+
+/// lbkit: client-side load balancing for service calls.
+#[derive(Debug, Parser)]
+#[command(name = "lbkit", version, about, propagate_version = true)]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Dry run: pick endpoints with a strategy and show why (--explain).
+    Pick(pick::PickArgs),
+}
+
+/// Run the parsed command line.
+pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Pick(args) => pick::run(args),
+    }
+}
+
+/// Input the user must fix: exit status 2.
+#[derive(Debug)]
+pub(crate) struct BadInput(pub(crate) String);
+
+impl fmt::Display for BadInput {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for BadInput {}
+
+/// Wrap any displayable problem with the input as a [`BadInput`].
+pub(crate) fn bad(e: impl fmt::Display) -> anyhow::Error {
+    BadInput(e.to_string()).into()
+}

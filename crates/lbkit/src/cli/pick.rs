@@ -1,0 +1,228 @@
+//! `lbkit pick`: run a strategy over a what-if endpoint set, without calling anything.
+
+use std::io::{BufWriter, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use clap::{Args, ValueEnum};
+use lbkit::config::Config;
+use lbkit::discovery::file::{self, FileEndpoint};
+use lbkit::discovery::parse_static_list;
+use lbkit::strategy::catalog::{self, Params};
+use lbkit::{
+    Availability, Balancer, BoxStrategy, CallGuard, Clock, FastRng, PickContext, Snapshot,
+    StatsSeed, Timestamp,
+};
+
+use super::{bad, explain};
+
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Endpoints file formats (by extension): .toml ([[endpoint]] tables), .json (array of objects), \
+.txt (Dubbo provider URLs, one per line, plain or URL-encoded).\n\
+Picks are treated as calls still in flight, so load-aware strategies see each other's picks.\n\
+Exit status: 0 ok, 1 no endpoint could be picked, 2 bad input."
+)]
+pub(crate) struct PickArgs {
+    /// Strategy name (see --list).
+    #[arg(long, short = 's', required_unless_present_any = ["list", "config"])]
+    strategy: Option<String>,
+    /// Strategy parameter NAME=VALUE (repeatable).
+    #[arg(long = "param", short = 'p', value_name = "K=V")]
+    params: Vec<String>,
+    /// Take the strategy from a service config file instead (with --service).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["strategy", "params"], requires = "service")]
+    config: Option<PathBuf>,
+    /// Service whose strategy to use from --config.
+    #[arg(long, value_name = "NAME", requires = "config")]
+    service: Option<String>,
+    /// Method of --service (per-method strategy).
+    #[arg(long, value_name = "NAME", requires = "service")]
+    method: Option<String>,
+    /// Endpoints: comma-separated ADDRESS[=WEIGHT].
+    #[arg(long, short = 'e', value_name = "SPEC", conflicts_with = "endpoints_file", required_unless_present_any = ["list", "endpoints_file"])]
+    endpoints: Option<String>,
+    /// Endpoints file (.toml, .json or .txt).
+    #[arg(long, short = 'f', value_name = "PATH")]
+    endpoints_file: Option<PathBuf>,
+    /// Number of picks (default 1); not with --key.
+    #[arg(long, short = 'n', value_name = "N", conflicts_with = "keys")]
+    count: Option<u64>,
+    /// Seed for randomized strategies (reproducible picks).
+    #[arg(long, value_name = "S")]
+    seed: Option<u64>,
+    /// Request key (repeatable): one pick per key, in order.
+    #[arg(long = "key", short = 'k', value_name = "KEY")]
+    keys: Vec<String>,
+    /// Fix the clock (Unix epoch ms) used for warm-up and statistics.
+    #[arg(long, value_name = "MS")]
+    now_ms: Option<u64>,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+    format: OutputFormat,
+    /// Print each endpoint's effective weight and the inputs behind it, then the picks.
+    #[arg(long)]
+    explain: bool,
+    /// Pass over endpoints with this many calls in flight (Ribbon's active-connections limit).
+    #[arg(long, value_name = "N")]
+    max_in_flight: Option<u32>,
+    /// Do not pass over endpoints whose circuit breaker is tripped.
+    #[arg(long)]
+    no_breaker: bool,
+    /// List the strategies and their parameters.
+    #[arg(long, exclusive = true)]
+    list: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum OutputFormat {
+    Text,
+    Json,
+}
+
+/// Most picks one run makes (keeps a typo like `--count 1e12` from running for hours).
+const MAX_COUNT: u64 = 10_000_000;
+
+pub(crate) fn run(args: PickArgs) -> anyhow::Result<()> {
+    let out = std::io::stdout();
+    let mut out = BufWriter::new(out.lock());
+    if args.list {
+        list(&mut out)?;
+        return Ok(out.flush()?);
+    }
+    let clock_now = args
+        .now_ms
+        .map_or_else(|| Clock::System.now(), Timestamp::from_millis);
+    let (strategy, mut availability) = strategy(&args)?;
+    if let Some(n) = args.max_in_flight {
+        availability.max_in_flight = Some(n);
+    }
+    if args.no_breaker {
+        availability.circuit_breaker = None;
+    }
+    let endpoints = endpoints(&args, clock_now)?;
+    let count = match args.count {
+        Some(0) => return Err(bad("--count must be at least 1")),
+        Some(n) if n > MAX_COUNT => {
+            return Err(bad(format!("--count {n} is over the limit of {MAX_COUNT}")))
+        }
+        Some(n) => n,
+        None if !args.keys.is_empty() => args.keys.len() as u64,
+        None => 1,
+    };
+    let run = Run::new(strategy, availability, endpoints, clock_now);
+    let mut rng = args
+        .seed
+        .map_or_else(FastRng::from_entropy, FastRng::seed_from_u64);
+    // The report shows the inputs as given, before the picks add their own in-flight calls.
+    let report = args.explain.then(|| explain::Report::new(&run));
+    let picks = run.picks(count, &args.keys, &mut rng)?;
+    match (args.format, report) {
+        (OutputFormat::Text, None) => picks.iter().try_for_each(|p| writeln!(out, "{p}"))?,
+        (OutputFormat::Json, None) => writeln!(out, "{}", serde_json::to_string(&picks)?)?,
+        (OutputFormat::Text, Some(r)) => explain::text(&mut out, &r, &picks)?,
+        (OutputFormat::Json, Some(r)) => explain::json(&mut out, &r, &picks)?,
+    }
+    Ok(out.flush()?)
+}
+
+fn list(out: &mut impl Write) -> anyhow::Result<()> {
+    let width = catalog::STRATEGIES
+        .iter()
+        .map(|s| s.name.len())
+        .max()
+        .unwrap_or(0);
+    for s in catalog::STRATEGIES {
+        writeln!(out, "{:width$}  {}", s.name, s.summary)?;
+        for p in s.params {
+            writeln!(
+                out,
+                "{:width$}    --param {}={}  {}",
+                "", p.name, p.default, p.doc
+            )?;
+        }
+    }
+    Ok(())
+}
+
+fn strategy(args: &PickArgs) -> anyhow::Result<(BoxStrategy, Availability)> {
+    if let Some(path) = &args.config {
+        let config = Config::load(path).map_err(bad)?;
+        let service = args.service.as_deref().unwrap_or_default();
+        let resolved = config.resolve(service, args.method.as_deref());
+        let strategy = resolved.build().map_err(bad)?;
+        return Ok((strategy, resolved.availability));
+    }
+    let name = args.strategy.as_deref().unwrap_or_default();
+    let mut params = Params::new();
+    for p in &args.params {
+        let (k, v) = Params::parse_pair(p).map_err(bad)?;
+        params.insert(k, v);
+    }
+    Ok((
+        catalog::build(name, params).map_err(bad)?,
+        Availability::default(),
+    ))
+}
+
+fn endpoints(args: &PickArgs, now: Timestamp) -> anyhow::Result<Vec<FileEndpoint>> {
+    if let Some(path) = &args.endpoints_file {
+        return file::load(path, now).map_err(bad);
+    }
+    let spec = args.endpoints.as_deref().unwrap_or_default();
+    let specs = parse_static_list(spec, "--endpoints").map_err(bad)?;
+    Ok(specs
+        .into_iter()
+        .map(|spec| FileEndpoint {
+            spec,
+            observed: StatsSeed::default(),
+        })
+        .collect())
+}
+
+/// One dry run: the balancer over the what-if endpoints, at a fixed time.
+pub(crate) struct Run {
+    pub(crate) balancer: Balancer<BoxStrategy>,
+    pub(crate) now: Timestamp,
+}
+
+impl Run {
+    fn new(
+        strategy: BoxStrategy,
+        availability: Availability,
+        endpoints: Vec<FileEndpoint>,
+        now: Timestamp,
+    ) -> Self {
+        let (specs, seeds): (Vec<_>, Vec<_>) =
+            endpoints.into_iter().map(|e| (e.spec, e.observed)).unzip();
+        let snapshot = Arc::new(Snapshot::from_specs(specs, now));
+        for (e, seed) in snapshot.endpoints().iter().zip(&seeds) {
+            e.stats().seed(seed, now);
+        }
+        let (clock, _) = Clock::manual(now);
+        let balancer = Balancer::new(strategy, snapshot, now)
+            .with_availability(availability)
+            .with_clock(clock);
+        Run { balancer, now }
+    }
+
+    fn picks(&self, count: u64, keys: &[String], rng: &mut FastRng) -> anyhow::Result<Vec<String>> {
+        let mut held: Vec<CallGuard> = Vec::new();
+        let mut picks = Vec::new();
+        for i in 0..count {
+            let cx = PickContext::new(self.now, rng);
+            let mut cx = match keys.get(i as usize) {
+                Some(k) => cx.with_key(k.as_bytes()),
+                None => cx,
+            };
+            let guard = self
+                .balancer
+                .pick(&mut cx)
+                .with_context(|| format!("pick {} of {count} failed", i + 1))?;
+            picks.push(guard.endpoint().address().to_owned());
+            held.push(guard);
+        }
+        Ok(picks)
+    }
+}

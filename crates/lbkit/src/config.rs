@@ -1,0 +1,387 @@
+//! Service configuration: which strategy each service — and optionally each method — uses.
+//!
+//! Like Dubbo's `loadbalance` (per service, overridable per method) and Ribbon's per-client
+//! `NFLoadBalancerRuleClassName`, in one TOML file:
+//!
+//! ```toml
+//! [defaults]                       # optional; built-in default: weighted-random (Dubbo's random)
+//! strategy = "weighted-round-robin"
+//!
+//! [service."com.acme.Greeter"]
+//! strategy = "weighted-response-time"
+//! params = { interval_ms = 10000 }
+//! availability = { max_in_flight = 200 }
+//!
+//! [service."com.acme.Greeter".method.sayHello]
+//! strategy = "sticky-round-robin"
+//! params = { n = 5 }
+//! ```
+//!
+//! Fields of a strategy entry (`[defaults]`, a service, or a method):
+//!
+//! | field | default | meaning |
+//! |---|---|---|
+//! | `strategy` | inherited (method → service → defaults → `weighted-random`) | a name from `lbkit pick --list` |
+//! | `params` | `{}` (a method without `strategy` inherits the service's and overrides them key by key) | the strategy's parameters |
+//! | `availability.circuit_breaker` | `true` | pass over endpoints whose Ribbon breaker is tripped |
+//! | `availability.breaker_threshold` | `3` | consecutive failures that trip it |
+//! | `availability.breaker_base_ms` | `10000` | first blackout, doubled per further failure |
+//! | `availability.breaker_max_ms` | `30000` | longest blackout |
+//! | `availability.max_in_flight` | unlimited | pass over endpoints with this many calls in flight |
+//!
+//! Unknown fields, unknown strategy names and unknown or invalid parameters are errors that
+//! name the field, checked when the file is loaded.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::Path;
+use std::time::Duration;
+
+use lbkit_core::{Availability, BoxStrategy, CircuitBreaker};
+use lbkit_strategy::catalog::{self, Params};
+use serde::Deserialize;
+
+/// The strategy used when nothing is configured (Dubbo's default `random`, which is weighted).
+pub const DEFAULT_STRATEGY: &str = "weighted-random";
+
+/// A configuration problem, with the file and the field it concerns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The file (or other origin) of the configuration.
+    pub origin: String,
+    /// The field, as a dotted TOML path (empty for syntax errors).
+    pub field: String,
+    /// What is wrong.
+    pub reason: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.field.is_empty() {
+            write!(f, "{}: {}", self.origin, self.reason)
+        } else {
+            write!(f, "{}: {}: {}", self.origin, self.field, self.reason)
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// A parsed, validated configuration.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    defaults: Entry,
+    #[serde(default)]
+    service: BTreeMap<String, ServiceEntry>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ServiceEntry {
+    strategy: Option<String>,
+    #[serde(default)]
+    params: BTreeMap<String, toml::Value>,
+    #[serde(default)]
+    availability: AvailabilityEntry,
+    #[serde(default)]
+    method: BTreeMap<String, Entry>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Entry {
+    strategy: Option<String>,
+    #[serde(default)]
+    params: BTreeMap<String, toml::Value>,
+    #[serde(default)]
+    availability: AvailabilityEntry,
+}
+
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AvailabilityEntry {
+    circuit_breaker: Option<bool>,
+    breaker_threshold: Option<u32>,
+    breaker_base_ms: Option<u64>,
+    breaker_max_ms: Option<u64>,
+    max_in_flight: Option<u32>,
+}
+
+impl AvailabilityEntry {
+    /// `self` where set, else `parent`.
+    fn or(self, parent: AvailabilityEntry) -> AvailabilityEntry {
+        AvailabilityEntry {
+            circuit_breaker: self.circuit_breaker.or(parent.circuit_breaker),
+            breaker_threshold: self.breaker_threshold.or(parent.breaker_threshold),
+            breaker_base_ms: self.breaker_base_ms.or(parent.breaker_base_ms),
+            breaker_max_ms: self.breaker_max_ms.or(parent.breaker_max_ms),
+            max_in_flight: self.max_in_flight.or(parent.max_in_flight),
+        }
+    }
+
+    fn build(self) -> Availability {
+        let d = CircuitBreaker::default();
+        let breaker = CircuitBreaker {
+            threshold: self.breaker_threshold.unwrap_or(d.threshold),
+            base: self.breaker_base_ms.map_or(d.base, Duration::from_millis),
+            max: self.breaker_max_ms.map_or(d.max, Duration::from_millis),
+        };
+        Availability {
+            circuit_breaker: self.circuit_breaker.unwrap_or(true).then_some(breaker),
+            max_in_flight: self.max_in_flight,
+        }
+    }
+}
+
+/// What a service (or method) resolves to: a strategy name, its parameters, the filter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolved {
+    /// Strategy name.
+    pub strategy: String,
+    /// Its parameters.
+    pub params: Params,
+    /// The availability filter.
+    pub availability: Availability,
+    /// The TOML path the strategy name came from (for error messages).
+    pub field: String,
+}
+
+// === impl Resolved ===
+
+impl Resolved {
+    /// Build the strategy.
+    ///
+    /// # Errors
+    /// An unknown strategy or parameter (never after [`Config::from_toml`] validated it).
+    pub fn build(&self) -> Result<BoxStrategy, catalog::ParamError> {
+        catalog::build(&self.strategy, self.params.clone())
+    }
+}
+
+// === impl Config ===
+
+impl Config {
+    /// Read and validate a configuration file.
+    ///
+    /// # Errors
+    /// An unreadable file, a TOML error, an unknown field, strategy or parameter.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let origin = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            origin: origin.clone(),
+            field: String::new(),
+            reason: format!("cannot read: {e}"),
+        })?;
+        Config::from_toml(&text, &origin)
+    }
+
+    /// Parse and validate configuration text; `origin` names it in errors.
+    ///
+    /// # Errors
+    /// A TOML error, an unknown field, strategy or parameter.
+    ///
+    /// ```
+    /// let c = lbkit::config::Config::from_toml(
+    ///     "[service.greeter]\nstrategy = \"round-robin\"\n[service.greeter.method.hello]\nstrategy = \"random\"\n",
+    ///     "inline",
+    /// ).unwrap();
+    /// assert_eq!(c.resolve("greeter", Some("hello")).strategy, "random");
+    /// assert_eq!(c.resolve("greeter", Some("bye")).strategy, "round-robin");
+    /// assert_eq!(c.resolve("other", None).strategy, "weighted-random");
+    /// ```
+    pub fn from_toml(text: &str, origin: &str) -> Result<Config, ConfigError> {
+        let config: Config = toml::from_str(text).map_err(|e| {
+            let line = e
+                .span()
+                .map(|s| text[..s.start.min(text.len())].lines().count().max(1));
+            ConfigError {
+                origin: line.map_or(origin.to_owned(), |l| format!("{origin}:{l}")),
+                field: String::new(),
+                reason: e.message().to_owned(),
+            }
+        })?;
+        config.validate(origin)?;
+        Ok(config)
+    }
+
+    /// The services configured, in name order.
+    pub fn services(&self) -> impl Iterator<Item = &str> {
+        self.service.keys().map(String::as_str)
+    }
+
+    /// The strategy of `service`, or of one of its methods.
+    pub fn resolve(&self, service: &str, method: Option<&str>) -> Resolved {
+        let defaults = &self.defaults;
+        let mut r = Resolved {
+            strategy: defaults
+                .strategy
+                .clone()
+                .unwrap_or_else(|| DEFAULT_STRATEGY.to_owned()),
+            params: params(&defaults.params),
+            availability: defaults.availability.build(),
+            field: "defaults.strategy".to_owned(),
+        };
+        let Some(svc) = self.service.get(service) else {
+            return r;
+        };
+        let svc_field = format!("service.{}", quote(service));
+        let mut avail = svc.availability.or(defaults.availability);
+        let strategy_params = if let Some(name) = &svc.strategy {
+            r.strategy = name.clone();
+            r.field = format!("{svc_field}.strategy");
+            svc.params.clone()
+        } else {
+            merge(&defaults.params, &svc.params)
+        };
+        if let Some(m) = method.and_then(|m| svc.method.get(m)) {
+            avail = m.availability.or(avail);
+            let field = format!("{svc_field}.method.{}", quote(method.unwrap_or_default()));
+            if let Some(name) = &m.strategy {
+                r.strategy = name.clone();
+                r.field = format!("{field}.strategy");
+                r.params = params(&m.params);
+            } else {
+                r.params = params(&merge(&strategy_params, &m.params));
+            }
+        } else {
+            r.params = params(&strategy_params);
+        }
+        r.availability = avail.build();
+        r
+    }
+
+    fn validate(&self, origin: &str) -> Result<(), ConfigError> {
+        let mut targets: Vec<(String, Option<String>)> = vec![(String::new(), None)];
+        for (name, svc) in &self.service {
+            targets.push((name.clone(), None));
+            targets.extend(svc.method.keys().map(|m| (name.clone(), Some(m.clone()))));
+        }
+        for (service, method) in targets {
+            let r = self.resolve(&service, method.as_deref());
+            r.build().map_err(|e| ConfigError {
+                origin: origin.to_owned(),
+                field: r.field.clone(),
+                reason: e.to_string(),
+            })?;
+        }
+        Ok(())
+    }
+}
+
+fn params(map: &BTreeMap<String, toml::Value>) -> Params {
+    Params::from_pairs(map.iter().map(|(k, v)| {
+        let text = match v {
+            toml::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        (k.clone(), text)
+    }))
+}
+
+fn merge(
+    base: &BTreeMap<String, toml::Value>,
+    over: &BTreeMap<String, toml::Value>,
+) -> BTreeMap<String, toml::Value> {
+    let mut m = base.clone();
+    m.extend(over.iter().map(|(k, v)| (k.clone(), v.clone())));
+    m
+}
+
+fn quote(name: &str) -> String {
+    let bare = !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    if bare {
+        name.to_owned()
+    } else {
+        format!("{name:?}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(text: &str) -> String {
+        Config::from_toml(text, "lbkit.toml")
+            .unwrap_err()
+            .to_string()
+    }
+
+    #[test]
+    fn resolution_order_and_inheritance() {
+        let c = Config::from_toml(
+            r#"
+[defaults]
+strategy = "sticky-round-robin"
+params = { n = 4 }
+availability = { max_in_flight = 50 }
+
+[service."com.acme.Greeter"]
+availability = { circuit_breaker = false }
+
+[service."com.acme.Greeter".method.sayHello]
+params = { n = 9 }
+
+[service."com.acme.Greeter".method.sayBye]
+strategy = "weighted-response-time"
+"#,
+            "lbkit.toml",
+        )
+        .unwrap();
+        let svc = c.resolve("com.acme.Greeter", None);
+        assert_eq!(
+            (svc.strategy.as_str(), &svc.params),
+            ("sticky-round-robin", &Params::from_pairs([("n", "4")]))
+        );
+        assert_eq!(
+            svc.availability,
+            Availability {
+                circuit_breaker: None,
+                max_in_flight: Some(50)
+            }
+        );
+        let hello = c.resolve("com.acme.Greeter", Some("sayHello"));
+        assert_eq!(hello.params, Params::from_pairs([("n", "9")]));
+        let bye = c.resolve("com.acme.Greeter", Some("sayBye"));
+        assert_eq!(
+            (bye.strategy.as_str(), &bye.params),
+            ("weighted-response-time", &Params::new())
+        );
+        assert_eq!(c.resolve("unknown", None).strategy, "sticky-round-robin");
+        assert_eq!(
+            Config::default().resolve("x", None).strategy,
+            DEFAULT_STRATEGY
+        );
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        assert_eq!(
+            err("[service.greeter]\nstrategy = \"fastest\"\n")
+                .split(" (known")
+                .next()
+                .unwrap(),
+            "lbkit.toml: service.greeter.strategy: unknown strategy \"fastest\""
+        );
+        assert!(err("[service.\"a.B\".method.m]\nstrategy = \"random\"\nparams = { n = 1 }\n")
+            .starts_with("lbkit.toml: service.\"a.B\".method.m.strategy: strategy \"random\" has no parameter \"n\""));
+        assert!(
+            err("[service.g]\nstrategy = \"sticky-round-robin\"\nparams = { n = 0 }\n")
+                .contains("must be at least 1")
+        );
+        let e = err("[service.g]\nstrategee = \"random\"\n");
+        assert!(
+            e.starts_with("lbkit.toml:1: unknown field `strategee`"),
+            "{e}"
+        ); // line of the table
+        assert!(err("[defaults]\nstrategy = \"nope\"\n")
+            .contains("defaults.strategy: unknown strategy"));
+        assert!(
+            err("[service.g]\navailability = { max_in_flight = -1 }\n").contains("lbkit.toml:2")
+        );
+    }
+}

@@ -1,0 +1,432 @@
+//! Black-box tests of `lbkit pick`: every strategy reachable, published sequences, formats, and
+//! every bad-input case (exit status 2, one line on stderr, never a panic).
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn lbkit(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_lbkit"))
+        .args(args)
+        .output()
+        .expect("run lbkit")
+}
+
+fn ok(args: &[&str]) -> String {
+    let out = lbkit(args);
+    assert!(
+        out.status.success(),
+        "lbkit {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn lines(args: &[&str]) -> Vec<String> {
+    ok(args).lines().map(str::to_owned).collect()
+}
+
+/// A temporary file with `name` and `content`, removed with the value.
+struct TempFile(PathBuf);
+
+impl TempFile {
+    fn new(name: &str, content: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("lbkit-cli-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(name);
+        std::fs::write(&path, content).unwrap();
+        TempFile(path)
+    }
+    fn path(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn example_file() -> String {
+    concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/endpoints.toml").to_owned()
+}
+
+#[test]
+fn nginx_smooth_weighted_order() {
+    let picks = lines(&[
+        "pick",
+        "--strategy",
+        "weighted-round-robin",
+        "--endpoints",
+        "a:1=5,b:1=1,c:1=1",
+        "--count",
+        "7",
+    ]);
+    assert_eq!(picks, ["a:1", "a:1", "b:1", "a:1", "c:1", "a:1", "a:1"]);
+}
+
+#[test]
+fn round_robin_and_sticky_sequences() {
+    let rr = lines(&["pick", "-s", "round-robin", "-e", "a:1,b:1,c:1", "-n", "4"]);
+    assert_eq!(rr, ["a:1", "b:1", "c:1", "a:1"]);
+    let sticky = lines(&[
+        "pick",
+        "-s",
+        "sticky-round-robin",
+        "-p",
+        "n=2",
+        "-e",
+        "a:1,b:1",
+        "-n",
+        "5",
+    ]);
+    assert_eq!(sticky, ["a:1", "a:1", "b:1", "b:1", "a:1"]);
+    let default_run = lines(&[
+        "pick",
+        "-s",
+        "sticky-round-robin",
+        "-e",
+        "a:1,b:1",
+        "-n",
+        "4",
+    ]);
+    assert_eq!(default_run, ["a:1", "a:1", "a:1", "b:1"], "n defaults to 3");
+}
+
+#[test]
+fn every_listed_strategy_is_reachable_and_seeded_runs_repeat() {
+    let list = ok(&["pick", "--list"]);
+    let names: Vec<&str> = list
+        .lines()
+        .filter(|l| !l.starts_with(' '))
+        .map(|l| l.split_whitespace().next().unwrap())
+        .collect();
+    assert!(names.len() >= 6, "{list}");
+    for name in names {
+        let args = [
+            "pick",
+            "-s",
+            name,
+            "-e",
+            "a:1=1,b:1=2,c:1=3",
+            "-n",
+            "50",
+            "--seed",
+            "7",
+            "--format",
+            "json",
+        ];
+        let first: Vec<String> = serde_json::from_str(&ok(&args)).unwrap();
+        assert_eq!(first.len(), 50, "{name}");
+        assert_eq!(ok(&args), ok(&args), "{name}: same seed, same picks");
+    }
+    let a = ok(&[
+        "pick",
+        "-s",
+        "random",
+        "-e",
+        "a:1,b:1,c:1,d:1",
+        "-n",
+        "40",
+        "--seed",
+        "1",
+    ]);
+    let b = ok(&[
+        "pick",
+        "-s",
+        "random",
+        "-e",
+        "a:1,b:1,c:1,d:1",
+        "-n",
+        "40",
+        "--seed",
+        "2",
+    ]);
+    assert_ne!(a, b, "different seeds give different random picks");
+}
+
+#[test]
+fn one_pick_per_key_in_order() {
+    let picks = lines(&[
+        "pick",
+        "-s",
+        "round-robin",
+        "-e",
+        "a:1,b:1",
+        "--key",
+        "x",
+        "--key",
+        "y",
+        "--key",
+        "z",
+    ]);
+    assert_eq!(picks, ["a:1", "b:1", "a:1"]);
+}
+
+#[test]
+fn warmup_from_dubbo_urls_in_explain_json() {
+    let f = TempFile::new(
+        "providers.txt",
+        "# two providers, one deployed 150 s before --now-ms\n\
+         dubbo://10.0.0.1:20880/com.acme.Greeter?weight=100\n\
+         dubbo%3A%2F%2F10.0.0.2%3A20880%2Fcom.acme.Greeter%3Fweight%3D200%26timestamp%3D1699999850000\n",
+    );
+    let out = ok(&[
+        "pick",
+        "-s",
+        "weighted-random",
+        "-f",
+        f.path(),
+        "--now-ms",
+        "1700000000000",
+        "--explain",
+        "--format",
+        "json",
+        "-n",
+        "3",
+        "--seed",
+        "1",
+    ]);
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let eps = doc["endpoints"].as_array().unwrap();
+    // Dubbo: trunc(150000 / (600000 / 200)) = 50.
+    assert_eq!(eps[1]["effective_weight"], 50);
+    assert_eq!(eps[1]["uptime_ms"], 150_000);
+    assert_eq!(eps[0]["effective_weight"], 100);
+    assert_eq!(doc["picks"].as_array().unwrap().len(), 3);
+    assert!(eps[1]["strategy_note"].as_str().unwrap().contains("33.33%"));
+}
+
+#[test]
+fn explain_text_on_the_shipped_example() {
+    let out = ok(&[
+        "pick",
+        "-s",
+        "weighted-round-robin",
+        "-f",
+        &example_file(),
+        "--now-ms",
+        "1700000000000",
+        "--explain",
+        "-n",
+        "4",
+    ]);
+    assert!(
+        out.contains("10.0.0.2:20880  weight 100 -> effective 20"),
+        "{out}"
+    );
+    assert!(out.contains("circuit breaker tripped"), "{out}");
+    assert!(out.contains("not eligible: marked down"), "{out}");
+    let picks: Vec<&str> = out.split("picks:\n").nth(1).unwrap().lines().collect();
+    assert_eq!(picks.len(), 4);
+    assert!(!picks.contains(&"10.0.0.3:20880") && !picks.contains(&"10.0.0.4:20880"));
+}
+
+#[test]
+fn json_endpoints_and_observed_statistics() {
+    let f = TempFile::new(
+        "eps.json",
+        r#"[{"address":"a:1","avg_response_ms":10},{"address":"b:1","avg_response_ms":90},{"address":"c:1","in_flight":2}]"#,
+    );
+    let picks: Vec<String> = serde_json::from_str(&ok(&[
+        "pick",
+        "-s",
+        "weighted-response-time",
+        "-f",
+        f.path(),
+        "-n",
+        "2000",
+        "--seed",
+        "3",
+        "--format",
+        "json",
+        "--now-ms",
+        "1000000",
+    ]))
+    .unwrap();
+    let count = |a: &str| picks.iter().filter(|p| *p == a).count();
+    // Ribbon weights: a = 100 − 10 = 90, b = 100 − 90 = 10, c (no samples) = mean 50.
+    assert!(
+        count("a:1") > 3 * count("c:1") / 2 && count("c:1") > 3 * count("b:1"),
+        "{} {} {}",
+        count("a:1"),
+        count("b:1"),
+        count("c:1")
+    );
+    let busy = lines(&[
+        "pick",
+        "-s",
+        "round-robin",
+        "-f",
+        f.path(),
+        "-n",
+        "4",
+        "--max-in-flight",
+        "2",
+    ]);
+    assert!(!busy.contains(&"c:1".to_owned()), "{busy:?}");
+}
+
+#[test]
+fn strategy_from_a_service_config() {
+    let cfg = TempFile::new(
+        "lbkit.toml",
+        "[service.greeter]\nstrategy = \"round-robin\"\n[service.greeter.method.hello]\nstrategy = \"sticky-round-robin\"\nparams = { n = 2 }\n",
+    );
+    let svc = lines(&[
+        "pick",
+        "--config",
+        cfg.path(),
+        "--service",
+        "greeter",
+        "-e",
+        "a:1,b:1",
+        "-n",
+        "3",
+    ]);
+    assert_eq!(svc, ["a:1", "b:1", "a:1"]);
+    let m = lines(&[
+        "pick",
+        "--config",
+        cfg.path(),
+        "--service",
+        "greeter",
+        "--method",
+        "hello",
+        "-e",
+        "a:1,b:1",
+        "-n",
+        "3",
+    ]);
+    assert_eq!(m, ["a:1", "a:1", "b:1"]);
+}
+
+#[test]
+fn nothing_eligible_exits_1() {
+    let f = TempFile::new(
+        "down.toml",
+        "[[endpoint]]\naddress = \"a:1\"\nhealthy = false\n",
+    );
+    let out = lbkit(&["pick", "-s", "random", "-f", f.path()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no eligible endpoint (1 marked down"));
+}
+
+#[test]
+fn bad_input_exits_2_with_one_clear_line() {
+    let malformed = TempFile::new(
+        "bad.toml",
+        "[[endpoint]]\naddress = \"a:1\"\nweight = \"heavy\"\n",
+    );
+    let empty = TempFile::new("empty.toml", "# nothing here\n");
+    let bad_url = TempFile::new("bad.txt", "dubbo://10.0.0.1/com.acme.Greeter\n");
+    let bad_ext = TempFile::new("eps.yaml", "- a:1\n");
+    let bad_cfg = TempFile::new("cfg.toml", "[service.g]\nstrategy = \"nope\"\n");
+    let missing = "/nonexistent/lbkit/endpoints.toml";
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["pick", "-s", "fastest", "-e", "a:1"],
+            "unknown strategy \"fastest\"",
+        ),
+        (
+            vec!["pick", "-s", "random", "-p", "n=3", "-e", "a:1"],
+            "has no parameter \"n\"",
+        ),
+        (
+            vec![
+                "pick",
+                "-s",
+                "sticky-round-robin",
+                "-p",
+                "n=zero",
+                "-e",
+                "a:1",
+            ],
+            "n=\"zero\" is invalid",
+        ),
+        (
+            vec!["pick", "-s", "sticky-round-robin", "-p", "n", "-e", "a:1"],
+            "is not NAME=VALUE",
+        ),
+        (
+            vec!["pick", "-s", "random", "-e", "a:1=heavy"],
+            "bad weight \"heavy\"",
+        ),
+        (vec!["pick", "-s", "random", "-e", "a:1=-1"], "bad weight"),
+        (vec!["pick", "-s", "random", "-e", ""], "empty entry"),
+        (vec!["pick", "-s", "random", "-e", "nohost"], "has no port"),
+        (vec!["pick", "-s", "random", "-f", missing], "cannot read"),
+        (
+            vec!["pick", "-s", "random", "-f", malformed.path()],
+            "bad.toml:3:",
+        ),
+        (
+            vec!["pick", "-s", "random", "-f", empty.path()],
+            "no endpoints in the file",
+        ),
+        (
+            vec!["pick", "-s", "random", "-f", bad_url.path()],
+            "bad.txt:1: malformed provider URL",
+        ),
+        (
+            vec!["pick", "-s", "random", "-f", bad_ext.path()],
+            "unknown endpoints file type",
+        ),
+        (
+            vec!["pick", "-s", "random", "-e", "a:1", "-n", "0"],
+            "--count must be at least 1",
+        ),
+        (
+            vec!["pick", "-s", "random", "-e", "a:1", "-n", "x"],
+            "invalid value 'x'",
+        ),
+        (
+            vec!["pick", "-s", "random", "-e", "a:1", "-n", "2", "-k", "x"],
+            "cannot be used with",
+        ),
+        (vec!["pick", "-s", "random"], "required"),
+        (vec!["pick", "-e", "a:1"], "required"),
+        (
+            vec!["pick", "-s", "random", "-e", "a:1", "--bogus"],
+            "unexpected argument",
+        ),
+        (
+            vec!["pick", "-s", "random", "-e", "a:1", "--format", "xml"],
+            "invalid value 'xml'",
+        ),
+        (
+            vec![
+                "pick",
+                "--config",
+                bad_cfg.path(),
+                "--service",
+                "g",
+                "-e",
+                "a:1",
+            ],
+            "service.g.strategy: unknown strategy",
+        ),
+    ];
+    for (args, want) in cases {
+        let out = lbkit(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(want),
+            "{args:?}: wanted {want:?} in {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        assert!(out.stdout.is_empty(), "{args:?}: printed picks on error");
+        if !want.contains("required")
+            && !want.contains("invalid value")
+            && !want.contains("unexpected")
+            && !want.contains("cannot be used")
+        {
+            assert_eq!(
+                stderr.trim_end().lines().count(),
+                1,
+                "{args:?}: one line, got {stderr}"
+            );
+        }
+    }
+}
