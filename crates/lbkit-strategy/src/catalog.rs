@@ -1,17 +1,14 @@
 //! Build strategies by name with string parameters, as configuration files and the CLI do.
 //!
-//! Every strategy and parameter is listed in [`STRATEGIES`] with its default, so `lbkit pick
-//! --list` and error messages stay in step with what [`build`] accepts.
+//! Every strategy and parameter is listed by [`strategies`] with its default, so `lbkit pick
+//! --list` and error messages stay in step with what [`build`] accepts. Each family of
+//! strategies (basic, load-aware, hashing) keeps its own entries beside its code.
 
 use std::fmt;
+use std::ops::RangeInclusive;
 use std::time::Duration;
 
 use lbkit_core::BoxStrategy;
-
-use crate::{
-    Random, RoundRobin, SmoothWeightedRoundRobin, StickyRoundRobin, WeightedRandom,
-    WeightedResponseTime,
-};
 
 /// One parameter a strategy accepts.
 #[derive(Debug, Clone, Copy)]
@@ -35,42 +32,24 @@ pub struct StrategyInfo {
     pub params: &'static [ParamInfo],
 }
 
-/// Every built-in strategy.
-pub const STRATEGIES: &[StrategyInfo] = &[
-    StrategyInfo {
-        name: "random",
-        summary: "uniformly random eligible endpoint (Ribbon RandomRule)",
-        params: &[],
-    },
-    StrategyInfo {
-        name: "round-robin",
-        summary: "each eligible endpoint in turn (Ribbon RoundRobinRule)",
-        params: &[],
-    },
-    StrategyInfo {
-        name: "weighted-random",
-        summary: "random, proportional to warm-up weight; O(1) alias table (Dubbo RandomLoadBalance)",
-        params: &[],
-    },
-    StrategyInfo {
-        name: "weighted-round-robin",
-        summary: "smooth weighted round robin in nginx's order, O(1) per pick (nginx, Dubbo >= 2.6.5)",
-        params: &[],
-    },
-    StrategyInfo {
-        name: "weighted-response-time",
-        summary: "weight = sum of averages - own average response time (Ribbon WeightedResponseTimeRule, degenerate cases fixed)",
-        params: &[
-            ParamInfo { name: "interval_ms", default: "30000", doc: "how often weights are recomputed, ms" },
-            ParamInfo { name: "window_ms", default: "30000", doc: "response-time averaging window, ms (at most 60000)" },
-        ],
-    },
-    StrategyInfo {
-        name: "sticky-round-robin",
-        summary: "each endpoint gets n consecutive calls, then the next (the seed framework's custom rule, thread-safe)",
-        params: &[ParamInfo { name: "n", default: "3", doc: "consecutive calls per endpoint (>= 1)" }],
-    },
+/// A family of strategies: their descriptions and a constructor by name.
+#[derive(Debug)]
+pub(crate) struct Family {
+    pub(crate) infos: &'static [StrategyInfo],
+    /// `None` when the name is not in this family.
+    pub(crate) build: fn(&str, &Params) -> Option<Result<BoxStrategy, ParamError>>,
+}
+
+const FAMILIES: &[&Family] = &[
+    &crate::basic::FAMILY,
+    &crate::load::FAMILY,
+    &crate::hash::FAMILY,
 ];
+
+/// Every built-in strategy, in `lbkit pick --list` order.
+pub fn strategies() -> impl Iterator<Item = &'static StrategyInfo> {
+    FAMILIES.iter().flat_map(|f| f.infos.iter())
+}
 
 /// Parameters given to a strategy, as name/value text pairs in the order given.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -124,7 +103,8 @@ impl Params {
             .map(|(_, v)| v.as_str())
     }
 
-    fn parse<T: std::str::FromStr>(
+    /// The value of `name` parsed as `T`, if given.
+    pub(crate) fn parse<T: std::str::FromStr>(
         &self,
         strategy: &str,
         name: &str,
@@ -134,14 +114,54 @@ impl Params {
     {
         self.get(name)
             .map(|v| {
-                v.parse::<T>().map_err(|e| ParamError::Invalid {
-                    strategy: strategy.to_owned(),
-                    param: name.to_owned(),
-                    value: v.to_owned(),
-                    reason: e.to_string(),
-                })
+                v.parse::<T>()
+                    .map_err(|e| invalid(strategy, name, v, &e.to_string()))
             })
             .transpose()
+    }
+
+    /// A positive duration given in milliseconds, or `default`.
+    pub(crate) fn ms(
+        &self,
+        strategy: &str,
+        name: &str,
+        default: Duration,
+    ) -> Result<Duration, ParamError> {
+        match self.parse::<u64>(strategy, name)? {
+            None => Ok(default),
+            Some(0) => Err(invalid(strategy, name, "0", "must be positive")),
+            Some(ms) => Ok(Duration::from_millis(ms)),
+        }
+    }
+
+    /// A finite number within `range`, or `default`.
+    pub(crate) fn f64_in(
+        &self,
+        strategy: &str,
+        name: &str,
+        range: RangeInclusive<f64>,
+        default: f64,
+    ) -> Result<f64, ParamError> {
+        match self.parse::<f64>(strategy, name)? {
+            None => Ok(default),
+            Some(v) if range.contains(&v) => Ok(v),
+            Some(v) => Err(out_of_range(strategy, name, v, &range)),
+        }
+    }
+
+    /// An integer within `range`, or `default`.
+    pub(crate) fn u32_in(
+        &self,
+        strategy: &str,
+        name: &str,
+        range: RangeInclusive<u32>,
+        default: u32,
+    ) -> Result<u32, ParamError> {
+        match self.parse::<u32>(strategy, name)? {
+            None => Ok(default),
+            Some(v) if range.contains(&v) => Ok(v),
+            Some(v) => Err(out_of_range(strategy, name, v, &range)),
+        }
     }
 }
 
@@ -189,7 +209,7 @@ pub enum ParamError {
 
 /// The description of the strategy called `name`.
 pub fn info(name: &str) -> Option<&'static StrategyInfo> {
-    STRATEGIES.iter().find(|s| s.name == name)
+    strategies().find(|s| s.name == name)
 }
 
 /// Build the strategy called `name` with `params`.
@@ -199,41 +219,20 @@ pub fn info(name: &str) -> Option<&'static StrategyInfo> {
 pub fn build(name: &str, params: Params) -> Result<BoxStrategy, ParamError> {
     let info = info(name).ok_or_else(|| ParamError::UnknownStrategy {
         name: name.to_owned(),
-        known: STRATEGIES
-            .iter()
-            .map(|s| s.name)
-            .collect::<Vec<_>>()
-            .join(", "),
+        known: strategies().map(|s| s.name).collect::<Vec<_>>().join(", "),
     })?;
     check_names(info, &params)?;
-    let ms = |p: &str, default: Duration| -> Result<Duration, ParamError> {
-        Ok(params
-            .parse::<u64>(name, p)?
-            .map_or(default, Duration::from_millis))
-    };
-    Ok(match name {
-        "random" => BoxStrategy::new(Random),
-        "round-robin" => BoxStrategy::new(RoundRobin::new()),
-        "weighted-random" => BoxStrategy::new(WeightedRandom),
-        "weighted-round-robin" => BoxStrategy::new(SmoothWeightedRoundRobin::new()),
-        "weighted-response-time" => {
-            let interval = ms("interval_ms", crate::DEFAULT_INTERVAL)?;
-            let window = ms("window_ms", crate::DEFAULT_WINDOW)?;
-            positive(name, "interval_ms", interval)?;
-            positive(name, "window_ms", window)?;
-            BoxStrategy::new(WeightedResponseTime::new(interval, window))
-        }
-        "sticky-round-robin" => {
-            let n = params
-                .parse::<u32>(name, "n")?
-                .unwrap_or(crate::DEFAULT_STICKY_RUN);
-            if n == 0 {
-                return Err(invalid(name, "n", "0", "must be at least 1"));
-            }
-            BoxStrategy::new(StickyRoundRobin::new(n))
-        }
-        other => unreachable!("catalog entry {other} without a constructor"),
-    })
+    FAMILIES
+        .iter()
+        .find_map(|f| (f.build)(name, &params))
+        .unwrap_or_else(|| {
+            Err(invalid(
+                name,
+                "-",
+                "-",
+                "listed in the catalog without a constructor",
+            ))
+        })
 }
 
 fn check_names(info: &StrategyInfo, params: &Params) -> Result<(), ParamError> {
@@ -258,15 +257,8 @@ fn check_names(info: &StrategyInfo, params: &Params) -> Result<(), ParamError> {
     Ok(())
 }
 
-fn positive(strategy: &str, param: &str, d: Duration) -> Result<(), ParamError> {
-    if d.is_zero() {
-        Err(invalid(strategy, param, "0", "must be positive"))
-    } else {
-        Ok(())
-    }
-}
-
-fn invalid(strategy: &str, param: &str, value: &str, reason: &str) -> ParamError {
+/// The error for a rejected parameter value.
+pub(crate) fn invalid(strategy: &str, param: &str, value: &str, reason: &str) -> ParamError {
     ParamError::Invalid {
         strategy: strategy.to_owned(),
         param: param.to_owned(),
@@ -275,18 +267,35 @@ fn invalid(strategy: &str, param: &str, value: &str, reason: &str) -> ParamError
     }
 }
 
+fn out_of_range<T: fmt::Display>(
+    strategy: &str,
+    param: &str,
+    v: T,
+    range: &RangeInclusive<T>,
+) -> ParamError {
+    invalid(
+        strategy,
+        param,
+        &v.to_string(),
+        &format!("must be within {}..={}", range.start(), range.end()),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use lbkit_core::Strategy;
 
     #[test]
-    fn every_listed_strategy_builds_with_defaults() {
-        for s in STRATEGIES {
+    fn every_listed_strategy_builds_with_defaults_and_names_are_unique() {
+        let mut names = std::collections::HashSet::new();
+        for s in strategies() {
+            assert!(names.insert(s.name), "{} listed twice", s.name);
             let built = build(s.name, Params::new()).unwrap();
             assert_eq!(built.name(), s.name);
             let defaults = Params::from_pairs(s.params.iter().map(|p| (p.name, p.default)));
-            build(s.name, defaults).unwrap();
+            build(s.name, defaults)
+                .unwrap_or_else(|e| panic!("{}: documented defaults rejected: {e}", s.name));
         }
     }
 
@@ -312,6 +321,13 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("at least 1"), "{e}");
+        let e = build(
+            "weighted-response-time",
+            Params::from_pairs([("interval_ms", "0")]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("must be positive"), "{e}");
         assert!(matches!(
             Params::parse_pair("novalue"),
             Err(ParamError::Malformed { .. })

@@ -31,8 +31,11 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 mod alias;
+mod basic;
 pub mod catalog;
 mod common;
+mod hash;
+mod load;
 mod random;
 mod response_time;
 mod round_robin;

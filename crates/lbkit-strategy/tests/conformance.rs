@@ -40,7 +40,7 @@ fn weighted_response_time_without_statistics_is_round_robin() {
 
 #[test]
 fn every_catalog_entry_through_the_boxed_strategy() {
-    for info in catalog::STRATEGIES {
+    for info in catalog::strategies() {
         check(|| build(info.name, Params::new()).unwrap(), Shares::Any);
     }
 }

@@ -10,7 +10,7 @@ use lbkit_core::{
     Balancer, BoxStrategy, EndpointSpec, EndpointStats, FailureKind, FastRng, Outcome, PickContext,
     SnapshotBuilder, Timestamp, TriedSet, Update,
 };
-use lbkit_strategy::catalog::{build, Params, STRATEGIES};
+use lbkit_strategy::catalog::{build, strategies, Params};
 
 const PICKERS: u64 = 3;
 const PICKS_PER_THREAD: u64 = 400_000;
@@ -151,7 +151,7 @@ fn stress(strategy: BoxStrategy) {
 
 #[test]
 fn every_strategy_under_concurrent_picks_and_swaps() {
-    for info in STRATEGIES {
+    for info in strategies() {
         stress(build(info.name, Params::new()).expect("catalog entry builds"));
     }
 }

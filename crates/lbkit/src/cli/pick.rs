@@ -128,12 +128,11 @@ pub(crate) fn run(args: PickArgs) -> anyhow::Result<()> {
 }
 
 fn list(out: &mut impl Write) -> anyhow::Result<()> {
-    let width = catalog::STRATEGIES
-        .iter()
+    let width = catalog::strategies()
         .map(|s| s.name.len())
         .max()
         .unwrap_or(0);
-    for s in catalog::STRATEGIES {
+    for s in catalog::strategies() {
         writeln!(out, "{:width$}  {}", s.name, s.summary)?;
         for p in s.params {
             writeln!(
