@@ -16,8 +16,8 @@ use crate::stats::Outcome;
 use crate::strategy::{BoxStrategy, PickContext, Picker, Strategy};
 use crate::time::{Clock, Timestamp};
 
-/// How often the balancer re-prepares while some endpoint is inside its warm-up window, so
-/// warm-up weights follow Dubbo's curve in steps of at most this length.
+/// How often the balancer re-prepares while some endpoint is inside its warm-up or slow-start
+/// window, so weights follow the curve in steps of at most this length.
 pub const WARMUP_REFRESH: Duration = Duration::from_secs(1);
 
 /// Candidates the balancer asks the picker for before it scans for an acceptable endpoint
@@ -129,7 +129,7 @@ impl<P: Picker> Prepared<P> {
     #[inline]
     fn acceptable(&self, idx: EndpointIdx, cx: &PickContext<'_>, filter: &Availability) -> bool {
         let e = self.snapshot.endpoint(idx);
-        e.is_eligible() && !cx.tried.contains(e) && filter.admits(e, cx.now)
+        self.snapshot.is_eligible(idx) && !cx.tried.contains(e) && filter.admits(e, cx.now)
     }
 }
 
@@ -289,7 +289,7 @@ fn prepare<S: Strategy>(
     let warming = snapshot
         .eligible()
         .iter()
-        .any(|&i| snapshot.endpoint(i).is_warming(now))
+        .any(|&i| snapshot.is_ramping(i, now))
         .then(|| now.saturating_add(WARMUP_REFRESH));
     let refresh_at = match (periodic, warming) {
         (Some(a), Some(b)) => Some(a.min(b)),

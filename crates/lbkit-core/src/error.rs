@@ -8,12 +8,14 @@ pub enum PickError {
     #[error("no endpoints")]
     NoEndpoints,
     /// Endpoints exist but none may be picked.
-    #[error("no eligible endpoint ({unhealthy} marked down, {drained} with weight 0)")]
+    #[error("no eligible endpoint ({unhealthy} marked down, {drained} with weight 0, {ejected} ejected)")]
     AllIneligible {
         /// Endpoints marked down.
         unhealthy: u32,
         /// Healthy endpoints with weight 0.
         drained: u32,
+        /// Endpoints ejected by outlier detection.
+        ejected: u32,
     },
     /// A user-defined picker refused to choose.
     #[error("the strategy declined to pick: {0}")]

@@ -50,6 +50,7 @@ mod availability;
 mod balancer;
 mod endpoint;
 mod error;
+mod policy;
 mod rng;
 mod snapshot;
 mod stats;
@@ -62,8 +63,12 @@ pub use endpoint::{
     warmup_weight, Endpoint, EndpointKey, EndpointSpec, Metadata, DEFAULT_WARMUP, DEFAULT_WEIGHT,
 };
 pub use error::PickError;
+pub use policy::{HealthOverlay, SlowStart, SnapshotPolicy, DEFAULT_PANIC_THRESHOLD};
 pub use rng::FastRng;
 pub use snapshot::{EndpointIdx, Snapshot, SnapshotBuilder, Update};
-pub use stats::{EndpointStats, FailureKind, Outcome, StatsSeed, DEFAULT_EWMA_DECAY, SLOT, SLOTS};
+pub use stats::{
+    EndpointStats, FailureKind, LoadReport, Outcome, StatsSeed, DEFAULT_EWMA_DECAY,
+    LOAD_REPORT_GAP, SLOT, SLOTS,
+};
 pub use strategy::{key_hash, BoxStrategy, PickContext, Picker, Strategy, TriedSet};
 pub use time::{Clock, ManualClock, Timestamp};

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use crate::endpoint::{Endpoint, EndpointKey, EndpointSpec};
 use crate::error::PickError;
+use crate::policy::{HealthOverlay, SnapshotPolicy};
 use crate::stats::{EndpointStats, DEFAULT_EWMA_DECAY};
 use crate::time::Timestamp;
 
@@ -53,34 +54,95 @@ pub struct Snapshot {
     version: u64,
     endpoints: Box<[Endpoint]>,
     eligible: Box<[EndpointIdx]>,
+    // Per endpoint, indexed like `endpoints`; immutable.
+    is_eligible: Box<[bool]>,
+    ejected_until: Box<[Option<Timestamp>]>,
+    /// Start of each endpoint's slow-start ramp (present only with a slow-start policy).
+    ramp_from: Option<Box<[Timestamp]>>,
+    policy: SnapshotPolicy,
+    panic: bool,
     unhealthy: u32,
     drained: u32,
+    ejected: u32,
 }
 
 // === impl Snapshot ===
 
 impl Snapshot {
-    /// A snapshot of `endpoints` (version 0, nothing reused). Endpoints that are down or have
-    /// weight 0 are kept but not eligible.
+    /// A snapshot of `endpoints` with no policy: endpoints that are down or have weight 0 are
+    /// kept but not eligible.
     pub fn new(version: u64, endpoints: Vec<Endpoint>) -> Self {
-        let eligible: Vec<EndpointIdx> = endpoints
+        Snapshot::with_policy(
+            version,
+            endpoints,
+            &SnapshotPolicy::default(),
+            &HealthOverlay::default(),
+        )
+    }
+
+    /// A snapshot of `endpoints` under `policy`, with the ejections and readmissions of
+    /// `overlay` (keys not in `endpoints` are ignored).
+    pub fn with_policy(
+        version: u64,
+        endpoints: Vec<Endpoint>,
+        policy: &SnapshotPolicy,
+        overlay: &HealthOverlay,
+    ) -> Self {
+        let ejected_until: Box<[Option<Timestamp>]> = endpoints
             .iter()
-            .enumerate()
-            .filter(|(_, e)| e.is_eligible())
-            .map(|(i, _)| EndpointIdx::new(i))
+            .map(|e| overlay.ejected.get(e.key()).copied())
             .collect();
-        let unhealthy = endpoints.iter().filter(|e| !e.is_healthy()).count();
-        let drained = endpoints
-            .iter()
-            .filter(|e| e.is_healthy() && e.weight() == 0)
-            .count();
+        let serving = |i: usize| endpoints[i].is_eligible() && ejected_until[i].is_none();
+        let weighted = endpoints.iter().filter(|e| e.weight() > 0).count();
+        let healthy = (0..endpoints.len()).filter(|&i| serving(i)).count();
+        let panic = policy.panic_threshold > 0.0
+            && weighted > 0
+            && (healthy as f64) < policy.panic_threshold * weighted as f64;
+        let is_eligible: Box<[bool]> = (0..endpoints.len())
+            .map(|i| {
+                if panic {
+                    endpoints[i].weight() > 0
+                } else {
+                    serving(i)
+                }
+            })
+            .collect();
+        let eligible = (0..endpoints.len())
+            .filter(|&i| is_eligible[i])
+            .map(EndpointIdx::new)
+            .collect();
+        let ramp_from = policy.slow_start.map(|_| {
+            endpoints
+                .iter()
+                .map(|e| {
+                    overlay
+                        .readmitted
+                        .get(e.key())
+                        .map_or(e.added_at(), |&r| r.max(e.added_at()))
+                })
+                .collect()
+        });
+        let count = |f: &dyn Fn(usize) -> bool| {
+            saturating_u32((0..endpoints.len()).filter(|&i| f(i)).count())
+        };
         Snapshot {
             version,
+            unhealthy: count(&|i| !endpoints[i].is_healthy()),
+            drained: count(&|i| endpoints[i].is_healthy() && endpoints[i].weight() == 0),
+            ejected: count(&|i| ejected_until[i].is_some()),
             endpoints: endpoints.into_boxed_slice(),
-            eligible: eligible.into_boxed_slice(),
-            unhealthy: saturating_u32(unhealthy),
-            drained: saturating_u32(drained),
+            eligible,
+            is_eligible,
+            ejected_until,
+            ramp_from,
+            policy: *policy,
+            panic,
         }
+    }
+
+    /// The same endpoints (and statistics) under a new policy or overlay, as version `version`.
+    pub fn derive(&self, version: u64, policy: &SnapshotPolicy, overlay: &HealthOverlay) -> Self {
+        Snapshot::with_policy(version, self.endpoints.to_vec(), policy, overlay)
     }
 
     /// A snapshot built from specs with fresh statistics, all first seen at `now`.
@@ -90,6 +152,50 @@ impl Snapshot {
             .map(|s| Endpoint::new(s, Arc::new(EndpointStats::default()), now))
             .collect();
         Snapshot::new(0, endpoints)
+    }
+
+    /// Whether the endpoint at `idx` may be picked.
+    #[inline]
+    pub fn is_eligible(&self, idx: EndpointIdx) -> bool {
+        self.is_eligible.get(idx.get()).copied().unwrap_or(false)
+    }
+
+    /// Until when the endpoint at `idx` is ejected, if it is.
+    pub fn ejected_until(&self, idx: EndpointIdx) -> Option<Timestamp> {
+        self.ejected_until.get(idx.get()).copied().flatten()
+    }
+
+    /// Whether the panic threshold made every weighted endpoint eligible.
+    pub fn in_panic(&self) -> bool {
+        self.panic
+    }
+
+    /// The policy this snapshot was built with.
+    pub fn policy(&self) -> &SnapshotPolicy {
+        &self.policy
+    }
+
+    /// The weight strategies use for `idx` at `now`: the configured weight after Dubbo's warm-up
+    /// and, with a slow-start policy, Envoy's slow start (see [`SlowStart`](crate::SlowStart)).
+    #[inline]
+    pub fn effective_weight(&self, idx: EndpointIdx, now: Timestamp) -> u32 {
+        let e = self.endpoint(idx);
+        let w = e.effective_weight(now);
+        match (&self.policy.slow_start, &self.ramp_from) {
+            (Some(ramp), Some(from)) => {
+                ramp.apply(w, now.saturating_duration_since(from[idx.get()]))
+            }
+            _ => w,
+        }
+    }
+
+    /// Whether the weight of `idx` still changes with time at `now` (warm-up or slow start).
+    pub fn is_ramping(&self, idx: EndpointIdx, now: Timestamp) -> bool {
+        let slow = match (&self.policy.slow_start, &self.ramp_from) {
+            (Some(ramp), Some(from)) => now < from[idx.get()].saturating_add(ramp.window),
+            _ => false,
+        };
+        slow || self.endpoint(idx).is_warming(now)
     }
 
     /// Version, increasing with every snapshot a builder makes.
@@ -111,7 +217,8 @@ impl Snapshot {
         &self.endpoints[idx.get()]
     }
 
-    /// Indices of the endpoints a strategy may pick (healthy, weight > 0), in source order.
+    /// Indices of the endpoints a strategy may pick, in source order: healthy, weight > 0 and
+    /// not ejected — or, in panic, every endpoint with weight > 0.
     #[inline]
     pub fn eligible(&self) -> &[EndpointIdx] {
         &self.eligible
@@ -135,6 +242,7 @@ impl Snapshot {
             PickError::AllIneligible {
                 unhealthy: self.unhealthy,
                 drained: self.drained,
+                ejected: self.ejected,
             }
         }
     }
@@ -326,13 +434,100 @@ mod tests {
             none.empty_error(),
             PickError::AllIneligible {
                 unhealthy: 1,
-                drained: 1
+                drained: 1,
+                ejected: 0
             }
         );
         assert_eq!(
             Snapshot::from_specs(vec![], Timestamp::ZERO).empty_error(),
             PickError::NoEndpoints
         );
+    }
+
+    fn five(down: usize) -> Vec<Endpoint> {
+        let specs = (0..5)
+            .map(|i| spec(&format!("h{i}:1"), 10).with_healthy(i >= down))
+            .collect();
+        Snapshot::from_specs(specs, Timestamp::ZERO)
+            .endpoints()
+            .to_vec()
+    }
+
+    #[test]
+    fn panic_threshold_switches_to_all_weighted_endpoints() {
+        let policy = SnapshotPolicy::envoy();
+        let calm = Snapshot::with_policy(1, five(2), &policy, &HealthOverlay::default());
+        assert!(!calm.in_panic(), "3 of 5 healthy = 60 % ≥ 50 %");
+        assert_eq!(calm.eligible().len(), 3);
+        let mut overlay = HealthOverlay::default();
+        overlay
+            .ejected
+            .insert(EndpointKey::from("h2:1"), Timestamp::from_millis(30_000));
+        let panic = Snapshot::with_policy(2, five(2), &policy, &overlay);
+        assert!(panic.in_panic(), "2 of 5 = 40 % < 50 %");
+        assert_eq!(panic.eligible().len(), 5, "balance across all of them");
+        assert_eq!(
+            panic.ejected_until(EndpointIdx::new(2)),
+            Some(Timestamp::from_millis(30_000))
+        );
+        let off = Snapshot::with_policy(
+            3,
+            five(4),
+            &SnapshotPolicy::default(),
+            &HealthOverlay::default(),
+        );
+        assert!(
+            !off.in_panic() && off.eligible().len() == 1,
+            "no policy, no panic"
+        );
+    }
+
+    #[test]
+    fn ejected_endpoints_are_not_eligible_and_counted() {
+        let mut overlay = HealthOverlay::default();
+        for i in 0..5 {
+            overlay.ejected.insert(
+                EndpointKey::from(format!("h{i}:1")),
+                Timestamp::from_millis(1),
+            );
+        }
+        let s = Snapshot::with_policy(1, five(0), &SnapshotPolicy::default(), &overlay);
+        assert_eq!(
+            s.empty_error(),
+            PickError::AllIneligible {
+                unhealthy: 0,
+                drained: 0,
+                ejected: 5
+            }
+        );
+        assert!(!s.is_eligible(EndpointIdx::new(0)));
+    }
+
+    #[test]
+    fn slow_start_ramps_from_addition_or_readmission() {
+        let policy = SnapshotPolicy {
+            slow_start: Some(crate::SlowStart::new(std::time::Duration::from_secs(100))),
+            ..SnapshotPolicy::default()
+        };
+        let mut overlay = HealthOverlay::default();
+        overlay
+            .readmitted
+            .insert(EndpointKey::from("h1:1"), Timestamp::from_millis(50_000));
+        let s = Snapshot::with_policy(1, five(0), &policy, &overlay);
+        let at = |ms| Timestamp::from_millis(ms);
+        assert_eq!(
+            s.effective_weight(EndpointIdx::new(0), at(50_000)),
+            5,
+            "half-way: 10 × 0.5"
+        );
+        assert_eq!(
+            s.effective_weight(EndpointIdx::new(1), at(50_000)),
+            1,
+            "just readmitted: floor 10 %"
+        );
+        assert_eq!(s.effective_weight(EndpointIdx::new(0), at(100_000)), 10);
+        assert!(s.is_ramping(EndpointIdx::new(1), at(100_000)));
+        assert!(!s.is_ramping(EndpointIdx::new(1), at(150_000)));
     }
 
     #[test]

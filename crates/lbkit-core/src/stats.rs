@@ -54,6 +54,25 @@ pub enum FailureKind {
     Other,
 }
 
+/// How long a gap between two load reports restarts the blackout of a load-driven strategy
+/// (gRPC's weighted round robin expires weights after 3 minutes).
+pub const LOAD_REPORT_GAP: Duration = Duration::from_secs(180);
+
+/// Load reported by the server itself (gRPC ORCA, Dubbo 3 adaptive), as last received.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LoadReport {
+    /// CPU or application utilisation, usually in `[0, 1]`.
+    pub utilization: f64,
+    /// Queries per second the server handles.
+    pub qps: f64,
+    /// Errors per second.
+    pub eps: f64,
+    /// When the report arrived.
+    pub at: Timestamp,
+    /// Since when reports have arrived without a gap longer than [`LOAD_REPORT_GAP`].
+    pub since: Timestamp,
+}
+
 /// Observed statistics to load into an [`EndpointStats`], for what-if tools (`lbkit pick`) and
 /// simulators. Every field is optional in spirit: zero means "nothing observed".
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -72,6 +91,8 @@ pub struct StatsSeed {
     pub consecutive_failures: u32,
     /// When the last failure happened.
     pub last_failure_at: Option<Timestamp>,
+    /// The last load report: utilisation, qps, eps, and since when reports flow.
+    pub load: Option<(f64, f64, f64, Timestamp)>,
 }
 
 /// Live statistics of one endpoint. See the [module docs](self).
@@ -87,6 +108,12 @@ pub struct EndpointStats {
     last_failure_ns: AtomicU64, // 0 = never
     window: WindowedMean,
     ewma: PeakEwma,
+    // Server-reported load; f64 bits. Written by whoever receives reports.
+    load_utilization: AtomicU64,
+    load_qps: AtomicU64,
+    load_eps: AtomicU64,
+    load_at_ns: AtomicU64,    // 0 = never reported
+    load_since_ns: AtomicU64, // start of the current run of reports
 }
 
 impl Default for EndpointStats {
@@ -109,7 +136,38 @@ impl EndpointStats {
             last_failure_ns: AtomicU64::new(0),
             window: WindowedMean::default(),
             ewma: PeakEwma::new(ewma_decay),
+            load_utilization: AtomicU64::new(0),
+            load_qps: AtomicU64::new(0),
+            load_eps: AtomicU64::new(0),
+            load_at_ns: AtomicU64::new(0),
+            load_since_ns: AtomicU64::new(0),
         }
+    }
+
+    /// Record a load report from the server at `now`. Non-finite or negative values count as 0.
+    pub fn report_load(&self, now: Timestamp, utilization: f64, qps: f64, eps: f64) {
+        let clean = |v: f64| if v.is_finite() && v > 0.0 { v } else { 0.0 };
+        self.load_utilization
+            .store(clean(utilization).to_bits(), Relaxed);
+        self.load_qps.store(clean(qps).to_bits(), Relaxed);
+        self.load_eps.store(clean(eps).to_bits(), Relaxed);
+        let now_ns = now.as_nanos().max(1);
+        let last = self.load_at_ns.swap(now_ns, Relaxed);
+        if last == 0 || now_ns.saturating_sub(last) > duration_nanos(LOAD_REPORT_GAP) {
+            self.load_since_ns.store(now_ns, Relaxed);
+        }
+    }
+
+    /// The last load report, if any.
+    pub fn load_report(&self) -> Option<LoadReport> {
+        let at = self.load_at_ns.load(Relaxed);
+        (at != 0).then(|| LoadReport {
+            utilization: f64::from_bits(self.load_utilization.load(Relaxed)),
+            qps: f64::from_bits(self.load_qps.load(Relaxed)),
+            eps: f64::from_bits(self.load_eps.load(Relaxed)),
+            at: Timestamp::from_nanos(at),
+            since: Timestamp::from_nanos(self.load_since_ns.load(Relaxed)),
+        })
     }
 
     /// Calls handed out and not yet finished.
@@ -190,6 +248,11 @@ impl EndpointStats {
         self.record(now.saturating_duration_since(started), now, outcome);
     }
 
+    /// Forget the current run of failures (an outlier detector readmitting the endpoint).
+    pub fn clear_consecutive_failures(&self) {
+        self.consecutive_failures.store(0, Relaxed);
+    }
+
     /// Record a call's latency and outcome without touching `in_flight` (for callers that track
     /// concurrency themselves).
     pub fn record(&self, latency: Duration, now: Timestamp, outcome: Outcome) {
@@ -230,6 +293,11 @@ impl EndpointStats {
         }
         if let Some(ewma) = seed.ewma {
             self.ewma.set(now, duration_nanos(ewma) as f64);
+        }
+        if let Some((utilization, qps, eps, since)) = seed.load {
+            self.report_load(since, utilization, qps, eps);
+            self.report_load(now, utilization, qps, eps);
+            self.load_since_ns.store(since.as_nanos().max(1), Relaxed);
         }
     }
 }
@@ -449,6 +517,25 @@ mod tests {
         e.record(t(2), 1.0 * MS as f64);
         let est = e.at(t(2)).unwrap();
         assert!(est > 99.0 * MS as f64 && est < 100.0 * MS as f64, "{est}");
+    }
+
+    #[test]
+    fn load_reports_and_their_runs() {
+        let s = EndpointStats::default();
+        assert_eq!(s.load_report(), None);
+        s.report_load(t(1_000), 0.5, 100.0, f64::NAN);
+        s.report_load(t(2_000), 0.6, 120.0, 2.0);
+        let r = s.load_report().unwrap();
+        assert_eq!(
+            (r.utilization, r.qps, r.eps, r.at, r.since),
+            (0.6, 120.0, 2.0, t(2_000), t(1_000))
+        );
+        s.report_load(t(2_000 + 181_000), 0.1, 10.0, 0.0);
+        assert_eq!(
+            s.load_report().unwrap().since,
+            t(183_000),
+            "a gap restarts the run"
+        );
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //! Parsing follows Dubbo's `URL.valueOf`: `protocol://[user[:password]@]host:port/path?k=v&…`,
 //! query values taken verbatim. The consumer reads `weight` (default 100), `timestamp` (epoch ms,
 //! for warm-up) and `warmup` (ms, default 10 min) as `AbstractLoadBalance.getWeight` does;
-//! `enabled=false` or `disabled=true` marks the provider down.
+//! `enabled=false` or `disabled=true` drains the provider (weight 0).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -76,9 +76,13 @@ impl ProviderUrl {
         if let Some(ms) = self.param_u64("warmup")? {
             spec.warmup = Some(Duration::from_millis(ms));
         }
+        // Disabled by an operator: no traffic (weight 0), which — unlike a failed health
+        // check — no panic threshold ever overrides.
         let off = self.params.get("enabled").is_some_and(|v| v == "false")
             || self.params.get("disabled").is_some_and(|v| v == "true");
-        spec.healthy = !off;
+        if off {
+            spec.weight = 0;
+        }
         if let Some(zone) = self.params.get("zone") {
             spec.zone = Some(zone.clone());
         }
@@ -166,14 +170,16 @@ mod tests {
         .unwrap();
         let s = u.to_spec().unwrap();
         assert_eq!(s.address, "10.0.0.1:20880");
-        assert_eq!(s.weight, 200);
+        assert_eq!(s.weight, 0, "enabled=false drains the provider");
         assert_eq!(
             s.registered_at,
             Some(Timestamp::from_millis(1_700_000_000_000))
         );
         assert_eq!(s.warmup, Some(Duration::from_secs(60)));
-        assert!(!s.healthy);
+        assert!(s.healthy);
         assert_eq!(s.metadata["version"], "1.0");
+        let on = ProviderUrl::parse("dubbo://10.0.0.1:20880/x?weight=200").unwrap();
+        assert_eq!(on.to_spec().unwrap().weight, 200);
         assert_eq!(s.metadata["interface"], "com.acme.Greeter");
     }
 

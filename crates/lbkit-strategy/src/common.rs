@@ -7,7 +7,7 @@ pub(crate) fn effective_weights(snapshot: &Snapshot, now: Timestamp) -> Vec<(End
     snapshot
         .eligible()
         .iter()
-        .map(|&i| (i, u64::from(snapshot.endpoint(i).effective_weight(now))))
+        .map(|&i| (i, u64::from(snapshot.effective_weight(i, now))))
         .collect()
 }
 

@@ -89,7 +89,8 @@ fn empty_and_ineligible<S: Strategy>(make: &impl Fn() -> S, name: &str) {
         pick_idx(&b, &mut rng, &TriedSet::new()),
         Err(PickError::AllIneligible {
             unhealthy: 1,
-            drained: 1
+            drained: 1,
+            ejected: 0
         }),
         "{name}: nothing eligible"
     );

@@ -20,9 +20,14 @@
 //! | `in_flight` | integer | 0 | observed calls in flight |
 //! | `avg_response_ms` | number | none | observed average successful response time, ms |
 //! | `ewma_ms` | number | none | observed peak-EWMA latency, ms |
+//! | `successes` | integer | 0 | observed successful calls |
 //! | `failures` | integer | 0 | observed failed calls |
 //! | `consecutive_failures` | integer | 0 | observed failures since the last success |
 //! | `last_failure_ms` | integer | now, when failures are given | time of the last failure, epoch ms |
+//! | `utilization` | number | none | server-reported utilisation (ORCA), usually 0..1 |
+//! | `qps` | number | none | server-reported queries per second |
+//! | `eps` | number | none | server-reported errors per second |
+//! | `load_since_ms` | integer | an hour before now | since when load reports have flowed, epoch ms |
 //!
 //! The observed statistics let load-aware strategies be tried offline.
 
@@ -145,10 +150,16 @@ struct Entry {
     avg_response_ms: Option<f64>,
     ewma_ms: Option<f64>,
     #[serde(default)]
+    successes: u64,
+    #[serde(default)]
     failures: u64,
     #[serde(default)]
     consecutive_failures: u32,
     last_failure_ms: Option<u64>,
+    utilization: Option<f64>,
+    qps: Option<f64>,
+    eps: Option<f64>,
+    load_since_ms: Option<u64>,
 }
 
 fn convert(
@@ -168,6 +179,7 @@ fn convert(
 
 fn entry(e: Entry, now: Timestamp) -> Result<FileEndpoint, String> {
     check_address(&e.address)?;
+    let load = load_report(&e, now)?;
     let ms = |field: &str, v: Option<f64>| -> Result<Option<Duration>, String> {
         v.map(|ms| {
             if (0.0..1e12).contains(&ms) {
@@ -191,15 +203,40 @@ fn entry(e: Entry, now: Timestamp) -> Result<FileEndpoint, String> {
         in_flight: e.in_flight,
         avg_response: ms("avg_response_ms", e.avg_response_ms)?,
         ewma: ms("ewma_ms", e.ewma_ms)?,
-        successes: 0,
+        successes: e.successes,
         failures: e.failures,
         consecutive_failures: e.consecutive_failures,
         last_failure_at: e
             .last_failure_ms
             .map(Timestamp::from_millis)
             .or_else(|| (e.failures > 0 || e.consecutive_failures > 0).then_some(now)),
+        load,
     };
     Ok(FileEndpoint { spec, observed })
+}
+
+/// A load report from `utilization`, `qps` and `eps`; reports are taken to have flowed for an
+/// hour unless `load_since_ms` says otherwise, so blackout periods do not hide them.
+fn load_report(e: &Entry, now: Timestamp) -> Result<Option<(f64, f64, f64, Timestamp)>, String> {
+    if e.utilization.is_none() && e.qps.is_none() && e.eps.is_none() {
+        return Ok(None);
+    }
+    let check = |field: &str, v: Option<f64>| match v {
+        None => Ok(0.0),
+        Some(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        Some(v) => Err(format!(
+            "{field} = {v} is invalid (expected a number, 0 or more)"
+        )),
+    };
+    let since = e
+        .load_since_ms
+        .map_or(now - Duration::from_secs(3600), Timestamp::from_millis);
+    Ok(Some((
+        check("utilization", e.utilization)?,
+        check("qps", e.qps)?,
+        check("eps", e.eps)?,
+        since,
+    )))
 }
 
 fn dubbo_lines(
