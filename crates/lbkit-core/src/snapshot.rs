@@ -145,6 +145,33 @@ impl Snapshot {
         Snapshot::with_policy(version, self.endpoints.to_vec(), policy, overlay)
     }
 
+    /// The same snapshot (endpoints, indices, policy, version) with only the eligible endpoints
+    /// for which `keep` holds still eligible: what a decorator (zone preference) prepares its
+    /// inner strategy on. Indices stay valid in `self`.
+    pub fn restrict(&self, keep: impl Fn(EndpointIdx) -> bool) -> Snapshot {
+        let is_eligible: Box<[bool]> = (0..self.len())
+            .map(|i| self.is_eligible[i] && keep(EndpointIdx::new(i)))
+            .collect();
+        Snapshot {
+            version: self.version,
+            endpoints: self.endpoints.clone(),
+            eligible: self
+                .eligible
+                .iter()
+                .copied()
+                .filter(|&i| is_eligible[i.get()])
+                .collect(),
+            is_eligible,
+            ejected_until: self.ejected_until.clone(),
+            ramp_from: self.ramp_from.clone(),
+            policy: self.policy,
+            panic: self.panic,
+            unhealthy: self.unhealthy,
+            drained: self.drained,
+            ejected: self.ejected,
+        }
+    }
+
     /// A snapshot built from specs with fresh statistics, all first seen at `now`.
     pub fn from_specs(specs: Vec<EndpointSpec>, now: Timestamp) -> Self {
         let endpoints = specs

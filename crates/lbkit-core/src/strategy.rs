@@ -51,10 +51,10 @@ pub trait Picker: Send + Sync + 'static {
     /// Only when the picker cannot choose at all ([`PickError::Declined`]).
     fn pick(&self, cx: &mut PickContext<'_>) -> Result<EndpointIdx, PickError>;
 
-    /// Strategy-specific inputs behind this endpoint's chances (`lbkit pick --explain`).
-    /// Off the hot path; may allocate.
-    fn explain(&self, idx: EndpointIdx) -> Option<String> {
-        let _ = idx;
+    /// Strategy-specific inputs behind this endpoint's chances at `now` (`lbkit pick
+    /// --explain`). Off the hot path; may allocate.
+    fn explain(&self, idx: EndpointIdx, now: Timestamp) -> Option<String> {
+        let _ = (idx, now);
         None
     }
 }
@@ -65,8 +65,8 @@ impl<P: Picker + ?Sized> Picker for Box<P> {
         (**self).pick(cx)
     }
 
-    fn explain(&self, idx: EndpointIdx) -> Option<String> {
-        (**self).explain(idx)
+    fn explain(&self, idx: EndpointIdx, now: Timestamp) -> Option<String> {
+        (**self).explain(idx, now)
     }
 }
 

@@ -11,6 +11,16 @@
 //! | `weighted-round-robin` | [`SmoothWeightedRoundRobin`] | nginx smooth WRR / Dubbo ≥ 2.6.5 (O(1)) |
 //! | `weighted-response-time` | [`WeightedResponseTime`] | Ribbon `WeightedResponseTimeRule` |
 //! | `sticky-round-robin` | [`StickyRoundRobin`] | the seed framework's "n calls, then switch" rule |
+//! | `least-active` | [`LeastActive`] | Dubbo `LeastActiveLoadBalance` |
+//! | `least-request` | [`LeastRequest`] | Envoy `LEAST_REQUEST` |
+//! | `p2c-least-loaded` | [`P2cLeastLoaded`] | Finagle / tower power of two choices |
+//! | `p2c-ewma` | [`P2cEwma`] | Finagle / linkerd peak EWMA |
+//! | `shortest-response` | [`ShortestResponse`] | Dubbo `ShortestResponseLoadBalance` |
+//! | `best-available` | [`BestAvailable`] | Ribbon `BestAvailableRule` |
+//! | `adaptive` | [`Adaptive`] | gRPC weighted round robin over ORCA load reports |
+//!
+//! [`ZoneAware`] wraps any of them with zone preference (Ribbon `ZoneAvoidanceRule`, Envoy
+//! zone-aware routing).
 //!
 //! [`catalog`] builds any of them by name with string parameters, as configuration files and
 //! the CLI do.
@@ -35,7 +45,7 @@ mod basic;
 pub mod catalog;
 mod common;
 mod hash;
-mod load;
+pub mod load;
 mod random;
 mod response_time;
 mod round_robin;
@@ -43,6 +53,10 @@ mod smooth_weighted;
 mod sticky;
 mod weighted_random;
 
+pub use load::{
+    Adaptive, AdaptiveConfig, BestAvailable, LeastActive, LeastRequest, P2cEwma, P2cLeastLoaded,
+    ShortestResponse, ZoneAware,
+};
 pub use random::{Random, RandomPicker};
 pub use response_time::{
     ResponseTimePicker, WeightedResponseTime, DEFAULT_INTERVAL, DEFAULT_WINDOW, MIN_WEIGHT_PERCENT,

@@ -59,7 +59,7 @@ impl Picker for RandomPicker {
         Ok(self.eligible[cx.rng.index(self.eligible.len())])
     }
 
-    fn explain(&self, _idx: EndpointIdx) -> Option<String> {
+    fn explain(&self, _idx: EndpointIdx, _now: Timestamp) -> Option<String> {
         Some(format!("1/{} of picks on average", self.eligible.len()))
     }
 }

@@ -36,7 +36,7 @@
 //! }
 //! let picker = WeightedResponseTime::default().prepare(&snap, now);
 //! // weights: fast = 100 − 10 = 90 ms, slow = 100 − 90 = 10 ms → 90 % / 10 %.
-//! assert!(picker.explain(EndpointIdx::new(0)).unwrap().contains("90.00%"));
+//! assert!(picker.explain(EndpointIdx::new(0), now).unwrap().contains("90.00%"));
 //! ```
 
 use std::sync::Arc;
@@ -164,7 +164,7 @@ impl Picker for ResponseTimePicker {
         }
     }
 
-    fn explain(&self, idx: EndpointIdx) -> Option<String> {
+    fn explain(&self, idx: EndpointIdx, _now: Timestamp) -> Option<String> {
         let avg = self.avgs.iter().find(|&&(i, _)| i == idx)?.1;
         let avg = avg.map_or("no samples".to_owned(), |ns| {
             format!("avg {:.3} ms", ns as f64 / 1e6)

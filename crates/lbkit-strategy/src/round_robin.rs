@@ -102,7 +102,7 @@ impl Picker for RoundRobinPicker {
         Ok(self.eligible[(c % n) as usize])
     }
 
-    fn explain(&self, _idx: EndpointIdx) -> Option<String> {
+    fn explain(&self, _idx: EndpointIdx, _now: Timestamp) -> Option<String> {
         Some(format!("1 of {} in turn", self.eligible.len()))
     }
 }

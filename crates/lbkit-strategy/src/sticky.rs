@@ -93,7 +93,7 @@ impl Picker for StickyPicker {
         Ok(self.eligible[((c / self.run) % n) as usize])
     }
 
-    fn explain(&self, _idx: EndpointIdx) -> Option<String> {
+    fn explain(&self, _idx: EndpointIdx, _now: Timestamp) -> Option<String> {
         Some(format!("{} consecutive calls in turn", self.run))
     }
 }

@@ -99,7 +99,7 @@ impl Picker for WeightedRandomPicker {
         }
     }
 
-    fn explain(&self, idx: EndpointIdx) -> Option<String> {
+    fn explain(&self, idx: EndpointIdx, _now: Timestamp) -> Option<String> {
         let (w, total) = self.weight_of(idx)?;
         debug_assert!(match &self.draw {
             Draw::Alias(t) => t.total() == total,

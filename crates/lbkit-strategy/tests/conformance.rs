@@ -39,6 +39,49 @@ fn weighted_response_time_without_statistics_is_round_robin() {
 }
 
 #[test]
+fn least_active_idle_ties_by_weight() {
+    check(|| LeastActive, Shares::Weighted);
+}
+
+#[test]
+fn least_request_idle_follows_weights() {
+    check(LeastRequest::default, Shares::Weighted);
+}
+
+#[test]
+fn p2c_least_loaded_idle_is_uniform() {
+    check(|| P2cLeastLoaded, Shares::Uniform);
+}
+
+#[test]
+fn p2c_ewma() {
+    check(P2cEwma::default, Shares::Any);
+}
+
+#[test]
+fn shortest_response_idle_ties_by_weight() {
+    check(ShortestResponse::default, Shares::Weighted);
+}
+
+#[test]
+fn best_available() {
+    check(BestAvailable::default, Shares::Any);
+}
+
+#[test]
+fn adaptive_without_reports_is_round_robin() {
+    check(Adaptive::default, Shares::Uniform);
+}
+
+#[test]
+fn zone_aware_without_zones_spills_to_the_inner_strategy() {
+    check(
+        || ZoneAware::new(RoundRobin::new(), "eu-1"),
+        Shares::Uniform,
+    );
+}
+
+#[test]
 fn every_catalog_entry_through_the_boxed_strategy() {
     for info in catalog::strategies() {
         check(|| build(info.name, Params::new()).unwrap(), Shares::Any);

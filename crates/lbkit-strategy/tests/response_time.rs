@@ -18,7 +18,7 @@ fn reweighs_on_the_refresh_tick() {
         use lbkit_core::Picker;
         b.current()
             .picker()
-            .explain(lbkit_core::EndpointIdx::new(0))
+            .explain(lbkit_core::EndpointIdx::new(0), Timestamp::ZERO)
             .unwrap()
     };
     assert!(note(&b).contains("round robin"), "{}", note(&b));

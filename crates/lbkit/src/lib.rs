@@ -45,6 +45,11 @@ pub mod strategy {
     pub use lbkit_strategy::*;
 }
 
+/// Passive outlier detection (re-export of `lbkit-health`).
+pub mod health {
+    pub use lbkit_health::*;
+}
+
 /// Endpoint sources (re-export of `lbkit-discovery`).
 pub mod discovery {
     pub use lbkit_discovery::*;

@@ -304,12 +304,205 @@ fn strategy_from_a_service_config() {
 #[test]
 fn nothing_eligible_exits_1() {
     let f = TempFile::new(
-        "down.toml",
-        "[[endpoint]]\naddress = \"a:1\"\nhealthy = false\n",
+        "drained.toml",
+        "[[endpoint]]\naddress = \"a:1\"\nweight = 0\n",
     );
     let out = lbkit(&["pick", "-s", "random", "-f", f.path()]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("no eligible endpoint (1 marked down"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("no eligible endpoint (0 marked down, 1 with weight 0"),
+        "{stderr}"
+    );
+    let down = TempFile::new(
+        "down.toml",
+        "[[endpoint]]\naddress = \"a:1\"\nhealthy = false\n",
+    );
+    let out = lbkit(&[
+        "pick",
+        "-s",
+        "random",
+        "-f",
+        down.path(),
+        "--panic-threshold",
+        "0",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "no panic mode: nothing to pick");
+}
+
+#[test]
+fn panic_mode_balances_over_all_when_most_are_down() {
+    let f = TempFile::new(
+        "mostly-down.toml",
+        "[[endpoint]]\naddress = \"a:1\"\n[[endpoint]]\naddress = \"b:1\"\nhealthy = false\n[[endpoint]]\naddress = \"c:1\"\nhealthy = false\n",
+    );
+    let picks = lines(&["pick", "-s", "round-robin", "-f", f.path(), "-n", "3"]);
+    assert_eq!(
+        picks,
+        ["a:1", "b:1", "c:1"],
+        "1 of 3 healthy < 50 %: all of them"
+    );
+    let out = ok(&["pick", "-s", "round-robin", "-f", f.path(), "--explain"]);
+    assert!(
+        out.contains("PANIC: fewer than 50%")
+            && out.contains("eligible in panic mode: marked down"),
+        "{out}"
+    );
+    let calm = lines(&[
+        "pick",
+        "-s",
+        "round-robin",
+        "-f",
+        f.path(),
+        "-n",
+        "2",
+        "--panic-threshold",
+        "30",
+    ]);
+    assert_eq!(calm, ["a:1", "a:1"]);
+}
+
+#[test]
+fn outlier_detection_ejects_from_observed_statistics() {
+    let out = ok(&[
+        "pick",
+        "-s",
+        "round-robin",
+        "-f",
+        &example_file(),
+        "--now-ms",
+        "1700000000000",
+        "--explain",
+        "-n",
+        "6",
+    ]);
+    assert!(
+        out.contains(
+            "ejected by outlier detection for 30000 ms (7 consecutive failures, ejection #1)"
+        ),
+        "{out}"
+    );
+    assert!(
+        !out.split("picks:").nth(1).unwrap().contains("10.0.0.5"),
+        "{out}"
+    );
+    let kept = lines(&[
+        "pick",
+        "-s",
+        "round-robin",
+        "-f",
+        &example_file(),
+        "--now-ms",
+        "1700000000000",
+        "-n",
+        "6",
+        "--no-outlier",
+        "--no-breaker",
+    ]);
+    assert!(kept.contains(&"10.0.0.5:20880".to_owned()), "{kept:?}");
+}
+
+#[test]
+fn load_aware_strategies_from_observed_statistics() {
+    let f = TempFile::new(
+        "load.json",
+        r#"[{"address":"slow:1","ewma_ms":400,"avg_response_ms":400,"in_flight":3},{"address":"fast:1","ewma_ms":5,"avg_response_ms":5},{"address":"mid:1","ewma_ms":20,"avg_response_ms":20,"in_flight":1}]"#,
+    );
+    for s in [
+        "p2c-ewma",
+        "least-active",
+        "shortest-response",
+        "best-available",
+        "p2c-least-loaded",
+        "least-request",
+    ] {
+        // Picks stay in flight, so three picks never bring another endpoint up to slow:1's 3.
+        for seed in 0..10 {
+            let picks = lines(&[
+                "pick",
+                "-s",
+                s,
+                "-f",
+                f.path(),
+                "-n",
+                "3",
+                "--seed",
+                &seed.to_string(),
+            ]);
+            assert!(
+                !picks.contains(&"slow:1".to_owned()),
+                "{s} picked the slow, busy endpoint: {picks:?}"
+            );
+        }
+    }
+    let out = ok(&[
+        "pick",
+        "-s",
+        "p2c-ewma",
+        "-f",
+        f.path(),
+        "--explain",
+        "--now-ms",
+        "5000",
+    ]);
+    assert!(out.contains("cost 400.000 ms × 4"), "{out}");
+}
+
+#[test]
+fn adaptive_from_reported_load() {
+    let f = TempFile::new(
+        "orca.toml",
+        "[[endpoint]]\naddress = \"a:1\"\nutilization = 0.25\nqps = 100\n[[endpoint]]\naddress = \"b:1\"\nutilization = 0.75\nqps = 100\n",
+    );
+    let picks = lines(&["pick", "-s", "adaptive", "-f", f.path(), "-n", "400"]);
+    let a = picks.iter().filter(|p| *p == "a:1").count();
+    assert_eq!(a, 300, "weights 400 : 133 = 3 : 1");
+}
+
+#[test]
+fn zone_preference_and_slow_start() {
+    let f = TempFile::new(
+        "zones.toml",
+        "[[endpoint]]\naddress = \"a:1\"\nzone = \"eu-1\"\n[[endpoint]]\naddress = \"b:1\"\nzone = \"eu-2\"\n[[endpoint]]\naddress = \"c:1\"\nzone = \"eu-1\"\n",
+    );
+    let local = lines(&[
+        "pick",
+        "-s",
+        "round-robin",
+        "-f",
+        f.path(),
+        "--zone",
+        "eu-1",
+        "-n",
+        "4",
+    ]);
+    assert_eq!(local, ["a:1", "c:1", "a:1", "c:1"]);
+    let other = lines(&[
+        "pick",
+        "-s",
+        "round-robin",
+        "-f",
+        f.path(),
+        "--zone",
+        "eu-2",
+        "-n",
+        "2",
+    ]);
+    assert_eq!(other, ["b:1", "b:1"]);
+    let out = ok(&[
+        "pick",
+        "-s",
+        "weighted-random",
+        "-e",
+        "a:1,b:1",
+        "--slow-start-ms",
+        "60000",
+        "--explain",
+    ]);
+    assert!(
+        out.contains("weight 100 -> effective 10"),
+        "just added: slow start floor 10 %: {out}"
+    );
 }
 
 #[test]

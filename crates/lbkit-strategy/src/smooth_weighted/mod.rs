@@ -86,30 +86,7 @@ impl Strategy for SmoothWeightedRoundRobin {
     }
 
     fn prepare(&self, snapshot: &Arc<Snapshot>, now: Timestamp) -> SmoothWeightedPicker {
-        let weights: Vec<(EndpointIdx, u64)> = effective_weights(snapshot, now)
-            .into_iter()
-            .filter(|&(_, w)| w > 0)
-            .collect();
-        let total: u64 = weights.iter().map(|&(_, w)| w).sum();
-        let g = weights.iter().fold(0, |g, &(_, w)| gcd(g, w));
-        let cycle_len = total.checked_div(g).unwrap_or(0);
-        let groups = weights
-            .iter()
-            .map(|&(_, w)| w)
-            .collect::<std::collections::BTreeSet<_>>()
-            .len() as u64;
-        let order = if cycle_len <= MAX_CYCLE && cycle_len.saturating_mul(groups) <= MAX_CYCLE_WORK
-        {
-            Order::Cycle(nginx_cycle(&weights, g))
-        } else {
-            Order::Stride(GoldenStride::new(&weights))
-        };
-        SmoothWeightedPicker {
-            order,
-            weights: weights.into_boxed_slice(),
-            total,
-            counter: self.counter.clone(),
-        }
+        SmoothWeightedPicker::from_weights(effective_weights(snapshot, now), self.counter.clone())
     }
 }
 
@@ -129,6 +106,40 @@ enum Order {
 }
 
 impl SmoothWeightedPicker {
+    /// A picker over `weights` (zero weights dropped) advancing `counter`: the exact nginx
+    /// cycle when it is small enough, else the golden-ratio stride. Also the static scheduler of
+    /// load-driven strategies (`adaptive`).
+    pub(crate) fn from_weights(weights: Vec<(EndpointIdx, u64)>, counter: SharedCounter) -> Self {
+        let weights: Vec<(EndpointIdx, u64)> =
+            weights.into_iter().filter(|&(_, w)| w > 0).collect();
+        let total: u64 = weights.iter().map(|&(_, w)| w).sum();
+        let g = weights.iter().fold(0, |g, &(_, w)| gcd(g, w));
+        let cycle_len = total.checked_div(g).unwrap_or(0);
+        let groups = weights
+            .iter()
+            .map(|&(_, w)| w)
+            .collect::<std::collections::BTreeSet<_>>()
+            .len() as u64;
+        let order = if cycle_len <= MAX_CYCLE && cycle_len.saturating_mul(groups) <= MAX_CYCLE_WORK
+        {
+            Order::Cycle(nginx_cycle(&weights, g))
+        } else {
+            Order::Stride(GoldenStride::new(&weights))
+        };
+        SmoothWeightedPicker {
+            order,
+            weights: weights.into_boxed_slice(),
+            total,
+            counter,
+        }
+    }
+
+    /// The weight this picker gives `idx`, and the total.
+    pub(crate) fn weight_of(&self, idx: EndpointIdx) -> Option<(u64, u64)> {
+        let &(_, w) = self.weights.iter().find(|&&(i, _)| i == idx)?;
+        Some((w, self.total))
+    }
+
     /// Whether the exact nginx cycle is kept (rather than the golden-ratio stride).
     pub fn is_exact_nginx_order(&self) -> bool {
         matches!(self.order, Order::Cycle(_))
@@ -146,7 +157,7 @@ impl Picker for SmoothWeightedPicker {
         }
     }
 
-    fn explain(&self, idx: EndpointIdx) -> Option<String> {
+    fn explain(&self, idx: EndpointIdx, _now: Timestamp) -> Option<String> {
         let &(_, w) = self.weights.iter().find(|&&(i, _)| i == idx)?;
         let mode = if self.is_exact_nginx_order() {
             "nginx cycle"

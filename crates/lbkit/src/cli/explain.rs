@@ -2,7 +2,8 @@
 
 use std::io::Write;
 
-use lbkit::{Endpoint, EndpointIdx, Picker, Strategy, Timestamp, Unavailable};
+use lbkit::health::EjectionRule;
+use lbkit::{Endpoint, EndpointIdx, Picker, Snapshot, Strategy, Timestamp, Unavailable};
 use serde_json::{json, Value};
 
 use super::pick::Run;
@@ -12,6 +13,8 @@ pub(crate) struct Report {
     strategy: String,
     now: Timestamp,
     rows: Vec<Row>,
+    /// The panic threshold, when the snapshot is in panic.
+    panic: Option<f64>,
 }
 
 struct Row {
@@ -49,12 +52,13 @@ impl Report {
             .iter()
             .enumerate()
             .map(|(i, e)| {
-                let (state, eligible) = state(e, run, now);
+                let idx = EndpointIdx::new(i);
+                let (state, eligible) = state(e, idx, snapshot, run, now);
                 Row {
                     address: e.address().to_owned(),
                     zone: e.zone().map(str::to_owned),
                     weight: e.weight(),
-                    effective: e.effective_weight(now),
+                    effective: snapshot.effective_weight(idx, now),
                     state,
                     eligible,
                     warmup: e.registered_at().map(|at| Warmup {
@@ -69,7 +73,7 @@ impl Report {
                     consecutive_failures: e.stats().consecutive_failures(),
                     note: e
                         .is_eligible()
-                        .then(|| prepared.picker().explain(EndpointIdx::new(i)))
+                        .then(|| prepared.picker().explain(EndpointIdx::new(i), now))
                         .flatten(),
                 }
             })
@@ -78,6 +82,9 @@ impl Report {
             strategy: run.balancer.strategy().name().to_owned(),
             now,
             rows,
+            panic: snapshot
+                .in_panic()
+                .then(|| snapshot.policy().panic_threshold),
         }
     }
 }
@@ -86,12 +93,40 @@ fn ms(d: std::time::Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-fn state(e: &Endpoint, run: &Run, now: Timestamp) -> (String, bool) {
-    if !e.is_healthy() {
-        return ("not eligible: marked down".into(), false);
-    }
+fn state(
+    e: &Endpoint,
+    idx: EndpointIdx,
+    snapshot: &Snapshot,
+    run: &Run,
+    now: Timestamp,
+) -> (String, bool) {
     if e.weight() == 0 {
         return ("not eligible: weight 0 (drained)".into(), false);
+    }
+    let panic = if snapshot.is_eligible(idx) {
+        "eligible in panic mode"
+    } else {
+        "not eligible"
+    };
+    if !e.is_healthy() {
+        return (format!("{panic}: marked down"), snapshot.is_eligible(idx));
+    }
+    if let Some(ej) = run.ejections.get(e.key()) {
+        let rule = match ej.rule {
+            EjectionRule::ConsecutiveFailures(n) => format!("{n} consecutive failures"),
+            EjectionRule::SuccessRate { rate, threshold } => {
+                format!("success rate {rate:.1}% < {threshold:.1}% (mean - 1.9 stdev)")
+            }
+            EjectionRule::FailurePercentage { percent } => format!("{percent:.1}% of calls failed"),
+        };
+        let left = ej.until.as_millis().saturating_sub(now.as_millis());
+        return (
+            format!(
+                "{panic}: ejected by outlier detection for {left} ms ({rule}, ejection #{})",
+                ej.times
+            ),
+            snapshot.is_eligible(idx),
+        );
     }
     match run.balancer.availability().check(e, now) {
         None => ("eligible".into(), true),
@@ -120,6 +155,13 @@ pub(crate) fn text(out: &mut impl Write, r: &Report, picks: &[String]) -> std::i
         r.rows.len(),
         eligible
     )?;
+    if let Some(t) = r.panic {
+        writeln!(
+            out,
+            "PANIC: fewer than {:.0}% of the weighted endpoints are healthy: balancing across all of them",
+            t * 100.0
+        )?;
+    }
     let width = r.rows.iter().map(|x| x.address.len()).max().unwrap_or(0);
     for x in &r.rows {
         let zone = x
@@ -196,6 +238,7 @@ pub(crate) fn json(out: &mut impl Write, r: &Report, picks: &[String]) -> std::i
     let doc = json!({
         "strategy": r.strategy,
         "now_ms": r.now.as_millis(),
+        "panic": r.panic.is_some(),
         "endpoints": endpoints,
         "picks": picks,
     });

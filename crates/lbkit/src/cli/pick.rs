@@ -1,18 +1,22 @@
 //! `lbkit pick`: run a strategy over a what-if endpoint set, without calling anything.
 
+use std::collections::HashMap;
 use std::io::{BufWriter, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Args, ValueEnum};
 use lbkit::config::Config;
 use lbkit::discovery::file::{self, FileEndpoint};
 use lbkit::discovery::parse_static_list;
+use lbkit::health::{Ejection, OutlierConfig, OutlierDetector};
 use lbkit::strategy::catalog::{self, Params};
+use lbkit::strategy::ZoneAware;
 use lbkit::{
-    Availability, Balancer, BoxStrategy, CallGuard, Clock, FastRng, PickContext, Snapshot,
-    StatsSeed, Timestamp,
+    Availability, Balancer, BoxStrategy, CallGuard, Clock, EndpointKey, FastRng, HealthOverlay,
+    PickContext, SlowStart, Snapshot, SnapshotPolicy, StatsSeed, Timestamp,
 };
 
 use super::{bad, explain};
@@ -70,6 +74,34 @@ pub(crate) struct PickArgs {
     /// Do not pass over endpoints whose circuit breaker is tripped.
     #[arg(long)]
     no_breaker: bool,
+    /// The caller's zone: prefer endpoints there, spill when it is degraded or overloaded.
+    #[arg(long, value_name = "ZONE")]
+    zone: Option<String>,
+    /// Envoy's panic threshold, percent: below this share of healthy endpoints, balance over all.
+    #[arg(long, value_name = "PCT", default_value_t = 50.0)]
+    panic_threshold: f64,
+    /// Envoy slow start: ramp the weight of endpoints added within this window, ms.
+    #[arg(long, value_name = "MS")]
+    slow_start_ms: Option<u64>,
+    /// Slow-start curve (1.0 linear).
+    #[arg(
+        long,
+        value_name = "A",
+        default_value_t = 1.0,
+        requires = "slow_start_ms"
+    )]
+    slow_start_aggression: f64,
+    /// Slow-start floor, percent of the weight.
+    #[arg(
+        long,
+        value_name = "PCT",
+        default_value_t = 10.0,
+        requires = "slow_start_ms"
+    )]
+    slow_start_min_percent: f64,
+    /// Do not run passive outlier detection over the observed statistics.
+    #[arg(long)]
+    no_outlier: bool,
     /// List the strategies and their parameters.
     #[arg(long, exclusive = true)]
     list: bool,
@@ -102,6 +134,11 @@ pub(crate) fn run(args: PickArgs) -> anyhow::Result<()> {
         availability.circuit_breaker = None;
     }
     let endpoints = endpoints(&args, clock_now)?;
+    let policy = policy(&args)?;
+    let strategy = match &args.zone {
+        Some(zone) => BoxStrategy::new(ZoneAware::new(strategy, zone.as_str())),
+        None => strategy,
+    };
     let count = match args.count {
         Some(0) => return Err(bad("--count must be at least 1")),
         Some(n) if n > MAX_COUNT => {
@@ -111,7 +148,15 @@ pub(crate) fn run(args: PickArgs) -> anyhow::Result<()> {
         None if !args.keys.is_empty() => args.keys.len() as u64,
         None => 1,
     };
-    let run = Run::new(strategy, availability, endpoints, clock_now);
+    let detector = (!args.no_outlier).then(|| OutlierDetector::new(OutlierConfig::default()));
+    let run = Run::new(
+        strategy,
+        availability,
+        endpoints,
+        clock_now,
+        &policy,
+        detector,
+    );
     let mut rng = args
         .seed
         .map_or_else(FastRng::from_entropy, FastRng::seed_from_u64);
@@ -165,6 +210,36 @@ fn strategy(args: &PickArgs) -> anyhow::Result<(BoxStrategy, Availability)> {
     ))
 }
 
+fn policy(args: &PickArgs) -> anyhow::Result<SnapshotPolicy> {
+    if !(0.0..=100.0).contains(&args.panic_threshold) {
+        return Err(bad(format!(
+            "--panic-threshold {} is not a percentage (0-100)",
+            args.panic_threshold
+        )));
+    }
+    let slow_start = match args.slow_start_ms {
+        None => None,
+        Some(0) => return Err(bad("--slow-start-ms must be positive")),
+        Some(ms) => {
+            if !(args.slow_start_aggression.is_finite() && args.slow_start_aggression > 0.0) {
+                return Err(bad("--slow-start-aggression must be a positive number"));
+            }
+            if !(0.0..=100.0).contains(&args.slow_start_min_percent) {
+                return Err(bad("--slow-start-min-percent must be within 0-100"));
+            }
+            Some(SlowStart {
+                window: Duration::from_millis(ms),
+                aggression: args.slow_start_aggression,
+                min_weight_percent: args.slow_start_min_percent,
+            })
+        }
+    };
+    Ok(SnapshotPolicy {
+        panic_threshold: args.panic_threshold / 100.0,
+        slow_start,
+    })
+}
+
 fn endpoints(args: &PickArgs, now: Timestamp) -> anyhow::Result<Vec<FileEndpoint>> {
     if let Some(path) = &args.endpoints_file {
         return file::load(path, now).map_err(bad);
@@ -184,6 +259,8 @@ fn endpoints(args: &PickArgs, now: Timestamp) -> anyhow::Result<Vec<FileEndpoint
 pub(crate) struct Run {
     pub(crate) balancer: Balancer<BoxStrategy>,
     pub(crate) now: Timestamp,
+    /// Ejections the outlier detector made over the observed statistics.
+    pub(crate) ejections: HashMap<EndpointKey, Ejection>,
 }
 
 impl Run {
@@ -192,18 +269,38 @@ impl Run {
         availability: Availability,
         endpoints: Vec<FileEndpoint>,
         now: Timestamp,
+        policy: &SnapshotPolicy,
+        detector: Option<OutlierDetector>,
     ) -> Self {
         let (specs, seeds): (Vec<_>, Vec<_>) =
             endpoints.into_iter().map(|e| (e.spec, e.observed)).unzip();
-        let snapshot = Arc::new(Snapshot::from_specs(specs, now));
-        for (e, seed) in snapshot.endpoints().iter().zip(&seeds) {
+        let observed = Snapshot::from_specs(specs, now);
+        for (e, seed) in observed.endpoints().iter().zip(&seeds) {
             e.stats().seed(seed, now);
         }
+        let mut ejections = HashMap::new();
+        let overlay = match detector {
+            Some(mut d) => {
+                d.tick(&observed, now);
+                for e in observed.endpoints() {
+                    if let Some(ej) = d.ejection(e.key()) {
+                        ejections.insert(e.key().clone(), *ej);
+                    }
+                }
+                d.overlay().clone()
+            }
+            None => HealthOverlay::default(),
+        };
+        let snapshot = Arc::new(observed.derive(1, policy, &overlay));
         let (clock, _) = Clock::manual(now);
         let balancer = Balancer::new(strategy, snapshot, now)
             .with_availability(availability)
             .with_clock(clock);
-        Run { balancer, now }
+        Run {
+            balancer,
+            now,
+            ejections,
+        }
     }
 
     fn picks(&self, count: u64, keys: &[String], rng: &mut FastRng) -> anyhow::Result<Vec<String>> {

@@ -1,0 +1,247 @@
+//! `adaptive`: weights from the load servers report about themselves.
+//!
+//! * **Algorithm**: each endpoint's weight is `qps / (utilization + eps / qps × penalty)` from
+//!   its last load report ([`EndpointStats::report_load`](lbkit_core::EndpointStats::report_load):
+//!   ORCA-style utilisation, queries and errors per second). A report counts only after reports
+//!   have flowed for `blackout_ms` (10 s: a new endpoint's first numbers are noisy) and until it is
+//!   `expiry_ms` old (3 min). Endpoints without a usable weight get the mean of the usable ones;
+//!   with none usable, all weights are equal. Weights are clamped to `[mean / 100, 10 × mean]`,
+//!   scaled to integers (the largest to 65 535) and scheduled by the smooth weighted round-robin
+//!   machinery — an exact nginx cycle, or a static golden-ratio stride for large sets.
+//!   Recomputed every `period_ms` (1 s).
+//! * **Origin**: gRPC `weighted_round_robin` (gRFC A58: formula, blackout, expiry, clamping,
+//!   static stride scheduler); Dubbo 3's adaptive load balancing uses server-reported load too.
+//! * **Complexity**: prepare O(n) per period; pick O(1).
+//! * **Behaviour under trouble**: an overloaded server reports high utilisation and its weight
+//!   falls within a period; a server returning errors is penalised through `eps`; a server that
+//!   stops reporting falls back to the mean after the expiry.
+//! * **Differences from the origin**: none in the formula; the scheduler is lbkit's smooth
+//!   weighted round robin instead of gRPC's stride over `u16` weights, with the same shares.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lbkit_core::{
+    EndpointIdx, LoadReport, PickContext, PickError, Picker, Snapshot, Strategy, Timestamp,
+};
+
+use crate::common::share;
+use crate::round_robin::{counter, SharedCounter};
+use crate::smooth_weighted::SmoothWeightedPicker;
+
+/// Largest scaled weight (gRPC's static stride scales to `u16`).
+const SCALE: f64 = 65_535.0;
+
+/// gRPC WRR defaults.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdaptiveConfig {
+    /// Reports must have flowed this long before they count (`blackout_period`, 10 s).
+    pub blackout: Duration,
+    /// Reports older than this are ignored (`weight_expiration_period`, 3 min).
+    pub expiry: Duration,
+    /// Weight of errors (`error_utilization_penalty`, 1.0).
+    pub penalty: f64,
+    /// Recompute period (`weight_update_period`, 1 s).
+    pub period: Duration,
+}
+
+impl Default for AdaptiveConfig {
+    fn default() -> Self {
+        AdaptiveConfig {
+            blackout: Duration::from_secs(10),
+            expiry: Duration::from_secs(180),
+            penalty: 1.0,
+            period: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Server-reported load weighting (gRPC weighted round robin).
+#[derive(Debug, Clone)]
+pub struct Adaptive {
+    config: AdaptiveConfig,
+    counter: SharedCounter,
+}
+
+impl Default for Adaptive {
+    fn default() -> Self {
+        Adaptive::new(AdaptiveConfig::default())
+    }
+}
+
+impl Adaptive {
+    /// With `config`.
+    pub fn new(config: AdaptiveConfig) -> Self {
+        Adaptive {
+            config,
+            counter: counter(0),
+        }
+    }
+
+    /// The weight a report gives at `now`, or why it gives none.
+    pub fn weight(&self, report: Option<LoadReport>, now: Timestamp) -> Result<f64, &'static str> {
+        let r = report.ok_or("no load report")?;
+        if now.saturating_duration_since(r.at) >= self.config.expiry {
+            return Err("report expired");
+        }
+        if now.saturating_duration_since(r.since) < self.config.blackout {
+            return Err("in blackout");
+        }
+        if r.qps <= 0.0 || r.utilization <= 0.0 {
+            return Err("zero qps or utilization");
+        }
+        Ok(r.qps / (r.utilization + r.eps / r.qps * self.config.penalty))
+    }
+}
+
+impl Strategy for Adaptive {
+    type Picker = AdaptivePicker;
+
+    fn name(&self) -> &str {
+        "adaptive"
+    }
+
+    fn prepare(&self, snapshot: &Arc<Snapshot>, now: Timestamp) -> AdaptivePicker {
+        let raw: Vec<(EndpointIdx, Result<f64, &'static str>)> = snapshot
+            .eligible()
+            .iter()
+            .map(|&i| {
+                (
+                    i,
+                    self.weight(snapshot.endpoint(i).stats().load_report(), now),
+                )
+            })
+            .collect();
+        let usable: Vec<f64> = raw.iter().filter_map(|(_, w)| w.ok()).collect();
+        let mean = if usable.is_empty() {
+            1.0
+        } else {
+            usable.iter().sum::<f64>() / usable.len() as f64
+        };
+        let clamped: Vec<f64> = raw
+            .iter()
+            .map(|(_, w)| w.unwrap_or(mean).clamp(mean / 100.0, mean * 10.0))
+            .collect();
+        let max = clamped.iter().copied().fold(0.0f64, f64::max);
+        let weights: Vec<(EndpointIdx, u64)> = raw
+            .iter()
+            .zip(&clamped)
+            .map(|((i, _), &w)| (*i, ((w / max * SCALE).round() as u64).max(1)))
+            .collect();
+        AdaptivePicker {
+            reasons: raw.iter().map(|(i, w)| (*i, w.err())).collect(),
+            order: SmoothWeightedPicker::from_weights(weights, self.counter.clone()),
+        }
+    }
+
+    fn refresh_interval(&self) -> Option<Duration> {
+        Some(self.config.period)
+    }
+}
+
+/// Prepared [`Adaptive`].
+#[derive(Debug)]
+pub struct AdaptivePicker {
+    order: SmoothWeightedPicker,
+    reasons: Box<[(EndpointIdx, Option<&'static str>)]>,
+}
+
+impl Picker for AdaptivePicker {
+    #[inline]
+    fn pick(&self, cx: &mut PickContext<'_>) -> Result<EndpointIdx, PickError> {
+        self.order.pick(cx)
+    }
+
+    fn explain(&self, idx: EndpointIdx, _now: Timestamp) -> Option<String> {
+        let (w, total) = self.order.weight_of(idx)?;
+        let reason = self.reasons.iter().find(|(i, _)| *i == idx)?.1;
+        let source = reason.map_or("from its load report".to_owned(), |r| {
+            format!("mean weight ({r})")
+        });
+        Some(format!("{}; {source}", share(w, total)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lbkit_core::{EndpointSpec, FastRng};
+
+    const T: Timestamp = Timestamp::from_millis(1_000_000);
+
+    fn snap(reports: &[Option<(f64, f64, f64)>], since: Timestamp) -> Arc<Snapshot> {
+        let s = Arc::new(Snapshot::from_specs(
+            (0..reports.len())
+                .map(|i| EndpointSpec::new(format!("h{i}:1")))
+                .collect(),
+            T,
+        ));
+        for (e, r) in s.endpoints().iter().zip(reports) {
+            if let Some((u, q, eps)) = r {
+                e.stats().report_load(since, *u, *q, *eps);
+                e.stats().report_load(T, *u, *q, *eps);
+            }
+        }
+        s
+    }
+
+    fn shares(p: &AdaptivePicker, n: usize) -> Vec<u64> {
+        (0..n)
+            .map(|i| p.order.weight_of(EndpointIdx::new(i)).map_or(0, |(w, _)| w))
+            .collect()
+    }
+
+    #[test]
+    fn grpc_formula_blackout_and_mean_fill() {
+        let a = Adaptive::default();
+        let old = T - Duration::from_secs(60);
+        // weights: 100/0.5 = 200, 100/(0.5 + 10/100) = 166.67, none → mean 183.3
+        let p = a.prepare(
+            &snap(
+                &[Some((0.5, 100.0, 0.0)), Some((0.5, 100.0, 10.0)), None],
+                old,
+            ),
+            T,
+        );
+        let w = shares(&p, 3);
+        assert_eq!(w[0], 65_535);
+        let (w1, w2) = (100.0 / 0.6, (200.0 + 100.0 / 0.6) / 2.0);
+        assert_eq!(w[1], (w1 / 200.0 * 65_535.0f64).round() as u64);
+        assert_eq!(w[2], (w2 / 200.0 * 65_535.0f64).round() as u64);
+        assert!(p
+            .explain(EndpointIdx::new(2), T)
+            .unwrap()
+            .contains("no load report"));
+        // Fresh reports are in blackout: equal weights.
+        let fresh = a.prepare(
+            &snap(
+                &[Some((0.5, 100.0, 0.0)), Some((0.9, 10.0, 0.0))],
+                T - Duration::from_secs(5),
+            ),
+            T,
+        );
+        assert_eq!(shares(&fresh, 2), [65_535, 65_535]);
+        assert!(fresh
+            .explain(EndpointIdx::new(0), T)
+            .unwrap()
+            .contains("in blackout"));
+    }
+
+    #[test]
+    fn expired_reports_and_clamping() {
+        let a = Adaptive::default();
+        let s = snap(
+            &[Some((0.5, 100.0, 0.0)), Some((1.0, 0.001, 0.0))],
+            T - Duration::from_secs(60),
+        );
+        let later = T + Duration::from_secs(200);
+        let p = a.prepare(&s, later);
+        assert_eq!(shares(&p, 2), [65_535, 65_535], "both expired: equal");
+        let p = a.prepare(&s, T);
+        let w = shares(&p, 2);
+        // 200 vs 0.001: clamped to mean/100 ≈ 1.0 → 1/200 of the top weight.
+        assert!(w[1] > 0 && w[1] <= 400, "{w:?}");
+        let mut rng = FastRng::seed_from_u64(1);
+        assert!(p.pick(&mut PickContext::new(T, &mut rng)).is_ok());
+    }
+}

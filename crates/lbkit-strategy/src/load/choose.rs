@@ -1,0 +1,139 @@
+//! Shared choice machinery of the load-aware strategies: the cheapest of the eligible endpoints,
+//! by an exact scan over small sets and by two weighted samples over large ones.
+
+use lbkit_core::{EndpointIdx, FastRng, PickContext, Snapshot, Timestamp};
+
+use crate::alias::AliasTable;
+use crate::common::{all_equal, effective_weights};
+
+/// Largest set scanned exactly; larger sets compare two weighted samples (power of two
+/// choices), which keeps a pick O(1) at 100 000 endpoints. 16 in-flight reads cost about as much
+/// as the two samples' RNG draws and table reads.
+pub(crate) const EXACT_SCAN: usize = 16;
+
+/// How ties on the lowest cost are broken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Ties {
+    /// Weighted random among the tied (Dubbo's least-active and shortest-response).
+    Weighted,
+    /// The earliest in source order (Ribbon's best-available).
+    First,
+}
+
+/// The eligible endpoints with their effective weights, prepared once per snapshot.
+#[derive(Debug)]
+pub(crate) struct Candidates {
+    idx: Box<[EndpointIdx]>,
+    weights: Box<[u64]>,
+    /// Weighted sampler for large sets (`None` when all weights are equal: uniform draws).
+    alias: Option<AliasTable>,
+}
+
+impl Candidates {
+    pub(crate) fn new(snapshot: &Snapshot, now: Timestamp) -> Self {
+        let w = effective_weights(snapshot, now);
+        let alias = if w.len() > EXACT_SCAN && !all_equal(&w) {
+            AliasTable::new(&w)
+        } else {
+            None
+        };
+        Candidates {
+            idx: w.iter().map(|&(i, _)| i).collect(),
+            weights: w.iter().map(|&(_, w)| w).collect(),
+            alias,
+        }
+    }
+
+    pub(crate) fn weight_of(&self, idx: EndpointIdx) -> Option<u64> {
+        self.idx
+            .iter()
+            .position(|&i| i == idx)
+            .map(|p| self.weights[p])
+    }
+
+    /// The endpoint with the lowest `cost`. `None` when empty or every cost is infinite.
+    #[inline]
+    pub(crate) fn cheapest(
+        &self,
+        cx: &mut PickContext<'_>,
+        ties: Ties,
+        cost: impl Fn(EndpointIdx) -> f64,
+    ) -> Option<EndpointIdx> {
+        if self.idx.len() <= EXACT_SCAN {
+            self.scan(cx.rng, ties, cost)
+        } else {
+            let (a, b) = self.two_samples(cx.rng);
+            let (ca, cb) = (cost(a), cost(b));
+            let best = if cb < ca { (b, cb) } else { (a, ca) };
+            best.1.is_finite().then_some(best.0)
+        }
+    }
+
+    /// Exact minimum; ties by weight (random) or by order. No allocation: ties are counted and
+    /// the winner found in a second pass.
+    fn scan(
+        &self,
+        rng: &mut FastRng,
+        ties: Ties,
+        cost: impl Fn(EndpointIdx) -> f64,
+    ) -> Option<EndpointIdx> {
+        let mut costs = [0.0f64; EXACT_SCAN];
+        let mut best = f64::INFINITY;
+        let (mut tied_weight, mut first) = (0u64, None);
+        for (p, &i) in self.idx.iter().enumerate() {
+            let c = cost(i);
+            costs[p] = c;
+            if c < best {
+                (best, tied_weight, first) = (c, 0, Some(p));
+            }
+            if c == best {
+                tied_weight += self.weights[p];
+            }
+        }
+        let first = first?;
+        if ties == Ties::First || tied_weight == 0 {
+            return Some(self.idx[first]);
+        }
+        let mut r = rng.below(tied_weight);
+        for (p, &c) in costs[..self.idx.len()].iter().enumerate() {
+            if c == best {
+                if r < self.weights[p] {
+                    return Some(self.idx[p]);
+                }
+                r -= self.weights[p];
+            }
+        }
+        Some(self.idx[first])
+    }
+
+    /// Two distinct candidates, drawn by weight (uniformly when weights are equal).
+    #[inline]
+    pub(crate) fn two_samples(&self, rng: &mut FastRng) -> (EndpointIdx, EndpointIdx) {
+        match &self.alias {
+            Some(table) => {
+                let a = table.sample(rng);
+                let mut b = table.sample(rng);
+                if b == a {
+                    b = table.sample(rng); // one redraw; a repeat then compares a with itself
+                }
+                (a, b)
+            }
+            None => two_distinct(&self.idx, rng),
+        }
+    }
+}
+
+/// Two distinct uniformly random entries of `list` (the same one twice when it has one).
+#[inline]
+pub(crate) fn two_distinct(list: &[EndpointIdx], rng: &mut FastRng) -> (EndpointIdx, EndpointIdx) {
+    let n = list.len();
+    let a = rng.index(n);
+    if n < 2 {
+        return (list[a], list[a]);
+    }
+    let mut b = rng.index(n - 1);
+    if b >= a {
+        b += 1;
+    }
+    (list[a], list[b])
+}
