@@ -95,7 +95,8 @@ pub struct StatsSeed {
     pub load: Option<(f64, f64, f64, Timestamp)>,
 }
 
-/// Live statistics of one endpoint. See the [module docs](self).
+/// Live statistics of one endpoint: in-flight, outcome counters, a windowed mean and a peak
+/// EWMA of latency, and server-reported load; all atomics.
 #[derive(Debug)]
 pub struct EndpointStats {
     // Contended by every pick of this endpoint: its own cache line.

@@ -18,6 +18,13 @@
 //! | `shortest-response` | [`ShortestResponse`] | Dubbo `ShortestResponseLoadBalance` |
 //! | `best-available` | [`BestAvailable`] | Ribbon `BestAvailableRule` |
 //! | `adaptive` | [`Adaptive`] | gRPC weighted round robin over ORCA load reports |
+//! | `consistent-hash` | [`ConsistentHash`] | Dubbo `ConsistentHashLoadBalance` (bit-compatible MD5 ring) |
+//! | `ketama` | [`Ketama`] | nginx `hash $key consistent` (bit-compatible CRC32 ring) |
+//! | `maglev` | [`Maglev`] | Maglev lookup table (Eisenbud et al., NSDI 2016; Envoy) |
+//! | `rendezvous` | [`Rendezvous`] | weighted highest-random-weight hashing |
+//!
+//! Every hash strategy takes `balance_factor` for bounded loads (Mirrokni et al.; Envoy
+//! `hash_balance_factor`), and [`KeyExtractor`] takes keys from requests for the layers above.
 //!
 //! [`ZoneAware`] wraps any of them with zone preference (Ribbon `ZoneAvoidanceRule`, Envoy
 //! zone-aware routing).
@@ -44,7 +51,7 @@ mod alias;
 mod basic;
 pub mod catalog;
 mod common;
-mod hash;
+pub mod hash;
 pub mod load;
 mod random;
 mod response_time;
@@ -53,6 +60,10 @@ mod smooth_weighted;
 mod sticky;
 mod weighted_random;
 
+pub use hash::{
+    BalanceFactor, ConsistentHash, Ketama, KeyExtractor, KeySource, Maglev, MaglevPicker,
+    Rendezvous, RendezvousPicker, RingPicker,
+};
 pub use load::{
     Adaptive, AdaptiveConfig, BestAvailable, LeastActive, LeastRequest, P2cEwma, P2cLeastLoaded,
     ShortestResponse, ZoneAware,

@@ -623,3 +623,138 @@ fn bad_input_exits_2_with_one_clear_line() {
         }
     }
 }
+
+#[test]
+fn sim_lists_scenarios_and_reports_json_deterministically() {
+    let list = ok(&["sim", "--list"]);
+    for name in [
+        "slow-provider",
+        "warmup",
+        "degraded",
+        "crash",
+        "hot-keys",
+        "heterogeneous",
+    ] {
+        assert!(list.contains(name), "{list}");
+    }
+    let dir = std::env::temp_dir().join(format!("lbkit-cli-sim-{}", std::process::id()));
+    let out = dir.to_str().unwrap();
+    let args = [
+        "sim",
+        "--scenario",
+        "crash",
+        "--strategies",
+        "round-robin,least-active",
+        "-n",
+        "3000",
+        "--format",
+        "json",
+        "--out",
+        out,
+    ];
+    let a = ok(&args);
+    assert_eq!(a, ok(&args), "same seed, same bytes");
+    let doc: serde_json::Value = serde_json::from_str(&a).unwrap();
+    let names: Vec<&str> = doc["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["strategy"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["round-robin", "least-active", "oracle-jsq"]);
+    for f in ["latency-cdf.svg", "watched-share.svg", "watched-queue.svg"] {
+        let text = std::fs::read_to_string(dir.join(f)).unwrap();
+        roxmltree::Document::parse(&text).unwrap();
+    }
+    let table = ok(&[
+        "sim",
+        "-s",
+        "slow-provider",
+        "--strategies",
+        "round-robin,p2c-ewma",
+        "-n",
+        "4000",
+        "--out",
+        out,
+    ]);
+    assert!(
+        table.contains("p99 ms") && table.contains("Best p99: p2c-ewma"),
+        "{table}"
+    );
+    assert!(
+        table.contains(&format!("plots: {out}/latency-cdf.svg")),
+        "{table}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn sim_from_a_scenario_file() {
+    let f = TempFile::new(
+        "tiny.toml",
+        "name = \"tiny\"\nrequests = 2000\n[workload]\nrate = 100.0\n[[server]]\ncount = 2\n[[server]]\nname = \"slow\"\nslow_factor = 5.0\n",
+    );
+    let dir = std::env::temp_dir().join(format!("lbkit-cli-tiny-{}", std::process::id()));
+    let out = ok(&[
+        "sim",
+        "--scenario",
+        f.path(),
+        "--strategies",
+        "round-robin",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(
+        out.contains("scenario tiny (2000 requests per strategy, seed 1)"),
+        "{out}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn demo_names_a_winner() {
+    let dir = std::env::temp_dir().join(format!("lbkit-cli-demo-{}", std::process::id()));
+    let out = ok(&["demo", "-n", "3000", "--out", dir.to_str().unwrap()]);
+    assert!(
+        out.contains("Best p99: ") && out.contains("Round robin's p99 is"),
+        "{out}"
+    );
+    assert!(out.contains("oracle-jsq"), "{out}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn sim_bad_input_exits_2() {
+    let broken = TempFile::new("broken.toml", "name = \"b\"\n[[server]]\nconcurrency = 0\n");
+    for (args, want) in [
+        (vec!["sim", "--scenario", "nope"], "unknown scenario"),
+        (
+            vec!["sim", "--strategies", "fastest", "-n", "10"],
+            "unknown strategy \"fastest\"",
+        ),
+        (
+            vec!["sim", "--strategies", "ketama:x", "-n", "10"],
+            "is not NAME=VALUE",
+        ),
+        (vec!["sim", "-n", "0"], "--requests must be within"),
+        (
+            vec!["sim", "--scenario", broken.path()],
+            "concurrency must be positive",
+        ),
+        (
+            vec!["sim", "--scenario", "/nonexistent/x.toml"],
+            "cannot read",
+        ),
+        (vec!["sim", "--format", "yaml"], "invalid value 'yaml'"),
+        (vec!["demo", "-n", "0"], "--requests must be within"),
+    ] {
+        let out = lbkit(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(want),
+            "{args:?}: wanted {want:?} in {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{args:?}");
+    }
+}

@@ -2,6 +2,7 @@
 
 mod explain;
 mod pick;
+mod sim;
 
 use std::fmt;
 
@@ -16,15 +17,22 @@ pub(crate) struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
+#[allow(clippy::large_enum_variant)] // parsed once per process
 enum Command {
     /// Dry run: pick endpoints with a strategy and show why (--explain).
     Pick(pick::PickArgs),
+    /// Simulate a scenario with every strategy: tables, JSON and SVG plots.
+    Sim(sim::SimArgs),
+    /// The slow-provider scenario over every strategy, with a conclusion: start here.
+    Demo(sim::DemoArgs),
 }
 
 /// Run the parsed command line.
 pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Pick(args) => pick::run(args),
+        Command::Sim(args) => sim::run(args),
+        Command::Demo(args) => sim::demo(args),
     }
 }
 

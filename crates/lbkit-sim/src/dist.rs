@@ -1,0 +1,228 @@
+//! Random variates: service times, inter-arrival times, Zipf keys. All draws come from the
+//! simulation's seeded [`FastRng`].
+
+use lbkit_core::FastRng;
+
+use crate::scenario::ServiceSpec;
+
+/// A service-time distribution in nanoseconds.
+#[derive(Debug, Clone)]
+pub(crate) enum Service {
+    Constant(f64),
+    Exponential(f64),
+    Lognormal { mu: f64, sigma: f64 },
+    Pareto { scale: f64, shape: f64 },
+    Empirical(Box<[f64]>),
+}
+
+const MS: f64 = 1e6;
+
+impl Service {
+    /// Check a spec without reading files.
+    pub(crate) fn check(spec: &ServiceSpec) -> Result<(), String> {
+        let pos = |name: &str, v: f64| {
+            if v > 0.0 && v.is_finite() {
+                Ok(())
+            } else {
+                Err(format!("service.{name} must be positive (got {v})"))
+            }
+        };
+        match spec {
+            ServiceSpec::Constant { mean_ms } | ServiceSpec::Exponential { mean_ms } => {
+                pos("mean_ms", *mean_ms)
+            }
+            ServiceSpec::Lognormal { median_ms, sigma } => {
+                pos("median_ms", *median_ms).and(pos("sigma", *sigma))
+            }
+            ServiceSpec::Pareto { scale_ms, shape } => {
+                pos("scale_ms", *scale_ms).and(pos("shape", *shape))
+            }
+            ServiceSpec::Empirical { file } if file.is_empty() => {
+                Err("service.file is empty".into())
+            }
+            ServiceSpec::Empirical { .. } => Ok(()),
+        }
+    }
+
+    /// Build from a spec, reading an empirical file.
+    pub(crate) fn new(spec: &ServiceSpec) -> Result<Service, String> {
+        Service::check(spec)?;
+        Ok(match spec {
+            ServiceSpec::Constant { mean_ms } => Service::Constant(mean_ms * MS),
+            ServiceSpec::Exponential { mean_ms } => Service::Exponential(mean_ms * MS),
+            ServiceSpec::Lognormal { median_ms, sigma } => Service::Lognormal {
+                mu: (median_ms * MS).ln(),
+                sigma: *sigma,
+            },
+            ServiceSpec::Pareto { scale_ms, shape } => Service::Pareto {
+                scale: scale_ms * MS,
+                shape: *shape,
+            },
+            ServiceSpec::Empirical { file } => Service::Empirical(read_samples(file)?),
+        })
+    }
+
+    /// Mean service time in nanoseconds (infinite for a Pareto shape ≤ 1).
+    pub(crate) fn mean(&self) -> f64 {
+        match self {
+            Service::Constant(m) | Service::Exponential(m) => *m,
+            Service::Lognormal { mu, sigma } => (mu + sigma * sigma / 2.0).exp(),
+            Service::Pareto { scale, shape } if *shape > 1.0 => scale * shape / (shape - 1.0),
+            Service::Pareto { .. } => f64::INFINITY,
+            Service::Empirical(s) => s.iter().sum::<f64>() / s.len() as f64,
+        }
+    }
+
+    #[inline]
+    pub(crate) fn sample(&self, rng: &mut FastRng) -> f64 {
+        match self {
+            Service::Constant(m) => *m,
+            Service::Exponential(m) => exponential(rng, *m),
+            Service::Lognormal { mu, sigma } => (mu + sigma * normal(rng)).exp(),
+            Service::Pareto { scale, shape } => scale / open01(rng).powf(1.0 / shape),
+            Service::Empirical(s) => s[rng.index(s.len())],
+        }
+    }
+}
+
+fn read_samples(file: &str) -> Result<Box<[f64]>, String> {
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| format!("service.file {file}: cannot read: {e}"))?;
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let field = line.split(',').next().unwrap_or("").trim();
+        if field.is_empty() || field.starts_with('#') {
+            continue;
+        }
+        match field.parse::<f64>() {
+            Ok(v) if v >= 0.0 && v.is_finite() => out.push(v * MS),
+            Ok(v) => return Err(format!("{file}:{}: latency {v} is not 0 or more", i + 1)),
+            Err(_) if i == 0 => continue, // a header
+            Err(_) => {
+                return Err(format!(
+                    "{file}:{}: {field:?} is not a latency in ms",
+                    i + 1
+                ))
+            }
+        }
+    }
+    if out.is_empty() {
+        return Err(format!("{file}: no latencies"));
+    }
+    Ok(out.into_boxed_slice())
+}
+
+/// A uniform draw in (0, 1].
+#[inline]
+fn open01(rng: &mut FastRng) -> f64 {
+    1.0 - rng.unit_f64()
+}
+
+/// Exponential with the given mean.
+#[inline]
+pub(crate) fn exponential(rng: &mut FastRng, mean: f64) -> f64 {
+    -mean * open01(rng).ln()
+}
+
+/// Standard normal (Box–Muller; one of the pair).
+#[inline]
+fn normal(rng: &mut FastRng) -> f64 {
+    let (u, v) = (open01(rng), rng.unit_f64());
+    (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
+}
+
+/// Zipf over `1..=n` by inverse CDF over a precomputed table (O(log n) per draw).
+#[derive(Debug, Clone)]
+pub(crate) struct Zipf {
+    cdf: Box<[f64]>,
+}
+
+impl Zipf {
+    pub(crate) fn new(n: u32, s: f64) -> Zipf {
+        let mut acc = 0.0;
+        let mut cdf: Vec<f64> = (1..=n.max(1))
+            .map(|k| {
+                acc += 1.0 / f64::from(k).powf(s);
+                acc
+            })
+            .collect();
+        let total = acc;
+        cdf.iter_mut().for_each(|c| *c /= total);
+        Zipf {
+            cdf: cdf.into_boxed_slice(),
+        }
+    }
+
+    /// A key index in `0..n` (0 the most popular).
+    #[inline]
+    pub(crate) fn sample(&self, rng: &mut FastRng) -> usize {
+        let u = rng.unit_f64();
+        self.cdf.partition_point(|&c| c < u).min(self.cdf.len() - 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mean_of(s: &Service, n: usize) -> f64 {
+        let mut rng = FastRng::seed_from_u64(3);
+        (0..n).map(|_| s.sample(&mut rng)).sum::<f64>() / n as f64
+    }
+
+    #[test]
+    fn sample_means_match() {
+        for spec in [
+            ServiceSpec::Exponential { mean_ms: 10.0 },
+            ServiceSpec::Lognormal {
+                median_ms: 8.0,
+                sigma: 0.5,
+            },
+            ServiceSpec::Pareto {
+                scale_ms: 2.0,
+                shape: 3.0,
+            },
+            ServiceSpec::Constant { mean_ms: 4.0 },
+        ] {
+            let s = Service::new(&spec).unwrap();
+            let (m, want) = (mean_of(&s, 400_000), s.mean());
+            assert!((m / want - 1.0).abs() < 0.02, "{spec:?}: {m} vs {want}");
+        }
+    }
+
+    #[test]
+    fn zipf_favours_the_first_keys() {
+        let z = Zipf::new(1000, 1.1);
+        let mut rng = FastRng::seed_from_u64(1);
+        let mut counts = [0u32; 3];
+        for _ in 0..100_000 {
+            let k = z.sample(&mut rng);
+            if k < 3 {
+                counts[k] += 1;
+            }
+        }
+        // P(k) ∝ k^-1.1: key 1 is 2^1.1 = 2.14 times as popular as key 2.
+        let ratio = f64::from(counts[0]) / f64::from(counts[1]);
+        assert!((ratio - 2.14).abs() < 0.15, "{ratio}");
+    }
+
+    #[test]
+    fn empirical_files() {
+        let dir = std::env::temp_dir().join(format!("lbkit-sim-emp-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let good = dir.join("lat.csv");
+        std::fs::write(&good, "latency_ms\n1.5\n2.5\n").unwrap();
+        let s = Service::new(&ServiceSpec::Empirical {
+            file: good.display().to_string(),
+        })
+        .unwrap();
+        assert_eq!(s.mean(), 2e6);
+        let bad = dir.join("bad.csv");
+        std::fs::write(&bad, "1\nfast\n").unwrap();
+        let e = Service::new(&ServiceSpec::Empirical {
+            file: bad.display().to_string(),
+        })
+        .unwrap_err();
+        assert!(e.contains("bad.csv:2: \"fast\""), "{e}");
+    }
+}

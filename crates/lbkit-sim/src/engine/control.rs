@@ -1,0 +1,167 @@
+//! Everything around the requests: membership and server changes, pauses, refresh ticks, load
+//! reports, outlier detection, and samples for the plots.
+
+use std::time::Duration;
+
+use lbkit_core::{EndpointKey, EndpointSpec, Timestamp, Update};
+
+use super::{Engine, Ev, REPORT, TICK};
+use crate::scenario::Action;
+
+impl Engine<'_> {
+    fn spec_of(&self, i: usize) -> EndpointSpec {
+        let s = &self.servers[i];
+        let mut spec = EndpointSpec::new(s.address.clone()).with_weight(s.weight);
+        if let Some(z) = &s.zone {
+            spec = spec.with_zone(z.clone());
+        }
+        if s.warmup_ms > 0 {
+            spec = spec
+                .with_registered_at(Timestamp::from_nanos(s.joined_at))
+                .with_warmup(Duration::from_millis(s.warmup_ms));
+        }
+        spec
+    }
+
+    /// Send `update` to every balancer's endpoint source.
+    fn publish(&mut self, update: Update) {
+        let now = Timestamp::from_nanos(self.now);
+        for lb in &mut self.lbs {
+            let base = lb.builder.apply(update.clone(), now);
+            let overlay = lb
+                .detector
+                .as_ref()
+                .map(|d| d.overlay().clone())
+                .unwrap_or_default();
+            let snap = base.derive(base.version(), &lb.policy, &overlay);
+            lb.balancer.publish(std::sync::Arc::new(snap), now);
+        }
+    }
+
+    pub(super) fn join(&mut self, i: usize) {
+        let s = &mut self.servers[i];
+        s.member = true;
+        s.joined_at = self.now;
+        let spec = self.spec_of(i);
+        self.publish(Update::Add(vec![spec]));
+    }
+
+    pub(super) fn change(&mut self, index: usize) {
+        let e = &self.scenario.events[index];
+        let Some(i) = self.servers.iter().position(|s| s.name == e.server) else {
+            return;
+        };
+        match e.action {
+            Action::Slow => self.servers[i].slow = e.factor.unwrap_or(1.0),
+            Action::Weight => {
+                self.servers[i].weight = e.weight.unwrap_or(self.servers[i].weight);
+                if self.servers[i].member {
+                    let spec = self.spec_of(i);
+                    self.publish(Update::Add(vec![spec]));
+                }
+            }
+            Action::Crash => self.crash(i),
+            Action::Recover => self.servers[i].crashed = false,
+            Action::Leave => {
+                self.servers[i].member = false;
+                let key = EndpointKey::from(self.servers[i].address.as_str());
+                self.publish(Update::Remove(vec![key]));
+            }
+            Action::Join => self.join(i),
+        }
+    }
+
+    /// The server dies: everything on it fails now (connection reset); it refuses new calls.
+    fn crash(&mut self, i: usize) {
+        let now = self.now;
+        let s = &mut self.servers[i];
+        s.crashed = true;
+        s.note_busy(now);
+        let lost: Vec<_> = s.serving.drain(..).chain(s.waiting.drain(..)).collect();
+        self.touched(i);
+        for attempt in lost {
+            if let Some(a) = self.attempts.get_mut(attempt) {
+                a.on_server = false;
+                a.failed = true;
+            }
+            self.answer(attempt, now);
+        }
+    }
+
+    pub(super) fn stall(&mut self, i: usize) {
+        let now = self.now;
+        self.servers[i].pause(now);
+        if let Some(dt) = self.servers[i].next_stall(&mut self.rng) {
+            let next = self.servers[i].paused_until.max(now) + dt;
+            self.at(next, Ev::Stall(i as u32));
+        }
+    }
+
+    fn running(&self) -> bool {
+        self.done < self.total
+    }
+
+    pub(super) fn tick(&mut self) {
+        let now = Timestamp::from_nanos(self.now);
+        for lb in &self.lbs {
+            lb.balancer.tick(now);
+        }
+        if self.running() {
+            self.at(self.now + TICK, Ev::Tick);
+        }
+    }
+
+    /// Servers report utilisation, qps and eps to every balancer (ORCA-style).
+    pub(super) fn report(&mut self) {
+        let now = Timestamp::from_nanos(self.now);
+        let reports: Vec<(EndpointKey, (f64, f64, f64))> = self
+            .servers
+            .iter_mut()
+            .filter(|s| s.member && !s.crashed)
+            .map(|s| {
+                (
+                    EndpointKey::from(s.address.as_str()),
+                    s.take_load_report(self.now, REPORT),
+                )
+            })
+            .collect();
+        for lb in &self.lbs {
+            let snap = lb.balancer.snapshot();
+            for (key, (util, qps, eps)) in &reports {
+                if let Some(i) = snap.find(key) {
+                    snap.endpoint(i).stats().report_load(now, *util, *qps, *eps);
+                }
+            }
+        }
+        if self.running() {
+            self.at(self.now + REPORT, Ev::Report);
+        }
+    }
+
+    pub(super) fn outlier(&mut self) {
+        let now = Timestamp::from_nanos(self.now);
+        let mut interval = None;
+        for lb in &mut self.lbs {
+            let Some(d) = lb.detector.as_mut() else {
+                continue;
+            };
+            interval = Some(d.config().interval);
+            let current = lb.balancer.snapshot();
+            if d.tick(&current, now) {
+                let next = current.derive(current.version() + 1, &lb.policy, d.overlay());
+                lb.balancer.publish(std::sync::Arc::new(next), now);
+            }
+        }
+        if let (Some(every), true) = (interval, self.running()) {
+            self.at(self.now + every.as_nanos() as u64, Ev::Outlier);
+        }
+    }
+
+    pub(super) fn sample(&mut self) {
+        let q = self.servers[self.watch].outstanding();
+        self.metrics.sample(self.now, q);
+        if self.running() {
+            self.at(self.now + self.sample_every, Ev::Sample);
+        }
+    }
+}

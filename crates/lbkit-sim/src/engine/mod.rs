@@ -1,0 +1,300 @@
+//! The event loop: arrivals, picks through real [`Balancer`]s, server queues, responses,
+//! timeouts and failover, membership changes, refresh and outlier ticks — in virtual time.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::sync::Arc;
+
+use lbkit_core::{
+    Availability, Balancer, BoxStrategy, CallGuard, FastRng, SnapshotBuilder, SnapshotPolicy,
+    Timestamp, TriedSet, Update,
+};
+use lbkit_health::{OutlierConfig, OutlierDetector};
+
+use crate::dist::{exponential, Zipf};
+use crate::metrics::{Collector, StrategyResult};
+use crate::scenario::{BalancerMode, KeyDistribution, Pattern, Scenario, WorkloadKind};
+use crate::server::Server;
+use crate::slab::{Id, Slab};
+
+mod control;
+mod flow;
+
+/// Period of balancer refresh ticks (warm-up, response-time and adaptive weights).
+const TICK: u64 = 100_000_000;
+/// Period of server load reports (ORCA-style), as gRPC's default weight update period.
+const REPORT: u64 = 1_000_000_000;
+/// A refused connection fails this fast.
+const REFUSED: u64 = 1_000_000;
+/// A full waiting room rejects this fast.
+const REJECTED: u64 = 100_000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Ev {
+    Arrival,
+    BurstToggle,
+    ClientReady(u32),
+    Respond(Id),
+    Timeout(Id),
+    Stall(u32),
+    Change(u32),
+    Join(u32),
+    Tick,
+    Report,
+    Outlier,
+    Sample,
+}
+
+struct Request {
+    client: u32,
+    start: u64,
+    key: u32,
+    tries: u32,
+    tried: TriedSet,
+}
+
+struct Attempt {
+    request: Id,
+    server: u32,
+    guard: Option<CallGuard>,
+    /// Still awaited by the client (not timed out, not answered).
+    awaited: bool,
+    /// Still on the server (waiting or served).
+    on_server: bool,
+    failed: bool,
+    pause_mark: u64,
+    service: u64,
+}
+
+struct Client {
+    balancer: usize,
+}
+
+struct Lb {
+    balancer: Balancer<BoxStrategy>,
+    builder: SnapshotBuilder,
+    detector: Option<OutlierDetector>,
+    policy: SnapshotPolicy,
+}
+
+/// One run of one strategy over one scenario.
+pub(crate) struct Engine<'a> {
+    scenario: &'a Scenario,
+    now: u64,
+    seq: u64,
+    events: BinaryHeap<Reverse<(u64, u64, Ev)>>,
+    rng: FastRng,
+    servers: Vec<Server>,
+    /// Server index by endpoint key hash, sorted by hash (binary search per attempt).
+    by_hash: Vec<(u64, u32)>,
+    lbs: Vec<Lb>,
+    clients: Vec<Client>,
+    requests: Slab<Request>,
+    attempts: Slab<Attempt>,
+    keys: Vec<String>,
+    zipf: Option<Zipf>,
+    issued: u64,
+    done: u64,
+    total: u64,
+    next_client: u32,
+    burst_on: bool,
+    timeout: u64,
+    watch: usize,
+    sample_every: u64,
+    oracle: Option<Arc<crate::oracle::Queues>>,
+    pub(crate) metrics: Collector,
+}
+
+impl<'a> Engine<'a> {
+    pub(crate) fn new(
+        scenario: &'a Scenario,
+        make: &dyn Fn() -> BoxStrategy,
+        oracle: Option<Arc<crate::oracle::Queues>>,
+        requests: u64,
+        seed: u64,
+    ) -> Result<Engine<'a>, String> {
+        let names = scenario.server_names();
+        let mut servers = Vec::new();
+        for spec in &scenario.servers {
+            for _ in 0..spec.count {
+                let name = names[servers.len()].clone();
+                servers.push(Server::new(spec, name, servers.len())?);
+            }
+        }
+        let mut by_hash: Vec<(u64, u32)> = servers
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (lbkit_core::key_hash(s.address.as_bytes()), i as u32))
+            .collect();
+        by_hash.sort_unstable();
+        let w = &scenario.workload;
+        let n_lbs = if w.balancer == BalancerMode::Shared {
+            1
+        } else {
+            w.clients as usize
+        };
+        let availability = if w.circuit_breaker {
+            Availability::default()
+        } else {
+            Availability::OFF
+        };
+        let policy = SnapshotPolicy {
+            panic_threshold: w.panic_threshold,
+            slow_start: None,
+        };
+        let lbs = (0..n_lbs)
+            .map(|_| {
+                let mut builder = SnapshotBuilder::new();
+                let snap = builder.apply(Update::Reset(Vec::new()), Timestamp::ZERO);
+                Lb {
+                    balancer: Balancer::new(make(), snap, Timestamp::ZERO)
+                        .with_availability(availability),
+                    builder,
+                    detector: w
+                        .outlier_detection
+                        .then(|| OutlierDetector::new(OutlierConfig::default())),
+                    policy,
+                }
+            })
+            .collect();
+        let clients = (0..w.clients)
+            .map(|c| Client {
+                balancer: c as usize % n_lbs,
+            })
+            .collect();
+        let watch = match &scenario.watch {
+            Some(name) => names.iter().position(|n| n == name).unwrap_or(0),
+            None => (0..servers.len())
+                .max_by(|&a, &b| {
+                    servers[a]
+                        .nominal_mean()
+                        .total_cmp(&servers[b].nominal_mean())
+                })
+                .unwrap_or(0),
+        };
+        let keys = (0..w.key_count).map(|k| format!("key-{k}")).collect();
+        let zipf = (w.key_count > 0 && w.key_distribution == KeyDistribution::Zipf)
+            .then(|| Zipf::new(w.key_count, w.zipf_exponent));
+        let expected_ns = match w.kind {
+            WorkloadKind::Open => requests as f64 / w.rate * 1e9,
+            WorkloadKind::Closed => requests as f64 * 20e6 / f64::from(w.clients),
+        };
+        Ok(Engine {
+            scenario,
+            now: 0,
+            seq: 0,
+            events: BinaryHeap::new(),
+            rng: FastRng::seed_from_u64(seed),
+            metrics: Collector::new(servers.len()),
+            servers,
+            by_hash,
+            lbs,
+            clients,
+            requests: Slab::default(),
+            attempts: Slab::default(),
+            keys,
+            zipf,
+            issued: 0,
+            done: 0,
+            total: requests,
+            next_client: 0,
+            burst_on: true,
+            timeout: (w.timeout_ms * 1e6) as u64,
+            watch,
+            sample_every: ((expected_ns / 200.0) as u64).max(1_000_000),
+            oracle,
+        })
+    }
+
+    /// The server behind an endpoint.
+    #[inline]
+    fn server_of(&self, endpoint: &lbkit_core::Endpoint) -> u32 {
+        let h = endpoint.key_hash();
+        let i = self.by_hash.partition_point(|&(k, _)| k < h);
+        self.by_hash[i].1
+    }
+
+    /// The index of the server whose queue is plotted.
+    pub(crate) fn watched(&self) -> usize {
+        self.watch
+    }
+
+    /// Tell the oracle the true queue length of `server`.
+    fn touched(&self, server: usize) {
+        if let Some(q) = &self.oracle {
+            let len = u32::try_from(self.servers[server].outstanding()).unwrap_or(u32::MAX);
+            q.len[server].store(len, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// The addresses of the servers, in order.
+    pub(crate) fn addresses(scenario: &Scenario) -> Vec<String> {
+        (0..scenario.server_names().len())
+            .map(Server::address_of)
+            .collect()
+    }
+
+    fn at(&mut self, t: u64, ev: Ev) {
+        self.seq += 1;
+        self.events.push(Reverse((t, self.seq, ev)));
+    }
+
+    /// Run to the end; `progress` hears the number of requests finished now and then.
+    pub(crate) fn run(mut self, label: String, progress: &mut dyn FnMut(u64)) -> StrategyResult {
+        self.start();
+        let step = (self.total / 100).max(1);
+        let mut reported = 0;
+        while let Some(Reverse((t, _, ev))) = self.events.pop() {
+            self.now = t;
+            self.handle(ev);
+            let done = self.finished();
+            if done >= reported + step {
+                reported = done;
+                progress(done);
+            }
+            if done == self.total {
+                break;
+            }
+        }
+        let names = self.scenario.server_names();
+        let peak = self.requests.capacity();
+        self.metrics.finish(label, &names, peak)
+    }
+
+    fn finished(&self) -> u64 {
+        self.done
+    }
+
+    fn start(&mut self) {
+        for i in 0..self.servers.len() {
+            let at = self.servers[i].join_at;
+            self.at(at, Ev::Join(i as u32));
+            if let Some(dt) = self.servers[i].next_stall(&mut self.rng) {
+                self.at(at + dt, Ev::Stall(i as u32));
+            }
+        }
+        for (i, e) in self.scenario.events.iter().enumerate() {
+            self.at((e.at_ms * 1e6) as u64, Ev::Change(i as u32));
+        }
+        let w = &self.scenario.workload;
+        match w.kind {
+            WorkloadKind::Open => {
+                self.at(1, Ev::Arrival);
+                if w.pattern == Pattern::Bursty {
+                    let on = exponential(&mut self.rng, w.burst_on_ms * 1e6) as u64;
+                    self.at(on.max(1), Ev::BurstToggle);
+                }
+            }
+            WorkloadKind::Closed => {
+                for c in 0..w.clients {
+                    let jitter = self.rng.below(1_000_000);
+                    self.at(1 + jitter, Ev::ClientReady(c));
+                }
+            }
+        }
+        self.at(TICK, Ev::Tick);
+        self.at(REPORT, Ev::Report);
+        self.at(10_000_000_000, Ev::Outlier);
+        self.at(self.sample_every, Ev::Sample);
+    }
+}

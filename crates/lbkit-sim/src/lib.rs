@@ -1,0 +1,50 @@
+//! # lbkit-sim
+//!
+//! A discrete-event simulator that runs the **production pickers** of lbkit — the same
+//! [`Balancer`](lbkit_core::Balancer) and strategies a service uses, never a second
+//! implementation — against simulated servers in virtual time: one thread, no sleeping,
+//! deterministic for a seed.
+//!
+//! A [`Scenario`] describes servers (service-time distributions, concurrency and a waiting room,
+//! slowness, pauses, errors, crashes, cold starts, membership changes) and a workload (open
+//! Poisson or bursty arrivals, or closed loops with think time; keys uniform or Zipf; timeouts
+//! and failover retries). [`run`] simulates it once per strategy and returns a [`Report`] with
+//! throughput, latency percentiles, error and timeout rates, each server's share and largest
+//! queue, and an oracle join-shortest-queue baseline that sees true queue lengths.
+//!
+//! ```
+//! use lbkit_sim::{run, RunOptions, Scenario};
+//! let scenario = Scenario::named("slow-provider").unwrap();
+//! let options = RunOptions { requests: Some(5_000), strategies: vec!["round-robin".into(), "p2c-ewma".into()], ..RunOptions::default() };
+//! let report = run(&scenario, &options, &mut |_, _| {}).unwrap();
+//! let share = |i: usize| report.results[i].servers[9].share;
+//! assert!(share(1) < share(0), "p2c-ewma sends less to the slow provider than round robin");
+//! ```
+#![forbid(unsafe_code)]
+#![warn(
+    missing_docs,
+    missing_debug_implementations,
+    unreachable_pub,
+    rust_2018_idioms
+)]
+#![deny(clippy::disallowed_methods, clippy::disallowed_types)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
+mod dist;
+mod engine;
+mod error;
+mod metrics;
+mod oracle;
+pub mod plot;
+mod report;
+mod scenario;
+mod server;
+mod slab;
+
+pub use error::SimError;
+pub use metrics::{Little, Series, ServerResult, StrategyResult};
+pub use report::{run, Report, RunOptions, ORACLE};
+pub use scenario::{
+    Action, BalancerMode, EventSpec, KeyDistribution, Pattern, Scenario, ServerSpec, ServiceSpec,
+    Workload, WorkloadKind,
+};

@@ -1,0 +1,292 @@
+//! Running strategies over a scenario, and the report: aligned text, JSON, a conclusion.
+
+use std::fmt::Write as _;
+use std::sync::atomic::AtomicU32;
+use std::sync::Arc;
+
+use lbkit_core::BoxStrategy;
+use lbkit_strategy::catalog::{self, Params};
+use serde::Serialize;
+
+use crate::engine::Engine;
+use crate::error::SimError;
+use crate::metrics::StrategyResult;
+use crate::oracle::{Oracle, Queues};
+use crate::scenario::Scenario;
+
+/// Label of the oracle join-shortest-queue baseline, present in every report.
+pub const ORACLE: &str = "oracle-jsq";
+
+/// What to run.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Client requests per strategy (default: the scenario's).
+    pub requests: Option<u64>,
+    /// Seed (default: the scenario's).
+    pub seed: Option<u64>,
+    /// Strategies as `name` or `name:param=value:...` (default: the scenario's list, else every
+    /// built-in strategy). The oracle baseline is added unless `skip_oracle`.
+    pub strategies: Vec<String>,
+    /// Leave out the oracle join-shortest-queue baseline (benchmarks).
+    pub skip_oracle: bool,
+}
+
+/// The results of every strategy on one scenario.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Report {
+    /// Scenario name.
+    pub scenario: String,
+    /// Scenario description.
+    pub description: String,
+    /// Seed used.
+    pub seed: u64,
+    /// Requests per strategy.
+    pub requests: u64,
+    /// The server whose queue is plotted.
+    pub watched: String,
+    /// One entry per strategy, in the order run, the oracle last.
+    pub results: Vec<StrategyResult>,
+}
+
+/// A strategy label parsed into something buildable.
+fn parse_label(label: &str) -> Result<(String, Params), SimError> {
+    let mut parts = label.split(':');
+    let name = parts.next().unwrap_or_default().trim().to_owned();
+    let mut params = Params::new();
+    for p in parts {
+        let (k, v) = Params::parse_pair(p)
+            .map_err(|e| SimError::input(format!("strategy {label:?}"), e.to_string()))?;
+        params.insert(k, v);
+    }
+    catalog::build(&name, params.clone())
+        .map_err(|e| SimError::input(format!("strategy {label:?}"), e.to_string()))?;
+    Ok((name, params))
+}
+
+/// Simulate `scenario` once per strategy. `progress(label, fraction)` hears about each run.
+///
+/// # Errors
+/// An unknown strategy or parameter, or a scenario that cannot be built (an unreadable
+/// empirical file).
+pub fn run(
+    scenario: &Scenario,
+    options: &RunOptions,
+    progress: &mut dyn FnMut(&str, f64),
+) -> Result<Report, SimError> {
+    let requests = options.requests.unwrap_or(scenario.requests);
+    if requests == 0 {
+        return Err(SimError::input("--requests", "must be at least 1"));
+    }
+    let seed = options.seed.unwrap_or(scenario.seed);
+    let labels: Vec<String> = if !options.strategies.is_empty() {
+        options.strategies.clone()
+    } else if !scenario.strategies.is_empty() {
+        scenario.strategies.clone()
+    } else {
+        catalog::strategies().map(|s| s.name.to_owned()).collect()
+    };
+    let parsed = labels
+        .iter()
+        .map(|l| parse_label(l))
+        .collect::<Result<Vec<_>, _>>()?;
+    let addresses = Engine::addresses(scenario);
+    let mut results = Vec::new();
+    for (label, (name, params)) in labels.iter().zip(&parsed) {
+        let make = || catalog::build(name, params.clone()).expect("validated above");
+        results.push(simulate(
+            scenario, label, &make, None, requests, seed, progress,
+        )?);
+    }
+    let queues = Arc::new(Queues {
+        len: addresses.iter().map(|_| AtomicU32::new(0)).collect(),
+        by_address: addresses
+            .iter()
+            .enumerate()
+            .map(|(i, a)| (a.clone(), i))
+            .collect(),
+    });
+    let oracle = || BoxStrategy::new(Oracle(queues.clone()));
+    if !options.skip_oracle {
+        results.push(simulate(
+            scenario,
+            ORACLE,
+            &oracle,
+            Some(queues.clone()),
+            requests,
+            seed,
+            progress,
+        )?);
+    }
+    let names = scenario.server_names();
+    let watched = match &scenario.watch {
+        Some(w) => w.clone(),
+        None => {
+            let probe = Engine::new(scenario, &oracle, None, 1, seed)
+                .map_err(|e| SimError::input(&scenario.name, e))?;
+            names[probe.watched()].clone()
+        }
+    };
+    Ok(Report {
+        scenario: scenario.name.clone(),
+        description: scenario.description.clone(),
+        seed,
+        requests,
+        watched,
+        results,
+    })
+}
+
+fn simulate(
+    scenario: &Scenario,
+    label: &str,
+    make: &dyn Fn() -> BoxStrategy,
+    oracle: Option<Arc<Queues>>,
+    requests: u64,
+    seed: u64,
+    progress: &mut dyn FnMut(&str, f64),
+) -> Result<StrategyResult, SimError> {
+    let engine = Engine::new(scenario, make, oracle, requests, seed)
+        .map_err(|e| SimError::input(&scenario.name, e))?;
+    progress(label, 0.0);
+    let result = engine.run(label.to_owned(), &mut |done| {
+        progress(label, done as f64 / requests as f64)
+    });
+    progress(label, 1.0);
+    Ok(result)
+}
+
+// === impl Report ===
+
+impl Report {
+    /// The index of the watched server.
+    pub fn watched_index(&self) -> usize {
+        self.results
+            .first()
+            .and_then(|r| r.servers.iter().position(|s| s.name == self.watched))
+            .unwrap_or(0)
+    }
+
+    /// Aligned text tables: one row per strategy, then each server's share of requests.
+    pub fn to_table(&self) -> String {
+        let mut out = String::new();
+        let w = self
+            .results
+            .iter()
+            .map(|r| r.strategy.len())
+            .max()
+            .unwrap_or(8)
+            .max(8);
+        let watched = self.watched_index();
+        let _ = writeln!(
+            out,
+            "scenario {} ({} requests per strategy, seed {}): {}",
+            self.scenario, self.requests, self.seed, self.description
+        );
+        let _ = writeln!(
+            out,
+            "{:w$}  {:>9}  {:>8}  {:>8}  {:>9}  {:>9}  {:>6}  {:>8}  {:>7}  {:>9}",
+            "strategy",
+            "ok req/s",
+            "p50 ms",
+            "p90 ms",
+            "p99 ms",
+            "p99.9 ms",
+            "err %",
+            "timeout%",
+            format!("{} %", truncate(&self.watched, 5)),
+            "max queue"
+        );
+        for r in &self.results {
+            let s = &r.servers[watched];
+            let _ = writeln!(
+                out,
+                "{:w$}  {:>9.1}  {:>8.2}  {:>8.2}  {:>9.2}  {:>9.2}  {:>6.2}  {:>8.2}  {:>7.2}  {:>9}",
+                r.strategy,
+                r.throughput,
+                r.p50_ms,
+                r.p90_ms,
+                r.p99_ms,
+                r.p999_ms,
+                r.error_rate * 100.0,
+                r.timeout_rate * 100.0,
+                s.share * 100.0,
+                s.max_queue
+            );
+        }
+        let n = self.results.first().map_or(0, |r| r.servers.len());
+        if n <= 16 {
+            let _ = writeln!(out, "\nshare of requests per server, %");
+            let names: Vec<String> = self.results[0]
+                .servers
+                .iter()
+                .map(|s| truncate(&s.name, 6))
+                .collect();
+            let _ = writeln!(
+                out,
+                "{:w$}  {}",
+                "strategy",
+                names
+                    .iter()
+                    .map(|n| format!("{n:>6}"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            );
+            for r in &self.results {
+                let cells: Vec<String> = r
+                    .servers
+                    .iter()
+                    .map(|s| format!("{:>6.1}", s.share * 100.0))
+                    .collect();
+                let _ = writeln!(out, "{:w$}  {}", r.strategy, cells.join(" "));
+            }
+        }
+        out
+    }
+
+    /// Pretty JSON (byte-identical for the same scenario, options and seed).
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("a report always serialises")
+    }
+
+    /// Two lines: the winner on p99 and how it compares with round robin (when it ran).
+    pub fn conclusion(&self) -> String {
+        let real: Vec<&StrategyResult> = self
+            .results
+            .iter()
+            .filter(|r| r.strategy != ORACLE)
+            .collect();
+        let Some(best) = real.iter().min_by(|a, b| score(a).total_cmp(&score(b))) else {
+            return String::new();
+        };
+        let mut out = format!(
+            "Best p99: {} at {:.1} ms ({:.2}% of requests failed or timed out).",
+            best.strategy,
+            best.p99_ms,
+            (best.error_rate + best.timeout_rate) * 100.0
+        );
+        if let Some(rr) = real.iter().find(|r| r.strategy == "round-robin") {
+            let ratio = rr.p99_ms / best.p99_ms.max(1e-9);
+            let _ = write!(
+                out,
+                "\nRound robin's p99 is {:.1} ms: {} is {:.1}x better; round robin sent {:.1}% of requests to {}, {} sent {:.1}%.",
+                rr.p99_ms,
+                best.strategy,
+                ratio,
+                rr.servers[self.watched_index()].share * 100.0,
+                self.watched,
+                best.strategy,
+                best.servers[self.watched_index()].share * 100.0
+            );
+        }
+        out
+    }
+}
+
+/// Ranking key for the conclusion: p99, with failed requests counted as worse than any latency.
+fn score(r: &StrategyResult) -> f64 {
+    r.p99_ms * (1.0 + 10.0 * (r.error_rate + r.timeout_rate))
+}
+
+fn truncate(s: &str, n: usize) -> String {
+    s.chars().take(n).collect()
+}

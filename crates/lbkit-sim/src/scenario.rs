@@ -1,0 +1,573 @@
+//! Scenarios: servers, workload and events, as TOML. Every field has a default; unknown fields
+//! are errors.
+//!
+//! ```toml
+//! name = "slow-provider"
+//! description = "one of ten providers is 10x slower"
+//! requests = 100000            # client requests to simulate
+//! seed = 1                     # default seed (the CLI's --seed wins)
+//! watch = "s10"                # server whose queue is plotted (default: the slowest)
+//! strategies = ["round-robin", "ketama:balance_factor=1.25"]  # default: all
+//!
+//! [workload]
+//! kind = "open"                # open (arrivals at `rate`) | closed (clients wait, think, repeat)
+//! rate = 2000.0                # open: requests per second over all clients
+//! pattern = "poisson"          # open: poisson | bursty
+//! burst_on_ms = 1000.0         # bursty: mean length of an on period (exponential)
+//! burst_off_ms = 1000.0        # bursty: mean length of an off period (no arrivals)
+//! clients = 4                  # clients (closed: concurrent callers; open: arrivals spread over them)
+//! think_ms = 0.0               # closed: mean think time between calls (exponential; 0 = none)
+//! balancer = "per-client"      # per-client (each client its own balancer and statistics) | shared
+//! timeout_ms = 0.0             # per attempt; 0 = none. A timed-out attempt is cancelled
+//! retries = 0                  # failover attempts after an error or a timeout, on untried endpoints
+//! key_count = 0                # request keys for hash strategies; 0 = no keys
+//! key_distribution = "uniform" # uniform | zipf
+//! zipf_exponent = 1.1
+//! circuit_breaker = false      # Ribbon's breaker in every balancer
+//! outlier_detection = false    # Envoy's outlier detection (default rules) in every balancer
+//! panic_threshold = 0.5        # Envoy's panic threshold (0 = off)
+//!
+//! [[server]]
+//! name = "s"                   # names get an index when count > 1: s1, s2, ...
+//! count = 1
+//! weight = 100
+//! zone = "eu-1"                # optional
+//! concurrency = 4              # requests served at once
+//! queue = 1000                 # waiting requests beyond which new ones are rejected (error)
+//! service = { dist = "exponential", mean_ms = 10.0 }
+//!   # constant{mean_ms} | exponential{mean_ms} | lognormal{median_ms, sigma}
+//!   # | pareto{scale_ms, shape} | empirical{file (CSV, one latency in ms per line)}
+//! slow_factor = 1.0            # service times x this
+//! error_rate = 0.0             # probability that a served request fails
+//! stall_every_ms = 0.0         # mean time between GC-like pauses (exponential; 0 = none)
+//! stall_ms = 0.0               # length of a pause: nothing progresses on the server
+//! cold_factor = 1.0            # right after joining, service times x this ...
+//! cold_ms = 0.0                # ... decaying linearly to x1 over this long
+//! join_ms = 0.0                # when the server joins (registration time for warm-up)
+//! warmup_ms = 0.0              # Dubbo warm-up window announced by the server (0 = none)
+//!
+//! [[event]]                    # changes over time
+//! at_ms = 20000.0
+//! server = "s3"
+//! action = "slow"              # slow{factor} | weight{weight} | crash | recover | leave | join
+//! factor = 10.0
+//! ```
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use serde::Deserialize;
+
+use crate::error::SimError;
+
+/// A parsed, validated scenario.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    /// Short name.
+    pub name: String,
+    /// One line.
+    #[serde(default)]
+    pub description: String,
+    /// Client requests to simulate.
+    #[serde(default = "default_requests")]
+    pub requests: u64,
+    /// Default seed.
+    #[serde(default = "default_seed")]
+    pub seed: u64,
+    /// Which server to follow in the queue plot (default: the slowest).
+    #[serde(default)]
+    pub watch: Option<String>,
+    /// Strategies to compare by default (`name` or `name:param=value:...`); empty = all.
+    #[serde(default)]
+    pub strategies: Vec<String>,
+    /// The clients.
+    #[serde(default)]
+    pub workload: Workload,
+    /// The servers.
+    #[serde(rename = "server")]
+    pub servers: Vec<ServerSpec>,
+    /// Changes over time.
+    #[serde(default, rename = "event")]
+    pub events: Vec<EventSpec>,
+}
+
+fn default_requests() -> u64 {
+    100_000
+}
+
+fn default_seed() -> u64 {
+    1
+}
+
+/// Open or closed workload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum WorkloadKind {
+    /// Arrivals at a rate, whatever the responses.
+    #[default]
+    Open,
+    /// Each client waits for its response, thinks, then calls again.
+    Closed,
+}
+
+/// Arrival pattern of an open workload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Pattern {
+    /// Poisson arrivals.
+    #[default]
+    Poisson,
+    /// Poisson arrivals during on periods, none during off periods.
+    Bursty,
+}
+
+/// One balancer per client, or one for all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum BalancerMode {
+    /// Each client has its own balancer and statistics (what a fleet of clients sees).
+    #[default]
+    PerClient,
+    /// One balancer shared by every client.
+    Shared,
+}
+
+/// Key popularity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum KeyDistribution {
+    /// Every key equally likely.
+    #[default]
+    Uniform,
+    /// Zipf: key k with probability ∝ 1 / k^s.
+    Zipf,
+}
+
+/// The clients and what they send.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Workload {
+    /// Open or closed.
+    #[serde(default)]
+    pub kind: WorkloadKind,
+    /// Open: requests per second.
+    #[serde(default = "default_rate")]
+    pub rate: f64,
+    /// Open: arrival pattern.
+    #[serde(default)]
+    pub pattern: Pattern,
+    /// Bursty: mean on period, ms.
+    #[serde(default = "default_burst")]
+    pub burst_on_ms: f64,
+    /// Bursty: mean off period, ms.
+    #[serde(default = "default_burst")]
+    pub burst_off_ms: f64,
+    /// Number of clients.
+    #[serde(default = "default_clients")]
+    pub clients: u32,
+    /// Closed: mean think time, ms.
+    #[serde(default)]
+    pub think_ms: f64,
+    /// Balancer per client or shared.
+    #[serde(default)]
+    pub balancer: BalancerMode,
+    /// Attempt timeout, ms (0 = none).
+    #[serde(default)]
+    pub timeout_ms: f64,
+    /// Failover retries.
+    #[serde(default)]
+    pub retries: u32,
+    /// Number of distinct request keys (0 = none).
+    #[serde(default)]
+    pub key_count: u32,
+    /// Key popularity.
+    #[serde(default)]
+    pub key_distribution: KeyDistribution,
+    /// Zipf exponent.
+    #[serde(default = "default_zipf")]
+    pub zipf_exponent: f64,
+    /// Ribbon's circuit breaker in every balancer (off: strategies are compared as they are).
+    #[serde(default)]
+    pub circuit_breaker: bool,
+    /// Envoy's outlier detection (default rules, 10 s interval) in every balancer.
+    #[serde(default)]
+    pub outlier_detection: bool,
+    /// Envoy's panic threshold, a fraction (0 = off).
+    #[serde(default = "default_panic")]
+    pub panic_threshold: f64,
+}
+
+fn default_panic() -> f64 {
+    0.5
+}
+
+fn default_rate() -> f64 {
+    1000.0
+}
+fn default_burst() -> f64 {
+    1000.0
+}
+fn default_clients() -> u32 {
+    4
+}
+fn default_zipf() -> f64 {
+    1.1
+}
+
+impl Default for Workload {
+    fn default() -> Self {
+        toml::from_str("").expect("an empty workload table takes every default")
+    }
+}
+
+/// A service-time distribution.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(tag = "dist", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum ServiceSpec {
+    /// Always `mean_ms`.
+    Constant {
+        /// Milliseconds.
+        mean_ms: f64,
+    },
+    /// Exponential with mean `mean_ms`.
+    Exponential {
+        /// Milliseconds.
+        mean_ms: f64,
+    },
+    /// Log-normal with median `median_ms` and shape `sigma`.
+    Lognormal {
+        /// Milliseconds.
+        median_ms: f64,
+        /// Standard deviation of the logarithm.
+        sigma: f64,
+    },
+    /// Pareto with scale `scale_ms` and shape `shape` (> 1 for a finite mean).
+    Pareto {
+        /// Milliseconds (the minimum).
+        scale_ms: f64,
+        /// Tail index.
+        shape: f64,
+    },
+    /// Recorded latencies: a CSV file with one latency in ms per line (a header is skipped).
+    Empirical {
+        /// Path, relative to the scenario file.
+        file: String,
+    },
+}
+
+impl Default for ServiceSpec {
+    fn default() -> Self {
+        ServiceSpec::Exponential { mean_ms: 10.0 }
+    }
+}
+
+/// One server (or `count` alike).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerSpec {
+    /// Name (indexed when `count > 1`).
+    #[serde(default = "default_server_name")]
+    pub name: String,
+    /// How many alike.
+    #[serde(default = "one")]
+    pub count: u32,
+    /// Configured weight.
+    #[serde(default = "default_weight")]
+    pub weight: u32,
+    /// Zone.
+    #[serde(default)]
+    pub zone: Option<String>,
+    /// Requests served at once.
+    #[serde(default = "default_concurrency")]
+    pub concurrency: u32,
+    /// Waiting room.
+    #[serde(default = "default_queue")]
+    pub queue: u32,
+    /// Service times.
+    #[serde(default)]
+    pub service: ServiceSpec,
+    /// Multiplier of service times.
+    #[serde(default = "one_f")]
+    pub slow_factor: f64,
+    /// Probability of an error.
+    #[serde(default)]
+    pub error_rate: f64,
+    /// Mean time between pauses, ms (0 = none).
+    #[serde(default)]
+    pub stall_every_ms: f64,
+    /// Pause length, ms.
+    #[serde(default)]
+    pub stall_ms: f64,
+    /// Cold-start multiplier right after joining.
+    #[serde(default = "one_f")]
+    pub cold_factor: f64,
+    /// Cold-start length, ms.
+    #[serde(default)]
+    pub cold_ms: f64,
+    /// Join time, ms.
+    #[serde(default)]
+    pub join_ms: f64,
+    /// Dubbo warm-up window the server announces, ms (0 = none).
+    #[serde(default)]
+    pub warmup_ms: f64,
+}
+
+fn default_server_name() -> String {
+    "s".into()
+}
+fn one() -> u32 {
+    1
+}
+fn one_f() -> f64 {
+    1.0
+}
+fn default_weight() -> u32 {
+    100
+}
+fn default_concurrency() -> u32 {
+    4
+}
+fn default_queue() -> u32 {
+    1000
+}
+
+/// What an event does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Action {
+    /// Set the slow factor to `factor`.
+    Slow,
+    /// Set the configured weight to `weight`.
+    Weight,
+    /// The server dies: requests in progress fail, new ones are refused.
+    Crash,
+    /// The server is back.
+    Recover,
+    /// The server leaves the endpoint set.
+    Leave,
+    /// The server (re)joins the endpoint set.
+    Join,
+}
+
+/// A change at a point in time.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventSpec {
+    /// When, ms.
+    pub at_ms: f64,
+    /// Which server (by its expanded name, e.g. `s3`).
+    pub server: String,
+    /// What happens.
+    pub action: Action,
+    /// For `slow`.
+    #[serde(default)]
+    pub factor: Option<f64>,
+    /// For `weight`.
+    #[serde(default)]
+    pub weight: Option<u32>,
+}
+
+const BUILT_IN: &[(&str, &str)] = &[
+    (
+        "slow-provider",
+        include_str!("../scenarios/slow-provider.toml"),
+    ),
+    ("warmup", include_str!("../scenarios/warmup.toml")),
+    ("degraded", include_str!("../scenarios/degraded.toml")),
+    ("crash", include_str!("../scenarios/crash.toml")),
+    ("hot-keys", include_str!("../scenarios/hot-keys.toml")),
+    (
+        "heterogeneous",
+        include_str!("../scenarios/heterogeneous.toml"),
+    ),
+];
+
+// === impl Scenario ===
+
+impl Scenario {
+    /// The built-in scenarios: `(name, description)`.
+    pub fn built_in() -> Vec<(&'static str, String)> {
+        BUILT_IN
+            .iter()
+            .map(|(name, text)| {
+                let s = Scenario::parse(text, name).expect("built-in scenarios parse");
+                (*name, s.description)
+            })
+            .collect()
+    }
+
+    /// A built-in scenario by name.
+    ///
+    /// # Errors
+    /// An unknown name.
+    pub fn named(name: &str) -> Result<Scenario, SimError> {
+        let text = BUILT_IN
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, t)| *t)
+            .ok_or_else(|| {
+                let known: Vec<&str> = BUILT_IN.iter().map(|(n, _)| *n).collect();
+                SimError::input(
+                    name,
+                    format!("unknown scenario (built-in: {})", known.join(", ")),
+                )
+            })?;
+        Scenario::parse(text, name)
+    }
+
+    /// Read a scenario file; empirical service files are resolved next to it.
+    ///
+    /// # Errors
+    /// Unreadable file, TOML error, invalid field.
+    pub fn load(path: &Path) -> Result<Scenario, SimError> {
+        let origin = path.display().to_string();
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| SimError::input(&origin, format!("cannot read: {e}")))?;
+        let mut s = Scenario::parse(&text, &origin)?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        for server in &mut s.servers {
+            if let ServiceSpec::Empirical { file } = &mut server.service {
+                *file = base.join(&*file).display().to_string();
+            }
+        }
+        Ok(s)
+    }
+
+    /// Parse scenario text; `origin` names it in errors.
+    ///
+    /// # Errors
+    /// TOML error or invalid field.
+    pub fn parse(text: &str, origin: &str) -> Result<Scenario, SimError> {
+        let s: Scenario = toml::from_str(text).map_err(|e| {
+            let line = e
+                .span()
+                .map(|sp| text[..sp.start.min(text.len())].lines().count().max(1));
+            SimError::input(
+                line.map_or(origin.to_owned(), |l| format!("{origin}:{l}")),
+                e.message(),
+            )
+        })?;
+        s.validate()
+            .map_err(|reason| SimError::input(origin, reason))?;
+        Ok(s)
+    }
+
+    /// Server names after expanding `count`.
+    pub fn server_names(&self) -> Vec<String> {
+        self.servers
+            .iter()
+            .flat_map(|s| {
+                (1..=s.count).map(move |i| {
+                    if s.count == 1 {
+                        s.name.clone()
+                    } else {
+                        format!("{}{i}", s.name)
+                    }
+                })
+            })
+            .collect()
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        let w = &self.workload;
+        positive("requests", self.requests as f64)?;
+        if w.kind == WorkloadKind::Open {
+            positive("workload.rate", w.rate)?;
+        }
+        positive("workload.clients", f64::from(w.clients))?;
+        non_negative("workload.think_ms", w.think_ms)?;
+        non_negative("workload.timeout_ms", w.timeout_ms)?;
+        positive("workload.burst_on_ms", w.burst_on_ms)?;
+        positive("workload.burst_off_ms", w.burst_off_ms)?;
+        if !(0.0..=1.0).contains(&w.panic_threshold) {
+            return Err("workload.panic_threshold must be within 0..=1".into());
+        }
+        if w.retries > 16 {
+            return Err("workload.retries: at most 16".into());
+        }
+        if w.key_distribution == KeyDistribution::Zipf
+            && !(w.zipf_exponent > 0.0 && w.zipf_exponent.is_finite())
+        {
+            return Err("workload.zipf_exponent must be positive".into());
+        }
+        if self.servers.is_empty() {
+            return Err("at least one [[server]] is needed".into());
+        }
+        for s in &self.servers {
+            let at = |f: &str| format!("server {:?}: {f}", s.name);
+            positive(&at("count"), f64::from(s.count))?;
+            positive(&at("concurrency"), f64::from(s.concurrency))?;
+            positive(&at("slow_factor"), s.slow_factor)?;
+            positive(&at("cold_factor"), s.cold_factor)?;
+            for (f, v) in [
+                ("stall_every_ms", s.stall_every_ms),
+                ("stall_ms", s.stall_ms),
+                ("cold_ms", s.cold_ms),
+                ("join_ms", s.join_ms),
+                ("warmup_ms", s.warmup_ms),
+            ] {
+                non_negative(&at(f), v)?;
+            }
+            if !(0.0..=1.0).contains(&s.error_rate) {
+                return Err(at("error_rate must be within 0..=1"));
+            }
+            crate::dist::Service::check(&s.service).map_err(|e| at(&e))?;
+        }
+        let names = self.server_names();
+        let mut seen = HashSet::new();
+        for n in &names {
+            if !seen.insert(n) {
+                return Err(format!("two servers are named {n:?}"));
+            }
+        }
+        if let Some(wn) = &self.watch {
+            if !seen.contains(wn) {
+                return Err(format!("watch: no server named {wn:?}"));
+            }
+        }
+        for e in &self.events {
+            non_negative("event.at_ms", e.at_ms)?;
+            if !seen.contains(&e.server) {
+                return Err(format!(
+                    "event at {} ms: no server named {:?} (servers: {})",
+                    e.at_ms,
+                    e.server,
+                    names.join(", ")
+                ));
+            }
+            match e.action {
+                Action::Slow if !e.factor.is_some_and(|f| f > 0.0 && f.is_finite()) => {
+                    return Err(format!(
+                        "event at {} ms: action \"slow\" needs a positive factor",
+                        e.at_ms
+                    ));
+                }
+                Action::Weight if e.weight.is_none() => {
+                    return Err(format!(
+                        "event at {} ms: action \"weight\" needs weight",
+                        e.at_ms
+                    ));
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+fn positive(field: &str, v: f64) -> Result<(), String> {
+    if v > 0.0 && v.is_finite() {
+        Ok(())
+    } else {
+        Err(format!("{field} must be positive (got {v})"))
+    }
+}
+
+fn non_negative(field: &str, v: f64) -> Result<(), String> {
+    if v >= 0.0 && v.is_finite() {
+        Ok(())
+    } else {
+        Err(format!("{field} must be 0 or more (got {v})"))
+    }
+}

@@ -1,0 +1,151 @@
+//! The server model: workers, a waiting room, slowness, pauses, errors, crashes, cold start.
+
+use std::collections::VecDeque;
+
+use lbkit_core::FastRng;
+
+use crate::dist::{exponential, Service};
+use crate::scenario::ServerSpec;
+use crate::slab::Id;
+
+/// One simulated server. Times in nanoseconds of virtual time.
+#[derive(Debug)]
+pub(crate) struct Server {
+    pub(crate) name: String,
+    pub(crate) address: String,
+    pub(crate) weight: u32,
+    pub(crate) zone: Option<String>,
+    service: Service,
+    concurrency: u32,
+    queue_cap: usize,
+    pub(crate) slow: f64,
+    error_rate: f64,
+    stall_every: f64,
+    stall_len: f64,
+    cold_factor: f64,
+    cold_len: f64,
+    pub(crate) warmup_ms: u64,
+    pub(crate) join_at: u64,
+    /// In the endpoint set.
+    pub(crate) member: bool,
+    pub(crate) crashed: bool,
+    pub(crate) joined_at: u64,
+    /// Attempts being served, and waiting.
+    pub(crate) serving: Vec<Id>,
+    pub(crate) waiting: VecDeque<Id>,
+    /// Paused until this time (GC-like stall).
+    pub(crate) paused_until: u64,
+    /// Sum of every pause so far (a served attempt is delayed by the pauses since its start).
+    pub(crate) pause_total: u64,
+    // Load-report accounting over the current report period.
+    busy_since: u64,
+    busy_area: f64,
+    pub(crate) completions: u64,
+    pub(crate) errors: u64,
+}
+
+impl Server {
+    pub(crate) fn new(spec: &ServerSpec, name: String, index: usize) -> Result<Server, String> {
+        Ok(Server {
+            address: Server::address_of(index),
+            name,
+            weight: spec.weight,
+            zone: spec.zone.clone(),
+            service: Service::new(&spec.service)?,
+            concurrency: spec.concurrency,
+            queue_cap: spec.queue as usize,
+            slow: spec.slow_factor,
+            error_rate: spec.error_rate,
+            stall_every: spec.stall_every_ms * 1e6,
+            stall_len: spec.stall_ms * 1e6,
+            cold_factor: spec.cold_factor,
+            cold_len: spec.cold_ms * 1e6,
+            warmup_ms: spec.warmup_ms as u64,
+            join_at: (spec.join_ms * 1e6) as u64,
+            member: false,
+            crashed: false,
+            joined_at: 0,
+            serving: Vec::new(),
+            waiting: VecDeque::new(),
+            paused_until: 0,
+            pause_total: 0,
+            busy_since: 0,
+            busy_area: 0.0,
+            completions: 0,
+            errors: 0,
+        })
+    }
+
+    /// The address of the `index`-th server.
+    pub(crate) fn address_of(index: usize) -> String {
+        format!("10.0.{}.{}:20880", index / 250, index % 250 + 1)
+    }
+
+    /// Mean service time at full speed, scaled by the slow factor (to find "the slowest").
+    pub(crate) fn nominal_mean(&self) -> f64 {
+        self.service.mean() * self.slow
+    }
+
+    /// Calls on the server: served plus waiting.
+    pub(crate) fn outstanding(&self) -> usize {
+        self.serving.len() + self.waiting.len()
+    }
+
+    pub(crate) fn has_free_worker(&self) -> bool {
+        (self.serving.len() as u32) < self.concurrency
+    }
+
+    pub(crate) fn queue_full(&self) -> bool {
+        self.waiting.len() >= self.queue_cap
+    }
+
+    /// Draw the service time of an attempt starting at `now`.
+    pub(crate) fn service_time(&self, rng: &mut FastRng, now: u64) -> u64 {
+        let cold = if self.cold_len > 0.0 {
+            let age = now.saturating_sub(self.joined_at) as f64;
+            1.0 + (self.cold_factor - 1.0) * (1.0 - age / self.cold_len).max(0.0)
+        } else {
+            1.0
+        };
+        (self.service.sample(rng) * self.slow * cold).max(1.0) as u64
+    }
+
+    pub(crate) fn draws_error(&self, rng: &mut FastRng) -> bool {
+        self.error_rate > 0.0 && rng.unit_f64() < self.error_rate
+    }
+
+    /// Time to the next pause, if the server stalls.
+    pub(crate) fn next_stall(&self, rng: &mut FastRng) -> Option<u64> {
+        (self.stall_every > 0.0 && self.stall_len > 0.0)
+            .then(|| exponential(rng, self.stall_every).max(1.0) as u64)
+    }
+
+    /// Start a pause at `now`.
+    pub(crate) fn pause(&mut self, now: u64) {
+        let len = self.stall_len as u64;
+        self.paused_until = self.paused_until.max(now) + len;
+        self.pause_total += len;
+    }
+
+    /// Account busy workers before their number changes.
+    pub(crate) fn note_busy(&mut self, now: u64) {
+        self.busy_area += self.serving.len() as f64 * now.saturating_sub(self.busy_since) as f64;
+        self.busy_since = now;
+    }
+
+    /// Utilisation, qps and eps over the period that ends at `now`, and start a new period.
+    pub(crate) fn take_load_report(&mut self, now: u64, period: u64) -> (f64, f64, f64) {
+        self.note_busy(now);
+        let secs = period as f64 / 1e9;
+        let util = self.busy_area / (period as f64 * f64::from(self.concurrency));
+        let report = (
+            util,
+            self.completions as f64 / secs,
+            self.errors as f64 / secs,
+        );
+        self.busy_area = 0.0;
+        self.completions = 0;
+        self.errors = 0;
+        report
+    }
+}

@@ -1,0 +1,204 @@
+//! The simulator against queueing theory and the scenarios' qualitative claims.
+
+use lbkit_sim::{plot, run, Report, RunOptions, Scenario};
+
+fn mmc(servers: u32, concurrency: u32, rate: f64, mean_ms: f64, requests: u64) -> Report {
+    let text = format!(
+        "name = \"mmc\"\nrequests = {requests}\n[workload]\nrate = {rate}\nclients = 1\nbalancer = \"shared\"\n\
+         [[server]]\ncount = {servers}\nconcurrency = {concurrency}\nqueue = 100000000\nservice = {{ dist = \"exponential\", mean_ms = {mean_ms} }}\n"
+    );
+    let s = Scenario::parse(&text, "inline").unwrap();
+    let opts = RunOptions {
+        strategies: vec!["round-robin".into()],
+        seed: Some(7),
+        ..RunOptions::default()
+    };
+    run(&s, &opts, &mut |_, _| {}).unwrap()
+}
+
+/// Erlang C: mean time in an M/M/c system.
+fn erlang_c_sojourn(c: u32, lambda: f64, mu: f64) -> f64 {
+    let a = lambda / mu;
+    let rho = a / f64::from(c);
+    let mut sum = 0.0;
+    let mut term = 1.0;
+    for k in 0..c {
+        if k > 0 {
+            term *= a / f64::from(k);
+        }
+        sum += term;
+    }
+    let last = term * a / f64::from(c) / (1.0 - rho);
+    let p_wait = last / (sum + last);
+    p_wait / (f64::from(c) * mu - lambda) + 1.0 / mu
+}
+
+#[test]
+fn mm1_mean_latency_matches_theory() {
+    // λ = 50/s, μ = 100/s: W = 1 / (μ − λ) = 20 ms.
+    let r = mmc(1, 1, 50.0, 10.0, 400_000);
+    let w = r.results[0].mean_ms;
+    assert!((w / 20.0 - 1.0).abs() < 0.02, "M/M/1 mean {w} ms vs 20 ms");
+}
+
+#[test]
+fn mmc_mean_latency_matches_erlang_c() {
+    // One server with 4 workers: M/M/4 at ρ = 0.75.
+    let (lambda, mu) = (300.0, 100.0);
+    let r = mmc(1, 4, lambda, 10.0, 400_000);
+    let want = erlang_c_sojourn(4, lambda, mu) * 1e3;
+    let got = r.results[0].mean_ms;
+    assert!(
+        (got / want - 1.0).abs() < 0.02,
+        "M/M/4 mean {got} ms vs {want} ms"
+    );
+}
+
+fn assert_little(r: &Report) {
+    for s in &r.results {
+        let (l, lw) = (s.little.l, s.little.lambda_w);
+        assert!(
+            (l - lw).abs() <= 1e-6 * l.max(1e-9),
+            "{}: L = {l} vs λW = {lw}",
+            s.strategy
+        );
+    }
+}
+
+#[test]
+fn slow_provider_p2c_and_least_active_avoid_the_slow_server() {
+    let s = Scenario::named("slow-provider").unwrap();
+    let opts = RunOptions {
+        requests: Some(40_000),
+        strategies: vec![
+            "round-robin".into(),
+            "p2c-ewma".into(),
+            "least-active".into(),
+        ],
+        ..RunOptions::default()
+    };
+    let r = run(&s, &opts, &mut |_, _| {}).unwrap();
+    assert_little(&r);
+    let slow = r.watched_index();
+    let share = |i: usize| r.results[i].servers[slow].share;
+    assert!(
+        (share(0) - 0.1).abs() < 0.01,
+        "round robin sends its full 10 %: {}",
+        share(0)
+    );
+    assert!(share(1) < 0.05, "p2c-ewma: {}", share(1));
+    assert!(share(2) < 0.05, "least-active: {}", share(2));
+    assert!(
+        r.results[1].p99_ms * 5.0 < r.results[0].p99_ms,
+        "{} vs {}",
+        r.results[1].p99_ms,
+        r.results[0].p99_ms
+    );
+    assert!(r.conclusion().contains("better"), "{}", r.conclusion());
+}
+
+#[test]
+fn same_seed_same_bytes_and_little_holds_everywhere() {
+    for name in ["warmup", "degraded", "crash", "hot-keys", "heterogeneous"] {
+        let s = Scenario::named(name).unwrap();
+        let opts = RunOptions {
+            requests: Some(6_000),
+            ..RunOptions::default()
+        };
+        let a = run(&s, &opts, &mut |_, _| {}).unwrap();
+        assert_little(&a);
+        let b = run(&s, &opts, &mut |_, _| {}).unwrap();
+        assert_eq!(a.to_json(), b.to_json(), "{name}: not deterministic");
+        let c = run(
+            &s,
+            &RunOptions {
+                seed: Some(99),
+                ..opts
+            },
+            &mut |_, _| {},
+        )
+        .unwrap();
+        assert_ne!(a.to_json(), c.to_json(), "{name}: the seed changes nothing");
+    }
+}
+
+#[test]
+fn memory_stays_flat_in_the_number_of_requests() {
+    let s = Scenario::named("heterogeneous").unwrap();
+    let peak = |n| {
+        let opts = RunOptions {
+            requests: Some(n),
+            strategies: vec!["round-robin".into()],
+            ..RunOptions::default()
+        };
+        run(&s, &opts, &mut |_, _| {}).unwrap().results[0].peak_live_requests
+    };
+    let (small, large) = (peak(5_000), peak(50_000));
+    assert!(
+        large < small * 2 + 50,
+        "live requests grew with the run: {small} → {large}"
+    );
+}
+
+#[test]
+fn plots_are_well_formed_svg() {
+    let s = Scenario::named("crash").unwrap();
+    let opts = RunOptions {
+        requests: Some(5_000),
+        strategies: vec!["round-robin".into(), "least-active".into()],
+        ..RunOptions::default()
+    };
+    let r = run(&s, &opts, &mut |_, _| {}).unwrap();
+    let dir = std::env::temp_dir().join(format!("lbkit-sim-plots-{}", std::process::id()));
+    let files = plot::write_plots(&r, &dir).unwrap();
+    assert_eq!(files.len(), 3);
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap();
+        let doc =
+            roxmltree::Document::parse(&text).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        assert_eq!(doc.root_element().tag_name().name(), "svg");
+        assert!(
+            doc.descendants()
+                .filter(|n| n.tag_name().name() == "polyline")
+                .count()
+                >= 3,
+            "{}",
+            f.display()
+        );
+        assert!(text.contains("least-active"), "legend names the strategies");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn bad_scenarios_name_the_problem() {
+    for (text, want) in [
+        ("name = \"x\"\n", "missing field `server`"),
+        ("name = \"x\"\n[[server]]\nconcurrency = 0\n", "server \"s\": concurrency must be positive"),
+        ("name = \"x\"\n[[server]]\nservice = { dist = \"gamma\", mean_ms = 1 }\n", "unknown variant `gamma`"),
+        ("name = \"x\"\n[[server]]\n[[event]]\nat_ms = 1\nserver = \"nope\"\naction = \"crash\"\n", "no server named \"nope\""),
+        ("name = \"x\"\n[[server]]\n[[event]]\nat_ms = 1\nserver = \"s\"\naction = \"slow\"\n", "needs a positive factor"),
+        ("name = \"x\"\n[workload]\nrate = -1\n[[server]]\n", "workload.rate must be positive"),
+    ] {
+        let e = Scenario::parse(text, "bad.toml").unwrap_err().to_string();
+        assert!(e.starts_with("bad.toml") && e.contains(want), "{text:?}: {e}");
+    }
+    let s = Scenario::named("crash").unwrap();
+    let e = run(
+        &s,
+        &RunOptions {
+            strategies: vec!["fastest".into()],
+            ..RunOptions::default()
+        },
+        &mut |_, _| {},
+    )
+    .unwrap_err();
+    assert!(
+        e.to_string().contains("unknown strategy \"fastest\""),
+        "{e}"
+    );
+    assert!(Scenario::named("nope")
+        .unwrap_err()
+        .to_string()
+        .contains("built-in: slow-provider"));
+}

@@ -1,0 +1,187 @@
+//! `lbkit sim` and `lbkit demo`: which strategy wins for a service, in numbers and plots.
+
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use clap::{Args, ValueEnum};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use lbkit_sim::{plot, run as simulate, Report, RunOptions, Scenario};
+
+use super::bad;
+
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Built-in scenarios: see `lbkit sim --list`. Scenario files are TOML; \
+the format is documented in crates/lbkit-sim/src/scenario.rs.\n\
+Strategies take parameters as name:param=value, e.g. ketama:balance_factor=1.25."
+)]
+pub(crate) struct SimArgs {
+    /// A scenario file (.toml) or a built-in scenario name [default: slow-provider].
+    #[arg(long, short = 's', value_name = "FILE|NAME")]
+    scenario: Option<String>,
+    /// Strategies to compare, comma-separated [default: the scenario's list, else all].
+    #[arg(long, value_delimiter = ',', value_name = "a,b,...")]
+    strategies: Vec<String>,
+    /// Client requests per strategy [default: the scenario's].
+    #[arg(long, short = 'n', value_name = "N")]
+    requests: Option<u64>,
+    /// Seed [default: the scenario's, 1 for the built-in ones].
+    #[arg(long, value_name = "S")]
+    seed: Option<u64>,
+    /// Folder for the SVG plots [default: lbkit-sim-out/SCENARIO-seedS].
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = SimFormat::Table)]
+    format: SimFormat,
+    /// List the built-in scenarios.
+    #[arg(long, exclusive = true)]
+    list: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum SimFormat {
+    Table,
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct DemoArgs {
+    /// Folder for the SVG plots [default: lbkit-sim-out/demo].
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// Client requests per strategy.
+    #[arg(long, short = 'n', value_name = "N", default_value_t = 60_000)]
+    requests: u64,
+}
+
+/// Most requests per strategy one run takes (keeps a typo from running for hours).
+const MAX_REQUESTS: u64 = 100_000_000;
+
+pub(crate) fn run(args: SimArgs) -> anyhow::Result<()> {
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    if args.list {
+        for (name, description) in Scenario::built_in() {
+            writeln!(out, "{name:14} {description}")?;
+        }
+        return Ok(());
+    }
+    let scenario = load_scenario(args.scenario.as_deref().unwrap_or("slow-provider"))?;
+    if let Some(n) = args.requests {
+        if n == 0 || n > MAX_REQUESTS {
+            return Err(bad(format!("--requests must be within 1..={MAX_REQUESTS}")));
+        }
+    }
+    let options = RunOptions {
+        requests: args.requests,
+        seed: args.seed,
+        strategies: args.strategies,
+        skip_oracle: false,
+    };
+    let show_progress = args.format == SimFormat::Table;
+    let report = run_with_progress(&scenario, &options, show_progress)?;
+    let dir = args.out.unwrap_or_else(|| default_out(&report));
+    let plots = plot::write_plots(&report, &dir)?;
+    match args.format {
+        SimFormat::Json => writeln!(out, "{}", report.to_json())?,
+        SimFormat::Table => {
+            write!(out, "{}", report.to_table())?;
+            writeln!(out, "\n{}", report.conclusion())?;
+            writeln!(out, "\nplots: {}", list_paths(&plots))?;
+        }
+    }
+    if args.format == SimFormat::Json {
+        eprintln!("plots: {}", list_paths(&plots));
+    }
+    Ok(())
+}
+
+pub(crate) fn demo(args: DemoArgs) -> anyhow::Result<()> {
+    if args.requests == 0 || args.requests > MAX_REQUESTS {
+        return Err(bad(format!("--requests must be within 1..={MAX_REQUESTS}")));
+    }
+    let scenario = Scenario::named("slow-provider")?;
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    writeln!(
+        out,
+        "lbkit demo: {} — {} requests per strategy at {:.0}/s, simulated with the production pickers.\n",
+        scenario.description, args.requests, scenario.workload.rate
+    )?;
+    let options = RunOptions {
+        requests: Some(args.requests),
+        ..RunOptions::default()
+    };
+    let report = run_with_progress(&scenario, &options, true)?;
+    let dir = args
+        .out
+        .unwrap_or_else(|| PathBuf::from("lbkit-sim-out").join("demo"));
+    let plots = plot::write_plots(&report, &dir)?;
+    write!(out, "{}", report.to_table())?;
+    writeln!(out, "\n{}", report.conclusion())?;
+    writeln!(out, "\nplots: {}", list_paths(&plots))?;
+    writeln!(out, "next: `lbkit sim --list` for other scenarios, `lbkit pick --help` to try a strategy on your endpoints.")?;
+    Ok(())
+}
+
+fn load_scenario(arg: &str) -> anyhow::Result<Scenario> {
+    let path = Path::new(arg);
+    let as_file = arg.ends_with(".toml") || path.is_file();
+    let scenario = if as_file {
+        Scenario::load(path)
+    } else {
+        Scenario::named(arg)
+    };
+    scenario.map_err(bad)
+}
+
+fn default_out(report: &Report) -> PathBuf {
+    PathBuf::from("lbkit-sim-out").join(format!("{}-seed{}", report.scenario, report.seed))
+}
+
+fn list_paths(paths: &[PathBuf]) -> String {
+    paths
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Run the scenario; a progress bar appears on stderr when the run takes over a second and
+/// stderr is a terminal.
+fn run_with_progress(
+    scenario: &Scenario,
+    options: &RunOptions,
+    wanted: bool,
+) -> anyhow::Result<Report> {
+    let strategies = options.strategies.len().max(1) as u64;
+    let bar = ProgressBar::with_draw_target(Some(1_000 * strategies), ProgressDrawTarget::hidden());
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} simulating {msg:24} [{bar:30}] {percent:>3}%")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let interactive = wanted && std::io::stderr().is_terminal();
+    #[allow(clippy::disallowed_methods)] // wall-clock time for the progress display only
+    let started = Instant::now();
+    let mut shown = false;
+    let mut finished_runs = 0u64;
+    let mut last_label = String::new();
+    let report = simulate(scenario, options, &mut |label, fraction| {
+        if label != last_label {
+            if !last_label.is_empty() {
+                finished_runs += 1;
+            }
+            last_label = label.to_owned();
+            bar.set_message(label.to_owned());
+        }
+        if interactive && !shown && started.elapsed() > Duration::from_secs(1) {
+            bar.set_draw_target(ProgressDrawTarget::stderr());
+            shown = true;
+        }
+        bar.set_position(finished_runs * 1_000 + (fraction * 1_000.0) as u64);
+    });
+    bar.finish_and_clear();
+    report.map_err(bad)
+}
