@@ -75,7 +75,8 @@ impl<P: Picker + ?Sized> Picker for Box<P> {
 pub struct PickContext<'a> {
     /// The time of this call, read once by the caller.
     pub now: Timestamp,
-    /// Hash of the request key, if any (a 64-bit hash the caller chose).
+    /// A precomputed 64-bit hash of the request (e.g. from a header the caller already hashed).
+    /// Strategies that need a `u64` use it, else [`key_hash`] of `key`.
     pub hash: Option<u64>,
     /// The request key itself, for strategies that must hash it their own way (Dubbo's MD5
     /// ring, nginx's CRC32 ring).
@@ -109,16 +110,16 @@ impl<'a> PickContext<'a> {
         }
     }
 
-    /// Set the consistent-hash key.
+    /// Set a precomputed 64-bit hash of the request.
     pub fn with_hash(mut self, hash: u64) -> Self {
         self.hash = Some(hash);
         self
     }
 
-    /// Set the request key (and its 64-bit hash, [`key_hash`]).
+    /// Set the request key. Strategies hash it their own way (Dubbo's MD5, nginx's CRC32) or with
+    /// [`key_hash`]; no hash is computed here, so keyed picks pay only for the hash they use.
     pub fn with_key(mut self, key: &'a [u8]) -> Self {
         self.key = Some(key);
-        self.hash = Some(key_hash(key));
         self
     }
 
