@@ -106,8 +106,10 @@ impl Engine<'_> {
             Err(_) => return self.end_request(id, End::Error),
         };
         let server = self.server_of(guard.endpoint());
-        if let Some(req) = self.requests.get_mut(id) {
-            req.tried.insert(guard.endpoint());
+        if self.scenario.workload.retries > 0 {
+            if let Some(req) = self.requests.get_mut(id) {
+                req.tried.insert(guard.endpoint());
+            }
         }
         let attempt = self.attempts.insert(Attempt {
             request: id,

@@ -1,7 +1,7 @@
 //! The event loop: arrivals, picks through real [`Balancer`]s, server queues, responses,
 //! timeouts and failover, membership changes, refresh and outlier ticks — in virtual time.
 
-use std::cmp::Reverse;
+use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 use std::sync::Arc;
 
@@ -45,6 +45,26 @@ enum Ev {
     Sample,
 }
 
+/// A scheduled event, ordered by time then by scheduling order (earliest first in the heap).
+#[derive(Debug, PartialEq, Eq)]
+struct Entry {
+    /// `time << 64 | seq`: one comparison orders by time, ties by scheduling order.
+    key: u128,
+    ev: Ev,
+}
+
+impl Ord for Entry {
+    fn cmp(&self, other: &Self) -> Ordering {
+        other.key.cmp(&self.key) // reversed: BinaryHeap is a max-heap
+    }
+}
+
+impl PartialOrd for Entry {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
 struct Request {
     client: u32,
     start: u64,
@@ -82,7 +102,7 @@ pub(crate) struct Engine<'a> {
     scenario: &'a Scenario,
     now: u64,
     seq: u64,
-    events: BinaryHeap<Reverse<(u64, u64, Ev)>>,
+    events: BinaryHeap<Entry>,
     rng: FastRng,
     servers: Vec<Server>,
     /// Server index by endpoint key hash, sorted by hash (binary search per attempt).
@@ -93,6 +113,7 @@ pub(crate) struct Engine<'a> {
     attempts: Slab<Attempt>,
     keys: Vec<String>,
     zipf: Option<Zipf>,
+    next_arrival: Option<u64>,
     issued: u64,
     done: u64,
     total: u64,
@@ -194,6 +215,7 @@ impl<'a> Engine<'a> {
             attempts: Slab::default(),
             keys,
             zipf,
+            next_arrival: None,
             issued: 0,
             done: 0,
             total: requests,
@@ -235,8 +257,16 @@ impl<'a> Engine<'a> {
     }
 
     fn at(&mut self, t: u64, ev: Ev) {
+        if ev == Ev::Arrival {
+            // Open-loop arrivals come one at a time: kept beside the heap, merged in `next`.
+            self.next_arrival = Some(self.next_arrival.map_or(t, |a| a.min(t)));
+            return;
+        }
         self.seq += 1;
-        self.events.push(Reverse((t, self.seq, ev)));
+        self.events.push(Entry {
+            key: u128::from(t) << 64 | u128::from(self.seq),
+            ev,
+        });
     }
 
     /// Run to the end; `progress` hears the number of requests finished now and then.
@@ -244,7 +274,7 @@ impl<'a> Engine<'a> {
         self.start();
         let step = (self.total / 100).max(1);
         let mut reported = 0;
-        while let Some(Reverse((t, _, ev))) = self.events.pop() {
+        while let Some((t, ev)) = self.next() {
             self.now = t;
             self.handle(ev);
             let done = self.finished();
@@ -259,6 +289,19 @@ impl<'a> Engine<'a> {
         let names = self.scenario.server_names();
         let peak = self.requests.capacity();
         self.metrics.finish(label, &names, peak)
+    }
+
+    /// The next event: the earlier of the pending arrival and the heap's top (arrivals first on
+    /// a tie, as they were scheduled before anything they cause).
+    fn next(&mut self) -> Option<(u64, Ev)> {
+        let heap_t = self.events.peek().map(|e| (e.key >> 64) as u64);
+        match (self.next_arrival, heap_t) {
+            (Some(a), h) if h.is_none_or(|h| a <= h) => {
+                self.next_arrival = None;
+                Some((a, Ev::Arrival))
+            }
+            _ => self.events.pop().map(|e| ((e.key >> 64) as u64, e.ev)),
+        }
     }
 
     fn finished(&self) -> u64 {
