@@ -29,6 +29,17 @@
 //! | `availability.breaker_max_ms` | `30000` | longest blackout |
 //! | `availability.max_in_flight` | unlimited | pass over endpoints with this many calls in flight |
 //!
+//! Snapshot-wide policies, per service (inherited from `[defaults]`, not per method):
+//!
+//! | field | default | meaning |
+//! |---|---|---|
+//! | `policy.panic_threshold_percent` | `50` | Envoy's panic threshold (0 = off) |
+//! | `policy.slow_start_ms` | off | Envoy slow start window for new and readmitted endpoints |
+//! | `policy.slow_start_aggression` | `1.0` | slow-start curve (1.0 linear) |
+//! | `policy.slow_start_min_percent` | `10` | slow-start floor, percent of the weight |
+//! | `policy.outlier_detection` | `true` | Envoy's outlier detection with its default rules |
+//! | `policy.zone` | none | the caller's zone: prefer endpoints there (zone-aware wrapper) |
+//!
 //! Unknown fields, unknown strategy names and unknown or invalid parameters are errors that
 //! name the field, checked when the file is loaded.
 
@@ -37,8 +48,11 @@ use std::fmt;
 use std::path::Path;
 use std::time::Duration;
 
-use lbkit_core::{Availability, BoxStrategy, CircuitBreaker};
+use lbkit_core::{
+    Availability, BoxStrategy, CircuitBreaker, SlowStart, SnapshotPolicy, DEFAULT_PANIC_THRESHOLD,
+};
 use lbkit_strategy::catalog::{self, Params};
+use lbkit_strategy::ZoneAware;
 use serde::Deserialize;
 
 /// The strategy used when nothing is configured (Dubbo's default `random`, which is weighted).
@@ -72,7 +86,7 @@ impl std::error::Error for ConfigError {}
 #[serde(deny_unknown_fields)]
 pub struct Config {
     #[serde(default)]
-    defaults: Entry,
+    defaults: ServiceEntry,
     #[serde(default)]
     service: BTreeMap<String, ServiceEntry>,
 }
@@ -86,7 +100,83 @@ struct ServiceEntry {
     #[serde(default)]
     availability: AvailabilityEntry,
     #[serde(default)]
+    policy: PolicyEntry,
+    #[serde(default)]
     method: BTreeMap<String, Entry>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PolicyEntry {
+    panic_threshold_percent: Option<f64>,
+    slow_start_ms: Option<u64>,
+    slow_start_aggression: Option<f64>,
+    slow_start_min_percent: Option<f64>,
+    outlier_detection: Option<bool>,
+    zone: Option<String>,
+}
+
+impl PolicyEntry {
+    /// `self` where set, else `parent`.
+    fn or(&self, parent: &PolicyEntry) -> PolicyEntry {
+        PolicyEntry {
+            panic_threshold_percent: self
+                .panic_threshold_percent
+                .or(parent.panic_threshold_percent),
+            slow_start_ms: self.slow_start_ms.or(parent.slow_start_ms),
+            slow_start_aggression: self.slow_start_aggression.or(parent.slow_start_aggression),
+            slow_start_min_percent: self
+                .slow_start_min_percent
+                .or(parent.slow_start_min_percent),
+            outlier_detection: self.outlier_detection.or(parent.outlier_detection),
+            zone: self.zone.clone().or_else(|| parent.zone.clone()),
+        }
+    }
+
+    fn check(&self) -> Result<(), (&'static str, String)> {
+        if let Some(p) = self.panic_threshold_percent {
+            if !(0.0..=100.0).contains(&p) {
+                return Err((
+                    "panic_threshold_percent",
+                    format!("{p} is not a percentage (0-100)"),
+                ));
+            }
+        }
+        if self.slow_start_ms == Some(0) {
+            return Err(("slow_start_ms", "must be positive".into()));
+        }
+        if let Some(a) = self.slow_start_aggression {
+            if !(a.is_finite() && a > 0.0) {
+                return Err((
+                    "slow_start_aggression",
+                    format!("{a} must be a positive number"),
+                ));
+            }
+        }
+        if let Some(m) = self.slow_start_min_percent {
+            if !(0.0..=100.0).contains(&m) {
+                return Err((
+                    "slow_start_min_percent",
+                    format!("{m} is not a percentage (0-100)"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn policy(&self) -> SnapshotPolicy {
+        SnapshotPolicy {
+            panic_threshold: self
+                .panic_threshold_percent
+                .unwrap_or(DEFAULT_PANIC_THRESHOLD * 100.0)
+                / 100.0,
+            slow_start: self.slow_start_ms.map(|ms| SlowStart {
+                window: Duration::from_millis(ms),
+                aggression: self.slow_start_aggression.unwrap_or(1.0),
+                min_weight_percent: self.slow_start_min_percent.unwrap_or(10.0),
+            }),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -136,7 +226,7 @@ impl AvailabilityEntry {
 }
 
 /// What a service (or method) resolves to: a strategy name, its parameters, the filter.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Resolved {
     /// Strategy name.
     pub strategy: String,
@@ -146,6 +236,12 @@ pub struct Resolved {
     pub availability: Availability,
     /// The TOML path the strategy name came from (for error messages).
     pub field: String,
+    /// Panic threshold and slow start for the service's snapshots.
+    pub policy: SnapshotPolicy,
+    /// Whether Envoy's outlier detection runs (default rules).
+    pub outlier_detection: bool,
+    /// The caller's zone, when zone preference is on.
+    pub zone: Option<String>,
 }
 
 // === impl Resolved ===
@@ -155,8 +251,13 @@ impl Resolved {
     ///
     /// # Errors
     /// An unknown strategy or parameter (never after [`Config::from_toml`] validated it).
+    /// With a `zone`, the strategy is wrapped in zone preference ([`ZoneAware`]).
     pub fn build(&self) -> Result<BoxStrategy, catalog::ParamError> {
-        catalog::build(&self.strategy, self.params.clone())
+        let strategy = catalog::build(&self.strategy, self.params.clone())?;
+        Ok(match &self.zone {
+            Some(zone) => BoxStrategy::new(ZoneAware::new(strategy, zone.as_str())),
+            None => strategy,
+        })
     }
 }
 
@@ -222,10 +323,17 @@ impl Config {
             params: params(&defaults.params),
             availability: defaults.availability.build(),
             field: "defaults.strategy".to_owned(),
+            policy: defaults.policy.policy(),
+            outlier_detection: defaults.policy.outlier_detection.unwrap_or(true),
+            zone: defaults.policy.zone.clone(),
         };
         let Some(svc) = self.service.get(service) else {
             return r;
         };
+        let policy = svc.policy.or(&defaults.policy);
+        r.policy = policy.policy();
+        r.outlier_detection = policy.outlier_detection.unwrap_or(true);
+        r.zone = policy.zone;
         let svc_field = format!("service.{}", quote(service));
         let mut avail = svc.availability.or(defaults.availability);
         let strategy_params = if let Some(name) = &svc.strategy {
@@ -253,6 +361,25 @@ impl Config {
     }
 
     fn validate(&self, origin: &str) -> Result<(), ConfigError> {
+        if !self.defaults.method.is_empty() {
+            return Err(ConfigError {
+                origin: origin.to_owned(),
+                field: "defaults.method".to_owned(),
+                reason: "methods belong to a service, not to [defaults]".to_owned(),
+            });
+        }
+        let policies = std::iter::once(("defaults".to_owned(), &self.defaults.policy)).chain(
+            self.service
+                .iter()
+                .map(|(n, s)| (format!("service.{}", quote(n)), &s.policy)),
+        );
+        for (at, policy) in policies {
+            policy.check().map_err(|(field, reason)| ConfigError {
+                origin: origin.to_owned(),
+                field: format!("{at}.policy.{field}"),
+                reason,
+            })?;
+        }
         let mut targets: Vec<(String, Option<String>)> = vec![(String::new(), None)];
         for (name, svc) in &self.service {
             targets.push((name.clone(), None));
@@ -359,7 +486,35 @@ strategy = "weighted-response-time"
     }
 
     #[test]
+    fn policies_inherit_from_defaults() {
+        let c = Config::from_toml(
+            "[defaults.policy]\npanic_threshold_percent = 30\nzone = \"eu-1\"\n\
+             [service.a.policy]\nslow_start_ms = 60000\noutlier_detection = false\n\
+             [service.b]\nstrategy = \"round-robin\"\n",
+            "lbkit.toml",
+        )
+        .unwrap();
+        let a = c.resolve("a", None);
+        assert_eq!(a.policy.panic_threshold, 0.3);
+        assert_eq!(a.policy.slow_start.unwrap().window, Duration::from_secs(60));
+        assert!(!a.outlier_detection);
+        assert_eq!(a.zone.as_deref(), Some("eu-1"));
+        let b = c.resolve("b", None);
+        assert!(b.outlier_detection && b.policy.slow_start.is_none());
+        assert_eq!(
+            Config::default().resolve("x", None).policy,
+            SnapshotPolicy::envoy()
+        );
+    }
+
+    #[test]
     fn errors_name_the_field() {
+        assert_eq!(
+            err("[service.a.policy]\npanic_threshold_percent = 150\n"),
+            "lbkit.toml: service.a.policy.panic_threshold_percent: 150 is not a percentage (0-100)"
+        );
+        assert!(err("[defaults.method.m]\nstrategy = \"random\"\n")
+            .contains("defaults.method: methods belong to a service"));
         assert_eq!(
             err("[service.greeter]\nstrategy = \"fastest\"\n")
                 .split(" (known")

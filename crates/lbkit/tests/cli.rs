@@ -758,3 +758,36 @@ fn sim_bad_input_exits_2() {
         assert!(!stderr.contains("panicked"), "{args:?}");
     }
 }
+
+#[test]
+fn service_config_policies_apply_to_pick() {
+    let cfg = TempFile::new(
+        "policy.toml",
+        "[service.greeter]\nstrategy = \"round-robin\"\n[service.greeter.policy]\nzone = \"eu-2\"\npanic_threshold_percent = 0\n",
+    );
+    let eps = TempFile::new(
+        "policy-eps.toml",
+        "[[endpoint]]\naddress = \"a:1\"\nzone = \"eu-1\"\n[[endpoint]]\naddress = \"b:1\"\nzone = \"eu-2\"\n[[endpoint]]\naddress = \"c:1\"\nzone = \"eu-2\"\n",
+    );
+    let base = [
+        "pick",
+        "--config",
+        cfg.path(),
+        "--service",
+        "greeter",
+        "-f",
+        eps.path(),
+        "-n",
+        "2",
+    ];
+    assert_eq!(lines(&base), ["b:1", "c:1"], "zone eu-2 from the config");
+    let mut flag = base.to_vec();
+    flag.extend(["--zone", "eu-1"]);
+    assert_eq!(
+        lines(&flag),
+        ["a:1", "a:1"],
+        "the flag wins over the config"
+    );
+    let out = ok(&[&base[..], &["--explain"]].concat());
+    assert!(!out.contains("PANIC"), "{out}");
+}

@@ -77,9 +77,10 @@ pub(crate) struct PickArgs {
     /// The caller's zone: prefer endpoints there, spill when it is degraded or overloaded.
     #[arg(long, value_name = "ZONE")]
     zone: Option<String>,
-    /// Envoy's panic threshold, percent: below this share of healthy endpoints, balance over all.
-    #[arg(long, value_name = "PCT", default_value_t = 50.0)]
-    panic_threshold: f64,
+    /// Envoy's panic threshold, percent: below this share of healthy endpoints, balance over all
+    /// [default: the config's, else 50].
+    #[arg(long, value_name = "PCT")]
+    panic_threshold: Option<f64>,
     /// Envoy slow start: ramp the weight of endpoints added within this window, ms.
     #[arg(long, value_name = "MS")]
     slow_start_ms: Option<u64>,
@@ -126,19 +127,20 @@ pub(crate) fn run(args: PickArgs) -> anyhow::Result<()> {
     let clock_now = args
         .now_ms
         .map_or_else(|| Clock::System.now(), Timestamp::from_millis);
-    let (strategy, mut availability) = strategy(&args)?;
+    let mut setup = setup(&args)?;
     if let Some(n) = args.max_in_flight {
-        availability.max_in_flight = Some(n);
+        setup.availability.max_in_flight = Some(n);
     }
     if args.no_breaker {
-        availability.circuit_breaker = None;
+        setup.availability.circuit_breaker = None;
     }
     let endpoints = endpoints(&args, clock_now)?;
-    let policy = policy(&args)?;
-    let strategy = match &args.zone {
-        Some(zone) => BoxStrategy::new(ZoneAware::new(strategy, zone.as_str())),
-        None => strategy,
+    let policy = policy(&args, setup.policy)?;
+    let strategy = match args.zone.as_ref().or(setup.zone.as_ref()) {
+        Some(zone) => BoxStrategy::new(ZoneAware::new(setup.strategy, zone.as_str())),
+        None => setup.strategy,
     };
+    let availability = setup.availability;
     let count = match args.count {
         Some(0) => return Err(bad("--count must be at least 1")),
         Some(n) if n > MAX_COUNT => {
@@ -148,7 +150,8 @@ pub(crate) fn run(args: PickArgs) -> anyhow::Result<()> {
         None if !args.keys.is_empty() => args.keys.len() as u64,
         None => 1,
     };
-    let detector = (!args.no_outlier).then(|| OutlierDetector::new(OutlierConfig::default()));
+    let detector = (setup.outlier_detection && !args.no_outlier)
+        .then(|| OutlierDetector::new(OutlierConfig::default()));
     let run = Run::new(
         strategy,
         availability,
@@ -190,13 +193,27 @@ fn list(out: &mut impl Write) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn strategy(args: &PickArgs) -> anyhow::Result<(BoxStrategy, Availability)> {
+/// What the strategy flags or the service config ask for.
+struct Setup {
+    strategy: BoxStrategy,
+    availability: Availability,
+    policy: SnapshotPolicy,
+    outlier_detection: bool,
+    zone: Option<String>,
+}
+
+fn setup(args: &PickArgs) -> anyhow::Result<Setup> {
     if let Some(path) = &args.config {
         let config = Config::load(path).map_err(bad)?;
         let service = args.service.as_deref().unwrap_or_default();
-        let resolved = config.resolve(service, args.method.as_deref());
-        let strategy = resolved.build().map_err(bad)?;
-        return Ok((strategy, resolved.availability));
+        let r = config.resolve(service, args.method.as_deref());
+        return Ok(Setup {
+            strategy: catalog::build(&r.strategy, r.params.clone()).map_err(bad)?,
+            availability: r.availability,
+            policy: r.policy,
+            outlier_detection: r.outlier_detection,
+            zone: r.zone,
+        });
     }
     let name = args.strategy.as_deref().unwrap_or_default();
     let mut params = Params::new();
@@ -204,21 +221,28 @@ fn strategy(args: &PickArgs) -> anyhow::Result<(BoxStrategy, Availability)> {
         let (k, v) = Params::parse_pair(p).map_err(bad)?;
         params.insert(k, v);
     }
-    Ok((
-        catalog::build(name, params).map_err(bad)?,
-        Availability::default(),
-    ))
+    Ok(Setup {
+        strategy: catalog::build(name, params).map_err(bad)?,
+        availability: Availability::default(),
+        policy: SnapshotPolicy::envoy(),
+        outlier_detection: true,
+        zone: None,
+    })
 }
 
-fn policy(args: &PickArgs) -> anyhow::Result<SnapshotPolicy> {
-    if !(0.0..=100.0).contains(&args.panic_threshold) {
-        return Err(bad(format!(
-            "--panic-threshold {} is not a percentage (0-100)",
-            args.panic_threshold
-        )));
-    }
+/// The snapshot policy: the flags where given, else `base` (the config's or Envoy's defaults).
+fn policy(args: &PickArgs, base: SnapshotPolicy) -> anyhow::Result<SnapshotPolicy> {
+    let panic_threshold = match args.panic_threshold {
+        None => base.panic_threshold,
+        Some(p) if (0.0..=100.0).contains(&p) => p / 100.0,
+        Some(p) => {
+            return Err(bad(format!(
+                "--panic-threshold {p} is not a percentage (0-100)"
+            )))
+        }
+    };
     let slow_start = match args.slow_start_ms {
-        None => None,
+        None => base.slow_start,
         Some(0) => return Err(bad("--slow-start-ms must be positive")),
         Some(ms) => {
             if !(args.slow_start_aggression.is_finite() && args.slow_start_aggression > 0.0) {
@@ -235,7 +259,7 @@ fn policy(args: &PickArgs) -> anyhow::Result<SnapshotPolicy> {
         }
     };
     Ok(SnapshotPolicy {
-        panic_threshold: args.panic_threshold / 100.0,
+        panic_threshold,
         slow_start,
     })
 }
