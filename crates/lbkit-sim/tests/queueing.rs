@@ -202,3 +202,119 @@ fn bad_scenarios_name_the_problem() {
         .to_string()
         .contains("built-in: slow-provider"));
 }
+
+fn one(text: &str, strategy: &str, requests: u64) -> lbkit_sim::StrategyResult {
+    let s = Scenario::parse(text, "inline").unwrap();
+    let opts = RunOptions {
+        requests: Some(requests),
+        strategies: vec![strategy.into()],
+        skip_oracle: true,
+        ..RunOptions::default()
+    };
+    run(&s, &opts, &mut |_, _| {}).unwrap().results.remove(0)
+}
+
+#[test]
+fn closed_loop_with_constant_service_is_exact() {
+    // One client, no think time, 10 ms service: one request every 10 ms, each taking 10 ms.
+    let r = one(
+        "name = \"c\"\n[workload]\nkind = \"closed\"\nclients = 1\n[[server]]\nservice = { dist = \"constant\", mean_ms = 10.0 }\n",
+        "round-robin",
+        1_000,
+    );
+    // The HDR histogram keeps 3 significant digits.
+    assert!(
+        (r.mean_ms - 10.0).abs() < 0.02 && (r.p99_ms - 10.0).abs() < 0.02,
+        "{} {}",
+        r.mean_ms,
+        r.p99_ms
+    );
+    assert!((r.throughput - 100.0).abs() < 0.5, "{}", r.throughput);
+    // With think time the clients wait between calls: 10 ms service + 40 ms think = 20/s each.
+    let t = one(
+        "name = \"c\"\n[workload]\nkind = \"closed\"\nclients = 4\nthink_ms = 40.0\n[[server]]\nconcurrency = 8\nservice = { dist = \"constant\", mean_ms = 10.0 }\n",
+        "round-robin",
+        20_000,
+    );
+    assert!((t.throughput / 80.0 - 1.0).abs() < 0.03, "{}", t.throughput);
+}
+
+#[test]
+fn bursty_arrivals_keep_the_mean_rate_and_hurt_the_tail() {
+    let base = "[[server]]\ncount = 4\nconcurrency = 2\nservice = { dist = \"exponential\", mean_ms = 10.0 }\n";
+    let poisson = one(
+        &format!("name = \"p\"\n[workload]\nrate = 400.0\n{base}"),
+        "round-robin",
+        40_000,
+    );
+    let bursty = one(
+        &format!("name = \"b\"\n[workload]\nrate = 400.0\npattern = \"bursty\"\nburst_on_ms = 500.0\nburst_off_ms = 500.0\n{base}"),
+        "round-robin",
+        40_000,
+    );
+    let rate = |r: &lbkit_sim::StrategyResult| r.requests as f64 / r.duration_s;
+    assert!(
+        (rate(&bursty) / 400.0 - 1.0).abs() < 0.1,
+        "{}",
+        rate(&bursty)
+    );
+    assert!(
+        bursty.p99_ms > 2.0 * poisson.p99_ms,
+        "{} vs {}",
+        bursty.p99_ms,
+        poisson.p99_ms
+    );
+}
+
+#[test]
+fn errors_stalls_and_retries() {
+    let errors = one(
+        "name = \"e\"\n[workload]\nrate = 100.0\n[[server]]\nerror_rate = 0.3\n",
+        "round-robin",
+        20_000,
+    );
+    assert!(
+        (errors.error_rate - 0.3).abs() < 0.02,
+        "{}",
+        errors.error_rate
+    );
+    // One retry on another server that never fails: almost nothing fails.
+    let retried = one(
+        "name = \"e\"\n[workload]\nrate = 100.0\nretries = 1\n[[server]]\nerror_rate = 0.3\n[[server]]\nname = \"ok\"\n",
+        "round-robin",
+        20_000,
+    );
+    assert!(
+        retried.error_rate < 0.01 && retried.attempts_per_request > 1.1,
+        "{} {}",
+        retried.error_rate,
+        retried.attempts_per_request
+    );
+    // Pauses of 100 ms every second stretch the tail well past the 10 ms service time.
+    let stalls = one(
+        "name = \"s\"\n[workload]\nrate = 100.0\n[[server]]\nstall_every_ms = 1000.0\nstall_ms = 100.0\n",
+        "round-robin",
+        20_000,
+    );
+    assert!(stalls.p99_ms > 60.0, "{}", stalls.p99_ms);
+}
+
+#[test]
+fn a_crash_fails_calls_until_recovery_and_failover_hides_it() {
+    let text = |retries: u32| {
+        format!(
+            "name = \"x\"\n[workload]\nrate = 200.0\nretries = {retries}\n[[server]]\ncount = 2\n\
+             [[event]]\nat_ms = 10000.0\nserver = \"s1\"\naction = \"crash\"\n\
+             [[event]]\nat_ms = 20000.0\nserver = \"s1\"\naction = \"recover\"\n"
+        )
+    };
+    let plain = one(&text(0), "round-robin", 8_000);
+    // Half the calls during 10 of the 40 s fail: about 12.5 %.
+    assert!(
+        (plain.error_rate - 0.125).abs() < 0.02,
+        "{}",
+        plain.error_rate
+    );
+    let failover = one(&text(1), "round-robin", 8_000);
+    assert!(failover.error_rate < 0.001, "{}", failover.error_rate);
+}
