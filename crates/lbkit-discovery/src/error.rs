@@ -58,3 +58,57 @@ pub struct UrlError {
     /// What is wrong.
     pub reason: String,
 }
+
+/// Why a discovery source could not deliver an update. The controller keeps the last good
+/// snapshot published whenever a source reports one of these.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DiscoveryError {
+    /// An endpoints file that cannot be read or parsed (names the file and line).
+    #[error(transparent)]
+    File(#[from] SourceError),
+    /// A file or directory that cannot be watched for changes.
+    #[error("cannot watch {}: {reason}", path.display())]
+    Watch {
+        /// The watched path.
+        path: std::path::PathBuf,
+        /// What the file watcher reported.
+        reason: String,
+    },
+    /// A configuration value that cannot be used.
+    #[error("invalid {field}: {reason}")]
+    Config {
+        /// The option or field.
+        field: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The registry cache file cannot be read or written.
+    #[error("registry cache {}: {reason}", path.display())]
+    Cache {
+        /// The cache file.
+        path: std::path::PathBuf,
+        /// What went wrong.
+        reason: String,
+    },
+    /// No ZooKeeper session could be established in time.
+    #[cfg(feature = "zookeeper")]
+    #[error("zookeeper {servers} unreachable")]
+    Unreachable {
+        /// The connection string.
+        servers: String,
+        /// The client's error (`Timeout` when our own bound ran out).
+        #[source]
+        source: zookeeper_client::Error,
+    },
+    /// A ZooKeeper operation on `path` failed.
+    #[cfg(feature = "zookeeper")]
+    #[error("zookeeper {path}")]
+    Registry {
+        /// The znode path.
+        path: String,
+        /// The client's error.
+        #[source]
+        source: zookeeper_client::Error,
+    },
+}

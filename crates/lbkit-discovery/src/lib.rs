@@ -1,9 +1,15 @@
 //! # lbkit-discovery
 //!
-//! Where endpoints come from. For now: static lists ([`parse_static_list`]), endpoint files
-//! ([`file`]: TOML, JSON, Dubbo provider URLs) and Dubbo's provider URL format ([`dubbo`]). Every
-//! source produces [`EndpointSpec`](lbkit_core::EndpointSpec)s for a
-//! [`SnapshotBuilder`](lbkit_core::SnapshotBuilder).
+//! Where endpoints come from, and how they reach a [`Balancer`](lbkit_core::Balancer).
+//!
+//! * Formats (always available): static lists ([`parse_static_list`]), endpoint files
+//!   ([`mod@file`]: TOML, JSON, Dubbo provider URLs) and Dubbo's provider URL ([`dubbo`]).
+//! * Sources (feature `runtime`): every source is a stream of
+//!   [`Update`](lbkit_core::Update)s (`source`): a static list, a watched file
+//!   (`file::FileSource`), ZooKeeper (`zookeeper`, feature `zookeeper`).
+//! * The `Controller` (feature `runtime`) consumes a source, rebuilds one snapshot per batch
+//!   of updates (endpoints that stay keep their statistics), holds back empty pushes, keeps the
+//!   last good snapshot when the source fails, and publishes.
 //!
 //! ```
 //! use lbkit_core::Timestamp;
@@ -11,6 +17,11 @@
 //! let eps = parse("dubbo://10.0.0.1:20880/com.acme.Greeter?weight=200", Format::DubboUrls, "inline", Timestamp::ZERO).unwrap();
 //! assert_eq!(eps[0].spec.weight, 200);
 //! ```
+//!
+//! ## Features
+//! * `runtime`: tokio, the `source` stream types, `Controller`, `file::FileSource`
+//!   (`notify`), logging with `tracing`.
+//! * `zookeeper` (implies `runtime`): `zookeeper`, on `zookeeper-client`.
 #![forbid(unsafe_code)]
 #![warn(
     missing_docs,
@@ -22,11 +33,19 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 mod address;
+#[cfg(feature = "runtime")]
+mod controller;
 pub mod dubbo;
 mod error;
 pub mod file;
+#[cfg(feature = "runtime")]
+pub mod source;
 mod static_list;
+#[cfg(feature = "zookeeper")]
+pub mod zookeeper;
 
 pub use address::check_address;
-pub use error::{SourceError, UrlError};
+#[cfg(feature = "runtime")]
+pub use controller::{publisher, Controller, ControllerConfig, ControllerMetrics};
+pub use error::{DiscoveryError, SourceError, UrlError};
 pub use static_list::parse_static_list;

@@ -30,6 +30,9 @@
 //! | `load_since_ms` | integer | an hour before now | since when load reports have flowed, epoch ms |
 //!
 //! The observed statistics let load-aware strategies be tried offline.
+//!
+//! With feature `runtime`, `FileSource` watches such a file and reloads it when it changes (a
+//! broken file keeps the previous set and is reported).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -41,6 +44,11 @@ use serde::Deserialize;
 use crate::address::check_address;
 use crate::dubbo::ProviderUrl;
 use crate::error::SourceError;
+
+#[cfg(feature = "runtime")]
+mod watch;
+#[cfg(feature = "runtime")]
+pub use watch::{FileSource, FileStatus, DEFAULT_DEBOUNCE};
 
 /// One endpoint read from a file, with the statistics observed for it.
 #[derive(Debug, Clone, PartialEq)]

@@ -2,7 +2,9 @@
 
 mod explain;
 mod pick;
+mod register;
 mod sim;
+mod watch;
 
 use std::fmt;
 
@@ -25,6 +27,10 @@ enum Command {
     Sim(sim::SimArgs),
     /// The slow-provider scenario over every strategy, with a conclusion: start here.
     Demo(sim::DemoArgs),
+    /// Show a service's providers in ZooKeeper (Dubbo or plain layout), then every change.
+    Watch(watch::WatchArgs),
+    /// Register a provider in ZooKeeper (ephemeral) until interrupted.
+    Register(register::RegisterArgs),
 }
 
 /// Run the parsed command line.
@@ -33,6 +39,8 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Pick(args) => pick::run(args),
         Command::Sim(args) => sim::run(args),
         Command::Demo(args) => sim::demo(args),
+        Command::Watch(args) => watch::run(args),
+        Command::Register(args) => register::run(args),
     }
 }
 

@@ -1,0 +1,174 @@
+//! The registry cache (Dubbo's `dubbo-registry-*.cache`): the last known provider set of one
+//! service, saved so a consumer that starts while the registry is down still has endpoints.
+//!
+//! **Format**: a JSON endpoints file (an array of `{address, weight, zone, registered_at_ms,
+//! warmup_ms, healthy, metadata}` objects — see [`file`](crate::file)), so
+//! `lbkit pick --endpoints-file CACHE.json` reads it too. **One file per service**: the path
+//! is the consumer's option ([`ZkSource::with_cache`](super::ZkSource::with_cache),
+//! `lbkit watch --cache FILE`). **Atomic**: written to a temporary file in the same directory,
+//! flushed, then renamed over the old one, so a crash never leaves half a file.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use lbkit_core::{EndpointSpec, Metadata, Timestamp};
+use serde::Serialize;
+use tokio::sync::watch;
+
+use super::ZkStatus;
+use crate::error::DiscoveryError;
+use crate::file::{parse, Format};
+
+#[derive(Serialize)]
+struct Entry<'a> {
+    address: &'a str,
+    weight: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    zone: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    registered_at_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    warmup_ms: Option<u64>,
+    #[serde(skip_serializing_if = "is_true")]
+    healthy: bool,
+    #[serde(skip_serializing_if = "Metadata::is_empty")]
+    metadata: &'a Metadata,
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
+}
+
+fn cache_err(path: &Path, reason: impl Into<String>) -> DiscoveryError {
+    DiscoveryError::Cache {
+        path: path.to_path_buf(),
+        reason: reason.into(),
+    }
+}
+
+/// Save `specs` to `path` atomically (temporary file + rename). Save non-empty sets only:
+/// endpoints files (and so [`read_cache`]) reject an empty list.
+///
+/// # Errors
+/// [`DiscoveryError::Cache`] when the file cannot be written.
+pub fn write_cache(path: &Path, specs: &[EndpointSpec]) -> Result<(), DiscoveryError> {
+    let entries: Vec<Entry<'_>> = specs
+        .iter()
+        .map(|s| Entry {
+            address: &s.address,
+            weight: s.weight,
+            zone: s.zone.as_deref(),
+            registered_at_ms: s.registered_at.map(Timestamp::as_millis),
+            warmup_ms: s
+                .warmup
+                .map(|w| u64::try_from(w.as_millis()).unwrap_or(u64::MAX)),
+            healthy: s.healthy,
+            metadata: &s.metadata,
+        })
+        .collect();
+    let json = serde_json::to_vec_pretty(&entries).map_err(|e| cache_err(path, e.to_string()))?;
+    let tmp = temp_path(path);
+    let write = || -> std::io::Result<()> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)?;
+        }
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(&json)?;
+        f.write_all(b"\n")?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    };
+    write().map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        cache_err(path, format!("cannot write: {e}"))
+    })
+}
+
+/// Read a cache file. `Ok(None)` when there is none.
+///
+/// # Errors
+/// [`DiscoveryError::Cache`] when it exists but cannot be read or parsed.
+pub fn read_cache(path: &Path) -> Result<Option<Vec<EndpointSpec>>, DiscoveryError> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(cache_err(path, format!("cannot read: {e}"))),
+    };
+    let origin = path.display().to_string();
+    let entries = parse(&text, Format::Json, &origin, Timestamp::ZERO)
+        .map_err(|e| cache_err(path, e.to_string()))?;
+    Ok(Some(entries.into_iter().map(|e| e.spec).collect()))
+}
+
+/// A task that writes the latest set sent into it to `path` (bursts coalesce: only the
+/// latest set is written). It ends when the sender is dropped.
+pub(super) fn spawn_writer(
+    path: PathBuf,
+    status: Arc<watch::Sender<ZkStatus>>,
+) -> watch::Sender<Arc<Vec<EndpointSpec>>> {
+    let (tx, mut rx) = watch::channel(Arc::new(Vec::new()));
+    tokio::spawn(async move {
+        // Coalesces bursts: only the latest set is written. Ends with the consumer task.
+        while rx.changed().await.is_ok() {
+            let specs = rx.borrow_and_update().clone();
+            let n = specs.len();
+            let p = path.clone();
+            let written = tokio::task::spawn_blocking(move || write_cache(&p, &specs)).await;
+            match written {
+                Ok(Ok(())) => status.send_modify(|s| {
+                    s.cache_writes += 1;
+                    s.cached = n;
+                }),
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "registry cache not written");
+                    status.send_modify(|s| s.last_error = Some(e.to_string()));
+                }
+                Err(e) => tracing::warn!(error = %e, "registry cache writer failed"),
+            }
+        }
+    });
+    tx
+}
+
+fn temp_path(path: &Path) -> PathBuf {
+    let name = path
+        .file_name()
+        .map_or_else(|| "cache".into(), |n| n.to_string_lossy().into_owned());
+    path.with_file_name(format!(".{name}.tmp-{}", std::process::id()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn round_trips_and_replaces_atomically() {
+        let dir = std::env::temp_dir().join(format!("lbkit-cache-{}", std::process::id()));
+        let path = dir.join("svc.cache.json");
+        assert_eq!(read_cache(&path).unwrap(), None);
+        let specs = vec![
+            EndpointSpec::new("10.0.0.1:20880")
+                .with_weight(200)
+                .with_zone("eu-1")
+                .with_registered_at(Timestamp::from_millis(1_700_000_000_000))
+                .with_warmup(Duration::from_secs(60))
+                .with_meta("version", "1.0"),
+            EndpointSpec::new("10.0.0.2:20880").with_weight(0),
+        ];
+        write_cache(&path, &specs).unwrap();
+        assert_eq!(read_cache(&path).unwrap(), Some(specs.clone()));
+        write_cache(&path, &specs[1..]).unwrap();
+        assert_eq!(read_cache(&path).unwrap(), Some(specs[1..].to_vec()));
+        let leftovers = std::fs::read_dir(&dir).unwrap().count();
+        assert_eq!(leftovers, 1, "no temporary file left behind");
+        std::fs::write(&path, "{ not json").unwrap();
+        let e = read_cache(&path).unwrap_err().to_string();
+        assert!(
+            e.starts_with("registry cache ") && e.contains("svc.cache.json"),
+            "{e}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

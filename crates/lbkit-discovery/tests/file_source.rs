@@ -1,0 +1,92 @@
+//! The watched file source through the controller: reload on change (in place and by rename),
+//! a broken file keeps the previous set, and a fixed file recovers.
+#![cfg(feature = "runtime")]
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use common::{temp_dir, wait_status, WAIT};
+use lbkit_core::Snapshot;
+use lbkit_discovery::file::FileSource;
+use lbkit_discovery::{Controller, ControllerConfig};
+use tokio::sync::mpsc;
+
+fn weights(s: &Snapshot) -> Vec<(String, u32)> {
+    common::entries(s)
+}
+
+/// Replace the file the way deploy tools do: write a sibling, rename it over.
+fn replace(path: &Path, text: &str) {
+    let tmp = path.with_extension("toml.new");
+    std::fs::write(&tmp, text).expect("write");
+    std::fs::rename(&tmp, path).expect("rename");
+}
+
+async fn next(rx: &mut mpsc::UnboundedReceiver<Arc<Snapshot>>) -> Arc<Snapshot> {
+    tokio::time::timeout(WAIT, rx.recv())
+        .await
+        .expect("a snapshot in time")
+        .expect("controller running")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reloads_on_change_and_keeps_the_last_good_set_on_a_broken_file() {
+    let dir = temp_dir("file-source");
+    let path = dir.join("endpoints.toml");
+    std::fs::write(
+        &path,
+        "[[endpoint]]\naddress = \"10.0.0.1:80\"\n[[endpoint]]\naddress = \"10.0.0.2:80\"\nweight = 5\n",
+    )
+    .unwrap();
+    let (updates, mut status) = FileSource::new(&path).spawn().expect("watch");
+    let controller = Controller::new(ControllerConfig::default());
+    let metrics = controller.metrics();
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let task = tokio::spawn(controller.run(updates, move |s| {
+        let _ = tx.send(s);
+    }));
+
+    let first = next(&mut rx).await;
+    assert_eq!(
+        weights(&first),
+        [("10.0.0.1:80".into(), 100), ("10.0.0.2:80".into(), 5)]
+    );
+
+    // An in-place write.
+    std::fs::write(
+        &path,
+        "[[endpoint]]\naddress = \"10.0.0.1:80\"\n[[endpoint]]\naddress = \"10.0.0.2:80\"\nweight = 7\n[[endpoint]]\naddress = \"10.0.0.3:80\"\n",
+    )
+    .unwrap();
+    let second = next(&mut rx).await;
+    assert_eq!(second.len(), 3);
+    assert_eq!(second.endpoints()[1].weight(), 7);
+    assert!(
+        Arc::ptr_eq(
+            first.endpoints()[0].stats_arc(),
+            second.endpoints()[0].stats_arc()
+        ),
+        "endpoints that stay keep their statistics (calls in flight finish normally)"
+    );
+
+    // A broken file: reported and counted; nothing is published.
+    replace(&path, "[[endpoint]]\naddress = 10.0.0.9\n");
+    let st = wait_status(&mut status, "the parse error", |s| s.errors >= 1).await;
+    assert!(
+        st.last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("endpoints.toml:2")),
+        "{st:?}"
+    );
+
+    // Fixed by a rename: the new set arrives, and it is the first thing published since.
+    replace(&path, "[[endpoint]]\naddress = \"10.0.0.4:80\"\n");
+    let third = next(&mut rx).await;
+    assert_eq!(weights(&third), [("10.0.0.4:80".into(), 100)]);
+    assert!(metrics.source_errors() >= 1);
+    assert!(rx.try_recv().is_err());
+    task.abort();
+    let _ = std::fs::remove_dir_all(&dir);
+}

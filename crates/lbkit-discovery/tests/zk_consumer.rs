@@ -1,0 +1,260 @@
+//! ZooKeeper consumer and provider against a real server (`LBKIT_ZK`, see
+//! `scripts/zookeeper.sh`): round trips in both layouts, filters, weight changes, malformed nodes.
+#![cfg(feature = "zookeeper")]
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{entries, has, unique, wait_status, Pipeline};
+use lbkit_discovery::zookeeper::{
+    Layout, Provider, ProviderFilter, ServicePath, ZkConfig, ZkRegistration, ZkSource,
+};
+use lbkit_discovery::ControllerConfig;
+use zookeeper_client::{Acls, Client, CreateMode};
+
+fn provider(address: &str, weight: u32) -> Provider {
+    let mut p = Provider::new(address);
+    p.weight = weight;
+    p
+}
+
+async fn registered(zk: &ZkConfig, path: &ServicePath, p: Provider) -> ZkRegistration {
+    let r = ZkRegistration::spawn(zk.clone(), path.clone(), p).expect("valid provider");
+    wait_status(&mut r.status(), "registration", |s| s.registered).await;
+    r
+}
+
+async fn round_trip(layout: Layout) {
+    let zk = ZkConfig::new(require_zk!());
+    let path = ServicePath::new("dubbo", &unique("roundtrip"), layout).unwrap();
+    let mut pipeline = Pipeline::start(
+        ZkSource::new(zk.clone(), path.clone()),
+        ControllerConfig::default(),
+    );
+    let mut b = provider("10.1.0.2:20880", 300);
+    b.zone = Some("eu-1".into());
+    b.metadata.insert("tag".into(), "blue".into());
+    // Registered out of key order: the consumer sorts by key.
+    let rb = registered(&zk, &path, b).await;
+    let ra = registered(&zk, &path, provider("10.1.0.1:20880", 100)).await;
+    let s = pipeline.until("both providers", |s| s.len() == 2).await;
+    assert_eq!(
+        entries(&s),
+        vec![
+            ("10.1.0.1:20880".to_owned(), 100),
+            ("10.1.0.2:20880".to_owned(), 300)
+        ]
+    );
+    let e = &s.endpoints()[1];
+    assert_eq!(e.zone(), Some("eu-1"));
+    assert_eq!(e.metadata()["tag"], "blue");
+    if layout == Layout::Dubbo {
+        assert!(
+            e.registered_at().is_some(),
+            "Dubbo timestamp read for warm-up"
+        );
+    }
+    let stats_a = s.endpoints()[0].stats_arc().clone();
+    ra.deregister().await;
+    let s = pipeline
+        .until("a deregistered", |s| !has(s, "10.1.0.1:20880"))
+        .await;
+    assert_eq!(entries(&s), vec![("10.1.0.2:20880".to_owned(), 300)]);
+    assert!(!Arc::ptr_eq(&stats_a, s.endpoints()[0].stats_arc()));
+    rb.deregister().await;
+    // The source now lists nothing: empty-push protection holds the last provider back…
+    wait_status(&mut pipeline.status, "zero providers", |st| {
+        st.providers == 0
+    })
+    .await;
+    assert_eq!(pipeline.balancer.snapshot().len(), 1);
+    // …until a real set arrives; no empty snapshot was ever published.
+    let rc = registered(&zk, &path, provider("10.1.0.3:20880", 100)).await;
+    let s = pipeline
+        .until("c alone", |s| has(s, "10.1.0.3:20880"))
+        .await;
+    assert_eq!(s.len(), 1);
+    assert!(
+        pipeline
+            .history
+            .iter()
+            .skip_while(|s| s.is_empty()) // the directory was empty at first
+            .all(|s| !s.is_empty()),
+        "never emptied once non-empty"
+    );
+    rc.deregister().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_trip_dubbo_layout() {
+    round_trip(Layout::Dubbo).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_trip_plain_layout() {
+    round_trip(Layout::Plain).await;
+}
+
+async fn weight_change(layout: Layout) {
+    let zk = ZkConfig::new(require_zk!());
+    let path = ServicePath::new("dubbo", &unique("weight"), layout).unwrap();
+    let mut pipeline = Pipeline::start(
+        ZkSource::new(zk.clone(), path.clone()),
+        ControllerConfig::default(),
+    );
+    let r = registered(&zk, &path, provider("10.2.0.1:20880", 100)).await;
+    let before = pipeline
+        .until("weight 100", |s| {
+            entries(s) == [("10.2.0.1:20880".to_owned(), 100)]
+        })
+        .await;
+    r.set_weight(250).await.expect("weight updated");
+    let after = pipeline
+        .until("weight 250", |s| {
+            entries(s) == [("10.2.0.1:20880".to_owned(), 250)]
+        })
+        .await;
+    assert!(
+        Arc::ptr_eq(
+            before.endpoints()[0].stats_arc(),
+            after.endpoints()[0].stats_arc()
+        ),
+        "same key: statistics survive the weight change"
+    );
+    assert!(
+        pipeline.drain().iter().all(|s| s.len() == 1),
+        "never seen twice or missing"
+    );
+    r.deregister().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weight_change_propagates_dubbo_layout() {
+    weight_change(Layout::Dubbo).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weight_change_propagates_plain_layout() {
+    weight_change(Layout::Plain).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_version_and_protocol_filters() {
+    let zk = ZkConfig::new(require_zk!());
+    let path = ServicePath::new("dubbo", &unique("filters"), Layout::Dubbo).unwrap();
+    let mut g1 = provider("10.3.0.1:20880", 100);
+    g1.group = Some("g1".into());
+    g1.version = Some("1.0".into());
+    let mut g2 = provider("10.3.0.2:20880", 100);
+    g2.group = Some("g2".into());
+    let mut tri = provider("10.3.0.3:50051", 100);
+    tri.protocol = "tri".into();
+    tri.group = Some("g1".into());
+    tri.version = Some("1.0".into());
+    let regs = [
+        registered(&zk, &path, g1).await,
+        registered(&zk, &path, g2).await,
+        registered(&zk, &path, tri).await,
+    ];
+    let filter = ProviderFilter {
+        group: Some("g1".into()),
+        version: Some("1.0".into()),
+        protocol: Some("dubbo".into()),
+    };
+    let mut pipeline = Pipeline::start(
+        ZkSource::new(zk.clone(), path.clone()).with_filter(filter),
+        ControllerConfig::default(),
+    );
+    let s = pipeline.until("first listing", |_| true).await;
+    assert_eq!(entries(&s), vec![("10.3.0.1:20880".to_owned(), 100)]);
+    assert_eq!(
+        pipeline.status.get().rejected,
+        0,
+        "filtered is not malformed"
+    );
+    for r in regs {
+        r.deregister().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_nodes_are_skipped_counted_once_and_never_stop_the_watch() {
+    let zk = ZkConfig::new(require_zk!());
+    let client = Client::connect(&zk.servers).await.expect("connect");
+    let persistent = CreateMode::Persistent.with_acls(Acls::anyone_all());
+    let ephemeral = CreateMode::Ephemeral.with_acls(Acls::anyone_all());
+    let dubbo = ServicePath::new("dubbo", &unique("malformed"), Layout::Dubbo).unwrap();
+    let plain = ServicePath::new("dubbo", &unique("malformed-plain"), Layout::Plain).unwrap();
+    for p in [&dubbo, &plain] {
+        client.mkdir(&p.dir(), &persistent).await.expect("mkdir");
+    }
+    let bad_dubbo = [
+        "garbage",                                         // not a URL
+        "foo%3A%2F%2F10.4.0.9%3A1%2Fx",                    // unknown protocol
+        "dubbo%3A%2F%2F10.4.0.9%3A2%2Fx%3Fweight%3Dheavy", // bad weight
+        "dubbo%3A%2F%2F10.4.0.9%2Fx",                      // no port
+    ];
+    for name in bad_dubbo {
+        let node = format!("{}/{name}", dubbo.dir());
+        client.create(&node, &[], &ephemeral).await.expect("create");
+    }
+    let bad_plain: [(&str, &[u8]); 2] = [("not-an-address", b""), ("10.4.0.9:80", b"{weight")];
+    for (name, data) in bad_plain {
+        let node = format!("{}/{name}", plain.dir());
+        client
+            .create(&node, data, &ephemeral)
+            .await
+            .expect("create");
+    }
+    let good = "dubbo%3A%2F%2F10.4.0.1%3A20880%2Fx%3Fweight%3D7";
+    client
+        .create(&format!("{}/{good}", dubbo.dir()), &[], &ephemeral)
+        .await
+        .expect("create");
+    client
+        .create(
+            &format!("{}/10.4.0.2:80", plain.dir()),
+            br#"{"weight": 9}"#,
+            &ephemeral,
+        )
+        .await
+        .expect("create");
+
+    let mut pd = Pipeline::start(
+        ZkSource::new(zk.clone(), dubbo.clone()),
+        ControllerConfig::default(),
+    );
+    let mut pp = Pipeline::start(
+        ZkSource::new(zk.clone(), plain.clone()),
+        ControllerConfig::default(),
+    );
+    let s = pd.until("the good Dubbo node", |s| !s.is_empty()).await;
+    assert_eq!(entries(&s), vec![("10.4.0.1:20880".to_owned(), 7)]);
+    let s = pp.until("the good plain node", |s| !s.is_empty()).await;
+    assert_eq!(entries(&s), vec![("10.4.0.2:80".to_owned(), 9)]);
+    assert_eq!(pd.status.get().rejected, 4);
+    assert_eq!(pp.status.get().rejected, 2);
+
+    // The watch lives on: more nodes, a good one and a data change that breaks the plain one.
+    client
+        .create(
+            &format!("{}/dubbo%3A%2F%2F10.4.0.3%3A20880%2Fx", dubbo.dir()),
+            &[],
+            &ephemeral,
+        )
+        .await
+        .expect("create");
+    pd.until("a later good node", |s| s.len() == 2).await;
+    client
+        .set_data(&format!("{}/10.4.0.2:80", plain.dir()), b"[1, 2]", None)
+        .await
+        .expect("set");
+    wait_status(&mut pp.status, "third rejection", |st| st.rejected == 3).await;
+    assert_eq!(
+        pd.status.get().rejected,
+        4,
+        "each malformed node counted once"
+    );
+    drop(client);
+}
