@@ -356,7 +356,10 @@ impl SnapshotBuilder {
         let mut changed_set = false;
         for update in updates {
             if !changed_set {
-                specs = self.current_specs();
+                // A batch that starts with a full set needs no copy of the current one.
+                if !matches!(update, Update::Reset(_)) {
+                    specs = self.current_specs();
+                }
                 changed_set = true;
             }
             apply_to(&mut specs, update);
