@@ -1,0 +1,234 @@
+//! One attempt: wait for readiness if needed, call, apply the timeout, classify.
+
+use std::future::Future;
+use std::time::Duration;
+
+use lbkit_core::Outcome;
+use tower::{Service, ServiceExt};
+use tracing::Instrument;
+
+use crate::completion::Completion;
+use crate::error::{BoxError, Error, ErrorKind};
+use crate::policy::ResponsePolicy;
+use crate::pool::Selected;
+
+/// What one attempt produced, its call still open.
+pub(crate) enum Sent<Resp> {
+    /// The endpoint answered.
+    Response {
+        resp: Resp,
+        outcome: Outcome,
+        call: Completion,
+    },
+    /// The call failed (or timed out).
+    Failed {
+        err: Error,
+        outcome: Outcome,
+        call: Completion,
+    },
+}
+
+// === impl Sent ===
+
+impl<Resp> Sent<Resp> {
+    fn call(&self) -> &Completion {
+        match self {
+            Sent::Response { call, .. } | Sent::Failed { call, .. } => call,
+        }
+    }
+
+    /// The endpoint called.
+    pub(crate) fn endpoint(&self) -> &lbkit_core::Endpoint {
+        self.call().endpoint()
+    }
+
+    /// The attempt number (0 = first).
+    pub(crate) fn attempt(&self) -> u32 {
+        self.call().attempt()
+    }
+
+    /// Whether the attempt counts as a failure of the endpoint.
+    pub(crate) fn is_failure(&self) -> bool {
+        matches!(
+            self,
+            Sent::Response {
+                outcome: Outcome::Failure(_),
+                ..
+            } | Sent::Failed {
+                outcome: Outcome::Failure(_),
+                ..
+            }
+        )
+    }
+
+    /// Whether the request may have reached the server (`true` unless known otherwise).
+    pub(crate) fn may_have_reached(&self) -> bool {
+        match self {
+            Sent::Response { .. } => true,
+            Sent::Failed { err, .. } => err.reached_server() != Some(false),
+        }
+    }
+
+    /// Hand the result to the caller: the response through the policy, the error boxed.
+    pub(crate) fn finish<R>(self, policy: &R) -> Result<R::Output, BoxError>
+    where
+        R: ResponsePolicy<Resp>,
+    {
+        match self {
+            Sent::Response {
+                resp,
+                outcome,
+                call,
+            } => Ok(policy.complete(resp, outcome, call)),
+            Sent::Failed { err, outcome, call } => {
+                call.finish(outcome);
+                Err(Box::new(err))
+            }
+        }
+    }
+
+    /// Record the outcome and drop the result (a failed attempt that will be retried, a lost
+    /// fork, a broadcast response not returned).
+    pub(crate) fn discard(self) {
+        match self {
+            Sent::Response { outcome, call, .. } | Sent::Failed { outcome, call, .. } => {
+                call.finish(outcome);
+            }
+        }
+    }
+
+    /// Record the outcome and turn the result into an [`Error`] naming the endpoint (a failed
+    /// broadcast).
+    pub(crate) fn into_error(self) -> Error {
+        match self {
+            Sent::Response { outcome, call, .. } => {
+                let kind = match outcome {
+                    Outcome::Failure(k) => ErrorKind::FailureResponse(k),
+                    _ => ErrorKind::Service,
+                };
+                let err = Error::new(kind).at(call.endpoint().key(), 0);
+                call.finish(outcome);
+                err
+            }
+            Sent::Failed { err, outcome, call } => {
+                call.finish(outcome);
+                err
+            }
+        }
+    }
+
+    /// Replace the error with `f(error)` (budget exhaustion wraps the last failure).
+    pub(crate) fn map_err(self, f: impl FnOnce(Error) -> Error) -> Self {
+        match self {
+            Sent::Failed { err, outcome, call } => Sent::Failed {
+                err: f(err),
+                outcome,
+                call,
+            },
+            other => other,
+        }
+    }
+}
+
+/// Count an attempt in the endpoint's metrics and make its span.
+#[inline]
+pub(crate) fn start(call: &Completion, pool: &str, strategy: &str) -> tracing::Span {
+    let metrics = call.metrics();
+    metrics.requests.increment(1);
+    let attempt = call.attempt();
+    if attempt > 0 {
+        metrics.retries.increment(1);
+    }
+    tracing::debug_span!(
+        "lbkit.call",
+        pool,
+        strategy,
+        endpoint = %call.endpoint().key(),
+        attempt
+    )
+}
+
+/// Send `req` to the selected endpoint (waiting for readiness first if needed).
+pub(crate) fn send<'a, Req, Svc, R>(
+    sel: Selected<Svc>,
+    req: Req,
+    timeout: Option<Duration>,
+    policy: &'a R,
+    pool: &str,
+    strategy: &str,
+) -> impl Future<Output = Sent<Svc::Response>> + 'a
+where
+    Req: 'a,
+    Svc: Service<Req> + 'a,
+    Svc::Error: Into<BoxError>,
+    R: ResponsePolicy<Svc::Response>,
+{
+    let Selected {
+        call, svc, ready, ..
+    } = sel;
+    let span = start(&call, pool, strategy);
+    settle(exchange(svc, ready, req), call, timeout, span, policy)
+}
+
+/// Await a call's response under the timeout, inside its span, and classify it.
+pub(crate) async fn settle<Fut, Resp, R>(
+    exchange: Fut,
+    call: Completion,
+    timeout: Option<Duration>,
+    span: tracing::Span,
+    policy: &R,
+) -> Sent<Resp>
+where
+    Fut: Future<Output = Result<Resp, BoxError>>,
+    R: ResponsePolicy<Resp>,
+{
+    let result = match timeout {
+        None => exchange.instrument(span).await,
+        Some(t) => match tokio::time::timeout(t, exchange).instrument(span).await {
+            Ok(r) => r,
+            Err(elapsed) => {
+                let err = Error::new(ErrorKind::Timeout(t))
+                    .at(call.endpoint().key(), call.attempt())
+                    .with_source(Box::new(elapsed));
+                let outcome = Outcome::Failure(lbkit_core::FailureKind::Timeout);
+                return Sent::Failed { err, outcome, call };
+            }
+        },
+    };
+    match result {
+        Ok(resp) => {
+            let outcome = policy.classify(&resp);
+            Sent::Response {
+                resp,
+                outcome,
+                call,
+            }
+        }
+        Err(source) => {
+            let outcome = policy.classify_error(&*source);
+            let kind = match outcome {
+                Outcome::Failure(k) => ErrorKind::Failed(k),
+                _ => ErrorKind::Service,
+            };
+            let err = Error::new(kind)
+                .at(call.endpoint().key(), call.attempt())
+                .with_source(source);
+            Sent::Failed { err, outcome, call }
+        }
+    }
+}
+
+async fn exchange<Req, Svc>(mut svc: Svc, ready: bool, req: Req) -> Result<Svc::Response, BoxError>
+where
+    Svc: Service<Req>,
+    Svc::Error: Into<BoxError>,
+{
+    if !ready {
+        if let Err(e) = svc.ready().await {
+            // A service that cannot become ready never sent the request.
+            let kind = ErrorKind::Failed(lbkit_core::FailureKind::Connect);
+            return Err(Box::new(Error::new(kind).with_source(e.into())));
+        }
+    }
+    svc.call(req).await.map_err(Into::into)
+}

@@ -1,0 +1,109 @@
+//! Failback: record a failed request and retry it in the background (Dubbo's
+//! `FailbackClusterInvoker`), bounded in pending requests and attempts.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lbkit_core::{FastRng, Strategy, TriedSet};
+use tower::Service;
+
+use super::Shared;
+use crate::error::BoxError;
+use crate::policy::{RequestPolicy, ResponsePolicy};
+
+/// Background retries of failback (Dubbo's defaults).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FailbackConfig {
+    /// Attempts in the background before giving up (Dubbo `retries` for failback: 3).
+    pub retries: u32,
+    /// Wait before each background attempt (Dubbo `RETRY_FAILED_PERIOD`: 5 s).
+    pub period: Duration,
+    /// Most requests waiting for a background retry; more are dropped and counted (Dubbo
+    /// `failbacktasks`: 100).
+    pub max_pending: usize,
+}
+
+impl Default for FailbackConfig {
+    fn default() -> Self {
+        FailbackConfig {
+            retries: 3,
+            period: Duration::from_secs(5),
+            max_pending: 100,
+        }
+    }
+}
+
+/// Retry `req` in the background on the current tokio runtime. A request that cannot be
+/// replayed, one over `max_pending`, or one outside a runtime is dropped and counted.
+pub(crate) fn schedule<Req, Svc, Q, R, S, F>(
+    shared: Arc<Shared<Svc, Q, R, S, F>>,
+    req: Option<Req>,
+    config: FailbackConfig,
+) where
+    Req: Send + 'static,
+    Svc: Service<Req> + Clone + Send + Sync + 'static,
+    Svc::Error: Into<BoxError>,
+    Svc::Future: Send,
+    Svc::Response: Send,
+    Q: RequestPolicy<Req>,
+    R: ResponsePolicy<Svc::Response>,
+    S: Strategy,
+    F: Send + Sync + 'static,
+{
+    let metrics = &shared.pool.inner.metrics;
+    let runtime = tokio::runtime::Handle::try_current();
+    let (Some(req), Ok(runtime)) = (req, runtime) else {
+        metrics.failback_dropped.increment(1);
+        return;
+    };
+    if shared.failback_pending.fetch_add(1, Relaxed) >= config.max_pending {
+        shared.failback_pending.fetch_sub(1, Relaxed);
+        metrics.failback_dropped.increment(1);
+        return;
+    }
+    metrics.failback_scheduled.increment(1);
+    runtime.spawn(async move {
+        let succeeded = retry(&shared, req, config).await;
+        let metrics = &shared.pool.inner.metrics;
+        if succeeded {
+            metrics.failback_succeeded.increment(1);
+        } else {
+            metrics.failback_exhausted.increment(1);
+        }
+        shared.failback_pending.fetch_sub(1, Relaxed);
+    });
+}
+
+async fn retry<Req, Svc, Q, R, S: Strategy, F>(
+    s: &Shared<Svc, Q, R, S, F>,
+    mut req: Req,
+    config: FailbackConfig,
+) -> bool
+where
+    Svc: Service<Req> + Clone,
+    Svc::Error: Into<BoxError>,
+    Q: RequestPolicy<Req>,
+    R: ResponsePolicy<Svc::Response>,
+{
+    let mut rng = FastRng::seed_from_u64(s.next_seed());
+    for attempt in 1..=config.retries {
+        tokio::time::sleep(config.period).await;
+        let spare = (attempt < config.retries)
+            .then(|| s.requests.replay(&req))
+            .flatten();
+        if let Ok(sel) = s.repick(&req, attempt, &TriedSet::new(), &mut rng) {
+            let sent = s.send(sel, req).await;
+            let ok = !sent.is_failure();
+            sent.discard();
+            if ok {
+                return true;
+            }
+        }
+        match spare {
+            Some(next) => req = next,
+            None => return false,
+        }
+    }
+    false
+}

@@ -1,0 +1,217 @@
+//! [`BalanceLayer`]: the settings of a [`Balance`], as a tower [`Layer`] over a [`Pool`].
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::sync::Arc;
+use std::time::Duration;
+
+use lbkit_core::{FastRng, Strategy};
+use tower::retry::budget::Budget;
+use tower::Layer;
+
+use super::{default_budget, Balance, FailbackConfig, Mode, NoFallback, Shared};
+use crate::policy::{AnyResponse, NoReplay};
+use crate::pool::Pool;
+
+/// Settings of a [`Balance`]; a tower [`Layer`] over a [`Pool`].
+///
+/// ```no_run
+/// # async fn doc() {
+/// use lbkit_core::EndpointSpec;
+/// use lbkit_tower::{BalanceLayer, PoolBuilder};
+/// use std::time::Duration;
+/// use tower::{Layer, ServiceExt};
+///
+/// let pool = PoolBuilder::default().name("echo").spawn_static(
+///     vec![EndpointSpec::new("10.0.0.1:80"), EndpointSpec::new("10.0.0.2:80")],
+///     |_ep: &lbkit_core::Endpoint| tower::service_fn(|req: String| async move {
+///         Ok::<_, std::convert::Infallible>(req)
+///     }),
+/// );
+/// let balance = BalanceLayer::new()
+///     .requests(lbkit_tower::CloneRequests::idempotent())
+///     .failover(2)
+///     .timeout(Duration::from_secs(1))
+///     .layer(pool);
+/// let reply = balance.oneshot("hello".to_owned()).await.unwrap();
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct BalanceLayer<Q = NoReplay, R = AnyResponse, F = NoFallback> {
+    requests: Q,
+    responses: R,
+    fallback: F,
+    mode: Mode,
+    timeout: Option<Duration>,
+    budget: Arc<dyn Budget + Send + Sync>,
+    seed: Option<u64>,
+}
+
+impl Default for BalanceLayer {
+    fn default() -> Self {
+        BalanceLayer::new()
+    }
+}
+
+// === impl BalanceLayer ===
+
+impl BalanceLayer {
+    /// Typed requests that are never replayed ([`NoReplay`]), every response a success
+    /// ([`AnyResponse`]); failover with 2 retries, no timeout, the [`default_budget`].
+    pub fn new() -> Self {
+        BalanceLayer {
+            requests: NoReplay,
+            responses: AnyResponse,
+            fallback: NoFallback,
+            mode: Mode::default(),
+            timeout: None,
+            budget: default_budget(),
+            seed: None,
+        }
+    }
+}
+
+#[cfg(feature = "http")]
+impl BalanceLayer<crate::http::HttpRequests, crate::http::HttpResponses> {
+    /// For `http::Request`/`http::Response` (hyper, tonic): [`HttpRequests`](crate::http::HttpRequests)
+    /// and [`HttpResponses`](crate::http::HttpResponses), otherwise as [`BalanceLayer::new`].
+    pub fn http() -> Self {
+        BalanceLayer::new()
+            .requests(crate::http::HttpRequests::new())
+            .responses(crate::http::HttpResponses::new())
+    }
+}
+
+impl<Q, R, F> BalanceLayer<Q, R, F> {
+    /// Use `requests` as the request policy.
+    pub fn requests<Q2>(self, requests: Q2) -> BalanceLayer<Q2, R, F> {
+        BalanceLayer {
+            requests,
+            responses: self.responses,
+            fallback: self.fallback,
+            mode: self.mode,
+            timeout: self.timeout,
+            budget: self.budget,
+            seed: self.seed,
+        }
+    }
+
+    /// Use `responses` as the response policy.
+    pub fn responses<R2>(self, responses: R2) -> BalanceLayer<Q, R2, F> {
+        BalanceLayer {
+            requests: self.requests,
+            responses,
+            fallback: self.fallback,
+            mode: self.mode,
+            timeout: self.timeout,
+            budget: self.budget,
+            seed: self.seed,
+        }
+    }
+
+    /// Return `fallback` instead of errors in the failsafe and failback modes.
+    pub fn fallback<F2>(self, fallback: F2) -> BalanceLayer<Q, R, F2> {
+        BalanceLayer {
+            requests: self.requests,
+            responses: self.responses,
+            fallback,
+            mode: self.mode,
+            timeout: self.timeout,
+            budget: self.budget,
+            seed: self.seed,
+        }
+    }
+
+    /// Use `mode`.
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Failover with `retries` attempts after the first.
+    pub fn failover(self, retries: u32) -> Self {
+        self.mode(Mode::Failover { retries })
+    }
+
+    /// One attempt per request.
+    pub fn failfast(self) -> Self {
+        self.mode(Mode::Failfast)
+    }
+
+    /// One attempt; errors become `fallback(&error)`.
+    pub fn failsafe<F2>(self, fallback: F2) -> BalanceLayer<Q, R, F2> {
+        self.mode(Mode::Failsafe).fallback(fallback)
+    }
+
+    /// One attempt; on error return `fallback(&error)` and retry in the background.
+    pub fn failback<F2>(self, config: FailbackConfig, fallback: F2) -> BalanceLayer<Q, R, F2> {
+        self.mode(Mode::Failback(config)).fallback(fallback)
+    }
+
+    /// Send each request to `forks` endpoints at once (at least 1).
+    pub fn forking(self, forks: u32) -> Self {
+        self.mode(Mode::Forking {
+            forks: forks.max(1),
+        })
+    }
+
+    /// Send each request to every eligible endpoint.
+    pub fn broadcast(self) -> Self {
+        self.mode(Mode::Broadcast)
+    }
+
+    /// Give each attempt at most `timeout` (from the pick to the response head).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Use `budget` for retries and extra forks (shared by every balance built from this layer).
+    pub fn retry_budget(mut self, budget: Arc<dyn Budget + Send + Sync>) -> Self {
+        self.budget = budget;
+        self
+    }
+
+    /// Seed the balance's random source (deterministic picks in tests).
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+}
+
+impl<Q, R, F> fmt::Debug for BalanceLayer<Q, R, F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BalanceLayer")
+            .field("mode", &self.mode)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<Svc, S, Q, R, F> Layer<Pool<Svc, S>> for BalanceLayer<Q, R, F>
+where
+    S: Strategy,
+    Q: Clone,
+    R: Clone,
+    F: Clone,
+{
+    type Service = Balance<Svc, Q, R, S, F>;
+
+    fn layer(&self, pool: Pool<Svc, S>) -> Self::Service {
+        let seed = self
+            .seed
+            .unwrap_or_else(|| FastRng::from_entropy().next_u64());
+        let shared = Arc::new(Shared {
+            pool,
+            requests: self.requests.clone(),
+            responses: self.responses.clone(),
+            fallback: self.fallback.clone(),
+            mode: self.mode,
+            timeout: self.timeout,
+            budget: self.budget.clone(),
+            failback_pending: AtomicUsize::new(0),
+            seeds: AtomicU64::new(seed),
+        });
+        Balance::from_shared(shared)
+    }
+}

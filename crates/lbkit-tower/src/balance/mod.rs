@@ -1,0 +1,259 @@
+//! [`Balance`], the tower `Service` over a [`Pool`], and its cluster modes.
+
+mod attempt;
+mod cluster;
+mod failback;
+mod layer;
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use lbkit_core::{BoxStrategy, FastRng, Strategy, TriedSet};
+use tower::retry::budget::{Budget, TpsBudget};
+use tower::Service;
+
+use crate::error::BoxError;
+use crate::policy::{RequestPolicy, ResponsePolicy};
+use crate::pool::Pool;
+
+pub use failback::FailbackConfig;
+pub use layer::BalanceLayer;
+
+/// How a call uses the endpoints (Dubbo's cluster modes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Mode {
+    /// Retry failures on other endpoints (Dubbo's default, `retries = 2`).
+    Failover {
+        /// Attempts after the first.
+        retries: u32,
+    },
+    /// One attempt.
+    Failfast,
+    /// One attempt; errors become the fallback response.
+    Failsafe,
+    /// One attempt; on error return the fallback and retry in the background.
+    Failback(FailbackConfig),
+    /// Send to `forks` endpoints at once; the first success wins (Dubbo `forks = 2`).
+    Forking {
+        /// Endpoints called per request.
+        forks: u32,
+    },
+    /// Send to every eligible endpoint.
+    Broadcast,
+}
+
+impl Default for Mode {
+    fn default() -> Self {
+        Mode::Failover { retries: 2 }
+    }
+}
+
+/// What failsafe and failback return instead of an error.
+pub trait Fallback<O>: Send + Sync + 'static {
+    /// The response standing in for the call that failed with `err`, or `None` to return the
+    /// error after all.
+    fn fallback(&self, err: &BoxError) -> Option<O>;
+}
+
+/// No fallback: errors are returned as they are.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoFallback;
+
+impl<O> Fallback<O> for NoFallback {
+    fn fallback(&self, _: &BoxError) -> Option<O> {
+        None
+    }
+}
+
+impl<O, F> Fallback<O> for F
+where
+    F: Fn(&BoxError) -> O + Send + Sync + 'static,
+{
+    fn fallback(&self, err: &BoxError) -> Option<O> {
+        Some(self(err))
+    }
+}
+
+/// The default retry budget: tower's `TpsBudget` over 10 s, at least 10 retries per second,
+/// plus 20 % of requests (linkerd's defaults).
+pub fn default_budget() -> Arc<dyn Budget + Send + Sync> {
+    Arc::new(TpsBudget::new(Duration::from_secs(10), 10, 0.2))
+}
+
+/// State shared by the clones of a [`Balance`] and its background failback tasks.
+pub(crate) struct Shared<Svc, Q, R, S: Strategy, F> {
+    pub(crate) pool: Pool<Svc, S>,
+    pub(crate) requests: Q,
+    pub(crate) responses: R,
+    pub(crate) fallback: F,
+    pub(crate) mode: Mode,
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) budget: Arc<dyn Budget + Send + Sync>,
+    pub(crate) failback_pending: AtomicUsize,
+    seeds: AtomicU64,
+}
+
+impl<Svc, Q, R, S: Strategy, F> Shared<Svc, Q, R, S, F> {
+    /// A fresh seed per clone and per background task (splitmix64 step over a counter).
+    pub(crate) fn next_seed(&self) -> u64 {
+        let mut z = self.seeds.fetch_add(0x9e37_79b9_7f4a_7c15, Relaxed);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+}
+
+/// The tower `Service` that picks an endpoint of a [`Pool`] per request and calls it under one
+/// of Dubbo's cluster modes; built by [`BalanceLayer`]. Cheap to clone: each clone has its own
+/// random source.
+///
+/// # Per request
+/// 1. One clock read; the request's hash key (if any) goes to the strategy.
+/// 2. A pick ([`Pool`]'s balancer); an endpoint whose service is not ready at once is passed
+///    over for another (bounded), and when none is ready the call waits on the first picked.
+/// 3. The call, under the per-attempt timeout; the [`ResponsePolicy`] classifies the answer and
+///    ends the call now or at the end of the response body; errors come back as [`BoxError`]
+///    holding an [`Error`](crate::Error) that names the endpoint.
+///
+/// `poll_ready` is always ready: readiness is decided per endpoint inside the call (step 2),
+/// so one slow endpoint never holds the others back.
+///
+/// # Cluster modes ([`Mode`], after Dubbo's `cluster=`)
+/// | mode | behaviour |
+/// |---|---|
+/// | `failover` (default, 2 retries) | on failure, retry on an endpoint not yet tried, if the request is idempotent or certainly never reached the server, the request can be replayed, and the retry budget allows |
+/// | `failfast` | one attempt |
+/// | `failsafe` | one attempt; an error becomes the configured fallback response |
+/// | `failback` | one attempt; on error the fallback is returned and the request is retried in the background, bounded |
+/// | `forking` (2) | send to K endpoints at once; the first success wins, the others are cancelled |
+/// | `broadcast` | send to every eligible endpoint; an error if any fails, else the last response |
+///
+/// # Retry budget
+/// Every request deposits into a [`Budget`] and every retry or extra fork withdraws from it
+/// (tower's [`TpsBudget`]; default: 20 % of the requests of the last 10 s plus 10 retries per
+/// second, linkerd's and Finagle's numbers). An empty budget ends failover with
+/// [`ErrorKind::BudgetExhausted`](crate::ErrorKind::BudgetExhausted) and counts
+/// `lbkit_retry_budget_exhausted_total`.
+pub struct Balance<Svc, Q, R, S: Strategy = BoxStrategy, F = NoFallback> {
+    shared: Arc<Shared<Svc, Q, R, S, F>>,
+    rng: FastRng,
+}
+
+// === impl Balance ===
+
+impl<Svc, Q, R, S: Strategy, F> Balance<Svc, Q, R, S, F> {
+    pub(crate) fn from_shared(shared: Arc<Shared<Svc, Q, R, S, F>>) -> Self {
+        let rng = FastRng::seed_from_u64(shared.next_seed());
+        Balance { shared, rng }
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &Pool<Svc, S> {
+        &self.shared.pool
+    }
+
+    /// The cluster mode.
+    pub fn mode(&self) -> Mode {
+        self.shared.mode
+    }
+
+    /// Failback retries waiting in the background.
+    pub fn failback_pending(&self) -> usize {
+        self.shared.failback_pending.load(Relaxed)
+    }
+}
+
+impl<Svc, Q, R, S: Strategy, F> Clone for Balance<Svc, Q, R, S, F> {
+    fn clone(&self) -> Self {
+        Balance::from_shared(self.shared.clone())
+    }
+}
+
+impl<Svc, Q, R, S: Strategy, F> fmt::Debug for Balance<Svc, Q, R, S, F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Balance")
+            .field("pool", &self.shared.pool)
+            .field("mode", &self.shared.mode)
+            .field("timeout", &self.shared.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+static NOTHING_TRIED: TriedSet = TriedSet::new();
+
+impl<Req, Svc, Q, R, S, F> Service<Req> for Balance<Svc, Q, R, S, F>
+where
+    Req: Send + 'static,
+    Svc: Service<Req> + Clone + Send + Sync + 'static,
+    Svc::Error: Into<BoxError>,
+    Svc::Future: Send,
+    Svc::Response: Send,
+    Q: RequestPolicy<Req>,
+    R: ResponsePolicy<Svc::Response>,
+    S: Strategy,
+    F: Fallback<R::Output>,
+{
+    type Response = R::Output;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<R::Output, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Req) -> Self::Future {
+        let shared = self.shared.clone();
+        let now = shared.pool.inner.balancer.clock().now();
+        if matches!(shared.mode, Mode::Failover { retries } if retries > 0)
+            || matches!(shared.mode, Mode::Forking { forks } if forks > 1)
+        {
+            shared.budget.deposit();
+        }
+        if shared.mode == Mode::Broadcast {
+            return Box::pin(cluster::broadcast(shared, req, now));
+        }
+        let first = shared.requests.with_hash_key(&req, |key| {
+            let input = crate::pool::PickInput {
+                now,
+                key,
+                attempt: 0,
+                tried: &NOTHING_TRIED,
+            };
+            shared.pool.select(&input, &mut self.rng)
+        });
+        let retries = match shared.mode {
+            Mode::Failover { retries } => Some(retries),
+            Mode::Failfast => Some(0),
+            _ => None,
+        };
+        match (first, retries) {
+            // The fast path: the endpoint is ready, so dispatch now (as tower expects right
+            // after readiness) and box only what the response needs.
+            (Ok(sel), Some(retries)) if sel.ready => {
+                let crate::pool::Selected { call, mut svc, .. } = sel;
+                let (pool, strategy) = shared.names();
+                let span = attempt::start(&call, pool, strategy);
+                let (idempotent, spare) = if retries > 0 {
+                    let idempotent = shared.requests.is_idempotent(&req);
+                    (idempotent, shared.requests.replay(&req))
+                } else {
+                    (false, None)
+                };
+                let response = span.in_scope(|| svc.call(req));
+                let retry = cluster::Retry {
+                    idempotent,
+                    retries,
+                    now,
+                };
+                Box::pin(cluster::respond(shared, call, response, span, spare, retry))
+            }
+            (first, _) => Box::pin(cluster::dispatch(shared, first, req, now)),
+        }
+    }
+}

@@ -1,0 +1,92 @@
+//! [`Completion`]: the hand-off of one call's [`CallGuard`] to whatever decides when the call has
+//! ended (tower's `TrackCompletion` handle). The balance makes one per attempt; a
+//! [`ResponsePolicy`](crate::ResponsePolicy) finishes it at once, or moves it into a response
+//! body ([`TrackBody`](crate::http::TrackBody)) that finishes it at the first frame or at the end
+//! of the stream.
+
+use std::fmt;
+use std::sync::Arc;
+
+use lbkit_core::{CallGuard, Clock, Endpoint, Outcome};
+
+use crate::telemetry::EndpointMetrics;
+
+/// One call in flight to one endpoint. Finishing records latency and outcome in the endpoint's
+/// statistics and metrics; dropping it unfinished records a cancellation. Either way the
+/// endpoint's `in_flight` count goes back down.
+#[must_use = "dropping a Completion at once records a cancelled call"]
+pub struct Completion {
+    guard: Option<CallGuard>,
+    metrics: Arc<EndpointMetrics>,
+    clock: Clock,
+    attempt: u32,
+}
+
+// === impl Completion ===
+
+impl Completion {
+    pub(crate) fn new(
+        guard: CallGuard,
+        metrics: Arc<EndpointMetrics>,
+        clock: Clock,
+        attempt: u32,
+    ) -> Self {
+        Completion {
+            guard: Some(guard),
+            metrics,
+            clock,
+            attempt,
+        }
+    }
+
+    /// The attempt this call is (0 = the first try of the request).
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// The endpoint called.
+    ///
+    /// # Panics
+    /// Never: the guard is only taken by `finish`, which consumes `self`.
+    pub fn endpoint(&self) -> &Endpoint {
+        self.guard
+            .as_ref()
+            .expect("the guard is present until the completion is consumed")
+            .endpoint()
+    }
+
+    pub(crate) fn metrics(&self) -> &EndpointMetrics {
+        &self.metrics
+    }
+
+    /// End the call now (one clock read) with `outcome`.
+    pub fn finish(mut self, outcome: Outcome) {
+        if let Some(guard) = self.guard.take() {
+            let now = self.clock.now();
+            self.metrics
+                .record(now.saturating_duration_since(guard.started()), outcome);
+            guard.finish_at(outcome, now);
+        }
+    }
+}
+
+impl Drop for Completion {
+    fn drop(&mut self) {
+        if let Some(guard) = self.guard.take() {
+            let now = self.clock.now();
+            self.metrics.record(
+                now.saturating_duration_since(guard.started()),
+                Outcome::Cancelled,
+            );
+            guard.finish_at(Outcome::Cancelled, now);
+        }
+    }
+}
+
+impl fmt::Debug for Completion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Completion")
+            .field("guard", &self.guard)
+            .finish_non_exhaustive()
+    }
+}

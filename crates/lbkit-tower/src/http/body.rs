@@ -1,0 +1,156 @@
+//! [`TrackBody`]: a response body that carries its call's [`Completion`] and finishes it at the
+//! first frame or at the end of the stream (tower's `TrackCompletion` for bodies).
+
+use std::fmt;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use http_body::{Body, Frame, SizeHint};
+use lbkit_core::{FailureKind, Outcome};
+use pin_project_lite::pin_project;
+
+use super::grpc_failure;
+use crate::completion::Completion;
+use crate::policy::GrpcCodes;
+
+/// When a streamed response counts as finished.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CompleteAt {
+    /// At the first body frame (time to first byte; a gRPC status in the trailers is not seen).
+    FirstFrame,
+    /// At the end of the body (the default): the latency covers the whole stream, and a failing
+    /// `grpc-status` trailer makes the call a failure.
+    #[default]
+    EndOfStream,
+}
+
+pin_project! {
+    /// A response body that ends its call when read to the chosen point. Dropping it earlier
+    /// records a cancellation; a body error records a failure.
+    pub struct TrackBody<B> {
+        #[pin]
+        inner: Inner<B>,
+        call: Option<Completion>,
+        at: CompleteAt,
+        grpc: GrpcCodes,
+        outcome: Outcome,
+    }
+}
+
+pin_project! {
+    #[project = InnerProj]
+    enum Inner<B> {
+        Body { #[pin] body: B },
+        Empty,
+    }
+}
+
+// === impl TrackBody ===
+
+impl<B: Body> TrackBody<B> {
+    pub(crate) fn new(body: B, call: Completion, at: CompleteAt, grpc: GrpcCodes) -> Self {
+        let mut call = Some(call);
+        if body.is_end_stream() {
+            if let Some(c) = call.take() {
+                c.finish(Outcome::Success);
+            }
+        }
+        TrackBody {
+            inner: Inner::Body { body },
+            call,
+            at,
+            grpc,
+            outcome: Outcome::Success,
+        }
+    }
+}
+
+impl<B> TrackBody<B> {
+    /// A body whose call is already finished (or was never tracked).
+    pub fn untracked(body: B) -> Self {
+        TrackBody {
+            inner: Inner::Body { body },
+            call: None,
+            at: CompleteAt::EndOfStream,
+            grpc: GrpcCodes::DEFAULT,
+            outcome: Outcome::Success,
+        }
+    }
+
+    /// An empty body, for fallback responses (failsafe, failback).
+    pub fn empty() -> Self {
+        TrackBody {
+            inner: Inner::Empty,
+            call: None,
+            at: CompleteAt::EndOfStream,
+            grpc: GrpcCodes::DEFAULT,
+            outcome: Outcome::Success,
+        }
+    }
+
+    /// Whether the call is still being tracked.
+    pub fn is_tracking(&self) -> bool {
+        self.call.is_some()
+    }
+}
+
+impl<B: Body> Body for TrackBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let this = self.project();
+        let InnerProj::Body { mut body } = this.inner.project() else {
+            return Poll::Ready(None);
+        };
+        let polled = ready!(body.as_mut().poll_frame(cx));
+        let end = match &polled {
+            Some(Ok(frame)) => {
+                if let Some(kind) = frame
+                    .trailers_ref()
+                    .and_then(|t| grpc_failure(t, *this.grpc))
+                {
+                    *this.outcome = Outcome::Failure(kind);
+                }
+                *this.at == CompleteAt::FirstFrame || body.is_end_stream()
+            }
+            Some(Err(_)) => {
+                *this.outcome = Outcome::Failure(FailureKind::Other);
+                true
+            }
+            None => true,
+        };
+        if end {
+            if let Some(call) = this.call.take() {
+                call.finish(*this.outcome);
+            }
+        }
+        Poll::Ready(polled)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.inner {
+            Inner::Body { body } => body.is_end_stream(),
+            Inner::Empty => true,
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.inner {
+            Inner::Body { body } => body.size_hint(),
+            Inner::Empty => SizeHint::with_exact(0),
+        }
+    }
+}
+
+impl<B> fmt::Debug for TrackBody<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TrackBody")
+            .field("tracking", &self.call.is_some())
+            .field("at", &self.at)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,272 @@
+//! HTTP and gRPC (feature `http`): request and response policies for `http::Request` /
+//! `http::Response`, body completion tracking, and two helper services.
+//!
+//! * [`HttpRequests`]: idempotent by method (GET, HEAD, PUT, DELETE, OPTIONS, TRACE; RFC 9110
+//!   §9.2.2) or by an [`Idempotent`] extension (gRPC: put it in the `tonic::Request`'s
+//!   extensions); hash key from a header (gRPC metadata are headers), a cookie, the path or the
+//!   source address ([`HttpKeySource`]); replayed when the body is a [`ReplayBody`].
+//! * [`HttpResponses`]: 5xx is a failure (504 a timeout), as is a failing `grpc-status` in the
+//!   headers (trailers-only) or, when tracked to the end, in the trailers. The call ends at the
+//!   end of the body stream by default, or at the first frame ([`CompleteAt`]).
+//! * [`SetOrigin`]: points a request at the endpoint's address (for hyper-util's client).
+//! * [`BufferRequest`]: collects a request body into `Full<Bytes>` so it can be replayed.
+
+mod body;
+mod buffer;
+mod origin;
+
+use std::net::{IpAddr, SocketAddr};
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, StatusCode};
+use http_body_util::{Empty, Full};
+use lbkit_core::{FailureKind, Outcome};
+use lbkit_strategy::{KeyExtractor, KeySource};
+
+use crate::completion::Completion;
+use crate::policy::{grpc_code_kind, GrpcCodes, RequestPolicy, ResponsePolicy};
+
+pub use body::{CompleteAt, TrackBody};
+pub use buffer::{BufferRequest, BufferRequestLayer, DEFAULT_BUFFER_LIMIT};
+pub use origin::SetOrigin;
+
+/// Request extension marking a request as safe to send again after it reached a server.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Idempotent;
+
+/// Request extension with the calling client's IP, for `source-ip` hash keys (a
+/// `std::net::SocketAddr` extension is read too).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SourceAddr(pub IpAddr);
+
+/// A request body that can be copied for another attempt.
+pub trait ReplayBody: Sized {
+    /// A copy of the body, or `None` when it is a stream that cannot be read twice.
+    fn replay(&self) -> Option<Self>;
+}
+
+macro_rules! replay_by_clone {
+    ($($t:ty),*) => {$(
+        impl ReplayBody for $t {
+            fn replay(&self) -> Option<Self> {
+                Some(self.clone())
+            }
+        }
+    )*};
+}
+replay_by_clone!(String, Bytes, Vec<u8>, &'static str);
+
+impl<D: Clone> ReplayBody for Full<D> {
+    fn replay(&self) -> Option<Self> {
+        Some(self.clone())
+    }
+}
+
+impl<D> ReplayBody for Empty<D> {
+    fn replay(&self) -> Option<Self> {
+        Some(Empty::new())
+    }
+}
+
+#[cfg(feature = "tonic")]
+impl ReplayBody for tonic::body::Body {
+    /// A stream: put a [`BufferRequest`] in front of the balance to replay gRPC calls.
+    fn replay(&self) -> Option<Self> {
+        None
+    }
+}
+
+/// A copy of `req` with its body replayed (method, URI, version, headers, extensions).
+pub fn replay_request<B: ReplayBody>(req: &http::Request<B>) -> Option<http::Request<B>> {
+    let mut copy = http::Request::new(req.body().replay()?);
+    *copy.method_mut() = req.method().clone();
+    *copy.uri_mut() = req.uri().clone();
+    *copy.version_mut() = req.version();
+    *copy.headers_mut() = req.headers().clone();
+    *copy.extensions_mut() = req.extensions().clone();
+    Some(copy)
+}
+
+/// The [`RequestPolicy`] for `http::Request<B>`.
+#[derive(Clone, Debug)]
+pub struct HttpRequests {
+    key: Option<KeyExtractor>,
+    by_method: bool,
+}
+
+impl Default for HttpRequests {
+    fn default() -> Self {
+        HttpRequests {
+            key: None,
+            by_method: true,
+        }
+    }
+}
+
+// === impl HttpRequests ===
+
+impl HttpRequests {
+    /// No hash key; idempotent by method or [`Idempotent`] extension.
+    pub fn new() -> Self {
+        HttpRequests::default()
+    }
+
+    /// Take the hash key with `extractor` (`header:x-user-id`, `cookie:sid`, `path`,
+    /// `source-ip`).
+    pub fn hash_key(mut self, extractor: KeyExtractor) -> Self {
+        self.key = Some(extractor);
+        self
+    }
+
+    /// Whether the method makes a request idempotent (default `true`); the [`Idempotent`]
+    /// extension always does.
+    pub fn idempotent_by_method(mut self, on: bool) -> Self {
+        self.by_method = on;
+        self
+    }
+}
+
+impl<B: ReplayBody + Send + 'static> RequestPolicy<http::Request<B>> for HttpRequests {
+    fn with_hash_key<R>(&self, req: &http::Request<B>, pick: impl FnOnce(Option<&[u8]>) -> R) -> R {
+        match &self.key {
+            None => pick(None),
+            Some(k) => pick(k.extract(&HttpKeySource::new(req)).as_deref()),
+        }
+    }
+
+    fn is_idempotent(&self, req: &http::Request<B>) -> bool {
+        req.extensions().get::<Idempotent>().is_some()
+            || (self.by_method && is_idempotent_method(req.method()))
+    }
+
+    fn replay(&self, req: &http::Request<B>) -> Option<http::Request<B>> {
+        replay_request(req)
+    }
+}
+
+/// RFC 9110 §9.2.2: GET, HEAD, PUT, DELETE, OPTIONS and TRACE.
+pub fn is_idempotent_method(m: &Method) -> bool {
+    matches!(
+        *m,
+        Method::GET | Method::HEAD | Method::PUT | Method::DELETE | Method::OPTIONS | Method::TRACE
+    )
+}
+
+/// An `http::Request` seen as a [`KeySource`]: headers (first value), cookies (from the first
+/// `cookie` header), the path with its query (nginx's `$request_uri`) and the source address
+/// ([`SourceAddr`] or `SocketAddr` extension).
+#[derive(Debug)]
+pub struct HttpKeySource<'a, B>(&'a http::Request<B>);
+
+impl<'a, B> HttpKeySource<'a, B> {
+    /// View `req` as a key source.
+    pub fn new(req: &'a http::Request<B>) -> Self {
+        HttpKeySource(req)
+    }
+}
+
+impl<B> KeySource for HttpKeySource<'_, B> {
+    fn header(&self, name: &str) -> Option<&[u8]> {
+        self.0.headers().get(name).map(|v| v.as_bytes())
+    }
+
+    fn path(&self) -> Option<&[u8]> {
+        self.0.uri().path_and_query().map(|p| p.as_str().as_bytes())
+    }
+
+    fn source_ip(&self) -> Option<IpAddr> {
+        let ext = self.0.extensions();
+        ext.get::<SourceAddr>()
+            .map(|s| s.0)
+            .or_else(|| ext.get::<SocketAddr>().map(SocketAddr::ip))
+    }
+}
+
+/// The [`ResponsePolicy`] for `http::Response<B>` (HTTP and gRPC).
+#[derive(Clone, Copy, Debug)]
+pub struct HttpResponses {
+    complete_at: CompleteAt,
+    grpc: GrpcCodes,
+}
+
+impl Default for HttpResponses {
+    fn default() -> Self {
+        HttpResponses {
+            complete_at: CompleteAt::EndOfStream,
+            grpc: GrpcCodes::DEFAULT,
+        }
+    }
+}
+
+// === impl HttpResponses ===
+
+impl HttpResponses {
+    /// Calls end at the end of the body; [`GrpcCodes::DEFAULT`] are failures.
+    pub fn new() -> Self {
+        HttpResponses::default()
+    }
+
+    /// End calls at `at`.
+    pub fn complete_at(mut self, at: CompleteAt) -> Self {
+        self.complete_at = at;
+        self
+    }
+
+    /// Count these gRPC codes as failures.
+    pub fn grpc_failures(mut self, codes: GrpcCodes) -> Self {
+        self.grpc = codes;
+        self
+    }
+}
+
+/// The failure `status` stands for: 5xx, 504 being a timeout.
+pub fn status_failure(status: StatusCode) -> Option<FailureKind> {
+    match status {
+        StatusCode::GATEWAY_TIMEOUT => Some(FailureKind::Timeout),
+        s if s.is_server_error() => Some(FailureKind::Server),
+        _ => None,
+    }
+}
+
+/// The failure a `grpc-status` header or trailer in `headers` stands for, if any.
+pub fn grpc_failure(headers: &HeaderMap, codes: GrpcCodes) -> Option<FailureKind> {
+    // A prepared name: looking up by `&str` would parse and validate it on every response.
+    static GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");
+    let code = headers
+        .get(&GRPC_STATUS)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse::<i32>()
+        .ok()?;
+    grpc_code_kind(code, codes)
+}
+
+impl<B> ResponsePolicy<http::Response<B>> for HttpResponses
+where
+    B: http_body::Body + Send + 'static,
+{
+    type Output = http::Response<TrackBody<B>>;
+
+    fn classify(&self, resp: &http::Response<B>) -> Outcome {
+        status_failure(resp.status())
+            .or_else(|| grpc_failure(resp.headers(), self.grpc))
+            .map_or(Outcome::Success, Outcome::Failure)
+    }
+
+    fn complete(
+        &self,
+        resp: http::Response<B>,
+        outcome: Outcome,
+        call: Completion,
+    ) -> Self::Output {
+        if outcome != Outcome::Success {
+            call.finish(outcome);
+            return resp.map(TrackBody::untracked);
+        }
+        resp.map(|b| TrackBody::new(b, call, self.complete_at, self.grpc))
+    }
+}
+
+#[cfg(test)]
+mod tests;

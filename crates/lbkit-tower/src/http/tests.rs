@@ -1,0 +1,171 @@
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use lbkit_core::{CallGuard, Clock, Endpoint, EndpointSpec, EndpointStats, Timestamp};
+
+use super::*;
+use crate::telemetry::EndpointMetrics;
+
+fn call() -> (Completion, Arc<EndpointStats>) {
+    let stats = Arc::new(EndpointStats::default());
+    let ep = Endpoint::new(EndpointSpec::new("a:1"), stats.clone(), Timestamp::ZERO);
+    let guard = CallGuard::new(ep, Clock::System.now(), Clock::System);
+    let metrics = Arc::new(EndpointMetrics::register("test", "a:1"));
+    (Completion::new(guard, metrics, Clock::System, 0), stats)
+}
+
+/// A body of data frames followed by optional trailers.
+fn stream(
+    frames: Vec<&'static str>,
+    trailers: Option<HeaderMap>,
+) -> impl http_body::Body<Data = Bytes, Error = Infallible> {
+    let mut items: Vec<Result<http_body::Frame<Bytes>, Infallible>> = frames
+        .into_iter()
+        .map(|f| Ok(http_body::Frame::data(Bytes::from_static(f.as_bytes()))))
+        .collect();
+    if let Some(t) = trailers {
+        items.push(Ok(http_body::Frame::trailers(t)));
+    }
+    http_body_util::StreamBody::new(futures_util::stream::iter(items))
+}
+
+fn grpc_trailers(code: &str) -> HeaderMap {
+    let mut t = HeaderMap::new();
+    t.insert("grpc-status", code.parse().unwrap());
+    t
+}
+
+#[tokio::test]
+async fn end_of_stream_counts_trailers() {
+    let (c, stats) = call();
+    let body = TrackBody::new(
+        stream(vec!["a", "b"], Some(grpc_trailers("14"))),
+        c,
+        CompleteAt::EndOfStream,
+        GrpcCodes::DEFAULT,
+    );
+    assert_eq!(stats.in_flight(), 1);
+    let collected = body.collect().await.unwrap();
+    assert_eq!(collected.trailers().unwrap()["grpc-status"], "14");
+    assert_eq!(
+        (stats.in_flight(), stats.failures(), stats.successes()),
+        (0, 1, 0)
+    );
+
+    let (c, stats) = call();
+    let body = TrackBody::new(
+        stream(vec!["a"], Some(grpc_trailers("0"))),
+        c,
+        CompleteAt::EndOfStream,
+        GrpcCodes::DEFAULT,
+    );
+    body.collect().await.unwrap();
+    assert_eq!((stats.in_flight(), stats.successes()), (0, 1));
+}
+
+#[tokio::test]
+async fn first_frame_ends_the_call_early() {
+    let (c, stats) = call();
+    let mut body = TrackBody::new(
+        stream(vec!["a", "b"], None),
+        c,
+        CompleteAt::FirstFrame,
+        GrpcCodes::DEFAULT,
+    );
+    assert!(body.is_tracking());
+    let first = body.frame().await.unwrap().unwrap();
+    assert_eq!(first.into_data().unwrap(), "a");
+    assert!(!body.is_tracking());
+    assert_eq!((stats.in_flight(), stats.successes()), (0, 1));
+}
+
+#[tokio::test]
+async fn dropped_body_is_a_cancellation_and_empty_body_ends_at_once() {
+    let (c, stats) = call();
+    let body = TrackBody::new(
+        stream(vec!["a"], None),
+        c,
+        CompleteAt::EndOfStream,
+        GrpcCodes::DEFAULT,
+    );
+    drop(body);
+    assert_eq!((stats.in_flight(), stats.cancellations()), (0, 1));
+
+    let (c, stats) = call();
+    let body = TrackBody::new(
+        http_body_util::Empty::<Bytes>::new(),
+        c,
+        CompleteAt::EndOfStream,
+        GrpcCodes::DEFAULT,
+    );
+    assert!(!body.is_tracking());
+    assert_eq!((stats.in_flight(), stats.successes()), (0, 1));
+}
+
+#[test]
+fn response_classification() {
+    let p = HttpResponses::new();
+    let resp = |status: u16, grpc: Option<&str>| {
+        let mut r = http::Response::builder().status(status);
+        if let Some(g) = grpc {
+            r = r.header("grpc-status", g);
+        }
+        r.body(http_body_util::Empty::<Bytes>::new()).unwrap()
+    };
+    assert_eq!(p.classify(&resp(200, None)), Outcome::Success);
+    assert_eq!(p.classify(&resp(404, None)), Outcome::Success);
+    assert_eq!(
+        p.classify(&resp(503, None)),
+        Outcome::Failure(FailureKind::Server)
+    );
+    assert_eq!(
+        p.classify(&resp(504, None)),
+        Outcome::Failure(FailureKind::Timeout)
+    );
+    assert_eq!(
+        p.classify(&resp(200, Some("14"))),
+        Outcome::Failure(FailureKind::Server)
+    );
+    assert_eq!(p.classify(&resp(200, Some("5"))), Outcome::Success);
+}
+
+#[test]
+fn requests_keys_idempotency_and_replay() {
+    let p = HttpRequests::new().hash_key("cookie:sid".parse().unwrap());
+    let mut req = http::Request::post("http://h/cart?id=3")
+        .header("cookie", "a=1; sid=s-9")
+        .header("x-user", "u-1")
+        .body(Full::new(Bytes::from_static(b"payload")))
+        .unwrap();
+    let key = p.with_hash_key(&req, |k| k.map(<[u8]>::to_vec));
+    assert_eq!(key.as_deref(), Some(&b"s-9"[..]));
+    assert!(!p.is_idempotent(&req), "POST");
+    req.extensions_mut().insert(Idempotent);
+    assert!(p.is_idempotent(&req), "marked");
+    let copy = p.replay(&req).unwrap();
+    assert_eq!(
+        (copy.method(), copy.uri(), &copy.headers()["x-user"]),
+        (req.method(), req.uri(), &req.headers()["x-user"])
+    );
+    assert!(copy.extensions().get::<Idempotent>().is_some());
+
+    let src = HttpKeySource::new(&req);
+    assert_eq!(src.path(), Some(&b"/cart?id=3"[..]));
+    assert_eq!(src.header("x-user"), Some(&b"u-1"[..]));
+    assert_eq!(src.source_ip(), None);
+    req.extensions_mut()
+        .insert(SourceAddr([10, 0, 0, 7].into()));
+    let by_ip: KeyExtractor = "source-ip".parse().unwrap();
+    assert_eq!(
+        by_ip.extract(&HttpKeySource::new(&req)).as_deref(),
+        Some(&b"10.0.0.7"[..])
+    );
+
+    let get = http::Request::get("/").body(String::new()).unwrap();
+    assert!(HttpRequests::new().is_idempotent(&get));
+    assert!(!HttpRequests::new()
+        .idempotent_by_method(false)
+        .is_idempotent(&get));
+}

@@ -1,0 +1,69 @@
+//! The retry budget bounds retries; exhaustion is an error kind (and a counter, see metrics.rs).
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lbkit_core::Availability;
+use lbkit_strategy::RoundRobin;
+use lbkit_tower::{BalanceLayer, CloneRequests, Error, ErrorKind, PoolBuilder};
+use support::*;
+use tower::retry::budget::TpsBudget;
+use tower::{Layer, Service, ServiceExt};
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn retry_budget_exhaustion_stops_retries() {
+    let farm = Farm::new(&["a", "b", "c"]);
+    for n in ["a", "b", "c"] {
+        farm.get(n).set(Behaviour::Fail);
+    }
+    let pool = PoolBuilder::new(RoundRobin::default())
+        .availability(Availability::OFF)
+        .spawn_static(farm.specs(&["a", "b", "c"]), farm.maker());
+    // One retry per second in reserve (ttl 1 s), plus 20 % of requests: a retry costs 5
+    // deposits. Time is paused, so no window expires during the test.
+    let budget = Arc::new(TpsBudget::new(Duration::from_secs(1), 1, 0.2));
+    let mut svc = BalanceLayer::new()
+        .requests(CloneRequests::idempotent())
+        .failover(2)
+        .retry_budget(budget)
+        .layer(pool.clone());
+    let mut exhausted = 0;
+    for id in 0..10 {
+        let err = svc.ready().await.unwrap().call(id).await.unwrap_err();
+        let err = err.downcast::<Error>().unwrap();
+        if err.kind() == ErrorKind::BudgetExhausted {
+            exhausted += 1;
+            assert!(err.is_budget_exhausted());
+            assert!(err.to_string().contains("retry budget exhausted"), "{err}");
+            assert!(
+                lbkit_tower::is_caused_by::<std::io::Error>(&*err),
+                "the last failure is the source"
+            );
+        }
+    }
+    // Budget: reserve 5, +1 per request, -5 per retry. Requests 1, 5 and 10 get one retry each;
+    // every request then finds the budget empty before its second retry.
+    let calls: u32 = ["a", "b", "c"].iter().map(|n| farm.get(n).calls()).sum();
+    assert_eq!(calls, 10 + 3);
+    assert_eq!(exhausted, 10);
+    let snap = pool.snapshot();
+    let failures: u64 = snap.endpoints().iter().map(|e| e.stats().failures()).sum();
+    assert_eq!(failures, 13);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_default_budget_allows_normal_failover() {
+    let farm = Farm::new(&["a", "b"]);
+    farm.get("a").set(Behaviour::Fail);
+    let pool = PoolBuilder::new(RoundRobin::default())
+        .availability(Availability::OFF)
+        .spawn_static(farm.specs(&["a", "b"]), farm.maker());
+    let mut svc = BalanceLayer::new()
+        .requests(CloneRequests::idempotent())
+        .layer(pool);
+    for id in 0..50 {
+        assert_eq!(svc.ready().await.unwrap().call(id).await.unwrap(), "b");
+    }
+}

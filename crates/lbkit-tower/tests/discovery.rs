@@ -1,0 +1,150 @@
+//! Discovery updates make and drop endpoint services; stream errors keep the last snapshot.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lbkit_core::{EndpointKey, EndpointSpec, Update};
+use lbkit_tower::{BalanceLayer, PoolBuilder, PoolStatus};
+use support::*;
+use tokio::sync::{mpsc, watch};
+use tower::{Layer, Service, ServiceExt};
+
+type Item = Result<Update, std::io::Error>;
+
+fn source(rx: mpsc::UnboundedReceiver<Item>) -> impl futures_core::Stream<Item = Item> + Send {
+    futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|i| (i, rx)) })
+}
+
+async fn wait(status: &mut watch::Receiver<PoolStatus>, what: impl Fn(&PoolStatus) -> bool) {
+    tokio::time::timeout(Duration::from_secs(30), status.wait_for(|s| what(s)))
+        .await
+        .expect("the pool task reports within 30 s")
+        .expect("the pool is alive");
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn updates_add_and_drop_endpoint_services() {
+    let farm = Farm::new(&["a", "b", "c"]);
+    let (tx, rx) = mpsc::unbounded_channel::<Item>();
+    tx.send(Ok(Update::Reset(farm.specs(&["a", "b"])))).unwrap();
+    let pool = PoolBuilder::default().spawn(source(rx), farm.maker());
+    // Queued updates are applied before `spawn` returns.
+    assert_eq!(pool.service_count(), 2);
+    assert_eq!(pool.snapshot().len(), 2);
+    let mut status = pool.status();
+    assert_eq!(
+        (status.borrow().version, status.borrow().services_made),
+        (1, 2)
+    );
+    let mut svc = BalanceLayer::new().failfast().layer(pool.clone());
+
+    tx.send(Ok(Update::Add(farm.specs(&["c"])))).unwrap();
+    wait(&mut status, |s| s.services_made == 3).await;
+    assert!(pool.has_service(&EndpointKey::from("c")));
+    assert_eq!(pool.snapshot().len(), 3);
+
+    tx.send(Ok(Update::Remove(vec![EndpointKey::from("a")])))
+        .unwrap();
+    wait(&mut status, |s| s.services_released == 1).await;
+    assert!(!pool.has_service(&EndpointKey::from("a")));
+    assert_eq!(
+        Arc::strong_count(&farm.backends["a"].0),
+        1,
+        "a's service is dropped"
+    );
+    for id in 0..10 {
+        assert_ne!(svc.ready().await.unwrap().call(id).await.unwrap(), "a");
+    }
+
+    // A weight change keeps the service (same key, same address).
+    tx.send(Ok(Update::Add(vec![
+        EndpointSpec::new("b").with_weight(300)
+    ])))
+    .unwrap();
+    wait(&mut status, |s| s.version == 4).await;
+    assert_eq!(status.borrow().services_made, 3);
+    let version = status.borrow().version;
+
+    // A source error keeps the last good snapshot.
+    tx.send(Err(std::io::Error::other("registry unreachable")))
+        .unwrap();
+    wait(&mut status, |s| s.source_errors == 1).await;
+    assert_eq!(
+        status.borrow().last_error.as_deref(),
+        Some("registry unreachable")
+    );
+    assert_eq!(pool.snapshot().version(), version);
+    assert_eq!(pool.service_count(), 2);
+    assert!(svc.ready().await.unwrap().call(11).await.is_ok());
+
+    // Several updates queued together are published as one snapshot.
+    tx.send(Ok(Update::Add(farm.specs(&["a"])))).unwrap();
+    tx.send(Ok(Update::Remove(vec![EndpointKey::from("c")])))
+        .unwrap();
+    wait(&mut status, |s| s.services_released == 2).await;
+    assert_eq!(status.borrow().version, version + 1);
+    assert_eq!(pool.service_count(), 2);
+
+    drop(tx);
+    wait(&mut status, |s| s.source_ended).await;
+    drop((svc, pool));
+    for n in ["a", "b", "c"] {
+        assert_eq!(
+            Arc::strong_count(&farm.backends[n].0),
+            1,
+            "{n}: every service dropped with the pool"
+        );
+    }
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn an_endpoint_without_a_service_is_left_out() {
+    let farm = Farm::new(&["a", "b"]);
+    let backends = farm.backends.clone();
+    let pool = PoolBuilder::default().spawn_static(
+        farm.specs(&["a", "b"]),
+        lbkit_tower::TryMake(move |ep: &lbkit_core::Endpoint| match ep.address() {
+            "a" => Err(std::io::Error::other("bad address")),
+            other => Ok(backends[other].clone()),
+        }),
+    );
+    assert_eq!(pool.snapshot().len(), 1);
+    assert!(pool.has_service(&EndpointKey::from("b")));
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn outlier_detection_ejects_a_failing_endpoint() {
+    use lbkit_core::{Availability, Clock, Timestamp};
+    use lbkit_health::OutlierConfig;
+
+    let farm = Farm::new(&["a", "b", "c"]);
+    farm.get("a").set(Behaviour::Fail);
+    let (clock, hand) = Clock::manual(Timestamp::from_millis(1_000));
+    let pool = PoolBuilder::new(lbkit_strategy::RoundRobin::default())
+        .clock(clock)
+        .availability(Availability::OFF)
+        .outlier_detection(OutlierConfig::default())
+        .spawn_static(farm.specs(&["a", "b", "c"]), farm.maker());
+    let mut svc = BalanceLayer::new().failfast().layer(pool.clone());
+    for id in 0..30 {
+        let _ = svc.ready().await.unwrap().call(id).await;
+    }
+    assert_eq!(pool.snapshot().eligible().len(), 3);
+    // Two outlier intervals later (the first tick starts the clock), a is ejected.
+    for _ in 0..2 {
+        hand.advance(Duration::from_secs(10));
+        tokio::time::sleep(Duration::from_millis(300)).await; // one pool tick of paused time
+    }
+    let snap = pool.snapshot();
+    assert_eq!(snap.eligible().len(), 2);
+    assert!(snap
+        .ejected_until(snap.find(&EndpointKey::from("a")).unwrap())
+        .is_some());
+    let before = farm.get("a").calls();
+    for id in 100..110 {
+        assert_ne!(svc.ready().await.unwrap().call(id).await.unwrap(), "a");
+    }
+    assert_eq!(farm.get("a").calls(), before);
+}
