@@ -181,13 +181,12 @@ impl OutlierDetector {
     /// Evaluate the rules over the calls since the last tick. Returns whether any endpoint was
     /// ejected or readmitted (then build and publish a new snapshot).
     pub fn tick(&mut self, snapshot: &Snapshot, now: Timestamp) -> bool {
-        self.tracks.retain(|k, _| snapshot.find(k).is_some());
-        self.overlay
-            .ejected
-            .retain(|k, _| snapshot.find(k).is_some());
-        self.overlay
-            .readmitted
-            .retain(|k, _| snapshot.find(k).is_some());
+        // Forget endpoints that left: one set of the snapshot's keys, O(n) per tick.
+        let present: std::collections::HashSet<&EndpointKey> =
+            snapshot.endpoints().iter().map(|e| e.key()).collect();
+        self.tracks.retain(|k, _| present.contains(k));
+        self.overlay.ejected.retain(|k, _| present.contains(k));
+        self.overlay.readmitted.retain(|k, _| present.contains(k));
         let mut changed = self.readmit(snapshot, now);
         let volumes = self.interval_volumes(snapshot);
         let candidates = self.candidates(snapshot, &volumes);

@@ -6,7 +6,7 @@
 //!   have flowed for `blackout_ms` (10 s: a new endpoint's first numbers are noisy) and until it is
 //!   `expiry_ms` old (3 min). Endpoints without a usable weight get the mean of the usable ones;
 //!   with none usable, all weights are equal. Weights are clamped to `[mean / 100, 10 × mean]`,
-//!   scaled to integers (the largest to 65 535) and scheduled by the smooth weighted round-robin
+//!   scaled to integers (the largest to 1 000) and scheduled by the smooth weighted round-robin
 //!   machinery — an exact nginx cycle, or a static golden-ratio stride for large sets.
 //!   Recomputed every `period_ms` (1 s).
 //! * **Origin**: gRPC `weighted_round_robin` (gRFC A58: formula, blackout, expiry, clamping,
@@ -29,8 +29,11 @@ use crate::common::share;
 use crate::round_robin::{counter, SharedCounter};
 use crate::smooth_weighted::SmoothWeightedPicker;
 
-/// Largest scaled weight (gRPC's static stride scales to `u16`).
-const SCALE: f64 = 65_535.0;
+/// Largest scaled weight. Weights are clamped to within 1 000× of each other, so 1 000 steps keep
+/// every ratio; a larger scale would only lengthen the nginx cycle the scheduler precomputes
+/// (at 65 535, gRPC's `u16` scale, ten endpoints made a 570 000-entry cycle and a 20 ms prepare
+/// every second).
+const SCALE: f64 = 1_000.0;
 
 /// gRPC WRR defaults.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -204,10 +207,10 @@ mod tests {
             T,
         );
         let w = shares(&p, 3);
-        assert_eq!(w[0], 65_535);
+        assert_eq!(w[0], 1_000);
         let (w1, w2) = (100.0 / 0.6, (200.0 + 100.0 / 0.6) / 2.0);
-        assert_eq!(w[1], (w1 / 200.0 * 65_535.0f64).round() as u64);
-        assert_eq!(w[2], (w2 / 200.0 * 65_535.0f64).round() as u64);
+        assert_eq!(w[1], (w1 / 200.0 * 1_000.0f64).round() as u64);
+        assert_eq!(w[2], (w2 / 200.0 * 1_000.0f64).round() as u64);
         assert!(p
             .explain(EndpointIdx::new(2), T)
             .unwrap()
@@ -220,7 +223,7 @@ mod tests {
             ),
             T,
         );
-        assert_eq!(shares(&fresh, 2), [65_535, 65_535]);
+        assert_eq!(shares(&fresh, 2), [1_000, 1_000]);
         assert!(fresh
             .explain(EndpointIdx::new(0), T)
             .unwrap()
@@ -236,7 +239,7 @@ mod tests {
         );
         let later = T + Duration::from_secs(200);
         let p = a.prepare(&s, later);
-        assert_eq!(shares(&p, 2), [65_535, 65_535], "both expired: equal");
+        assert_eq!(shares(&p, 2), [1_000, 1_000], "both expired: equal");
         let p = a.prepare(&s, T);
         let w = shares(&p, 2);
         // 200 vs 0.001: clamped to mean/100 ≈ 1.0 → 1/200 of the top weight.

@@ -5,7 +5,7 @@
 //!   earliest on ties; if every circuit is tripped, round robin (Ribbon falls back to its
 //!   parent rule).
 //! * **Origin**: Netflix Ribbon `BestAvailableRule`.
-//! * **Complexity**: prepare O(n); pick O(n) up to 16 endpoints (an exact scan, as Ribbon), O(1)
+//! * **Complexity**: prepare O(n); pick O(n) up to 8 endpoints (an exact scan, as Ribbon), O(1)
 //!   beyond (the better of two samples).
 //! * **Behaviour under trouble**: like `least-active`, plus failing endpoints are excluded while
 //!   their breaker is tripped.

@@ -6,10 +6,11 @@ use lbkit_core::{EndpointIdx, FastRng, PickContext, Snapshot, Timestamp};
 use crate::alias::AliasTable;
 use crate::common::{all_equal, effective_weights};
 
-/// Largest set scanned exactly; larger sets compare two weighted samples (power of two
-/// choices), which keeps a pick O(1) at 100 000 endpoints. 16 in-flight reads cost about as much
-/// as the two samples' RNG draws and table reads.
-pub(crate) const EXACT_SCAN: usize = 16;
+/// Largest set scanned exactly (Dubbo's and Ribbon's semantics); larger sets compare two
+/// weighted samples (power of two choices), which keeps a pick O(1) at 100 000 endpoints. The
+/// scan costs about 3.5× the two-sample path at 16 endpoints (BENCHMARKS.md, issue 3), so it is
+/// kept to small sets, as DESIGN.md suggests.
+pub(crate) const EXACT_SCAN: usize = 8;
 
 /// How ties on the lowest cost are broken.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

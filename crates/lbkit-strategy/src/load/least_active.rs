@@ -3,7 +3,7 @@
 //! * **Algorithm**: read every candidate's in-flight count, keep the lowest; among endpoints tied
 //!   on it, draw one with probability proportional to its (warm-up) weight.
 //! * **Origin**: Dubbo `LeastActiveLoadBalance`.
-//! * **Complexity**: prepare O(n); pick O(n) for up to 16 endpoints (exact, as Dubbo), and O(1)
+//! * **Complexity**: prepare O(n); pick O(n) for up to 8 endpoints (exact, as Dubbo), and O(1)
 //!   beyond: the less active of two weight-proportional samples (power of two choices), which
 //!   is what makes it usable at 100 000 endpoints.
 //! * **Behaviour under trouble**: a slow endpoint accumulates calls in flight and stops getting

@@ -4,7 +4,7 @@
 //!   window (`window_ms`, default 30 s — Dubbo's `slidePeriod`) times its calls in flight plus
 //!   one; the lowest estimate wins, ties by weighted random.
 //! * **Origin**: Dubbo `ShortestResponseLoadBalance` (2.7.7+).
-//! * **Complexity**: prepare O(n); pick O(n) up to 16 endpoints (exact, as Dubbo), O(1) beyond
+//! * **Complexity**: prepare O(n); pick O(n) up to 8 endpoints (exact, as Dubbo), O(1) beyond
 //!   (the better of two weight-proportional samples). The window is [`EndpointStats`]'
 //!   lock-free slots (5 s each, up to 60 s).
 //! * **Behaviour under trouble**: a provider that turns slow sees its estimate grow with each slow

@@ -298,6 +298,6 @@ fn adaptive_through_a_balancer_follows_reports() {
         })
         .collect();
     drop(guards);
-    // 100/0.25 = 400 vs 100/0.75 = 133: 3 to 1.
-    assert_eq!(c, [3_000, 1_000]);
+    // 100/0.25 = 400 vs 100/0.75 = 133: 3 to 1 (scaled to 1 000 : 333).
+    assert!((c[0] as f64 / c[1] as f64 - 3.0).abs() < 0.01, "{c:?}");
 }
