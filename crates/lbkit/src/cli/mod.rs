@@ -2,6 +2,7 @@
 
 mod explain;
 mod pick;
+mod proxy;
 mod register;
 mod sim;
 mod watch;
@@ -31,6 +32,8 @@ enum Command {
     Watch(watch::WatchArgs),
     /// Register a provider in ZooKeeper (ephemeral) until interrupted.
     Register(register::RegisterArgs),
+    /// Run the sidecar proxy (HTTP/1.1, h2c, TCP) from a config file, or --check one.
+    Proxy(proxy::ProxyArgs),
 }
 
 /// Run the parsed command line.
@@ -41,6 +44,7 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Demo(args) => sim::demo(args),
         Command::Watch(args) => watch::run(args),
         Command::Register(args) => register::run(args),
+        Command::Proxy(args) => proxy::run(args),
     }
 }
 

@@ -1,0 +1,208 @@
+//! Reading and validating a configuration file.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use lbkit_strategy::catalog::{self, Params};
+use lbkit_strategy::KeyExtractor;
+
+use super::{Config, Protocol, Service, MIN_HEADER_BYTES};
+use crate::error::ConfigError;
+
+// === impl Config ===
+
+impl Config {
+    /// Read and validate `path`.
+    ///
+    /// # Errors
+    /// A [`ConfigError`] naming the file and the field.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::new(path, "-", format!("cannot read: {e}")))?;
+        Config::parse(&text, path)
+    }
+
+    /// Parse and validate `text`; `path` names it in errors (and anchors relative files).
+    ///
+    /// # Errors
+    /// A [`ConfigError`] naming the field.
+    pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
+        let mut config: Config = toml::from_str(text).map_err(|e| {
+            let reason = e.message().to_owned();
+            let field = match e.span() {
+                Some(span) => format!("line {}", text[..span.start].lines().count().max(1)),
+                None => "-".to_owned(),
+            };
+            ConfigError::new(path, field, reason)
+        })?;
+        let dir = path.parent().unwrap_or(Path::new("."));
+        for svc in config.services.values_mut() {
+            if let Some(file) = &mut svc.file {
+                if file.is_relative() {
+                    *file = dir.join(&*file);
+                }
+            }
+        }
+        config.validate(path)?;
+        Ok(config)
+    }
+
+    fn validate(&self, path: &Path) -> Result<(), ConfigError> {
+        let err = |field: String, reason: String| ConfigError::new(path, field, reason);
+        if self.limits.max_header_bytes < MIN_HEADER_BYTES {
+            return Err(err(
+                "limits.max_header_bytes".into(),
+                format!("must be at least {MIN_HEADER_BYTES}"),
+            ));
+        }
+        if self.limits.max_connections == 0 || self.limits.max_headers == 0 {
+            return Err(err(
+                "limits".into(),
+                "max_connections and max_headers must be > 0".into(),
+            ));
+        }
+        if self.listeners.is_empty() {
+            return Err(err(
+                "listener".into(),
+                "at least one [[listener]] is required".into(),
+            ));
+        }
+        for (i, l) in self.listeners.iter().enumerate() {
+            match (l.protocol, &l.service) {
+                (Protocol::Tcp, None) => {
+                    return Err(err(
+                        format!("listener[{i}].service"),
+                        "a tcp listener needs a service".into(),
+                    ))
+                }
+                (Protocol::Http, Some(_)) => {
+                    return Err(err(
+                        format!("listener[{i}].service"),
+                        "http listeners route with [[route]]".into(),
+                    ))
+                }
+                (_, Some(s)) if !self.services.contains_key(s) => {
+                    return Err(err(
+                        format!("listener[{i}].service"),
+                        format!("no [service.{s}]"),
+                    ))
+                }
+                _ => {}
+            }
+        }
+        for (i, r) in self.routes.iter().enumerate() {
+            if !self.services.contains_key(&r.service) {
+                return Err(err(
+                    format!("route[{i}].service"),
+                    format!("no [service.{}]", r.service),
+                ));
+            }
+            if !r.path_prefix.starts_with('/') {
+                return Err(err(
+                    format!("route[{i}].path_prefix"),
+                    "must start with '/'".into(),
+                ));
+            }
+            if let Some(key) = &r.hash_key {
+                key.parse::<KeyExtractor>()
+                    .map_err(|e| err(format!("route[{i}].hash_key"), e.to_string()))?;
+            }
+        }
+        for (name, svc) in &self.services {
+            svc.validate(&|field: &str, reason: String| {
+                err(format!("service.{name}.{field}"), reason)
+            })?;
+        }
+        Ok(())
+    }
+
+    /// The drain bound.
+    pub fn drain_timeout(&self) -> Duration {
+        Duration::from_millis(self.limits.drain_timeout_ms)
+    }
+}
+
+// === impl Service ===
+
+impl Service {
+    fn validate(&self, err: &dyn Fn(&str, String) -> ConfigError) -> Result<(), ConfigError> {
+        let sources = [
+            self.endpoints.is_some(),
+            self.file.is_some(),
+            self.zookeeper.is_some(),
+        ];
+        if sources.iter().filter(|&&s| s).count() != 1 {
+            return Err(err(
+                "endpoints",
+                "give exactly one of endpoints, file, zookeeper".into(),
+            ));
+        }
+        if let Some(list) = &self.endpoints {
+            lbkit_discovery::parse_static_list(&list.join(","), "endpoints")
+                .map_err(|e| err("endpoints", e.reason().to_owned()))?;
+        }
+        if let Some(zk) = &self.zookeeper {
+            lbkit_discovery::zookeeper::ZkConfig::new(zk.zk.clone())
+                .validate()
+                .map_err(|e| err("zookeeper.zk", e.to_string()))?;
+            self.zk_path().map_err(|reason| err("zookeeper", reason))?;
+        }
+        catalog::build(&self.strategy, self.strategy_params())
+            .map_err(|e| err("strategy", e.to_string()))?;
+        if !(0.0..=1000.0).contains(&self.retry_budget_percent) {
+            return Err(err("retry_budget_percent", "must be within 0-1000".into()));
+        }
+        if self.outlier_detection.interval_ms == 0 {
+            return Err(err("outlier_detection.interval_ms", "must be > 0".into()));
+        }
+        if let Some(hc) = &self.health_check {
+            if hc.interval_ms == 0 || hc.timeout_ms == 0 || hc.rise == 0 || hc.fall == 0 {
+                return Err(err(
+                    "health_check",
+                    "interval_ms, timeout_ms, rise and fall must be > 0".into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The strategy parameters as catalog text pairs.
+    pub fn strategy_params(&self) -> Params {
+        params_from(&self.params)
+    }
+
+    /// The ZooKeeper service path.
+    ///
+    /// # Errors
+    /// A bad layout or path, as text.
+    pub fn zk_path(&self) -> Result<Option<lbkit_discovery::zookeeper::ServicePath>, String> {
+        use lbkit_discovery::zookeeper::{Layout, ServicePath};
+        let Some(zk) = &self.zookeeper else {
+            return Ok(None);
+        };
+        let layout = match zk.layout.as_str() {
+            "dubbo" => Layout::Dubbo,
+            "plain" => Layout::Plain,
+            other => {
+                return Err(format!(
+                    "unknown layout {other:?} (expected dubbo or plain)"
+                ))
+            }
+        };
+        ServicePath::new(&zk.root, &zk.interface, layout)
+            .map(Some)
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// Catalog parameters from a TOML or JSON-like table (strings unquoted).
+pub fn params_from(map: &BTreeMap<String, toml::Value>) -> Params {
+    Params::from_pairs(map.iter().map(|(k, v)| {
+        let text = match v {
+            toml::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        (k.clone(), text)
+    }))
+}

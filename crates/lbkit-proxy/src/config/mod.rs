@@ -1,0 +1,379 @@
+//! The proxy's configuration file (TOML). Unknown fields are errors; every field below lists
+//! its default.
+//!
+//! ```toml
+//! [admin]                               # optional
+//! bind = "127.0.0.1:9901"               # default 127.0.0.1:9901
+//! token = "s3cret"                      # default none: no bearer token asked
+//!
+//! [limits]                              # optional
+//! max_header_bytes = 65536              # default 64 KiB (at least 8192): request head buffer (HTTP/1) / header list (h2)
+//! max_headers = 100                     # default 100 request headers (HTTP/1)
+//! header_read_timeout_ms = 10000        # default 10 s: a client slower to send its head is cut off
+//! max_connections = 10000               # default 10 000 client connections at once, all listeners
+//! drain_timeout_ms = 10000              # default 10 s: graceful shutdown waits this long for in-flight work
+//!
+//! [[listener]]                          # at least one
+//! bind = "127.0.0.1:8080"               # required
+//! protocol = "http"                     # default "http" (HTTP/1.1 and h2c); or "tcp" (L4)
+//! service = "db"                        # tcp only, required there: the service every connection goes to
+//!
+//! [[route]]                             # http listeners; first match in file order wins
+//! host = "api.example.com"              # default any host (compared without port, case-insensitively)
+//! path_prefix = "/api/"                 # default "/"
+//! service = "api"                       # required: a [service.NAME]
+//! timeout_ms = 15000                    # default 15 s: whole upstream exchange up to response headers, retries included
+//! hash_key = "header:x-user"            # default none; `header:NAME`, `cookie:NAME`, `path`, `source-ip`
+//!
+//! [service.api]
+//! endpoints = ["127.0.0.1:8081=100", "127.0.0.1:8082"]   # exactly one of endpoints, file, zookeeper
+//! # file = "endpoints.toml"                                # an endpoint file, watched (TOML, JSON, Dubbo URLs)
+//! # zookeeper = { zk = "127.0.0.1:2181", interface = "com.acme.Api", root = "dubbo", layout = "dubbo" }
+//! strategy = "round-robin"              # default "round-robin"; any name of `lbkit pick --list`
+//! params = { }                          # default {}: the strategy's parameters
+//! retries = 2                           # default 2: further attempts, each on another endpoint
+//! retry_budget_percent = 20             # default 20: retries allowed as a share of requests
+//! retry_budget_min_per_sec = 10         # default 10: retries always allowed per second
+//! connect_timeout_ms = 1000             # default 1 s
+//! h2c = false                           # default false: talk HTTP/2 cleartext to the upstreams
+//! availability = { max_in_flight = 0 }  # default 0 = unlimited; plus `circuit_breaker` (default false)
+//! outlier_detection = { enabled = true, interval_ms = 10000, consecutive_failures = 5, base_ejection_ms = 30000, max_ejection_percent = 10 }
+//! health_check = { kind = "http", path = "/healthz", expect_status = 200, interval_ms = 5000, timeout_ms = 1000, rise = 2, fall = 3 }
+//! ```
+//!
+//! * `zookeeper`: `zk` servers (required), `interface` (required), `root` (default `dubbo`),
+//!   `layout` (`dubbo`, default, or `plain`).
+//! * `outlier_detection` (Envoy's rules; each field defaults as shown, the whole table defaults to
+//!   enabled): consecutive failures eject; success-rate and failure-percentage rules run with
+//!   Envoy's defaults.
+//! * `health_check` (default none): `kind` `http` (GET `path`, default `/`, expecting
+//!   `expect_status`, default 200) or `tcp` (connect); `interval_ms` default 5000, `timeout_ms`
+//!   default 1000, `rise` default 2 successes to mark up, `fall` default 3 failures to mark down.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+/// Smallest `limits.max_header_bytes`: hyper's HTTP/1 read buffer cannot be smaller (8 KiB).
+pub const MIN_HEADER_BYTES: usize = 8192;
+
+/// A whole proxy configuration, validated.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// The admin listener.
+    #[serde(default)]
+    pub admin: Admin,
+    /// Limits against bad peers.
+    #[serde(default)]
+    pub limits: Limits,
+    /// Listeners.
+    #[serde(default, rename = "listener")]
+    pub listeners: Vec<Listener>,
+    /// HTTP routes.
+    #[serde(default, rename = "route")]
+    pub routes: Vec<Route>,
+    /// Services by name.
+    #[serde(default, rename = "service")]
+    pub services: BTreeMap<String, Service>,
+}
+
+/// `[admin]`.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Admin {
+    /// Address to bind. Default `127.0.0.1:9901`.
+    #[serde(default = "default_admin_bind")]
+    pub bind: SocketAddr,
+    /// Bearer token every admin request must carry. Default none.
+    #[serde(default)]
+    pub token: Option<String>,
+}
+
+impl Default for Admin {
+    fn default() -> Self {
+        Admin {
+            bind: default_admin_bind(),
+            token: None,
+        }
+    }
+}
+
+/// `[limits]`.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// Request head size limit, bytes. Default 65 536.
+    #[serde(default = "default_max_header_bytes")]
+    pub max_header_bytes: usize,
+    /// Request header count limit. Default 100.
+    #[serde(default = "default_max_headers")]
+    pub max_headers: usize,
+    /// Time a client has to send its request head, ms. Default 10 000.
+    #[serde(default = "default_header_read_timeout_ms")]
+    pub header_read_timeout_ms: u64,
+    /// Client connections at once. Default 10 000.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    /// Bound on draining at shutdown, ms. Default 10 000.
+    #[serde(default = "default_drain_timeout_ms")]
+    pub drain_timeout_ms: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_header_bytes: default_max_header_bytes(),
+            max_headers: default_max_headers(),
+            header_read_timeout_ms: default_header_read_timeout_ms(),
+            max_connections: default_max_connections(),
+            drain_timeout_ms: default_drain_timeout_ms(),
+        }
+    }
+}
+
+/// What a listener speaks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    /// HTTP/1.1 and HTTP/2 cleartext (prior knowledge), routed by `[[route]]`.
+    #[default]
+    Http,
+    /// Plain TCP to one service.
+    Tcp,
+}
+
+/// `[[listener]]`.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Listener {
+    /// Address to bind (port 0 picks a free port).
+    pub bind: SocketAddr,
+    /// Protocol. Default `http`.
+    #[serde(default)]
+    pub protocol: Protocol,
+    /// The service of a `tcp` listener.
+    #[serde(default)]
+    pub service: Option<String>,
+}
+
+/// `[[route]]`.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Route {
+    /// Host to match (without port). Default: any.
+    #[serde(default)]
+    pub host: Option<String>,
+    /// Path prefix to match. Default `/`.
+    #[serde(default = "default_prefix")]
+    pub path_prefix: String,
+    /// Service to forward to.
+    pub service: String,
+    /// Upstream timeout, ms. Default 15 000.
+    #[serde(default = "default_route_timeout_ms")]
+    pub timeout_ms: u64,
+    /// Hash key for hash strategies, as `KeyExtractor` text. Default none.
+    #[serde(default)]
+    pub hash_key: Option<String>,
+}
+
+/// `[service.NAME]`.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Service {
+    /// Static endpoints, `ADDRESS[=WEIGHT]`.
+    #[serde(default)]
+    pub endpoints: Option<Vec<String>>,
+    /// A watched endpoint file.
+    #[serde(default)]
+    pub file: Option<PathBuf>,
+    /// A ZooKeeper registry.
+    #[serde(default)]
+    pub zookeeper: Option<ZooKeeper>,
+    /// Strategy name. Default `round-robin`.
+    #[serde(default = "default_strategy")]
+    pub strategy: String,
+    /// Strategy parameters. Default none.
+    #[serde(default)]
+    pub params: BTreeMap<String, toml::Value>,
+    /// Retries after the first attempt. Default 2.
+    #[serde(default = "default_retries")]
+    pub retries: u32,
+    /// Retry budget, percent of requests. Default 20.
+    #[serde(default = "default_budget_percent")]
+    pub retry_budget_percent: f32,
+    /// Retries always allowed per second. Default 10.
+    #[serde(default = "default_budget_floor")]
+    pub retry_budget_min_per_sec: u32,
+    /// Upstream connect timeout, ms. Default 1 000.
+    #[serde(default = "default_connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
+    /// HTTP/2 cleartext to upstreams. Default false.
+    #[serde(default)]
+    pub h2c: bool,
+    /// Pick-time filters.
+    #[serde(default)]
+    pub availability: AvailabilityConfig,
+    /// Passive outlier detection.
+    #[serde(default)]
+    pub outlier_detection: OutlierDetection,
+    /// Active health check. Default none.
+    #[serde(default)]
+    pub health_check: Option<HealthCheck>,
+}
+
+/// `zookeeper = { .. }`.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ZooKeeper {
+    /// Servers, `host:port[,host:port]`.
+    pub zk: String,
+    /// Service (Dubbo interface) name.
+    pub interface: String,
+    /// Root node. Default `dubbo`.
+    #[serde(default = "default_zk_root")]
+    pub root: String,
+    /// `dubbo` (default) or `plain`.
+    #[serde(default = "default_zk_layout")]
+    pub layout: String,
+}
+
+/// `availability = { .. }`.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AvailabilityConfig {
+    /// Most calls in flight per endpoint; 0 = unlimited (default).
+    #[serde(default)]
+    pub max_in_flight: u32,
+    /// Ribbon's circuit breaker. Default false (outlier detection does that job here).
+    #[serde(default)]
+    pub circuit_breaker: bool,
+}
+
+/// `outlier_detection = { .. }`.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutlierDetection {
+    /// On or off. Default true.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// Tick period, ms. Default 10 000.
+    #[serde(default = "default_outlier_interval_ms")]
+    pub interval_ms: u64,
+    /// Consecutive failures that eject. Default 5.
+    #[serde(default = "default_consecutive")]
+    pub consecutive_failures: u32,
+    /// First ejection time, ms. Default 30 000.
+    #[serde(default = "default_base_ejection_ms")]
+    pub base_ejection_ms: u64,
+    /// Most endpoints ejected at once, percent. Default 10 (at least one).
+    #[serde(default = "default_max_ejection_percent")]
+    pub max_ejection_percent: u32,
+}
+
+impl Default for OutlierDetection {
+    fn default() -> Self {
+        OutlierDetection {
+            enabled: true,
+            interval_ms: default_outlier_interval_ms(),
+            consecutive_failures: default_consecutive(),
+            base_ejection_ms: default_base_ejection_ms(),
+            max_ejection_percent: default_max_ejection_percent(),
+        }
+    }
+}
+
+/// How an active health check probes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CheckKind {
+    /// HTTP GET.
+    Http,
+    /// TCP connect.
+    Tcp,
+}
+
+/// `health_check = { .. }`.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HealthCheck {
+    /// `http` or `tcp`.
+    pub kind: CheckKind,
+    /// HTTP path. Default `/`.
+    #[serde(default = "default_prefix")]
+    pub path: String,
+    /// Expected HTTP status. Default 200.
+    #[serde(default = "default_expect_status")]
+    pub expect_status: u16,
+    /// Probe period, ms. Default 5 000.
+    #[serde(default = "default_check_interval_ms")]
+    pub interval_ms: u64,
+    /// Probe timeout, ms. Default 1 000.
+    #[serde(default = "default_connect_timeout_ms")]
+    pub timeout_ms: u64,
+    /// Successes in a row that mark an endpoint up. Default 2.
+    #[serde(default = "default_rise")]
+    pub rise: u32,
+    /// Failures in a row that mark an endpoint down. Default 3.
+    #[serde(default = "default_fall")]
+    pub fall: u32,
+}
+
+mod defaults;
+mod load;
+
+use defaults::*;
+pub use load::params_from;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ConfigError;
+    use std::path::Path;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(text, Path::new("proxy.toml"))
+    }
+
+    const OK: &str = r#"
+[[listener]]
+bind = "127.0.0.1:0"
+[[route]]
+service = "api"
+hash_key = "header:x-user"
+[service.api]
+endpoints = ["127.0.0.1:8081=100", "127.0.0.1:8082"]
+strategy = "p2c-ewma"
+"#;
+
+    #[test]
+    fn a_good_file_parses_with_defaults() {
+        let c = parse(OK).unwrap();
+        assert_eq!(c.admin.bind, default_admin_bind());
+        assert_eq!(c.routes[0].path_prefix, "/");
+        assert_eq!(c.services["api"].retries, 2);
+        assert!(c.services["api"].outlier_detection.enabled);
+    }
+
+    #[test]
+    fn errors_name_the_file_and_field() {
+        let e = parse(&OK.replace("p2c-ewma", "nope"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("proxy.toml: service.api.strategy:"), "{e}");
+        let e = parse(&OK.replace("hash_key", "bogus"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("proxy.toml") && e.contains("bogus"), "{e}");
+        let e = parse(&OK.replace("header:x-user", "nonsense:1"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("route[0].hash_key"), "{e}");
+        let e = parse(&OK.replace("service = \"api\"", "service = \"web\""))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("route[0].service"), "{e}");
+    }
+}

@@ -1,0 +1,222 @@
+//! A configured upstream service: its balancer (behind an `ArcSwap`, so the strategy can change
+//! at run time), its pooled HTTP client, retry budget and metrics.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use http_body_util::{Either, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use lbkit_core::{
+    Availability, Balancer, BoxStrategy, CircuitBreaker, Clock, EndpointKey, Snapshot,
+};
+use lbkit_strategy::catalog::{self, ParamError, Params};
+use tower::retry::budget::TpsBudget;
+
+use crate::config;
+use crate::metrics::ServiceMetrics;
+
+/// The body sent upstream: a replayable buffer (retries possible) or the client's stream.
+pub type UpstreamBody = Either<Full<Bytes>, Incoming>;
+
+/// The pooled keep-alive client of one service.
+pub type UpstreamClient = Client<HttpConnector, UpstreamBody>;
+
+/// How long an idle upstream connection stays pooled (nginx's `keepalive_timeout` default is
+/// 60 s; upstream servers commonly close at 60–75 s, so 50 s avoids racing their close).
+const POOL_IDLE: Duration = Duration::from_secs(50);
+
+/// How long a retry budget remembers deposits (tower's and linkerd's default, 10 s).
+const BUDGET_TTL: Duration = Duration::from_secs(10);
+
+/// The balancer and the name of the strategy it runs, swapped together.
+#[derive(Debug)]
+pub struct Active {
+    /// The strategy's name as configured or set through the admin API.
+    pub strategy: String,
+    /// The balancer.
+    pub balancer: Balancer<BoxStrategy>,
+}
+
+/// One upstream service. Shared by every request to it (`Arc`); the request path only loads
+/// `active` and touches atomics.
+#[derive(Debug)]
+pub struct Service {
+    name: String,
+    config: config::Service,
+    // Swapped by the admin API (strategy) and read per request; publishes come from the
+    // service's own task. `publish_lock` orders the two writers; readers never take it.
+    active: ArcSwap<Active>,
+    publish_lock: tokio::sync::Mutex<()>,
+    /// One pool per thread that calls upstreams (index `worker_index`: 0 for the calling
+    /// runtime, whose tasks run health checks; 1..=N for worker threads), so a request and its
+    /// upstream connection are served by the same thread.
+    clients: Box<[UpstreamClient]>,
+    budget: TpsBudget,
+    metrics: ServiceMetrics,
+    clock: Clock,
+    // Written by the service's task only; read by the admin API.
+    ejections: ArcSwap<HashMap<EndpointKey, u64>>,
+}
+
+// === impl Service ===
+
+impl Service {
+    /// A service named `name` with `config`, with no endpoints until its source publishes, and
+    /// one connection pool for each of `workers` worker threads (at least one).
+    ///
+    /// # Errors
+    /// A strategy that does not build (the configuration was validated, so only when a caller
+    /// skips validation).
+    pub fn new(name: &str, config: &config::Service, workers: usize) -> Result<Self, ParamError> {
+        let clock = Clock::System;
+        let strategy = catalog::build(&config.strategy, config.strategy_params())?;
+        let balancer = balancer(
+            strategy,
+            Arc::new(Snapshot::new(0, Vec::new())),
+            config,
+            &clock,
+        );
+        Ok(Service {
+            name: name.to_owned(),
+            active: ArcSwap::from_pointee(Active {
+                strategy: config.strategy.clone(),
+                balancer,
+            }),
+            publish_lock: tokio::sync::Mutex::new(()),
+            clients: (0..=workers.max(1)).map(|_| client(config)).collect(),
+            budget: TpsBudget::new(
+                BUDGET_TTL,
+                config.retry_budget_min_per_sec,
+                config.retry_budget_percent / 100.0,
+            ),
+            metrics: ServiceMetrics::default(),
+            clock,
+            ejections: ArcSwap::default(),
+            config: config.clone(),
+        })
+    }
+
+    /// The name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The configuration it was built from.
+    pub fn config(&self) -> &config::Service {
+        &self.config
+    }
+
+    /// The current balancer and strategy name.
+    #[inline]
+    pub fn active(&self) -> arc_swap::Guard<Arc<Active>> {
+        self.active.load()
+    }
+
+    /// The upstream client of the calling worker thread.
+    #[inline]
+    pub fn client(&self) -> &UpstreamClient {
+        &self.clients[worker_index() % self.clients.len()]
+    }
+
+    /// The retry budget.
+    pub fn budget(&self) -> &TpsBudget {
+        &self.budget
+    }
+
+    /// Request counters.
+    pub fn metrics(&self) -> &ServiceMetrics {
+        &self.metrics
+    }
+
+    /// The clock of this service's guards.
+    pub fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
+    /// Times each endpoint was ejected by outlier detection.
+    pub fn ejections(&self) -> Arc<HashMap<EndpointKey, u64>> {
+        self.ejections.load_full()
+    }
+
+    pub(crate) fn set_ejections(&self, counts: HashMap<EndpointKey, u64>) {
+        self.ejections.store(Arc::new(counts));
+    }
+
+    /// Publish `snapshot` on the current balancer.
+    pub async fn publish(&self, snapshot: Arc<Snapshot>) {
+        let _order = self.publish_lock.lock().await;
+        self.active
+            .load()
+            .balancer
+            .publish(snapshot, self.clock.now());
+    }
+
+    /// Switch to strategy `name` with `params`. Calls in flight keep their guards (and so their
+    /// endpoints' statistics, which live in the snapshot's endpoints, not in the balancer).
+    ///
+    /// # Errors
+    /// An unknown strategy or a bad parameter.
+    pub async fn set_strategy(&self, name: &str, params: Params) -> Result<(), ParamError> {
+        let strategy = catalog::build(name, params)?;
+        let _order = self.publish_lock.lock().await;
+        let snapshot = self.active.load().balancer.snapshot();
+        let balancer = balancer(strategy, snapshot, &self.config, &self.clock);
+        self.active.store(Arc::new(Active {
+            strategy: name.to_owned(),
+            balancer,
+        }));
+        tracing::info!(service = %self.name, strategy = name, "strategy switched");
+        Ok(())
+    }
+}
+
+thread_local! {
+    static WORKER: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// The index of the calling worker thread: 1..=N on the proxy's worker threads, 0 elsewhere.
+pub(crate) fn worker_index() -> usize {
+    WORKER.with(|w| w.get())
+}
+
+/// Mark the calling thread as worker `index`.
+pub(crate) fn set_worker_index(index: usize) {
+    WORKER.with(|w| w.set(index));
+}
+
+fn balancer(
+    strategy: BoxStrategy,
+    snapshot: Arc<Snapshot>,
+    config: &config::Service,
+    clock: &Clock,
+) -> Balancer<BoxStrategy> {
+    let availability = Availability {
+        circuit_breaker: config
+            .availability
+            .circuit_breaker
+            .then(CircuitBreaker::default),
+        max_in_flight: (config.availability.max_in_flight > 0)
+            .then_some(config.availability.max_in_flight),
+    };
+    Balancer::new(strategy, snapshot, clock.now())
+        .with_availability(availability)
+        .with_clock(clock.clone())
+}
+
+fn client(config: &config::Service) -> UpstreamClient {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    connector.set_connect_timeout(Some(Duration::from_millis(config.connect_timeout_ms)));
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(POOL_IDLE)
+        .pool_timer(TokioTimer::new())
+        .timer(TokioTimer::new())
+        .http2_only(config.h2c)
+        .build(connector)
+}

@@ -1,0 +1,215 @@
+//! Real servers on 127.0.0.1 for the proxy's end-to-end tests.
+#![allow(dead_code)] // each test file uses part of this
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::service::service_fn;
+use hyper::Response;
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use lbkit_proxy::{Config, Proxy};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+/// Bound on any single wait in these tests.
+pub const WAIT: Duration = Duration::from_secs(20);
+
+/// An HTTP backend answering `NAME` to every request, echoing `x-forwarded-for` and
+/// `forwarded` back as `x-seen-xff` / `x-seen-forwarded`, and `x-seen-connection` when a
+/// `connection` header arrived. Dropping (or `kill`) closes the listener and every connection.
+pub struct Backend {
+    pub addr: SocketAddr,
+    pub name: String,
+    task: JoinHandle<()>,
+}
+
+impl Backend {
+    pub async fn start(name: &str) -> Backend {
+        Backend::start_on(name, SocketAddr::from(([127, 0, 0, 1], 0))).await
+    }
+
+    pub async fn start_on(name: &str, addr: SocketAddr) -> Backend {
+        Backend::start_with(name, addr, Duration::ZERO).await
+    }
+
+    /// A backend that answers after `delay`.
+    pub async fn start_slow(name: &str, delay: Duration) -> Backend {
+        Backend::start_with(name, SocketAddr::from(([127, 0, 0, 1], 0)), delay).await
+    }
+
+    async fn start_with(name: &str, addr: SocketAddr, delay: Duration) -> Backend {
+        let listener = TcpListener::bind(addr).await.expect("bind backend");
+        let addr = listener.local_addr().expect("local addr");
+        let body = Bytes::from(name.to_owned());
+        let task = tokio::spawn(async move {
+            let mut conns = tokio::task::JoinSet::new();
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let body = body.clone();
+                conns.spawn(async move {
+                    let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
+                        let body = body.clone();
+                        async move {
+                            if !delay.is_zero() {
+                                tokio::time::sleep(delay).await;
+                            }
+                            Ok::<_, Infallible>(answer(&req, body))
+                        }
+                    });
+                    let _ = auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        Backend {
+            addr,
+            name: name.to_owned(),
+            task,
+        }
+    }
+
+    /// Stop listening and close every connection, at once.
+    pub fn kill(self) -> SocketAddr {
+        self.task.abort();
+        self.addr
+    }
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Size of the body served at `/big`: above the proxy's buffering bound, so it streams.
+pub const BIG: usize = 100 * 1024;
+
+fn answer(req: &Request<hyper::body::Incoming>, body: Bytes) -> Response<Full<Bytes>> {
+    let body = if req.uri().path() == "/big" {
+        Bytes::from(vec![b'x'; BIG])
+    } else {
+        body
+    };
+    let mut resp = Response::new(Full::new(body));
+    for (from, to) in [
+        ("x-forwarded-for", "x-seen-xff"),
+        ("forwarded", "x-seen-forwarded"),
+        ("connection", "x-seen-connection"),
+        ("keep-alive", "x-seen-keep-alive"),
+    ] {
+        if let Some(v) = req.headers().get(from) {
+            resp.headers_mut().insert(to, v.clone());
+        }
+    }
+    if req.uri().path() == "/health" && req.headers().contains_key("x-never") {
+        *resp.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+    }
+    resp
+}
+
+/// A test client (pooled keep-alive).
+pub fn client() -> Client<HttpConnector, Full<Bytes>> {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+/// GET `path` on `proxy` with extra headers; returns status, body and response headers.
+pub async fn get(
+    client: &Client<HttpConnector, Full<Bytes>>,
+    proxy: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (StatusCode, String, http::HeaderMap) {
+    let mut req = Request::get(format!("http://{proxy}{path}"));
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let req = req.body(Full::new(Bytes::new())).expect("request");
+    let resp = tokio::time::timeout(WAIT, client.request(req))
+        .await
+        .expect("response in time")
+        .expect("response");
+    let (parts, body) = resp.into_parts();
+    let body = body.collect().await.expect("body").to_bytes();
+    (
+        parts.status,
+        String::from_utf8_lossy(&body).into_owned(),
+        parts.headers,
+    )
+}
+
+/// A request to the admin API.
+pub async fn admin(
+    client: &Client<HttpConnector, Full<Bytes>>,
+    proxy: &Proxy,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> (StatusCode, String) {
+    let req = Request::builder()
+        .method(method)
+        .uri(format!("http://{}{path}", proxy.admin_addr()))
+        .body(Full::new(Bytes::from(body.to_owned())))
+        .expect("request");
+    let resp = client.request(req).await.expect("admin response");
+    let status = resp.status();
+    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// A proxy config on free ports: one http listener, one route to service `svc` over
+/// `backends`, with `extra` appended to the service table.
+pub fn config_text(backends: &[&Backend], strategy: &str, extra: &str) -> String {
+    let eps: Vec<String> = backends.iter().map(|b| format!("\"{}\"", b.addr)).collect();
+    format!(
+        r#"
+[admin]
+bind = "127.0.0.1:0"
+[limits]
+header_read_timeout_ms = 300
+drain_timeout_ms = 2000
+[[listener]]
+bind = "127.0.0.1:0"
+[[route]]
+service = "svc"
+timeout_ms = 5000
+[service.svc]
+endpoints = [{}]
+strategy = "{strategy}"
+{extra}
+"#,
+        eps.join(", ")
+    )
+}
+
+pub fn parse(text: &str) -> Config {
+    Config::parse(text, Path::new("test.toml")).expect("valid test config")
+}
+
+/// Start a proxy and wait until its service has `n` endpoints published (event: the first
+/// request that is routed to a backend).
+pub async fn start(text: &str) -> Proxy {
+    let proxy = Proxy::start(parse(text)).await.expect("proxy starts");
+    let client = client();
+    let addr = proxy.listeners()[0];
+    tokio::time::timeout(WAIT, async {
+        loop {
+            if get(&client, addr, "/", &[]).await.0 == StatusCode::OK {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("endpoints published in time");
+    proxy
+}

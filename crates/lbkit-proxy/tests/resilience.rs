@@ -1,0 +1,274 @@
+//! End-to-end under trouble: a dying endpoint, strategy switches and reloads under load, and the
+//! admin API.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use http::StatusCode;
+use lbkit_proxy::{Proxy, Supervisor};
+
+/// The `eligible` flag of the endpoint at `addr`, from `GET /endpoints`.
+async fn eligible(proxy: &Proxy, addr: std::net::SocketAddr) -> bool {
+    let (status, body) = admin(&client(), proxy, "GET", "/endpoints", "").await;
+    assert_eq!(status, StatusCode::OK);
+    let doc: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    let eps = doc["services"]["svc"]["endpoints"]
+        .as_array()
+        .expect("endpoints");
+    let ep = eps
+        .iter()
+        .find(|e| e["address"] == addr.to_string())
+        .expect("endpoint listed");
+    ep["eligible"].as_bool().expect("eligible flag")
+}
+
+/// Send GETs until `done` holds after one of them; every GET must succeed.
+async fn load_until<F, Fut>(proxy: &Proxy, mut done: F) -> usize
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let client = client();
+    let mut sent = 0;
+    tokio::time::timeout(WAIT, async {
+        loop {
+            for _ in 0..20 {
+                let (status, body, _) = get(&client, proxy.listeners()[0], "/", &[]).await;
+                assert_eq!(status, StatusCode::OK, "request {sent} failed: {body}");
+                sent += 1;
+            }
+            if done().await {
+                break;
+            }
+        }
+    })
+    .await
+    .expect("condition reached in time");
+    sent
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_endpoint_is_retried_around_ejected_and_readmitted() {
+    let (a, b, c) = (
+        Backend::start("a").await,
+        Backend::start("b").await,
+        Backend::start("c").await,
+    );
+    let od = "outlier_detection = { interval_ms = 50, consecutive_failures = 3, base_ejection_ms = 300, max_ejection_percent = 50 }\n\
+              retry_budget_percent = 100";
+    // Loopback load runs at thousands of requests per second, so the third of them that hit the
+    // dead endpoint before its ejection needs a budget above the default 20 %.
+    let proxy = start(&config_text(&[&a, &b, &c], "round-robin", od)).await;
+    let p = &proxy;
+    let b_addr = b.kill();
+    // Every GET still succeeds (retried on another endpoint) until b is ejected...
+    load_until(p, move || async move { !eligible(p, b_addr).await }).await;
+    let (_, metrics) = admin(&client(), p, "GET", "/metrics", "").await;
+    let ejections =
+        format!("lbkit_proxy_endpoint_ejections_total{{service=\"svc\",endpoint=\"{b_addr}\"}} ");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with(&ejections) && !l.ends_with(" 0")),
+        "{metrics}"
+    );
+    // ...and it is readmitted once it answers again.
+    let b = Backend::start_on("b", b_addr).await;
+    load_until(p, move || async move { eligible(p, b_addr).await }).await;
+    // Round robin over three eligible endpoints: b answers within three requests.
+    let client = client();
+    let mut served = false;
+    for _ in 0..3 {
+        served |= get(&client, p.listeners()[0], "/", &[]).await.1 == "b";
+    }
+    drop(b);
+    assert!(served, "b readmitted but not picked");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn active_health_check_marks_down_and_up() {
+    let (a, b) = (Backend::start("a").await, Backend::start("b").await);
+    let hc = "health_check = { kind = \"tcp\", interval_ms = 50, timeout_ms = 200, rise = 2, fall = 2 }\n\
+              outlier_detection = { enabled = false }\nretry_budget_percent = 100";
+    let proxy = start(&config_text(&[&a, &b], "round-robin", hc)).await;
+    let p = &proxy;
+    let b_addr = b.kill();
+    load_until(p, move || async move { !eligible(p, b_addr).await }).await;
+    let _b = Backend::start_on("b", b_addr).await;
+    load_until(p, move || async move { eligible(p, b_addr).await }).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strategy_switch_under_load_fails_nothing() {
+    let (a, b, c) = (
+        Backend::start("a").await,
+        Backend::start("b").await,
+        Backend::start("c").await,
+    );
+    let proxy = Arc::new(start(&config_text(&[&a, &b, &c], "round-robin", "")).await);
+    let mut load = tokio::task::JoinSet::new();
+    for _ in 0..4 {
+        let proxy = proxy.clone();
+        load.spawn(async move {
+            let client = client();
+            for i in 0..150 {
+                let (status, body, _) = get(&client, proxy.listeners()[0], "/", &[]).await;
+                assert_eq!(status, StatusCode::OK, "request {i}: {body}");
+            }
+        });
+    }
+    let strategies = [
+        "p2c-ewma",
+        "least-request",
+        "weighted-random",
+        "ketama",
+        "round-robin",
+    ];
+    for (i, s) in strategies.iter().cycle().take(15).enumerate() {
+        let body = if i % 5 == 0 {
+            format!("{{\"strategy\":\"{s}\",\"params\":{{\"default_rtt_ms\":20}}}}")
+        } else {
+            format!("{{\"strategy\":\"{s}\"}}")
+        };
+        let (status, text) = admin(&client(), &proxy, "PUT", "/services/svc/strategy", &body).await;
+        assert_eq!(status, StatusCode::OK, "{s}: {text}");
+        tokio::task::yield_now().await;
+    }
+    while let Some(r) = load.join_next().await {
+        r.expect("load task");
+    }
+    let (_, doc) = admin(&client(), &proxy, "GET", "/endpoints", "").await;
+    let doc: serde_json::Value = serde_json::from_str(&doc).unwrap();
+    assert_eq!(doc["services"]["svc"]["strategy"], "round-robin");
+    let bad = admin(
+        &client(),
+        &proxy,
+        "PUT",
+        "/services/svc/strategy",
+        "{\"strategy\":\"nope\"}",
+    )
+    .await;
+    assert_eq!(bad.0, StatusCode::BAD_REQUEST);
+    let missing = admin(
+        &client(),
+        &proxy,
+        "PUT",
+        "/services/other/strategy",
+        "{\"strategy\":\"random\"}",
+    )
+    .await;
+    assert_eq!(missing.0, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_rejects_a_broken_file_and_applies_a_good_one() {
+    let (a, b) = (Backend::start("a").await, Backend::start("b").await);
+    let dir = std::env::temp_dir().join(format!("lbkit-proxy-reload-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("proxy.toml");
+    let good = config_text(&[&a, &b], "round-robin", "");
+    std::fs::write(&path, &good).unwrap();
+    let config = lbkit_proxy::Config::load(&path).unwrap();
+    let proxy = Proxy::start(config).await.unwrap();
+    let addr = proxy.listeners()[0];
+    let supervisor = Supervisor::new(proxy, &path, Duration::from_secs(2));
+    let mut reloads = supervisor.reloads();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(supervisor.run(async move {
+        let _ = stop_rx.await;
+    }));
+    let client = client();
+    assert_eq!(get(&client, addr, "/", &[]).await.0, StatusCode::OK);
+
+    std::fs::write(&path, good.replace("round-robin", "no-such-strategy")).unwrap();
+    tokio::time::timeout(WAIT, reloads.wait_for(|c| c.rejected >= 1))
+        .await
+        .unwrap()
+        .unwrap();
+    for _ in 0..10 {
+        assert_eq!(get(&client, addr, "/", &[]).await.0, StatusCode::OK);
+    }
+
+    std::fs::write(&path, good.replace("round-robin", "weighted-random")).unwrap();
+    tokio::time::timeout(WAIT, reloads.wait_for(|c| c.applied >= 1))
+        .await
+        .unwrap()
+        .unwrap();
+    for _ in 0..10 {
+        assert_eq!(get(&client, addr, "/", &[]).await.0, StatusCode::OK);
+    }
+    let _ = stop_tx.send(());
+    let drained = tokio::time::timeout(WAIT, run)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(drained);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_outputs_parse_and_the_token_is_checked() {
+    let a = Backend::start("a").await;
+    let text =
+        config_text(&[&a], "round-robin", "").replace("[admin]", "[admin]\ntoken = \"t0ken\"");
+    let proxy = start(&text).await;
+    let client = client();
+    assert_eq!(
+        admin(&client, &proxy, "GET", "/healthz", "").await.0,
+        StatusCode::UNAUTHORIZED
+    );
+    let authed = |path: &str| {
+        http::Request::get(format!("http://{}{path}", proxy.admin_addr()))
+            .header("authorization", "Bearer t0ken")
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap()
+    };
+    use http_body_util::BodyExt;
+    let text_of = |resp: http::Response<hyper::body::Incoming>| async move {
+        String::from_utf8(
+            resp.into_body()
+                .collect()
+                .await
+                .unwrap()
+                .to_bytes()
+                .to_vec(),
+        )
+        .unwrap()
+    };
+    let health = client.request(authed("/healthz")).await.unwrap();
+    assert_eq!(health.status(), StatusCode::OK);
+    let endpoints = text_of(client.request(authed("/endpoints")).await.unwrap()).await;
+    let doc: serde_json::Value = serde_json::from_str(&endpoints).unwrap();
+    let ep = &doc["services"]["svc"]["endpoints"][0];
+    assert_eq!(ep["address"], a.addr.to_string());
+    assert_eq!(ep["weight"], 100);
+    assert!(ep["eligible"].as_bool().unwrap() && ep["requests"].as_u64().unwrap() >= 1);
+    assert!(ep["in_flight"].is_u64() && ep["effective_weight"].is_u64());
+    let metrics = text_of(client.request(authed("/metrics")).await.unwrap()).await;
+    let mut names = std::collections::HashSet::new();
+    for line in metrics.lines().filter(|l| !l.starts_with('#')) {
+        let (series, value) = line.rsplit_once(' ').expect("sample line");
+        value
+            .parse::<f64>()
+            .unwrap_or_else(|_| panic!("bad value in {line}"));
+        let name = series.split('{').next().unwrap();
+        assert!(
+            series.ends_with('}') && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
+            "{line}"
+        );
+        names.insert(name.to_owned());
+    }
+    for n in [
+        "lbkit_proxy_requests_total",
+        "lbkit_proxy_request_duration_seconds_bucket",
+        "lbkit_proxy_in_flight",
+        "lbkit_proxy_endpoint_ejections_total",
+        "lbkit_proxy_endpoint_in_flight",
+    ] {
+        assert!(names.contains(n), "{n} missing from {metrics}");
+    }
+}

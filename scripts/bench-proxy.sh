@@ -1,0 +1,164 @@
+#!/usr/bin/env bash
+# lbkit proxy vs nginx and HAProxy (issue 8), all on this machine's loopback.
+#
+# Three backends (crates/lbkit-proxy/examples/backend.rs, one thread each); in front of them,
+# one at a time: nginx (round robin, upstream keepalive), HAProxy (roundrobin, http-reuse) and
+# `lbkit proxy` (round-robin, then p2c-ewma), each with WORKERS workers/threads; wrk at each
+# connection count for DURATION. Prints req/s, p50, p99, the ratio to nginx, and the proxy's RSS
+# at idle and its peak under load.
+#
+#   WORKERS="1 2" CONNS="64 256" DURATION=10s scripts/bench-proxy.sh
+#
+# Installs nginx, haproxy and wrk from Debian's packages when missing (needs root).
+set -euo pipefail
+
+WORKERS=${WORKERS:-"1 2"}
+CONNS=${CONNS:-"64 256"}
+DURATION=${DURATION:-10s}
+WRK_THREADS=${WRK_THREADS:-2}
+BASE_PORT=${BASE_PORT:-18080}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+WORK=$(mktemp -d /tmp/bench-proxy.XXXXXX)
+PIDS=()
+
+cleanup() {
+  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+missing=()
+command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing+=(nginx)
+command -v haproxy >/dev/null || [ -x /usr/sbin/haproxy ] || missing+=(haproxy)
+command -v wrk >/dev/null || missing+=(wrk)
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing ${missing[*]} from Debian's packages" >&2
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+HAPROXY=$(command -v haproxy || echo /usr/sbin/haproxy)
+
+(cd "$ROOT" && cargo build --release -q -p lbkit --bin lbkit && cargo build --release -q -p lbkit-proxy --example backend)
+LBKIT=$TARGET/release/lbkit
+BACKEND=$TARGET/release/examples/backend
+
+B1=$((BASE_PORT + 1)); B2=$((BASE_PORT + 2)); B3=$((BASE_PORT + 3)); FRONT=$((BASE_PORT + 10))
+ADMIN=$((BASE_PORT + 11))
+
+wait_port() { # wait until something answers HTTP on port $1 (bounded: 10 s)
+  for _ in $(seq 1 100); do
+    if curl -s -o /dev/null "http://127.0.0.1:$1/"; then return 0; fi
+    sleep 0.1
+  done
+  echo "nothing answers on port $1" >&2; return 1
+}
+
+for p in $B1 $B2 $B3; do "$BACKEND" "$p" 1 >"$WORK/backend-$p.log" 2>&1 & PIDS+=($!); done
+for p in $B1 $B2 $B3; do wait_port "$p"; done
+
+rss_kb() { # total RSS (kB) of pid $1 and its children (nginx/haproxy workers)
+  local total=0 p
+  for p in $1 $(pgrep -P "$1" || true); do
+    total=$((total + $(awk '/VmRSS/ {print $2}' "/proc/$p/status" 2>/dev/null || echo 0)))
+  done
+  echo "$total"
+}
+
+start_nginx() {
+  cat > "$WORK/nginx.conf" <<CONF
+worker_processes $1;
+pid $WORK/nginx.pid;
+error_log stderr error;
+events { worker_connections 4096; multi_accept on; }
+http {
+  access_log off;
+  upstream b { server 127.0.0.1:$B1; server 127.0.0.1:$B2; server 127.0.0.1:$B3; keepalive 128; }
+  server {
+    listen 127.0.0.1:$FRONT;
+    location / { proxy_pass http://b; proxy_http_version 1.1; proxy_set_header Connection ""; }
+  }
+}
+CONF
+  mkdir -p "$WORK/logs"
+  "$NGINX" -p "$WORK" -c "$WORK/nginx.conf" -g 'daemon off;' >"$WORK/nginx.log" 2>&1 & echo $!
+}
+
+start_haproxy() {
+  cat > "$WORK/haproxy.cfg" <<CONF
+global
+  nbthread $1
+  maxconn 4096
+defaults
+  mode http
+  timeout connect 1s
+  timeout client 30s
+  timeout server 30s
+  option http-keep-alive
+  http-reuse always
+frontend f
+  bind 127.0.0.1:$FRONT
+  default_backend b
+backend b
+  balance roundrobin
+  server s1 127.0.0.1:$B1
+  server s2 127.0.0.1:$B2
+  server s3 127.0.0.1:$B3
+CONF
+  "$HAPROXY" -f "$WORK/haproxy.cfg" -db >"$WORK/haproxy.log" 2>&1 & echo $!
+}
+
+start_lbkit() { # $1 workers, $2 strategy
+  cat > "$WORK/lbkit.toml" <<CONF
+[admin]
+bind = "127.0.0.1:$ADMIN"
+[limits]
+max_connections = 4096
+[[listener]]
+bind = "127.0.0.1:$FRONT"
+[[route]]
+service = "b"
+[service.b]
+endpoints = ["127.0.0.1:$B1", "127.0.0.1:$B2", "127.0.0.1:$B3"]
+strategy = "$2"
+CONF
+  "$LBKIT" proxy --threads "$1" --config "$WORK/lbkit.toml" >"$WORK/lbkit.log" 2>&1 & echo $!
+}
+
+RESULTS=$WORK/results
+printf "%-8s %-7s %-5s %10s %9s %9s %8s %10s %10s\n" proxy workers conns "req/s" p50 p99 "x nginx" "idle RSS" "load RSS"
+for w in $WORKERS; do
+  for c in $CONNS; do
+    nginx_rps=""
+    for proxy in nginx haproxy lbkit-rr lbkit-p2c; do
+      case $proxy in
+        nginx) pid=$(start_nginx "$w") ;;
+        haproxy) pid=$(start_haproxy "$w") ;;
+        lbkit-rr) pid=$(start_lbkit "$w" round-robin) ;;
+        lbkit-p2c) pid=$(start_lbkit "$w" p2c-ewma) ;;
+      esac
+      PIDS+=("$pid")
+      wait_port "$FRONT"
+      idle=$(rss_kb "$pid")
+      wrk -t"$WRK_THREADS" -c"$c" -d2s "http://127.0.0.1:$FRONT/" >/dev/null # warm pools
+      wrk -t"$WRK_THREADS" -c"$c" -d"$DURATION" --latency "http://127.0.0.1:$FRONT/" > "$RESULTS" &
+      wrk_pid=$!
+      sleep 3
+      load=$(rss_kb "$pid")
+      wait "$wrk_pid"
+      rps=$(awk '/Requests\/sec/ {print $2}' "$RESULTS")
+      p50=$(awk '$1 == "50%" {print $2}' "$RESULTS")
+      p99=$(awk '$1 == "99%" {print $2}' "$RESULTS")
+      errors=$(awk '/Non-2xx|Socket errors/ {print}' "$RESULTS" | tr '\n' ' ')
+      [ -z "$nginx_rps" ] && nginx_rps=$rps
+      ratio=$(awk -v a="$rps" -v b="$nginx_rps" 'BEGIN { printf "%.2f", a / b }')
+      printf "%-8s %-7s %-5s %10.0f %9s %9s %8s %8d kB %8d kB %s\n" \
+        "$proxy" "$w" "$c" "$rps" "$p50" "$p99" "$ratio" "$idle" "$load" "$errors"
+      kill "$pid"; wait "$pid" 2>/dev/null || true
+      # Let the port go (TIME_WAIT does not block a listener, but the old process must be gone).
+      while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+    done
+  done
+done
