@@ -25,6 +25,8 @@ pub struct ReloadCount {
     pub applied: u64,
     /// Configurations rejected (the running one stayed).
     pub rejected: u64,
+    /// Whether signal handlers and the file watcher are installed (changes from now on are seen).
+    pub watching: bool,
 }
 
 /// Runs a [`Proxy`] with reloads and a graceful shutdown.
@@ -88,6 +90,7 @@ impl Supervisor {
         let mut int = signal(SignalKind::interrupt())?;
         let (tx, mut changes) = mpsc::unbounded_channel();
         let _watcher = watch_file(&self.path, tx).map_err(std::io::Error::other)?;
+        self.counts.send_modify(|c| c.watching = true);
         tokio::pin!(stop);
         loop {
             tokio::select! {

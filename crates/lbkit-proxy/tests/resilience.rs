@@ -182,6 +182,12 @@ async fn reload_rejects_a_broken_file_and_applies_a_good_one() {
     }));
     let client = client();
     assert_eq!(get(&client, addr, "/", &[]).await.0, StatusCode::OK);
+    // The supervisor task installs its file watcher when it first runs: wait for it, or the
+    // write below can land before anything watches the file.
+    tokio::time::timeout(WAIT, reloads.wait_for(|c| c.watching))
+        .await
+        .unwrap()
+        .unwrap();
 
     std::fs::write(&path, good.replace("round-robin", "no-such-strategy")).unwrap();
     tokio::time::timeout(WAIT, reloads.wait_for(|c| c.rejected >= 1))

@@ -53,14 +53,28 @@ pub(crate) fn run(args: ProxyArgs) -> anyhow::Result<()> {
     runtime.block_on(async move {
         let drain = config.drain_timeout();
         let proxy = Proxy::start_workers(config, workers).await?;
-        for addr in proxy.listeners() {
-            eprintln!("lbkit proxy: listening on {addr}");
+        let (listeners, admin) = (proxy.listeners().to_vec(), proxy.admin_addr());
+        let supervisor = Supervisor::new(proxy, path, drain);
+        let mut ready = supervisor.reloads();
+        let run = supervisor.run(std::future::pending());
+        tokio::pin!(run);
+        // Announce the listeners only once SIGTERM and reloads are handled, so a script that
+        // waits for these lines can signal the proxy at once.
+        let early = tokio::select! {
+            result = &mut run => Some(result),
+            _ = ready.wait_for(|c| c.watching) => None,
+        };
+        if early.is_none() {
+            for addr in &listeners {
+                eprintln!("lbkit proxy: listening on {addr}");
+            }
+            eprintln!("lbkit proxy: admin on {admin}");
         }
-        eprintln!("lbkit proxy: admin on {}", proxy.admin_addr());
-        let drained = Supervisor::new(proxy, path, drain)
-            .run(std::future::pending())
-            .await
-            .context("cannot install signal handlers or the file watcher")?;
+        let result = match early {
+            Some(result) => result,
+            None => run.await,
+        };
+        let drained = result.context("cannot install signal handlers or the file watcher")?;
         if !drained {
             eprintln!("lbkit proxy: drain timeout; closed the remaining connections");
         }
