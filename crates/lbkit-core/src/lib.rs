@@ -48,6 +48,7 @@
 
 mod availability;
 mod balancer;
+mod budget;
 mod endpoint;
 mod error;
 mod policy;
@@ -59,6 +60,7 @@ mod time;
 
 pub use availability::{Availability, CircuitBreaker, Unavailable};
 pub use balancer::{Balancer, CallGuard, Prepared, MAX_PROBES, WARMUP_REFRESH};
+pub use budget::RetryBudget;
 pub use endpoint::{
     warmup_weight, Endpoint, EndpointKey, EndpointSpec, Metadata, DEFAULT_WARMUP, DEFAULT_WEIGHT,
 };

@@ -8,7 +8,8 @@
 //! * Retried: idempotent methods (GET, HEAD, OPTIONS, PUT, DELETE, TRACE) after a 5xx or an
 //!   error, and any method whose attempt failed to connect (the request never left). Each retry
 //!   goes to an endpoint not tried yet, at most `retries` of them, and only while the service's
-//!   retry budget allows (tower's `TpsBudget`: a share of requests plus a floor per second).
+//!   retry budget allows (lbkit's lock-free `RetryBudget`: a share of requests plus a floor per
+//!   second).
 //! * A request body is replayable when it is empty or, for an idempotent method, announced at
 //!   most [`MAX_REPLAY_BODY`] bytes (then it is buffered); any other body is streamed once.
 
@@ -23,7 +24,6 @@ use http_body_util::{BodyExt, Either, Full};
 use hyper::body::Incoming;
 use lbkit_core::{FailureKind, FastRng, Outcome, PickContext, TriedSet};
 use lbkit_strategy::{KeyExtractor, KeySource};
-use tower::retry::budget::Budget;
 
 use crate::body::ProxyBody;
 use crate::headers;
@@ -63,7 +63,7 @@ pub(crate) async fn forward(
         Ok(b) => b,
         Err(()) => return local(StatusCode::BAD_REQUEST, "bad request body\n"),
     });
-    service.budget().deposit();
+    service.budget().deposit(service.clock().now());
     let deadline = tokio::time::Instant::now() + opts.timeout;
     let mut rng = FastRng::from_entropy();
     let mut tried = TriedSet::new();
@@ -141,7 +141,7 @@ pub(crate) async fn forward(
         if !retry {
             return local(status, "upstream failed\n");
         }
-        if !service.budget().withdraw() {
+        if !service.budget().withdraw(service.clock().now()) {
             service.metrics().retry_refused();
             return local(status, "upstream failed (retry budget exhausted)\n");
         }

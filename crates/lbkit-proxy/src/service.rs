@@ -13,10 +13,9 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use lbkit_core::{
-    Availability, Balancer, BoxStrategy, CircuitBreaker, Clock, EndpointKey, Snapshot,
+    Availability, Balancer, BoxStrategy, CircuitBreaker, Clock, EndpointKey, RetryBudget, Snapshot,
 };
 use lbkit_strategy::catalog::{self, ParamError, Params};
-use tower::retry::budget::TpsBudget;
 
 use crate::config;
 use crate::metrics::ServiceMetrics;
@@ -57,7 +56,7 @@ pub struct Service {
     /// runtime, whose tasks run health checks; 1..=N for worker threads), so a request and its
     /// upstream connection are served by the same thread.
     clients: Box<[UpstreamClient]>,
-    budget: TpsBudget,
+    budget: RetryBudget,
     metrics: ServiceMetrics,
     clock: Clock,
     // Written by the service's task only; read by the admin API.
@@ -90,10 +89,10 @@ impl Service {
             }),
             publish_lock: tokio::sync::Mutex::new(()),
             clients: (0..=workers.max(1)).map(|_| client(config)).collect(),
-            budget: TpsBudget::new(
+            budget: RetryBudget::new(
                 BUDGET_TTL,
                 config.retry_budget_min_per_sec,
-                config.retry_budget_percent / 100.0,
+                f64::from(config.retry_budget_percent) / 100.0,
             ),
             metrics: ServiceMetrics::default(),
             clock,
@@ -125,7 +124,7 @@ impl Service {
     }
 
     /// The retry budget.
-    pub fn budget(&self) -> &TpsBudget {
+    pub fn budget(&self) -> &RetryBudget {
         &self.budget
     }
 

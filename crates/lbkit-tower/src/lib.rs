@@ -11,7 +11,8 @@
 //!   task applies updates in batches and ticks the balancer.
 //! * [`Balance`] ([`BalanceLayer`]): per request, a pick with readiness pass-over, one of
 //!   Dubbo's cluster modes ([`Mode`]: failover, failfast, failsafe, failback, forking,
-//!   broadcast), a per-attempt timeout, and a retry budget (tower's `TpsBudget`).
+//!   broadcast), a per-attempt timeout, and a retry budget (lock-free [`AtomicBudget`]; any
+//!   tower `Budget` fits).
 //! * [`RequestPolicy`] / [`ResponsePolicy`]: hash keys, idempotency and replay of requests;
 //!   classification of responses and errors and when a call ends ([`Completion`]). The
 //!   [`http`] module has them for HTTP and gRPC, with body completion tracking.
@@ -65,7 +66,7 @@ pub mod telemetry;
 pub mod http;
 
 pub use balance::{
-    default_budget, Balance, BalanceLayer, FailbackConfig, Fallback, Mode, NoFallback,
+    default_budget, AtomicBudget, Balance, BalanceLayer, FailbackConfig, Fallback, Mode, NoFallback,
 };
 pub use completion::Completion;
 pub use error::{find_cause, is_caused_by, kind_name, BoxError, Error, ErrorKind};

@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use lbkit_core::{BoxStrategy, FastRng, Strategy, TriedSet};
-use tower::retry::budget::{Budget, TpsBudget};
+use lbkit_core::{BoxStrategy, FastRng, RetryBudget, Strategy, TriedSet};
+use tower::retry::budget::Budget;
 use tower::Service;
 
 use crate::error::BoxError;
@@ -80,10 +80,40 @@ where
     }
 }
 
-/// The default retry budget: tower's `TpsBudget` over 10 s, at least 10 retries per second,
-/// plus 20 % of requests (linkerd's defaults).
+/// The default retry budget: lbkit's lock-free [`RetryBudget`] over 10 s, at least 10 retries
+/// per second, plus 20 % of requests (linkerd's defaults). tower's `TpsBudget` (or any
+/// [`Budget`]) can be set instead with [`BalanceLayer::retry_budget`](crate::BalanceLayer::retry_budget).
 pub fn default_budget() -> Arc<dyn Budget + Send + Sync> {
-    Arc::new(TpsBudget::new(Duration::from_secs(10), 10, 0.2))
+    Arc::new(AtomicBudget::new(RetryBudget::default()))
+}
+
+/// lbkit's lock-free [`RetryBudget`] as a tower [`Budget`]: no mutex per request (tower's
+/// `TpsBudget` takes one on every deposit and withdrawal). Reads the system clock, as
+/// `TpsBudget` does.
+#[derive(Debug)]
+pub struct AtomicBudget {
+    budget: RetryBudget,
+    clock: lbkit_core::Clock,
+}
+
+impl AtomicBudget {
+    /// Wrap `budget`, reading time from the system clock.
+    pub fn new(budget: RetryBudget) -> Self {
+        AtomicBudget {
+            budget,
+            clock: lbkit_core::Clock::System,
+        }
+    }
+}
+
+impl Budget for AtomicBudget {
+    fn deposit(&self) {
+        self.budget.deposit(self.clock.now());
+    }
+
+    fn withdraw(&self) -> bool {
+        self.budget.withdraw(self.clock.now())
+    }
 }
 
 /// State shared by the clones of a [`Balance`] and its background failback tasks.
@@ -136,7 +166,7 @@ impl<Svc, Q, R, S: Strategy, F> Shared<Svc, Q, R, S, F> {
 ///
 /// # Retry budget
 /// Every request deposits into a [`Budget`] and every retry or extra fork withdraws from it
-/// (tower's [`TpsBudget`]; default: 20 % of the requests of the last 10 s plus 10 retries per
+/// (default: lbkit's lock-free [`AtomicBudget`], 20 % of the requests of the last 10 s plus 10 retries per
 /// second, linkerd's and Finagle's numbers). An empty budget ends failover with
 /// [`ErrorKind::BudgetExhausted`](crate::ErrorKind::BudgetExhausted) and counts
 /// `lbkit_retry_budget_exhausted_total`.

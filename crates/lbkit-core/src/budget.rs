@@ -1,0 +1,191 @@
+//! [`RetryBudget`]: a lock-free retry budget (Finagle's and linkerd's), so retries cannot turn an
+//! outage into a storm.
+//!
+//! Every request deposits; every retry withdraws. Over a sliding window (`ttl`, 10 s by default,
+//! in ten slots) a retry is allowed while
+//! `min_per_sec × ttl + retry_ratio × deposits − withdrawals ≥ 1`. Counters are atomics in
+//! time slots that a writer claims with one CAS when the slot's epoch is stale (as in the
+//! windowed mean of [`EndpointStats`](crate::EndpointStats)); a deposit racing with that reset
+//! may be lost, which only makes the budget slightly stricter. No locks, no allocation.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+use crate::time::{duration_nanos, Timestamp};
+
+const SLOTS: usize = 10;
+
+/// A retry budget over a sliding window. Share it (`Arc`) across tasks.
+///
+/// ```
+/// use std::time::Duration;
+/// use lbkit_core::{RetryBudget, Timestamp};
+/// let b = RetryBudget::new(Duration::from_secs(10), 0, 0.2);
+/// let now = Timestamp::from_millis(1_000);
+/// for _ in 0..10 {
+///     b.deposit(now);
+/// }
+/// assert!(b.withdraw(now) && b.withdraw(now), "20 % of 10 requests: two retries");
+/// assert!(!b.withdraw(now));
+/// ```
+#[derive(Debug)]
+pub struct RetryBudget {
+    slot_ns: u64,
+    reserve: f64,
+    ratio: f64,
+    slots: [Slot; SLOTS],
+}
+
+#[derive(Debug, Default)]
+struct Slot {
+    epoch: AtomicU64, // slot number + 1; 0 = unused
+    deposits: AtomicU64,
+    withdrawals: AtomicU64,
+}
+
+impl Default for RetryBudget {
+    /// 10 s window, 10 retries per second always allowed, plus 20 % of the requests (linkerd's
+    /// and tower's defaults).
+    fn default() -> Self {
+        RetryBudget::new(Duration::from_secs(10), 10, 0.2)
+    }
+}
+
+// === impl RetryBudget ===
+
+impl RetryBudget {
+    /// Allow `min_per_sec` retries per second regardless of traffic, plus `retry_ratio` (0–1000)
+    /// of the requests deposited over `ttl` (1–60 s; clamped).
+    pub fn new(ttl: Duration, min_per_sec: u32, retry_ratio: f64) -> Self {
+        let ttl = ttl.clamp(Duration::from_secs(1), Duration::from_secs(60));
+        let ratio = if retry_ratio.is_finite() {
+            retry_ratio.clamp(0.0, 1000.0)
+        } else {
+            0.0
+        };
+        RetryBudget {
+            slot_ns: (duration_nanos(ttl) / SLOTS as u64).max(1),
+            reserve: f64::from(min_per_sec) * ttl.as_secs_f64(),
+            ratio,
+            slots: Default::default(),
+        }
+    }
+
+    /// A request was made at `now`.
+    #[inline]
+    pub fn deposit(&self, now: Timestamp) {
+        self.slot(now).deposits.fetch_add(1, Relaxed);
+    }
+
+    /// Take one retry at `now`; `false` when the budget is spent.
+    pub fn withdraw(&self, now: Timestamp) -> bool {
+        let (deposits, withdrawals) = self.totals(now);
+        let balance = self.reserve + self.ratio * deposits as f64 - withdrawals as f64;
+        if balance < 1.0 {
+            return false;
+        }
+        self.slot(now).withdrawals.fetch_add(1, Relaxed);
+        true
+    }
+
+    /// Retries available at `now` (rounded down).
+    pub fn balance(&self, now: Timestamp) -> u64 {
+        let (deposits, withdrawals) = self.totals(now);
+        (self.reserve + self.ratio * deposits as f64 - withdrawals as f64).max(0.0) as u64
+    }
+
+    /// The current slot, claimed and zeroed first when it belongs to an older window.
+    #[inline]
+    fn slot(&self, now: Timestamp) -> &Slot {
+        let epoch = now.as_nanos() / self.slot_ns + 1;
+        let slot = &self.slots[(epoch % SLOTS as u64) as usize];
+        let seen = slot.epoch.load(Relaxed);
+        if seen < epoch
+            && slot
+                .epoch
+                .compare_exchange(seen, epoch, Relaxed, Relaxed)
+                .is_ok()
+        {
+            slot.deposits.store(0, Relaxed);
+            slot.withdrawals.store(0, Relaxed);
+        }
+        slot
+    }
+
+    fn totals(&self, now: Timestamp) -> (u64, u64) {
+        let current = now.as_nanos() / self.slot_ns + 1;
+        let oldest = current.saturating_sub(SLOTS as u64 - 1);
+        self.slots
+            .iter()
+            .filter(|s| (oldest..=current).contains(&s.epoch.load(Relaxed)))
+            .fold((0, 0), |(d, w), s| {
+                (
+                    d + s.deposits.load(Relaxed),
+                    w + s.withdrawals.load(Relaxed),
+                )
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(ms: u64) -> Timestamp {
+        Timestamp::from_millis(1_000_000 + ms)
+    }
+
+    #[test]
+    fn ratio_and_reserve() {
+        let b = RetryBudget::new(Duration::from_secs(10), 1, 0.1);
+        // 1/s × 10 s reserve = 10 retries with no traffic at all.
+        assert_eq!(b.balance(at(0)), 10);
+        for _ in 0..100 {
+            b.deposit(at(0));
+        }
+        assert_eq!(b.balance(at(0)), 20);
+        let taken = (0..50).filter(|_| b.withdraw(at(0))).count();
+        assert_eq!(taken, 20);
+    }
+
+    #[test]
+    fn the_window_slides() {
+        let b = RetryBudget::new(Duration::from_secs(10), 0, 0.5);
+        for _ in 0..10 {
+            b.deposit(at(0));
+        }
+        assert_eq!(b.balance(at(9_000)), 5);
+        assert_eq!(
+            b.balance(at(10_500)),
+            0,
+            "deposits older than the window are gone"
+        );
+        assert!(b.withdraw(at(0)));
+        b.deposit(at(20_000));
+        b.deposit(at(20_000));
+        assert_eq!(b.balance(at(20_000)), 1, "a reused slot starts from zero");
+    }
+
+    #[test]
+    fn concurrent_use_never_overspends_much() {
+        let b = std::sync::Arc::new(RetryBudget::new(Duration::from_secs(10), 0, 0.2));
+        let taken: usize = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..4)
+                .map(|_| {
+                    let b = b.clone();
+                    s.spawn(move || {
+                        (0..10_000)
+                            .filter(|_| {
+                                b.deposit(at(0));
+                                b.withdraw(at(0))
+                            })
+                            .count()
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().expect("thread")).sum()
+        });
+        // 20 % of 40 000, give or take the races between reading and taking.
+        assert!((7_900..=8_100).contains(&taken), "{taken}");
+    }
+}
