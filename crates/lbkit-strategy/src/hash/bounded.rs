@@ -91,6 +91,13 @@ impl Bound {
     fn in_flight(&self, idx: EndpointIdx) -> u32 {
         self.snapshot.endpoint(idx).stats().in_flight()
     }
+
+    /// Whether `idx` has no call in flight: then it is under any cap, and a pick can take it
+    /// without summing the others (the fast path of every bounded picker).
+    #[inline]
+    pub(crate) fn is_idle(&self, idx: EndpointIdx) -> bool {
+        self.in_flight(idx) == 0
+    }
 }
 
 /// The load check of one pick: remembers how far the total in-flight count has been summed.

@@ -218,8 +218,9 @@ impl Picker for MaglevPicker {
             return Err(self.empty);
         }
         let start = (Self::hash(cx) % self.table.len() as u64) as usize;
-        if cx.probe == 0 && self.bound.is_none() {
-            return Ok(self.table[start]);
+        let first = self.table[start];
+        if cx.probe == 0 && self.bound.as_ref().is_none_or(|b| b.is_idle(first)) {
+            return Ok(first);
         }
         Ok(walk_cyclic(
             &self.table,

@@ -182,8 +182,11 @@ impl Picker for RendezvousPicker {
             return Err(self.empty);
         }
         let key = Self::key(cx);
-        if cx.probe == 0 && self.bound.is_none() {
-            return Ok(self.best(key));
+        if cx.probe == 0 {
+            let best = self.best(key);
+            if self.bound.as_ref().is_none_or(|b| b.is_idle(best)) {
+                return Ok(best);
+            }
         }
         let n = u32::try_from(self.candidates.len()).unwrap_or(u32::MAX);
         let probe = cx.probe % n;

@@ -154,8 +154,9 @@ impl Picker for RingPicker {
         }
         let point = self.key_point(cx);
         let start = self.position(point);
-        if cx.probe == 0 && self.bound.is_none() {
-            return Ok(self.owners[start]);
+        let first = self.owners[start];
+        if cx.probe == 0 && self.bound.as_ref().is_none_or(|b| b.is_idle(first)) {
+            return Ok(first);
         }
         Ok(walk_cyclic(
             &self.owners,
