@@ -229,6 +229,14 @@ impl<S: Strategy> Balancer<S> {
         self.current.load_full()
     }
 
+    /// The current snapshot and picker, borrowed: cheaper than [`current`](Self::current) (no
+    /// reference-count traffic on a shared counter), for use within one call. Do not hold it
+    /// across an `.await` or for long: a held guard delays the old state's release.
+    #[inline]
+    pub fn load(&self) -> impl std::ops::Deref<Target = Arc<Prepared<S::Picker>>> + '_ {
+        self.current.load()
+    }
+
     /// The current snapshot.
     pub fn snapshot(&self) -> Arc<Snapshot> {
         self.current.load().snapshot.clone()

@@ -64,7 +64,7 @@ impl<Svc, S: Strategy> Pool<Svc, S> {
         Svc: Service<Req> + Clone,
         Svc::Error: Into<crate::BoxError>,
     {
-        let prepared = self.inner.balancer.current();
+        let prepared = self.inner.balancer.load();
         let services = self.inner.services.load();
         let idx = self.pick(&prepared, input, input.tried, rng)?;
         let endpoint = prepared.snapshot().endpoint(idx);
