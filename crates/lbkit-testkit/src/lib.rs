@@ -24,3 +24,26 @@ pub fn snapshot(endpoints: &[(&str, u32)]) -> Arc<Snapshot> {
         Timestamp::ZERO,
     ))
 }
+
+/// The ZooKeeper server for tests, from `LBKIT_ZK` (set by `eval "$(scripts/zookeeper.sh start)"`
+/// or `scripts/test.sh`). Unset: a test failure in CI (`CI=true`), a skip with a printed reason
+/// elsewhere — ZooKeeper tests never pass silently without a server in CI.
+///
+/// # Panics
+/// When `LBKIT_ZK` is unset and `CI` is `true` or `1`.
+pub fn zookeeper() -> Option<String> {
+    match std::env::var("LBKIT_ZK") {
+        Ok(addr) if !addr.trim().is_empty() => Some(addr.trim().to_owned()),
+        _ => {
+            let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
+            assert!(
+                !ci,
+                "LBKIT_ZK is not set: .ci/run must start ZooKeeper with scripts/zookeeper.sh"
+            );
+            eprintln!(
+                "SKIPPED: LBKIT_ZK is not set; run `eval \"$(scripts/zookeeper.sh start)\"` first"
+            );
+            None
+        }
+    }
+}

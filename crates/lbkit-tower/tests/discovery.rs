@@ -135,7 +135,9 @@ async fn outlier_detection_ejects_a_failing_endpoint() {
     // Two outlier intervals later (the first tick starts the clock), a is ejected.
     for _ in 0..2 {
         hand.advance(Duration::from_secs(10));
-        tokio::time::sleep(Duration::from_millis(300)).await; // one pool tick of paused time
+        // Paused time: move the virtual clock past one pool tick and let the pool task run it.
+        tokio::time::advance(Duration::from_millis(300)).await;
+        tokio::task::yield_now().await;
     }
     let snap = pool.snapshot();
     assert_eq!(snap.eligible().len(), 2);

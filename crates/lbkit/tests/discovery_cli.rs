@@ -19,20 +19,7 @@ fn lbkit(args: &[&str]) -> Output {
 }
 
 fn zk() -> Option<String> {
-    match std::env::var("LBKIT_ZK") {
-        Ok(a) if !a.trim().is_empty() => Some(a.trim().to_owned()),
-        _ => {
-            let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
-            assert!(
-                !ci,
-                "LBKIT_ZK is not set: .ci/run must start ZooKeeper with scripts/zookeeper.sh"
-            );
-            eprintln!(
-                "SKIPPED: LBKIT_ZK is not set; run `eval \"$(scripts/zookeeper.sh start)\"` first"
-            );
-            None
-        }
-    }
+    lbkit_testkit::zookeeper()
 }
 
 fn stderr(out: &Output) -> String {

@@ -26,20 +26,7 @@ pub const WAIT: Duration = Duration::from_secs(30);
 /// The shared test server (`LBKIT_ZK`, set by `eval "$(scripts/zookeeper.sh start)"`).
 /// Unset: a failure in CI (`CI=true`), a skip with a printed reason elsewhere.
 pub fn zk() -> Option<String> {
-    match std::env::var("LBKIT_ZK") {
-        Ok(addr) if !addr.trim().is_empty() => Some(addr.trim().to_owned()),
-        _ => {
-            let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
-            assert!(
-                !ci,
-                "LBKIT_ZK is not set: .ci/run must start ZooKeeper with scripts/zookeeper.sh"
-            );
-            eprintln!(
-                "SKIPPED: LBKIT_ZK is not set; run `eval \"$(scripts/zookeeper.sh start)\"` first"
-            );
-            None
-        }
-    }
+    lbkit_testkit::zookeeper()
 }
 
 /// `let zk = require_zk!();` — the address, or return from the test (skip) outside CI.

@@ -60,6 +60,8 @@ impl Backend {
                         let body = body.clone();
                         async move {
                             if !delay.is_zero() {
+                                // A deliberately slow backend (its service time), not a wait
+                                // for a condition.
                                 tokio::time::sleep(delay).await;
                             }
                             Ok::<_, Infallible>(answer(&req, body))
