@@ -12,8 +12,9 @@
 //! * `dispatch`: a whole call, for the like-for-like comparison with tower: lbkit
 //!   `Balancer::pick` + `CallGuard::finish_at(Success)`, tower `poll_ready` + `call` + one poll
 //!   of the (immediately ready) response future;
-//! * `floor`: two random endpoints' in-flight counts read through the snapshot, the memory
-//!   traffic any p2c over lbkit's endpoint layout pays.
+//! * `floor`: two random endpoints' in-flight counts read through the snapshot's endpoints, the
+//!   memory traffic a p2c over lbkit's endpoint layout paid before the hot statistics moved to
+//!   dense lines; `floor_live`: the same through `Snapshot::live`, what pickers read now.
 //!
 //! Every group fixes `sample_size = 10_000` (100 samples), as `pick.rs` does.
 
@@ -325,6 +326,55 @@ mod floor {
             let cost = |k: EndpointIdx| {
                 let st = s.endpoint(k).stats();
                 st.ewma_ns_at(PICK_NOW).unwrap_or(3e7) * (f64::from(st.in_flight()) + 1.0)
+            };
+            if cost(j) < cost(i) {
+                j
+            } else {
+                i
+            }
+        });
+    }
+}
+
+/// The same floors over the dense hot lines (`Snapshot::live`): what the pickers read since the
+/// statistics were split (one array of line references, one 64-byte line per candidate).
+#[divan::bench_group(sample_size = 10_000)]
+mod floor_live {
+    use super::*;
+
+    /// Two draws, then `snapshot.live(i).in_flight()` for both.
+    #[divan::bench(args = N)]
+    fn two_in_flight_reads(b: Bencher, n: usize) {
+        let snap = loaded_snapshot(n, Weights::Uniform);
+        let mut rng = FastRng::seed_from_u64(1);
+        b.bench_local(|| {
+            let s = black_box(&snap);
+            let (i, j) = (
+                EndpointIdx::new(rng.index(n)),
+                EndpointIdx::new(rng.index(n)),
+            );
+            if s.live(j).in_flight() < s.live(i).in_flight() {
+                j
+            } else {
+                i
+            }
+        });
+    }
+
+    /// Two draws, then in-flight and the peak-EWMA projection of both from their lines.
+    #[divan::bench(args = N)]
+    fn two_ewma_reads(b: Bencher, n: usize) {
+        let snap = loaded_snapshot(n, Weights::Uniform);
+        let mut rng = FastRng::seed_from_u64(1);
+        b.bench_local(|| {
+            let s = black_box(&snap);
+            let (i, j) = (
+                EndpointIdx::new(rng.index(n)),
+                EndpointIdx::new(rng.index(n)),
+            );
+            let cost = |k: EndpointIdx| {
+                let l = s.live(k);
+                l.ewma_ns_at(PICK_NOW).unwrap_or(3e7) * (f64::from(l.in_flight()) + 1.0)
             };
             if cost(j) < cost(i) {
                 j

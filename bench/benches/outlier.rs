@@ -35,7 +35,7 @@ const INTERVAL: Duration = Duration::from_secs(10);
 fn failures_of(i: usize) -> u64 {
     if i % 97 == 3 {
         108
-    } else if i % 13 == 0 {
+    } else if i.is_multiple_of(13) {
         6
     } else {
         (i % 3) as u64

@@ -116,7 +116,7 @@ pub const PICK_NOW: Timestamp = Timestamp::from_millis(100_500);
 /// Calls in flight on endpoint `i` in [`loaded_snapshot`]: 1–3 on every 7th endpoint, 0 elsewhere.
 #[inline]
 pub fn in_flight_of(i: usize) -> u32 {
-    if i % 7 == 0 {
+    if i.is_multiple_of(7) {
         1 + (i / 7 % 3) as u32
     } else {
         0

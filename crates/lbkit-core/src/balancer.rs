@@ -128,8 +128,9 @@ impl<P: Picker> Prepared<P> {
 
     #[inline]
     fn acceptable(&self, idx: EndpointIdx, cx: &PickContext<'_>, filter: &Availability) -> bool {
-        let e = self.snapshot.endpoint(idx);
-        self.snapshot.is_eligible(idx) && !cx.tried.contains(e) && filter.admits(e, cx.now)
+        self.snapshot.is_eligible(idx)
+            && !cx.tried.contains(self.snapshot.endpoint(idx))
+            && filter.check_live(self.snapshot.live(idx), cx.now).is_none()
     }
 }
 

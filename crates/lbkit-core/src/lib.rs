@@ -51,6 +51,7 @@ mod balancer;
 mod budget;
 mod endpoint;
 mod error;
+mod live;
 mod policy;
 mod rng;
 mod snapshot;
@@ -65,6 +66,7 @@ pub use endpoint::{
     warmup_weight, Endpoint, EndpointKey, EndpointSpec, Metadata, DEFAULT_WARMUP, DEFAULT_WEIGHT,
 };
 pub use error::PickError;
+pub use live::LiveStats;
 pub use policy::{HealthOverlay, SlowStart, SnapshotPolicy, DEFAULT_PANIC_THRESHOLD};
 pub use rng::FastRng;
 pub use snapshot::{EndpointIdx, Snapshot, SnapshotBuilder, Update};

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use crate::endpoint::{Endpoint, EndpointKey, EndpointSpec};
 use crate::error::PickError;
+use crate::live::LiveStats;
 use crate::policy::{HealthOverlay, SnapshotPolicy};
 use crate::stats::{EndpointStats, DEFAULT_EWMA_DECAY};
 use crate::time::Timestamp;
@@ -54,6 +55,9 @@ pub struct Snapshot {
     version: u64,
     endpoints: Box<[Endpoint]>,
     eligible: Box<[EndpointIdx]>,
+    // Per endpoint, indexed like `endpoints`. Each line belongs to the endpoint's stats, which
+    // `endpoints` keeps alive: a dense index so a pick reads no `Endpoint` at all.
+    live: Box<[&'static LiveStats]>,
     // Per endpoint, indexed like `endpoints`; immutable.
     is_eligible: Box<[bool]>,
     ejected_until: Box<[Option<Timestamp>]>,
@@ -130,6 +134,7 @@ impl Snapshot {
             unhealthy: count(&|i| !endpoints[i].is_healthy()),
             drained: count(&|i| endpoints[i].is_healthy() && endpoints[i].weight() == 0),
             ejected: count(&|i| ejected_until[i].is_some()),
+            live: endpoints.iter().map(|e| e.stats().live_line()).collect(),
             endpoints: endpoints.into_boxed_slice(),
             eligible,
             is_eligible,
@@ -155,6 +160,7 @@ impl Snapshot {
         Snapshot {
             version: self.version,
             endpoints: self.endpoints.clone(),
+            live: self.live.clone(),
             eligible: self
                 .eligible
                 .iter()
@@ -242,6 +248,17 @@ impl Snapshot {
     #[inline]
     pub fn endpoint(&self, idx: EndpointIdx) -> &Endpoint {
         &self.endpoints[idx.get()]
+    }
+
+    /// The hot statistics line of the endpoint at `idx` (in flight, failure run, successes,
+    /// peak EWMA): the same atomics as `endpoint(idx).stats().live()`, read through one dense
+    /// array instead of the endpoint and its statistics. Load-aware pickers read this.
+    ///
+    /// # Panics
+    /// When `idx` comes from another, larger snapshot.
+    #[inline]
+    pub fn live(&self, idx: EndpointIdx) -> &LiveStats {
+        self.live[idx.get()]
     }
 
     /// Indices of the endpoints a strategy may pick, in source order: healthy, weight > 0 and
@@ -558,6 +575,45 @@ mod tests {
         assert_eq!(s.effective_weight(EndpointIdx::new(0), at(100_000)), 10);
         assert!(s.is_ramping(EndpointIdx::new(1), at(100_000)));
         assert!(!s.is_ramping(EndpointIdx::new(1), at(150_000)));
+    }
+
+    #[test]
+    fn live_lines_are_the_endpoints_stats_in_every_derived_snapshot() {
+        let mut b = SnapshotBuilder::new();
+        let now = Timestamp::from_millis(1);
+        let s1 = b.apply(Update::Reset(vec![spec("a:1", 1), spec("b:1", 1)]), now);
+        let same = |s: &Snapshot| {
+            (0..s.len()).all(|i| {
+                let idx = EndpointIdx::new(i);
+                std::ptr::eq(s.live(idx), s.endpoint(idx).stats().live())
+            })
+        };
+        assert!(same(&s1));
+        let s2 = b.apply(Update::Add(vec![spec("c:1", 1)]), now);
+        assert!(same(&s2) && same(&s2.restrict(|i| i.get() == 0)));
+        assert!(same(&s2.derive(
+            9,
+            &SnapshotPolicy::default(),
+            &HealthOverlay::default()
+        )));
+        // A call started through the old snapshot ends on the line the new one reads.
+        s1.endpoints()[1].stats().start();
+        assert_eq!(s2.live(EndpointIdx::new(1)).in_flight(), 1);
+        s2.endpoints()[1]
+            .stats()
+            .finish(now, now, crate::Outcome::Success);
+        assert_eq!(
+            (
+                s1.live(EndpointIdx::new(1)).in_flight(),
+                s2.live(EndpointIdx::new(1)).successes()
+            ),
+            (0, 1)
+        );
+        // Distinct endpoints never share a line.
+        let lines: std::collections::HashSet<_> = (0..s2.len())
+            .map(|i| s2.live(EndpointIdx::new(i)) as *const LiveStats)
+            .collect();
+        assert_eq!(lines.len(), 3);
     }
 
     #[test]

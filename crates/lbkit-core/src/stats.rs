@@ -12,11 +12,10 @@
 //!   samples with a time constant; between samples it decays toward zero so an idle endpoint is
 //!   probed again. Reading never mutates: [`EndpointStats::ewma_at`] projects the decay to `now`.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
-use crossbeam_utils::CachePadded;
-
+use crate::live::LiveStats;
 use crate::time::{duration_nanos, Timestamp};
 
 /// Default EWMA time constant (linkerd's and Finagle's `decay`: 10 s).
@@ -97,24 +96,30 @@ pub struct StatsSeed {
 
 /// Live statistics of one endpoint: in-flight, outcome counters, a windowed mean and a peak
 /// EWMA of latency, and server-reported load; all atomics.
+///
+/// What a pick reads (in-flight, the failure run, cumulative successes, the peak EWMA) lives in
+/// the endpoint's [`LiveStats`] line, allocated densely apart from the rest (see
+/// [`live`](Self::live)); the windowed slots and load reports stay here.
 #[derive(Debug)]
 pub struct EndpointStats {
-    // Contended by every pick of this endpoint: its own cache line.
-    in_flight: CachePadded<AtomicU32>,
+    // Taken from the slab at construction, given back on drop; nothing else keeps it.
+    live: &'static LiveStats,
     // Written when calls finish; atomics, Relaxed.
-    successes: AtomicU64,
     failures: AtomicU64,
     cancellations: AtomicU64,
-    consecutive_failures: AtomicU32,
-    last_failure_ns: AtomicU64, // 0 = never
     window: WindowedMean,
-    ewma: PeakEwma,
     // Server-reported load; f64 bits. Written by whoever receives reports.
     load_utilization: AtomicU64,
     load_qps: AtomicU64,
     load_eps: AtomicU64,
     load_at_ns: AtomicU64,    // 0 = never reported
     load_since_ns: AtomicU64, // start of the current run of reports
+}
+
+impl Drop for EndpointStats {
+    fn drop(&mut self) {
+        LiveStats::release(self.live);
+    }
 }
 
 impl Default for EndpointStats {
@@ -129,14 +134,10 @@ impl EndpointStats {
     /// Fresh statistics whose peak EWMA uses time constant `ewma_decay`.
     pub fn new(ewma_decay: Duration) -> Self {
         EndpointStats {
-            in_flight: CachePadded::new(AtomicU32::new(0)),
-            successes: AtomicU64::new(0),
+            live: LiveStats::acquire(ewma_decay),
             failures: AtomicU64::new(0),
             cancellations: AtomicU64::new(0),
-            consecutive_failures: AtomicU32::new(0),
-            last_failure_ns: AtomicU64::new(0),
             window: WindowedMean::default(),
-            ewma: PeakEwma::new(ewma_decay),
             load_utilization: AtomicU64::new(0),
             load_qps: AtomicU64::new(0),
             load_eps: AtomicU64::new(0),
@@ -171,15 +172,29 @@ impl EndpointStats {
         })
     }
 
+    /// The hot line of these statistics: what picks read, one cache line, allocated densely
+    /// with other endpoints' lines. [`Snapshot::live`](crate::Snapshot::live) indexes the same
+    /// lines by [`EndpointIdx`](crate::EndpointIdx).
+    #[inline]
+    pub fn live(&self) -> &LiveStats {
+        self.live
+    }
+
+    /// The line with the lifetime of the slab, for a snapshot's dense index. Valid (as this
+    /// endpoint's line) for as long as `self` lives.
+    pub(crate) fn live_line(&self) -> &'static LiveStats {
+        self.live
+    }
+
     /// Calls handed out and not yet finished.
     #[inline]
     pub fn in_flight(&self) -> u32 {
-        self.in_flight.load(Relaxed)
+        self.live.in_flight()
     }
 
     /// Successful calls.
     pub fn successes(&self) -> u64 {
-        self.successes.load(Relaxed)
+        self.live.successes()
     }
 
     /// Failed calls.
@@ -200,15 +215,12 @@ impl EndpointStats {
     /// Failures since the last success.
     #[inline]
     pub fn consecutive_failures(&self) -> u32 {
-        self.consecutive_failures.load(Relaxed)
+        self.live.consecutive_failures()
     }
 
     /// When the last failure was recorded.
     pub fn last_failure_at(&self) -> Option<Timestamp> {
-        match self.last_failure_ns.load(Relaxed) {
-            0 => None,
-            ns => Some(Timestamp::from_nanos(ns)),
-        }
+        self.live.last_failure_at()
     }
 
     /// Mean successful response time over the last `window` (rounded up to whole [`SLOT`]s, at
@@ -222,53 +234,58 @@ impl EndpointStats {
         self.window.sum_at(now, window).1
     }
 
+    /// Count and latency sum (nanoseconds) of the successful samples behind
+    /// [`avg_response_at`](Self::avg_response_at).
+    pub fn window_sum_at(&self, now: Timestamp, window: Duration) -> (u64, u64) {
+        let (sum, count) = self.window.sum_at(now, window);
+        (count, sum)
+    }
+
     /// Peak-EWMA latency projected to `now`, or `None` before the first sample.
     #[inline]
     pub fn ewma_at(&self, now: Timestamp) -> Option<Duration> {
-        self.ewma.at(now).map(|ns| Duration::from_nanos(ns as u64))
+        self.live
+            .ewma_ns_at(now)
+            .map(|ns| Duration::from_nanos(ns as u64))
     }
 
     /// Peak-EWMA latency in nanoseconds (f64) projected to `now`.
     #[inline]
     pub fn ewma_ns_at(&self, now: Timestamp) -> Option<f64> {
-        self.ewma.at(now)
+        self.live.ewma_ns_at(now)
     }
 
     /// A call was handed out (done by [`CallGuard`](crate::CallGuard)).
     #[inline]
     pub fn start(&self) {
-        self.in_flight.fetch_add(1, Relaxed);
+        self.live.start();
     }
 
     /// A call handed out at `started` finished at `now` with `outcome`.
     pub fn finish(&self, started: Timestamp, now: Timestamp, outcome: Outcome) {
         // Saturating: never wraps below zero even if finish is called without start.
-        let _ = self
-            .in_flight
-            .fetch_update(Relaxed, Relaxed, |n| Some(n.saturating_sub(1)));
+        self.live.end();
         self.record(now.saturating_duration_since(started), now, outcome);
     }
 
     /// Forget the current run of failures (an outlier detector readmitting the endpoint).
     pub fn clear_consecutive_failures(&self) {
-        self.consecutive_failures.store(0, Relaxed);
+        self.live.clear_consecutive_failures();
     }
 
     /// Record a call's latency and outcome without touching `in_flight` (for callers that track
     /// concurrency themselves).
     pub fn record(&self, latency: Duration, now: Timestamp, outcome: Outcome) {
         let ns = duration_nanos(latency);
-        self.ewma.record(now, ns as f64);
+        self.live.record_ewma(now, ns);
         match outcome {
             Outcome::Success => {
-                self.successes.fetch_add(1, Relaxed);
-                self.consecutive_failures.store(0, Relaxed);
+                self.live.success(ns);
                 self.window.record(now, ns);
             }
             Outcome::Failure(_) => {
                 self.failures.fetch_add(1, Relaxed);
-                self.consecutive_failures.fetch_add(1, Relaxed);
-                self.last_failure_ns.store(now.as_nanos().max(1), Relaxed);
+                self.live.failure(now);
             }
             Outcome::Cancelled => {
                 self.cancellations.fetch_add(1, Relaxed);
@@ -278,22 +295,30 @@ impl EndpointStats {
 
     /// Load observed statistics (for what-if tools and simulators; adds to what is there).
     pub fn seed(&self, seed: &StatsSeed, now: Timestamp) {
-        self.in_flight.fetch_add(seed.in_flight, Relaxed);
-        self.successes.fetch_add(seed.successes, Relaxed);
+        self.live.add_in_flight(seed.in_flight);
+        self.live.add_successes(seed.successes);
         self.failures.fetch_add(seed.failures, Relaxed);
-        self.consecutive_failures
-            .fetch_add(seed.consecutive_failures, Relaxed);
+        self.live
+            .add_consecutive_failures(seed.consecutive_failures);
         if let Some(at) = seed
             .last_failure_at
             .or_else(|| (seed.consecutive_failures > 0 || seed.failures > 0).then_some(now))
         {
-            self.last_failure_ns.store(at.as_nanos().max(1), Relaxed);
+            self.live.mark_failure(at);
         }
         if let Some(avg) = seed.avg_response {
-            self.window.record(now, duration_nanos(avg));
+            // The mean of the seeded successes (at least one): one sample in the window, and
+            // `successes × mean` in the cumulative sum.
+            let ns = duration_nanos(avg);
+            self.window.record(now, ns);
+            if seed.successes == 0 {
+                self.live.add_successes(1);
+            }
+            self.live
+                .add_success_nanos(ns.saturating_mul(seed.successes.max(1)));
         }
         if let Some(ewma) = seed.ewma {
-            self.ewma.set(now, duration_nanos(ewma) as f64);
+            self.live.set_ewma(now, duration_nanos(ewma) as f64);
         }
         if let Some((utilization, qps, eps, since)) = seed.load {
             self.report_load(since, utilization, qps, eps);
@@ -368,78 +393,9 @@ impl WindowedMean {
     }
 }
 
-/// Peak-sensitive EWMA (linkerd's `PeakEwma`), stored as f64 bits plus the time of the last
-/// update. Atomics, Relaxed: the estimate and its time may be one update apart.
-#[derive(Debug)]
-struct PeakEwma {
-    decay_ns: f64,
-    estimate_bits: AtomicU64, // f64 nanoseconds; NaN bits = no sample yet
-    at_ns: AtomicU64,
-}
-
-const NO_SAMPLE: u64 = f64::NAN.to_bits();
-
-impl PeakEwma {
-    fn new(decay: Duration) -> Self {
-        PeakEwma {
-            decay_ns: (duration_nanos(decay) as f64).max(1.0),
-            estimate_bits: AtomicU64::new(NO_SAMPLE),
-            at_ns: AtomicU64::new(0),
-        }
-    }
-
-    /// The estimate decayed toward zero from its last update to `now`.
-    fn at(&self, now: Timestamp) -> Option<f64> {
-        let est = f64::from_bits(self.estimate_bits.load(Relaxed));
-        if est.is_nan() {
-            return None;
-        }
-        let elapsed = now.as_nanos().saturating_sub(self.at_ns.load(Relaxed)) as f64;
-        Some(est * (-elapsed / self.decay_ns).exp())
-    }
-
-    fn record(&self, now: Timestamp, rtt_ns: f64) {
-        let rtt_ns = if rtt_ns.is_finite() {
-            rtt_ns.max(0.0)
-        } else {
-            return;
-        };
-        let mut bits = self.estimate_bits.load(Relaxed);
-        loop {
-            let prev = f64::from_bits(bits);
-            let elapsed = now.as_nanos().saturating_sub(self.at_ns.load(Relaxed)) as f64;
-            let w = (-elapsed / self.decay_ns).exp();
-            // The estimate as a reader sees it now: decayed toward zero since the last update.
-            let decayed = prev * w;
-            let next = if prev.is_nan() || rtt_ns >= decayed {
-                rtt_ns // a new peak replaces the estimate at once
-            } else {
-                decayed * w + rtt_ns * (1.0 - w) // then move toward the sample
-            };
-            match self
-                .estimate_bits
-                .compare_exchange_weak(bits, next.to_bits(), Relaxed, Relaxed)
-            {
-                Ok(_) => break,
-                Err(seen) => bits = seen,
-            }
-        }
-        self.at_ns.fetch_max(now.as_nanos(), Relaxed);
-    }
-
-    fn set(&self, now: Timestamp, value_ns: f64) {
-        self.estimate_bits.store(value_ns.to_bits(), Relaxed);
-        self.at_ns.store(now.as_nanos(), Relaxed);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proptest::prelude::*;
-
-    const MS: u64 = 1_000_000;
-
     fn t(ms: u64) -> Timestamp {
         Timestamp::from_millis(ms)
     }
@@ -501,26 +457,6 @@ mod tests {
     }
 
     #[test]
-    fn peak_ewma_jumps_to_peaks_and_decays() {
-        let e = PeakEwma::new(Duration::from_secs(10));
-        assert_eq!(e.at(t(0)), None);
-        e.record(t(0), 10.0 * MS as f64);
-        assert_eq!(e.at(t(0)), Some(10.0 * MS as f64));
-        e.record(t(1), 100.0 * MS as f64);
-        assert!(
-            (e.at(t(1)).unwrap() - 100.0 * MS as f64).abs() < 1.0,
-            "peak taken at once"
-        );
-        // One time constant later the projection is 1/e of the peak.
-        let later = e.at(t(10_001)).unwrap();
-        assert!((later / (100.0 * MS as f64) - (-1.0f64).exp()).abs() < 1e-9);
-        // A smaller sample right away moves the estimate only a little.
-        e.record(t(2), 1.0 * MS as f64);
-        let est = e.at(t(2)).unwrap();
-        assert!(est > 99.0 * MS as f64 && est < 100.0 * MS as f64, "{est}");
-    }
-
-    #[test]
     fn load_reports_and_their_runs() {
         let s = EndpointStats::default();
         assert_eq!(s.load_report(), None);
@@ -560,19 +496,5 @@ mod tests {
         );
         assert_eq!(s.ewma_at(t(5_000)), Some(Duration::from_millis(30)));
         assert_eq!(s.last_failure_at(), Some(t(5_000)));
-    }
-
-    proptest! {
-        #[test]
-        fn ewma_never_nan_or_negative(samples in proptest::collection::vec((0u64..10_000_000_000, 0u64..1u64 << 40), 1..50)) {
-            let e = PeakEwma::new(Duration::from_secs(10));
-            let mut now = 0u64;
-            for (dt, rtt) in samples {
-                now += dt;
-                e.record(Timestamp::from_nanos(now), rtt as f64);
-                let v = e.at(Timestamp::from_nanos(now)).unwrap();
-                prop_assert!(v.is_finite() && v >= 0.0);
-            }
-        }
     }
 }

@@ -183,6 +183,9 @@ impl TriedSet {
     /// Whether `endpoint` was tried.
     #[inline]
     pub fn contains(&self, endpoint: &Endpoint) -> bool {
+        if self.len == 0 {
+            return false; // without touching the endpoint: a first attempt reads no key
+        }
         let h = endpoint.key_hash();
         self.hashes[..usize::from(self.len)].contains(&h)
     }

@@ -89,7 +89,7 @@ impl Bound {
 
     #[inline]
     fn in_flight(&self, idx: EndpointIdx) -> u32 {
-        self.snapshot.endpoint(idx).stats().in_flight()
+        self.snapshot.live(idx).in_flight()
     }
 
     /// Whether `idx` has no call in flight: then it is under any cap, and a pick can take it

@@ -76,11 +76,11 @@ impl Picker for BestAvailablePicker {
     fn pick(&self, cx: &mut PickContext<'_>) -> Result<EndpointIdx, PickError> {
         let (snap, now) = (&self.snapshot, cx.now);
         let cost = |i: EndpointIdx| {
-            let e = snap.endpoint(i);
-            if self.breaker.tripped_until(e, now).is_some() {
+            let live = snap.live(i);
+            if self.breaker.tripped_until_live(live, now).is_some() {
                 f64::INFINITY
             } else {
-                f64::from(e.stats().in_flight())
+                f64::from(live.in_flight())
             }
         };
         if let Some(i) = self.candidates.cheapest(cx, Ties::First, cost) {

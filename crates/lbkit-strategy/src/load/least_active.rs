@@ -61,9 +61,7 @@ impl Picker for LeastActivePicker {
     fn pick(&self, cx: &mut PickContext<'_>) -> Result<EndpointIdx, PickError> {
         let snap = &self.snapshot;
         self.candidates
-            .cheapest(cx, Ties::Weighted, |i| {
-                f64::from(snap.endpoint(i).stats().in_flight())
-            })
+            .cheapest(cx, Ties::Weighted, |i| f64::from(snap.live(i).in_flight()))
             .ok_or(PickError::NoEndpoints)
     }
 

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use lbkit_core::{EndpointIdx, PickContext, PickError, Picker, Snapshot, Strategy, Timestamp};
 
-use super::choose::two_distinct;
+use super::choose::IndexList;
 use crate::alias::AliasTable;
 use crate::common::{all_equal, effective_weights, share};
 use crate::round_robin::{counter, SharedCounter};
@@ -67,7 +67,7 @@ impl Strategy for LeastRequest {
     fn prepare(&self, snapshot: &Arc<Snapshot>, now: Timestamp) -> LeastRequestPicker {
         let weights = effective_weights(snapshot, now);
         let mode = if all_equal(&weights) {
-            Mode::Choices(weights.iter().map(|&(i, _)| i).collect())
+            Mode::Choices(IndexList::new(weights.iter().map(|&(i, _)| i).collect()))
         } else if self.bias == 0.0 {
             Mode::Static(SmoothWeightedPicker::from_weights(
                 weights.clone(),
@@ -83,7 +83,7 @@ impl Strategy for LeastRequest {
                         weight: by_idx.into(),
                     }
                 }
-                None => Mode::Choices(weights.iter().map(|&(i, _)| i).collect()),
+                None => Mode::Choices(IndexList::new(weights.iter().map(|&(i, _)| i).collect())),
             }
         };
         LeastRequestPicker {
@@ -108,7 +108,7 @@ pub struct LeastRequestPicker {
 
 #[derive(Debug)]
 enum Mode {
-    Choices(Box<[EndpointIdx]>),
+    Choices(IndexList),
     Static(SmoothWeightedPicker),
     Weighted {
         alias: AliasTable,
@@ -119,7 +119,7 @@ enum Mode {
 impl LeastRequestPicker {
     #[inline]
     fn in_flight(&self, i: EndpointIdx) -> u32 {
-        self.snapshot.endpoint(i).stats().in_flight()
+        self.snapshot.live(i).in_flight()
     }
 
     /// `(in_flight + 1)^bias`, with the common bias 1.0 as a plain add.
@@ -140,14 +140,14 @@ impl Picker for LeastRequestPicker {
         match &self.mode {
             Mode::Choices(list) if list.is_empty() => Err(PickError::NoEndpoints),
             Mode::Choices(list) => {
-                let (a, b) = two_distinct(list, cx.rng);
+                let (a, b) = list.two_distinct(cx.rng);
                 let mut best = if self.choice_count > 1 && self.in_flight(b) < self.in_flight(a) {
                     b
                 } else {
                     a
                 };
                 for _ in 2..self.choice_count {
-                    let c = list[cx.rng.index(list.len())];
+                    let c = list.at(cx.rng.index(list.len()));
                     if self.in_flight(c) < self.in_flight(best) {
                         best = c;
                     }

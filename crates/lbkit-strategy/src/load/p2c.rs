@@ -35,7 +35,7 @@ use std::time::Duration;
 
 use lbkit_core::{EndpointIdx, PickContext, PickError, Picker, Snapshot, Strategy, Timestamp};
 
-use super::choose::two_distinct;
+use super::choose::IndexList;
 
 /// linkerd's default RTT for an endpoint without samples.
 pub const DEFAULT_RTT: Duration = Duration::from_millis(30);
@@ -104,7 +104,7 @@ impl Strategy for P2cEwma {
 #[derive(Debug)]
 pub struct P2cPicker {
     snapshot: Arc<Snapshot>,
-    eligible: Box<[EndpointIdx]>,
+    eligible: IndexList,
     cost: Cost,
 }
 
@@ -112,7 +112,7 @@ impl P2cPicker {
     fn new(snapshot: &Arc<Snapshot>, cost: Cost) -> Self {
         P2cPicker {
             snapshot: snapshot.clone(),
-            eligible: snapshot.eligible().into(),
+            eligible: IndexList::new(snapshot.eligible().into()),
             cost,
         }
     }
@@ -120,7 +120,7 @@ impl P2cPicker {
     /// The cost of `idx` at `now` (lower wins).
     #[inline]
     pub fn cost(&self, idx: EndpointIdx, now: Timestamp) -> f64 {
-        let stats = self.snapshot.endpoint(idx).stats();
+        let stats = self.snapshot.live(idx);
         let load = f64::from(stats.in_flight()) + 1.0;
         match self.cost {
             Cost::InFlight => load,
@@ -135,12 +135,26 @@ impl Picker for P2cPicker {
         if self.eligible.is_empty() {
             return Err(PickError::NoEndpoints);
         }
-        let (a, b) = two_distinct(&self.eligible, cx.rng);
-        Ok(if self.cost(b, cx.now) < self.cost(a, cx.now) {
-            b
-        } else {
-            a
-        })
+        let (a, b) = self.eligible.two_distinct(cx.rng);
+        let b_cheaper = match self.cost {
+            Cost::InFlight => self.snapshot.live(b).in_flight() < self.snapshot.live(a).in_flight(),
+            Cost::Ewma { default_rtt_ns } => {
+                // Both lines are read before any arithmetic (their misses overlap), and the two
+                // projections are compared with one `exp`: b wins when
+                // base_b × e^(x_b − x_a) < base_a, i.e. cost(b) < cost(a).
+                let (la, lb) = (self.snapshot.live(a), self.snapshot.live(b));
+                let (ta, tb) = (la.ewma_terms_at(cx.now), lb.ewma_terms_at(cx.now));
+                let (fa, fb) = (la.in_flight(), lb.in_flight());
+                let (ea, xa) = ta.unwrap_or((default_rtt_ns, 0.0));
+                let (eb, xb) = tb.unwrap_or((default_rtt_ns, 0.0));
+                let base_a = ea * (f64::from(fa) + 1.0);
+                let base_b = eb * (f64::from(fb) + 1.0);
+                // Clamped so that e^d stays finite: a difference beyond 700 time constants
+                // decides the comparison either way.
+                base_b * (xb - xa).clamp(-700.0, 700.0).exp() < base_a
+            }
+        };
+        Ok(if b_cheaper { b } else { a })
     }
 
     fn explain(&self, idx: EndpointIdx, now: Timestamp) -> Option<String> {

@@ -10,7 +10,7 @@ use lbkit_core::{
 use lbkit_testkit::dist::assert_fits;
 use proptest::prelude::*;
 
-use super::choose::two_distinct;
+use super::choose::IndexList;
 use super::*;
 use crate::SmoothWeightedRoundRobin;
 
@@ -72,11 +72,40 @@ proptest! {
         let p = P2cLeastLoaded.prepare(&s, T);
         let mut rng = FastRng::seed_from_u64(seed);
         for _ in 0..20 {
-            let (a, b) = two_distinct(s.eligible(), &mut rng.clone());
+            let (a, b) = IndexList::new(s.eligible().into()).two_distinct(&mut rng.clone());
             let picked = p.pick(&mut PickContext::new(T, &mut rng)).unwrap();
             prop_assert!(picked == a || picked == b);
             let other = if picked == a { b } else { a };
             prop_assert!(loads[picked.get()] <= loads[other.get()]);
+        }
+    }
+}
+
+proptest! {
+    /// The pick compares projections with one `exp` (`base_b × e^(x_b − x_a) < base_a`); it must
+    /// agree with the two costs `P2cPicker::cost` reports, up to rounding.
+    #[test]
+    fn p2c_ewma_never_returns_the_costlier_of_its_two(
+        eps in proptest::collection::vec((0u64..2_000, 0u64..120_000, 0u32..6), 2..30),
+        seed in 0u64..1000,
+    ) {
+        let s = snap(&vec![100; eps.len()]);
+        for (i, &(ms, ago_ms, busy)) in eps.iter().enumerate() {
+            if ms > 0 {
+                let at = T.saturating_sub(Duration::from_millis(ago_ms));
+                s.endpoints()[i].stats().record(Duration::from_millis(ms), at, Outcome::Success);
+            }
+            load(&s, i, busy);
+        }
+        let p = P2cEwma::default().prepare(&s, T);
+        let mut rng = FastRng::seed_from_u64(seed);
+        for _ in 0..20 {
+            let (a, b) = IndexList::new(s.eligible().into()).two_distinct(&mut rng.clone());
+            let picked = p.pick(&mut PickContext::new(T, &mut rng)).unwrap();
+            prop_assert!(picked == a || picked == b);
+            let other = if picked == a { b } else { a };
+            let (cp, co) = (p.cost(picked, T), p.cost(other, T));
+            prop_assert!(cp <= co * (1.0 + 1e-9), "picked {cp} over {co}");
         }
     }
 }
@@ -195,9 +224,59 @@ fn shortest_response_estimates_and_probes_unsampled() {
         [0, 50],
         "no samples: estimate 0"
     );
-    // Failures never make an endpoint look fast; old samples leave the window.
+    // A success after prepare counts at once: (4 + 40) / 2 ms × 3 in flight + 1.
+    let one = lbkit_core::EndpointIdx::new(1);
+    rec(1, 40);
+    assert_eq!(p.estimate(one, T), 66e6);
+    // Failures never make an endpoint look fast.
+    s.endpoints()[1].stats().record(
+        Duration::from_millis(1),
+        T,
+        Outcome::Failure(FailureKind::Server),
+    );
+    assert_eq!(p.estimate(one, T), 66e6);
+    // Old samples leave the window when the picker is prepared again (every slot, as
+    // `Balancer::tick` does); samples after that count.
     let later = T + Duration::from_secs(40);
-    assert_eq!(p.estimate(lbkit_core::EndpointIdx::new(0), later), 0.0);
+    let q = ShortestResponse::default().prepare(&s, later);
+    assert_eq!(q.estimate(lbkit_core::EndpointIdx::new(0), later), 0.0);
+    assert_eq!(q.estimate(one, later), 0.0);
+    s.endpoints()[1]
+        .stats()
+        .record(Duration::from_millis(8), later, Outcome::Success);
+    assert_eq!(q.estimate(one, later), 24e6);
+    assert_eq!(
+        ShortestResponse::default().refresh_interval(),
+        Some(lbkit_core::SLOT)
+    );
+}
+
+#[test]
+fn shortest_response_window_follows_balancer_ticks() {
+    let s = snap(&[100, 100]);
+    let rec = |i: usize, ms: u64, at: Timestamp| {
+        s.endpoints()[i]
+            .stats()
+            .record(Duration::from_millis(ms), at, Outcome::Success)
+    };
+    let b = Balancer::new(ShortestResponse::default(), s.clone(), T);
+    let mut rng = FastRng::seed_from_u64(3);
+    let mut first = |now| {
+        let g = b.pick(&mut PickContext::new(now, &mut rng)).unwrap();
+        let host = g.endpoint().address().to_owned();
+        g.finish_at(Outcome::Cancelled, now);
+        host
+    };
+    rec(0, 60, T);
+    rec(1, 10, T);
+    rec(1, 100, T + Duration::from_secs(5));
+    // h1 averages (10 + 100) / 2 = 55 ms < 60 ms: the sample after prepare counts at once.
+    let later = T + Duration::from_secs(32);
+    assert_eq!(first(later), "h1:1");
+    // The tick re-prepares: the samples at T left the 30 s window, h1 keeps its 100 ms one and
+    // h0 has none, so it estimates 0 and is probed.
+    assert!(b.tick(later));
+    assert_eq!(first(later), "h0:1");
 }
 
 #[test]
