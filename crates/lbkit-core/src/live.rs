@@ -47,6 +47,11 @@ fn take(free: &mut Vec<&'static LiveStats>) -> &'static LiveStats {
 
 /// The statistics a pick reads, one cache line per endpoint; atomics, `Relaxed`.
 ///
+/// Lines come from a process-wide slab that only grows: 64 bytes × the largest number of
+/// endpoints alive at once (a dropped endpoint's line is reused by the next one). Endpoints
+/// created together get adjacent lines, so a load-aware pick over 100 000 endpoints reads
+/// from 6.4 MB instead of a 100 MB spread of allocations.
+///
 /// Obtained from [`EndpointStats::live`](crate::EndpointStats::live) or, densely indexed, from
 /// [`Snapshot::live`](crate::Snapshot::live).
 ///
