@@ -71,8 +71,8 @@ pub use policy::{HealthOverlay, SlowStart, SnapshotPolicy, DEFAULT_PANIC_THRESHO
 pub use rng::FastRng;
 pub use snapshot::{EndpointIdx, Snapshot, SnapshotBuilder, Update};
 pub use stats::{
-    EndpointStats, FailureKind, LoadReport, Outcome, StatsSeed, DEFAULT_EWMA_DECAY,
-    LOAD_REPORT_GAP, SLOT, SLOTS,
+    EndpointStats, FailureKind, LatencyHistogram, LoadReport, Outcome, StatsSeed,
+    DEFAULT_EWMA_DECAY, LATENCY_BUCKETS, LOAD_REPORT_GAP, SLOT, SLOTS,
 };
 pub use strategy::{key_hash, BoxStrategy, PickContext, Picker, Strategy, TriedSet};
 pub use time::{Clock, ManualClock, Timestamp};

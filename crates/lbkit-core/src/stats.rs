@@ -28,6 +28,72 @@ pub const SLOT: Duration = Duration::from_secs(5);
 /// response-time distribution every minute).
 pub const SLOTS: usize = 12;
 
+/// Upper bounds of the buckets of [`EndpointStats::latency_histogram`]: Prometheus' default
+/// buckets (5 ms to 10 s) plus 1 ms and 2.5 ms below them, for services on a local network.
+pub const LATENCY_BUCKETS: [Duration; 13] = [
+    Duration::from_millis(1),
+    Duration::from_micros(2_500),
+    Duration::from_millis(5),
+    Duration::from_millis(10),
+    Duration::from_millis(25),
+    Duration::from_millis(50),
+    Duration::from_millis(100),
+    Duration::from_millis(250),
+    Duration::from_millis(500),
+    Duration::from_secs(1),
+    Duration::from_micros(2_500_000),
+    Duration::from_secs(5),
+    Duration::from_secs(10),
+];
+
+const BUCKET_NS: [u64; LATENCY_BUCKETS.len()] = {
+    let mut ns = [0u64; LATENCY_BUCKETS.len()];
+    let mut i = 0;
+    while i < ns.len() {
+        ns[i] = LATENCY_BUCKETS[i].as_nanos() as u64;
+        i += 1;
+    }
+    ns
+};
+
+/// Latencies of an endpoint's finished calls (successes and failures; cancellations are left
+/// out), counted per bucket of [`LATENCY_BUCKETS`]: a Prometheus histogram's data.
+///
+/// ```
+/// use std::time::Duration;
+/// use lbkit_core::{EndpointStats, Outcome, Timestamp};
+/// let stats = EndpointStats::default();
+/// stats.record(Duration::from_millis(3), Timestamp::ZERO, Outcome::Success);
+/// stats.record(Duration::from_secs(20), Timestamp::ZERO, Outcome::Success);
+/// let h = stats.latency_histogram();
+/// assert_eq!(h.cumulative(), [0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2]);
+/// assert_eq!(h.count(), 2);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LatencyHistogram {
+    /// Calls per bucket: `counts[i]` took at most `LATENCY_BUCKETS[i]` (and more than the bucket
+    /// before); the last entry counts calls above 10 s.
+    pub counts: [u64; LATENCY_BUCKETS.len() + 1],
+    /// Sum of all latencies (saturating).
+    pub sum: Duration,
+}
+
+impl LatencyHistogram {
+    /// Cumulative counts, as Prometheus' `le` buckets (the last is `+Inf`).
+    pub fn cumulative(&self) -> [u64; LATENCY_BUCKETS.len() + 1] {
+        let mut out = self.counts;
+        for i in 1..out.len() {
+            out[i] = out[i].saturating_add(out[i - 1]);
+        }
+        out
+    }
+
+    /// Number of calls.
+    pub fn count(&self) -> u64 {
+        self.counts.iter().fold(0u64, |a, &c| a.saturating_add(c))
+    }
+}
+
 /// How a finished call went.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {
@@ -108,6 +174,9 @@ pub struct EndpointStats {
     failures: AtomicU64,
     cancellations: AtomicU64,
     window: WindowedMean,
+    // Latency histogram of finished calls (not cancellations); counts per bucket and the sum.
+    buckets: [AtomicU64; LATENCY_BUCKETS.len() + 1],
+    latency_sum_ns: AtomicU64,
     // Server-reported load; f64 bits. Written by whoever receives reports.
     load_utilization: AtomicU64,
     load_qps: AtomicU64,
@@ -138,6 +207,8 @@ impl EndpointStats {
             failures: AtomicU64::new(0),
             cancellations: AtomicU64::new(0),
             window: WindowedMean::default(),
+            buckets: Default::default(),
+            latency_sum_ns: AtomicU64::new(0),
             load_utilization: AtomicU64::new(0),
             load_qps: AtomicU64::new(0),
             load_eps: AtomicU64::new(0),
@@ -241,6 +312,15 @@ impl EndpointStats {
         (count, sum)
     }
 
+    /// Latencies of the finished calls so far (successes and failures), per bucket of
+    /// [`LATENCY_BUCKETS`].
+    pub fn latency_histogram(&self) -> LatencyHistogram {
+        LatencyHistogram {
+            counts: std::array::from_fn(|i| self.buckets[i].load(Relaxed)),
+            sum: Duration::from_nanos(self.latency_sum_ns.load(Relaxed)),
+        }
+    }
+
     /// Peak-EWMA latency projected to `now`, or `None` before the first sample.
     #[inline]
     pub fn ewma_at(&self, now: Timestamp) -> Option<Duration> {
@@ -278,6 +358,13 @@ impl EndpointStats {
     pub fn record(&self, latency: Duration, now: Timestamp, outcome: Outcome) {
         let ns = duration_nanos(latency);
         self.live.record_ewma(now, ns);
+        if outcome != Outcome::Cancelled {
+            let bucket = BUCKET_NS.partition_point(|&b| b < ns);
+            self.buckets[bucket].fetch_add(1, Relaxed);
+            let _ = self
+                .latency_sum_ns
+                .fetch_update(Relaxed, Relaxed, |s| Some(s.saturating_add(ns)));
+        }
         match outcome {
             Outcome::Success => {
                 self.live.success(ns);
@@ -454,6 +541,25 @@ mod tests {
             Some(Duration::from_millis(50))
         );
         assert_eq!(s.window_count_at(t(61_000), w), 1);
+    }
+
+    #[test]
+    fn histogram_buckets_are_upper_bounds_and_skip_cancellations() {
+        let s = EndpointStats::default();
+        for (ms, outcome) in [
+            (1, Outcome::Success), // exactly on a bound: that bucket
+            (2, Outcome::Failure(FailureKind::Timeout)),
+            (7, Outcome::Cancelled),
+            (10_001, Outcome::Success),
+        ] {
+            s.record(Duration::from_millis(ms), t(0), outcome);
+        }
+        let h = s.latency_histogram();
+        assert_eq!(h.counts[0], 1);
+        assert_eq!(h.counts[1], 1);
+        assert_eq!(h.counts[LATENCY_BUCKETS.len()], 1);
+        assert_eq!((h.count(), h.sum), (3, Duration::from_millis(10_004)));
+        assert_eq!(*h.cumulative().last().unwrap(), 3);
     }
 
     #[test]
