@@ -274,7 +274,25 @@ async fn admin_outputs_parse_and_the_token_is_checked() {
         "lbkit_proxy_in_flight",
         "lbkit_proxy_endpoint_ejections_total",
         "lbkit_proxy_endpoint_in_flight",
+        "lbkit_proxy_endpoint_call_duration_seconds_bucket",
+        "lbkit_proxy_endpoint_call_duration_seconds_sum",
     ] {
         assert!(names.contains(n), "{n} missing from {metrics}");
     }
+    // Per endpoint, the histogram counts the calls that finished: at least the one made above,
+    // and `+Inf` equals `_count`.
+    let calls: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("lbkit_proxy_endpoint_call_duration_seconds_count{"))
+        .map(|l| l.rsplit_once(' ').unwrap().1.parse::<f64>().unwrap())
+        .sum();
+    let inf: f64 = metrics
+        .lines()
+        .filter(|l| {
+            l.starts_with("lbkit_proxy_endpoint_call_duration_seconds_bucket{")
+                && l.contains("le=\"+Inf\"")
+        })
+        .map(|l| l.rsplit_once(' ').unwrap().1.parse::<f64>().unwrap())
+        .sum();
+    assert!(calls >= 1.0 && calls == inf, "{metrics}");
 }
