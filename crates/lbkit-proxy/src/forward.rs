@@ -13,7 +13,10 @@
 //! * A request body is replayable when it is empty or, for an idempotent method, announced at
 //!   most [`MAX_REPLAY_BODY`] bytes (then it is buffered); any other body is streamed once.
 
+use std::future::{poll_fn, Future};
 use std::net::IpAddr;
+use std::pin::{pin, Pin};
+use std::task::Poll;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -65,7 +68,9 @@ pub(crate) async fn forward(
         Err(()) => return local(StatusCode::BAD_REQUEST, "bad request body\n"),
     });
     service.budget().deposit(service.clock().now());
-    let deadline = tokio::time::Instant::now() + opts.timeout;
+    // One timer for the whole exchange, retries included (registered once, at its first wait).
+    let deadline = pin!(tokio::time::sleep(opts.timeout));
+    let mut deadline = Deadline(deadline);
     let mut rng = FastRng::from_entropy();
     let mut tried = TriedSet::new();
     let retries = service.config().retries;
@@ -96,8 +101,9 @@ pub(crate) async fn forward(
             Some(r) => r,
             None => return local(StatusCode::BAD_REQUEST, "bad request target\n"),
         };
-        let result =
-            tokio::time::timeout_at(deadline, send_upstream(service, address, now, upstream)).await;
+        let result = deadline
+            .run(send_upstream(service, address, now, upstream))
+            .await;
         let can_retry =
             |connect: bool| attempt < retries && replay.is_some() && (idempotent || connect);
         let (failure, status) = match result {
@@ -127,12 +133,15 @@ pub(crate) async fn forward(
                         None => rbody.collect().await,
                     }
                 };
-                return match tokio::time::timeout_at(deadline, collect).await {
+                return match deadline.run(collect).await {
                     Ok(Ok(body)) => {
                         guard.finish(outcome);
                         if let Some(l) = lease {
                             l.release();
                         }
+                        // As for upstream writes: answers leave together at the end of the
+                        // scheduler's round, and a client thread woken once reads many.
+                        tokio::task::yield_now().await;
                         Response::from_parts(rparts, ProxyBody::local(body.to_bytes()))
                     }
                     Ok(Err(_)) => {
@@ -162,6 +171,22 @@ pub(crate) async fn forward(
         service.metrics().retried();
         body = replay;
         attempt += 1;
+    }
+}
+
+/// The exchange's deadline: `run` gives `Err(())` when it passes first.
+struct Deadline<'a>(Pin<&'a mut tokio::time::Sleep>);
+
+impl Deadline<'_> {
+    async fn run<F: Future>(&mut self, fut: F) -> Result<F::Output, ()> {
+        let mut fut = pin!(fut);
+        poll_fn(|cx| {
+            if let Poll::Ready(out) = fut.as_mut().poll(cx) {
+                return Poll::Ready(Ok(out));
+            }
+            self.0.as_mut().poll(cx).map(Err)
+        })
+        .await
     }
 }
 
@@ -213,12 +238,7 @@ fn prepare_headers(parts: &mut Parts, client: std::net::SocketAddr) {
             parts.headers.insert(http::header::HOST, v);
         }
     }
-    let host = parts
-        .headers
-        .get(http::header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .map(str::to_owned);
-    headers::add_forwarded(&mut parts.headers, client, host.as_deref());
+    headers::add_forwarded(&mut parts.headers, client);
 }
 
 /// The request for one attempt: origin-form target for HTTP/1.1 (absolute for the h2c client,
