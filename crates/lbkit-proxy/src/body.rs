@@ -11,8 +11,6 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use lbkit_core::{CallGuard, FailureKind, Outcome};
 
-use crate::pool::{self, Lease};
-
 /// A response body: proxy-made or streamed from an upstream.
 #[derive(Debug)]
 pub struct ProxyBody(Inner);
@@ -26,9 +24,6 @@ enum Inner {
         /// the client goes away first.
         guard: Option<CallGuard>,
         outcome: Outcome,
-        /// The upstream connection when the proxy drives it (HTTP/1.1): polled with the body,
-        /// back to its pool at the end of the body, closed if the body is dropped before.
-        lease: Option<Lease>,
     },
 }
 
@@ -42,31 +37,24 @@ impl ProxyBody {
 
     /// An upstream body; `guard` is finished with `outcome` when it ends.
     pub fn upstream(body: Incoming, guard: CallGuard, outcome: Outcome) -> Self {
-        ProxyBody::upstream_on(body, guard, outcome, None)
-    }
-
-    /// An upstream body read from the connection of `lease`, which this body drives.
-    pub(crate) fn upstream_on(
-        body: Incoming,
-        guard: CallGuard,
-        outcome: Outcome,
-        mut lease: Option<Lease>,
-    ) -> Self {
-        let mut guard = Some(guard);
-        if body.is_end_stream() {
-            if let Some(g) = guard.take() {
-                g.finish(outcome);
-            }
-            if let Some(l) = lease.take() {
-                l.release();
-            }
-        }
-        ProxyBody(Inner::Upstream {
+        let mut inner = Inner::Upstream {
+            body,
+            guard: Some(guard),
+            outcome,
+        };
+        if let Inner::Upstream {
             body,
             guard,
             outcome,
-            lease,
-        })
+        } = &mut inner
+        {
+            if body.is_end_stream() {
+                if let Some(g) = guard.take() {
+                    g.finish(*outcome);
+                }
+            }
+        }
+        ProxyBody(inner)
     }
 }
 
@@ -88,24 +76,16 @@ impl Body for ProxyBody {
                 body,
                 guard,
                 outcome,
-                lease,
             } => {
-                let frame =
-                    ready!(pool::poll_with(lease, cx, |cx| Pin::new(&mut *body).poll_frame(cx)));
+                let frame = ready!(Pin::new(&mut *body).poll_frame(cx));
                 let end = match &frame {
                     None => Some(*outcome),
                     Some(Err(_)) => Some(Outcome::Failure(FailureKind::Other)),
                     Some(Ok(_)) if body.is_end_stream() => Some(*outcome),
                     Some(Ok(_)) => None,
                 };
-                if let Some(end) = end {
-                    if let Some(g) = guard.take() {
-                        g.finish(end);
-                    }
-                    // A body that failed leaves its connection closed (dropped).
-                    if let Some(l) = lease.take().filter(|_| !matches!(frame, Some(Err(_)))) {
-                        l.release();
-                    }
+                if let Some(g) = end.and_then(|_| guard.take()) {
+                    g.finish(end.unwrap_or(*outcome));
                 }
                 Poll::Ready(frame)
             }

@@ -21,16 +21,15 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::request::Parts;
-use http::{HeaderValue, Method, Request, Response, StatusCode, Uri, Version};
+use http::{Method, Request, Response, StatusCode, Uri, Version};
 use http_body::Body as _;
 use http_body_util::{BodyExt, Either, Full};
 use hyper::body::Incoming;
-use lbkit_core::{FailureKind, FastRng, Outcome, PickContext, Timestamp, TriedSet};
+use lbkit_core::{FailureKind, FastRng, Outcome, PickContext, TriedSet};
 use lbkit_strategy::{KeyExtractor, KeySource};
 
 use crate::body::ProxyBody;
 use crate::headers;
-use crate::pool::{self, Lease, SendError};
 use crate::service::{Service, UpstreamBody};
 
 /// Largest request body buffered so that the request can be retried (64 KiB).
@@ -94,20 +93,18 @@ pub(crate) async fn forward(
             Either::Right(_) => None,
         };
         let h2c = service.config().h2c;
-        let address = guard.endpoint().address();
         // The head is moved into the last attempt; earlier ones send a copy.
         let last = attempt >= retries || replay.is_none();
+        let address = guard.endpoint().address();
         let upstream = match upstream_request(&mut parts, address, send, h2c, last) {
             Some(r) => r,
             None => return local(StatusCode::BAD_REQUEST, "bad request target\n"),
         };
-        let result = deadline
-            .run(send_upstream(service, address, now, upstream))
-            .await;
+        let result = deadline.run(service.client().request(upstream)).await;
         let can_retry =
             |connect: bool| attempt < retries && replay.is_some() && (idempotent || connect);
         let (failure, status) = match result {
-            Ok(Ok((resp, mut lease))) if !resp.status().is_server_error() || !can_retry(false) => {
+            Ok(Ok(resp)) if !resp.status().is_server_error() || !can_retry(false) => {
                 let outcome = if resp.status().is_server_error() {
                     Outcome::Failure(FailureKind::Server)
                 } else {
@@ -122,26 +119,14 @@ pub(crate) async fn forward(
                 if !small {
                     return Response::from_parts(
                         rparts,
-                        ProxyBody::upstream_on(rbody, guard, outcome, lease),
+                        ProxyBody::upstream(rbody, guard, outcome),
                     );
                 }
                 // A small body is read whole, so head and body leave in one write (nginx's
                 // proxy_buffering); the call ends with it.
-                let collect = async {
-                    match &mut lease {
-                        Some(l) => l.drive(rbody.collect()).await,
-                        None => rbody.collect().await,
-                    }
-                };
-                return match deadline.run(collect).await {
+                return match deadline.run(rbody.collect()).await {
                     Ok(Ok(body)) => {
                         guard.finish(outcome);
-                        if let Some(l) = lease {
-                            l.release();
-                        }
-                        // As for upstream writes: answers leave together at the end of the
-                        // scheduler's round, and a client thread woken once reads many.
-                        tokio::task::yield_now().await;
                         Response::from_parts(rparts, ProxyBody::local(body.to_bytes()))
                     }
                     Ok(Err(_)) => {
@@ -155,8 +140,8 @@ pub(crate) async fn forward(
                 };
             }
             Ok(Ok(_)) => (FailureKind::Server, StatusCode::BAD_GATEWAY),
-            Ok(Err(SendError::Connect)) => (FailureKind::Connect, StatusCode::BAD_GATEWAY),
-            Ok(Err(SendError::Other)) => (FailureKind::Other, StatusCode::BAD_GATEWAY),
+            Ok(Err(e)) if e.is_connect() => (FailureKind::Connect, StatusCode::BAD_GATEWAY),
+            Ok(Err(_)) => (FailureKind::Other, StatusCode::BAD_GATEWAY),
             Err(_) => (FailureKind::Timeout, StatusCode::GATEWAY_TIMEOUT),
         };
         guard.finish(Outcome::Failure(failure));
@@ -241,8 +226,7 @@ fn prepare_headers(parts: &mut Parts, client: std::net::SocketAddr) {
     headers::add_forwarded(&mut parts.headers, client);
 }
 
-/// The request for one attempt: origin-form target for HTTP/1.1 (absolute for the h2c client,
-/// which takes the authority from it), the head moved out of `parts` when `last`.
+/// The request for one attempt; the head is moved out of `parts` when `last`.
 fn upstream_request(
     parts: &mut Parts,
     address: &str,
@@ -250,62 +234,27 @@ fn upstream_request(
     h2c: bool,
     last: bool,
 ) -> Option<Request<UpstreamBody>> {
+    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let uri = Uri::builder()
+        .scheme("http")
+        .authority(address)
+        .path_and_query(path)
+        .build()
+        .ok()?;
     let mut req = Request::new(body);
     *req.method_mut() = parts.method.clone();
+    *req.uri_mut() = uri;
+    *req.version_mut() = if h2c {
+        Version::HTTP_2
+    } else {
+        Version::HTTP_11
+    };
     *req.headers_mut() = if last {
         std::mem::take(&mut parts.headers)
     } else {
         parts.headers.clone()
     };
-    if h2c {
-        let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-        *req.uri_mut() = Uri::builder()
-            .scheme("http")
-            .authority(address)
-            .path_and_query(path)
-            .build()
-            .ok()?;
-        *req.version_mut() = Version::HTTP_2;
-    } else {
-        *req.uri_mut() = match parts.uri.path_and_query() {
-            Some(_) if parts.uri.scheme().is_none() => {
-                if last {
-                    std::mem::take(&mut parts.uri)
-                } else {
-                    parts.uri.clone()
-                }
-            }
-            Some(p) => {
-                Uri::from_maybe_shared(Bytes::copy_from_slice(p.as_str().as_bytes())).ok()?
-            }
-            None => Uri::from_static("/"),
-        };
-        *req.version_mut() = Version::HTTP_11;
-        if !req.headers().contains_key(http::header::HOST) {
-            req.headers_mut()
-                .insert(http::header::HOST, HeaderValue::from_str(address).ok()?);
-        }
-    }
     Some(req)
-}
-
-/// Send one attempt: on this thread's pooled HTTP/1.1 connection, driven by the calling task
-/// (returned as a lease for the body), or on the service's h2c client.
-async fn send_upstream(
-    service: &Service,
-    address: &str,
-    now: Timestamp,
-    req: Request<UpstreamBody>,
-) -> Result<(Response<Incoming>, Option<Lease>), SendError> {
-    if service.config().h2c {
-        return match service.client().request(req).await {
-            Ok(resp) => Ok((resp, None)),
-            Err(e) if e.is_connect() => Err(SendError::Connect),
-            Err(_) => Err(SendError::Other),
-        };
-    }
-    let (resp, lease) = pool::send(service, address, now, req).await?;
-    Ok((resp, Some(lease)))
 }
 
 /// What a hash key can be read from: the request head and the client's address.

@@ -22,9 +22,8 @@
 //! ```
 //!
 //! Data flow per HTTP request: route by host and path prefix → the service's `Balancer` picks
-//! (behind an `ArcSwap`, so strategy switches and reloads never block a request) → a keep-alive
-//! connection from the thread's pool forwards, driven by the request's own task (HTTP/1.1; h2c
-//! upstreams use hyper-util's pooled client) → the call's `CallGuard` finishes at the end of the response body
+//! (behind an `ArcSwap`, so strategy switches and reloads never block a request) → the pooled
+//! keep-alive client forwards → the call's `CallGuard` finishes at the end of the response body
 //! → retries go to endpoints not tried yet (see [Forwarding](#forwarding)).
 //!
 //! With [`Proxy::start_workers`], each worker thread has its own current-thread runtime,
@@ -53,7 +52,6 @@ mod error;
 mod forward;
 mod headers;
 pub mod metrics;
-mod pool;
 mod server;
 mod service;
 mod state;

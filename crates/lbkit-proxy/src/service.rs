@@ -46,8 +46,6 @@ pub struct Active {
 /// `active` and touches atomics.
 #[derive(Debug)]
 pub struct Service {
-    /// Unique in the process: keys this service's upstream connection pools.
-    id: u64,
     name: String,
     config: config::Service,
     // Swapped by the admin API (strategy) and read per request; publishes come from the
@@ -83,9 +81,7 @@ impl Service {
             config,
             &clock,
         );
-        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         Ok(Service {
-            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             name: name.to_owned(),
             active: ArcSwap::from_pointee(Active {
                 strategy: config.strategy.clone(),
@@ -110,17 +106,6 @@ impl Service {
         &self.name
     }
 
-    /// Unique in the process (keys its upstream connection pools).
-    #[inline]
-    pub(crate) fn id(&self) -> u64 {
-        self.id
-    }
-
-    /// How long an upstream connect may take.
-    pub(crate) fn connect_timeout(&self) -> Duration {
-        Duration::from_millis(self.config.connect_timeout_ms)
-    }
-
     /// The configuration it was built from.
     pub fn config(&self) -> &config::Service {
         &self.config
@@ -132,8 +117,7 @@ impl Service {
         self.active.load()
     }
 
-    /// The upstream client of the calling worker thread: used for h2c services (HTTP/1.1 ones
-    /// use the thread's connection pools of the `pool` module).
+    /// The upstream client of the calling worker thread.
     #[inline]
     pub fn client(&self) -> &UpstreamClient {
         &self.clients[worker_index() % self.clients.len()]
@@ -230,6 +214,8 @@ fn client(config: &config::Service) -> UpstreamClient {
     connector.set_connect_timeout(Some(Duration::from_millis(config.connect_timeout_ms)));
     Client::builder(TokioExecutor::new())
         .pool_idle_timeout(POOL_IDLE)
+        // `send(2)` of one flat buffer rather than `writev(2)` (see the server's builder).
+        .http1_writev(false)
         .pool_timer(TokioTimer::new())
         .timer(TokioTimer::new())
         .http2_only(config.h2c)

@@ -1,5 +1,5 @@
-//! Bodies through the proxy's own upstream connections: chunked uploads and downloads stream
-//! whole, and one upstream connection carries sequential requests of every kind.
+//! Bodies of any size through the proxy: chunked uploads and downloads stream
+//! whole, and one pooled upstream connection carries sequential requests of every kind.
 
 mod common;
 
