@@ -13,7 +13,10 @@
 //! * A request body is replayable when it is empty or, for an idempotent method, announced at
 //!   most [`MAX_REPLAY_BODY`] bytes (then it is buffered); any other body is streamed once.
 
+use std::future::{poll_fn, Future};
 use std::net::IpAddr;
+use std::pin::{pin, Pin};
+use std::task::Poll;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -64,7 +67,9 @@ pub(crate) async fn forward(
         Err(()) => return local(StatusCode::BAD_REQUEST, "bad request body\n"),
     });
     service.budget().deposit(service.clock().now());
-    let deadline = tokio::time::Instant::now() + opts.timeout;
+    // One timer for the whole exchange, retries included (registered once, at its first wait).
+    let deadline = pin!(tokio::time::sleep(opts.timeout));
+    let mut deadline = Deadline(deadline);
     let mut rng = FastRng::from_entropy();
     let mut tried = TriedSet::new();
     let retries = service.config().retries;
@@ -88,11 +93,14 @@ pub(crate) async fn forward(
             Either::Right(_) => None,
         };
         let h2c = service.config().h2c;
-        let upstream = match upstream_request(&parts, guard.endpoint().address(), send, h2c) {
+        // The head is moved into the last attempt; earlier ones send a copy.
+        let last = attempt >= retries || replay.is_none();
+        let address = guard.endpoint().address();
+        let upstream = match upstream_request(&mut parts, address, send, h2c, last) {
             Some(r) => r,
             None => return local(StatusCode::BAD_REQUEST, "bad request target\n"),
         };
-        let result = tokio::time::timeout_at(deadline, service.client().request(upstream)).await;
+        let result = deadline.run(service.client().request(upstream)).await;
         let can_retry =
             |connect: bool| attempt < retries && replay.is_some() && (idempotent || connect);
         let (failure, status) = match result {
@@ -116,7 +124,7 @@ pub(crate) async fn forward(
                 }
                 // A small body is read whole, so head and body leave in one write (nginx's
                 // proxy_buffering); the call ends with it.
-                return match tokio::time::timeout_at(deadline, rbody.collect()).await {
+                return match deadline.run(rbody.collect()).await {
                     Ok(Ok(body)) => {
                         guard.finish(outcome);
                         Response::from_parts(rparts, ProxyBody::local(body.to_bytes()))
@@ -148,6 +156,22 @@ pub(crate) async fn forward(
         service.metrics().retried();
         body = replay;
         attempt += 1;
+    }
+}
+
+/// The exchange's deadline: `run` gives `Err(())` when it passes first.
+struct Deadline<'a>(Pin<&'a mut tokio::time::Sleep>);
+
+impl Deadline<'_> {
+    async fn run<F: Future>(&mut self, fut: F) -> Result<F::Output, ()> {
+        let mut fut = pin!(fut);
+        poll_fn(|cx| {
+            if let Poll::Ready(out) = fut.as_mut().poll(cx) {
+                return Poll::Ready(Ok(out));
+            }
+            self.0.as_mut().poll(cx).map(Err)
+        })
+        .await
     }
 }
 
@@ -199,19 +223,16 @@ fn prepare_headers(parts: &mut Parts, client: std::net::SocketAddr) {
             parts.headers.insert(http::header::HOST, v);
         }
     }
-    let host = parts
-        .headers
-        .get(http::header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .map(str::to_owned);
-    headers::add_forwarded(&mut parts.headers, client, host.as_deref());
+    headers::add_forwarded(&mut parts.headers, client);
 }
 
+/// The request for one attempt; the head is moved out of `parts` when `last`.
 fn upstream_request(
-    parts: &Parts,
+    parts: &mut Parts,
     address: &str,
     body: UpstreamBody,
     h2c: bool,
+    last: bool,
 ) -> Option<Request<UpstreamBody>> {
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let uri = Uri::builder()
@@ -228,7 +249,11 @@ fn upstream_request(
     } else {
         Version::HTTP_11
     };
-    *req.headers_mut() = parts.headers.clone();
+    *req.headers_mut() = if last {
+        std::mem::take(&mut parts.headers)
+    } else {
+        parts.headers.clone()
+    };
     Some(req)
 }
 

@@ -1,6 +1,9 @@
 //! Request and response header rewriting: hop-by-hop headers out, forwarding headers in.
 
+use std::fmt::Write as _;
 use std::net::SocketAddr;
+
+use bytes::Bytes;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
@@ -36,32 +39,38 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
 }
 
 /// Append the client to `X-Forwarded-For` and `Forwarded` (RFC 7239), with the protocol and
-/// the original host.
-pub(crate) fn add_forwarded(headers: &mut HeaderMap, client: SocketAddr, host: Option<&str>) {
-    let ip = client.ip().to_string();
-    let xff = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
-        Some(prev) => format!("{prev}, {ip}"),
-        None => ip.clone(),
+/// the request's `Host`. Each value is built in one buffer that becomes the header's bytes.
+pub(crate) fn add_forwarded(headers: &mut HeaderMap, client: SocketAddr) {
+    let ip = client.ip();
+    let mut xff = String::with_capacity(48);
+    if let Some(prev) = headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
+        xff.push_str(prev);
+        xff.push_str(", ");
+    }
+    let _ = write!(xff, "{ip}");
+    let mut forwarded = String::with_capacity(96);
+    if let Some(prev) = headers.get(header::FORWARDED).and_then(|v| v.to_str().ok()) {
+        forwarded.push_str(prev);
+        forwarded.push_str(", ");
+    }
+    let _ = if client.is_ipv6() {
+        write!(forwarded, "for=\"[{ip}]\";proto=http")
+    } else {
+        write!(forwarded, "for={ip};proto=http")
     };
-    if let Ok(v) = HeaderValue::from_str(&xff) {
+    let host = headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .filter(|h| h.bytes().all(|b| b.is_ascii_graphic() && b != b'"'));
+    if let Some(h) = host {
+        forwarded.push_str(";host=\"");
+        forwarded.push_str(h);
+        forwarded.push('"');
+    }
+    if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(xff)) {
         headers.insert("x-forwarded-for", v);
     }
-    let node = if client.is_ipv6() {
-        format!("\"[{ip}]\"")
-    } else {
-        ip
-    };
-    let mut element = format!("for={node};proto=http");
-    if let Some(h) = host.filter(|h| h.bytes().all(|b| b.is_ascii_graphic() && b != b'"')) {
-        element.push_str(";host=\"");
-        element.push_str(h);
-        element.push('"');
-    }
-    let forwarded = match headers.get(header::FORWARDED).and_then(|v| v.to_str().ok()) {
-        Some(prev) => format!("{prev}, {element}"),
-        None => element,
-    };
-    if let Ok(v) = HeaderValue::from_str(&forwarded) {
+    if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(forwarded)) {
         headers.insert(header::FORWARDED, v);
     }
 }
@@ -90,7 +99,8 @@ mod tests {
     fn forwarded_headers_append() {
         let mut h = HeaderMap::new();
         h.insert("x-forwarded-for", HeaderValue::from_static("10.0.0.1"));
-        add_forwarded(&mut h, "127.0.0.1:5000".parse().unwrap(), Some("api.test"));
+        h.insert(header::HOST, HeaderValue::from_static("api.test"));
+        add_forwarded(&mut h, "127.0.0.1:5000".parse().unwrap());
         assert_eq!(h["x-forwarded-for"], "10.0.0.1, 127.0.0.1");
         assert_eq!(
             h[header::FORWARDED],

@@ -301,6 +301,9 @@ async fn serve_http(
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(Duration::from_millis(limits.header_read_timeout_ms))
+        // One flat buffer per write: `send(2)` rather than `writev(2)`, which goes through the
+        // VFS layer (file position lock, iovec import) on every write.
+        .writev(false)
         .max_headers(limits.max_headers)
         .max_buf_size(limits.max_header_bytes);
     builder

@@ -214,6 +214,8 @@ fn client(config: &config::Service) -> UpstreamClient {
     connector.set_connect_timeout(Some(Duration::from_millis(config.connect_timeout_ms)));
     Client::builder(TokioExecutor::new())
         .pool_idle_timeout(POOL_IDLE)
+        // `send(2)` of one flat buffer rather than `writev(2)` (see the server's builder).
+        .http1_writev(false)
         .pool_timer(TokioTimer::new())
         .timer(TokioTimer::new())
         .http2_only(config.h2c)

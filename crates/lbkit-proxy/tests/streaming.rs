@@ -1,0 +1,104 @@
+//! Bodies of any size through the proxy: chunked uploads and downloads stream
+//! whole, and one pooled upstream connection carries sequential requests of every kind.
+
+mod common;
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use common::{admin, client, config_text, get, start, Backend, WAIT};
+use http::{Method, Request, StatusCode};
+use http_body::{Body, Frame};
+use http_body_util::BodyExt;
+use hyper::service::service_fn;
+use hyper::Response;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use tokio::net::TcpListener;
+
+/// A request body of several chunks and no announced length (sent chunked).
+struct Chunks(Vec<Bytes>);
+
+impl Body for Chunks {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        Poll::Ready(self.0.pop().map(|b| Ok(Frame::data(b))))
+    }
+}
+
+/// A backend echoing each request body back as a chunked stream, counting its connections.
+async fn echo_backend() -> (std::net::SocketAddr, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            count.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let svc = service_fn(|req: Request<hyper::body::Incoming>| async move {
+                    Ok::<_, Infallible>(Response::new(req.into_body()))
+                });
+                let _ = auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    (addr, accepted)
+}
+
+#[tokio::test]
+async fn chunked_bodies_stream_both_ways_on_one_reused_connection() {
+    let (addr, accepted) = echo_backend().await;
+    // `config_text` takes backends; point a placeholder's address at the echo server.
+    let placeholder = Backend::start("unused").await;
+    let text = config_text(&[&placeholder], "round-robin", "")
+        .replace(&placeholder.addr.to_string(), &addr.to_string());
+    let proxy = start(&text).await;
+    let front = proxy.listeners()[0];
+    let streaming: Client<_, Chunks> = Client::builder(TokioExecutor::new()).build_http();
+    let small = client();
+    for (round, method) in [Method::POST, Method::PUT, Method::POST]
+        .into_iter()
+        .enumerate()
+    {
+        // 300 KiB in 30 chunks: above every buffering bound, so it streams up and back down.
+        let chunks: Vec<Bytes> = (0..30u8)
+            .map(|i| Bytes::from(vec![b'a' + (i + round as u8) % 26; 10 * 1024]))
+            .collect();
+        let expected: Vec<u8> = chunks.iter().rev().flat_map(|c| c.to_vec()).collect();
+        let req = Request::builder()
+            .method(method)
+            .uri(format!("http://{front}/up"))
+            .body(Chunks(chunks))
+            .expect("request");
+        let resp = tokio::time::timeout(WAIT, streaming.request(req))
+            .await
+            .expect("in time")
+            .expect("response");
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert!(resp.headers().get("content-length").is_none());
+        let body = resp.into_body().collect().await.expect("body").to_bytes();
+        assert!(body.as_ref() == expected.as_slice(), "round {round}");
+        // A buffered exchange in between.
+        assert_eq!(get(&small, front, "/", &[]).await.0, StatusCode::OK);
+    }
+    // Every exchange was sequential on this one thread: one upstream connection served all.
+    assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    let (_, doc) = admin(&small, &proxy, "GET", "/endpoints", "").await;
+    let doc: serde_json::Value = serde_json::from_str(&doc).expect("json");
+    let ep = &doc["services"]["svc"]["endpoints"][0];
+    assert_eq!(ep["in_flight"].as_u64(), Some(0), "{doc}");
+    assert_eq!(ep["failures"].as_u64(), Some(0), "{doc}");
+}
