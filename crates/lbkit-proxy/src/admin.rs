@@ -4,7 +4,7 @@
 //! |---|---|
 //! | `GET /healthz` | `ok` |
 //! | `GET /endpoints` | JSON: per service, its strategy and each endpoint's address, weight, effective weight, eligible, healthy, ejected, in_flight, ewma_ms, requests, failures |
-//! | `GET /metrics` | Prometheus text: per service requests, failures, retries, in-flight, latency histogram; per endpoint requests, failures, in-flight, ejections, eligibility, call latency histogram |
+//! | `GET /metrics` | Prometheus text: per service requests, failures, retries, in-flight, latency histogram, discovery (snapshots published, source errors, empty pushes held); per endpoint requests, failures, in-flight, ejections, eligibility, call latency histogram |
 //! | `PUT /services/{name}/strategy` | body `{"strategy": "p2c-ewma", "params": {"default_rtt_ms": 20}}`: switch at run time |
 //!
 //! With `admin.token` set, every request needs `Authorization: Bearer TOKEN` (else 401).
@@ -21,13 +21,12 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
-use lbkit_core::{LatencyHistogram, LATENCY_BUCKETS};
 use serde::Deserialize;
 use serde_json::json;
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 
-use crate::metrics::escape;
+use crate::metrics::{escape, render_histogram};
 use crate::server::{accept, Shared};
 use crate::service::Service;
 
@@ -188,8 +187,20 @@ pub(crate) fn metrics_text<'a>(services: impl Iterator<Item = (&'a str, &'a Serv
     out.push_str("# TYPE lbkit_proxy_endpoint_in_flight gauge\n# TYPE lbkit_proxy_endpoint_ejections_total counter\n");
     out.push_str("# TYPE lbkit_proxy_endpoint_eligible gauge\n");
     out.push_str("# TYPE lbkit_proxy_endpoint_call_duration_seconds histogram\n");
+    out.push_str("# TYPE lbkit_proxy_discovery_published_total counter\n# TYPE lbkit_proxy_discovery_source_errors_total counter\n");
+    out.push_str("# TYPE lbkit_proxy_discovery_empty_held_total counter\n");
     for (name, service) in services {
         service.metrics().render(name, &mut out);
+        if let Some(d) = service.discovery() {
+            let l = format!("service=\"{}\"", escape(name));
+            for (metric, value) in [
+                ("published", d.published()),
+                ("source_errors", d.source_errors()),
+                ("empty_held", d.empty_held()),
+            ] {
+                let _ = writeln!(out, "lbkit_proxy_discovery_{metric}_total{{{l}}} {value}");
+            }
+        }
         let snapshot = service.active().balancer.snapshot();
         let ejections = service.ejections();
         for (i, e) in snapshot.endpoints().iter().enumerate() {
@@ -218,25 +229,12 @@ pub(crate) fn metrics_text<'a>(services: impl Iterator<Item = (&'a str, &'a Serv
             let _ = writeln!(out, "lbkit_proxy_endpoint_ejections_total{{{l}}} {ej}");
             let eligible = u8::from(snapshot.is_eligible(lbkit_core::EndpointIdx::new(i)));
             let _ = writeln!(out, "lbkit_proxy_endpoint_eligible{{{l}}} {eligible}");
-            render_histogram(&mut out, &l, &s.latency_histogram());
+            // Every attempt that finished, success or failure.
+            let name = "lbkit_proxy_endpoint_call_duration_seconds";
+            render_histogram(&mut out, name, &l, &s.latency_histogram());
         }
     }
     out
-}
-
-/// One endpoint's upstream call latencies (every attempt that finished, success or failure) as a
-/// Prometheus histogram.
-fn render_histogram(out: &mut String, labels: &str, h: &LatencyHistogram) {
-    let name = "lbkit_proxy_endpoint_call_duration_seconds";
-    let cumulative = h.cumulative();
-    for (bound, n) in LATENCY_BUCKETS.iter().zip(cumulative) {
-        let le = bound.as_secs_f64();
-        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {n}");
-    }
-    let total = cumulative[LATENCY_BUCKETS.len()];
-    let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {total}");
-    let _ = writeln!(out, "{name}_sum{{{labels}}} {}", h.sum.as_secs_f64());
-    let _ = writeln!(out, "{name}_count{{{labels}}} {total}");
 }
 
 fn text(status: StatusCode, body: &str) -> AdminResponse {

@@ -5,11 +5,10 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
-/// Upper bounds of the latency buckets, seconds (Prometheus' default buckets, which span
-/// 5 ms to 10 s; a loopback proxy adds the 1 ms and 2.5 ms buckets below them).
-pub const LATENCY_BUCKETS: [f64; 13] = [
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-];
+use lbkit_core::LatencyHistogram;
+/// Upper bounds of the latency buckets: lbkit-core's (Prometheus' default buckets, 5 ms to
+/// 10 s, plus 1 ms and 2.5 ms below them), shared with the per-endpoint histograms.
+pub use lbkit_core::LATENCY_BUCKETS;
 
 /// Counters of one service, as seen by the proxy (one request may be several upstream calls).
 #[derive(Debug, Default)]
@@ -39,11 +38,7 @@ impl ServiceMetrics {
         if failed {
             self.failures.fetch_add(1, Relaxed);
         }
-        let secs = latency.as_secs_f64();
-        let i = LATENCY_BUCKETS
-            .iter()
-            .position(|&b| secs <= b)
-            .unwrap_or(LATENCY_BUCKETS.len());
+        let i = LATENCY_BUCKETS.partition_point(|&b| b < latency);
         self.buckets[i].fetch_add(1, Relaxed);
         let ns = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX);
         self.latency_sum_ns.fetch_add(ns, Relaxed);
@@ -88,26 +83,25 @@ impl ServiceMetrics {
         let refused = self.retries_refused.load(Relaxed);
         let _ = writeln!(out, "lbkit_proxy_retries_refused_total{{{l}}} {refused}");
         let _ = writeln!(out, "lbkit_proxy_in_flight{{{l}}} {}", self.in_flight());
-        let mut cumulative = 0;
-        for (i, bound) in LATENCY_BUCKETS.iter().enumerate() {
-            cumulative += self.buckets[i].load(Relaxed);
-            let _ = writeln!(
-                out,
-                "lbkit_proxy_request_duration_seconds_bucket{{{l},le=\"{bound}\"}} {cumulative}"
-            );
-        }
-        cumulative += self.buckets[LATENCY_BUCKETS.len()].load(Relaxed);
-        let _ = writeln!(
-            out,
-            "lbkit_proxy_request_duration_seconds_bucket{{{l},le=\"+Inf\"}} {cumulative}"
-        );
-        let sum = self.latency_sum_ns.load(Relaxed) as f64 / 1e9;
-        let _ = writeln!(out, "lbkit_proxy_request_duration_seconds_sum{{{l}}} {sum}");
-        let _ = writeln!(
-            out,
-            "lbkit_proxy_request_duration_seconds_count{{{l}}} {cumulative}"
-        );
+        let histogram = LatencyHistogram {
+            counts: std::array::from_fn(|i| self.buckets[i].load(Relaxed)),
+            sum: Duration::from_nanos(self.latency_sum_ns.load(Relaxed)),
+        };
+        render_histogram(out, "lbkit_proxy_request_duration_seconds", &l, &histogram);
     }
+}
+
+/// Append `h` as the Prometheus histogram `name` with `labels` (buckets, `+Inf`, sum, count).
+pub(crate) fn render_histogram(out: &mut String, name: &str, labels: &str, h: &LatencyHistogram) {
+    let cumulative = h.cumulative();
+    for (bound, n) in LATENCY_BUCKETS.iter().zip(cumulative) {
+        let le = bound.as_secs_f64();
+        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {n}");
+    }
+    let total = cumulative[LATENCY_BUCKETS.len()];
+    let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {total}");
+    let _ = writeln!(out, "{name}_sum{{{labels}}} {}", h.sum.as_secs_f64());
+    let _ = writeln!(out, "{name}_count{{{labels}}} {total}");
 }
 
 /// Escape a Prometheus label value.

@@ -15,6 +15,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use lbkit_core::{
     Availability, Balancer, BoxStrategy, CircuitBreaker, Clock, EndpointKey, RetryBudget, Snapshot,
 };
+use lbkit_discovery::ControllerMetrics;
 use lbkit_strategy::catalog::{self, ParamError, Params};
 
 use crate::config;
@@ -61,6 +62,8 @@ pub struct Service {
     clock: Clock,
     // Written by the service's task only; read by the admin API.
     ejections: ArcSwap<HashMap<EndpointKey, u64>>,
+    // Set once by the service's task when its discovery controller starts; read by /metrics.
+    discovery: std::sync::OnceLock<Arc<ControllerMetrics>>,
 }
 
 // === impl Service ===
@@ -97,6 +100,7 @@ impl Service {
             metrics: ServiceMetrics::default(),
             clock,
             ejections: ArcSwap::default(),
+            discovery: std::sync::OnceLock::new(),
             config: config.clone(),
         })
     }
@@ -136,6 +140,16 @@ impl Service {
     /// The clock of this service's guards.
     pub fn clock(&self) -> &Clock {
         &self.clock
+    }
+
+    /// The discovery controller's counters (snapshots published, source errors, empty pushes
+    /// held back), once the service's task has started.
+    pub fn discovery(&self) -> Option<&ControllerMetrics> {
+        self.discovery.get().map(|m| &**m)
+    }
+
+    pub(crate) fn set_discovery(&self, metrics: Arc<ControllerMetrics>) {
+        let _ = self.discovery.set(metrics);
     }
 
     /// Times each endpoint was ejected by outlier detection.

@@ -98,9 +98,11 @@ async fn run(
             ..OutlierConfig::default()
         })
     });
+    let controller = Controller::new(ControllerConfig::default());
+    service.set_discovery(controller.metrics());
     let mut up = Upkeep {
         service,
-        controller: Controller::new(ControllerConfig::default()),
+        controller,
         builder: SnapshotBuilder::new(),
         down: HashSet::new(),
         detector,
