@@ -396,6 +396,42 @@ mod tests {
     }
 
     #[test]
+    fn concurrent_takers_never_share_a_line() {
+        // Four threads take and give back lines at once: every line held at the same moment is
+        // distinct and 64-byte aligned, and every line taken starts blank.
+        let held: Vec<&'static LiveStats> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..4)
+                .map(|_| {
+                    s.spawn(|| {
+                        let mut kept = Vec::new();
+                        for i in 0..2_000u64 {
+                            let l = LiveStats::acquire(Duration::from_secs(10));
+                            assert_eq!((l.in_flight(), l.successes()), (0, 0));
+                            l.start();
+                            l.success(i);
+                            if i % 3 == 0 {
+                                LiveStats::release(l); // churn while the others take
+                            } else {
+                                kept.push(l);
+                            }
+                        }
+                        kept
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .flat_map(|h| h.join().expect("taker thread"))
+                .collect()
+        });
+        let addr = |l: &&LiveStats| *l as *const LiveStats as usize;
+        let distinct: std::collections::HashSet<_> = held.iter().map(addr).collect();
+        assert_eq!(distinct.len(), held.len(), "a line was handed out twice");
+        assert!(held.iter().all(|l| addr(l) % 64 == 0));
+        held.into_iter().for_each(LiveStats::release);
+    }
+
+    #[test]
     fn success_sum_saturates() {
         let l = LiveStats::acquire(Duration::from_secs(10));
         l.success(u64::MAX - 1);
