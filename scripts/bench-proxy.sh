@@ -9,12 +9,18 @@
 #
 #   WORKERS="1 2" CONNS="64 256" DURATION=10s scripts/bench-proxy.sh
 #
+# ROUNDS=N (default 1) repeats the whole comparison N times, proxies interleaved within each
+# round, and ends with a table of per-row medians (req/s, p99) and the ratio of medians to
+# nginx: on a shared machine single runs move by ±10–15 %, and interleaving spreads the drift
+# over every proxy alike.
+#
 # Installs nginx, haproxy and wrk from Debian's packages when missing (needs root).
 set -euo pipefail
 
 WORKERS=${WORKERS:-"1 2"}
 CONNS=${CONNS:-"64 256"}
 DURATION=${DURATION:-10s}
+ROUNDS=${ROUNDS:-1}
 WRK_THREADS=${WRK_THREADS:-2}
 BASE_PORT=${BASE_PORT:-18080}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -128,7 +134,11 @@ CONF
 }
 
 RESULTS=$WORK/results
+ALL=$WORK/all.txt
+: > "$ALL"
 printf "%-8s %-7s %-5s %10s %9s %9s %8s %10s %10s\n" proxy workers conns "req/s" p50 p99 "x nginx" "idle RSS" "load RSS"
+for round in $(seq "$ROUNDS"); do
+[ "$ROUNDS" -gt 1 ] && echo "-- round $round of $ROUNDS"
 for w in $WORKERS; do
   for c in $CONNS; do
     nginx_rps=""
@@ -156,9 +166,38 @@ for w in $WORKERS; do
       ratio=$(awk -v a="$rps" -v b="$nginx_rps" 'BEGIN { printf "%.2f", a / b }')
       printf "%-8s %-7s %-5s %10.0f %9s %9s %8s %8d kB %8d kB %s\n" \
         "$proxy" "$w" "$c" "$rps" "$p50" "$p99" "$ratio" "$idle" "$load" "$errors"
+      echo "$w $c $proxy $rps $p99" >> "$ALL"
       kill "$pid"; wait "$pid" 2>/dev/null || true
       # Let the port go (TIME_WAIT does not block a listener, but the old process must be gone).
       while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
     done
   done
 done
+done
+
+if [ "$ROUNDS" -gt 1 ]; then
+  echo
+  echo "medians over $ROUNDS rounds (p99 in ms; x nginx = median req/s over nginx's median)"
+  printf "%-10s %-7s %-5s %10s %9s %8s\n" proxy workers conns "req/s" p99 "x nginx"
+  awk '
+    function ms(v) { # wrk latency text to milliseconds
+      if (v ~ /us$/) return substr(v, 1, length(v) - 2) / 1000
+      if (v ~ /ms$/) return substr(v, 1, length(v) - 2) + 0
+      if (v ~ /s$/) return substr(v, 1, length(v) - 1) * 1000
+      return v + 0
+    }
+    function median(list,   n, a, i, j, t) {
+      n = split(list, a, " ")
+      for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j-1] + 0 > a[j] + 0; j--) { t = a[j]; a[j] = a[j-1]; a[j-1] = t }
+      return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+    }
+    { key = $1 " " $2 " " $3; if (!(key in rps)) order[++k] = key
+      rps[key] = rps[key] " " $4; p99[key] = p99[key] " " ms($5) }
+    END {
+      for (i = 1; i <= k; i++) {
+        split(order[i], f, " ")
+        r = median(rps[order[i]]); base = median(rps[f[1] " " f[2] " nginx"])
+        printf "%-10s %-7s %-5s %10.0f %7.2fms %8.2f\n", f[3], f[1], f[2], r, median(p99[order[i]]), r / base
+      }
+    }' "$ALL"
+fi
