@@ -18,7 +18,9 @@ use std::time::Instant;
 
 use lbkit_bench::{index_slice, snapshot, Weights};
 use lbkit_core::{FastRng, PickContext, Picker, Snapshot, Strategy, Timestamp};
-use lbkit_strategy::{Random, RoundRobin, SmoothWeightedRoundRobin, StickyRoundRobin, WeightedRandom};
+use lbkit_strategy::{
+    Random, RoundRobin, SmoothWeightedRoundRobin, StickyRoundRobin, WeightedRandom,
+};
 
 const ITERS: u64 = 5_000_000;
 const REPS: usize = 9;
@@ -77,17 +79,32 @@ fn run<F: Fn(&mut FastRng) -> usize + Sync>(f: &F, threads: usize) -> Run {
                 })
             })
             .collect();
-        handles.into_iter().map(|h| h.join().expect("bench thread")).collect()
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("bench thread"))
+            .collect()
     });
-    let wall = results.iter().map(|r| (r.1 - r.0) / ITERS as f64).sum::<f64>() / threads as f64;
+    let wall = results
+        .iter()
+        .map(|r| (r.1 - r.0) / ITERS as f64)
+        .sum::<f64>()
+        / threads as f64;
     let cpu = results.iter().map(|r| r.2 / ITERS as f64).sum::<f64>() / threads as f64;
     let lo_end = results.iter().map(|r| r.1).fold(f64::INFINITY, f64::min);
     let hi_start = results.iter().map(|r| r.0).fold(0.0, f64::max);
     let first = results.iter().map(|r| r.0).fold(f64::INFINITY, f64::min);
     let last = results.iter().map(|r| r.1).fold(0.0, f64::max);
     let overlap = ((lo_end - hi_start).max(0.0)) / (last - first);
-    let on_cpu = results.iter().map(|r| r.2 / (r.1 - r.0)).fold(f64::INFINITY, f64::min);
-    Run { wall_ns: wall, cpu_ns: cpu, overlap, on_cpu }
+    let on_cpu = results
+        .iter()
+        .map(|r| r.2 / (r.1 - r.0))
+        .fold(f64::INFINITY, f64::min);
+    Run {
+        wall_ns: wall,
+        cpu_ns: cpu,
+        overlap,
+        on_cpu,
+    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -99,7 +116,10 @@ fn case<F: Fn(&mut FastRng) -> usize + Sync>(name: &str, n: usize, f: F) {
     for threads in [1, 2] {
         let all: Vec<Run> = (0..REPS).map(|_| run(&f, threads)).collect();
         // Prefer repetitions in which no thread was descheduled (shared, noisy machine).
-        let clean: Vec<&Run> = all.iter().filter(|r| r.on_cpu >= CLEAN && r.overlap >= CLEAN).collect();
+        let clean: Vec<&Run> = all
+            .iter()
+            .filter(|r| r.on_cpu >= CLEAN && r.overlap >= CLEAN)
+            .collect();
         let (runs, tag) = if clean.len() >= 3 {
             (clean, "")
         } else {
@@ -120,7 +140,9 @@ fn picker_case<S: Strategy>(name: &str, n: usize, strategy: S, snap: Arc<Snapsho
     let picker = strategy.prepare(&snap, Timestamp::ZERO);
     case(name, n, |rng: &mut FastRng| {
         let mut cx = PickContext::new(Timestamp::ZERO, rng);
-        black_box(&picker).pick(&mut cx).map_or(usize::MAX, |i| i.get())
+        black_box(&picker)
+            .pick(&mut cx)
+            .map_or(usize::MAX, |i| i.get())
     });
 }
 
@@ -129,7 +151,10 @@ struct Padded(AtomicUsize);
 
 fn main() {
     // `cargo bench` passes `--bench`; any other argument filters cases by name.
-    let filter: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
+    let filter: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
     let wanted = |name: &str| filter.is_empty() || filter.iter().any(|f| name.contains(f.as_str()));
     println!("# pinned threads (cpu 0, cpu 1), {ITERS} picks per thread, median of the clean ones of {REPS} repetitions");
     for n in [10, 1_000, 100_000] {
@@ -156,10 +181,20 @@ fn main() {
             });
         }
         if wanted("round_robin") {
-            picker_case("round_robin", n, RoundRobin::new(), snapshot(n, Weights::Uniform));
+            picker_case(
+                "round_robin",
+                n,
+                RoundRobin::new(),
+                snapshot(n, Weights::Uniform),
+            );
         }
         if wanted("sticky_round_robin") {
-            picker_case("sticky_round_robin", n, StickyRoundRobin::new(3), snapshot(n, Weights::Uniform));
+            picker_case(
+                "sticky_round_robin",
+                n,
+                StickyRoundRobin::new(3),
+                snapshot(n, Weights::Uniform),
+            );
         }
         if wanted("weighted_round_robin_skewed") {
             picker_case(
@@ -173,7 +208,12 @@ fn main() {
             picker_case("random", n, Random, snapshot(n, Weights::Uniform));
         }
         if wanted("weighted_random_skewed") {
-            picker_case("weighted_random_skewed", n, WeightedRandom, snapshot(n, Weights::Skewed));
+            picker_case(
+                "weighted_random_skewed",
+                n,
+                WeightedRandom,
+                snapshot(n, Weights::Skewed),
+            );
         }
     }
 }

@@ -151,7 +151,7 @@ mod dispatch {
     /// flight (their futures are held, so their `Handle`s count as pending).
     #[divan::bench(args = N)]
     fn tower_p2c_peak_ewma(b: Bencher, n: usize) {
-        let services: Vec<_> = (0..n)
+        let services = (0..n)
             .map(|_| {
                 PeakEwma::new(
                     service_fn(echo as Handler),
@@ -161,42 +161,29 @@ mod dispatch {
                 )
             })
             .collect();
-        let mut balance: Balance<_, u32> = Balance::new(ServiceList::new(services));
-        let mut cx = Context::from_waker(Waker::noop());
-        let ready =
-            |balance: &mut Balance<_, u32>, cx: &mut Context<'_>| match balance.poll_ready(cx) {
-                Poll::Ready(Ok(())) => {}
-                _ => unreachable!("all services are always ready"),
-            };
-        ready(&mut balance, &mut cx);
-        let in_flight: Vec<_> = (0..total_in_flight(n))
-            .map(|_| {
-                ready(&mut balance, &mut cx);
-                balance.call(7)
-            })
-            .collect();
-        let mut dispatch = move || -> u32 {
-            ready(&mut balance, &mut cx);
-            let fut = pin!(balance.call(black_box(7)));
-            match fut.poll(&mut cx) {
-                Poll::Ready(Ok(v)) => v,
-                _ => unreachable!("the echo future is immediately ready"),
-            }
-        };
-        assert_eq!(dispatch(), 7);
-        b.bench_local(dispatch);
-        drop(in_flight);
+        bench_tower(b, n, services);
     }
 
     /// The same over `PendingRequests` (load = requests in flight): `pick.rs`'s `tower_p2c`,
     /// repeated in this run for context, with the same held calls in flight.
     #[divan::bench(args = N)]
     fn tower_p2c_pending_requests(b: Bencher, n: usize) {
-        let services: Vec<_> = (0..n)
+        let services = (0..n)
             .map(|_| {
                 PendingRequests::new(service_fn(echo as Handler), CompleteOnResponse::default())
             })
             .collect();
+        bench_tower(b, n, services);
+    }
+
+    /// One tower p2c dispatch per iteration over `services`, after as many held calls as the
+    /// lbkit snapshot of `n` endpoints has in flight.
+    fn bench_tower<S>(b: Bencher<'_, '_>, n: usize, services: Vec<S>)
+    where
+        S: tower::Service<u32, Response = u32> + tower::load::Load,
+        S::Error: Into<tower::BoxError>,
+        S::Metric: std::fmt::Debug,
+    {
         let mut balance: Balance<_, u32> = Balance::new(ServiceList::new(services));
         let mut cx = Context::from_waker(Waker::noop());
         let ready =
@@ -252,86 +239,63 @@ mod dispatch {
     }
 }
 
+/// One floor iteration: two caller-owned `FastRng::index(n)` draws, `cost` of both (the second
+/// first), the cheaper index returned. No distinctness.
+fn bench_floor<C: PartialOrd>(
+    b: Bencher<'_, '_>,
+    n: usize,
+    cost: impl Fn(&Snapshot, EndpointIdx) -> C,
+) {
+    let snap = loaded_snapshot(n, Weights::Uniform);
+    let mut rng = FastRng::seed_from_u64(1);
+    b.bench_local(|| {
+        let s = black_box(&snap);
+        let (i, j) = (
+            EndpointIdx::new(rng.index(n)),
+            EndpointIdx::new(rng.index(n)),
+        );
+        if cost(s, j) < cost(s, i) {
+            j
+        } else {
+            i
+        }
+    });
+}
+
 /// What a p2c pick over lbkit's endpoint layout must at least pay.
 #[divan::bench_group(sample_size = 10_000)]
 mod floor {
     use super::*;
 
-    /// Two caller-owned `FastRng::index(n)` draws, then `snapshot.endpoint(i).stats().in_flight()`
-    /// for both (slice of `Endpoint` → `Arc<EndpointInner>` → `Arc<EndpointStats>` → atomic
-    /// load), the smaller one returned. No EWMA, no distinctness.
+    /// `snapshot.endpoint(i).stats().in_flight()` for both (slice of `Endpoint` →
+    /// `Arc<EndpointInner>` → `Arc<EndpointStats>` → atomic load).
     #[divan::bench(args = N)]
     fn two_in_flight_reads(b: Bencher, n: usize) {
-        let snap = loaded_snapshot(n, Weights::Uniform);
-        let mut rng = FastRng::seed_from_u64(1);
-        b.bench_local(|| {
-            let s = black_box(&snap);
-            let (i, j) = (
-                EndpointIdx::new(rng.index(n)),
-                EndpointIdx::new(rng.index(n)),
-            );
-            let (a, c) = (
-                s.endpoint(i).stats().in_flight(),
-                s.endpoint(j).stats().in_flight(),
-            );
-            if c < a {
-                j
-            } else {
-                i
-            }
-        });
+        bench_floor(b, n, |s, k| s.endpoint(k).stats().in_flight());
     }
 
-    /// The same two reads plus the windowed mean of both (`avg_response_at` over 30 s: the 12
+    /// The same reads plus the windowed mean of both (`avg_response_at` over 30 s: the 12
     /// slots' epochs, then sums and counts of the live ones, one `u64` division), the inputs of
-    /// `shortest-response`'s estimate.
+    /// `shortest-response`'s estimate before it kept per-prepare offsets.
     #[divan::bench(args = N)]
     fn two_window_reads(b: Bencher, n: usize) {
-        let snap = loaded_snapshot(n, Weights::Uniform);
-        let mut rng = FastRng::seed_from_u64(1);
         let window = Duration::from_secs(30);
-        b.bench_local(|| {
-            let s = black_box(&snap);
-            let (i, j) = (
-                EndpointIdx::new(rng.index(n)),
-                EndpointIdx::new(rng.index(n)),
-            );
-            let cost = |k: EndpointIdx| {
-                let st = s.endpoint(k).stats();
-                let avg = st
-                    .avg_response_at(PICK_NOW, window)
-                    .map_or(0.0, |d| d.as_nanos() as f64);
-                avg * (f64::from(st.in_flight()) + 1.0)
-            };
-            if cost(j) < cost(i) {
-                j
-            } else {
-                i
-            }
+        bench_floor(b, n, |s, k| {
+            let st = s.endpoint(k).stats();
+            let avg = st
+                .avg_response_at(PICK_NOW, window)
+                .map_or(0.0, |d| d.as_nanos() as f64);
+            avg * (f64::from(st.in_flight()) + 1.0)
         });
     }
 
-    /// The same two reads plus the peak-EWMA projection of both (`ewma_ns_at`: two atomic loads
-    /// and one `exp` each).
+    /// The same reads plus the peak-EWMA projection of both (`ewma_ns_at`: two atomic loads and
+    /// one `exp` each).
     #[divan::bench(args = N)]
     fn two_ewma_reads(b: Bencher, n: usize) {
-        let snap = loaded_snapshot(n, Weights::Uniform);
-        let mut rng = FastRng::seed_from_u64(1);
-        b.bench_local(|| {
-            let s = black_box(&snap);
-            let (i, j) = (
-                EndpointIdx::new(rng.index(n)),
-                EndpointIdx::new(rng.index(n)),
-            );
-            let cost = |k: EndpointIdx| {
-                let st = s.endpoint(k).stats();
-                st.ewma_ns_at(PICK_NOW).unwrap_or(3e7) * (f64::from(st.in_flight()) + 1.0)
-            };
-            if cost(j) < cost(i) {
-                j
-            } else {
-                i
-            }
+        bench_floor(b, n, |s, k| {
+            let st = s.endpoint(k).stats();
+            st.ewma_ns_at(PICK_NOW).unwrap_or(3e7) * (f64::from(st.in_flight()) + 1.0)
         });
     }
 }
@@ -342,45 +306,18 @@ mod floor {
 mod floor_live {
     use super::*;
 
-    /// Two draws, then `snapshot.live(i).in_flight()` for both.
+    /// `snapshot.live(i).in_flight()` for both.
     #[divan::bench(args = N)]
     fn two_in_flight_reads(b: Bencher, n: usize) {
-        let snap = loaded_snapshot(n, Weights::Uniform);
-        let mut rng = FastRng::seed_from_u64(1);
-        b.bench_local(|| {
-            let s = black_box(&snap);
-            let (i, j) = (
-                EndpointIdx::new(rng.index(n)),
-                EndpointIdx::new(rng.index(n)),
-            );
-            if s.live(j).in_flight() < s.live(i).in_flight() {
-                j
-            } else {
-                i
-            }
-        });
+        bench_floor(b, n, |s, k| s.live(k).in_flight());
     }
 
-    /// Two draws, then in-flight and the peak-EWMA projection of both from their lines.
+    /// In-flight and the peak-EWMA projection of both from their lines.
     #[divan::bench(args = N)]
     fn two_ewma_reads(b: Bencher, n: usize) {
-        let snap = loaded_snapshot(n, Weights::Uniform);
-        let mut rng = FastRng::seed_from_u64(1);
-        b.bench_local(|| {
-            let s = black_box(&snap);
-            let (i, j) = (
-                EndpointIdx::new(rng.index(n)),
-                EndpointIdx::new(rng.index(n)),
-            );
-            let cost = |k: EndpointIdx| {
-                let l = s.live(k);
-                l.ewma_ns_at(PICK_NOW).unwrap_or(3e7) * (f64::from(l.in_flight()) + 1.0)
-            };
-            if cost(j) < cost(i) {
-                j
-            } else {
-                i
-            }
+        bench_floor(b, n, |s, k| {
+            let l = s.live(k);
+            l.ewma_ns_at(PICK_NOW).unwrap_or(3e7) * (f64::from(l.in_flight()) + 1.0)
         });
     }
 }

@@ -34,7 +34,12 @@ fn main() {
 }
 
 /// One pick per iteration with a caller-owned RNG (the intended use: one RNG per task).
-fn bench_pick<S: Strategy>(bencher: Bencher<'_, '_>, strategy: S, snap: Arc<Snapshot>, now: Timestamp) {
+fn bench_pick<S: Strategy>(
+    bencher: Bencher<'_, '_>,
+    strategy: S,
+    snap: Arc<Snapshot>,
+    now: Timestamp,
+) {
     let picker = strategy.prepare(&snap, now);
     let mut rng = FastRng::seed_from_u64(1);
     bencher.bench_local(|| {
@@ -55,45 +60,85 @@ mod pick {
 
     #[divan::bench(args = N)]
     fn round_robin(b: Bencher, n: usize) {
-        bench_pick(b, RoundRobin::new(), snapshot(n, Weights::Uniform), Timestamp::ZERO);
+        bench_pick(
+            b,
+            RoundRobin::new(),
+            snapshot(n, Weights::Uniform),
+            Timestamp::ZERO,
+        );
     }
 
     #[divan::bench(args = N)]
     fn sticky_round_robin(b: Bencher, n: usize) {
-        bench_pick(b, StickyRoundRobin::new(3), snapshot(n, Weights::Uniform), Timestamp::ZERO);
+        bench_pick(
+            b,
+            StickyRoundRobin::new(3),
+            snapshot(n, Weights::Uniform),
+            Timestamp::ZERO,
+        );
     }
 
     #[divan::bench(args = N)]
     fn weighted_random_uniform(b: Bencher, n: usize) {
-        bench_pick(b, WeightedRandom, snapshot(n, Weights::Uniform), Timestamp::ZERO);
+        bench_pick(
+            b,
+            WeightedRandom,
+            snapshot(n, Weights::Uniform),
+            Timestamp::ZERO,
+        );
     }
 
     #[divan::bench(args = N)]
     fn weighted_random_skewed(b: Bencher, n: usize) {
-        bench_pick(b, WeightedRandom, snapshot(n, Weights::Skewed), Timestamp::ZERO);
+        bench_pick(
+            b,
+            WeightedRandom,
+            snapshot(n, Weights::Skewed),
+            Timestamp::ZERO,
+        );
     }
 
     #[divan::bench(args = N)]
     fn weighted_round_robin_uniform(b: Bencher, n: usize) {
-        bench_pick(b, SmoothWeightedRoundRobin::new(), snapshot(n, Weights::Uniform), Timestamp::ZERO);
+        bench_pick(
+            b,
+            SmoothWeightedRoundRobin::new(),
+            snapshot(n, Weights::Uniform),
+            Timestamp::ZERO,
+        );
     }
 
     #[divan::bench(args = N)]
     fn weighted_round_robin_skewed(b: Bencher, n: usize) {
-        bench_pick(b, SmoothWeightedRoundRobin::new(), snapshot(n, Weights::Skewed), Timestamp::ZERO);
+        bench_pick(
+            b,
+            SmoothWeightedRoundRobin::new(),
+            snapshot(n, Weights::Skewed),
+            Timestamp::ZERO,
+        );
     }
 
     /// No statistics recorded: the strategy's round-robin fallback.
     #[divan::bench(args = N)]
     fn weighted_response_time_no_stats(b: Bencher, n: usize) {
-        bench_pick(b, WeightedResponseTime::default(), snapshot(n, Weights::Uniform), Timestamp::ZERO);
+        bench_pick(
+            b,
+            WeightedResponseTime::default(),
+            snapshot(n, Weights::Uniform),
+            Timestamp::ZERO,
+        );
     }
 
     /// One recorded response time per endpoint (0.5–10.5 ms), prepared at that time: the
     /// weighted (alias-table) path.
     #[divan::bench(args = N)]
     fn weighted_response_time_with_stats(b: Bencher, n: usize) {
-        bench_pick(b, WeightedResponseTime::default(), snapshot_with_response_times(n), STATS_NOW);
+        bench_pick(
+            b,
+            WeightedResponseTime::default(),
+            snapshot_with_response_times(n),
+            STATS_NOW,
+        );
     }
 }
 
@@ -187,7 +232,9 @@ mod reference {
         use tower::{service_fn, Service};
 
         let services: Vec<_> = (0..n)
-            .map(|_| PendingRequests::new(service_fn(echo as Handler), CompleteOnResponse::default()))
+            .map(|_| {
+                PendingRequests::new(service_fn(echo as Handler), CompleteOnResponse::default())
+            })
             .collect();
         let mut balance: Balance<_, u32> = Balance::new(ServiceList::new(services));
         let mut cx = Context::from_waker(Waker::noop());
@@ -247,7 +294,11 @@ mod threads {
 
     #[divan::bench(args = N, threads = [1, 2])]
     fn weighted_round_robin_skewed(b: Bencher, n: usize) {
-        bench_shared(b, SmoothWeightedRoundRobin::new(), snapshot(n, Weights::Skewed));
+        bench_shared(
+            b,
+            SmoothWeightedRoundRobin::new(),
+            snapshot(n, Weights::Skewed),
+        );
     }
 
     #[divan::bench(args = N, threads = [1, 2])]
@@ -281,34 +332,61 @@ mod balancer {
 
     const BN: [usize; 2] = [10, 100_000];
 
-    fn bench_balancer<S: Strategy>(b: Bencher<'_, '_>, strategy: S, snap: Arc<Snapshot>, availability: Availability) {
+    fn bench_balancer<S: Strategy>(
+        b: Bencher<'_, '_>,
+        strategy: S,
+        snap: Arc<Snapshot>,
+        availability: Availability,
+    ) {
         let now = Timestamp::ZERO;
         let balancer = Balancer::new(strategy, snap, now).with_availability(availability);
         let mut rng = FastRng::seed_from_u64(1);
         b.bench_local(|| {
             let mut cx = PickContext::new(now, &mut rng);
-            let guard = black_box(&balancer).pick(&mut cx).expect("endpoints are eligible");
+            let guard = black_box(&balancer)
+                .pick(&mut cx)
+                .expect("endpoints are eligible");
             guard.finish_at(Outcome::Success, now);
         });
     }
 
     #[divan::bench(args = BN)]
     fn round_robin_filter_off(b: Bencher, n: usize) {
-        bench_balancer(b, RoundRobin::new(), snapshot(n, Weights::Uniform), Availability::OFF);
+        bench_balancer(
+            b,
+            RoundRobin::new(),
+            snapshot(n, Weights::Uniform),
+            Availability::OFF,
+        );
     }
 
     #[divan::bench(args = BN)]
     fn round_robin_breaker_on(b: Bencher, n: usize) {
-        bench_balancer(b, RoundRobin::new(), snapshot(n, Weights::Uniform), Availability::default());
+        bench_balancer(
+            b,
+            RoundRobin::new(),
+            snapshot(n, Weights::Uniform),
+            Availability::default(),
+        );
     }
 
     #[divan::bench(args = BN)]
     fn weighted_random_skewed_filter_off(b: Bencher, n: usize) {
-        bench_balancer(b, WeightedRandom, snapshot(n, Weights::Skewed), Availability::OFF);
+        bench_balancer(
+            b,
+            WeightedRandom,
+            snapshot(n, Weights::Skewed),
+            Availability::OFF,
+        );
     }
 
     #[divan::bench(args = BN)]
     fn weighted_random_skewed_breaker_on(b: Bencher, n: usize) {
-        bench_balancer(b, WeightedRandom, snapshot(n, Weights::Skewed), Availability::default());
+        bench_balancer(
+            b,
+            WeightedRandom,
+            snapshot(n, Weights::Skewed),
+            Availability::default(),
+        );
     }
 }

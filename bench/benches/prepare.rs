@@ -19,7 +19,12 @@ fn main() {
 const N: usize = 100_000;
 const W: [Weights; 2] = [Weights::Uniform, Weights::Skewed];
 
-fn bench_prepare<S: Strategy>(b: Bencher<'_, '_>, strategy: S, snap: Arc<Snapshot>, now: Timestamp) {
+fn bench_prepare<S: Strategy>(
+    b: Bencher<'_, '_>,
+    strategy: S,
+    snap: Arc<Snapshot>,
+    now: Timestamp,
+) {
     b.bench_local(|| black_box(&strategy).prepare(black_box(&snap), now));
 }
 
@@ -45,7 +50,12 @@ fn weighted_random(b: Bencher, w: Weights) {
 
 #[divan::bench(args = W, sample_count = 30)]
 fn weighted_round_robin(b: Bencher, w: Weights) {
-    bench_prepare(b, SmoothWeightedRoundRobin::new(), snapshot(N, w), Timestamp::ZERO);
+    bench_prepare(
+        b,
+        SmoothWeightedRoundRobin::new(),
+        snapshot(N, w),
+        Timestamp::ZERO,
+    );
 }
 
 /// "uniform": no statistics (round-robin fallback); "skewed": one response time per endpoint,
@@ -53,10 +63,18 @@ fn weighted_round_robin(b: Bencher, w: Weights) {
 #[divan::bench(args = W, sample_count = 30)]
 fn weighted_response_time(b: Bencher, w: Weights) {
     match w {
-        Weights::Uniform => bench_prepare(b, WeightedResponseTime::default(), snapshot(N, w), Timestamp::ZERO),
-        Weights::Skewed => {
-            bench_prepare(b, WeightedResponseTime::default(), snapshot_with_response_times(N), STATS_NOW)
-        }
+        Weights::Uniform => bench_prepare(
+            b,
+            WeightedResponseTime::default(),
+            snapshot(N, w),
+            Timestamp::ZERO,
+        ),
+        Weights::Skewed => bench_prepare(
+            b,
+            WeightedResponseTime::default(),
+            snapshot_with_response_times(N),
+            STATS_NOW,
+        ),
     }
 }
 

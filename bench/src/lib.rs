@@ -156,7 +156,9 @@ pub fn loaded_snapshot(n: usize, weights: Weights) -> Arc<Snapshot> {
 /// `count` random request keys (`"user-"` + 16 hex digits, 21 bytes), fixed by `seed`.
 pub fn request_keys(count: usize, seed: u64) -> Vec<String> {
     let mut rng = lbkit_core::FastRng::seed_from_u64(seed);
-    (0..count).map(|_| format!("user-{:016x}", rng.next_u64())).collect()
+    (0..count)
+        .map(|_| format!("user-{:016x}", rng.next_u64()))
+        .collect()
 }
 
 /// Number of pre-built request keys the lookup benchmarks cycle through (a power of two).
