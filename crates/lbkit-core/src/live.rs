@@ -35,6 +35,11 @@ const CHUNK: usize = 1024;
 /// and a fresh chunk's lines come out in address order).
 static FREE: Mutex<Vec<&'static LiveStats>> = Mutex::new(Vec::new());
 
+/// Add `v` to `sum`, staying at `u64::MAX` instead of wrapping (latency sums).
+pub(crate) fn add_saturating(sum: &AtomicU64, v: u64) {
+    let _ = sum.fetch_update(Relaxed, Relaxed, |s| Some(s.saturating_add(v)));
+}
+
 /// The next free line of `free`, adding a fresh chunk when it is empty.
 fn take(free: &mut Vec<&'static LiveStats>) -> &'static LiveStats {
     if let Some(line) = free.pop() {
@@ -200,9 +205,7 @@ impl LiveStats {
     }
 
     pub(crate) fn add_success_nanos(&self, ns: u64) {
-        let _ = self
-            .success_nanos
-            .fetch_update(Relaxed, Relaxed, |s| Some(s.saturating_add(ns)));
+        add_saturating(&self.success_nanos, ns);
     }
 
     pub(crate) fn failure(&self, now: Timestamp) {

@@ -15,7 +15,7 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
-use crate::live::LiveStats;
+use crate::live::{add_saturating, LiveStats};
 use crate::time::{duration_nanos, Timestamp};
 
 /// Default EWMA time constant (linkerd's and Finagle's `decay`: 10 s).
@@ -361,9 +361,7 @@ impl EndpointStats {
         if outcome != Outcome::Cancelled {
             let bucket = BUCKET_NS.partition_point(|&b| b < ns);
             self.buckets[bucket].fetch_add(1, Relaxed);
-            let _ = self
-                .latency_sum_ns
-                .fetch_update(Relaxed, Relaxed, |s| Some(s.saturating_add(ns)));
+            add_saturating(&self.latency_sum_ns, ns);
         }
         match outcome {
             Outcome::Success => {

@@ -33,7 +33,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lbkit_core::{EndpointIdx, PickContext, PickError, Picker, Snapshot, Strategy, Timestamp};
+use lbkit_core::{
+    EndpointIdx, LiveStats, PickContext, PickError, Picker, Snapshot, Strategy, Timestamp,
+};
 
 use super::choose::IndexList;
 
@@ -120,13 +122,23 @@ impl P2cPicker {
     /// The cost of `idx` at `now` (lower wins).
     #[inline]
     pub fn cost(&self, idx: EndpointIdx, now: Timestamp) -> f64 {
-        let stats = self.snapshot.live(idx);
-        let load = f64::from(stats.in_flight()) + 1.0;
+        let live = self.snapshot.live(idx);
         match self.cost {
-            Cost::InFlight => load,
-            Cost::Ewma { default_rtt_ns } => stats.ewma_ns_at(now).unwrap_or(default_rtt_ns) * load,
+            Cost::InFlight => f64::from(live.in_flight()) + 1.0,
+            Cost::Ewma { default_rtt_ns } => {
+                let (base, x) = ewma_terms(live, now, default_rtt_ns);
+                base * x.exp()
+            }
         }
     }
+}
+
+/// An endpoint's p2c-ewma cost as `(base, x)`, the cost being `base × e^x`: base = the last
+/// EWMA estimate (or the default RTT, with x = 0) × (in flight + 1), x = its decay exponent.
+#[inline]
+fn ewma_terms(live: &LiveStats, now: Timestamp, default_rtt_ns: f64) -> (f64, f64) {
+    let (estimate, x) = live.ewma_terms_at(now).unwrap_or((default_rtt_ns, 0.0));
+    (estimate * (f64::from(live.in_flight()) + 1.0), x)
 }
 
 impl Picker for P2cPicker {
@@ -136,19 +148,14 @@ impl Picker for P2cPicker {
             return Err(PickError::NoEndpoints);
         }
         let (a, b) = self.eligible.two_distinct(cx.rng);
+        let (la, lb) = (self.snapshot.live(a), self.snapshot.live(b));
         let b_cheaper = match self.cost {
-            Cost::InFlight => self.snapshot.live(b).in_flight() < self.snapshot.live(a).in_flight(),
+            Cost::InFlight => lb.in_flight() < la.in_flight(),
             Cost::Ewma { default_rtt_ns } => {
-                // Both lines are read before any arithmetic (their misses overlap), and the two
-                // projections are compared with one `exp`: b wins when
-                // base_b × e^(x_b − x_a) < base_a, i.e. cost(b) < cost(a).
-                let (la, lb) = (self.snapshot.live(a), self.snapshot.live(b));
-                let (ta, tb) = (la.ewma_terms_at(cx.now), lb.ewma_terms_at(cx.now));
-                let (fa, fb) = (la.in_flight(), lb.in_flight());
-                let (ea, xa) = ta.unwrap_or((default_rtt_ns, 0.0));
-                let (eb, xb) = tb.unwrap_or((default_rtt_ns, 0.0));
-                let base_a = ea * (f64::from(fa) + 1.0);
-                let base_b = eb * (f64::from(fb) + 1.0);
+                // Both lines are read before any `exp`, and the two projections are compared
+                // with one: b wins when base_b × e^(x_b − x_a) < base_a, i.e. cost(b) < cost(a).
+                let (base_a, xa) = ewma_terms(la, cx.now, default_rtt_ns);
+                let (base_b, xb) = ewma_terms(lb, cx.now, default_rtt_ns);
                 // Clamped so that e^d stays finite: a difference beyond 700 time constants
                 // decides the comparison either way.
                 base_b * (xb - xa).clamp(-700.0, 700.0).exp() < base_a
