@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Interleaved A/B of two or more `lbkit` binaries as a proxy (issue 8): on a shared machine one
+# full run per change is not enough, so each round runs every binary once, back to back, and
+# prints req/s, p99 and the CPU each process spent per request (proxy, backends, wrk), read from
+# /proc/PID/stat over 3 s of a 5 s wrk run after a 2 s warm-up.
+#
+#   scripts/proxy-ab.sh WORKERS CONNS ROUNDS BINARY...
+#   e.g. scripts/proxy-ab.sh 1 64 3 /tmp/lbkit-main target/release/lbkit
+#
+# Three backends (crates/lbkit-proxy/examples/backend.rs) on ports BASE_PORT+1..3, the proxy on
+# BASE_PORT+10 with round-robin (STRATEGY to change). Needs wrk and curl (scripts/bench-proxy.sh
+# installs wrk).
+set -euo pipefail
+
+[ $# -ge 4 ] || { echo "usage: $0 WORKERS CONNS ROUNDS BINARY..." >&2; exit 2; }
+W=$1; C=$2; R=$3; shift 3
+STRATEGY=${STRATEGY:-round-robin}
+B=${BASE_PORT:-28080}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+(cd "$ROOT" && cargo build --release -q -p lbkit-proxy --example backend)
+BACKEND=$TARGET/release/examples/backend
+WORK=$(mktemp -d /tmp/proxy-ab.XXXXXX)
+PIDS=()
+cleanup() {
+  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+cpu() { # user + system ticks of the given pids
+  local t=0 p f
+  for p in "$@"; do
+    read -r -a f < <(cut -d' ' -f14,15 "/proc/$p/stat")
+    t=$((t + f[0] + f[1]))
+  done
+  echo "$t"
+}
+
+one() { # $1 binary: prints one result line
+  local lbkit=$1 backends=() lp wp
+  for p in 1 2 3; do "$BACKEND" $((B + p)) 1 >/dev/null 2>&1 & backends+=($!); done
+  cat > "$WORK/lb.toml" <<CONF
+[admin]
+bind = "127.0.0.1:$((B + 11))"
+[limits]
+max_connections = 4096
+[[listener]]
+bind = "127.0.0.1:$((B + 10))"
+[[route]]
+service = "b"
+[service.b]
+endpoints = ["127.0.0.1:$((B + 1))", "127.0.0.1:$((B + 2))", "127.0.0.1:$((B + 3))"]
+strategy = "$STRATEGY"
+CONF
+  "$lbkit" proxy --threads "$W" --config "$WORK/lb.toml" >"$WORK/lb.log" 2>&1 & lp=$!
+  PIDS=("${backends[@]}" "$lp")
+  for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$((B + 10))/" && break; sleep 0.1; done
+  wrk -t2 -c"$C" -d2s "http://127.0.0.1:$((B + 10))/" >/dev/null
+  wrk -t2 -c"$C" -d5s --latency "http://127.0.0.1:$((B + 10))/" >"$WORK/wrk.out" & wp=$!
+  sleep 1
+  local b0 l0 w0 b1 l1 w1
+  b0=$(cpu "${backends[@]}"); l0=$(cpu "$lp"); w0=$(cpu "$wp")
+  sleep 3
+  b1=$(cpu "${backends[@]}"); l1=$(cpu "$lp"); w1=$(cpu "$wp")
+  wait "$wp"
+  local rps p99
+  rps=$(awk '/Requests\/sec/ {print $2}' "$WORK/wrk.out")
+  p99=$(awk '$1 == "99%" {print $2}' "$WORK/wrk.out")
+  # Ticks are 1/100 s; 3 s of requests at rps.
+  awk -v b="$lbkit" -v r="$rps" -v p="$p99" -v l=$((l1 - l0)) -v k=$((b1 - b0)) -v w=$((w1 - w0)) \
+    'BEGIN { n = r * 3; printf "%-32s rps %6.0f p99 %-8s proxy %5.1f us/req  backends %5.1f  wrk %5.1f\n", b, r, p, l * 1e4 / n, k * 1e4 / n, w * 1e4 / n }'
+  kill "$lp" "${backends[@]}" 2>/dev/null || true
+  wait "$lp" "${backends[@]}" 2>/dev/null || true
+  PIDS=()
+}
+
+echo "== $W workers x $C connections, $R rounds, $STRATEGY"
+for _ in $(seq "$R"); do
+  for bin in "$@"; do one "$bin"; done
+done
