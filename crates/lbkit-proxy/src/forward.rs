@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::request::Parts;
-use http::{Method, Request, Response, StatusCode, Uri, Version};
+use http::{Request, Response, StatusCode, Uri, Version};
 use http_body::Body as _;
 use http_body_util::{BodyExt, Either, Full};
 use hyper::body::Incoming;
@@ -61,7 +61,7 @@ pub(crate) async fn forward(
         .and_then(|k| k.extract(&source))
         .map(|k| k.into_owned());
     prepare_headers(&mut parts, opts.client);
-    let idempotent = is_idempotent(&parts.method);
+    let idempotent = is_idempotent(parts.method.as_str().as_bytes());
     let mut body = Some(match replayable(body, idempotent).await {
         Ok(b) => b,
         Err(()) => return local(StatusCode::BAD_REQUEST, "bad request body\n"),
@@ -103,7 +103,7 @@ pub(crate) async fn forward(
         let result = deadline.run(service.client().request(upstream)).await;
         let can_retry =
             |connect: bool| attempt < retries && replay.is_some() && (idempotent || connect);
-        let (failure, status) = match result {
+        let failure = match result {
             Ok(Ok(resp)) if !resp.status().is_server_error() || !can_retry(false) => {
                 let outcome = if resp.status().is_server_error() {
                     Outcome::Failure(FailureKind::Server)
@@ -139,24 +139,49 @@ pub(crate) async fn forward(
                     }
                 };
             }
-            Ok(Ok(_)) => (FailureKind::Server, StatusCode::BAD_GATEWAY),
-            Ok(Err(e)) if e.is_connect() => (FailureKind::Connect, StatusCode::BAD_GATEWAY),
-            Ok(Err(_)) => (FailureKind::Other, StatusCode::BAD_GATEWAY),
-            Err(_) => (FailureKind::Timeout, StatusCode::GATEWAY_TIMEOUT),
+            Ok(Ok(_)) => FailureKind::Server,
+            Ok(Err(e)) if e.is_connect() => FailureKind::Connect,
+            Ok(Err(_)) => FailureKind::Other,
+            Err(_) => FailureKind::Timeout,
         };
         guard.finish(Outcome::Failure(failure));
-        let retry = failure != FailureKind::Timeout && can_retry(failure == FailureKind::Connect);
-        if !retry {
-            return local(status, "upstream failed\n");
+        if let Retry::Answer(status, text) =
+            after_failure(service, failure, can_retry(failure == FailureKind::Connect))
+        {
+            return local(status, text);
         }
-        if !service.budget().withdraw(service.clock().now()) {
-            service.metrics().retry_refused();
-            return local(status, "upstream failed (retry budget exhausted)\n");
-        }
-        service.metrics().retried();
         body = replay;
         attempt += 1;
     }
+}
+
+/// What follows a failed attempt.
+#[derive(Debug)]
+pub(crate) enum Retry {
+    /// Try another endpoint.
+    Again,
+    /// Answer the client with this status and text.
+    Answer(StatusCode, &'static str),
+}
+
+/// Decide on a failed attempt (whose guard is finished): retry when `retryable` (by method,
+/// attempts left and a body that can be sent again), the failure is not the deadline, and the
+/// service's retry budget allows; count the retry or the refusal.
+pub(crate) fn after_failure(service: &Service, failure: FailureKind, retryable: bool) -> Retry {
+    let status = if failure == FailureKind::Timeout {
+        StatusCode::GATEWAY_TIMEOUT
+    } else {
+        StatusCode::BAD_GATEWAY
+    };
+    if failure == FailureKind::Timeout || !retryable {
+        return Retry::Answer(status, "upstream failed\n");
+    }
+    if !service.budget().withdraw(service.clock().now()) {
+        service.metrics().retry_refused();
+        return Retry::Answer(status, "upstream failed (retry budget exhausted)\n");
+    }
+    service.metrics().retried();
+    Retry::Again
 }
 
 /// The exchange's deadline: `run` gives `Err(())` when it passes first.
@@ -186,10 +211,11 @@ pub(crate) fn local(status: StatusCode, text: &str) -> Response<ProxyBody> {
     resp
 }
 
-fn is_idempotent(method: &Method) -> bool {
+/// GET, HEAD, OPTIONS, PUT, DELETE, TRACE (RFC 9110 §9.2.2), by the method's name.
+pub(crate) fn is_idempotent(method: &[u8]) -> bool {
     matches!(
-        *method,
-        Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE | Method::TRACE
+        method,
+        b"GET" | b"HEAD" | b"OPTIONS" | b"PUT" | b"DELETE" | b"TRACE"
     )
 }
 

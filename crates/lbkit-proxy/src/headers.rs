@@ -7,20 +7,22 @@ use bytes::Bytes;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
-/// Headers that describe one connection, not the message (RFC 9110 §7.6.1), removed in both
-/// directions, along with any header the `Connection` header names.
-const HOP_BY_HOP: [HeaderName; 8] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    header::PROXY_AUTHENTICATE,
-    header::PROXY_AUTHORIZATION,
-    HeaderName::from_static("proxy-connection"),
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
+/// Headers that describe one connection, not the message (RFC 9110 §7.6.1), plus `Upgrade`:
+/// removed in both directions, along with any header the `Connection` header names. Shared
+/// with the HTTP/1 fast path, which compares names case-insensitively.
+pub(crate) const HOP_BY_HOP: [&str; 9] = [
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
 ];
 
-/// Remove hop-by-hop headers (plus `Upgrade`) and whatever `Connection` lists.
+/// Remove hop-by-hop headers and whatever `Connection` lists.
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let listed: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
@@ -32,10 +34,9 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     for name in listed {
         headers.remove(name);
     }
-    for name in &HOP_BY_HOP {
+    for name in HOP_BY_HOP {
         headers.remove(name);
     }
-    headers.remove(header::UPGRADE);
 }
 
 /// Append the client to `X-Forwarded-For` and `Forwarded` (RFC 7239), with the protocol and

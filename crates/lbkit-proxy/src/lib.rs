@@ -50,6 +50,7 @@ mod check;
 pub mod config;
 mod error;
 mod forward;
+mod h1;
 mod headers;
 pub mod metrics;
 mod server;

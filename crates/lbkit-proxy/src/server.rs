@@ -21,7 +21,7 @@ use crate::config::{Config, Limits, Protocol};
 use crate::error::ProxyError;
 use crate::forward::{self, CallOptions};
 use crate::state::State;
-use crate::{admin, tcp};
+use crate::{admin, h1, tcp};
 
 /// Pause after a failed `accept` (out of file descriptors): retrying at once would spin.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(10);
@@ -310,15 +310,21 @@ async fn serve_http(
         .http2()
         .timer(TokioTimer::new())
         .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX));
+    let builder = Arc::new(builder);
+    let limits = Arc::new(limits);
     while let Some((stream, peer, permit)) = accept(&listener, &shared.conns, &mut shutdown).await {
-        let shared = shared.clone();
-        let svc = service_fn(move |req| handle(shared.clone(), peer, req));
-        let conn = builder
-            .serve_connection(TokioIo::new(stream), svc)
-            .into_owned();
+        let (shared, builder, limits) = (shared.clone(), builder.clone(), limits.clone());
         let mut shutdown = shutdown.clone();
         tokio::spawn(async move {
             let _permit = permit;
+            // Plain HTTP/1.1 first; hyper takes over a connection the fast path hands it.
+            let (stream, read) =
+                match h1::serve(stream, peer, &shared, &limits, &mut shutdown).await {
+                    h1::End::Closed => return,
+                    h1::End::Handover(stream, read) => (stream, read),
+                };
+            let svc = service_fn(move |req| handle(shared.clone(), peer, req));
+            let conn = builder.serve_connection(TokioIo::new(h1::Rewind::new(read, stream)), svc);
             tokio::pin!(conn);
             tokio::select! {
                 _ = conn.as_mut() => {}

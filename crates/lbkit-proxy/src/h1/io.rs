@@ -1,0 +1,246 @@
+//! The fast path's I/O helpers: the per-thread pool of idle upstream connections, timers that
+//! are re-armed lazily (not once per request), and the stream that replays already-read bytes
+//! when a connection is handed to hyper.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::future::{poll_fn, Future};
+use std::io;
+use std::pin::{pin, Pin};
+use std::sync::{Arc, Weak};
+use std::task::{ready, Context, Poll, Waker};
+use std::time::Duration;
+
+use bytes::{Buf, Bytes};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::time::{Instant, Sleep};
+
+use crate::service::Service;
+
+/// How long an idle upstream connection stays pooled (the hyper client's `POOL_IDLE`).
+const POOL_IDLE: Duration = Duration::from_secs(50);
+
+/// Idle connections kept per service, address and thread.
+const MAX_IDLE_PER_ADDRESS: usize = 1024;
+
+/// How often a thread's pool drops expired connections and those of dropped services.
+const SWEEP_EVERY: Duration = Duration::from_secs(10);
+
+thread_local! {
+    static POOL: RefCell<Pool> = RefCell::new(Pool::default());
+}
+
+/// The idle upstream connections of one thread. Each worker thread runs its own runtime, so a
+/// connection is taken and given back on the thread (and runtime) that made it; on a
+/// multi-threaded runtime a task may give it back on a sibling thread of the same runtime.
+/// No lock: the `RefCell` is borrowed only between awaits.
+#[derive(Default)]
+struct Pool {
+    services: Vec<ServicePool>,
+    swept: Option<Instant>,
+}
+
+struct ServicePool {
+    /// The owner; a dead one's connections go at the next sweep. Holding the `Weak` keeps the
+    /// allocation, so its address identifies the service for as long as the entry lives.
+    service: Weak<Service>,
+    idle: HashMap<Box<str>, Vec<(TcpStream, Instant)>>,
+}
+
+/// An idle connection to `address` for `service`, if this thread has one that is neither
+/// expired nor closed by its peer (whose readiness, already known to the runtime, says so
+/// without a system call).
+pub(super) fn take(service: &Arc<Service>, address: &str, now: Instant) -> Option<TcpStream> {
+    POOL.with(|pool| {
+        let mut pool = pool.borrow_mut();
+        let entry = pool
+            .services
+            .iter_mut()
+            .find(|s| std::ptr::eq(s.service.as_ptr(), Arc::as_ptr(service)))?;
+        let idle = entry.idle.get_mut(address)?;
+        while let Some((stream, since)) = idle.pop() {
+            if now.saturating_duration_since(since) < POOL_IDLE && open(&stream) {
+                return Some(stream);
+            }
+        }
+        None
+    })
+}
+
+/// Give back a connection that finished its exchange cleanly.
+pub(super) fn give_back(service: &Arc<Service>, address: &str, stream: TcpStream, now: Instant) {
+    POOL.with(|pool| {
+        let mut pool = pool.borrow_mut();
+        if pool
+            .swept
+            .is_none_or(|t| now.saturating_duration_since(t) >= SWEEP_EVERY)
+        {
+            pool.sweep(now);
+        }
+        let i = match pool
+            .services
+            .iter()
+            .position(|s| std::ptr::eq(s.service.as_ptr(), Arc::as_ptr(service)))
+        {
+            Some(i) => i,
+            None => {
+                pool.services.push(ServicePool {
+                    service: Arc::downgrade(service),
+                    idle: HashMap::new(),
+                });
+                pool.services.len() - 1
+            }
+        };
+        let idle = &mut pool.services[i].idle;
+        let list = match idle.get_mut(address) {
+            Some(list) => list,
+            None => idle.entry(address.into()).or_default(),
+        };
+        if list.len() < MAX_IDLE_PER_ADDRESS {
+            list.push((stream, now));
+        }
+    });
+}
+
+impl Pool {
+    fn sweep(&mut self, now: Instant) {
+        self.swept = Some(now);
+        self.services.retain(|s| s.service.strong_count() > 0);
+        for s in &mut self.services {
+            s.idle.retain(|_, list| {
+                list.retain(|(_, since)| now.saturating_duration_since(*since) < POOL_IDLE);
+                !list.is_empty()
+            });
+        }
+    }
+}
+
+/// Whether an idle connection is still open with nothing unasked to read. Usually answered by
+/// the readiness the runtime already knows (polled with a no-op waker: nobody waits on it), no
+/// system call; only when the last read left readiness set does a one-byte read check.
+fn open(stream: &TcpStream) -> bool {
+    let mut cx = Context::from_waker(Waker::noop());
+    if stream.poll_read_ready(&mut cx).is_pending() {
+        return true;
+    }
+    let mut probe = [0u8; 1];
+    matches!(stream.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+}
+
+/// A deadline that arms its timer lazily: moving the deadline later (every request does) costs
+/// nothing; the timer, when it fires early, re-arms itself to the current deadline. One timer
+/// registration per timeout period instead of one per request.
+pub(super) struct Timer {
+    sleep: Pin<Box<Sleep>>,
+    deadline: Instant,
+}
+
+/// The deadline passed.
+#[derive(Debug)]
+pub(super) struct Elapsed;
+
+impl Timer {
+    /// A timer with no deadline yet.
+    pub(super) fn new() -> Self {
+        // Far enough never to fire before a real deadline is set.
+        let never = Instant::now() + Duration::from_secs(86_400 * 365);
+        Timer {
+            sleep: Box::pin(tokio::time::sleep_until(never)),
+            deadline: never,
+        }
+    }
+
+    /// Set the deadline.
+    pub(super) fn set(&mut self, deadline: Instant) {
+        self.deadline = deadline;
+        if self.sleep.deadline() > deadline {
+            self.sleep.as_mut().reset(deadline);
+        }
+    }
+
+    /// Ready once the deadline has passed.
+    pub(super) fn poll_expired(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        loop {
+            ready!(self.sleep.as_mut().poll(cx));
+            if Instant::now() >= self.deadline {
+                return Poll::Ready(());
+            }
+            let deadline = self.deadline;
+            self.sleep.as_mut().reset(deadline);
+        }
+    }
+
+    /// Run `fut` until it finishes or the deadline passes.
+    pub(super) async fn run<F: Future>(&mut self, fut: F) -> Result<F::Output, Elapsed> {
+        let mut fut = pin!(fut);
+        poll_fn(|cx| {
+            if let Poll::Ready(out) = fut.as_mut().poll(cx) {
+                return Poll::Ready(Ok(out));
+            }
+            self.poll_expired(cx).map(|()| Err(Elapsed))
+        })
+        .await
+    }
+}
+
+/// A connection whose first bytes were already read: they are read again first. What hyper
+/// gets when the fast path hands a connection over.
+#[derive(Debug)]
+pub(crate) struct Rewind {
+    read: Bytes,
+    stream: TcpStream,
+}
+
+impl Rewind {
+    pub(crate) fn new(read: Bytes, stream: TcpStream) -> Self {
+        Rewind { read, stream }
+    }
+}
+
+impl AsyncRead for Rewind {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.read.has_remaining() {
+            let n = this.read.len().min(buf.remaining());
+            buf.put_slice(&this.read[..n]);
+            this.read.advance(n);
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Rewind {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
+    }
+}

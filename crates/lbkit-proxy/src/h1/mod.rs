@@ -1,0 +1,531 @@
+//! The HTTP/1.1 fast path of the HTTP listeners.
+//!
+//! Most proxied traffic is plain HTTP/1.1: a request line, a few headers, no body or a small
+//! one. For those, this module does what nginx does — parse the head in place (`httparse`),
+//! write the rewritten head and body to a kept-alive upstream connection from this thread's
+//! pool, relay the answer back as it arrives — in the connection's own task: no hyper
+//! dispatcher, no per-request allocation, no per-request timer registration, no hop to a
+//! connection task. Every request takes the same route through the balancer, retries, retry
+//! budget, outlier statistics and metrics as the hyper path ([`crate::forward`]).
+//!
+//! Anything else — HTTP/1.0, h2c (prior knowledge or `Upgrade`), `Expect`, chunked or large
+//! request bodies, absolute-form targets, too many or malformed headers, a head over
+//! `max_header_bytes`, a service that talks h2c upstream — is handed to hyper with the bytes
+//! already read, for the rest of the connection.
+
+mod io;
+mod wire;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use lbkit_core::{FailureKind, FastRng, Outcome, PickContext, TriedSet};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+pub(crate) use io::Rewind;
+use io::Timer;
+use wire::{BodyCursor, Forward, Hdr, Parsed, ReqHead};
+
+use crate::config::Limits;
+use crate::forward::{self, Retry};
+use crate::server::Shared;
+use crate::service::Service;
+use crate::state::State;
+
+/// Free space kept for a read from the client.
+const CLIENT_READ: usize = 4096;
+
+/// Free space kept for a read from an upstream.
+const UPSTREAM_READ: usize = 16 * 1024;
+
+/// Largest response head read from an upstream.
+const MAX_RESPONSE_HEAD: usize = 64 * 1024;
+
+/// Response bytes gathered before they are written to the client: a response up to this size
+/// leaves in one write (nginx's `proxy_buffering`); a larger one streams in writes of about
+/// this size. The call's deadline covers the exchange until the first write.
+const FLUSH_AT: usize = crate::forward::MAX_BUFFERED_RESPONSE as usize;
+
+/// How a connection left the fast path.
+pub(crate) enum End {
+    /// It is closed (by either side, a timeout or shutdown).
+    Closed,
+    /// hyper serves the rest: the stream and the bytes already read from it.
+    Handover(TcpStream, Bytes),
+}
+
+/// Serve the HTTP/1.1 connection `stream` from `peer` until it closes or needs hyper.
+pub(crate) async fn serve(
+    stream: TcpStream,
+    peer: SocketAddr,
+    shared: &Shared,
+    limits: &Limits,
+    shutdown: &mut watch::Receiver<bool>,
+) -> End {
+    let mut conn = Conn {
+        stream,
+        peer,
+        forward: Forward::new(peer.ip()),
+        input: Vec::new(),
+        upstream: Vec::new(),
+        response: Vec::new(),
+        output: Vec::new(),
+        req_headers: Vec::new(),
+        resp_headers: Vec::new(),
+        head_timer: Timer::new(),
+        call_timer: Timer::new(),
+        rng: FastRng::from_entropy(),
+        limits,
+    };
+    // The configuration as of the last request: one atomic load per request while it is
+    // unchanged, no reference count shared with other threads.
+    let mut state = arc_swap::Cache::new(&shared.state);
+    loop {
+        let head = match conn.read_request(shutdown).await {
+            Read::Request(head) => head,
+            Read::Closed => return End::Closed,
+            Read::Other => return conn.handover(),
+        };
+        let closing = head.close || shutdown.has_changed().unwrap_or(true);
+        match conn.serve_request(&head, closing, state.load()).await {
+            Served::KeepAlive if !closing => {
+                conn.input.drain(..head.len + head.body);
+            }
+            Served::KeepAlive | Served::Close => return End::Closed,
+            Served::Other => return conn.handover(),
+        }
+    }
+}
+
+/// One client connection's state; the buffers are reused by every request on it.
+struct Conn<'a> {
+    stream: TcpStream,
+    peer: SocketAddr,
+    forward: Forward,
+    /// Bytes read from the client not yet served.
+    input: Vec<u8>,
+    /// The request as sent upstream.
+    upstream: Vec<u8>,
+    /// Bytes read from the upstream.
+    response: Vec<u8>,
+    /// Bytes for the client.
+    output: Vec<u8>,
+    req_headers: Vec<Hdr>,
+    resp_headers: Vec<Hdr>,
+    /// `header_read_timeout` of the request being read.
+    head_timer: Timer,
+    /// The route's timeout of the exchange in progress.
+    call_timer: Timer,
+    rng: FastRng,
+    limits: &'a Limits,
+}
+
+enum Read {
+    Request(ReqHead),
+    Closed,
+    Other,
+}
+
+enum Served {
+    KeepAlive,
+    Close,
+    Other,
+}
+
+/// What one upstream attempt gave.
+enum Attempt {
+    /// The upstream's answer (`status`) is read; the rest of it for the client is in
+    /// `output`. `close`: the client connection must close after it.
+    Answered {
+        outcome: Outcome,
+        status: u16,
+        close: bool,
+    },
+    /// Failed before anything reached the client.
+    Failed(FailureKind),
+    /// The client got part of an answer, then the upstream failed (`Some`) or the client went
+    /// away (`None`).
+    Broken(Option<FailureKind>),
+}
+
+impl Conn<'_> {
+    /// Read the next request head, and its body, into `input`.
+    async fn read_request(&mut self, shutdown: &mut watch::Receiver<bool>) -> Read {
+        let mut armed = false;
+        loop {
+            if !self.input.is_empty() {
+                match wire::parse_request(
+                    &self.input,
+                    &mut self.req_headers,
+                    self.limits.max_headers,
+                ) {
+                    Parsed::Plain(head) if self.input.len() >= head.len + head.body => {
+                        return Read::Request(head)
+                    }
+                    Parsed::Plain(_) => {}
+                    Parsed::Partial if self.input.len() >= self.limits.max_header_bytes => {
+                        return Read::Other
+                    }
+                    Parsed::Partial => {}
+                    Parsed::Other => return Read::Other,
+                }
+            }
+            if !armed {
+                let timeout = Duration::from_millis(self.limits.header_read_timeout_ms);
+                self.head_timer.set(Instant::now() + timeout);
+                armed = true;
+            }
+            reserve(&mut self.input, CLIENT_READ);
+            let idle = self.input.is_empty();
+            let read = self.stream.read_buf(&mut self.input);
+            let read = async {
+                if idle {
+                    tokio::select! {
+                        biased;
+                        r = read => Some(r),
+                        _ = shutdown.changed() => None,
+                    }
+                } else {
+                    Some(read.await)
+                }
+            };
+            match self.head_timer.run(read).await {
+                Ok(Some(Ok(n))) if n > 0 => {}
+                // EOF, an error, shutdown while idle, or too slow a client.
+                _ => return Read::Closed,
+            }
+        }
+    }
+
+    fn handover(self) -> End {
+        End::Handover(self.stream, Bytes::from(self.input))
+    }
+
+    /// Route, forward and answer one request.
+    async fn serve_request(&mut self, head: &ReqHead, closing: bool, state: &State) -> Served {
+        let target = &self.input[head.target.clone()];
+        let path = wire::path_of(target);
+        let host = head
+            .host
+            .clone()
+            .and_then(|r| std::str::from_utf8(&self.input[r]).ok());
+        let Some(route) = std::str::from_utf8(path)
+            .ok()
+            .and_then(|p| state.route(host, p))
+        else {
+            return self.answer(404, "no route\n", closing).await;
+        };
+        let service = &route.service;
+        if service.config().h2c {
+            return Served::Other;
+        }
+        let started = service.clock().now();
+        service.metrics().start();
+        let key = route.hash_key.as_ref().and_then(|k| {
+            let source = wire::Source {
+                buf: &self.input,
+                hdrs: &self.req_headers,
+                path,
+                ip: self.peer.ip(),
+            };
+            k.extract(&source).map(|k| k.into_owned())
+        });
+        self.upstream.clear();
+        wire::write_request(
+            &mut self.upstream,
+            &self.input,
+            head,
+            &self.req_headers,
+            &self.forward,
+        );
+        let idempotent = forward::is_idempotent(&self.input[head.method.clone()]);
+        let head_request = &self.input[head.method.clone()] == b"HEAD";
+        self.call_timer.set(Instant::now() + route.timeout);
+        service.budget().deposit(started);
+        let (status, close) = self
+            .call(service, key.as_deref(), idempotent, head_request, closing)
+            .await;
+        let elapsed = service.clock().now().saturating_duration_since(started);
+        service.metrics().finish(elapsed, status >= 500);
+        if close {
+            Served::Close
+        } else {
+            Served::KeepAlive
+        }
+    }
+
+    /// The attempts of one request: pick, exchange, retry on another endpoint. Returns the
+    /// status the client got and whether its connection must close.
+    async fn call(
+        &mut self,
+        service: &Arc<Service>,
+        key: Option<&[u8]>,
+        idempotent: bool,
+        head_request: bool,
+        closing: bool,
+    ) -> (u16, bool) {
+        let mut tried = TriedSet::new();
+        let retries = service.config().retries;
+        let mut attempt = 0;
+        loop {
+            let now = service.clock().now();
+            let mut cx = PickContext::new(now, &mut self.rng).with_tried(attempt, &tried);
+            if let Some(k) = key {
+                cx = cx.with_key(k);
+            }
+            let guard = match service.active().balancer.pick(&mut cx) {
+                Ok(g) => g,
+                Err(e) => {
+                    let text = format!("{e}\n");
+                    return (503, self.answer_closing(503, &text, closing).await);
+                }
+            };
+            tried.insert(guard.endpoint());
+            let can_retry = |connect: bool| attempt < retries && (idempotent || connect);
+            let address = guard.endpoint().address();
+            let exchange = Exchange {
+                service,
+                address,
+                idempotent,
+                head_request,
+                retry_5xx: can_retry(false),
+                closing,
+            };
+            match self.exchange(exchange).await {
+                Attempt::Answered {
+                    outcome,
+                    status,
+                    close,
+                } => {
+                    // The call ends with the upstream's part, before the client has the last
+                    // bytes (so statistics are current when it reads them).
+                    guard.finish(outcome);
+                    let failed = self.stream.write_all(&self.output).await.is_err();
+                    return (status, close || failed);
+                }
+                Attempt::Broken(Some(kind)) => {
+                    guard.finish(Outcome::Failure(kind));
+                    return (502, true);
+                }
+                // The client went away: the call is cancelled (the guard's drop says so).
+                Attempt::Broken(None) => return (499, true),
+                Attempt::Failed(kind) => {
+                    guard.finish(Outcome::Failure(kind));
+                    match forward::after_failure(
+                        service,
+                        kind,
+                        can_retry(kind == FailureKind::Connect),
+                    ) {
+                        Retry::Again => attempt += 1,
+                        Retry::Answer(status, text) => {
+                            let code = status.as_u16();
+                            return (code, self.answer_closing(code, text, closing).await);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// One attempt on one endpoint: send the request on a pooled (or new) connection and relay
+    /// the answer.
+    async fn exchange(&mut self, x: Exchange<'_>) -> Attempt {
+        let now = Instant::now();
+        let mut pooled = io::take(x.service, x.address, now);
+        let upstream = loop {
+            let reused = pooled.is_some();
+            let mut stream = match pooled.take() {
+                Some(s) => s,
+                None => match self.connect(x.service, x.address).await {
+                    Ok(s) => s,
+                    Err(kind) => return Attempt::Failed(kind),
+                },
+            };
+            self.response.clear();
+            match self.send(&mut stream, x.head_request).await {
+                Ok(head) => break (stream, head),
+                // A pooled connection the upstream had closed: once more on a new one, when
+                // the request cannot have been acted on (it was not accepted) or may be
+                // repeated. Not the endpoint's failure.
+                Err(SendError::Stale { written }) if reused && (!written || x.idempotent) => {}
+                Err(SendError::Timeout) => return Attempt::Failed(FailureKind::Timeout),
+                Err(_) => return Attempt::Failed(FailureKind::Other),
+            }
+        };
+        let (mut stream, ref head) = upstream;
+        if head.code >= 500 && x.retry_5xx {
+            return Attempt::Failed(FailureKind::Server);
+        }
+        let outcome = if head.code >= 500 {
+            Outcome::Failure(FailureKind::Server)
+        } else {
+            Outcome::Success
+        };
+        let close = x.closing || head.framing == wire::Framing::Close;
+        self.output.clear();
+        wire::write_response_head(
+            &mut self.output,
+            &self.response,
+            head,
+            &self.resp_headers,
+            close,
+        );
+        let mut cursor = BodyCursor::new(head.framing);
+        let mut at = head.len;
+        let mut streamed = false;
+        let reusable = loop {
+            let Ok(n) = cursor.feed(&self.response[at..]) else {
+                return fail(FailureKind::Other, streamed);
+            };
+            self.output.extend_from_slice(&self.response[at..at + n]);
+            if cursor.done() {
+                break head.keep_alive && at + n == self.response.len();
+            }
+            self.response.clear();
+            at = 0;
+            if self.output.len() >= FLUSH_AT {
+                if self.stream.write_all(&self.output).await.is_err() {
+                    return Attempt::Broken(None);
+                }
+                self.output.clear();
+                streamed = true;
+            }
+            reserve(&mut self.response, UPSTREAM_READ);
+            let read = stream.read_buf(&mut self.response);
+            let read = if streamed {
+                Ok(read.await)
+            } else {
+                self.call_timer.run(read).await
+            };
+            match read {
+                Ok(Ok(0)) if cursor == BodyCursor::Close => break false,
+                Ok(Ok(n)) if n > 0 => {}
+                Ok(_) => return fail(FailureKind::Other, streamed),
+                Err(_) => return fail(FailureKind::Timeout, streamed),
+            }
+        };
+        if reusable {
+            io::give_back(x.service, x.address, stream, now);
+        }
+        Attempt::Answered {
+            outcome,
+            status: head.code,
+            close,
+        }
+    }
+
+    /// A new connection to `address`, within the service's connect timeout and the call's
+    /// deadline.
+    async fn connect(
+        &mut self,
+        service: &Service,
+        address: &str,
+    ) -> Result<TcpStream, FailureKind> {
+        let timeout = Duration::from_millis(service.config().connect_timeout_ms);
+        let connect = tokio::time::timeout(timeout, TcpStream::connect(address));
+        match self.call_timer.run(connect).await {
+            Ok(Ok(Ok(stream))) => {
+                let _ = stream.set_nodelay(true);
+                Ok(stream)
+            }
+            Ok(_) => Err(FailureKind::Connect),
+            Err(_) => Err(FailureKind::Timeout),
+        }
+    }
+
+    /// Write the request on `stream` and read the answer's head (skipping 1xx ones) into
+    /// `response`.
+    async fn send(
+        &mut self,
+        stream: &mut TcpStream,
+        head_request: bool,
+    ) -> Result<wire::RespHead, SendError> {
+        match self.call_timer.run(stream.write_all(&self.upstream)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => return Err(SendError::Stale { written: false }),
+            Err(_) => return Err(SendError::Timeout),
+        }
+        loop {
+            match wire::parse_response(&self.response, &mut self.resp_headers, head_request) {
+                Ok(Some(h)) if h.code == 101 => return Err(SendError::Broken),
+                Ok(Some(h)) if (100..200).contains(&h.code) => {
+                    self.response.drain(..h.len);
+                    continue;
+                }
+                Ok(Some(h)) => return Ok(h),
+                Ok(None) if self.response.len() < MAX_RESPONSE_HEAD => {}
+                Ok(None) | Err(()) => return Err(SendError::Broken),
+            }
+            reserve(&mut self.response, UPSTREAM_READ);
+            let empty = self.response.is_empty();
+            match self
+                .call_timer
+                .run(stream.read_buf(&mut self.response))
+                .await
+            {
+                Ok(Ok(n)) if n > 0 => {}
+                Ok(_) if empty => return Err(SendError::Stale { written: true }),
+                Ok(_) => return Err(SendError::Broken),
+                Err(_) => return Err(SendError::Timeout),
+            }
+        }
+    }
+
+    /// Answer with a proxy-made response and keep the connection unless `closing`.
+    async fn answer(&mut self, code: u16, text: &str, closing: bool) -> Served {
+        if self.answer_closing(code, text, closing).await {
+            Served::Close
+        } else {
+            Served::KeepAlive
+        }
+    }
+
+    /// Answer with a proxy-made response; whether the connection must close.
+    async fn answer_closing(&mut self, code: u16, text: &str, closing: bool) -> bool {
+        self.output.clear();
+        wire::write_local(&mut self.output, code, text, closing);
+        self.stream.write_all(&self.output).await.is_err() || closing
+    }
+}
+
+/// One attempt's parameters.
+struct Exchange<'a> {
+    service: &'a Arc<Service>,
+    address: &'a str,
+    idempotent: bool,
+    head_request: bool,
+    /// A 5xx answer is dropped and the request retried elsewhere.
+    retry_5xx: bool,
+    /// The client connection closes after this request.
+    closing: bool,
+}
+
+enum SendError {
+    /// The connection was closed before any answer (`written`: the request had been written).
+    Stale {
+        written: bool,
+    },
+    Timeout,
+    /// A malformed or unexpected answer, or the connection broke mid-head.
+    Broken,
+}
+
+fn fail(kind: FailureKind, streamed: bool) -> Attempt {
+    if streamed {
+        Attempt::Broken(Some(kind))
+    } else {
+        Attempt::Failed(kind)
+    }
+}
+
+/// Keep at least `free` bytes of spare capacity (no zeroing: reads fill it).
+fn reserve(buf: &mut Vec<u8>, free: usize) {
+    if buf.capacity() - buf.len() < free {
+        buf.reserve(free);
+    }
+}

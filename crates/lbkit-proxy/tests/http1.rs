@@ -1,0 +1,200 @@
+//! The HTTP/1.1 fast path against a scripted upstream that speaks raw HTTP/1: chunked answers
+//! with trailers, close-delimited answers, 1xx before the answer, HEAD, small request bodies,
+//! pipelined requests, and an upstream that closes every connection after one answer (stale
+//! pooled connections must not fail requests or count against the endpoint).
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use common::{admin, client, config_text, get, start, Backend, WAIT};
+use http::StatusCode;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// Size of the chunked answer at `/chunked`.
+const CHUNKED: usize = 300 * 1024;
+
+/// A raw HTTP/1.1 upstream. Paths: `/chunked` (300 KiB in 1 KiB chunks and a trailer),
+/// `/close` (no length: ends when the connection closes), `/hints` (a 103 first), `/echo`
+/// (the request body's length and first bytes back), anything else `ok` with a length. With
+/// `one_shot`, every connection is closed after its first answer, without saying so.
+async fn upstream(one_shot: bool) -> (SocketAddr, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            count.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(serve(stream, one_shot));
+        }
+    });
+    (addr, accepted)
+}
+
+async fn serve(mut stream: TcpStream, one_shot: bool) {
+    let mut buf = Vec::new();
+    loop {
+        let (path, body, used) = loop {
+            let mut headers = [httparse::EMPTY_HEADER; 32];
+            let mut req = httparse::Request::new(&mut headers);
+            if let Ok(httparse::Status::Complete(n)) = req.parse(&buf) {
+                let len: usize = req
+                    .headers
+                    .iter()
+                    .find(|h| h.name.eq_ignore_ascii_case("content-length"))
+                    .and_then(|h| std::str::from_utf8(h.value).ok()?.parse().ok())
+                    .unwrap_or(0);
+                if buf.len() >= n + len {
+                    let path = match req.method {
+                        // A HEAD answer has no body: answer as `/head`.
+                        Some("HEAD") => "/head".to_owned(),
+                        _ => req.path.unwrap_or("/").to_owned(),
+                    };
+                    break (path, buf[n..n + len].to_vec(), n + len);
+                }
+            }
+            let mut chunk = [0u8; 4096];
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        };
+        buf.drain(..used);
+        let mut out = Vec::new();
+        match path.as_str() {
+            "/chunked" => {
+                out.extend_from_slice(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: x-sum\r\n\r\n");
+                for i in 0..CHUNKED / 1024 {
+                    out.extend_from_slice(b"400;n=1\r\n");
+                    out.extend(std::iter::repeat_n(b'a' + (i % 26) as u8, 1024));
+                    out.extend_from_slice(b"\r\n");
+                }
+                out.extend_from_slice(b"0\r\nx-sum: 300\r\n\r\n");
+            }
+            "/close" => {
+                out.extend_from_slice(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nuntil close");
+                let _ = stream.write_all(&out).await;
+                return;
+            }
+            "/hints" => out.extend_from_slice(
+                b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhints",
+            ),
+            "/echo" => {
+                let text = format!("{} {}", body.len(), String::from_utf8_lossy(&body[..body.len().min(8)]));
+                out.extend_from_slice(format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{text}", text.len()).as_bytes());
+            }
+            "/head" => out.extend_from_slice(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n"),
+            _ => out.extend_from_slice(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"),
+        }
+        if stream.write_all(&out).await.is_err() || one_shot {
+            return;
+        }
+    }
+}
+
+/// A proxy in front of `addr` (through `config_text`'s placeholder).
+async fn proxy_for(addr: SocketAddr) -> (lbkit_proxy::Proxy, Backend) {
+    let placeholder = Backend::start("unused").await;
+    let text = config_text(&[&placeholder], "round-robin", "")
+        .replace(&placeholder.addr.to_string(), &addr.to_string());
+    (start(&text).await, placeholder)
+}
+
+/// Send `raw` on a new connection and read until the proxy closes it.
+async fn exchange(proxy: SocketAddr, raw: &[u8]) -> String {
+    let mut s = TcpStream::connect(proxy).await.expect("connect");
+    s.write_all(raw).await.expect("write");
+    let mut out = Vec::new();
+    tokio::time::timeout(WAIT, s.read_to_end(&mut out))
+        .await
+        .expect("closed in time")
+        .expect("read");
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+// One thread, so one pool of upstream connections: the count below is exact.
+#[tokio::test]
+async fn answers_of_every_framing_are_relayed() {
+    let (addr, accepted) = upstream(false).await;
+    let (proxy, _p) = proxy_for(addr).await;
+    let front = proxy.listeners()[0];
+    let c = client();
+    // Chunked, relayed as it came: the client decodes 300 KiB.
+    let (status, body, headers) = get(&c, front, "/chunked", &[]).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body.len(), CHUNKED);
+    assert!(body.starts_with('a') && body.ends_with((b'a' + (299 % 26) as u8) as char));
+    assert_eq!(headers["transfer-encoding"], "chunked");
+    // The 103 is dropped, the 200 after it relayed.
+    assert_eq!(get(&c, front, "/hints", &[]).await.1, "hints");
+    // Close-delimited: the client connection closes after it.
+    let out = exchange(front, b"GET /close HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    assert!(out.starts_with("HTTP/1.1 200 OK\r\n"), "{out}");
+    assert!(
+        out.to_ascii_lowercase().contains("connection: close\r\n"),
+        "{out}"
+    );
+    assert!(out.ends_with("\r\n\r\nuntil close"), "{out}");
+    // HEAD: a length, no body; the connection stays usable (the next answer follows).
+    let out = exchange(
+        front,
+        b"HEAD / HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(
+        out.starts_with("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nHTTP/1.1 200 OK"),
+        "{out}"
+    );
+    assert!(out.ends_with("\r\n\r\nok"), "{out}");
+    // A small body goes up whole, on a pooled connection (the client connection is new).
+    let out = exchange(
+        front,
+        b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 11\r\nConnection: close\r\n\r\nhello world",
+    )
+    .await;
+    assert!(out.ends_with("\r\n\r\n11 hello wo"), "{out}");
+    // Sequential exchanges share one pooled upstream connection; the close-delimited answer
+    // needed its own.
+    assert_eq!(accepted.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_requests_are_answered_in_order() {
+    let (addr, _) = upstream(false).await;
+    let (proxy, _p) = proxy_for(addr).await;
+    let out = exchange(
+        proxy.listeners()[0],
+        b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabcGET /hints HTTP/1.1\r\nHost: x\r\n\r\n\
+          GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    let answers: Vec<&str> = out.split("HTTP/1.1 200 OK").skip(1).collect();
+    assert_eq!(answers.len(), 3, "{out}");
+    assert!(
+        answers[0].ends_with("3 abc") && answers[1].ends_with("hints"),
+        "{out}"
+    );
+    assert!(answers[2].ends_with("ok"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_the_upstream_closed_are_not_failures() {
+    let (addr, accepted) = upstream(true).await;
+    let (proxy, _p) = proxy_for(addr).await;
+    let front = proxy.listeners()[0];
+    let c = client();
+    for _ in 0..20 {
+        let (status, body, _) = get(&c, front, "/", &[]).await;
+        assert_eq!((status, body.as_str()), (StatusCode::OK, "ok"));
+    }
+    assert!(accepted.load(Ordering::SeqCst) >= 20);
+    let (_, doc) = admin(&c, &proxy, "GET", "/endpoints", "").await;
+    let doc: serde_json::Value = serde_json::from_str(&doc).expect("json");
+    let ep = &doc["services"]["svc"]["endpoints"][0];
+    assert_eq!(ep["failures"].as_u64(), Some(0), "{doc}");
+    assert_eq!(ep["in_flight"].as_u64(), Some(0), "{doc}");
+}
