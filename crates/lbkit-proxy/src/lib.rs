@@ -22,18 +22,32 @@
 //! ```
 //!
 //! Data flow per HTTP request: route by host and path prefix → the service's `Balancer` picks
-//! (behind an `ArcSwap`, so strategy switches and reloads never block a request) → the pooled
-//! keep-alive client forwards → the call's `CallGuard` finishes at the end of the response body
-//! → retries go to endpoints not tried yet (see [Forwarding](#forwarding)).
+//! (behind an `ArcSwap`, so strategy switches and reloads never block a request) → a pooled
+//! keep-alive upstream connection carries the request → the call's `CallGuard` finishes when the
+//! upstream's answer has been read → retries go to endpoints not tried yet (see
+//! [Forwarding](#forwarding)).
+//!
+//! Two engines serve HTTP listeners. Plain HTTP/1.1 requests (origin-form target, `Host`, no
+//! body or a `Content-Length` body up to [`MAX_REPLAY_BODY`]) take the fast path (`h1/`): the
+//! head is parsed in place with `httparse`, the rewritten request goes out on a connection from
+//! the thread's own keep-alive pool, and the answer (any framing: length, chunked, until close)
+//! is relayed as it arrives — all in the client connection's task, with no allocation and no
+//! timer registration per request, as nginx does it. Everything else (HTTP/2 cleartext, HTTP/1.0,
+//! `Upgrade`, `Expect`, chunked or large request bodies, absolute-form targets, services that
+//! speak h2c upstream) is served by hyper, to which the fast path hands the connection with the
+//! bytes it already read. Both engines share the call loop's rules, the balancer, the retry
+//! budget, the call guards and the metrics.
 //!
 //! With [`Proxy::start_workers`], each worker thread has its own current-thread runtime,
 //! listening sockets (`SO_REUSEPORT`) and upstream pools, as nginx's worker processes do; the
 //! admin API, health checks, outlier detection and discovery run on the calling runtime.
 //!
 //! ## Forwarding
-//! The call loop lives in one small module (`forward.rs`): pick, send, finish the guard, retry
-//! idempotent requests on another endpoint under a `TpsBudget`. It is kept apart so it can move
-//! onto `lbkit-tower`'s balance layer once that lands.
+//! The call loop (`forward.rs` for hyper, `h1/` for the fast path; the retry decision is one
+//! shared function): pick, send, finish the guard, retry idempotent requests (and any request
+//! whose connection failed) on another endpoint while the service's `RetryBudget` allows. A 5xx,
+//! a connect error and a timeout count as failures of the endpoint; a pooled connection the
+//! upstream had already closed does not (the request is sent again on a new connection).
 #![forbid(unsafe_code)]
 #![warn(
     missing_docs,

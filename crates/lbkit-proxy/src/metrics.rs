@@ -11,67 +11,110 @@ use lbkit_core::LatencyHistogram;
 pub use lbkit_core::LATENCY_BUCKETS;
 
 /// Counters of one service, as seen by the proxy (one request may be several upstream calls).
-#[derive(Debug, Default)]
+///
+/// One shard of counters per worker thread (each on its own cache lines), so worker threads
+/// never write the same line; readers add the shards up.
+#[derive(Debug)]
 pub struct ServiceMetrics {
+    shards: Box<[Shard]>,
+}
+
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct Shard {
     requests: AtomicU64,
     failures: AtomicU64,
     retries: AtomicU64,
     retries_refused: AtomicU64,
+    /// Starts minus ends on this shard, wrapping: a request may end on another shard than it
+    /// started on (a multi-threaded runtime), only the sum over the shards means anything.
     in_flight: AtomicU64,
     /// Count per bucket of [`LATENCY_BUCKETS`], then one for `+Inf`.
     buckets: [AtomicU64; LATENCY_BUCKETS.len() + 1],
     latency_sum_ns: AtomicU64,
 }
 
+impl Default for ServiceMetrics {
+    fn default() -> Self {
+        ServiceMetrics::with_shards(1)
+    }
+}
+
 // === impl ServiceMetrics ===
 
 impl ServiceMetrics {
+    /// Counters with `shards` shards (at least one); a thread writes shard
+    /// `worker index % shards`.
+    pub fn with_shards(shards: usize) -> Self {
+        ServiceMetrics {
+            shards: (0..shards.max(1)).map(|_| Shard::default()).collect(),
+        }
+    }
+
+    #[inline]
+    fn shard(&self) -> &Shard {
+        &self.shards[crate::service::worker_index() % self.shards.len()]
+    }
+
+    fn sum(&self, field: impl Fn(&Shard) -> &AtomicU64) -> u64 {
+        self.shards
+            .iter()
+            .fold(0u64, |n, s| n.wrapping_add(field(s).load(Relaxed)))
+    }
+
     /// A request starts.
     pub fn start(&self) {
-        self.requests.fetch_add(1, Relaxed);
-        self.in_flight.fetch_add(1, Relaxed);
+        let s = self.shard();
+        s.requests.fetch_add(1, Relaxed);
+        s.in_flight.fetch_add(1, Relaxed);
     }
 
     /// A request ends after `latency`, answered with a failure (5xx or a proxy error) or not.
     pub fn finish(&self, latency: Duration, failed: bool) {
-        self.in_flight.fetch_sub(1, Relaxed);
+        let s = self.shard();
+        s.in_flight.fetch_sub(1, Relaxed);
         if failed {
-            self.failures.fetch_add(1, Relaxed);
+            s.failures.fetch_add(1, Relaxed);
         }
         let i = LATENCY_BUCKETS.partition_point(|&b| b < latency);
-        self.buckets[i].fetch_add(1, Relaxed);
+        s.buckets[i].fetch_add(1, Relaxed);
         let ns = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX);
-        self.latency_sum_ns.fetch_add(ns, Relaxed);
+        s.latency_sum_ns.fetch_add(ns, Relaxed);
     }
 
     /// A retry was sent.
     pub fn retried(&self) {
-        self.retries.fetch_add(1, Relaxed);
+        self.shard().retries.fetch_add(1, Relaxed);
     }
 
     /// A retry was refused by the budget.
     pub fn retry_refused(&self) {
-        self.retries_refused.fetch_add(1, Relaxed);
+        self.shard().retries_refused.fetch_add(1, Relaxed);
     }
 
     /// Requests received.
     pub fn requests(&self) -> u64 {
-        self.requests.load(Relaxed)
+        self.sum(|s| &s.requests)
     }
 
     /// Requests answered with a failure.
     pub fn failures(&self) -> u64 {
-        self.failures.load(Relaxed)
+        self.sum(|s| &s.failures)
     }
 
     /// Retries sent.
     pub fn retries(&self) -> u64 {
-        self.retries.load(Relaxed)
+        self.sum(|s| &s.retries)
     }
 
-    /// Requests in flight.
+    /// Requests in flight (0 while an end is counted before its start is seen).
     pub fn in_flight(&self) -> u64 {
-        self.in_flight.load(Relaxed)
+        let n = self.sum(|s| &s.in_flight);
+        if n > u64::MAX / 2 {
+            0
+        } else {
+            n
+        }
     }
 
     /// Append this service's Prometheus samples to `out`.
@@ -80,12 +123,12 @@ impl ServiceMetrics {
         let _ = writeln!(out, "lbkit_proxy_requests_total{{{l}}} {}", self.requests());
         let _ = writeln!(out, "lbkit_proxy_failures_total{{{l}}} {}", self.failures());
         let _ = writeln!(out, "lbkit_proxy_retries_total{{{l}}} {}", self.retries());
-        let refused = self.retries_refused.load(Relaxed);
+        let refused = self.sum(|s| &s.retries_refused);
         let _ = writeln!(out, "lbkit_proxy_retries_refused_total{{{l}}} {refused}");
         let _ = writeln!(out, "lbkit_proxy_in_flight{{{l}}} {}", self.in_flight());
         let histogram = LatencyHistogram {
-            counts: std::array::from_fn(|i| self.buckets[i].load(Relaxed)),
-            sum: Duration::from_nanos(self.latency_sum_ns.load(Relaxed)),
+            counts: std::array::from_fn(|i| self.sum(|s| &s.buckets[i])),
+            sum: Duration::from_nanos(self.sum(|s| &s.latency_sum_ns)),
         };
         render_histogram(out, "lbkit_proxy_request_duration_seconds", &l, &histogram);
     }
@@ -115,6 +158,21 @@ pub(crate) fn escape(value: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shards_add_up_even_when_a_request_ends_on_another() {
+        let m = ServiceMetrics::with_shards(3);
+        m.start();
+        m.start();
+        // This thread is worker 0: move one end to shard 1 by hand.
+        m.shards[1].in_flight.fetch_sub(1, Relaxed);
+        assert_eq!(m.in_flight(), 1);
+        m.shards[1].in_flight.fetch_sub(1, Relaxed);
+        m.shards[2].in_flight.fetch_sub(1, Relaxed);
+        assert_eq!(m.in_flight(), 0, "a transient negative sum reads as 0");
+        m.finish(Duration::from_millis(3), true);
+        assert_eq!((m.requests(), m.failures()), (2, 1));
+    }
 
     #[test]
     fn histogram_is_cumulative() {

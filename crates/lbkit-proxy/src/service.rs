@@ -97,7 +97,8 @@ impl Service {
                 config.retry_budget_min_per_sec,
                 f64::from(config.retry_budget_percent) / 100.0,
             ),
-            metrics: ServiceMetrics::default(),
+            // One shard per thread that serves requests (the calling runtime and each worker).
+            metrics: ServiceMetrics::with_shards(workers.max(1) + 1),
             clock,
             ejections: ArcSwap::default(),
             discovery: std::sync::OnceLock::new(),

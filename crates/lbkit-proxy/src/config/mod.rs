@@ -9,7 +9,7 @@
 //! [limits]                              # optional
 //! max_header_bytes = 65536              # default 64 KiB (at least 8192): request head buffer (HTTP/1) / header list (h2)
 //! max_headers = 100                     # default 100 request headers (HTTP/1)
-//! header_read_timeout_ms = 10000        # default 10 s: a client slower to send its head is cut off
+//! header_read_timeout_ms = 10000        # default 10 s: a client slower to send its head (and a small body) is cut off; also the idle limit between keep-alive requests
 //! max_connections = 10000               # default 10 000 client connections at once, all listeners
 //! drain_timeout_ms = 10000              # default 10 s: graceful shutdown waits this long for in-flight work
 //!

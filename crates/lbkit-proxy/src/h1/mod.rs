@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use lbkit_core::{FailureKind, FastRng, Outcome, PickContext, TriedSet};
+use lbkit_core::{FailureKind, FastRng, Outcome, PickContext, Timestamp, TriedSet};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
@@ -245,13 +245,23 @@ impl Conn<'_> {
         );
         let idempotent = forward::is_idempotent(&self.input[head.method.clone()]);
         let head_request = &self.input[head.method.clone()] == b"HEAD";
-        self.call_timer.set(Instant::now() + route.timeout);
+        let tick = Instant::now();
+        self.call_timer.set(tick + route.timeout);
         service.budget().deposit(started);
-        let (status, close) = self
-            .call(service, key.as_deref(), idempotent, head_request, closing)
-            .await;
-        let elapsed = service.clock().now().saturating_duration_since(started);
-        service.metrics().finish(elapsed, status >= 500);
+        let call = Call {
+            service,
+            key: key.as_deref(),
+            idempotent,
+            head_request,
+            closing,
+            started,
+            tick,
+        };
+        let (status, close, ended) = self.call(call).await;
+        let ended = ended.unwrap_or_else(|| service.clock().now());
+        service
+            .metrics()
+            .finish(ended.saturating_duration_since(started), status >= 500);
         if close {
             Served::Close
         } else {
@@ -260,20 +270,27 @@ impl Conn<'_> {
     }
 
     /// The attempts of one request: pick, exchange, retry on another endpoint. Returns the
-    /// status the client got and whether its connection must close.
-    async fn call(
-        &mut self,
-        service: &Arc<Service>,
-        key: Option<&[u8]>,
-        idempotent: bool,
-        head_request: bool,
-        closing: bool,
-    ) -> (u16, bool) {
+    /// status the client got, whether its connection must close, and when the call ended if
+    /// the clock was read for it.
+    async fn call(&mut self, c: Call<'_>) -> (u16, bool, Option<Timestamp>) {
+        let Call {
+            service,
+            key,
+            idempotent,
+            head_request,
+            closing,
+            ..
+        } = c;
         let mut tried = TriedSet::new();
         let retries = service.config().retries;
         let mut attempt = 0;
         loop {
-            let now = service.clock().now();
+            // One clock read per request on the way in: the first pick uses the start.
+            let now = if attempt == 0 {
+                c.started
+            } else {
+                service.clock().now()
+            };
             let mut cx = PickContext::new(now, &mut self.rng).with_tried(attempt, &tried);
             if let Some(k) = key {
                 cx = cx.with_key(k);
@@ -282,7 +299,7 @@ impl Conn<'_> {
                 Ok(g) => g,
                 Err(e) => {
                     let text = format!("{e}\n");
-                    return (503, self.answer_closing(503, &text, closing).await);
+                    return (503, self.answer_closing(503, &text, closing).await, None);
                 }
             };
             tried.insert(guard.endpoint());
@@ -295,6 +312,7 @@ impl Conn<'_> {
                 head_request,
                 retry_5xx: can_retry(false),
                 closing,
+                tick: c.tick,
             };
             match self.exchange(exchange).await {
                 Attempt::Answered {
@@ -304,16 +322,17 @@ impl Conn<'_> {
                 } => {
                     // The call ends with the upstream's part, before the client has the last
                     // bytes (so statistics are current when it reads them).
-                    guard.finish(outcome);
+                    let ended = service.clock().now();
+                    guard.finish_at(outcome, ended);
                     let failed = self.stream.write_all(&self.output).await.is_err();
-                    return (status, close || failed);
+                    return (status, close || failed, Some(ended));
                 }
                 Attempt::Broken(Some(kind)) => {
                     guard.finish(Outcome::Failure(kind));
-                    return (502, true);
+                    return (502, true, None);
                 }
                 // The client went away: the call is cancelled (the guard's drop says so).
-                Attempt::Broken(None) => return (499, true),
+                Attempt::Broken(None) => return (499, true, None),
                 Attempt::Failed(kind) => {
                     guard.finish(Outcome::Failure(kind));
                     match forward::after_failure(
@@ -324,7 +343,7 @@ impl Conn<'_> {
                         Retry::Again => attempt += 1,
                         Retry::Answer(status, text) => {
                             let code = status.as_u16();
-                            return (code, self.answer_closing(code, text, closing).await);
+                            return (code, self.answer_closing(code, text, closing).await, None);
                         }
                     }
                 }
@@ -335,7 +354,7 @@ impl Conn<'_> {
     /// One attempt on one endpoint: send the request on a pooled (or new) connection and relay
     /// the answer.
     async fn exchange(&mut self, x: Exchange<'_>) -> Attempt {
-        let now = Instant::now();
+        let now = x.tick;
         let mut pooled = io::take(x.service, x.address, now);
         let upstream = loop {
             let reused = pooled.is_some();
@@ -498,6 +517,19 @@ impl Conn<'_> {
     }
 }
 
+/// One request's call.
+struct Call<'a> {
+    service: &'a Arc<Service>,
+    key: Option<&'a [u8]>,
+    idempotent: bool,
+    head_request: bool,
+    closing: bool,
+    /// When the request started, on the service's clock.
+    started: Timestamp,
+    /// The same moment on the runtime's clock (deadlines, the pool's idle times).
+    tick: Instant,
+}
+
 /// One attempt's parameters.
 struct Exchange<'a> {
     service: &'a Arc<Service>,
@@ -508,6 +540,8 @@ struct Exchange<'a> {
     retry_5xx: bool,
     /// The client connection closes after this request.
     closing: bool,
+    /// When the request started, on the runtime's clock.
+    tick: Instant,
 }
 
 enum SendError {
