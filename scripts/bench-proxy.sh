@@ -49,6 +49,8 @@ HAPROXY=$(command -v haproxy || echo /usr/sbin/haproxy)
 
 (cd "$ROOT" && cargo build --release -q -p lbkit --bin lbkit && cargo build --release -q -p lbkit-proxy --example backend)
 LBKIT=$TARGET/release/lbkit
+# shellcheck source=scripts/proxy-configs.sh
+. "$ROOT/scripts/proxy-configs.sh"
 BACKEND=$TARGET/release/examples/backend
 
 B1=$((BASE_PORT + 1)); B2=$((BASE_PORT + 2)); B3=$((BASE_PORT + 3)); FRONT=$((BASE_PORT + 10))
@@ -74,20 +76,7 @@ rss_kb() { # total RSS (kB) of pid $1 and its children (nginx/haproxy workers)
 }
 
 start_nginx() {
-  cat > "$WORK/nginx.conf" <<CONF
-worker_processes $1;
-pid $WORK/nginx.pid;
-error_log stderr error;
-events { worker_connections 4096; multi_accept on; }
-http {
-  access_log off;
-  upstream b { server 127.0.0.1:$B1; server 127.0.0.1:$B2; server 127.0.0.1:$B3; keepalive 128; }
-  server {
-    listen 127.0.0.1:$FRONT;
-    location / { proxy_pass http://b; proxy_http_version 1.1; proxy_set_header Connection ""; }
-  }
-}
-CONF
+  nginx_conf "$1" "$FRONT" "$B1" "$B2" "$B3" "$WORK" > "$WORK/nginx.conf"
   mkdir -p "$WORK/logs"
   "$NGINX" -p "$WORK" -c "$WORK/nginx.conf" -g 'daemon off;' >"$WORK/nginx.log" 2>&1 & echo $!
 }
@@ -117,19 +106,7 @@ CONF
 }
 
 start_lbkit() { # $1 workers, $2 strategy
-  cat > "$WORK/lbkit.toml" <<CONF
-[admin]
-bind = "127.0.0.1:$ADMIN"
-[limits]
-max_connections = 4096
-[[listener]]
-bind = "127.0.0.1:$FRONT"
-[[route]]
-service = "b"
-[service.b]
-endpoints = ["127.0.0.1:$B1", "127.0.0.1:$B2", "127.0.0.1:$B3"]
-strategy = "$2"
-CONF
+  lbkit_conf "$FRONT" "$ADMIN" "$B1" "$B2" "$B3" "$2" > "$WORK/lbkit.toml"
   "$LBKIT" proxy --threads "$1" --config "$WORK/lbkit.toml" >"$WORK/lbkit.log" 2>&1 & echo $!
 }
 

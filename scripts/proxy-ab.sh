@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Interleaved A/B of two or more `lbkit` binaries as a proxy (issue 8): on a shared machine one
 # full run per change is not enough, so each round runs every binary once, back to back, and
-# prints req/s, p99 and the CPU each process spent per request (proxy, backends, wrk), read from
-# /proc/PID/stat over 3 s of a 5 s wrk run after a 2 s warm-up.
+# prints req/s, p99 and the CPU each process spent per request (proxy — all its processes —,
+# backends, wrk), read from /proc/PID/stat over 3 s of a 5 s wrk run after a 2 s warm-up.
+# The name `nginx` instead of a binary runs nginx with scripts/bench-proxy.sh's configuration.
 #
 #   scripts/proxy-ab.sh WORKERS CONNS ROUNDS BINARY...
-#   e.g. scripts/proxy-ab.sh 1 64 3 /tmp/lbkit-main target/release/lbkit
+#   e.g. scripts/proxy-ab.sh 1 64 3 nginx /tmp/lbkit-main target/release/lbkit
 #
 # Three backends (crates/lbkit-proxy/examples/backend.rs) on ports BASE_PORT+1..3, the proxy on
-# BASE_PORT+10 with round-robin (STRATEGY to change). Needs wrk and curl (scripts/bench-proxy.sh
-# installs wrk).
+# BASE_PORT+10 with round-robin (STRATEGY to change). Needs wrk and curl, and nginx for `nginx`
+# (scripts/bench-proxy.sh installs wrk and nginx).
 set -euo pipefail
 
 [ $# -ge 4 ] || { echo "usage: $0 WORKERS CONNS ROUNDS BINARY..." >&2; exit 2; }
@@ -20,6 +21,9 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 (cd "$ROOT" && cargo build --release -q -p lbkit-proxy --example backend)
 BACKEND=$TARGET/release/examples/backend
+NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+# shellcheck source=scripts/proxy-configs.sh
+. "$ROOT/scripts/proxy-configs.sh"
 WORK=$(mktemp -d /tmp/proxy-ab.XXXXXX)
 PIDS=()
 cleanup() {
@@ -41,29 +45,25 @@ cpu() { # user + system ticks of the given pids
 one() { # $1 binary: prints one result line
   local lbkit=$1 backends=() lp wp
   for p in 1 2 3; do "$BACKEND" $((B + p)) 1 >/dev/null 2>&1 & backends+=($!); done
-  cat > "$WORK/lb.toml" <<CONF
-[admin]
-bind = "127.0.0.1:$((B + 11))"
-[limits]
-max_connections = 4096
-[[listener]]
-bind = "127.0.0.1:$((B + 10))"
-[[route]]
-service = "b"
-[service.b]
-endpoints = ["127.0.0.1:$((B + 1))", "127.0.0.1:$((B + 2))", "127.0.0.1:$((B + 3))"]
-strategy = "$STRATEGY"
-CONF
-  "$lbkit" proxy --threads "$W" --config "$WORK/lb.toml" >"$WORK/lb.log" 2>&1 & lp=$!
+  if [ "$lbkit" = nginx ]; then
+    mkdir -p "$WORK/logs"
+    nginx_conf "$W" $((B + 10)) $((B + 1)) $((B + 2)) $((B + 3)) "$WORK" >"$WORK/nginx.conf"
+    "$NGINX" -p "$WORK" -c "$WORK/nginx.conf" -g 'daemon off;' >"$WORK/nginx.log" 2>&1 & lp=$!
+  else
+    lbkit_conf $((B + 10)) $((B + 11)) $((B + 1)) $((B + 2)) $((B + 3)) "$STRATEGY" >"$WORK/lb.toml"
+    "$lbkit" proxy --threads "$W" --config "$WORK/lb.toml" >"$WORK/lb.log" 2>&1 & lp=$!
+  fi
   PIDS=("${backends[@]}" "$lp")
   for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$((B + 10))/" && break; sleep 0.1; done
   wrk -t2 -c"$C" -d2s "http://127.0.0.1:$((B + 10))/" >/dev/null
   wrk -t2 -c"$C" -d5s --latency "http://127.0.0.1:$((B + 10))/" >"$WORK/wrk.out" & wp=$!
   sleep 1
   local b0 l0 w0 b1 l1 w1
-  b0=$(cpu "${backends[@]}"); l0=$(cpu "$lp"); w0=$(cpu "$wp")
+  local lps
+  read -r -a lps < <(echo "$lp" $(pgrep -P "$lp" || true))
+  b0=$(cpu "${backends[@]}"); l0=$(cpu "${lps[@]}"); w0=$(cpu "$wp")
   sleep 3
-  b1=$(cpu "${backends[@]}"); l1=$(cpu "$lp"); w1=$(cpu "$wp")
+  b1=$(cpu "${backends[@]}"); l1=$(cpu "${lps[@]}"); w1=$(cpu "$wp")
   wait "$wp"
   local rps p99
   rps=$(awk '/Requests\/sec/ {print $2}' "$WORK/wrk.out")
