@@ -198,3 +198,29 @@ async fn connections_the_upstream_closed_are_not_failures() {
     assert_eq!(ep["failures"].as_u64(), Some(0), "{doc}");
     assert_eq!(ep["in_flight"].as_u64(), Some(0), "{doc}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_closes_idle_keep_alive_connections_at_once() {
+    let (addr, _) = upstream(false).await;
+    let (proxy, _p) = proxy_for(addr).await;
+    let mut s = TcpStream::connect(proxy.listeners()[0])
+        .await
+        .expect("connect");
+    s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("write");
+    let mut answer = [0u8; 40];
+    let n = tokio::time::timeout(WAIT, s.read(&mut answer))
+        .await
+        .expect("answered in time")
+        .expect("read");
+    assert!(answer[..n].starts_with(b"HTTP/1.1 200 OK"));
+    // The connection is idle and kept alive; shutdown closes it rather than waiting out the
+    // 20 s drain bound.
+    let started = tokio::time::Instant::now();
+    let drained = proxy.shutdown(std::time::Duration::from_secs(20)).await;
+    assert!(drained && started.elapsed() < std::time::Duration::from_secs(5));
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(WAIT, s.read_to_end(&mut rest)).await;
+    assert!(matches!(read, Ok(Ok(0))), "{read:?}");
+}

@@ -82,9 +82,6 @@ pub(crate) async fn serve(
         rng: FastRng::from_entropy(),
         limits,
     };
-    // The configuration as of the last request: one atomic load per request while it is
-    // unchanged, no reference count shared with other threads.
-    let mut state = arc_swap::Cache::new(&shared.state);
     loop {
         let head = match conn.read_request(shutdown).await {
             Read::Request(head) => head,
@@ -92,7 +89,11 @@ pub(crate) async fn serve(
             Read::Other => return conn.handover(),
         };
         let closing = head.close || shutdown.has_changed().unwrap_or(true);
-        match conn.serve_request(&head, closing, state.load()).await {
+        // Held for this request only: after a reload, services that left the configuration
+        // stop (their health checks, discovery) once no request uses them, not when an idle
+        // connection next speaks.
+        let state = shared.state.load_full();
+        match conn.serve_request(&head, closing, &state).await {
             Served::KeepAlive if !closing => {
                 conn.input.drain(..head.len + head.body);
             }
