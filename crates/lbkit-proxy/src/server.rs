@@ -324,8 +324,9 @@ async fn serve_http(
                     h1::End::Handover(stream, read) => (stream, read),
                 };
             let svc = service_fn(move |req| handle(shared.clone(), peer, req));
-            let conn = builder.serve_connection(TokioIo::new(h1::Rewind::new(read, stream)), svc);
-            tokio::pin!(conn);
+            // Boxed: most connections never get here, and their tasks stay small.
+            let io = TokioIo::new(h1::Rewind::new(read, stream));
+            let mut conn = Box::pin(builder.serve_connection(io, svc));
             tokio::select! {
                 _ = conn.as_mut() => {}
                 _ = shutdown.changed() => {
