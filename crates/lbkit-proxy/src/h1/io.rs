@@ -38,28 +38,6 @@ const MAX_KEPT_BUFFER: usize = 256 * 1024;
 thread_local! {
     static POOL: RefCell<Pool> = RefCell::new(Pool::default());
     static SPARE: RefCell<Vec<Buffers>> = const { RefCell::new(Vec::new()) };
-    static SPARE_INPUT: RefCell<Vec<Vec<u8>>> = const { RefCell::new(Vec::new()) };
-}
-
-/// A client input buffer: a spare one of this thread, or a new (empty) one.
-pub(super) fn lend_input() -> Vec<u8> {
-    SPARE_INPUT
-        .with(|s| s.borrow_mut().pop())
-        .unwrap_or_default()
-}
-
-/// Return an emptied client input buffer to this thread.
-pub(super) fn give_back_input(mut input: Vec<u8>) {
-    if input.capacity() == 0 || input.capacity() > MAX_KEPT_BUFFER {
-        return;
-    }
-    input.clear();
-    SPARE_INPUT.with(|s| {
-        let mut s = s.borrow_mut();
-        if s.len() < SPARE_BUFFERS {
-            s.push(input);
-        }
-    });
 }
 
 /// The buffers of one exchange: lent by the thread for the time a request is served, so an

@@ -96,9 +96,6 @@ pub(crate) async fn serve(
         match served {
             Served::KeepAlive if !closing => {
                 conn.input.drain(..head.len + head.body);
-                if conn.input.is_empty() {
-                    io::give_back_input(std::mem::take(&mut conn.input));
-                }
             }
             Served::KeepAlive | Served::Close => return End::Closed,
             Served::Other => return conn.handover(),
@@ -111,8 +108,7 @@ struct Conn<'a> {
     stream: TcpStream,
     peer: SocketAddr,
     forward: Forward,
-    /// Bytes read from the client not yet served; lent by the thread while there are any (an
-    /// idle connection holds no buffer).
+    /// Bytes read from the client not yet served.
     input: Vec<u8>,
     req_headers: Vec<Hdr>,
     /// The exchange's buffers, lent by the thread while a request is served: an idle
@@ -181,32 +177,23 @@ impl Conn<'_> {
                 self.head_timer.set(Instant::now() + timeout);
                 armed = true;
             }
-            if self.input.is_empty() {
-                // Idle: wait for the next request without holding a buffer (or for shutdown).
-                let stream = &self.stream;
-                let ready = async {
+            reserve(&mut self.input, CLIENT_READ);
+            let idle = self.input.is_empty();
+            let read = self.stream.read_buf(&mut self.input);
+            let read = async {
+                if idle {
                     tokio::select! {
                         biased;
-                        r = stream.readable() => r.is_ok(),
-                        _ = shutdown.changed() => false,
+                        r = read => Some(r),
+                        _ = shutdown.changed() => None,
                     }
-                };
-                // EOF and errors show as readable; the read below sees them.
-                if !matches!(self.head_timer.run(ready).await, Ok(true)) {
-                    return Read::Closed;
+                } else {
+                    Some(read.await)
                 }
-                if self.input.capacity() == 0 {
-                    self.input = io::lend_input();
-                }
-            }
-            reserve(&mut self.input, CLIENT_READ);
-            match self
-                .head_timer
-                .run(self.stream.read_buf(&mut self.input))
-                .await
-            {
-                Ok(Ok(n)) if n > 0 => {}
-                // EOF, an error, or too slow a client.
+            };
+            match self.head_timer.run(read).await {
+                Ok(Some(Ok(n))) if n > 0 => {}
+                // EOF, an error, shutdown while idle, or too slow a client.
                 _ => return Read::Closed,
             }
         }
