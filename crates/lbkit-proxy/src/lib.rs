@@ -46,8 +46,11 @@
 //! The call loop (`forward.rs` for hyper, `h1/` for the fast path; the retry decision is one
 //! shared function): pick, send, finish the guard, retry idempotent requests (and any request
 //! whose connection failed) on another endpoint while the service's `RetryBudget` allows. A 5xx,
-//! a connect error and a timeout count as failures of the endpoint; a pooled connection the
-//! upstream had already closed does not (the request is sent again on a new connection).
+//! a connect error and a timeout count as failures of the endpoint; on the fast path, a pooled
+//! connection the upstream had already closed does not when the request is sent again on a new
+//! connection (it was not accepted, or it is idempotent); a non-idempotent request written to
+//! such a connection is not repeated and counts as a failure (the upstream may have acted on
+//! it).
 #![forbid(unsafe_code)]
 #![warn(
     missing_docs,

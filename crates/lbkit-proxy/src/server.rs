@@ -328,6 +328,9 @@ async fn serve_http(
             let io = TokioIo::new(h1::Rewind::new(read, stream));
             let mut conn = Box::pin(builder.serve_connection(io, svc));
             tokio::select! {
+                // The connection first: it may hold a request the fast path already read,
+                // which a graceful shutdown before hyper has seen it would drop.
+                biased;
                 _ = conn.as_mut() => {}
                 _ = shutdown.changed() => {
                     conn.as_mut().graceful_shutdown();

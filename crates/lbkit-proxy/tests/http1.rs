@@ -224,3 +224,33 @@ async fn shutdown_closes_idle_keep_alive_connections_at_once() {
     let read = tokio::time::timeout(WAIT, s.read_to_end(&mut rest)).await;
     assert!(matches!(read, Ok(Ok(0))), "{read:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_header_cannot_smuggle_a_request() {
+    let (addr, _) = upstream(false).await;
+    let (proxy, _p) = proxy_for(addr).await;
+    let front = proxy.listeners()[0];
+    // `Connection: content-length` asks a proxy to drop the length but not the body: relayed
+    // naively, the body would reach the upstream as a second request (and its answer would go
+    // to the next client). The whole body must stay the POST's body.
+    let smuggled = "GET /hints HTTP/1.1\r\nHost: x\r\n\r\n";
+    let raw = format!(
+        "POST /echo HTTP/1.1\r\nHost: x\r\nConnection: content-length\r\nContent-Length: {}\r\n\r\n{smuggled}",
+        smuggled.len()
+    );
+    let mut s = TcpStream::connect(front).await.expect("connect");
+    s.write_all(raw.as_bytes()).await.expect("write");
+    let mut answer = vec![0u8; 1024];
+    let n = tokio::time::timeout(WAIT, s.read(&mut answer))
+        .await
+        .expect("answered in time")
+        .expect("read");
+    let answer = String::from_utf8_lossy(&answer[..n]).into_owned();
+    let expected = format!("{} GET /hin", smuggled.len());
+    assert!(answer.ends_with(&expected), "{answer}");
+    // Later clients get their own answers.
+    let c = client();
+    for _ in 0..5 {
+        assert_eq!(get(&c, front, "/", &[]).await.1, "ok");
+    }
+}

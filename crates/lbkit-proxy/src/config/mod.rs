@@ -22,7 +22,7 @@
 //! host = "api.example.com"              # default any host (compared without port, case-insensitively)
 //! path_prefix = "/api/"                 # default "/"
 //! service = "api"                       # required: a [service.NAME]
-//! timeout_ms = 15000                    # default 15 s: whole upstream exchange up to response headers, retries included
+//! timeout_ms = 15000                    # default 15 s: whole upstream exchange, retries included (HTTP/1 fast path: then each read or write while a large answer streams)
 //! hash_key = "header:x-user"            # default none; `header:NAME`, `cookie:NAME`, `path`, `source-ip`
 //!
 //! [service.api]

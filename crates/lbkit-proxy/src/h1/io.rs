@@ -106,6 +106,7 @@ struct ServicePool {
 pub(super) fn take(service: &Arc<Service>, address: &str, now: Instant) -> Option<TcpStream> {
     POOL.with(|pool| {
         let mut pool = pool.borrow_mut();
+        pool.sweep_due(now);
         let entry = pool
             .services
             .iter_mut()
@@ -124,12 +125,7 @@ pub(super) fn take(service: &Arc<Service>, address: &str, now: Instant) -> Optio
 pub(super) fn give_back(service: &Arc<Service>, address: &str, stream: TcpStream, now: Instant) {
     POOL.with(|pool| {
         let mut pool = pool.borrow_mut();
-        if pool
-            .swept
-            .is_none_or(|t| now.saturating_duration_since(t) >= SWEEP_EVERY)
-        {
-            pool.sweep(now);
-        }
+        pool.sweep_due(now);
         let i = match pool
             .services
             .iter()
@@ -156,6 +152,17 @@ pub(super) fn give_back(service: &Arc<Service>, address: &str, stream: TcpStream
 }
 
 impl Pool {
+    /// Sweep when the last sweep is `SWEEP_EVERY` old. A thread that stops proxying keeps its
+    /// idle connections (at most `MAX_IDLE_PER_ADDRESS` per address) until it proxies again.
+    fn sweep_due(&mut self, now: Instant) {
+        if self
+            .swept
+            .is_none_or(|t| now.saturating_duration_since(t) >= SWEEP_EVERY)
+        {
+            self.sweep(now);
+        }
+    }
+
     fn sweep(&mut self, now: Instant) {
         self.swept = Some(now);
         self.services.retain(|s| s.service.strong_count() > 0);

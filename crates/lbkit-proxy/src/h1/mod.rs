@@ -40,6 +40,10 @@ use crate::state::State;
 /// Free space kept for a read from the client.
 const CLIENT_READ: usize = 4096;
 
+/// Largest input buffer an idle connection keeps (a larger one, grown for a large head or body,
+/// is dropped once empty).
+const MAX_IDLE_INPUT: usize = 16 * 1024;
+
 /// Free space kept for a read from an upstream.
 const UPSTREAM_READ: usize = 16 * 1024;
 
@@ -96,6 +100,10 @@ pub(crate) async fn serve(
         match served {
             Served::KeepAlive if !closing => {
                 conn.input.drain(..head.len + head.body);
+                if conn.input.is_empty() && conn.input.capacity() > MAX_IDLE_INPUT {
+                    // A large body came in: do not keep its room while idle.
+                    conn.input = Vec::new();
+                }
             }
             Served::KeepAlive | Served::Close => return End::Closed,
             Served::Other => return conn.handover(),
@@ -154,8 +162,16 @@ impl Conn<'_> {
     /// Read the next request head, and its body, into `input`.
     async fn read_request(&mut self, shutdown: &mut watch::Receiver<bool>) -> Read {
         let mut armed = false;
+        // A complete head waiting for its body: parsed once (its offsets stay valid while the
+        // buffer only grows).
+        let mut parsed: Option<ReqHead> = None;
         loop {
-            if !self.input.is_empty() {
+            if let Some(head) = parsed.take() {
+                if self.input.len() >= head.len + head.body {
+                    return Read::Request(head);
+                }
+                parsed = Some(head);
+            } else if !self.input.is_empty() {
                 match wire::parse_request(
                     &self.input,
                     &mut self.req_headers,
@@ -164,7 +180,7 @@ impl Conn<'_> {
                     Parsed::Plain(head) if self.input.len() >= head.len + head.body => {
                         return Read::Request(head)
                     }
-                    Parsed::Plain(_) => {}
+                    Parsed::Plain(head) => parsed = Some(head),
                     Parsed::Partial if self.input.len() >= self.limits.max_header_bytes => {
                         return Read::Other
                     }
@@ -253,6 +269,7 @@ impl Conn<'_> {
             closing,
             started,
             tick,
+            timeout: route.timeout,
         };
         let (status, close, ended) = self.call(call).await;
         let ended = ended.unwrap_or_else(|| service.clock().now());
@@ -310,6 +327,7 @@ impl Conn<'_> {
                 retry_5xx: can_retry(false),
                 closing,
                 tick: c.tick,
+                timeout: c.timeout,
             };
             match self.exchange(exchange).await {
                 Attempt::Answered {
@@ -321,7 +339,10 @@ impl Conn<'_> {
                     // bytes (so statistics are current when it reads them).
                     let ended = service.clock().now();
                     guard.finish_at(outcome, ended);
-                    let failed = self.stream.write_all(&self.b.output).await.is_err();
+                    // Within the call's deadline (re-armed per write once the answer streams):
+                    // a client that stops reading does not pin the connection.
+                    let write = self.stream.write_all(&self.b.output);
+                    let failed = !matches!(self.call_timer.run(write).await, Ok(Ok(())));
                     return (status, close || failed, Some(ended));
                 }
                 Attempt::Broken(Some(kind)) => {
@@ -407,19 +428,22 @@ impl Conn<'_> {
             self.b.response.clear();
             at = 0;
             if self.b.output.len() >= FLUSH_AT {
-                if self.stream.write_all(&self.b.output).await.is_err() {
+                // Streaming: each write and read from here on gets the route's timeout anew
+                // (nginx's send_timeout and proxy_read_timeout).
+                self.call_timer.set(Instant::now() + x.timeout);
+                let write = self.stream.write_all(&self.b.output);
+                if !matches!(self.call_timer.run(write).await, Ok(Ok(()))) {
                     return Attempt::Broken(None);
                 }
                 self.b.output.clear();
                 streamed = true;
+                self.call_timer.set(Instant::now() + x.timeout);
             }
             reserve(&mut self.b.response, UPSTREAM_READ);
-            let read = stream.read_buf(&mut self.b.response);
-            let read = if streamed {
-                Ok(read.await)
-            } else {
-                self.call_timer.run(read).await
-            };
+            let read = self
+                .call_timer
+                .run(stream.read_buf(&mut self.b.response))
+                .await;
             match read {
                 Ok(Ok(0)) if cursor == BodyCursor::Close => break false,
                 Ok(Ok(n)) if n > 0 => {}
@@ -429,6 +453,9 @@ impl Conn<'_> {
         };
         if reusable {
             io::give_back(x.service, x.address, stream, now);
+        }
+        if streamed {
+            self.call_timer.set(Instant::now() + x.timeout);
         }
         Attempt::Answered {
             outcome,
@@ -531,6 +558,8 @@ struct Call<'a> {
     started: Timestamp,
     /// The same moment on the runtime's clock (deadlines, the pool's idle times).
     tick: Instant,
+    /// The route's timeout.
+    timeout: Duration,
 }
 
 /// One attempt's parameters.
@@ -545,6 +574,9 @@ struct Exchange<'a> {
     closing: bool,
     /// When the request started, on the runtime's clock.
     tick: Instant,
+    /// The route's timeout: the deadline of the exchange until the first write to the client,
+    /// then the longest wait for each read or write while the answer streams.
+    timeout: Duration,
 }
 
 enum SendError {

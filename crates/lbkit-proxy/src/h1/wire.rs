@@ -99,6 +99,9 @@ pub(super) fn parse_request(buf: &[u8], hdrs: &mut Vec<Hdr>, max_headers: usize)
             for token in tokens(h.value) {
                 if token.eq_ignore_ascii_case(b"close") {
                     head.close = true;
+                } else if FRAMING.iter().any(|f| is(token, f)) {
+                    // Dropping these would change where the message ends: hyper re-frames it.
+                    return Parsed::Other;
                 } else if !token.eq_ignore_ascii_case(b"keep-alive") {
                     head.listed = true;
                 }
@@ -384,6 +387,8 @@ pub(super) enum Chunk {
     TrailerStart,
     /// Inside a trailer field line.
     Trailer,
+    /// After a trailer line's CR.
+    TrailerLf,
     /// After the final blank line's CR.
     FinalLf,
 }
@@ -449,17 +454,22 @@ impl BodyCursor {
                         (Chunk::Size { size, .. } | Chunk::Extension { size }, b'\r') => {
                             Chunk::SizeLf { size }
                         }
+                        (Chunk::Extension { .. }, b'\n') => return Err(()),
                         (Chunk::Extension { size }, _) => Chunk::Extension { size },
                         (Chunk::SizeLf { size: 0 }, b'\n') => Chunk::TrailerStart,
                         (Chunk::SizeLf { size }, b'\n') => Chunk::Data(size),
                         (Chunk::DataCr, b'\r') => Chunk::DataLf,
                         (Chunk::DataLf, b'\n') => Chunk::Size { size: 0, digits: 0 },
                         (Chunk::TrailerStart, b'\r') => Chunk::FinalLf,
-                        (Chunk::TrailerStart | Chunk::FinalLf, b'\n') => {
+                        (Chunk::FinalLf, b'\n') => {
                             *self = BodyCursor::Done;
                             return Ok(i);
                         }
-                        (Chunk::Trailer, b'\n') => Chunk::TrailerStart,
+                        (Chunk::Trailer, b'\r') => Chunk::TrailerLf,
+                        (Chunk::TrailerLf, b'\n') => Chunk::TrailerStart,
+                        // Lines end with CRLF only: a bare LF is where a lenient and a strict
+                        // parser would disagree on the end of the body.
+                        (Chunk::TrailerStart | Chunk::Trailer, b'\n') => return Err(()),
                         (Chunk::TrailerStart | Chunk::Trailer, _) => Chunk::Trailer,
                         _ => return Err(()),
                     };
@@ -509,8 +519,13 @@ fn is(name: &[u8], want: &str) -> bool {
     name.len() == want.len() && name.eq_ignore_ascii_case(want.as_bytes())
 }
 
+/// Headers that say where a message ends (and `Host`): never dropped because a `Connection`
+/// header names them, which would let a peer make the proxy and the next hop disagree on where
+/// a message ends (request smuggling, response desync).
+const FRAMING: [&str; 3] = ["content-length", "transfer-encoding", "host"];
+
 /// A hop-by-hop header, or one named by the message's `Connection` header (`conn`: the buffer
-/// and headers to look it up in, when `Connection` names any).
+/// and headers to look it up in, when `Connection` names any) unless it frames the message.
 fn dropped(name: &[u8], conn: Option<(&[u8], &[Hdr])>) -> bool {
     if HOP_BY_HOP.iter().any(|h| is(name, h)) {
         return true;
@@ -518,6 +533,9 @@ fn dropped(name: &[u8], conn: Option<(&[u8], &[Hdr])>) -> bool {
     let Some((buf, hdrs)) = conn else {
         return false;
     };
+    if FRAMING.iter().any(|f| is(name, f)) {
+        return false;
+    }
     hdrs.iter()
         .filter(|h| is(&buf[h.name.clone()], "connection"))
         .flat_map(|h| tokens(&buf[h.value.clone()]))
@@ -645,6 +663,8 @@ mod tests {
             "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: +1\r\n\r\n",
             "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 65537\r\n\r\n",
             "GET / HTTP/1.1\r\nHost x\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: x\r\nConnection: content-length\r\nContent-Length: 1\r\n\r\nx",
+            "GET / HTTP/1.1\r\nHost: x\r\nConnection: keep-alive, Host\r\n\r\n",
         ] {
             assert!(is_other(text), "{text:?}");
         }
@@ -748,6 +768,15 @@ mod tests {
             String::from_utf8(out).unwrap(),
             "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nX-Kept: 1\r\nconnection: close\r\n\r\n"
         );
+        // An upstream naming its own framing in `Connection` does not lose it.
+        let text = "HTTP/1.1 200 OK\r\nConnection: content-length, x-a\r\nContent-Length: 2\r\nX-A: 1\r\n\r\n";
+        let (h, hdrs) = response(text, false);
+        let mut out = Vec::new();
+        write_response_head(&mut out, text.as_bytes(), &h, &hdrs, false);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n"
+        );
         let mut out = Vec::new();
         write_local(&mut out, 503, "no endpoint\n", false);
         assert_eq!(
@@ -792,7 +821,10 @@ mod tests {
             "incomplete"
         );
         for bad in [
-            &b"x\r\n"[..],
+            &b"1;a\nb\r\nx\r\n"[..],
+            b"0\r\nX-T: 1\n\r\n",
+            b"0\r\n\n",
+            b"x\r\n",
             b"\r\n",
             b"3\r\nabcX\r\n",
             b"3\nabc\r\n",
