@@ -25,15 +25,12 @@ WRK_THREADS=${WRK_THREADS:-2}
 BASE_PORT=${BASE_PORT:-18080}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+# shellcheck source=scripts/proxy-configs.sh
+. "$ROOT/scripts/proxy-configs.sh"
 WORK=$(mktemp -d /tmp/bench-proxy.XXXXXX)
 PIDS=()
 
-cleanup() {
-  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+trap proxy_cleanup EXIT
 
 missing=()
 command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing+=(nginx)
@@ -49,8 +46,6 @@ HAPROXY=$(command -v haproxy || echo /usr/sbin/haproxy)
 
 (cd "$ROOT" && cargo build --release -q -p lbkit --bin lbkit && cargo build --release -q -p lbkit-proxy --example backend)
 LBKIT=$TARGET/release/lbkit
-# shellcheck source=scripts/proxy-configs.sh
-. "$ROOT/scripts/proxy-configs.sh"
 BACKEND=$TARGET/release/examples/backend
 
 B1=$((BASE_PORT + 1)); B2=$((BASE_PORT + 2)); B3=$((BASE_PORT + 3)); FRONT=$((BASE_PORT + 10))

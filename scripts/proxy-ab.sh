@@ -26,12 +26,7 @@ NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 . "$ROOT/scripts/proxy-configs.sh"
 WORK=$(mktemp -d /tmp/proxy-ab.XXXXXX)
 PIDS=()
-cleanup() {
-  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+trap proxy_cleanup EXIT
 
 cpu() { # user + system ticks of the given pids
   local t=0 p f

@@ -10,7 +10,7 @@ difference per connection.
     scripts/proxy-idle-rss.py target/release/lbkit 2000
 
 Ports BASE_PORT+1..3 (backends), +10 (proxy), +11 (admin); BASE_PORT defaults to 26080.
-N is bounded by the open-file limit (`ulimit -n`).
+N is bounded by the open-file limit (`ulimit -n`) and the configuration's 4 096 connections.
 """
 import os
 import socket
@@ -40,21 +40,17 @@ def main():
         subprocess.Popen([backend, str(base + p), "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         for p in (1, 2, 3)
     ]
+    # The benchmark's lbkit configuration (scripts/proxy-configs.sh: up to 4 096 connections),
+    # with idle connections kept longer than the default 10 s head/idle timeout.
+    ports = [str(base + p) for p in (10, 11, 1, 2, 3)]
+    limits = "header_read_timeout_ms = 60000"
+    text = subprocess.run(
+        ["bash", "-c", '. "$0"; lbkit_conf "$@"', os.path.join(root, "scripts", "proxy-configs.sh"),
+         *ports, "round-robin", limits],
+        check=True, capture_output=True, text=True,
+    ).stdout
     conf = tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False)
-    conf.write(
-        f"""[admin]
-bind = "127.0.0.1:{base + 11}"
-[limits]
-max_connections = 20000
-header_read_timeout_ms = 60000
-[[listener]]
-bind = "127.0.0.1:{base + 10}"
-[[route]]
-service = "b"
-[service.b]
-endpoints = ["127.0.0.1:{base + 1}", "127.0.0.1:{base + 2}", "127.0.0.1:{base + 3}"]
-"""
-    )
+    conf.write(text)
     conf.close()
     proxy = subprocess.Popen([binary, "proxy", "--threads", "1", "--config", conf.name],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -9,10 +9,10 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use common::{admin, client, config_text, get, start, Backend, WAIT};
+use common::{admin, client, config_text, counting_server, get, start, Backend, WAIT};
 use http::StatusCode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
 /// Size of the chunked answer at `/chunked`.
 const CHUNKED: usize = 300 * 1024;
@@ -22,17 +22,7 @@ const CHUNKED: usize = 300 * 1024;
 /// (the request body's length and first bytes back), anything else `ok` with a length. With
 /// `one_shot`, every connection is closed after its first answer, without saying so.
 async fn upstream(one_shot: bool) -> (SocketAddr, Arc<AtomicUsize>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let accepted = Arc::new(AtomicUsize::new(0));
-    let count = accepted.clone();
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            count.fetch_add(1, Ordering::SeqCst);
-            tokio::spawn(serve(stream, one_shot));
-        }
-    });
-    (addr, accepted)
+    counting_server(move |stream| serve(stream, one_shot)).await
 }
 
 async fn serve(mut stream: TcpStream, one_shot: bool) {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use common::{admin, client, config_text, get, start, Backend, WAIT};
+use common::{admin, client, config_text, counting_server, get, start, Backend, WAIT};
 use http::{Method, Request, StatusCode};
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
@@ -19,7 +19,6 @@ use hyper::Response;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
-use tokio::net::TcpListener;
 
 /// A request body of several chunks and no announced length (sent chunked).
 struct Chunks(Vec<Bytes>);
@@ -38,24 +37,15 @@ impl Body for Chunks {
 
 /// A backend echoing each request body back as a chunked stream, counting its connections.
 async fn echo_backend() -> (std::net::SocketAddr, Arc<AtomicUsize>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let accepted = Arc::new(AtomicUsize::new(0));
-    let count = accepted.clone();
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            count.fetch_add(1, Ordering::SeqCst);
-            tokio::spawn(async move {
-                let svc = service_fn(|req: Request<hyper::body::Incoming>| async move {
-                    Ok::<_, Infallible>(Response::new(req.into_body()))
-                });
-                let _ = auto::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await;
-            });
-        }
-    });
-    (addr, accepted)
+    counting_server(|stream| async move {
+        let svc = service_fn(|req: Request<hyper::body::Incoming>| async move {
+            Ok::<_, Infallible>(Response::new(req.into_body()))
+        });
+        let _ = auto::Builder::new(TokioExecutor::new())
+            .serve_connection(TokioIo::new(stream), svc)
+            .await;
+    })
+    .await
 }
 
 #[tokio::test]

@@ -232,15 +232,15 @@ pub(super) fn write_request(
     out.extend_from_slice(&buf[head.target.clone()]);
     out.extend_from_slice(b" HTTP/1.1\r\n");
     let conn = head.listed.then_some((buf, hdrs));
-    let (mut xff, mut fwds) = (None::<usize>, None::<usize>);
-    for (i, h) in hdrs.iter().enumerate() {
+    let (mut xff, mut fwds) = (false, false);
+    for h in hdrs {
         let name = &buf[h.name.clone()];
         if is(name, "x-forwarded-for") {
-            xff.get_or_insert(i);
+            xff = true;
             continue;
         }
         if is(name, "forwarded") {
-            fwds.get_or_insert(i);
+            fwds = true;
             continue;
         }
         if dropped(name, conn) {
@@ -249,13 +249,13 @@ pub(super) fn write_request(
         push_header(out, name, &buf[h.value.clone()]);
     }
     out.extend_from_slice(b"x-forwarded-for: ");
-    if xff.is_some() {
+    if xff {
         join(out, buf, hdrs, "x-forwarded-for");
         out.extend_from_slice(b", ");
     }
     out.extend_from_slice(fwd.ip.as_bytes());
     out.extend_from_slice(b"\r\nforwarded: ");
-    if fwds.is_some() {
+    if fwds {
         join(out, buf, hdrs, "forwarded");
         out.extend_from_slice(b", ");
     }
@@ -756,25 +756,27 @@ mod tests {
         ));
     }
 
+    /// The head the client gets for the upstream answer `text`.
+    fn client_head(text: &str, close: bool) -> String {
+        let (h, hdrs) = response(text, false);
+        let mut out = Vec::new();
+        write_response_head(&mut out, text.as_bytes(), &h, &hdrs, close);
+        String::from_utf8(out).unwrap()
+    }
+
     #[test]
     fn client_response_head_keeps_the_framing_it_relays() {
         let text =
             "HTTP/1.1 200 \r\nConnection: X-Hop\r\nX-Hop: 1\r\nTransfer-Encoding: chunked\r\n\
                     Content-Length: 9\r\nKeep-Alive: timeout=5\r\nX-Kept: 1\r\n\r\n";
-        let (h, hdrs) = response(text, false);
-        let mut out = Vec::new();
-        write_response_head(&mut out, text.as_bytes(), &h, &hdrs, true);
         assert_eq!(
-            String::from_utf8(out).unwrap(),
+            client_head(text, true),
             "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nX-Kept: 1\r\nconnection: close\r\n\r\n"
         );
         // An upstream naming its own framing in `Connection` does not lose it.
         let text = "HTTP/1.1 200 OK\r\nConnection: content-length, x-a\r\nContent-Length: 2\r\nX-A: 1\r\n\r\n";
-        let (h, hdrs) = response(text, false);
-        let mut out = Vec::new();
-        write_response_head(&mut out, text.as_bytes(), &h, &hdrs, false);
         assert_eq!(
-            String::from_utf8(out).unwrap(),
+            client_head(text, false),
             "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n"
         );
         let mut out = Vec::new();
