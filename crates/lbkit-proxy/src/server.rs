@@ -96,7 +96,9 @@ impl Proxy {
                 }
             }
         }
-        if workers > 1 {
+        if workers == 1 {
+            tokio::spawn(crate::h1::sweep_idle(Arc::downgrade(&shared)));
+        } else {
             for (w, mine) in sockets.into_iter().enumerate() {
                 let job = Worker {
                     index: w,
@@ -217,6 +219,7 @@ impl Worker {
                     Err(e) => tracing::error!(worker = self.index, error = %e, "listener lost"),
                 }
             }
+            tokio::spawn(crate::h1::sweep_idle(Arc::downgrade(&self.shared)));
             // Connections run on this runtime: keep it until the drain is over.
             let _ = self.exit.wait_for(|&exit| exit).await;
         });

@@ -27,10 +27,6 @@ pub type UpstreamBody = Either<Full<Bytes>, Incoming>;
 /// The pooled keep-alive client of one service.
 pub type UpstreamClient = Client<HttpConnector, UpstreamBody>;
 
-/// How long an idle upstream connection stays pooled (nginx's `keepalive_timeout` default is
-/// 60 s; upstream servers commonly close at 60–75 s, so 50 s avoids racing their close).
-const POOL_IDLE: Duration = Duration::from_secs(50);
-
 /// How long a retry budget remembers deposits (tower's and linkerd's default, 10 s).
 const BUDGET_TTL: Duration = Duration::from_secs(10);
 
@@ -228,7 +224,7 @@ fn client(config: &config::Service) -> UpstreamClient {
     connector.set_nodelay(true);
     connector.set_connect_timeout(Some(Duration::from_millis(config.connect_timeout_ms)));
     Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(POOL_IDLE)
+        .pool_idle_timeout(config.upstream_idle())
         // `send(2)` of one flat buffer rather than `writev(2)` (see the server's builder).
         .http1_writev(false)
         .pool_timer(TokioTimer::new())

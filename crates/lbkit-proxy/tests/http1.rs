@@ -244,3 +244,53 @@ async fn a_connection_header_cannot_smuggle_a_request() {
         assert_eq!(get(&c, front, "/", &[]).await.1, "ok");
     }
 }
+
+// Idle upstream connections close after the service's `upstream_idle_timeout_ms` although no
+// request comes to sweep the pool: on the calling runtime (1 worker) and on worker threads.
+#[tokio::test]
+async fn idle_upstream_connections_close_on_time_without_traffic() {
+    for workers in [1, 2] {
+        let (closed_tx, mut closed) = tokio::sync::mpsc::unbounded_channel();
+        let (addr, accepted) = counting_server(move |stream| {
+            let closed = closed_tx.clone();
+            async move {
+                serve(stream, false).await; // until the proxy closes the connection
+                let _ = closed.send(());
+            }
+        })
+        .await;
+        let placeholder = Backend::start("unused").await;
+        let text = config_text(
+            &[&placeholder],
+            "round-robin",
+            "upstream_idle_timeout_ms = 300",
+        )
+        .replace(&placeholder.addr.to_string(), &addr.to_string());
+        let proxy = lbkit_proxy::Proxy::start_workers(common::parse(&text), workers)
+            .await
+            .expect("proxy starts");
+        let (c, front) = (client(), proxy.listeners()[0]);
+        tokio::time::timeout(WAIT, async {
+            while get(&c, front, "/", &[]).await.0 != StatusCode::OK {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("served in time");
+        let opened = accepted.load(Ordering::SeqCst);
+        assert!(opened >= 1, "{workers} workers");
+        tokio::time::timeout(WAIT, async {
+            for _ in 0..opened {
+                closed.recv().await.expect("server alive");
+            }
+        })
+        .await
+        .expect("idle upstream connections closed in time");
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            opened,
+            "no new connection meanwhile"
+        );
+        drop(proxy);
+    }
+}

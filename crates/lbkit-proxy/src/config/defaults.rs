@@ -41,6 +41,9 @@ pub(super) fn default_budget_floor() -> u32 {
 pub(super) fn default_connect_timeout_ms() -> u64 {
     1_000
 }
+pub(super) fn default_upstream_idle_ms() -> u64 {
+    50_000
+}
 pub(super) fn default_zk_root() -> String {
     "dubbo".to_owned()
 }

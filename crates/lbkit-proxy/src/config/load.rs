@@ -153,6 +153,12 @@ impl Service {
         if !(0.0..=1000.0).contains(&self.retry_budget_percent) {
             return Err(err("retry_budget_percent", "must be within 0-1000".into()));
         }
+        if self.connect_timeout_ms == 0 {
+            return Err(err("connect_timeout_ms", "must be > 0".into()));
+        }
+        if self.upstream_idle_timeout_ms == 0 {
+            return Err(err("upstream_idle_timeout_ms", "must be > 0".into()));
+        }
         if self.outlier_detection.interval_ms == 0 {
             return Err(err("outlier_detection.interval_ms", "must be > 0".into()));
         }
@@ -165,6 +171,11 @@ impl Service {
             }
         }
         Ok(())
+    }
+
+    /// How long an idle upstream connection stays pooled (`upstream_idle_timeout_ms`).
+    pub fn upstream_idle(&self) -> Duration {
+        Duration::from_millis(self.upstream_idle_timeout_ms)
     }
 
     /// The strategy parameters as catalog text pairs.

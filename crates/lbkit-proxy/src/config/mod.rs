@@ -35,6 +35,7 @@
 //! retry_budget_percent = 20             # default 20: retries allowed as a share of requests
 //! retry_budget_min_per_sec = 10         # default 10: retries always allowed per second
 //! connect_timeout_ms = 1000             # default 1 s
+//! upstream_idle_timeout_ms = 50000      # default 50 s: an idle upstream keep-alive connection is closed after this (keep it below the upstreams' own idle limit)
 //! h2c = false                           # default false: talk HTTP/2 cleartext to the upstreams
 //! availability = { max_in_flight = 0 }  # default 0 = unlimited; plus `circuit_breaker` (default false)
 //! outlier_detection = { enabled = true, interval_ms = 10000, consecutive_failures = 5, base_ejection_ms = 30000, max_ejection_percent = 10 }
@@ -210,6 +211,11 @@ pub struct Service {
     /// Upstream connect timeout, ms. Default 1 000.
     #[serde(default = "default_connect_timeout_ms")]
     pub connect_timeout_ms: u64,
+    /// How long an idle upstream keep-alive connection stays pooled, ms. Default 50 000 (below
+    /// the 60–75 s after which upstream servers commonly close, so a reuse never races their
+    /// close).
+    #[serde(default = "default_upstream_idle_ms")]
+    pub upstream_idle_timeout_ms: u64,
     /// HTTP/2 cleartext to upstreams. Default false.
     #[serde(default)]
     pub h2c: bool,
@@ -355,6 +361,25 @@ strategy = "p2c-ewma"
         assert_eq!(c.routes[0].path_prefix, "/");
         assert_eq!(c.services["api"].retries, 2);
         assert!(c.services["api"].outlier_detection.enabled);
+        assert_eq!(c.services["api"].upstream_idle_timeout_ms, 50_000);
+        assert_eq!(c.services["api"].connect_timeout_ms, 1_000);
+    }
+
+    #[test]
+    fn zero_timeouts_are_rejected() {
+        for field in ["connect_timeout_ms", "upstream_idle_timeout_ms"] {
+            let text = OK.replace("strategy = ", &format!("{field} = 0\nstrategy = "));
+            let e = parse(&text).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("service.api.{field}: must be > 0")),
+                "{e}"
+            );
+        }
+        let text = OK.replace("strategy = ", "upstream_idle_timeout_ms = 200\nstrategy = ");
+        assert_eq!(
+            parse(&text).unwrap().services["api"].upstream_idle_timeout_ms,
+            200
+        );
     }
 
     #[test]

@@ -19,14 +19,16 @@ use tokio::time::{Instant, Sleep};
 use super::wire::Hdr;
 use crate::service::Service;
 
-/// How long an idle upstream connection stays pooled (the hyper client's `POOL_IDLE`).
-const POOL_IDLE: Duration = Duration::from_secs(50);
-
 /// Idle connections kept per service, address and thread.
 const MAX_IDLE_PER_ADDRESS: usize = 1024;
 
-/// How often a thread's pool drops expired connections and those of dropped services.
+/// How often a request's take or give-back sweeps its thread's pool: drops expired connections
+/// and those of services a reload removed.
 const SWEEP_EVERY: Duration = Duration::from_secs(10);
+
+/// How often [`sweep_idle`] sweeps its thread's pool: an idle connection is closed at most this
+/// long after its service's `upstream_idle_timeout_ms`, with or without requests.
+const SWEEP_TICK: Duration = Duration::from_secs(1);
 
 /// Spare exchange buffers kept per thread (enough for the requests in flight on a busy worker;
 /// more are dropped when given back).
@@ -97,6 +99,8 @@ struct ServicePool {
     /// The owner; a dead one's connections go at the next sweep. Holding the `Weak` keeps the
     /// allocation, so its address identifies the service for as long as the entry lives.
     service: Weak<Service>,
+    /// The service's `upstream_idle_timeout_ms`.
+    idle_for: Duration,
     idle: HashMap<Box<str>, Vec<(TcpStream, Instant)>>,
 }
 
@@ -111,9 +115,10 @@ pub(super) fn take(service: &Arc<Service>, address: &str, now: Instant) -> Optio
             .services
             .iter_mut()
             .find(|s| std::ptr::eq(s.service.as_ptr(), Arc::as_ptr(service)))?;
+        let idle_for = entry.idle_for;
         let idle = entry.idle.get_mut(address)?;
         while let Some((stream, since)) = idle.pop() {
-            if now.saturating_duration_since(since) < POOL_IDLE && open(&stream) {
+            if now.saturating_duration_since(since) < idle_for && open(&stream) {
                 return Some(stream);
             }
         }
@@ -135,6 +140,7 @@ pub(super) fn give_back(service: &Arc<Service>, address: &str, stream: TcpStream
             None => {
                 pool.services.push(ServicePool {
                     service: Arc::downgrade(service),
+                    idle_for: service.config().upstream_idle(),
                     idle: HashMap::new(),
                 });
                 pool.services.len() - 1
@@ -152,8 +158,8 @@ pub(super) fn give_back(service: &Arc<Service>, address: &str, stream: TcpStream
 }
 
 impl Pool {
-    /// Sweep when the last sweep is `SWEEP_EVERY` old. A thread that stops proxying keeps its
-    /// idle connections (at most `MAX_IDLE_PER_ADDRESS` per address) until it proxies again.
+    /// Sweep when the last sweep is `SWEEP_EVERY` old: on a thread without [`sweep_idle`] (a
+    /// sibling thread of a multi-threaded calling runtime), the only sweeps.
     fn sweep_due(&mut self, now: Instant) {
         if self
             .swept
@@ -167,10 +173,33 @@ impl Pool {
         self.swept = Some(now);
         self.services.retain(|s| s.service.strong_count() > 0);
         for s in &mut self.services {
+            let idle_for = s.idle_for;
             s.idle.retain(|_, list| {
-                list.retain(|(_, since)| now.saturating_duration_since(*since) < POOL_IDLE);
+                list.retain(|(_, since)| now.saturating_duration_since(*since) < idle_for);
                 !list.is_empty()
             });
+        }
+        self.services.retain(|s| !s.idle.is_empty());
+    }
+}
+
+/// Sweep this thread's pool every `SWEEP_TICK`, so idle upstream connections close on time even
+/// when no request comes (a worker that stops proxying does not keep them). Runs on every
+/// runtime that serves connections; once `owner` (the proxy's shared state) is gone, it ends
+/// when the pool is empty (the services are gone, or their connections expired). It holds no
+/// shutdown receiver: the drain waits for those.
+pub(crate) async fn sweep_idle<T>(owner: Weak<T>) {
+    let mut tick = tokio::time::interval(SWEEP_TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let empty = POOL.with(|pool| {
+            let mut pool = pool.borrow_mut();
+            pool.sweep(Instant::now());
+            pool.services.is_empty()
+        });
+        if empty && owner.strong_count() == 0 {
+            return;
         }
     }
 }

@@ -27,7 +27,7 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-pub(crate) use io::Rewind;
+pub(crate) use io::{sweep_idle, Rewind};
 use io::{Buffers, Timer};
 use wire::{BodyCursor, Forward, Hdr, Parsed, ReqHead};
 
