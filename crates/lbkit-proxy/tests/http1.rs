@@ -19,7 +19,8 @@ const CHUNKED: usize = 300 * 1024;
 
 /// A raw HTTP/1.1 upstream. Paths: `/chunked` (300 KiB in 1 KiB chunks and a trailer),
 /// `/close` (no length: ends when the connection closes), `/hints` (a 103 first), `/echo`
-/// (the request body's length and first bytes back), anything else `ok` with a length. With
+/// (the request body's length and first bytes back), `/endless` (a 1 GiB length, written until
+/// the proxy stops taking it), anything else `ok` with a length. With
 /// `one_shot`, every connection is closed after its first answer, without saying so.
 async fn upstream(one_shot: bool) -> (SocketAddr, Arc<AtomicUsize>) {
     counting_server(move |stream| serve(stream, one_shot)).await
@@ -78,6 +79,16 @@ async fn serve(mut stream: TcpStream, one_shot: bool) {
                 out.extend_from_slice(format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{text}", text.len()).as_bytes());
             }
             "/head" => out.extend_from_slice(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n"),
+            "/endless" => {
+                let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", 1u64 << 30);
+                let piece = vec![b'e'; 64 * 1024];
+                if stream.write_all(head.as_bytes()).await.is_err() {
+                    return;
+                }
+                // Blocks once the buffers between here and the client are full.
+                while stream.write_all(&piece).await.is_ok() {}
+                return;
+            }
             _ => out.extend_from_slice(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"),
         }
         if stream.write_all(&out).await.is_err() || one_shot {
@@ -293,4 +304,66 @@ async fn idle_upstream_connections_close_on_time_without_traffic() {
         );
         drop(proxy);
     }
+}
+
+// A client that stops reading a streamed answer is cut off after the route's timeout (per
+// write, nginx's `send_timeout`): its connection and the upstream's are closed, and the
+// endpoint is not charged with a failure.
+#[tokio::test]
+async fn a_client_that_stops_reading_is_cut_off_without_blaming_the_endpoint() {
+    let (closed_tx, mut closed) = tokio::sync::mpsc::unbounded_channel();
+    let (addr, _) = counting_server(move |stream| {
+        let closed = closed_tx.clone();
+        async move {
+            serve(stream, false).await; // `/endless` returns once its writes fail
+            let _ = closed.send(());
+        }
+    })
+    .await;
+    let (proxy, _p) = {
+        let placeholder = Backend::start("unused").await;
+        let text = config_text(&[&placeholder], "round-robin", "")
+            .replace(&placeholder.addr.to_string(), &addr.to_string())
+            .replace("timeout_ms = 5000", "timeout_ms = 400");
+        (start(&text).await, placeholder)
+    };
+    // A small receive buffer: the proxy's writes block soon after the client stops reading.
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
+    let mut s = socket.connect(proxy.listeners()[0]).await.expect("connect");
+    s.write_all(b"GET /endless HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("write");
+    let mut first = [0u8; 1024];
+    let n = tokio::time::timeout(WAIT, s.read(&mut first))
+        .await
+        .expect("answer begins in time")
+        .expect("read");
+    assert!(
+        first[..n].starts_with(b"HTTP/1.1 200"),
+        "{:?}",
+        String::from_utf8_lossy(&first[..n])
+    );
+    // Stop reading. The upstream connection is closed (its writes fail) ...
+    tokio::time::timeout(WAIT, closed.recv())
+        .await
+        .expect("upstream connection closed in time")
+        .expect("server alive");
+    // ... and so is the client's: what is buffered drains, then EOF or a reset.
+    let drained = tokio::time::timeout(WAIT, async {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    assert!(drained.is_ok(), "client connection closed by the proxy");
+    let (_, doc) = admin(&client(), &proxy, "GET", "/endpoints", "").await;
+    let doc: serde_json::Value = serde_json::from_str(&doc).expect("json");
+    let ep = &doc["services"]["svc"]["endpoints"][0];
+    assert_eq!(ep["failures"].as_u64(), Some(0), "{doc}");
+    assert_eq!(ep["in_flight"].as_u64(), Some(0), "{doc}");
 }
