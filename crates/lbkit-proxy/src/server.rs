@@ -326,9 +326,22 @@ async fn serve_http(
                     h1::End::Closed => return,
                     h1::End::Handover(stream, read) => (stream, read),
                 };
+            // A write stalled for the longest route timeout fails (the fast path gives each
+            // write its route's timeout; hyper's connection serves every route).
+            let stall = shared
+                .state
+                .load()
+                .config
+                .routes
+                .iter()
+                .map(|r| r.timeout_ms)
+                .max();
+            let stall = Duration::from_millis(
+                stall.unwrap_or_else(crate::config::default_route_timeout_ms),
+            );
             let svc = service_fn(move |req| handle(shared.clone(), peer, req));
+            let io = TokioIo::new(h1::Rewind::new(read, stream, stall));
             // Boxed: most connections never get here, and their tasks stay small.
-            let io = TokioIo::new(h1::Rewind::new(read, stream));
             let mut conn = Box::pin(builder.serve_connection(io, svc));
             tokio::select! {
                 // The connection first: it may hold a request the fast path already read,

@@ -308,9 +308,16 @@ async fn idle_upstream_connections_close_on_time_without_traffic() {
 
 // A client that stops reading a streamed answer is cut off after the route's timeout (per
 // write, nginx's `send_timeout`): its connection and the upstream's are closed, and the
-// endpoint is not charged with a failure.
+// endpoint is not charged with a failure. On the fast path (HTTP/1.1) and on hyper's (an
+// HTTP/1.0 request is handed over).
 #[tokio::test]
 async fn a_client_that_stops_reading_is_cut_off_without_blaming_the_endpoint() {
+    for version in ["1.1", "1.0"] {
+        stalled_client(version).await;
+    }
+}
+
+async fn stalled_client(version: &str) {
     let (closed_tx, mut closed) = tokio::sync::mpsc::unbounded_channel();
     let (addr, _) = counting_server(move |stream| {
         let closed = closed_tx.clone();
@@ -331,18 +338,17 @@ async fn a_client_that_stops_reading_is_cut_off_without_blaming_the_endpoint() {
     let socket = tokio::net::TcpSocket::new_v4().expect("socket");
     socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
     let mut s = socket.connect(proxy.listeners()[0]).await.expect("connect");
-    s.write_all(b"GET /endless HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await
-        .expect("write");
+    let request = format!("GET /endless HTTP/{version}\r\nHost: x\r\n\r\n");
+    s.write_all(request.as_bytes()).await.expect("write");
     let mut first = [0u8; 1024];
     let n = tokio::time::timeout(WAIT, s.read(&mut first))
         .await
         .expect("answer begins in time")
         .expect("read");
+    let answer = String::from_utf8_lossy(&first[..n]);
     assert!(
-        first[..n].starts_with(b"HTTP/1.1 200"),
-        "{:?}",
-        String::from_utf8_lossy(&first[..n])
+        answer.starts_with(&format!("HTTP/{version} 200")),
+        "{answer}"
     );
     // Stop reading. The upstream connection is closed (its writes fail) ...
     tokio::time::timeout(WAIT, closed.recv())
@@ -360,7 +366,10 @@ async fn a_client_that_stops_reading_is_cut_off_without_blaming_the_endpoint() {
         }
     })
     .await;
-    assert!(drained.is_ok(), "client connection closed by the proxy");
+    assert!(
+        drained.is_ok(),
+        "HTTP/{version}: client connection closed by the proxy"
+    );
     let (_, doc) = admin(&client(), &proxy, "GET", "/endpoints", "").await;
     let doc: serde_json::Value = serde_json::from_str(&doc).expect("json");
     let ep = &doc["services"]["svc"]["endpoints"][0];

@@ -23,7 +23,7 @@ pub(super) fn default_drain_timeout_ms() -> u64 {
 pub(super) fn default_prefix() -> String {
     "/".to_owned()
 }
-pub(super) fn default_route_timeout_ms() -> u64 {
+pub(crate) fn default_route_timeout_ms() -> u64 {
     15_000
 }
 pub(super) fn default_strategy() -> String {

@@ -22,7 +22,7 @@
 //! host = "api.example.com"              # default any host (compared without port, case-insensitively)
 //! path_prefix = "/api/"                 # default "/"
 //! service = "api"                       # required: a [service.NAME]
-//! timeout_ms = 15000                    # default 15 s: whole upstream exchange, retries included (HTTP/1 fast path: then each read or write while a large answer streams)
+//! timeout_ms = 15000                    # default 15 s: whole upstream exchange, retries included; once a large answer streams, each read or write (HTTP/1 fast path); a client connection hyper serves (h2c, HTTP/1.0, ...) whose writes make no progress for the longest route timeout is closed
 //! hash_key = "header:x-user"            # default none; `header:NAME`, `cookie:NAME`, `path`, `source-ip`
 //!
 //! [service.api]
@@ -328,6 +328,7 @@ pub struct HealthCheck {
 }
 
 mod defaults;
+pub(crate) use defaults::default_route_timeout_ms;
 mod load;
 
 use defaults::*;

@@ -274,15 +274,52 @@ impl Timer {
 
 /// A connection whose first bytes were already read: they are read again first. What hyper
 /// gets when the fast path hands a connection over.
+///
+/// A write that cannot progress for `stall` fails with `TimedOut` (nginx's `send_timeout`: the
+/// limit is between two successive writes, not on the whole answer), so a client that stops
+/// reading does not pin the connection, nor the upstream connection its answer streams from.
 #[derive(Debug)]
 pub(crate) struct Rewind {
     read: Bytes,
     stream: TcpStream,
+    stall: Duration,
+    /// Armed while a write waits; dropped when one progresses.
+    waiting: Option<Pin<Box<Sleep>>>,
 }
 
 impl Rewind {
-    pub(crate) fn new(read: Bytes, stream: TcpStream) -> Self {
-        Rewind { read, stream }
+    pub(crate) fn new(read: Bytes, stream: TcpStream, stall: Duration) -> Self {
+        Rewind {
+            read,
+            stream,
+            stall,
+            waiting: None,
+        }
+    }
+
+    /// The outcome of a write attempt: progress disarms the stall timer, waiting arms it, and
+    /// waiting past `stall` is an error.
+    fn stalled<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        polled: Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        if polled.is_ready() {
+            self.waiting = None;
+            return polled;
+        }
+        let stall = self.stall;
+        let timer = self
+            .waiting
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(stall)));
+        if timer.as_mut().poll(cx).is_ready() {
+            self.waiting = None;
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the client took no data for the route timeout",
+            )));
+        }
+        Poll::Pending
     }
 }
 
@@ -309,7 +346,9 @@ impl AsyncWrite for Rewind {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.stream).poll_write(cx, buf);
+        this.stalled(cx, polled)
     }
 
     fn poll_write_vectored(
@@ -317,7 +356,9 @@ impl AsyncWrite for Rewind {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().stream).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.stream).poll_write_vectored(cx, bufs);
+        this.stalled(cx, polled)
     }
 
     fn is_write_vectored(&self) -> bool {
