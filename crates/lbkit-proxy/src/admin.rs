@@ -4,7 +4,7 @@
 //! |---|---|
 //! | `GET /healthz` | `ok` |
 //! | `GET /endpoints` | JSON: per service, its strategy and each endpoint's address, weight, effective weight, eligible, healthy, ejected, in_flight, ewma_ms, requests, failures |
-//! | `GET /metrics` | Prometheus text: per service requests, failures, retries, in-flight, latency histogram, discovery (snapshots published, source errors, empty pushes held); per endpoint requests, failures, in-flight, ejections, eligibility, call latency histogram |
+//! | `GET /metrics` | Prometheus text: per service requests, failures, retries, in-flight, latency histogram, discovery (snapshots published, source errors, empty pushes held); per endpoint requests, failures, in-flight, ejections, eligibility, call latency histogram; client connections open (`lbkit_proxy_client_connections`, upgraded tunnels included) and their limit |
 //! | `PUT /services/{name}/strategy` | body `{"strategy": "p2c-ewma", "params": {"default_rtt_ms": 20}}`: switch at run time |
 //!
 //! With `admin.token` set, every request needs `Authorization: Bearer TOKEN` (else 401).
@@ -86,11 +86,17 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> AdminResponse {
             reply(StatusCode::OK, "application/json", body.to_string())
         }
         (Method::GET, "/metrics") => {
-            let body = metrics_text(
+            let mut body = metrics_text(
                 state
                     .services
                     .iter()
                     .map(|(n, r)| (n.as_str(), &*r.service)),
+            );
+            let (open, max) = shared.client_connections();
+            let _ = write!(
+                body,
+                "# TYPE lbkit_proxy_client_connections gauge\nlbkit_proxy_client_connections {open}\n\
+                 # TYPE lbkit_proxy_client_connections_max gauge\nlbkit_proxy_client_connections_max {max}\n"
             );
             reply(StatusCode::OK, "text/plain; version=0.0.4", body)
         }

@@ -22,14 +22,30 @@ pub(crate) const HOP_BY_HOP: [&str; 9] = [
     "upgrade",
 ];
 
+/// The comma-separated tokens of a header value, trimmed, empty ones skipped.
+pub(crate) fn tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
+    value
+        .split(|&b| b == b',')
+        .map(<[u8]>::trim_ascii)
+        .filter(|t| !t.is_empty())
+}
+
+/// Whether a `Connection` header names `token` (case-insensitively).
+pub(crate) fn connection_names(headers: &HeaderMap, token: &str) -> bool {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .flat_map(|v| tokens(v.as_bytes()))
+        .any(|t| t.eq_ignore_ascii_case(token.as_bytes()))
+}
+
 /// Remove hop-by-hop headers and whatever `Connection` lists.
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let listed: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .flat_map(|v| tokens(v.as_bytes()))
+        .filter_map(|name| HeaderName::from_bytes(name).ok())
         .collect();
     for name in listed {
         headers.remove(name);

@@ -51,6 +51,13 @@
 //! connection (it was not accepted, or it is idempotent); a non-idempotent request written to
 //! such a connection is not repeated and counts as a failure (the upstream may have acted on
 //! it).
+//!
+//! An HTTP/1.1 upgrade (`Connection: upgrade` with `Upgrade`, e.g. WebSocket) goes to one
+//! endpoint with both headers kept; on its `101 Switching Protocols` the client and upstream
+//! connections become a byte tunnel until either side closes. The handshake is the call for the
+//! balancer's statistics; the tunnel keeps the client's `max_connections` slot, a drain waits
+//! for it (bounded by `drain_timeout_ms`), and a client that stops reading is cut off after the
+//! longest route timeout. Services with `h2c = true` get such requests without the upgrade.
 #![forbid(unsafe_code)]
 #![warn(
     missing_docs,

@@ -3,6 +3,7 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,7 +31,42 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(10);
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub(crate) state: ArcSwap<State>,
+    /// One permit per client connection (tunnels included), all listeners; an accept loop
+    /// takes its permit before it waits.
     conns: Arc<Semaphore>,
+    /// `limits.max_connections` at start (a reload does not change it).
+    max_conns: usize,
+    /// Client connections open.
+    open: Arc<AtomicUsize>,
+}
+
+impl Shared {
+    /// Client connections open now, and the most allowed at once.
+    pub(crate) fn client_connections(&self) -> (usize, usize) {
+        (self.open.load(Ordering::Relaxed), self.max_conns)
+    }
+
+    /// The slot of an accepted connection: its permit, counted as open until dropped.
+    fn slot(&self, permit: OwnedSemaphorePermit) -> Slot {
+        self.open.fetch_add(1, Ordering::Relaxed);
+        Slot {
+            _permit: permit,
+            open: self.open.clone(),
+        }
+    }
+}
+
+/// An open client connection's place under `max_connections`.
+#[derive(Debug)]
+struct Slot {
+    _permit: OwnedSemaphorePermit,
+    open: Arc<AtomicUsize>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.open.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// A running proxy. Dropping it stops its worker threads; call [`Proxy::shutdown`] to drain.
@@ -71,6 +107,8 @@ impl Proxy {
         let (exit, _) = watch::channel(false);
         let shared = Arc::new(Shared {
             conns: Arc::new(Semaphore::new(config.limits.max_connections)),
+            max_conns: config.limits.max_connections,
+            open: Arc::default(),
             state: ArcSwap::from_pointee(State::build(config.clone(), None, workers)?),
         });
         let mut listeners = Vec::new();
@@ -319,7 +357,7 @@ async fn serve_http(
         let (shared, builder, limits) = (shared.clone(), builder.clone(), limits.clone());
         let mut shutdown = shutdown.clone();
         tokio::spawn(async move {
-            let _permit = permit;
+            let slot = Arc::new(shared.slot(permit));
             // Plain HTTP/1.1 first; hyper takes over a connection the fast path hands it.
             let (stream, read) =
                 match h1::serve(stream, peer, &shared, &limits, &mut shutdown).await {
@@ -339,10 +377,21 @@ async fn serve_http(
             let stall = Duration::from_millis(
                 stall.unwrap_or_else(crate::config::default_route_timeout_ms),
             );
-            let svc = service_fn(move |req| handle(shared.clone(), peer, req));
+            // An upgrade request carries the connection's slot and drain marker, for the
+            // tunnel that outlives hyper's connection.
+            let hold = ConnHold {
+                _slot: slot,
+                drain: shutdown.clone(),
+            };
+            let svc = service_fn(move |mut req: Request<Incoming>| {
+                if req.headers().contains_key(http::header::UPGRADE) {
+                    req.extensions_mut().insert(hold.clone());
+                }
+                handle(shared.clone(), peer, req)
+            });
             let io = TokioIo::new(h1::Rewind::new(read, stream, stall));
             // Boxed: most connections never get here, and their tasks stay small.
-            let mut conn = Box::pin(builder.serve_connection(io, svc));
+            let mut conn = Box::pin(builder.serve_connection_with_upgrades(io, svc));
             tokio::select! {
                 // The connection first: it may hold a request the fast path already read,
                 // which a graceful shutdown before hyper has seen it would drop.
@@ -354,6 +403,22 @@ async fn serve_http(
                 }
             }
         });
+    }
+}
+
+/// What a client connection holds while it lives: its slot under `max_connections` and a
+/// receiver that makes the drain wait for it. An upgraded connection's tunnel takes it over
+/// from hyper's connection.
+#[derive(Clone, Debug)]
+pub(crate) struct ConnHold {
+    _slot: Arc<Slot>,
+    drain: watch::Receiver<bool>,
+}
+
+impl ConnHold {
+    /// Resolves when the proxy is gone (after the drain; the tunnel ends then).
+    pub(crate) async fn proxy_gone(mut self) {
+        while self.drain.changed().await.is_ok() {}
     }
 }
 
@@ -399,9 +464,9 @@ async fn serve_tcp(
             continue;
         };
         // Holding a receiver marks the connection as one to drain at shutdown.
-        let drain = shutdown.clone();
+        let (slot, drain) = (shared.slot(permit), shutdown.clone());
         tokio::spawn(async move {
-            let (_permit, _drain) = (permit, drain);
+            let (_slot, _drain) = (slot, drain);
             tcp::relay(stream, &service).await;
         });
     }

@@ -11,7 +11,7 @@ use std::ops::Range;
 use lbkit_strategy::KeySource;
 
 use crate::forward::MAX_REPLAY_BODY;
-use crate::headers::HOP_BY_HOP;
+use crate::headers::{tokens, HOP_BY_HOP};
 
 /// Headers parsed per head; a request with more goes to hyper (which answers 431 past the
 /// configured `max_headers`).
@@ -540,14 +540,6 @@ fn dropped(name: &[u8], conn: Option<(&[u8], &[Hdr])>) -> bool {
         .filter(|h| is(&buf[h.name.clone()], "connection"))
         .flat_map(|h| tokens(&buf[h.value.clone()]))
         .any(|t| t.eq_ignore_ascii_case(name))
-}
-
-/// The comma-separated tokens of a header value, trimmed, empty ones skipped.
-fn tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
-    value
-        .split(|&b| b == b',')
-        .map(<[u8]>::trim_ascii)
-        .filter(|t| !t.is_empty())
 }
 
 /// The values of every header `name`, joined with `", "`.
