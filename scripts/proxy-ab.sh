@@ -10,7 +10,10 @@
 #
 # Three backends (crates/lbkit-proxy/examples/backend.rs) on ports BASE_PORT+1..3, the proxy on
 # BASE_PORT+10 with round-robin (STRATEGY to change). Needs wrk and curl, and nginx for `nginx`
-# (scripts/bench-proxy.sh installs wrk and nginx).
+# (scripts/bench-proxy.sh installs wrk and nginx). Also printed: how often the proxy was
+# preempted per request (involuntary context switches of all its threads). PROXY_NICE=N runs
+# every proxy (nginx too) at that nice value, like nginx's `worker_priority` (needs root for
+# N < 0).
 set -euo pipefail
 
 [ $# -ge 4 ] || { echo "usage: $0 WORKERS CONNS ROUNDS BINARY..." >&2; exit 2; }
@@ -37,6 +40,11 @@ cpu() { # user + system ticks of the given pids
   echo "$t"
 }
 
+preempted() { # involuntary context switches of every thread of the given pids
+  local p
+  for p in "$@"; do cat /proc/"$p"/task/*/status; done | awk '/^nonvoluntary_ctxt_switches/ { n += $2 } END { print n + 0 }'
+}
+
 one() { # $1 binary: prints one result line
   local lbkit=$1 backends=() lp wp
   for p in 1 2 3; do "$BACKEND" $((B + p)) 1 >/dev/null 2>&1 & backends+=($!); done
@@ -50,22 +58,27 @@ one() { # $1 binary: prints one result line
   fi
   PIDS=("${backends[@]}" "$lp")
   for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$((B + 10))/" && break; sleep 0.1; done
+  if [ -n "${PROXY_NICE:-}" ]; then
+    for p in $lp $(pgrep -P "$lp" || true); do
+      renice -n "$PROXY_NICE" -p $(ls "/proc/$p/task") >/dev/null
+    done
+  fi
   wrk -t2 -c"$C" -d2s "http://127.0.0.1:$((B + 10))/" >/dev/null
   wrk -t2 -c"$C" -d5s --latency "http://127.0.0.1:$((B + 10))/" >"$WORK/wrk.out" & wp=$!
   sleep 1
-  local b0 l0 w0 b1 l1 w1
+  local b0 l0 w0 b1 l1 w1 s0 s1
   local lps
   read -r -a lps < <(echo "$lp" $(pgrep -P "$lp" || true))
-  b0=$(cpu "${backends[@]}"); l0=$(cpu "${lps[@]}"); w0=$(cpu "$wp")
+  b0=$(cpu "${backends[@]}"); l0=$(cpu "${lps[@]}"); w0=$(cpu "$wp"); s0=$(preempted "${lps[@]}")
   sleep 3
-  b1=$(cpu "${backends[@]}"); l1=$(cpu "${lps[@]}"); w1=$(cpu "$wp")
+  b1=$(cpu "${backends[@]}"); l1=$(cpu "${lps[@]}"); w1=$(cpu "$wp"); s1=$(preempted "${lps[@]}")
   wait "$wp"
   local rps p99
   rps=$(awk '/Requests\/sec/ {print $2}' "$WORK/wrk.out")
   p99=$(awk '$1 == "99%" {print $2}' "$WORK/wrk.out")
   # Ticks are 1/100 s; 3 s of requests at rps.
-  awk -v b="$lbkit" -v r="$rps" -v p="$p99" -v l=$((l1 - l0)) -v k=$((b1 - b0)) -v w=$((w1 - w0)) \
-    'BEGIN { n = r * 3; printf "%-32s rps %6.0f p99 %-8s proxy %5.1f us/req  backends %5.1f  wrk %5.1f\n", b, r, p, l * 1e4 / n, k * 1e4 / n, w * 1e4 / n }'
+  awk -v b="$lbkit" -v r="$rps" -v p="$p99" -v l=$((l1 - l0)) -v k=$((b1 - b0)) -v w=$((w1 - w0)) -v s=$((s1 - s0)) \
+    'BEGIN { n = r * 3; printf "%-32s rps %6.0f p99 %-8s proxy %5.1f us/req  backends %5.1f  wrk %5.1f  preempted %.2f/req\n", b, r, p, l * 1e4 / n, k * 1e4 / n, w * 1e4 / n, s / n }'
   kill "$lp" "${backends[@]}" 2>/dev/null || true
   wait "$lp" "${backends[@]}" 2>/dev/null || true
   PIDS=()

@@ -12,11 +12,9 @@
 //!   second).
 //! * A request body is replayable when it is empty or, for an idempotent method, announced at
 //!   most [`MAX_REPLAY_BODY`] bytes (then it is buffered); any other body is streamed once.
-//! * An HTTP/1.1 upgrade (`Connection: upgrade` + `Upgrade`, WebSocket's handshake) is passed
-//!   on to an HTTP/1.1 upstream with those two headers; when it answers `101 Switching
-//!   Protocols`, the two connections are joined into a tunnel that carries bytes both ways
-//!   until either side closes. The call (for the balancer's statistics) is the handshake: it
-//!   ends at the 101. Upstreams spoken to in h2c get the request without the upgrade.
+//! * An HTTP/1.1 upgrade to an allowed protocol (WebSocket's handshake) keeps its `Upgrade`
+//!   and `Connection: upgrade` for the upstream; its 101 turns both connections into a tunnel
+//!   (`tunnel.rs`). The call, for the balancer's statistics, is the handshake.
 
 use std::future::{poll_fn, Future};
 use std::net::IpAddr;
@@ -25,21 +23,18 @@ use std::task::Poll;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{CONNECTION, UPGRADE};
 use http::request::Parts;
-use http::{HeaderValue, Request, Response, StatusCode, Uri, Version};
+use http::{Request, Response, StatusCode, Uri, Version};
 use http_body::Body as _;
 use http_body_util::{BodyExt, Either, Full};
 use hyper::body::Incoming;
-use hyper::upgrade::OnUpgrade;
-use hyper_util::rt::TokioIo;
 use lbkit_core::{FailureKind, FastRng, Outcome, PickContext, TriedSet};
 use lbkit_strategy::{KeyExtractor, KeySource};
 
 use crate::body::ProxyBody;
 use crate::headers;
-use crate::server::ConnHold;
 use crate::service::{Service, UpstreamBody};
+use crate::tunnel;
 
 /// Largest request body buffered so that the request can be retried (64 KiB).
 pub const MAX_REPLAY_BODY: u64 = 64 * 1024;
@@ -64,7 +59,7 @@ pub(crate) async fn forward(
     opts: CallOptions<'_>,
 ) -> Response<ProxyBody> {
     let h2c = service.config().h2c;
-    let mut upgrade = (!h2c).then(|| upgrade_asked(&mut req)).flatten();
+    let mut upgrade = (!h2c).then(|| tunnel::asked(&mut req)).flatten();
     let (mut parts, body) = req.into_parts();
     let source = Source(&parts, opts.client.ip());
     let key = opts
@@ -73,10 +68,7 @@ pub(crate) async fn forward(
         .map(|k| k.into_owned());
     prepare_headers(&mut parts, opts.client);
     if let Some(u) = &upgrade {
-        parts
-            .headers
-            .insert(CONNECTION, HeaderValue::from_static("upgrade"));
-        parts.headers.insert(UPGRADE, u.protocol.clone());
+        u.ask_upstream(&mut parts.headers);
     }
     let idempotent = is_idempotent(parts.method.as_str().as_bytes());
     let mut body = Some(match replayable(body, idempotent).await {
@@ -121,13 +113,21 @@ pub(crate) async fn forward(
             |connect: bool| attempt < retries && replay.is_some() && (idempotent || connect);
         let failure = match result {
             Ok(Ok(resp)) if resp.status() == StatusCode::SWITCHING_PROTOCOLS => {
-                // hyper's client hands over only a connection it asked to upgrade.
-                let Some(u) = upgrade.take() else {
-                    guard.finish(Outcome::Failure(FailureKind::Other));
-                    return local(StatusCode::BAD_GATEWAY, "upstream switched protocols\n");
+                // Only to a protocol the client asked for (hyper's client takes any 101 as an
+                // upgrade: the connection is not pooled again either way).
+                return match upgrade.take().map(|u| u.accept(resp)) {
+                    Some(Ok(answer)) => {
+                        guard.finish(Outcome::Success);
+                        answer
+                    }
+                    _ => {
+                        guard.finish(Outcome::Failure(FailureKind::Other));
+                        local(
+                            StatusCode::BAD_GATEWAY,
+                            "upstream switched to another protocol\n",
+                        )
+                    }
                 };
-                guard.finish(Outcome::Success);
-                return tunnel(u, resp);
             }
             Ok(Ok(resp)) if !resp.status().is_server_error() || !can_retry(false) => {
                 let outcome = if resp.status().is_server_error() {
@@ -178,64 +178,6 @@ pub(crate) async fn forward(
         body = replay;
         attempt += 1;
     }
-}
-
-/// An upgrade the client asked for: the protocol named by `Upgrade`, and the client's side of
-/// the connection once hyper has sent the 101.
-struct UpgradeAsk {
-    protocol: HeaderValue,
-    client: OnUpgrade,
-    hold: Option<ConnHold>,
-}
-
-/// The upgrade `req` asks for: HTTP/1.1 with `Upgrade` and a `Connection` that names it.
-fn upgrade_asked(req: &mut Request<Incoming>) -> Option<UpgradeAsk> {
-    if req.version() != Version::HTTP_11 || !headers::connection_names(req.headers(), "upgrade") {
-        return None;
-    }
-    let protocol = req.headers().get(UPGRADE)?.clone();
-    Some(UpgradeAsk {
-        protocol,
-        hold: req.extensions_mut().remove::<ConnHold>(),
-        client: hyper::upgrade::on(req),
-    })
-}
-
-/// Answer the client with the upstream's 101 and join the two connections once both are
-/// handed over. The tunnel keeps the client connection's slot (`max_connections`) and is
-/// waited for by a drain; it ends when either side closes (or errs), when the proxy is gone
-/// after a drain, or when the client stops reading (the connection's write-stall limit).
-fn tunnel(ask: UpgradeAsk, mut resp: Response<Incoming>) -> Response<ProxyBody> {
-    let upstream = hyper::upgrade::on(&mut resp);
-    let (mut parts, _) = resp.into_parts();
-    let protocol = parts.headers.get(UPGRADE).cloned();
-    headers::strip_hop_by_hop(&mut parts.headers);
-    parts
-        .headers
-        .insert(CONNECTION, HeaderValue::from_static("upgrade"));
-    if let Some(p) = protocol {
-        parts.headers.insert(UPGRADE, p);
-    }
-    let UpgradeAsk { client, hold, .. } = ask;
-    tokio::spawn(async move {
-        let (Ok(client), Ok(upstream)) = tokio::join!(client, upstream) else {
-            return;
-        };
-        let (mut client, mut upstream) = (TokioIo::new(client), TokioIo::new(upstream));
-        let relay = tokio::io::copy_bidirectional(&mut client, &mut upstream);
-        match hold {
-            Some(hold) => {
-                tokio::select! {
-                    _ = relay => {}
-                    () = hold.proxy_gone() => {}
-                }
-            }
-            None => {
-                let _ = relay.await;
-            }
-        }
-    });
-    Response::from_parts(parts, ProxyBody::local(Bytes::new()))
 }
 
 /// What follows a failed attempt.

@@ -7,11 +7,13 @@ use bytes::Bytes;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
-/// Headers that describe one connection, not the message (RFC 9110 §7.6.1), plus `Upgrade`:
+/// Headers that describe one connection, not the message (RFC 9110 §7.6.1), plus `Upgrade`
+/// (put back only for a tunnelled upgrade) and h2c's `HTTP2-Settings` (RFC 7540 §3.2.1):
 /// removed in both directions, along with any header the `Connection` header names. Shared
 /// with the HTTP/1 fast path, which compares names case-insensitively.
-pub(crate) const HOP_BY_HOP: [&str; 9] = [
+pub(crate) const HOP_BY_HOP: [&str; 10] = [
     "connection",
+    "http2-settings",
     "keep-alive",
     "proxy-authenticate",
     "proxy-authorization",

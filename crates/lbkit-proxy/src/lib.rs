@@ -52,12 +52,15 @@
 //! such a connection is not repeated and counts as a failure (the upstream may have acted on
 //! it).
 //!
-//! An HTTP/1.1 upgrade (`Connection: upgrade` with `Upgrade`, e.g. WebSocket) goes to one
-//! endpoint with both headers kept; on its `101 Switching Protocols` the client and upstream
-//! connections become a byte tunnel until either side closes. The handshake is the call for the
-//! balancer's statistics; the tunnel keeps the client's `max_connections` slot, a drain waits
-//! for it (bounded by `drain_timeout_ms`), and a client that stops reading is cut off after the
-//! longest route timeout. Services with `h2c = true` get such requests without the upgrade.
+//! An HTTP/1.1 upgrade (a GET without a body, `Connection: upgrade`, `Upgrade` naming only
+//! protocols of `limits.upgrade_protocols`, default `websocket`; never `h2c`) goes to one
+//! endpoint with both headers kept; on its `101 Switching Protocols` to a protocol the client
+//! offered, the client and upstream connections become a byte tunnel. The handshake is the call
+//! for the balancer's statistics; the tunnel keeps the client's `max_connections` slot, a drain
+//! waits for it (bounded by `drain_timeout_ms`), and it ends when both directions have closed,
+//! after `limits.tunnel_idle_timeout_ms` without a byte, or when the client stops reading (the
+//! longest route timeout). Other upgrade requests, and all of them for services with
+//! `h2c = true`, go upstream as plain requests.
 #![forbid(unsafe_code)]
 #![warn(
     missing_docs,
@@ -82,6 +85,7 @@ mod service;
 mod state;
 mod supervisor;
 mod tcp;
+mod tunnel;
 mod upkeep;
 
 pub use body::ProxyBody;

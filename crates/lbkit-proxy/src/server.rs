@@ -382,6 +382,7 @@ async fn serve_http(
             let hold = ConnHold {
                 _slot: slot,
                 drain: shutdown.clone(),
+                limits: limits.clone(),
             };
             let svc = service_fn(move |mut req: Request<Incoming>| {
                 if req.headers().contains_key(http::header::UPGRADE) {
@@ -413,9 +414,20 @@ async fn serve_http(
 pub(crate) struct ConnHold {
     _slot: Arc<Slot>,
     drain: watch::Receiver<bool>,
+    limits: Arc<Limits>,
 }
 
 impl ConnHold {
+    /// The limits the connection was accepted under.
+    pub(crate) fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// Whether the proxy is shutting down (no new tunnels then).
+    pub(crate) fn draining(&self) -> bool {
+        *self.drain.borrow() || self.drain.has_changed().is_err()
+    }
+
     /// Resolves when the proxy is gone (after the drain; the tunnel ends then).
     pub(crate) async fn proxy_gone(mut self) {
         while self.drain.changed().await.is_ok() {}

@@ -11,8 +11,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
-/// An upstream that answers `/ws` with `Upgrade: echo` by switching to echoing bytes back,
-/// anything else with `ok` (keep-alive). Every request head it reads goes to `heads`.
+/// A lenient upstream: a request with any `Upgrade` is switched to echoing bytes back — at
+/// `/ws` to the protocol asked for, at `/other` to `h2c` whatever was asked; anything else gets
+/// `ok` (keep-alive). Every request head it reads goes to `heads`.
 async fn upstream() -> (SocketAddr, mpsc::UnboundedReceiver<String>) {
     let (tx, heads) = mpsc::unbounded_channel();
     let (addr, _) = counting_server(move |stream| serve(stream, tx.clone())).await;
@@ -26,11 +27,24 @@ async fn serve(mut stream: TcpStream, heads: mpsc::UnboundedSender<String>) {
             return;
         };
         let lower = head.to_ascii_lowercase();
+        let path = lower.split(' ').nth(1).unwrap_or("").to_owned();
+        let asked = lower
+            .split("\r\n")
+            .find_map(|l| l.strip_prefix("upgrade: "))
+            .map(str::to_owned);
         let _ = heads.send(head);
-        if lower.starts_with("get /ws ") && lower.contains("\r\nupgrade: echo\r\n") {
-            let switch =
-                b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n";
-            if stream.write_all(switch).await.is_err() || stream.write_all(&buf).await.is_err() {
+        let to = match (path.as_str(), asked) {
+            ("/ws", Some(p)) => Some(p),
+            ("/other", Some(_)) => Some("h2c".to_owned()),
+            _ => None,
+        };
+        if let Some(to) = to {
+            let switch = format!(
+                "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: {to}\r\n\r\n"
+            );
+            if stream.write_all(switch.as_bytes()).await.is_err()
+                || stream.write_all(&buf).await.is_err()
+            {
                 return;
             }
             let mut chunk = [0u8; 4096];
@@ -87,11 +101,21 @@ async fn no_client_connections(proxy: &lbkit_proxy::Proxy) {
     .expect("client connections closed in time");
 }
 
-async fn proxy_for(addr: SocketAddr) -> (lbkit_proxy::Proxy, Backend) {
+/// A proxy in front of `addr` that tunnels the test protocol `echo` (and WebSocket), with
+/// `limits` lines added.
+async fn proxy_with(addr: SocketAddr, limits: &str) -> (lbkit_proxy::Proxy, Backend) {
     let placeholder = Backend::start("unused").await;
     let text = config_text(&[&placeholder], "round-robin", "")
-        .replace(&placeholder.addr.to_string(), &addr.to_string());
+        .replace(&placeholder.addr.to_string(), &addr.to_string())
+        .replace(
+            "[limits]\n",
+            &format!("[limits]\nupgrade_protocols = [\"echo\", \"websocket\"]\n{limits}\n"),
+        );
     (start(&text).await, placeholder)
+}
+
+async fn proxy_for(addr: SocketAddr) -> (lbkit_proxy::Proxy, Backend) {
+    proxy_with(addr, "").await
 }
 
 #[tokio::test]
@@ -223,4 +247,93 @@ async fn a_drain_waits_for_a_tunnel_then_closes_it() {
     let mut rest = Vec::new();
     let closed = tokio::time::timeout(WAIT, s.read_to_end(&mut rest)).await;
     assert!(closed.is_ok(), "tunnel closed after the drain");
+}
+
+/// Send `raw` on a new connection to the proxy and read one answer head.
+async fn head_of(proxy: &lbkit_proxy::Proxy, raw: &str) -> (TcpStream, String) {
+    let mut s = TcpStream::connect(proxy.listeners()[0])
+        .await
+        .expect("connect");
+    s.write_all(raw.as_bytes()).await.expect("write");
+    let mut buf = Vec::new();
+    let head = tokio::time::timeout(WAIT, read_head(&mut s, &mut buf))
+        .await
+        .expect("answer in time")
+        .expect("a head");
+    (s, head)
+}
+
+/// The last head the upstream read.
+fn last_head(heads: &mut mpsc::UnboundedReceiver<String>) -> String {
+    let mut last = String::new();
+    while let Ok(h) = heads.try_recv() {
+        last = h;
+    }
+    last.to_ascii_lowercase()
+}
+
+// Upgrades that must not become tunnels go upstream as plain requests, without `Upgrade` or
+// h2c's settings, even to an upstream that would switch: h2c (HTTP/2 past routing and
+// forwarding headers), a protocol not allowed, a POST, a body.
+#[tokio::test]
+async fn unsafe_upgrades_are_plain_requests() {
+    let (addr, mut heads) = upstream().await;
+    let (proxy, _p) = proxy_for(addr).await;
+    for raw in [
+        "GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\n\r\n",
+        "GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: echo, h2c\r\n\r\n",
+        "GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: tcp\r\n\r\n",
+        "POST /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: echo\r\nContent-Length: 0\r\n\r\n",
+        "GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: echo\r\nContent-Length: 3\r\n\r\nabc",
+    ] {
+        let (_s, head) = head_of(&proxy, raw).await;
+        assert!(head.starts_with("HTTP/1.1 200"), "{raw:?} -> {head}");
+        let sent = last_head(&mut heads);
+        assert!(!sent.contains("\r\nupgrade:"), "{sent}");
+        assert!(!sent.contains("http2-settings"), "{sent}");
+        assert!(!sent.contains("\r\nconnection: upgrade"), "{sent}");
+    }
+}
+
+// A 101 to a protocol the client did not offer is refused: the client gets a 502, not a tunnel.
+#[tokio::test]
+async fn a_switch_to_another_protocol_is_refused() {
+    let (addr, _heads) = upstream().await;
+    let (proxy, _p) = proxy_for(addr).await;
+    let (_s, head) = head_of(
+        &proxy,
+        "GET /other HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n",
+    )
+    .await;
+    assert!(head.starts_with("HTTP/1.1 502"), "{head}");
+    let (_, doc) = admin(&client(), &proxy, "GET", "/endpoints", "").await;
+    let doc: serde_json::Value = serde_json::from_str(&doc).expect("json");
+    let ep = &doc["services"]["svc"]["endpoints"][0];
+    assert_eq!(ep["failures"].as_u64(), Some(1), "{doc}");
+}
+
+// A tunnel without a byte either way for `tunnel_idle_timeout_ms` is closed, and its slot
+// given back.
+#[tokio::test]
+async fn an_idle_tunnel_is_closed() {
+    let (addr, _heads) = upstream().await;
+    let (proxy, _p) = proxy_with(addr, "tunnel_idle_timeout_ms = 300").await;
+    no_client_connections(&proxy).await;
+    let (mut s, head) = head_of(
+        &proxy,
+        "GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n",
+    )
+    .await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    s.write_all(b"hi").await.expect("write");
+    let mut back = [0u8; 2];
+    s.read_exact(&mut back).await.expect("echo");
+    let started = tokio::time::Instant::now();
+    let mut rest = Vec::new();
+    tokio::time::timeout(WAIT, s.read_to_end(&mut rest))
+        .await
+        .expect("idle tunnel closed in time")
+        .expect("closed cleanly");
+    assert!(started.elapsed() >= std::time::Duration::from_millis(300));
+    no_client_connections(&proxy).await;
 }

@@ -20,6 +20,12 @@ pub(super) fn default_max_connections() -> usize {
 pub(super) fn default_drain_timeout_ms() -> u64 {
     10_000
 }
+pub(super) fn default_upgrade_protocols() -> Vec<String> {
+    vec!["websocket".to_owned()]
+}
+pub(super) fn default_tunnel_idle_ms() -> u64 {
+    300_000
+}
 pub(super) fn default_prefix() -> String {
     "/".to_owned()
 }

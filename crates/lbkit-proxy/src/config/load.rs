@@ -62,6 +62,23 @@ impl Config {
                 "max_connections and max_headers must be > 0".into(),
             ));
         }
+        if self.limits.tunnel_idle_timeout_ms == 0 {
+            return Err(err(
+                "limits.tunnel_idle_timeout_ms".into(),
+                "must be > 0".into(),
+            ));
+        }
+        for p in &self.limits.upgrade_protocols {
+            let token = !p.is_empty()
+                && p.bytes()
+                    .all(|b| b.is_ascii_graphic() && !b"\"(),/:;<=>?@[\\]{}".contains(&b));
+            if !token || p.eq_ignore_ascii_case("h2c") {
+                return Err(err(
+                    "limits.upgrade_protocols".into(),
+                    format!("{p:?}: a protocol name (a token without a version), and not h2c"),
+                ));
+            }
+        }
         if self.listeners.is_empty() {
             return Err(err(
                 "listener".into(),

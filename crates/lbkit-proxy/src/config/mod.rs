@@ -12,6 +12,8 @@
 //! header_read_timeout_ms = 10000        # default 10 s: a client slower to send its head (and a small body) is cut off; also the idle limit between keep-alive requests
 //! max_connections = 10000               # default 10 000 client connections at once, all listeners
 //! drain_timeout_ms = 10000              # default 10 s: graceful shutdown waits this long for in-flight work
+//! upgrade_protocols = ["websocket"]     # default ["websocket"]: HTTP/1.1 upgrades tunnelled to the upstream (names, any case; "h2c" is refused); others go as plain requests
+//! tunnel_idle_timeout_ms = 300000       # default 5 min: an upgraded connection with no byte either way for this long is closed
 //!
 //! [[listener]]                          # at least one
 //! bind = "127.0.0.1:8080"               # required
@@ -121,6 +123,12 @@ pub struct Limits {
     /// Bound on draining at shutdown, ms. Default 10 000.
     #[serde(default = "default_drain_timeout_ms")]
     pub drain_timeout_ms: u64,
+    /// Protocols an HTTP/1.1 upgrade may switch to through the proxy. Default `["websocket"]`.
+    #[serde(default = "default_upgrade_protocols")]
+    pub upgrade_protocols: Vec<String>,
+    /// Idle limit of an upgraded connection (no byte either way), ms. Default 300 000.
+    #[serde(default = "default_tunnel_idle_ms")]
+    pub tunnel_idle_timeout_ms: u64,
 }
 
 impl Default for Limits {
@@ -131,6 +139,8 @@ impl Default for Limits {
             header_read_timeout_ms: default_header_read_timeout_ms(),
             max_connections: default_max_connections(),
             drain_timeout_ms: default_drain_timeout_ms(),
+            upgrade_protocols: default_upgrade_protocols(),
+            tunnel_idle_timeout_ms: default_tunnel_idle_ms(),
         }
     }
 }
@@ -380,6 +390,27 @@ strategy = "p2c-ewma"
         assert_eq!(
             parse(&text).unwrap().services["api"].upstream_idle_timeout_ms,
             200
+        );
+    }
+
+    #[test]
+    fn upgrade_limits_are_checked() {
+        let with = |lines: &str| parse(&format!("[limits]\n{lines}\n{OK}"));
+        let c = with("").unwrap();
+        assert_eq!(c.limits.upgrade_protocols, ["websocket"]);
+        assert_eq!(c.limits.tunnel_idle_timeout_ms, 300_000);
+        let c = with("upgrade_protocols = [\"websocket\", \"SPDY\"]").unwrap();
+        assert_eq!(c.limits.upgrade_protocols, ["websocket", "SPDY"]);
+        for bad in ["\"H2C\"", "\"web socket\"", "\"websocket/13\"", "\"\""] {
+            let e = with(&format!("upgrade_protocols = [{bad}]"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("limits.upgrade_protocols"), "{e}");
+        }
+        let e = with("tunnel_idle_timeout_ms = 0").unwrap_err().to_string();
+        assert!(
+            e.contains("limits.tunnel_idle_timeout_ms: must be > 0"),
+            "{e}"
         );
     }
 

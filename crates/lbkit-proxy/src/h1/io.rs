@@ -27,7 +27,8 @@ const MAX_IDLE_PER_ADDRESS: usize = 1024;
 const SWEEP_EVERY: Duration = Duration::from_secs(10);
 
 /// How often [`sweep_idle`] sweeps its thread's pool: an idle connection is closed at most this
-/// long after its service's `upstream_idle_timeout_ms`, with or without requests.
+/// long after its service's `upstream_idle_timeout_ms`, with or without requests (on the
+/// threads a sweeper runs on).
 const SWEEP_TICK: Duration = Duration::from_secs(1);
 
 /// Spare exchange buffers kept per thread (enough for the requests in flight on a busy worker;
@@ -185,9 +186,11 @@ impl Pool {
 
 /// Sweep this thread's pool every `SWEEP_TICK`, so idle upstream connections close on time even
 /// when no request comes (a worker that stops proxying does not keep them). Runs on every
-/// runtime that serves connections; once `owner` (the proxy's shared state) is gone, it ends
-/// when the pool is empty (the services are gone, or their connections expired). It holds no
-/// shutdown receiver: the drain waits for those.
+/// runtime that serves connections; on a current-thread runtime (each worker's, and `lbkit
+/// proxy`'s) that is every pool. On a multi-threaded calling runtime it sweeps the thread it
+/// runs on; the others' pools are swept by their requests (`SWEEP_EVERY`). Once `owner` (the
+/// proxy's shared state) is gone, it ends when the pool is empty (the services are gone, or
+/// their connections expired). It holds no shutdown receiver: the drain waits for those.
 pub(crate) async fn sweep_idle<T>(owner: Weak<T>) {
     let mut tick = tokio::time::interval(SWEEP_TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -283,8 +286,10 @@ pub(crate) struct Rewind {
     read: Bytes,
     stream: TcpStream,
     stall: Duration,
-    /// Armed while a write waits; dropped when one progresses.
-    waiting: Option<Pin<Box<Sleep>>>,
+    /// The stall timer, made at the first write that waits and reset at each later one.
+    timer: Option<Pin<Box<Sleep>>>,
+    /// Whether a write is waiting (the timer runs).
+    waiting: bool,
 }
 
 impl Rewind {
@@ -293,7 +298,8 @@ impl Rewind {
             read,
             stream,
             stall,
-            waiting: None,
+            timer: None,
+            waiting: false,
         }
     }
 
@@ -305,15 +311,25 @@ impl Rewind {
         polled: Poll<io::Result<T>>,
     ) -> Poll<io::Result<T>> {
         if polled.is_ready() {
-            self.waiting = None;
+            self.waiting = false;
             return polled;
         }
-        let stall = self.stall;
-        let timer = self
-            .waiting
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep(stall)));
+        let timer = match (&mut self.timer, self.waiting) {
+            (Some(timer), true) => timer,
+            (slot, _) => {
+                self.waiting = true;
+                let deadline = Instant::now() + self.stall;
+                match slot {
+                    Some(timer) => {
+                        timer.as_mut().reset(deadline);
+                        timer
+                    }
+                    None => slot.insert(Box::pin(tokio::time::sleep_until(deadline))),
+                }
+            }
+        };
         if timer.as_mut().poll(cx).is_ready() {
-            self.waiting = None;
+            self.waiting = false;
             return Poll::Ready(Err(io::Error::new(
                 io::ErrorKind::TimedOut,
                 "the client took no data for the route timeout",
