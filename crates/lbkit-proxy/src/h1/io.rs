@@ -39,8 +39,96 @@ const SPARE_BUFFERS: usize = 512;
 const MAX_KEPT_BUFFER: usize = 256 * 1024;
 
 thread_local! {
+    static GATE: RefCell<Gate> = RefCell::new(Gate::default());
     static POOL: RefCell<Pool> = RefCell::new(Pool::default());
     static SPARE: RefCell<Vec<Buffers>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The upstream writers of this thread's scheduler round, released together when the round
+/// ends, in the order of their upstream (so an upstream gets its requests back to back).
+#[derive(Default)]
+struct Gate {
+    /// Writers waiting: their upstream key and waker.
+    waiting: Vec<(usize, Waker)>,
+    /// Whether a writer is waiting for the round's end on behalf of all.
+    leading: bool,
+    /// Rounds released so far.
+    round: u64,
+}
+
+/// Wait for this thread's scheduler round to end, then go in the order of `key` (the
+/// upstream): the first writer of a round yields to the runtime once (the other ready
+/// connections parse their requests and wait here meanwhile), then wakes every waiting writer
+/// sorted by key, itself included, so each upstream gets its requests back to back.
+pub(super) async fn write_turn(key: usize) {
+    let (lead, round) = GATE.with(|g| {
+        let mut g = g.borrow_mut();
+        let lead = !g.leading;
+        g.leading = true;
+        (lead, g.round)
+    });
+    if lead {
+        let mut pending = Release(true);
+        tokio::task::yield_now().await;
+        let mut released = false;
+        poll_fn(|cx| {
+            if released {
+                return Poll::Ready(());
+            }
+            released = true;
+            pending.0 = false;
+            release(Some((key, cx.waker())));
+            Poll::Pending
+        })
+        .await;
+        return;
+    }
+    poll_fn(|cx| {
+        GATE.with(|g| {
+            let mut g = g.borrow_mut();
+            if g.round != round {
+                return Poll::Ready(());
+            }
+            g.waiting.push((key, cx.waker().clone()));
+            Poll::Pending
+        })
+    })
+    .await;
+}
+
+/// End the round: wake its writers (and the leader, `own`) sorted by key.
+fn release(own: Option<(usize, &Waker)>) {
+    let mut waiting = GATE.with(|g| {
+        let mut g = g.borrow_mut();
+        g.leading = false;
+        g.round = g.round.wrapping_add(1);
+        std::mem::take(&mut g.waiting)
+    });
+    if let Some((key, waker)) = own {
+        waiting.push((key, waker.clone()));
+    }
+    waiting.sort_by_key(|&(key, _)| key);
+    for (_, waker) in waiting.drain(..) {
+        waker.wake();
+    }
+    // Keep the room for the next round.
+    GATE.with(|g| {
+        let mut g = g.borrow_mut();
+        if g.waiting.is_empty() {
+            g.waiting = waiting;
+        }
+    });
+}
+
+/// Releases a round whose leader is dropped before it could (its writers would wait forever).
+struct Release(bool);
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        if self.0 {
+            release(None);
+        }
+    }
 }
 
 /// The buffers of one exchange: lent by the thread for the time a request is served, so an
@@ -387,5 +475,50 @@ impl AsyncWrite for Rewind {
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // The writers of one round go in the order of their upstream, each upstream's together;
+    // a later round starts a new order.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_round_of_writers_goes_grouped_by_upstream() {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut tasks = Vec::new();
+        for key in [3, 1, 2, 3, 1, 2, 1] {
+            let tx = tx.clone();
+            tasks.push(tokio::spawn(async move {
+                write_turn(key).await;
+                tx.send(key).unwrap();
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let mut order = Vec::new();
+        while let Ok(key) = rx.try_recv() {
+            order.push(key);
+        }
+        assert_eq!(order, [1, 1, 1, 2, 2, 3, 3]);
+        // The gate is free again: a lone writer passes on its own.
+        write_turn(7).await;
+        assert!(!GATE.with(|g| g.borrow().leading));
+    }
+
+    // A leader dropped while it waits for the round's end still releases the others.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_dropped_leader_releases_its_round() {
+        let leader = tokio::spawn(write_turn(1));
+        tokio::task::yield_now().await; // the leader registers and yields
+        assert!(GATE.with(|g| g.borrow().leading), "the leader waits");
+        let follower = tokio::spawn(write_turn(2));
+        leader.abort();
+        tokio::time::timeout(Duration::from_secs(5), follower)
+            .await
+            .expect("released")
+            .unwrap();
     }
 }
