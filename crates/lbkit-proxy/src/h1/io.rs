@@ -48,6 +48,8 @@ thread_local! {
 /// ends, in the order of their upstream (so an upstream gets its requests back to back).
 #[derive(Default)]
 struct Gate {
+    /// Whether [`pin_runtime_thread`] was called on this thread.
+    pinned: bool,
     /// Writers waiting: their upstream key and waker.
     waiting: Vec<(usize, Waker)>,
     /// Whether a writer is waiting for the round's end on behalf of all.
@@ -56,10 +58,27 @@ struct Gate {
     round: u64,
 }
 
+/// Promise that the runtime serving connections on this thread is a current-thread runtime
+/// driven from this thread only, for its whole life (built and `block_on`'d here, as worker
+/// threads and `lbkit proxy` do). Connections accepted afterwards on this thread use the
+/// thread's write gate ([`write_turn`]); without the promise they yield plainly, since a
+/// runtime driven from another thread later would strand the gate's round.
+pub(crate) fn pin_runtime_thread() {
+    GATE.with(|g| g.borrow_mut().pinned = true);
+}
+
+/// Whether connections on this thread may use the write gate.
+pub(super) fn gated() -> bool {
+    GATE.with(|g| g.borrow().pinned)
+        && tokio::runtime::Handle::current().runtime_flavor()
+            == tokio::runtime::RuntimeFlavor::CurrentThread
+}
+
 /// Wait for this thread's scheduler round to end, then go in the order of `key` (the
 /// upstream): the first writer of a round yields to the runtime once (the other ready
 /// connections parse their requests and wait here meanwhile), then wakes every waiting writer
-/// sorted by key, itself included, so each upstream gets its requests back to back.
+/// grouped by key, itself included, so each upstream gets its requests back to back. The
+/// groups' order changes every round (no upstream is always last). Only where [`gated`].
 pub(super) async fn write_turn(key: usize) {
     let (lead, round) = GATE.with(|g| {
         let mut g = g.borrow_mut();
@@ -83,36 +102,52 @@ pub(super) async fn write_turn(key: usize) {
         .await;
         return;
     }
+    // Where this writer's waker is in the round's list (a second poll updates it in place).
+    let mut slot: Option<usize> = None;
     poll_fn(|cx| {
         GATE.with(|g| {
             let mut g = g.borrow_mut();
             if g.round != round {
                 return Poll::Ready(());
             }
-            g.waiting.push((key, cx.waker().clone()));
+            match slot.and_then(|i| g.waiting.get_mut(i)) {
+                Some(entry) => entry.1.clone_from(cx.waker()),
+                None => {
+                    slot = Some(g.waiting.len());
+                    g.waiting.push((key, cx.waker().clone()));
+                }
+            }
             Poll::Pending
         })
     })
     .await;
 }
 
-/// End the round: wake its writers (and the leader, `own`) sorted by key.
+/// End the round: wake its writers grouped by key, the leader's (`own`) group last, then the
+/// leader (a task woken while it runs is queued after everything it woke).
 fn release(own: Option<(usize, &Waker)>) {
-    let mut waiting = GATE.with(|g| {
+    // During thread-local teardown (a runtime dropped then) there is nobody left to wake.
+    let Ok((mut waiting, round)) = GATE.try_with(|g| {
         let mut g = g.borrow_mut();
         g.leading = false;
         g.round = g.round.wrapping_add(1);
-        std::mem::take(&mut g.waiting)
-    });
-    if let Some((key, waker)) = own {
-        waiting.push((key, waker.clone()));
-    }
-    waiting.sort_by_key(|&(key, _)| key);
+        (std::mem::take(&mut g.waiting), g.round)
+    }) else {
+        return;
+    };
+    // Equal keys stay together (a stable sort on a bijection of the key); which group goes
+    // first changes with the round.
+    let mix = (round as usize).wrapping_mul(0x9E37_79B9_7F4A_7C15_u64 as usize);
+    let lead = own.map(|(key, _)| key);
+    waiting.sort_by_key(|&(key, _)| (Some(key) == lead, key ^ mix));
     for (_, waker) in waiting.drain(..) {
         waker.wake();
     }
+    if let Some((_, waker)) = own {
+        waker.wake_by_ref();
+    }
     // Keep the room for the next round.
-    GATE.with(|g| {
+    let _ = GATE.try_with(|g| {
         let mut g = g.borrow_mut();
         if g.waiting.is_empty() {
             g.waiting = waiting;
@@ -486,39 +521,62 @@ mod tests {
     // a later round starts a new order.
     #[tokio::test(flavor = "current_thread")]
     async fn a_round_of_writers_goes_grouped_by_upstream() {
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let mut tasks = Vec::new();
-        for key in [3, 1, 2, 3, 1, 2, 1] {
-            let tx = tx.clone();
-            tasks.push(tokio::spawn(async move {
-                write_turn(key).await;
-                tx.send(key).unwrap();
-            }));
+        pin_runtime_thread();
+        for _ in 0..4 {
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+            let mut tasks = Vec::new();
+            for key in [3, 1, 2, 3, 1, 2, 1] {
+                let tx = tx.clone();
+                tasks.push(tokio::spawn(async move {
+                    write_turn(key).await;
+                    tx.send(key).unwrap();
+                }));
+            }
+            for t in tasks {
+                t.await.unwrap();
+            }
+            let mut order = Vec::new();
+            while let Ok(key) = rx.try_recv() {
+                order.push(key);
+            }
+            // Grouped (the groups' order changes with the round).
+            let mut groups = order.clone();
+            groups.dedup();
+            assert_eq!((groups.len(), order.len()), (3, 7), "{order:?}");
         }
-        for t in tasks {
-            t.await.unwrap();
-        }
-        let mut order = Vec::new();
-        while let Ok(key) = rx.try_recv() {
-            order.push(key);
-        }
-        assert_eq!(order, [1, 1, 1, 2, 2, 3, 3]);
         // The gate is free again: a lone writer passes on its own.
         write_turn(7).await;
         assert!(!GATE.with(|g| g.borrow().leading));
     }
 
-    // A leader dropped while it waits for the round's end still releases the others.
+    // A leader dropped while it waits for the round's end still wakes the writers waiting on
+    // it, and a writer polled twice is listed once.
     #[tokio::test(flavor = "current_thread")]
     async fn a_dropped_leader_releases_its_round() {
-        let leader = tokio::spawn(write_turn(1));
-        tokio::task::yield_now().await; // the leader registers and yields
-        assert!(GATE.with(|g| g.borrow().leading), "the leader waits");
-        let follower = tokio::spawn(write_turn(2));
-        leader.abort();
-        tokio::time::timeout(Duration::from_secs(5), follower)
-            .await
-            .expect("released")
-            .unwrap();
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        struct Count(AtomicUsize);
+        impl std::task::Wake for Count {
+            fn wake(self: Arc<Self>) {
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let poll = |f: &mut Pin<Box<dyn Future<Output = ()>>>, w: &Arc<Count>| {
+            let waker = Waker::from(w.clone());
+            f.as_mut().poll(&mut Context::from_waker(&waker))
+        };
+        let (leader_woken, follower_woken) = (
+            Arc::new(Count(AtomicUsize::new(0))),
+            Arc::new(Count(AtomicUsize::new(0))),
+        );
+        let mut leader: Pin<Box<dyn Future<Output = ()>>> = Box::pin(write_turn(1));
+        let mut follower: Pin<Box<dyn Future<Output = ()>>> = Box::pin(write_turn(2));
+        assert!(poll(&mut leader, &leader_woken).is_pending()); // leads, yields
+        assert!(poll(&mut follower, &follower_woken).is_pending()); // waits
+        assert!(poll(&mut follower, &follower_woken).is_pending()); // a spurious poll
+        assert_eq!(GATE.with(|g| g.borrow().waiting.len()), 1);
+        drop(leader);
+        assert_eq!(follower_woken.0.load(Ordering::SeqCst), 1);
+        assert!(poll(&mut follower, &follower_woken).is_ready());
+        assert!(!GATE.with(|g| g.borrow().leading));
     }
 }

@@ -27,7 +27,7 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-pub(crate) use io::{sweep_idle, Rewind};
+pub(crate) use io::{pin_runtime_thread, sweep_idle, Rewind};
 use io::{Buffers, Timer};
 use wire::{BodyCursor, Forward, Hdr, Parsed, ReqHead};
 
@@ -82,9 +82,7 @@ pub(crate) async fn serve(
         call_timer: Timer::new(),
         rng: FastRng::from_entropy(),
         limits,
-        // The write gate is per thread: only where a task never changes threads.
-        gated: tokio::runtime::Handle::current().runtime_flavor()
-            == tokio::runtime::RuntimeFlavor::CurrentThread,
+        gated: io::gated(),
     };
     loop {
         let head = match conn.read_request(shutdown).await {

@@ -203,6 +203,8 @@ pub fn parse(text: &str) -> Config {
 /// Start a proxy and wait until its service has `n` endpoints published (event: the first
 /// request that is routed to a backend).
 pub async fn start(text: &str) -> Proxy {
+    // A test's runtime lives on its thread (the write gate is used on current-thread ones).
+    Proxy::pin_runtime_thread();
     let proxy = Proxy::start(parse(text)).await.expect("proxy starts");
     let client = client();
     let addr = proxy.listeners()[0];

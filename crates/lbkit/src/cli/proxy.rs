@@ -52,6 +52,8 @@ pub(crate) fn run(args: ProxyArgs) -> anyhow::Result<()> {
         .context("cannot start the async runtime")?;
     runtime.block_on(async move {
         let drain = config.drain_timeout();
+        // This thread drives its runtime until the end: the fast path may use its write gate.
+        Proxy::pin_runtime_thread();
         let proxy = Proxy::start_workers(config, workers).await?;
         let (listeners, admin) = (proxy.listeners().to_vec(), proxy.admin_addr());
         let supervisor = Supervisor::new(proxy, path, drain);
