@@ -42,6 +42,10 @@
 //! listening sockets (`SO_REUSEPORT`) and upstream pools, as nginx's worker processes do; the
 //! admin API, health checks, outlier detection and discovery run on the calling runtime.
 //!
+//! On a thread that drives its runtime for good (worker threads, `lbkit proxy`, or a caller
+//! that says so with [`Proxy::pin_runtime_thread`]), the fast path's upstream writes of one
+//! scheduler round go out grouped by upstream, so a backend wakes once for several requests.
+//!
 //! ## Forwarding
 //! The call loop (`forward.rs` for hyper, `h1/` for the fast path; the retry decision is one
 //! shared function): pick, send, finish the guard, retry idempotent requests (and any request
