@@ -370,7 +370,7 @@ async fn serve_http(
         let (shared, builder, limits) = (shared.clone(), builder.clone(), limits.clone());
         let mut shutdown = shutdown.clone();
         tokio::spawn(async move {
-            let slot = Arc::new(shared.slot(permit));
+            let slot = shared.slot(permit);
             // Plain HTTP/1.1 first; hyper takes over a connection the fast path hands it.
             let (stream, read) =
                 match h1::serve(stream, peer, &shared, &limits, &mut shutdown).await {
@@ -393,7 +393,7 @@ async fn serve_http(
             // An upgrade request carries the connection's slot and drain marker, for the
             // tunnel that outlives hyper's connection.
             let hold = ConnHold {
-                _slot: slot,
+                _slot: Arc::new(slot),
                 drain: shutdown.clone(),
                 limits: limits.clone(),
             };

@@ -124,27 +124,17 @@ async fn an_upgrade_becomes_a_tunnel_both_ways() {
     let (proxy, _p) = proxy_for(addr).await;
     // The readiness probe's connection is gone: only the tunnel counts below.
     no_client_connections(&proxy).await;
-    let mut s = TcpStream::connect(proxy.listeners()[0])
-        .await
-        .expect("connect");
-    s.write_all(b"GET /ws HTTP/1.1\r\nHost: chat\r\nConnection: keep-alive, Upgrade\r\nUpgrade: echo\r\nX-Token: 1\r\n\r\n")
-        .await
-        .expect("write");
-    let mut buf = Vec::new();
-    let head = tokio::time::timeout(WAIT, read_head(&mut s, &mut buf))
-        .await
-        .expect("101 in time")
-        .expect("a head");
+    let (mut s, head, _) = head_of(
+        &proxy,
+        "GET /ws HTTP/1.1\r\nHost: chat\r\nConnection: keep-alive, Upgrade\r\nUpgrade: echo\r\nX-Token: 1\r\n\r\n",
+    )
+    .await;
     let lower = head.to_ascii_lowercase();
     assert!(lower.starts_with("http/1.1 101"), "{head}");
     assert!(lower.contains("\r\nupgrade: echo\r\n"), "{head}");
     assert!(lower.contains("\r\nconnection: upgrade\r\n"), "{head}");
     // What the upstream got: the upgrade asked for, the end-to-end headers, forwarding headers.
-    let mut sent = String::new();
-    while let Ok(h) = heads.try_recv() {
-        sent = h; // the last head: the readiness probe's GET / came first
-    }
-    let sent = sent.to_ascii_lowercase();
+    let sent = last_head(&mut heads); // the readiness probe's GET / came first
     assert!(sent.starts_with("get /ws http/1.1"), "{sent}");
     assert!(sent.contains("\r\nupgrade: echo\r\n"), "{sent}");
     assert!(sent.contains("\r\nconnection: upgrade\r\n"), "{sent}");
@@ -195,7 +185,7 @@ async fn a_declined_upgrade_is_an_ordinary_answer() {
         .await
         .expect("write");
     let mut buf = Vec::new();
-    for expected in ["GET /chat ", "GET /next "] {
+    for expected in ["get /chat ", "get /next "] {
         let head = tokio::time::timeout(WAIT, read_head(&mut s, &mut buf))
             .await
             .expect("answer in time")
@@ -209,10 +199,7 @@ async fn a_declined_upgrade_is_an_ordinary_answer() {
         }
         assert_eq!(&buf[..2], b"ok");
         buf.drain(..2);
-        let mut last = String::new();
-        while let Ok(h) = heads.try_recv() {
-            last = h;
-        }
+        let last = last_head(&mut heads);
         assert!(last.starts_with(expected), "{last}");
         s.write_all(b"GET /next HTTP/1.1\r\nHost: x\r\n\r\n")
             .await
@@ -225,17 +212,11 @@ async fn a_declined_upgrade_is_an_ordinary_answer() {
 async fn a_drain_waits_for_a_tunnel_then_closes_it() {
     let (addr, _heads) = upstream().await;
     let (proxy, _p) = proxy_for(addr).await;
-    let mut s = TcpStream::connect(proxy.listeners()[0])
-        .await
-        .expect("connect");
-    s.write_all(b"GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
-        .await
-        .expect("write");
-    let mut buf = Vec::new();
-    let head = tokio::time::timeout(WAIT, read_head(&mut s, &mut buf))
-        .await
-        .expect("101 in time")
-        .expect("a head");
+    let (mut s, head, _) = head_of(
+        &proxy,
+        "GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n",
+    )
+    .await;
     assert!(head.starts_with("HTTP/1.1 101"), "{head}");
     s.write_all(b"hi").await.expect("write");
     let mut back = [0u8; 2];
@@ -249,8 +230,9 @@ async fn a_drain_waits_for_a_tunnel_then_closes_it() {
     assert!(closed.is_ok(), "tunnel closed after the drain");
 }
 
-/// Send `raw` on a new connection to the proxy and read one answer head.
-async fn head_of(proxy: &lbkit_proxy::Proxy, raw: &str) -> (TcpStream, String) {
+/// Send `raw` on a new connection to the proxy and read one answer head; also the bytes read
+/// past it.
+async fn head_of(proxy: &lbkit_proxy::Proxy, raw: &str) -> (TcpStream, String, Vec<u8>) {
     let mut s = TcpStream::connect(proxy.listeners()[0])
         .await
         .expect("connect");
@@ -260,7 +242,7 @@ async fn head_of(proxy: &lbkit_proxy::Proxy, raw: &str) -> (TcpStream, String) {
         .await
         .expect("answer in time")
         .expect("a head");
-    (s, head)
+    (s, head, buf)
 }
 
 /// The last head the upstream read.
@@ -286,7 +268,7 @@ async fn unsafe_upgrades_are_plain_requests() {
         "POST /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: echo\r\nContent-Length: 0\r\n\r\n",
         "GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: echo\r\nContent-Length: 3\r\n\r\nabc",
     ] {
-        let (_s, head) = head_of(&proxy, raw).await;
+        let (_s, head, _) = head_of(&proxy, raw).await;
         assert!(head.starts_with("HTTP/1.1 200"), "{raw:?} -> {head}");
         let sent = last_head(&mut heads);
         assert!(!sent.contains("\r\nupgrade:"), "{sent}");
@@ -300,7 +282,7 @@ async fn unsafe_upgrades_are_plain_requests() {
 async fn a_switch_to_another_protocol_is_refused() {
     let (addr, _heads) = upstream().await;
     let (proxy, _p) = proxy_for(addr).await;
-    let (_s, head) = head_of(
+    let (_s, head, _) = head_of(
         &proxy,
         "GET /other HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n",
     )
@@ -319,7 +301,7 @@ async fn an_idle_tunnel_is_closed() {
     let (addr, _heads) = upstream().await;
     let (proxy, _p) = proxy_with(addr, "tunnel_idle_timeout_ms = 300").await;
     no_client_connections(&proxy).await;
-    let (mut s, head) = head_of(
+    let (mut s, head, _) = head_of(
         &proxy,
         "GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n",
     )

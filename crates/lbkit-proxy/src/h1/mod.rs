@@ -129,7 +129,8 @@ struct Conn<'a> {
     call_timer: Timer,
     rng: FastRng,
     limits: &'a Limits,
-    /// Upstream writes go through the thread's write gate (current-thread runtimes).
+    /// Upstream writes go through the thread's write gate (threads that drive their
+    /// current-thread runtime for good: `Proxy::pin_runtime_thread`).
     gated: bool,
 }
 
