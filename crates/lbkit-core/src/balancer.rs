@@ -90,6 +90,24 @@ impl<P: Picker> Prepared<P> {
         self.reselect(first, cx, filter)
     }
 
+    /// [`select`](Self::select), but [`PickError::AllTried`] when the choice was already tried
+    /// by this call (`cx.tried`): a retry goes to an untried endpoint or not at all.
+    ///
+    /// # Errors
+    /// As [`select`](Self::select), plus [`PickError::AllTried`].
+    #[inline]
+    pub fn select_untried(
+        &self,
+        cx: &mut PickContext<'_>,
+        filter: &Availability,
+    ) -> Result<EndpointIdx, PickError> {
+        let idx = self.select(cx, filter)?;
+        if !cx.tried.is_empty() && cx.tried.contains(self.snapshot.endpoint(idx)) {
+            return Err(PickError::AllTried);
+        }
+        Ok(idx)
+    }
+
     #[cold]
     fn reselect(
         &self,
@@ -283,6 +301,19 @@ impl<S: Strategy> Balancer<S> {
     pub fn pick(&self, cx: &mut PickContext<'_>) -> Result<CallGuard, PickError> {
         let prepared = self.current.load();
         let idx = prepared.select(cx, &self.availability)?;
+        let endpoint = prepared.snapshot.endpoint(idx).clone();
+        Ok(CallGuard::new(endpoint, cx.now, self.clock.clone()))
+    }
+
+    /// [`pick`](Self::pick), but only an endpoint not in `cx.tried` (see
+    /// [`Prepared::select_untried`]): what a retry uses.
+    ///
+    /// # Errors
+    /// See [`Prepared::select_untried`].
+    #[inline]
+    pub fn pick_untried(&self, cx: &mut PickContext<'_>) -> Result<CallGuard, PickError> {
+        let prepared = self.current.load();
+        let idx = prepared.select_untried(cx, &self.availability)?;
         let endpoint = prepared.snapshot.endpoint(idx).clone();
         Ok(CallGuard::new(endpoint, cx.now, self.clock.clone()))
     }

@@ -17,6 +17,9 @@ pub enum PickError {
         /// Endpoints ejected by outlier detection.
         ejected: u32,
     },
+    /// A retry found only endpoints this call already tried.
+    #[error("every eligible endpoint was already tried")]
+    AllTried,
     /// A user-defined picker refused to choose.
     #[error("the strategy declined to pick: {0}")]
     Declined(&'static str),

@@ -46,11 +46,13 @@
 #![deny(clippy::disallowed_methods, clippy::disallowed_types)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+mod attempt;
 mod availability;
 mod balancer;
 mod budget;
 mod endpoint;
 mod error;
+pub mod http;
 mod live;
 mod policy;
 mod rng;
@@ -59,6 +61,9 @@ mod stats;
 mod strategy;
 mod time;
 
+pub use attempt::{
+    status_failure, AttemptPolicy, Attempts, Budget, Classified, Next, Observed, RetryWhen, Stop,
+};
 pub use availability::{Availability, CircuitBreaker, Unavailable};
 pub use balancer::{Balancer, CallGuard, Prepared, MAX_PROBES, WARMUP_REFRESH};
 pub use budget::RetryBudget;

@@ -1,6 +1,7 @@
 //! The response body sent to clients: a short proxy-made body, or the upstream's body carrying
-//! the call's [`CallGuard`], finished when the body ends (a call "ends" at end of stream, as
-//! tower's `TrackCompletion` does).
+//! the call's guard, which ends when the body does — lbkit-tower's [`TrackBody`], the one rule
+//! for when an HTTP call ends (the head's outcome at the end of the stream, a failure when the
+//! body breaks or a `grpc-status` trailer fails, a cancellation when the client goes away).
 
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
@@ -9,7 +10,10 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use lbkit_core::{CallGuard, FailureKind, Outcome};
+use lbkit_core::{CallGuard, Clock, Outcome};
+use lbkit_tower::http::{CompleteAt, TrackBody};
+use lbkit_tower::policy::GrpcCodes;
+use lbkit_tower::Completion;
 
 /// A response body: proxy-made or streamed from an upstream.
 #[derive(Debug)]
@@ -18,13 +22,7 @@ pub struct ProxyBody(Inner);
 #[derive(Debug)]
 enum Inner {
     Local(Full<Bytes>),
-    Upstream {
-        body: Incoming,
-        /// Finished at end of stream with `outcome`; dropped unfinished (a cancellation) when
-        /// the client goes away first.
-        guard: Option<CallGuard>,
-        outcome: Outcome,
-    },
+    Upstream(TrackBody<Incoming>),
 }
 
 // === impl ProxyBody ===
@@ -35,26 +33,17 @@ impl ProxyBody {
         ProxyBody(Inner::Local(Full::new(text.into())))
     }
 
-    /// An upstream body; `guard` is finished with `outcome` when it ends.
-    pub fn upstream(body: Incoming, guard: CallGuard, outcome: Outcome) -> Self {
-        let mut inner = Inner::Upstream {
+    /// An upstream body; `guard` (reading `clock` when it ends) is finished with `outcome`
+    /// when the body ends.
+    pub fn upstream(body: Incoming, guard: CallGuard, clock: Clock, outcome: Outcome) -> Self {
+        let call = Completion::from_guard(guard, clock);
+        ProxyBody(Inner::Upstream(TrackBody::new(
             body,
-            guard: Some(guard),
+            call,
             outcome,
-        };
-        if let Inner::Upstream {
-            body,
-            guard,
-            outcome,
-        } = &mut inner
-        {
-            if body.is_end_stream() {
-                if let Some(g) = guard.take() {
-                    g.finish(*outcome);
-                }
-            }
-        }
-        ProxyBody(inner)
+            CompleteAt::EndOfStream,
+            GrpcCodes::DEFAULT,
+        )))
     }
 }
 
@@ -72,37 +61,21 @@ impl Body for ProxyBody {
                 Some(Err(never)) => match never {},
                 None => Poll::Ready(None),
             },
-            Inner::Upstream {
-                body,
-                guard,
-                outcome,
-            } => {
-                let frame = ready!(Pin::new(&mut *body).poll_frame(cx));
-                let end = match &frame {
-                    None => Some(*outcome),
-                    Some(Err(_)) => Some(Outcome::Failure(FailureKind::Other)),
-                    Some(Ok(_)) if body.is_end_stream() => Some(*outcome),
-                    Some(Ok(_)) => None,
-                };
-                if let Some(g) = end.and_then(|_| guard.take()) {
-                    g.finish(end.unwrap_or(*outcome));
-                }
-                Poll::Ready(frame)
-            }
+            Inner::Upstream(body) => Pin::new(body).poll_frame(cx),
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match &self.0 {
             Inner::Local(full) => full.is_end_stream(),
-            Inner::Upstream { body, .. } => body.is_end_stream(),
+            Inner::Upstream(body) => body.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.0 {
             Inner::Local(full) => full.size_hint(),
-            Inner::Upstream { body, .. } => body.size_hint(),
+            Inner::Upstream(body) => body.size_hint(),
         }
     }
 }

@@ -465,7 +465,7 @@ async fn handle(
     let started = service.clock().now();
     service.metrics().start();
     let opts = CallOptions {
-        timeout: route.timeout,
+        policy: route.policy,
         hash_key: route.hash_key.as_ref(),
         client: peer,
     };

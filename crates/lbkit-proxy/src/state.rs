@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use lbkit_core::AttemptPolicy;
 use lbkit_strategy::KeyExtractor;
 use tokio::task::JoinHandle;
 
@@ -19,7 +20,8 @@ pub(crate) struct RouteEntry {
     host: Option<String>,
     prefix: String,
     pub(crate) service: Arc<Service>,
-    pub(crate) timeout: Duration,
+    /// The route's limits and the service's retries: what a call's `Attempts` follow.
+    pub(crate) policy: AttemptPolicy,
     pub(crate) hash_key: Option<KeyExtractor>,
 }
 
@@ -90,7 +92,11 @@ impl State {
                 host: r.host.as_ref().map(|h| h.to_ascii_lowercase()),
                 prefix: r.path_prefix.clone(),
                 service: running.service.clone(),
-                timeout: Duration::from_millis(r.timeout_ms),
+                policy: AttemptPolicy {
+                    retries: running.service.config().retries,
+                    per_try: r.per_try_timeout_ms.map(Duration::from_millis),
+                    overall: Some(Duration::from_millis(r.timeout_ms)),
+                },
                 hash_key: r.hash_key.as_ref().and_then(|k| k.parse().ok()),
             });
         }

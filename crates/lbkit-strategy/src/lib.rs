@@ -60,6 +60,7 @@ mod smooth_weighted;
 mod sticky;
 mod weighted_random;
 
+pub use hash::split_target;
 pub use hash::{
     BalanceFactor, ConsistentHash, Ketama, KeyExtractor, KeySource, Maglev, MaglevPicker,
     Rendezvous, RendezvousPicker, RingPicker,

@@ -17,7 +17,8 @@ use crate::telemetry::EndpointMetrics;
 #[must_use = "dropping a Completion at once records a cancelled call"]
 pub struct Completion {
     guard: Option<CallGuard>,
-    metrics: Arc<EndpointMetrics>,
+    /// The pool's handles for the endpoint; `None` for calls made outside a pool (the proxy).
+    metrics: Option<Arc<EndpointMetrics>>,
     clock: Clock,
     attempt: u32,
 }
@@ -33,9 +34,21 @@ impl Completion {
     ) -> Self {
         Completion {
             guard: Some(guard),
-            metrics,
+            metrics: Some(metrics),
             clock,
             attempt,
+        }
+    }
+
+    /// A completion for a call picked outside a [`Pool`](crate::Pool) (by `lbkit proxy`, or
+    /// any driver of lbkit-core's `Attempts`): finishing it records into the endpoint's
+    /// statistics only, reading `clock` once.
+    pub fn from_guard(guard: CallGuard, clock: Clock) -> Self {
+        Completion {
+            guard: Some(guard),
+            metrics: None,
+            clock,
+            attempt: 0,
         }
     }
 
@@ -55,16 +68,17 @@ impl Completion {
             .endpoint()
     }
 
-    pub(crate) fn metrics(&self) -> &EndpointMetrics {
-        &self.metrics
+    pub(crate) fn metrics(&self) -> Option<&EndpointMetrics> {
+        self.metrics.as_deref()
     }
 
     /// End the call now (one clock read) with `outcome`.
     pub fn finish(mut self, outcome: Outcome) {
         if let Some(guard) = self.guard.take() {
             let now = self.clock.now();
-            self.metrics
-                .record(now.saturating_duration_since(guard.started()), outcome);
+            if let Some(m) = &self.metrics {
+                m.record(now.saturating_duration_since(guard.started()), outcome);
+            }
             guard.finish_at(outcome, now);
         }
     }
@@ -74,10 +88,12 @@ impl Drop for Completion {
     fn drop(&mut self) {
         if let Some(guard) = self.guard.take() {
             let now = self.clock.now();
-            self.metrics.record(
-                now.saturating_duration_since(guard.started()),
-                Outcome::Cancelled,
-            );
+            if let Some(m) = &self.metrics {
+                m.record(
+                    now.saturating_duration_since(guard.started()),
+                    Outcome::Cancelled,
+                );
+            }
             guard.finish_at(Outcome::Cancelled, now);
         }
     }

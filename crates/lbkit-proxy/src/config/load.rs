@@ -121,6 +121,12 @@ impl Config {
                     "must start with '/'".into(),
                 ));
             }
+            if r.timeout_ms == 0 || r.per_try_timeout_ms == Some(0) {
+                return Err(err(
+                    format!("route[{i}].timeout_ms"),
+                    "timeout_ms and per_try_timeout_ms must be > 0".into(),
+                ));
+            }
             if let Some(key) = &r.hash_key {
                 key.parse::<KeyExtractor>()
                     .map_err(|e| err(format!("route[{i}].hash_key"), e.to_string()))?;
@@ -167,6 +173,12 @@ impl Service {
         }
         catalog::build(&self.strategy, self.strategy_params())
             .map_err(|e| err("strategy", e.to_string()))?;
+        if self.retries > super::MAX_RETRIES {
+            return Err(err(
+                "retries",
+                format!("at most {} (one attempt per endpoint)", super::MAX_RETRIES),
+            ));
+        }
         if !(0.0..=1000.0).contains(&self.retry_budget_percent) {
             return Err(err("retry_budget_percent", "must be within 0-1000".into()));
         }

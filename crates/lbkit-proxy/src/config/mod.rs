@@ -25,6 +25,7 @@
 //! path_prefix = "/api/"                 # default "/"
 //! service = "api"                       # required: a [service.NAME]
 //! timeout_ms = 15000                    # default 15 s: whole upstream exchange, retries included; once a large answer streams, each read or write (HTTP/1 fast path); a client connection hyper serves (h2c, HTTP/1.0, ...) whose writes make no progress for the longest route timeout is closed
+//! per_try_timeout_ms = 2000             # default none: each attempt's limit inside timeout_ms (Envoy's per_try_timeout); an attempt that times out is retried on another endpoint (idempotent requests) while timeout_ms has time left
 //! hash_key = "header:x-user"            # default none; `header:NAME`, `cookie:NAME`, `path`, `source-ip`
 //!
 //! [service.api]
@@ -33,7 +34,7 @@
 //! # zookeeper = { zk = "127.0.0.1:2181", interface = "com.acme.Api", root = "dubbo", layout = "dubbo" }
 //! strategy = "round-robin"              # default "round-robin"; any name of `lbkit pick --list`
 //! params = { }                          # default {}: the strategy's parameters
-//! retries = 2                           # default 2: further attempts, each on another endpoint
+//! retries = 2                           # default 2, at most 15: further attempts, each on an endpoint not tried yet (lbkit-core's attempt table decides which failures are retried)
 //! retry_budget_percent = 20             # default 20: retries allowed as a share of requests
 //! retry_budget_min_per_sec = 10         # default 10: retries always allowed per second
 //! connect_timeout_ms = 1000             # default 1 s
@@ -58,6 +59,10 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use serde::Deserialize;
+
+/// Most `retries` a service may have: every attempt goes to an endpoint not tried yet, and a
+/// call remembers 16 of them (`lbkit_core::TriedSet::CAPACITY`).
+pub const MAX_RETRIES: u32 = 15;
 
 /// Smallest `limits.max_header_bytes`: hyper's HTTP/1 read buffer cannot be smaller (8 KiB).
 pub const MIN_HEADER_BYTES: usize = 8192;
@@ -182,9 +187,12 @@ pub struct Route {
     pub path_prefix: String,
     /// Service to forward to.
     pub service: String,
-    /// Upstream timeout, ms. Default 15 000.
+    /// Upstream timeout of the whole exchange, retries included, ms. Default 15 000.
     #[serde(default = "default_route_timeout_ms")]
     pub timeout_ms: u64,
+    /// Each attempt's timeout inside `timeout_ms`, ms. Default none (only `timeout_ms`).
+    #[serde(default)]
+    pub per_try_timeout_ms: Option<u64>,
     /// Hash key for hash strategies, as `KeyExtractor` text. Default none.
     #[serde(default)]
     pub hash_key: Option<String>,
@@ -209,7 +217,7 @@ pub struct Service {
     /// Strategy parameters. Default none.
     #[serde(default)]
     pub params: BTreeMap<String, toml::Value>,
-    /// Retries after the first attempt. Default 2.
+    /// Retries after the first attempt. Default 2, at most [`MAX_RETRIES`].
     #[serde(default = "default_retries")]
     pub retries: u32,
     /// Retry budget, percent of requests. Default 20.

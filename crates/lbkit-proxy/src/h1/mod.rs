@@ -21,7 +21,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use lbkit_core::{FailureKind, FastRng, Outcome, PickContext, Timestamp, TriedSet};
+use lbkit_core::http::is_idempotent_method;
+use lbkit_core::{
+    AttemptPolicy, Attempts, CallGuard, FastRng, Next, Observed, Outcome, Stop, Timestamp,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
@@ -32,7 +35,6 @@ use io::{Buffers, Timer};
 use wire::{BodyCursor, Forward, Hdr, Parsed, ReqHead};
 
 use crate::config::Limits;
-use crate::forward::{self, Retry};
 use crate::server::Shared;
 use crate::service::Service;
 use crate::state::State;
@@ -155,11 +157,13 @@ enum Attempt {
         status: u16,
         close: bool,
     },
+    /// A failing answer's head that is retried on `next`; `outcome` is the failed attempt's.
+    Retry { next: CallGuard, outcome: Outcome },
     /// Failed before anything reached the client.
-    Failed(FailureKind),
-    /// The client got part of an answer, then the upstream failed (`Some`) or the client went
-    /// away (`None`).
-    Broken(Option<FailureKind>),
+    Failed(Observed),
+    /// The client got part of an answer, then the upstream failed, or the client went away
+    /// ([`Observed::ClientGone`]).
+    Broken(Observed),
 }
 
 impl Conn<'_> {
@@ -247,7 +251,7 @@ impl Conn<'_> {
             let source = wire::Source {
                 buf: &self.input,
                 hdrs: &self.req_headers,
-                path,
+                target,
                 ip: self.peer.ip(),
             };
             k.extract(&source).map(|k| k.into_owned())
@@ -260,11 +264,8 @@ impl Conn<'_> {
             &self.req_headers,
             &self.forward,
         );
-        let idempotent = forward::is_idempotent(&self.input[head.method.clone()]);
+        let idempotent = is_idempotent_method(&self.input[head.method.clone()]);
         let head_request = &self.input[head.method.clone()] == b"HEAD";
-        let tick = Instant::now();
-        self.call_timer.set(tick + route.timeout);
-        service.budget().deposit(started);
         let call = Call {
             service,
             key: key.as_deref(),
@@ -272,8 +273,8 @@ impl Conn<'_> {
             head_request,
             closing,
             started,
-            tick,
-            timeout: route.timeout,
+            tick: Instant::now(),
+            policy: route.policy,
         };
         let (status, close, ended) = self.call(call).await;
         let ended = ended.unwrap_or_else(|| service.clock().now());
@@ -287,53 +288,38 @@ impl Conn<'_> {
         }
     }
 
-    /// The attempts of one request: pick, exchange, retry on another endpoint. Returns the
-    /// status the client got, whether its connection must close, and when the call ended if
-    /// the clock was read for it.
+    /// The attempts of one request under lbkit-core's [`Attempts`]: pick, exchange, retry on an
+    /// endpoint not tried yet. Returns the status the client got, whether its connection must
+    /// close, and when the call ended if the clock was read for it.
     async fn call(&mut self, c: Call<'_>) -> (u16, bool, Option<Timestamp>) {
-        let Call {
-            service,
-            key,
-            idempotent,
-            head_request,
-            closing,
-            ..
-        } = c;
-        let mut tried = TriedSet::new();
-        let retries = service.config().retries;
-        let mut attempt = 0;
-        loop {
-            // One clock read per request on the way in: the first pick uses the start.
-            let now = if attempt == 0 {
-                c.started
-            } else {
-                service.clock().now()
-            };
-            let mut cx = PickContext::new(now, &mut self.rng).with_tried(attempt, &tried);
-            if let Some(k) = key {
-                cx = cx.with_key(k);
+        let service = c.service;
+        let clock = service.clock();
+        // The request (head and body) stays in the input buffer: every attempt can resend it.
+        let mut attempts =
+            Attempts::start(c.policy, service.budget(), c.idempotent, true, c.started);
+        // One clock read per request on the way in: the first pick uses the start.
+        let first = attempts.pick(&service.active().balancer, c.started, c.key, &mut self.rng);
+        let mut guard = match first {
+            Ok(g) => g,
+            Err(e) => {
+                let text = format!("{e}\n");
+                return (503, self.answer_closing(503, &text, c.closing).await, None);
             }
-            let guard = match service.active().balancer.pick(&mut cx) {
-                Ok(g) => g,
-                Err(e) => {
-                    let text = format!("{e}\n");
-                    return (503, self.answer_closing(503, &text, closing).await, None);
-                }
-            };
-            tried.insert(guard.endpoint());
-            let can_retry = |connect: bool| attempt < retries && (idempotent || connect);
-            let address = guard.endpoint().address();
+        };
+        let (mut tick, mut now) = (c.tick, c.started);
+        loop {
+            self.call_timer.set(deadline(tick, attempts.timeout(now)));
             let exchange = Exchange {
                 service,
-                address,
-                idempotent,
-                head_request,
-                retry_5xx: can_retry(false),
-                closing,
-                tick: c.tick,
-                timeout: c.timeout,
+                address: guard.endpoint().address(),
+                key: c.key,
+                attempts: &mut attempts,
+                head_request: c.head_request,
+                closing: c.closing,
+                tick,
+                stream_timeout: c.policy.overall.unwrap_or(FAR),
             };
-            match self.exchange(exchange).await {
+            let failed = match self.exchange(exchange).await {
                 Attempt::Answered {
                     outcome,
                     status,
@@ -341,7 +327,7 @@ impl Conn<'_> {
                 } => {
                     // The call ends with the upstream's part, before the client has the last
                     // bytes (so statistics are current when it reads them).
-                    let ended = service.clock().now();
+                    let ended = clock.now();
                     guard.finish_at(outcome, ended);
                     // Within the call's deadline (re-armed per write once the answer streams):
                     // a client that stops reading does not pin the connection.
@@ -349,32 +335,70 @@ impl Conn<'_> {
                     let failed = !matches!(self.call_timer.run(write).await, Ok(Ok(())));
                     return (status, close || failed, Some(ended));
                 }
-                Attempt::Broken(Some(kind)) => {
-                    guard.finish(Outcome::Failure(kind));
-                    return (502, true, None);
+                Attempt::Retry { next, outcome } => {
+                    guard.finish(outcome);
+                    guard = next;
+                    (tick, now) = (Instant::now(), clock.now());
+                    continue;
                 }
-                // The client went away: the call is cancelled (the guard's drop says so).
-                Attempt::Broken(None) => return (499, true, None),
-                Attempt::Failed(kind) => {
-                    guard.finish(Outcome::Failure(kind));
-                    match forward::after_failure(
-                        service,
-                        kind,
-                        can_retry(kind == FailureKind::Connect),
-                    ) {
-                        Retry::Again => attempt += 1,
-                        Retry::Answer(status, text) => {
-                            let code = status.as_u16();
-                            return (code, self.answer_closing(code, text, closing).await, None);
-                        }
+                Attempt::Broken(observed) => {
+                    guard.finish(observed.classify().outcome);
+                    let code = if observed == Observed::ClientGone {
+                        499
+                    } else {
+                        502
+                    };
+                    return (code, true, None);
+                }
+                Attempt::Failed(observed) => observed,
+            };
+            let cl = failed.classify();
+            let mut exhausted = false;
+            match attempts.after(cl, service.budget(), clock) {
+                Next::Retry => {
+                    let at = clock.now();
+                    if let Ok(next) = self.retry_pick(service, &mut attempts, at, c.key) {
+                        guard.finish_at(cl.outcome, at);
+                        guard = next;
+                        (tick, now) = (Instant::now(), at);
+                        continue;
                     }
                 }
+                Next::Answer(stop) => exhausted = stop == Stop::BudgetExhausted,
             }
+            if exhausted {
+                service.metrics().retry_refused();
+            }
+            guard.finish(cl.outcome);
+            let code = if failed == Observed::Timeout {
+                504
+            } else {
+                502
+            };
+            let text = if exhausted {
+                "upstream failed (retry budget exhausted)\n"
+            } else {
+                "upstream failed\n"
+            };
+            return (code, self.answer_closing(code, text, c.closing).await, None);
         }
     }
 
+    /// The endpoint of a retry (counted as one when found).
+    fn retry_pick(
+        &mut self,
+        service: &Service,
+        attempts: &mut Attempts,
+        now: Timestamp,
+        key: Option<&[u8]>,
+    ) -> Result<CallGuard, lbkit_core::PickError> {
+        let next = attempts.pick(&service.active().balancer, now, key, &mut self.rng)?;
+        service.metrics().retried();
+        Ok(next)
+    }
+
     /// One attempt on one endpoint: send the request on a pooled (or new) connection and relay
-    /// the answer.
+    /// the answer, unless its head is a failure that [`Attempts`] retries.
     async fn exchange(&mut self, x: Exchange<'_>) -> Attempt {
         let now = x.tick;
         let mut pooled = io::take(x.service, x.address, now);
@@ -384,7 +408,7 @@ impl Conn<'_> {
                 Some(s) => s,
                 None => match self.connect(x.service, x.address).await {
                     Ok(s) => s,
-                    Err(kind) => return Attempt::Failed(kind),
+                    Err(observed) => return Attempt::Failed(observed),
                 },
             };
             self.b.response.clear();
@@ -393,20 +417,31 @@ impl Conn<'_> {
                 // A pooled connection the upstream had closed: once more on a new one, when
                 // the request cannot have been acted on (it was not accepted) or may be
                 // repeated. Not the endpoint's failure.
-                Err(SendError::Stale { written }) if reused && (!written || x.idempotent) => {}
-                Err(SendError::Timeout) => return Attempt::Failed(FailureKind::Timeout),
-                Err(_) => return Attempt::Failed(FailureKind::Other),
+                Err(SendError::Stale { written })
+                    if reused && (!written || x.attempts.is_idempotent()) => {}
+                Err(SendError::Timeout) => return Attempt::Failed(Observed::Timeout),
+                Err(_) => return Attempt::Failed(Observed::ResetBeforeResponse),
             }
         };
         let (mut stream, ref head) = upstream;
-        if head.code >= 500 && x.retry_5xx {
-            return Attempt::Failed(FailureKind::Server);
+        let c = Observed::Status(head.code).classify();
+        if c.is_failure() {
+            // Only a failure may be retried: an answer's head costs no decision.
+            match x.attempts.after(c, x.service.budget(), x.service.clock()) {
+                Next::Retry => {
+                    let at = x.service.clock().now();
+                    if let Ok(next) = self.retry_pick(x.service, x.attempts, at, x.key) {
+                        return Attempt::Retry {
+                            next,
+                            outcome: c.outcome,
+                        };
+                    }
+                }
+                Next::Answer(Stop::BudgetExhausted) => x.service.metrics().retry_refused(),
+                Next::Answer(_) => {}
+            }
         }
-        let outcome = if head.code >= 500 {
-            Outcome::Failure(FailureKind::Server)
-        } else {
-            Outcome::Success
-        };
+        let outcome = c.outcome;
         let close = x.closing || head.framing == wire::Framing::Close;
         self.b.output.clear();
         wire::write_response_head(
@@ -421,7 +456,7 @@ impl Conn<'_> {
         let mut streamed = false;
         let reusable = loop {
             let Ok(n) = cursor.feed(&self.b.response[at..]) else {
-                return fail(FailureKind::Other, streamed);
+                return fail(Observed::ResetBeforeResponse, streamed);
             };
             self.b
                 .output
@@ -434,14 +469,16 @@ impl Conn<'_> {
             if self.b.output.len() >= FLUSH_AT {
                 // Streaming: each write and read from here on gets the route's timeout anew
                 // (nginx's send_timeout and proxy_read_timeout).
-                self.call_timer.set(Instant::now() + x.timeout);
+                self.call_timer
+                    .set(deadline(Instant::now(), Some(x.stream_timeout)));
                 let write = self.stream.write_all(&self.b.output);
                 if !matches!(self.call_timer.run(write).await, Ok(Ok(()))) {
-                    return Attempt::Broken(None);
+                    return Attempt::Broken(Observed::ClientGone);
                 }
                 self.b.output.clear();
                 streamed = true;
-                self.call_timer.set(Instant::now() + x.timeout);
+                self.call_timer
+                    .set(deadline(Instant::now(), Some(x.stream_timeout)));
             }
             reserve(&mut self.b.response, UPSTREAM_READ);
             let read = self
@@ -451,15 +488,16 @@ impl Conn<'_> {
             match read {
                 Ok(Ok(0)) if cursor == BodyCursor::Close => break false,
                 Ok(Ok(n)) if n > 0 => {}
-                Ok(_) => return fail(FailureKind::Other, streamed),
-                Err(_) => return fail(FailureKind::Timeout, streamed),
+                Ok(_) => return fail(Observed::ResetBeforeResponse, streamed),
+                Err(_) => return fail(Observed::Timeout, streamed),
             }
         };
         if reusable {
             io::give_back(x.service, x.address, stream, now);
         }
         if streamed {
-            self.call_timer.set(Instant::now() + x.timeout);
+            self.call_timer
+                .set(deadline(Instant::now(), Some(x.stream_timeout)));
         }
         Attempt::Answered {
             outcome,
@@ -470,11 +508,7 @@ impl Conn<'_> {
 
     /// A new connection to `address`, within the service's connect timeout and the call's
     /// deadline.
-    async fn connect(
-        &mut self,
-        service: &Service,
-        address: &str,
-    ) -> Result<TcpStream, FailureKind> {
+    async fn connect(&mut self, service: &Service, address: &str) -> Result<TcpStream, Observed> {
         let timeout = Duration::from_millis(service.config().connect_timeout_ms);
         let connect = tokio::time::timeout(timeout, TcpStream::connect(address));
         match self.call_timer.run(connect).await {
@@ -482,8 +516,9 @@ impl Conn<'_> {
                 let _ = stream.set_nodelay(true);
                 Ok(stream)
             }
-            Ok(_) => Err(FailureKind::Connect),
-            Err(_) => Err(FailureKind::Timeout),
+            // Refused, unreachable, or the connect timeout: nothing was sent.
+            Ok(_) => Err(Observed::ConnectFailed),
+            Err(_) => Err(Observed::Timeout),
         }
     }
 
@@ -567,26 +602,33 @@ struct Call<'a> {
     started: Timestamp,
     /// The same moment on the runtime's clock (deadlines, the pool's idle times).
     tick: Instant,
-    /// The route's timeout.
-    timeout: Duration,
+    /// The route's limits and the service's retries.
+    policy: AttemptPolicy,
 }
 
 /// One attempt's parameters.
 struct Exchange<'a> {
     service: &'a Arc<Service>,
     address: &'a str,
-    idempotent: bool,
+    key: Option<&'a [u8]>,
+    /// The call's attempts: asked whether a failing answer's head is retried.
+    attempts: &'a mut Attempts,
     head_request: bool,
-    /// A 5xx answer is dropped and the request retried elsewhere.
-    retry_5xx: bool,
     /// The client connection closes after this request.
     closing: bool,
-    /// When the request started, on the runtime's clock.
+    /// When the attempt started, on the runtime's clock.
     tick: Instant,
-    /// The route's timeout: the deadline of the exchange until the first write to the client,
-    /// then the longest wait for each read or write while the answer streams.
-    timeout: Duration,
+    /// Once the answer streams, the longest wait for each read or write (the route's timeout).
+    stream_timeout: Duration,
 }
+
+/// A deadline for the runtime's timer: `limit` after `tick`, or far away without one.
+fn deadline(tick: Instant, limit: Option<Duration>) -> Instant {
+    tick + limit.unwrap_or(FAR).min(FAR)
+}
+
+/// "No deadline": far enough never to matter, near enough never to overflow an `Instant`.
+const FAR: Duration = Duration::from_secs(86_400 * 365);
 
 enum SendError {
     /// The connection was closed before any answer (`written`: the request had been written).
@@ -598,11 +640,12 @@ enum SendError {
     Broken,
 }
 
-fn fail(kind: FailureKind, streamed: bool) -> Attempt {
-    if streamed {
-        Attempt::Broken(Some(kind))
-    } else {
-        Attempt::Failed(kind)
+/// A failure while the answer was read: retryable while nothing reached the client.
+fn fail(observed: Observed, streamed: bool) -> Attempt {
+    match (streamed, observed) {
+        (true, Observed::Timeout) => Attempt::Broken(Observed::Timeout),
+        (true, _) => Attempt::Broken(Observed::ResetAfterResponse),
+        (false, o) => Attempt::Failed(o),
     }
 }
 

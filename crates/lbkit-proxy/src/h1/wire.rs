@@ -484,7 +484,8 @@ impl BodyCursor {
 pub(super) struct Source<'a> {
     pub(super) buf: &'a [u8],
     pub(super) hdrs: &'a [Hdr],
-    pub(super) path: &'a [u8],
+    /// The request target as sent (path and query).
+    pub(super) target: &'a [u8],
     pub(super) ip: IpAddr,
 }
 
@@ -496,8 +497,8 @@ impl KeySource for Source<'_> {
             .map(|h| &self.buf[h.value.clone()])
     }
 
-    fn path(&self) -> Option<&[u8]> {
-        Some(self.path)
+    fn target(&self) -> Option<&[u8]> {
+        Some(self.target)
     }
 
     fn source_ip(&self) -> Option<IpAddr> {
@@ -505,12 +506,9 @@ impl KeySource for Source<'_> {
     }
 }
 
-/// The request target's path (without the query).
+/// The request target's path (without the query), as hash keys read it.
 pub(super) fn path_of(target: &[u8]) -> &[u8] {
-    target
-        .iter()
-        .position(|&b| b == b'?')
-        .map_or(target, |q| &target[..q])
+    lbkit_strategy::split_target(target).0
 }
 
 /// Case-insensitive header name comparison.

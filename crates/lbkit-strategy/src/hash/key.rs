@@ -52,8 +52,10 @@ pub trait KeySource {
         self.header("cookie").and_then(|h| find_cookie(h, name))
     }
 
-    /// The request target's path, with the query if the layer wants nginx's `$request_uri`.
-    fn path(&self) -> Option<&[u8]> {
+    /// The request target as the client sent it: the path and, if any, `?` and the query
+    /// (nginx's `$request_uri`), not decoded. [`KeyExtractor`] derives `path`, `uri` and
+    /// `query:NAME` keys from it, so every layer hashes them alike.
+    fn target(&self) -> Option<&[u8]> {
         None
     }
 
@@ -76,7 +78,9 @@ pub trait KeySource {
 /// |---|---|---|
 /// | `header:x-user-id` | [`Header`](Self::Header) | the header's value (name stored lowercase) |
 /// | `cookie:session` | [`Cookie`](Self::Cookie) | the cookie's value |
-/// | `path` | [`Path`](Self::Path) | the request path |
+/// | `path` | [`Path`](Self::Path) | the request path, without the query (`/users/7` for `/users/7?x=1`) |
+/// | `uri` | [`Uri`](Self::Uri) | the whole request target with the query, as sent (nginx's `$request_uri`) |
+/// | `query:id` | [`Query`](Self::Query) | the value of the first query parameter `id`, as sent (nginx's `$arg_id`) |
 /// | `source-ip` | [`SourceIp`](Self::SourceIp) | the client IP as text (`10.0.0.7`, `2001:db8::1`) |
 /// | `arg:0` | [`RpcArgument`](Self::RpcArgument) | one RPC argument |
 /// | `arg:0,2` | [`RpcArguments`](Self::RpcArguments) | arguments concatenated (Dubbo `hash.arguments`) |
@@ -86,8 +90,14 @@ pub enum KeyExtractor {
     Header(String),
     /// A cookie.
     Cookie(String),
-    /// The request path.
+    /// The request path, without the query: requests for one resource land together whatever
+    /// their query.
     Path,
+    /// The request target with its query, as sent (nginx's `$request_uri`).
+    Uri,
+    /// One query parameter's value, not decoded (nginx's `$arg_NAME`; the name is compared
+    /// exactly).
+    Query(String),
     /// The client's IP address, as text.
     SourceIp,
     /// One RPC argument by position (Dubbo's default `hash.arguments = 0`).
@@ -109,7 +119,12 @@ impl KeyExtractor {
         match self {
             KeyExtractor::Header(name) => source.header(name).map(Cow::Borrowed),
             KeyExtractor::Cookie(name) => source.cookie(name).map(Cow::Borrowed),
-            KeyExtractor::Path => source.path().map(Cow::Borrowed),
+            KeyExtractor::Path => source.target().map(|t| Cow::Borrowed(split_target(t).0)),
+            KeyExtractor::Uri => source.target().map(Cow::Borrowed),
+            KeyExtractor::Query(name) => source
+                .target()
+                .and_then(|t| find_query(split_target(t).1?, name))
+                .map(Cow::Borrowed),
             KeyExtractor::SourceIp => source
                 .source_ip()
                 .map(|ip| Cow::Owned(ip.to_string().into_bytes())),
@@ -137,6 +152,11 @@ impl FromStr for KeyExtractor {
         };
         match (kind.to_ascii_lowercase().as_str(), arg) {
             ("path", None) => Ok(KeyExtractor::Path),
+            ("uri", None) => Ok(KeyExtractor::Uri),
+            ("query", Some(name)) if !name.is_empty() && !name.contains(['&', '=', '#']) => {
+                Ok(KeyExtractor::Query(name.to_owned()))
+            }
+            ("query", _) => Err(bad("a query parameter name is non-empty, without & = #")),
             ("source-ip", None) => Ok(KeyExtractor::SourceIp),
             ("header", Some(name)) if is_token(name) => {
                 Ok(KeyExtractor::Header(name.to_ascii_lowercase()))
@@ -156,7 +176,7 @@ impl FromStr for KeyExtractor {
                 }
             }
             ("arg", None) => Err(bad("name the argument index, e.g. arg:0")),
-            ("path" | "source-ip", Some(_)) => Err(bad("takes no parameter")),
+            ("path" | "uri" | "source-ip", Some(_)) => Err(bad("takes no parameter")),
             _ => Err(bad("unknown key source")),
         }
     }
@@ -168,6 +188,8 @@ impl fmt::Display for KeyExtractor {
             KeyExtractor::Header(name) => write!(f, "header:{name}"),
             KeyExtractor::Cookie(name) => write!(f, "cookie:{name}"),
             KeyExtractor::Path => f.write_str("path"),
+            KeyExtractor::Uri => f.write_str("uri"),
+            KeyExtractor::Query(name) => write!(f, "query:{name}"),
             KeyExtractor::SourceIp => f.write_str("source-ip"),
             KeyExtractor::RpcArgument(i) => write!(f, "arg:{i}"),
             KeyExtractor::RpcArguments(list) => {
@@ -186,7 +208,7 @@ impl fmt::Display for KeyExtractor {
 
 /// Text that does not name a key source.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("key source {text:?} is invalid: {reason} (expected header:NAME, cookie:NAME, path, source-ip or arg:N[,N...])")]
+#[error("key source {text:?} is invalid: {reason} (expected header:NAME, cookie:NAME, path, uri, query:NAME, source-ip or arg:N[,N...])")]
 pub struct KeyExtractorError {
     text: String,
     reason: &'static str,
@@ -197,6 +219,33 @@ fn is_token(s: &str) -> bool {
     !s.is_empty()
         && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
+/// A request target split at the first `?`: the path, and the query if there is one.
+///
+/// ```
+/// use lbkit_strategy::split_target;
+/// assert_eq!(split_target(b"/a/b?x=1"), (&b"/a/b"[..], Some(&b"x=1"[..])));
+/// assert_eq!(split_target(b"/a"), (&b"/a"[..], None));
+/// ```
+pub fn split_target(target: &[u8]) -> (&[u8], Option<&[u8]>) {
+    match target.iter().position(|&b| b == b'?') {
+        Some(q) => (&target[..q], Some(&target[q + 1..])),
+        None => (target, None),
+    }
+}
+
+/// The value of the first parameter `name` in a query (`a=1&b=2`; a parameter without `=` has
+/// an empty value; a `#fragment` is not part of it).
+fn find_query<'a>(query: &'a [u8], name: &str) -> Option<&'a [u8]> {
+    let query = query.split(|&b| b == b'#').next().unwrap_or(query);
+    query.split(|&b| b == b'&').find_map(|pair| {
+        let (k, v) = match pair.iter().position(|&b| b == b'=') {
+            Some(eq) => (&pair[..eq], &pair[eq + 1..]),
+            None => (pair, &pair[pair.len()..]),
+        };
+        (k == name.as_bytes()).then_some(v)
+    })
 }
 
 /// The value of cookie `name` in a `Cookie` header value.
@@ -234,7 +283,7 @@ mod tests {
                 .find(|(k, _)| k.eq_ignore_ascii_case(name))
                 .map(|(_, v)| v.as_bytes())
         }
-        fn path(&self) -> Option<&[u8]> {
+        fn target(&self) -> Option<&[u8]> {
             self.path.map(str::as_bytes)
         }
         fn source_ip(&self) -> Option<IpAddr> {
@@ -258,7 +307,7 @@ mod tests {
                 ("X-User-Id", "u-17"),
                 ("Cookie", "a=1;  sid = s-9 ; b=\"q\"; a=2"),
             ],
-            path: Some("/cart?id=3"),
+            path: Some("/cart?id=3&x&y=a=b"),
             ip: Some("2001:db8::1".parse().unwrap()),
             args: vec!["42", "null", "eu"],
         };
@@ -279,7 +328,13 @@ mod tests {
             None,
             "cookie names are case-sensitive"
         );
-        assert_eq!(key("path", &req).as_deref(), Some("/cart?id=3"));
+        assert_eq!(key("path", &req).as_deref(), Some("/cart"));
+        assert_eq!(key("uri", &req).as_deref(), Some("/cart?id=3&x&y=a=b"));
+        assert_eq!(key("query:id", &req).as_deref(), Some("3"));
+        assert_eq!(key("query:x", &req).as_deref(), Some(""));
+        assert_eq!(key("query:y", &req).as_deref(), Some("a=b"));
+        assert_eq!(key("query:ID", &req), None, "names compare exactly");
+        assert_eq!(key("query:z", &req), None);
         assert_eq!(key("source-ip", &req).as_deref(), Some("2001:db8::1"));
         assert_eq!(key("arg:0", &req).as_deref(), Some("42"));
         assert_eq!(
@@ -305,6 +360,9 @@ mod tests {
             "arg:x",
             "arg:1,",
             "path:x",
+            "uri:x",
+            "query:",
+            "query:a=b",
             "ip",
         ] {
             let e = bad.parse::<KeyExtractor>().unwrap_err().to_string();
@@ -318,13 +376,15 @@ mod tests {
             ..ProptestConfig::default()
         })]
         #[test]
-        fn display_round_trips(kind in 0u8..6, name in "[a-z0-9_-]{1,12}", idx in proptest::collection::vec(0usize..100, 2..5)) {
+        fn display_round_trips(kind in 0u8..8, name in "[a-z0-9_-]{1,12}", idx in proptest::collection::vec(0usize..100, 2..5)) {
             let e = match kind {
                 0 => KeyExtractor::Header(name),
                 1 => KeyExtractor::Cookie(name),
                 2 => KeyExtractor::Path,
                 3 => KeyExtractor::SourceIp,
                 4 => KeyExtractor::RpcArgument(idx[0]),
+                5 => KeyExtractor::Uri,
+                6 => KeyExtractor::Query(name),
                 _ => KeyExtractor::RpcArguments(idx),
             };
             prop_assert_eq!(e.to_string().parse::<KeyExtractor>().unwrap(), e);

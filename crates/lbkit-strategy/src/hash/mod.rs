@@ -18,7 +18,7 @@
 //! [`PickContext::hash`](lbkit_core::PickContext::hash) (lbkit's SipHash of a key, or any 64-bit
 //! hash the caller chose); without either it draws a random position from the caller's RNG, so a
 //! keyless call is spread like a random pick instead of piling onto one endpoint.
-//! [`KeyExtractor`] turns a request (header, cookie, path, source IP, RPC argument) into a key.
+//! [`KeyExtractor`] turns a request (header, cookie, path, query, source IP, RPC argument) into a key.
 //!
 //! # Trouble: walking on
 //! * **Down or drained endpoints** are passed over deterministically. The rings are built over
@@ -72,7 +72,7 @@ use crate::catalog::{invalid, Family, ParamError, ParamInfo, Params, StrategyInf
 pub use bounded::BalanceFactor;
 pub use consistent::{ConsistentHash, DEFAULT_NODES, MAX_NODES};
 pub use ketama::{Ketama, MAX_RING_POINTS, POINTS_PER_WEIGHT};
-pub use key::{KeyExtractor, KeyExtractorError, KeySource};
+pub use key::{split_target, KeyExtractor, KeyExtractorError, KeySource};
 pub use maglev::{Maglev, MaglevPicker, TableSizeError, DEFAULT_TABLE_SIZE, MAX_TABLE_SIZE};
 pub use rendezvous::{Rendezvous, RendezvousPicker};
 pub use ring::RingPicker;

@@ -3,7 +3,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use lbkit_core::Outcome;
+use lbkit_core::{Classified, Outcome};
 use tower::{Service, ServiceExt};
 use tracing::Instrument;
 
@@ -31,22 +31,6 @@ pub(crate) enum Sent<Resp> {
 // === impl Sent ===
 
 impl<Resp> Sent<Resp> {
-    fn call(&self) -> &Completion {
-        match self {
-            Sent::Response { call, .. } | Sent::Failed { call, .. } => call,
-        }
-    }
-
-    /// The endpoint called.
-    pub(crate) fn endpoint(&self) -> &lbkit_core::Endpoint {
-        self.call().endpoint()
-    }
-
-    /// The attempt number (0 = first).
-    pub(crate) fn attempt(&self) -> u32 {
-        self.call().attempt()
-    }
-
     /// Whether the attempt counts as a failure of the endpoint.
     pub(crate) fn is_failure(&self) -> bool {
         matches!(
@@ -61,11 +45,13 @@ impl<Resp> Sent<Resp> {
         )
     }
 
-    /// Whether the request may have reached the server (`true` unless known otherwise).
-    pub(crate) fn may_have_reached(&self) -> bool {
+    /// What the attempt means for the endpoint and for a retry (lbkit-core's table): an
+    /// answer's outcome is the response policy's, an error's is its classification and
+    /// whether the request may have reached the server.
+    pub(crate) fn classified(&self) -> Classified {
         match self {
-            Sent::Response { .. } => true,
-            Sent::Failed { err, .. } => err.reached_server() != Some(false),
+            Sent::Response { outcome, .. } => Classified::answer(*outcome),
+            Sent::Failed { err, outcome, .. } => Classified::error(*outcome, err.reached_server()),
         }
     }
 
@@ -133,11 +119,12 @@ impl<Resp> Sent<Resp> {
 /// Count an attempt in the endpoint's metrics and make its span.
 #[inline]
 pub(crate) fn start(call: &Completion, pool: &str, strategy: &str) -> tracing::Span {
-    let metrics = call.metrics();
-    metrics.requests.increment(1);
     let attempt = call.attempt();
-    if attempt > 0 {
-        metrics.retries.increment(1);
+    if let Some(metrics) = call.metrics() {
+        metrics.requests.increment(1);
+        if attempt > 0 {
+            metrics.retries.increment(1);
+        }
     }
     tracing::debug_span!(
         "lbkit.call",

@@ -1,11 +1,14 @@
-//! The cluster modes, each an async function over the shared state.
+//! The cluster modes, each an async function over the shared state. The rules of one call's
+//! attempts (tried set, idempotency, budget, deadlines, retry or answer) are lbkit-core's
+//! [`Attempts`]; this module only drives it.
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures_util::stream::{FuturesOrdered, FuturesUnordered};
 use futures_util::{StreamExt, TryFutureExt};
-use lbkit_core::{FastRng, Strategy, Timestamp, TriedSet};
+use lbkit_core::{Attempts, FastRng, Next, Stop, Strategy, Timestamp, TriedSet};
 use tower::Service;
 
 use super::attempt::{send, settle, Sent};
@@ -17,12 +20,14 @@ use crate::pool::{PickInput, Selected};
 
 type Output<R, Resp> = <R as ResponsePolicy<Resp>>::Output;
 
-/// Run one request under the configured mode (all but broadcast), `first` being its first pick.
+/// Run one request under the configured mode (all but broadcast), `first` being its first pick
+/// (already begun in `attempts`) and `spare` a copy for a retry.
 pub(crate) async fn dispatch<Req, Svc, Q, R, S, F>(
     shared: Arc<Shared<Svc, Q, R, S, F>>,
     first: Result<Selected<Svc>, Error>,
     req: Req,
-    now: Timestamp,
+    spare: Option<Req>,
+    attempts: Attempts,
 ) -> Result<Output<R, Svc::Response>, BoxError>
 where
     Req: Send + 'static,
@@ -36,18 +41,22 @@ where
     F: Fallback<R::Output>,
 {
     let s = &*shared;
+    let timeout = attempts.timeout(attempts.started());
     match s.mode {
-        Mode::Failover { retries } => failover(s, first?, req, retries, now).await,
+        Mode::Failover { .. } => {
+            let sent = s.send(first?, req, timeout).await;
+            failover(s, sent, spare, attempts).await
+        }
         // Rare modes run boxed, so the common future stays small.
-        Mode::Forking { forks } => Box::pin(forking(s, first?, req, forks, now)).await,
-        Mode::Failfast | Mode::Broadcast => once(s, first, req).await,
-        Mode::Failsafe => match once(s, first, req).await {
+        Mode::Forking { forks } => Box::pin(forking(s, first?, req, forks, attempts)).await,
+        Mode::Failfast | Mode::Broadcast => once(s, first, req, timeout).await,
+        Mode::Failsafe => match once(s, first, req, timeout).await {
             Ok(out) => Ok(out),
             Err(e) => s.fallback.fallback(&e).ok_or(e),
         },
         Mode::Failback(config) => {
             let spare = s.requests.replay(&req);
-            match once(s, first, req).await {
+            match once(s, first, req, timeout).await {
                 Ok(out) => Ok(out),
                 Err(e) => {
                     failback::schedule(shared.clone(), spare, config);
@@ -66,7 +75,8 @@ pub(crate) async fn respond<Req, Svc, Q, R, S, F>(
     response: Svc::Future,
     span: tracing::Span,
     spare: Option<Req>,
-    retry: Retry,
+    attempts: Attempts,
+    timeout: Option<Duration>,
 ) -> Result<Output<R, Svc::Response>, BoxError>
 where
     Svc: Service<Req> + Clone,
@@ -77,11 +87,8 @@ where
 {
     let s = &*shared;
     let response = response.map_err(Into::into);
-    let sent = settle(response, call, s.timeout, span, &s.responses).await;
-    if spare.is_none() || !retryable(&sent, retry.idempotent) {
-        return sent.finish(&s.responses);
-    }
-    Box::pin(retry.run(s, sent, spare)).await
+    let sent = settle(response, call, timeout, span, &s.responses).await;
+    failover(s, sent, spare, attempts).await
 }
 
 /// One attempt.
@@ -89,21 +96,23 @@ async fn once<Req, Svc, Q, R, S: Strategy, F>(
     s: &Shared<Svc, Q, R, S, F>,
     first: Result<Selected<Svc>, Error>,
     req: Req,
+    timeout: Option<Duration>,
 ) -> Result<Output<R, Svc::Response>, BoxError>
 where
     Svc: Service<Req>,
     Svc::Error: Into<BoxError>,
     R: ResponsePolicy<Svc::Response>,
 {
-    s.send(first?, req).await.finish(&s.responses)
+    s.send(first?, req, timeout).await.finish(&s.responses)
 }
 
 impl<Svc, Q, R, S: Strategy, F> Shared<Svc, Q, R, S, F> {
-    /// [`send`] with this balance's timeout and span fields.
+    /// [`send`] with this balance's span fields, under `timeout`.
     pub(crate) fn send<'a, Req: 'a>(
         &'a self,
         sel: Selected<Svc>,
         req: Req,
+        timeout: Option<Duration>,
     ) -> impl Future<Output = Sent<Svc::Response>> + 'a
     where
         Svc: Service<Req> + 'a,
@@ -112,7 +121,7 @@ impl<Svc, Q, R, S: Strategy, F> Shared<Svc, Q, R, S, F> {
     {
         let pool = self.pool.name();
         let strategy = self.pool.balancer().strategy().name();
-        send(sel, req, self.timeout, &self.responses, pool, strategy)
+        send(sel, req, timeout, &self.responses, pool, strategy)
     }
 
     /// The span fields of this balance: pool and strategy names.
@@ -120,10 +129,11 @@ impl<Svc, Q, R, S: Strategy, F> Shared<Svc, Q, R, S, F> {
         (self.pool.name(), self.pool.balancer().strategy().name())
     }
 
-    /// Pick for another attempt of `req` (a retry, a fork, a background failback).
+    /// Pick for another attempt of `req` (a retry, a fork, a background failback) at `now`.
     pub(crate) fn repick<Req>(
         &self,
         req: &Req,
+        now: Timestamp,
         attempt: u32,
         tried: &TriedSet,
         rng: &mut FastRng,
@@ -133,7 +143,6 @@ impl<Svc, Q, R, S: Strategy, F> Shared<Svc, Q, R, S, F> {
         Svc::Error: Into<BoxError>,
         Q: RequestPolicy<Req>,
     {
-        let now = self.pool.balancer().clock().now();
         self.requests.with_hash_key(req, |key| {
             let input = PickInput {
                 now,
@@ -146,16 +155,13 @@ impl<Svc, Q, R, S: Strategy, F> Shared<Svc, Q, R, S, F> {
     }
 }
 
-/// Retry failures on endpoints not tried yet, while the request is idempotent or the failure
-/// certainly happened before the server saw it, a copy exists, and the budget allows.
-///
-/// The first attempt runs inline; the retry loop (rare) runs boxed.
+/// After an attempt: answer with it, or (boxed: the rare path) send the request again on an
+/// endpoint not tried yet, as long as [`Attempts`] says so.
 async fn failover<Req, Svc, Q, R, S: Strategy, F>(
     s: &Shared<Svc, Q, R, S, F>,
-    sel: Selected<Svc>,
-    req: Req,
-    retries: u32,
-    now: Timestamp,
+    sent: Sent<Svc::Response>,
+    spare: Option<Req>,
+    mut attempts: Attempts,
 ) -> Result<Output<R, Svc::Response>, BoxError>
 where
     Svc: Service<Req> + Clone,
@@ -163,67 +169,78 @@ where
     Q: RequestPolicy<Req>,
     R: ResponsePolicy<Svc::Response>,
 {
-    let idempotent = s.requests.is_idempotent(&req);
-    let spare = (retries > 0).then(|| s.requests.replay(&req)).flatten();
-    let sent = s.send(sel, req).await;
-    if spare.is_none() || !retryable(&sent, idempotent) {
-        return sent.finish(&s.responses);
+    match decide(s, &mut attempts, &sent) {
+        Some(stop) => answer(s, sent, stop),
+        None => Box::pin(retry(s, sent, spare, attempts)).await,
     }
-    let retry = Retry {
-        idempotent,
-        retries,
-        now,
-    };
-    Box::pin(retry.run(s, sent, spare)).await
 }
 
-fn retryable<Resp>(sent: &Sent<Resp>, idempotent: bool) -> bool {
-    sent.is_failure() && (idempotent || !sent.may_have_reached())
+/// What `attempts` says after `sent`: `None` to retry, else why not.
+fn decide<Svc, Q, R, S: Strategy, F, Resp>(
+    s: &Shared<Svc, Q, R, S, F>,
+    attempts: &mut Attempts,
+    sent: &Sent<Resp>,
+) -> Option<Stop> {
+    match attempts.after(sent.classified(), &*s.budget, s.clock()) {
+        Next::Retry => None,
+        Next::Answer(stop) => Some(stop),
+    }
 }
 
-/// The failover retry loop and what it needs to know.
-pub(crate) struct Retry {
-    pub(crate) idempotent: bool,
-    pub(crate) retries: u32,
-    pub(crate) now: Timestamp,
+/// Hand `sent` to the caller; a budget refusal is counted and wraps the error.
+fn answer<Svc, Q, R, S: Strategy, F, Resp>(
+    s: &Shared<Svc, Q, R, S, F>,
+    sent: Sent<Resp>,
+    stop: Stop,
+) -> Result<R::Output, BoxError>
+where
+    R: ResponsePolicy<Resp>,
+{
+    if stop == Stop::BudgetExhausted {
+        s.pool.inner.metrics.budget_exhausted.increment(1);
+        return sent.map_err(exhausted).finish(&s.responses);
+    }
+    sent.finish(&s.responses)
 }
 
-impl Retry {
-    async fn run<Req, Svc, Q, R, S: Strategy, F>(
-        self,
-        s: &Shared<Svc, Q, R, S, F>,
-        mut sent: Sent<Svc::Response>,
-        mut spare: Option<Req>,
-    ) -> Result<Output<R, Svc::Response>, BoxError>
-    where
-        Svc: Service<Req> + Clone,
-        Svc::Error: Into<BoxError>,
-        Q: RequestPolicy<Req>,
-        R: ResponsePolicy<Svc::Response>,
-    {
-        let mut tried = TriedSet::new();
-        let mut rng = FastRng::seed_from_u64(self.now.as_nanos() ^ s.next_seed());
-        loop {
-            tried.insert(sent.endpoint());
-            let Some(req) = spare.take() else {
-                return sent.finish(&s.responses);
-            };
-            if !s.budget.withdraw() {
-                s.pool.inner.metrics.budget_exhausted.increment(1);
-                return sent.map_err(exhausted).finish(&s.responses);
-            }
-            let next = match s.repick(&req, sent.attempt() + 1, &tried, &mut rng) {
-                Ok(next) => next,
-                Err(_) => return sent.finish(&s.responses),
-            };
-            sent.discard();
-            if next.attempt < self.retries {
-                spare = s.requests.replay(&req);
-            }
-            sent = s.send(next, req).await;
-            if !retryable(&sent, self.idempotent) {
-                return sent.finish(&s.responses);
-            }
+/// The failover loop: each retry on an endpoint not tried yet, while [`Attempts`] allows.
+async fn retry<Req, Svc, Q, R, S: Strategy, F>(
+    s: &Shared<Svc, Q, R, S, F>,
+    mut sent: Sent<Svc::Response>,
+    mut spare: Option<Req>,
+    mut attempts: Attempts,
+) -> Result<Output<R, Svc::Response>, BoxError>
+where
+    Svc: Service<Req> + Clone,
+    Svc::Error: Into<BoxError>,
+    Q: RequestPolicy<Req>,
+    R: ResponsePolicy<Svc::Response>,
+{
+    let mut rng = FastRng::seed_from_u64(attempts.started().as_nanos() ^ s.next_seed());
+    loop {
+        let Some(req) = spare.take() else {
+            return sent.finish(&s.responses);
+        };
+        let now = s.clock().now();
+        let next = match s.repick(
+            &req,
+            now,
+            attempts.next_attempt(),
+            attempts.tried(),
+            &mut rng,
+        ) {
+            Ok(next) => next,
+            Err(_) => return sent.finish(&s.responses),
+        };
+        sent.discard();
+        attempts.begin(next.call.endpoint());
+        if attempts.begun() <= attempts.policy().retries {
+            spare = s.requests.replay(&req);
+        }
+        attempts.set_replayable(spare.is_some());
+        sent = s.send(next, req, attempts.timeout(now)).await;
+        if let Some(stop) = decide(s, &mut attempts, &sent) {
+            return answer(s, sent, stop);
         }
     }
 }
@@ -245,7 +262,7 @@ async fn forking<Req, Svc, Q, R, S: Strategy, F>(
     first: Selected<Svc>,
     req: Req,
     forks: u32,
-    now: Timestamp,
+    mut attempts: Attempts,
 ) -> Result<Output<R, Svc::Response>, BoxError>
 where
     Svc: Service<Req> + Clone,
@@ -258,16 +275,18 @@ where
     let mut tried = TriedSet::new();
     tried.insert(first.call.endpoint());
     let mut copies = Vec::with_capacity(forks);
+    let now = attempts.started();
+    let timeout = attempts.timeout(now);
     let mut rng = FastRng::seed_from_u64(now.as_nanos() ^ s.next_seed());
     while copies.len() + 1 < forks {
         let Some(copy) = s.requests.replay(&req) else {
             break;
         };
-        if !s.budget.withdraw() {
+        if !attempts.withdraw_fork(&*s.budget, now) {
             s.pool.inner.metrics.budget_exhausted.increment(1);
             break;
         }
-        let Ok(sel) = s.repick(&copy, 0, &tried, &mut rng) else {
+        let Ok(sel) = s.repick(&copy, now, 0, &tried, &mut rng) else {
             break;
         };
         if tried.contains(sel.call.endpoint()) {
@@ -276,8 +295,12 @@ where
         tried.insert(sel.call.endpoint());
         copies.push((sel, copy));
     }
-    let mut calls: FuturesUnordered<_> = std::iter::once(s.send(first, req))
-        .chain(copies.into_iter().map(|(sel, copy)| s.send(sel, copy)))
+    let mut calls: FuturesUnordered<_> = std::iter::once(s.send(first, req, timeout))
+        .chain(
+            copies
+                .into_iter()
+                .map(|(sel, copy)| s.send(sel, copy, timeout)),
+        )
         .collect();
     let mut last: Option<Sent<Svc::Response>> = None;
     while let Some(sent) = calls.next().await {
@@ -326,7 +349,7 @@ where
         .zip(reqs)
         .map(|(target, req)| async move {
             match target {
-                Ok(sel) => Ok(s.send(sel, req).await),
+                Ok(sel) => Ok(s.send(sel, req, s.policy.per_try).await),
                 Err(e) => Err(e),
             }
         })

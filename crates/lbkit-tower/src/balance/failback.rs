@@ -92,8 +92,9 @@ where
         let spare = (attempt < config.retries)
             .then(|| s.requests.replay(&req))
             .flatten();
-        if let Ok(sel) = s.repick(&req, attempt, &TriedSet::new(), &mut rng) {
-            let sent = s.send(sel, req).await;
+        let now = s.clock().now();
+        if let Ok(sel) = s.repick(&req, now, attempt, &TriedSet::new(), &mut rng) {
+            let sent = s.send(sel, req, s.policy.per_try).await;
             let ok = !sent.is_failure();
             sent.discard();
             if ok {

@@ -9,7 +9,7 @@ use lbkit_core::{FastRng, Strategy};
 use tower::retry::budget::Budget;
 use tower::Layer;
 
-use super::{default_budget, Balance, FailbackConfig, Mode, NoFallback, Shared};
+use super::{Balance, FailbackConfig, Mode, NoFallback, Shared, TowerBudget};
 use crate::policy::{AnyResponse, NoReplay};
 use crate::pool::Pool;
 
@@ -43,7 +43,8 @@ pub struct BalanceLayer<Q = NoReplay, R = AnyResponse, F = NoFallback> {
     fallback: F,
     mode: Mode,
     timeout: Option<Duration>,
-    budget: Arc<dyn Budget + Send + Sync>,
+    deadline: Option<Duration>,
+    budget: Arc<dyn lbkit_core::Budget>,
     seed: Option<u64>,
 }
 
@@ -65,7 +66,8 @@ impl BalanceLayer {
             fallback: NoFallback,
             mode: Mode::default(),
             timeout: None,
-            budget: default_budget(),
+            deadline: None,
+            budget: Arc::new(lbkit_core::RetryBudget::default()),
             seed: None,
         }
     }
@@ -91,6 +93,7 @@ impl<Q, R, F> BalanceLayer<Q, R, F> {
             fallback: self.fallback,
             mode: self.mode,
             timeout: self.timeout,
+            deadline: self.deadline,
             budget: self.budget,
             seed: self.seed,
         }
@@ -104,6 +107,7 @@ impl<Q, R, F> BalanceLayer<Q, R, F> {
             fallback: self.fallback,
             mode: self.mode,
             timeout: self.timeout,
+            deadline: self.deadline,
             budget: self.budget,
             seed: self.seed,
         }
@@ -117,6 +121,7 @@ impl<Q, R, F> BalanceLayer<Q, R, F> {
             fallback,
             mode: self.mode,
             timeout: self.timeout,
+            deadline: self.deadline,
             budget: self.budget,
             seed: self.seed,
         }
@@ -166,8 +171,24 @@ impl<Q, R, F> BalanceLayer<Q, R, F> {
         self
     }
 
-    /// Use `budget` for retries and extra forks (shared by every balance built from this layer).
+    /// Give the whole call, retries included, at most `deadline`: an attempt's timeout is cut to
+    /// what is left of it, and no retry starts after it (Envoy's route timeout around its
+    /// `per_try_timeout`).
+    pub fn deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = Some(deadline);
+        self
+    }
+
+    /// Use tower's `budget` for retries and extra forks (shared by every balance built from this
+    /// layer). The default is lbkit's lock-free [`RetryBudget`](lbkit_core::RetryBudget), which
+    /// reads the call's own clock reading instead of the system clock.
     pub fn retry_budget(mut self, budget: Arc<dyn Budget + Send + Sync>) -> Self {
+        self.budget = Arc::new(TowerBudget(budget));
+        self
+    }
+
+    /// Use lbkit's `budget` (or any [`lbkit_core::Budget`]) for retries and extra forks.
+    pub fn budget(mut self, budget: Arc<dyn lbkit_core::Budget>) -> Self {
         self.budget = budget;
         self
     }
@@ -184,6 +205,7 @@ impl<Q, R, F> fmt::Debug for BalanceLayer<Q, R, F> {
         f.debug_struct("BalanceLayer")
             .field("mode", &self.mode)
             .field("timeout", &self.timeout)
+            .field("deadline", &self.deadline)
             .finish_non_exhaustive()
     }
 }
@@ -207,7 +229,14 @@ where
             responses: self.responses.clone(),
             fallback: self.fallback.clone(),
             mode: self.mode,
-            timeout: self.timeout,
+            policy: lbkit_core::AttemptPolicy {
+                retries: match self.mode {
+                    Mode::Failover { retries } => retries,
+                    _ => 0,
+                },
+                per_try: self.timeout,
+                overall: self.deadline,
+            },
             budget: self.budget.clone(),
             failback_pending: AtomicUsize::new(0),
             seeds: AtomicU64::new(seed),

@@ -11,9 +11,8 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
-use lbkit_core::{BoxStrategy, FastRng, RetryBudget, Strategy, TriedSet};
+use lbkit_core::{AttemptPolicy, Attempts, BoxStrategy, FastRng, RetryBudget, Strategy, Timestamp};
 use tower::retry::budget::Budget;
 use tower::Service;
 
@@ -116,6 +115,20 @@ impl Budget for AtomicBudget {
     }
 }
 
+/// A tower [`Budget`] as lbkit's call path sees it (tower's trait reads no time: `now` is
+/// ignored).
+pub(crate) struct TowerBudget(pub(crate) Arc<dyn Budget + Send + Sync>);
+
+impl lbkit_core::Budget for TowerBudget {
+    fn deposit(&self, _: Timestamp) {
+        self.0.deposit();
+    }
+
+    fn withdraw(&self, _: Timestamp) -> bool {
+        self.0.withdraw()
+    }
+}
+
 /// State shared by the clones of a [`Balance`] and its background failback tasks.
 pub(crate) struct Shared<Svc, Q, R, S: Strategy, F> {
     pub(crate) pool: Pool<Svc, S>,
@@ -123,13 +136,19 @@ pub(crate) struct Shared<Svc, Q, R, S: Strategy, F> {
     pub(crate) responses: R,
     pub(crate) fallback: F,
     pub(crate) mode: Mode,
-    pub(crate) timeout: Option<Duration>,
-    pub(crate) budget: Arc<dyn Budget + Send + Sync>,
+    /// Per-attempt and overall limits, and the retries of failover.
+    pub(crate) policy: AttemptPolicy,
+    pub(crate) budget: Arc<dyn lbkit_core::Budget>,
     pub(crate) failback_pending: AtomicUsize,
     seeds: AtomicU64,
 }
 
 impl<Svc, Q, R, S: Strategy, F> Shared<Svc, Q, R, S, F> {
+    /// The clock of the pool's balancer.
+    pub(crate) fn clock(&self) -> &lbkit_core::Clock {
+        self.pool.inner.balancer.clock()
+    }
+
     /// A fresh seed per clone and per background task (splitmix64 step over a counter).
     pub(crate) fn next_seed(&self) -> u64 {
         let mut z = self.seeds.fetch_add(0x9e37_79b9_7f4a_7c15, Relaxed);
@@ -165,9 +184,10 @@ impl<Svc, Q, R, S: Strategy, F> Shared<Svc, Q, R, S, F> {
 /// | `broadcast` | send to every eligible endpoint; an error if any fails, else the last response |
 ///
 /// # Retry budget
-/// Every request deposits into a [`Budget`] and every retry or extra fork withdraws from it
-/// (default: lbkit's lock-free [`AtomicBudget`], 20 % of the requests of the last 10 s plus 10 retries per
-/// second, linkerd's and Finagle's numbers). An empty budget ends failover with
+/// Every request deposits into the budget once and every retry or extra fork withdraws from it
+/// (lbkit-core's `Attempts`, the rule every lbkit driver follows; default: lbkit's lock-free
+/// [`RetryBudget`], 20 % of the requests of the last 10 s plus 10 retries per second,
+/// linkerd's and Finagle's numbers; any tower [`Budget`] fits). An empty budget ends failover with
 /// [`ErrorKind::BudgetExhausted`](crate::ErrorKind::BudgetExhausted) and counts
 /// `lbkit_retry_budget_exhausted_total`.
 pub struct Balance<Svc, Q, R, S: Strategy = BoxStrategy, F = NoFallback> {
@@ -210,12 +230,10 @@ impl<Svc, Q, R, S: Strategy, F> fmt::Debug for Balance<Svc, Q, R, S, F> {
         f.debug_struct("Balance")
             .field("pool", &self.shared.pool)
             .field("mode", &self.shared.mode)
-            .field("timeout", &self.shared.timeout)
+            .field("policy", &self.shared.policy)
             .finish_non_exhaustive()
     }
 }
-
-static NOTHING_TRIED: TriedSet = TriedSet::new();
 
 impl<Req, Svc, Q, R, S, F> Service<Req> for Balance<Svc, Q, R, S, F>
 where
@@ -239,51 +257,53 @@ where
 
     fn call(&mut self, req: Req) -> Self::Future {
         let shared = self.shared.clone();
-        let now = shared.pool.inner.balancer.clock().now();
-        if matches!(shared.mode, Mode::Failover { retries } if retries > 0)
-            || matches!(shared.mode, Mode::Forking { forks } if forks > 1)
-        {
-            shared.budget.deposit();
-        }
+        let now = shared.clock().now();
         if shared.mode == Mode::Broadcast {
+            shared.budget.deposit(now);
             return Box::pin(cluster::broadcast(shared, req, now));
         }
+        let mut policy = shared.policy;
+        if !matches!(shared.mode, Mode::Failover { .. }) {
+            policy.retries = 0;
+        }
+        // A copy for a retry, and whether it may be sent after reaching a server, only when a
+        // retry is possible at all.
+        let (idempotent, spare) = if policy.retries > 0 {
+            (
+                shared.requests.is_idempotent(&req),
+                shared.requests.replay(&req),
+            )
+        } else {
+            (false, None)
+        };
+        let mut attempts =
+            Attempts::start(policy, &*shared.budget, idempotent, spare.is_some(), now);
         let first = shared.requests.with_hash_key(&req, |key| {
             let input = crate::pool::PickInput {
                 now,
                 key,
                 attempt: 0,
-                tried: &NOTHING_TRIED,
+                tried: attempts.tried(),
             };
             shared.pool.select(&input, &mut self.rng)
         });
-        let retries = match shared.mode {
-            Mode::Failover { retries } => Some(retries),
-            Mode::Failfast => Some(0),
-            _ => None,
-        };
-        match (first, retries) {
+        if let Ok(sel) = &first {
+            attempts.begin(sel.call.endpoint());
+        }
+        match (first, shared.mode) {
             // The fast path: the endpoint is ready, so dispatch now (as tower expects right
             // after readiness) and box only what the response needs.
-            (Ok(sel), Some(retries)) if sel.ready => {
+            (Ok(sel), Mode::Failover { .. } | Mode::Failfast) if sel.ready => {
                 let crate::pool::Selected { call, mut svc, .. } = sel;
                 let (pool, strategy) = shared.names();
                 let span = attempt::start(&call, pool, strategy);
-                let (idempotent, spare) = if retries > 0 {
-                    let idempotent = shared.requests.is_idempotent(&req);
-                    (idempotent, shared.requests.replay(&req))
-                } else {
-                    (false, None)
-                };
                 let response = span.in_scope(|| svc.call(req));
-                let retry = cluster::Retry {
-                    idempotent,
-                    retries,
-                    now,
-                };
-                Box::pin(cluster::respond(shared, call, response, span, spare, retry))
+                let timeout = attempts.timeout(now);
+                Box::pin(cluster::respond(
+                    shared, call, response, span, spare, attempts, timeout,
+                ))
             }
-            (first, _) => Box::pin(cluster::dispatch(shared, first, req, now)),
+            (first, _) => Box::pin(cluster::dispatch(shared, first, req, spare, attempts)),
         }
     }
 }

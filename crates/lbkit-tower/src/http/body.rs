@@ -48,11 +48,22 @@ pin_project! {
 // === impl TrackBody ===
 
 impl<B: Body> TrackBody<B> {
-    pub(crate) fn new(body: B, call: Completion, at: CompleteAt, grpc: GrpcCodes) -> Self {
+    /// Track `body`, whose head was classified as `outcome`: the call ends with `outcome` at
+    /// `at` (first frame or end of stream), as a failure when the body fails (`Other`) or a
+    /// `grpc-status` trailer in `grpc` says so, and as a cancellation when the body is dropped
+    /// before. The one rule for when an HTTP call ends, used by the tower layer and by both
+    /// engines of `lbkit proxy`.
+    pub fn new(
+        body: B,
+        call: Completion,
+        outcome: Outcome,
+        at: CompleteAt,
+        grpc: GrpcCodes,
+    ) -> Self {
         let mut call = Some(call);
         if body.is_end_stream() {
             if let Some(c) = call.take() {
-                c.finish(Outcome::Success);
+                c.finish(outcome);
             }
         }
         TrackBody {
@@ -60,7 +71,7 @@ impl<B: Body> TrackBody<B> {
             call,
             at,
             grpc,
-            outcome: Outcome::Success,
+            outcome,
         }
     }
 }

@@ -144,17 +144,16 @@ impl<B: ReplayBody + Send + 'static> RequestPolicy<http::Request<B>> for HttpReq
     }
 }
 
-/// RFC 9110 §9.2.2: GET, HEAD, PUT, DELETE, OPTIONS and TRACE.
+/// RFC 9110 §9.2.2: GET, HEAD, PUT, DELETE, OPTIONS and TRACE (lbkit-core's one list).
 pub fn is_idempotent_method(m: &Method) -> bool {
-    matches!(
-        *m,
-        Method::GET | Method::HEAD | Method::PUT | Method::DELETE | Method::OPTIONS | Method::TRACE
-    )
+    lbkit_core::http::is_idempotent_method(m.as_str().as_bytes())
 }
 
 /// An `http::Request` seen as a [`KeySource`]: headers (first value), cookies (from the first
-/// `cookie` header), the path with its query (nginx's `$request_uri`) and the source address
-/// ([`SourceAddr`] or `SocketAddr` extension).
+/// `cookie` header), the request target (path and query, from which the extractor takes
+/// `path`, `uri` or `query:NAME`) and the source address ([`SourceAddr`] or `SocketAddr`
+/// extension). `lbkit proxy` reads requests the same way, so a key picks the same endpoint
+/// through either.
 #[derive(Debug)]
 pub struct HttpKeySource<'a, B>(&'a http::Request<B>);
 
@@ -170,7 +169,7 @@ impl<B> KeySource for HttpKeySource<'_, B> {
         self.0.headers().get(name).map(|v| v.as_bytes())
     }
 
-    fn path(&self) -> Option<&[u8]> {
+    fn target(&self) -> Option<&[u8]> {
         self.0.uri().path_and_query().map(|p| p.as_str().as_bytes())
     }
 
@@ -219,13 +218,10 @@ impl HttpResponses {
     }
 }
 
-/// The failure `status` stands for: 5xx, 504 being a timeout.
+/// The failure `status` stands for: 5xx, 504 being a timeout; `429` and every other status
+/// are answers (lbkit-core's attempt table, the same for every driver).
 pub fn status_failure(status: StatusCode) -> Option<FailureKind> {
-    match status {
-        StatusCode::GATEWAY_TIMEOUT => Some(FailureKind::Timeout),
-        s if s.is_server_error() => Some(FailureKind::Server),
-        _ => None,
-    }
+    lbkit_core::status_failure(status.as_u16())
 }
 
 /// The failure a `grpc-status` header or trailer in `headers` stands for, if any.
@@ -260,11 +256,7 @@ where
         outcome: Outcome,
         call: Completion,
     ) -> Self::Output {
-        if outcome != Outcome::Success {
-            call.finish(outcome);
-            return resp.map(TrackBody::untracked);
-        }
-        resp.map(|b| TrackBody::new(b, call, self.complete_at, self.grpc))
+        resp.map(|b| TrackBody::new(b, call, outcome, self.complete_at, self.grpc))
     }
 }
 

@@ -43,6 +43,7 @@ async fn end_of_stream_counts_trailers() {
     let body = TrackBody::new(
         stream(vec!["a", "b"], Some(grpc_trailers("14"))),
         c,
+        Outcome::Success,
         CompleteAt::EndOfStream,
         GrpcCodes::DEFAULT,
     );
@@ -58,6 +59,7 @@ async fn end_of_stream_counts_trailers() {
     let body = TrackBody::new(
         stream(vec!["a"], Some(grpc_trailers("0"))),
         c,
+        Outcome::Success,
         CompleteAt::EndOfStream,
         GrpcCodes::DEFAULT,
     );
@@ -71,6 +73,7 @@ async fn first_frame_ends_the_call_early() {
     let mut body = TrackBody::new(
         stream(vec!["a", "b"], None),
         c,
+        Outcome::Success,
         CompleteAt::FirstFrame,
         GrpcCodes::DEFAULT,
     );
@@ -87,6 +90,7 @@ async fn dropped_body_is_a_cancellation_and_empty_body_ends_at_once() {
     let body = TrackBody::new(
         stream(vec!["a"], None),
         c,
+        Outcome::Success,
         CompleteAt::EndOfStream,
         GrpcCodes::DEFAULT,
     );
@@ -97,11 +101,33 @@ async fn dropped_body_is_a_cancellation_and_empty_body_ends_at_once() {
     let body = TrackBody::new(
         http_body_util::Empty::<Bytes>::new(),
         c,
+        Outcome::Success,
         CompleteAt::EndOfStream,
         GrpcCodes::DEFAULT,
     );
     assert!(!body.is_tracking());
     assert_eq!((stats.in_flight(), stats.successes()), (0, 1));
+}
+
+#[tokio::test]
+async fn a_failing_head_ends_with_its_body_and_its_outcome() {
+    // A 503 streamed to the end: one failure, recorded when the body ends.
+    let (c, stats) = call();
+    let mut body = TrackBody::new(
+        stream(vec!["a", "b"], None),
+        c,
+        Outcome::Failure(FailureKind::Server),
+        CompleteAt::EndOfStream,
+        GrpcCodes::DEFAULT,
+    );
+    body.frame().await.unwrap().unwrap();
+    assert_eq!(
+        (stats.in_flight(), stats.failures()),
+        (1, 0),
+        "still in flight"
+    );
+    while body.frame().await.is_some() {}
+    assert_eq!((stats.in_flight(), stats.failures()), (0, 1));
 }
 
 #[test]
@@ -152,7 +178,18 @@ fn requests_keys_idempotency_and_replay() {
     assert!(copy.extensions().get::<Idempotent>().is_some());
 
     let src = HttpKeySource::new(&req);
-    assert_eq!(src.path(), Some(&b"/cart?id=3"[..]));
+    assert_eq!(src.target(), Some(&b"/cart?id=3"[..]));
+    let key = |text: &str| {
+        let k: KeyExtractor = text.parse().unwrap();
+        k.extract(&HttpKeySource::new(&req)).map(|k| k.into_owned())
+    };
+    assert_eq!(
+        key("path").as_deref(),
+        Some(&b"/cart"[..]),
+        "without the query"
+    );
+    assert_eq!(key("uri").as_deref(), Some(&b"/cart?id=3"[..]));
+    assert_eq!(key("query:id").as_deref(), Some(&b"3"[..]));
     assert_eq!(src.header("x-user"), Some(&b"u-1"[..]));
     assert_eq!(src.source_ip(), None);
     req.extensions_mut()

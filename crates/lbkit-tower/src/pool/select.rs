@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use futures_util::FutureExt;
 use lbkit_core::{
-    CallGuard, Endpoint, EndpointIdx, FailureKind, FastRng, Outcome, PickContext, Prepared,
-    Strategy, Timestamp, TriedSet,
+    CallGuard, Endpoint, EndpointIdx, FailureKind, FastRng, Outcome, PickContext, PickError,
+    Prepared, Strategy, Timestamp, TriedSet,
 };
 use tower::{Service, ServiceExt};
 
@@ -21,7 +21,6 @@ pub(crate) struct Selected<Svc> {
     pub(crate) call: Completion,
     pub(crate) svc: Svc,
     pub(crate) ready: bool,
-    pub(crate) attempt: u32,
 }
 
 /// Candidates passed over: the first that was merely busy, the first whose readiness failed.
@@ -92,7 +91,7 @@ impl<Svc, S: Strategy> Pool<Svc, S> {
             cx = cx.with_key(key);
         }
         prepared
-            .select(&mut cx, self.inner.balancer.availability())
+            .select_untried(&mut cx, self.inner.balancer.availability())
             .map_err(Error::pick)
     }
 
@@ -149,11 +148,13 @@ impl<Svc, S: Strategy> Pool<Svc, S> {
             self.inner.metrics.pass_over.increment(1);
             passed.insert(&candidate);
             probe.insert(&candidate);
-            let idx = self.pick(prepared, input, &probe, rng)?;
+            let idx = match self.pick(prepared, input, &probe, rng) {
+                Ok(idx) => idx,
+                // Every candidate left has been looked at (or tried by this call).
+                Err(e) if e.kind() == ErrorKind::NoEndpoint(PickError::AllTried) => break,
+                Err(e) => return Err(e),
+            };
             let endpoint = prepared.snapshot().endpoint(idx);
-            if passed.contains(endpoint) {
-                break; // every candidate left has been looked at
-            }
             if let Some(entry) = lookup(services, endpoint) {
                 let mut svc = entry.svc.clone();
                 match svc.ready().now_or_never().map(|r| r.map(drop)) {
@@ -219,7 +220,6 @@ impl<Svc, S: Strategy> Pool<Svc, S> {
             call: Completion::new(guard, entry.metrics.clone(), clock, input.attempt),
             svc,
             ready,
-            attempt: input.attempt,
         }
     }
 

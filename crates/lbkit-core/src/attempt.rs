@@ -1,0 +1,424 @@
+//! [`Attempts`]: the rules of one call's attempts, in one place, for every driver — the tower
+//! layer, both engines of the proxy, its TCP relay.
+//!
+//! A driver does the I/O; this state machine decides. It owns the set of endpoints tried, the
+//! attempt count, the idempotency rule, the retry budget (one deposit per call, one withdrawal
+//! per retry), the per-attempt deadline inside the call's overall deadline, and the decision
+//! after each attempt: retry on an endpoint not tried yet, or answer. It is synchronous, reads
+//! the clock only when a decision needs it, and never allocates.
+//!
+//! ```text
+//! let mut call = Attempts::start(policy, budget, idempotent, replayable, now);
+//! loop {
+//!     let guard = call.pick(&balancer, now, key, rng)?;      // an untried endpoint
+//!     let result = do_io(guard.endpoint(), call.timeout(now)).await;
+//!     let c = Observed::from(result).classify();             // the table below
+//!     guard.finish(c.outcome);
+//!     match call.after(c, budget, &clock) { Next::Retry => continue, Next::Answer(_) => break }
+//! }
+//! ```
+//!
+//! # What each result means
+//!
+//! | what the driver saw ([`Observed`]) | recorded against the endpoint | retried on an untried endpoint when |
+//! |---|---|---|
+//! | connect refused, unreachable, connect timeout ([`ConnectFailed`](Observed::ConnectFailed)) | `Failure(Connect)` | always (nothing was sent) |
+//! | reset, close or malformed answer before any response byte reached the client ([`ResetBeforeResponse`](Observed::ResetBeforeResponse)) | `Failure(Other)` | the request is idempotent |
+//! | reset after part of the answer reached the client ([`ResetAfterResponse`](Observed::ResetAfterResponse)) | `Failure(Other)` | never (the client has part of an answer) |
+//! | no answer within the attempt's deadline ([`Timeout`](Observed::Timeout)) | `Failure(Timeout)` | idempotent, and the overall deadline has time left |
+//! | `502`, `503`, other `5xx` ([`Status`](Observed::Status)) | `Failure(Server)` | idempotent |
+//! | `504` | `Failure(Timeout)` (the upstream's own upstream timed out) | idempotent |
+//! | `429` | nothing: `Success` (a rate limit may be the client's own; it must not get a healthy endpoint ejected) | never (a retry spends the budget against the same limit; Envoy, gRPC and linkerd do not retry it by default) |
+//! | any other status (`1xx`–`4xx`) | `Success` (an answer, not the endpoint's fault) | never |
+//! | the client went away or its request broke ([`ClientGone`](Observed::ClientGone)) | `Cancelled` (not the endpoint's failure) | never |
+//!
+//! Every retry further needs: attempts left (`retries` after the first), a copy of the request
+//! (`replayable`), an endpoint not tried yet, time left before the overall deadline, and a
+//! withdrawal from the retry budget. A pooled connection that the upstream had closed before it
+//! accepted the request is a transport matter, not an attempt: drivers send once more on a new
+//! connection to the same endpoint without charging it (hyper's client does the same).
+//!
+//! Typed services (gRPC, RPC clients) classify their own results with
+//! [`Classified::answer`] and [`Classified::error`], which follow the same rows.
+
+use std::time::Duration;
+
+use crate::balancer::{Balancer, CallGuard};
+use crate::budget::RetryBudget;
+use crate::error::PickError;
+use crate::rng::FastRng;
+use crate::stats::{FailureKind, Outcome};
+use crate::strategy::{PickContext, Strategy, TriedSet};
+use crate::time::{duration_nanos, Clock, Timestamp};
+
+/// A retry budget as the call path sees it: every call deposits once, every retry withdraws.
+/// [`RetryBudget`] is lbkit's lock-free one; the tower layer adapts tower's `Budget` trait.
+pub trait Budget: Send + Sync {
+    /// A call started at `now`.
+    fn deposit(&self, now: Timestamp);
+    /// Take one retry at `now`; `false` when the budget is spent.
+    fn withdraw(&self, now: Timestamp) -> bool;
+}
+
+impl Budget for RetryBudget {
+    #[inline]
+    fn deposit(&self, now: Timestamp) {
+        RetryBudget::deposit(self, now);
+    }
+
+    #[inline]
+    fn withdraw(&self, now: Timestamp) -> bool {
+        RetryBudget::withdraw(self, now)
+    }
+}
+
+/// How many attempts a call may make and how long each may take.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AttemptPolicy {
+    /// Attempts after the first (Dubbo's `retries`, Envoy's `num_retries`).
+    pub retries: u32,
+    /// Longest wait for one attempt's answer (Envoy's `per_try_timeout`); `None`: only the
+    /// overall deadline.
+    pub per_try: Option<Duration>,
+    /// Longest wait for the whole call, retries included (Envoy's route `timeout`); `None`:
+    /// no overall deadline.
+    pub overall: Option<Duration>,
+}
+
+/// When a failed attempt may be sent again elsewhere.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RetryWhen {
+    /// Never (an answer, or nothing left to retry).
+    Never,
+    /// When the request is idempotent (it may have reached the server).
+    Idempotent,
+    /// Always: the request certainly never reached the server.
+    Always,
+}
+
+/// What one attempt's result means: what the endpoint's statistics record, and whether it may
+/// be retried. Made by [`Observed::classify`] (the table in the [module docs](self)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Classified {
+    /// Recorded against the endpoint (`guard.finish(outcome)`).
+    pub outcome: Outcome,
+    /// Whether another endpoint may get the request.
+    pub retry: RetryWhen,
+}
+
+// === impl Classified ===
+
+impl Classified {
+    /// An answer classified by its protocol as `outcome` (a gRPC status, an RPC result): a
+    /// failure is retried when the request is idempotent, anything else is final.
+    pub const fn answer(outcome: Outcome) -> Self {
+        let retry = match outcome {
+            Outcome::Failure(_) => RetryWhen::Idempotent,
+            _ => RetryWhen::Never,
+        };
+        Classified { outcome, retry }
+    }
+
+    /// An error classified as `outcome`; `reached`: whether the request may have reached the
+    /// server (`Some(false)` only when it certainly did not, e.g. a refused connection).
+    pub const fn error(outcome: Outcome, reached: Option<bool>) -> Self {
+        let retry = match (outcome, reached) {
+            (Outcome::Failure(_), Some(false)) => RetryWhen::Always,
+            (Outcome::Failure(_), _) => RetryWhen::Idempotent,
+            _ => RetryWhen::Never,
+        };
+        Classified { outcome, retry }
+    }
+
+    /// Whether the endpoint is charged with a failure.
+    pub const fn is_failure(&self) -> bool {
+        matches!(self.outcome, Outcome::Failure(_))
+    }
+}
+
+/// What a driver saw of one attempt; [`classify`](Observed::classify) gives its meaning.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Observed {
+    /// The connection could not be made (refused, unreachable, connect timeout): nothing was
+    /// sent.
+    ConnectFailed,
+    /// The connection was reset or closed, or the answer was malformed, before any byte of a
+    /// response reached the client.
+    ResetBeforeResponse,
+    /// The connection broke after part of the answer had reached the client.
+    ResetAfterResponse,
+    /// No answer within the attempt's deadline.
+    Timeout,
+    /// An HTTP answer with this status code.
+    Status(u16),
+    /// A call without status codes (a TCP relay) ended normally.
+    Done,
+    /// The client went away, or its request (an upload) broke: not the endpoint's doing.
+    ClientGone,
+}
+
+// === impl Observed ===
+
+impl Observed {
+    /// The table of the [module docs](self): what the endpoint is charged with, and when the
+    /// request may go to another endpoint.
+    pub const fn classify(self) -> Classified {
+        use RetryWhen::*;
+        let (outcome, retry) = match self {
+            Observed::ConnectFailed => (Outcome::Failure(FailureKind::Connect), Always),
+            Observed::ResetBeforeResponse => (Outcome::Failure(FailureKind::Other), Idempotent),
+            Observed::ResetAfterResponse => (Outcome::Failure(FailureKind::Other), Never),
+            Observed::Timeout => (Outcome::Failure(FailureKind::Timeout), Idempotent),
+            Observed::Status(code) => match status_failure(code) {
+                Some(kind) => (Outcome::Failure(kind), Idempotent),
+                None => (Outcome::Success, Never),
+            },
+            Observed::Done => (Outcome::Success, Never),
+            Observed::ClientGone => (Outcome::Cancelled, Never),
+        };
+        Classified { outcome, retry }
+    }
+}
+
+/// The failure an HTTP status stands for: `504` a timeout, any other `5xx` a server failure,
+/// everything else (`429` included) none.
+pub const fn status_failure(code: u16) -> Option<FailureKind> {
+    match code {
+        504 => Some(FailureKind::Timeout),
+        500..=599 => Some(FailureKind::Server),
+        _ => None,
+    }
+}
+
+/// What to do after an attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Next {
+    /// Pick an endpoint not tried yet and send the request again (a retry was withdrawn from
+    /// the budget).
+    Retry,
+    /// Give the client this attempt's result.
+    Answer(Stop),
+}
+
+/// Why a call answers with its last attempt's result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// The result is final: a success, an answer, or a failure that must not be retried (not
+    /// idempotent, or the client already has part of the answer).
+    Final,
+    /// No attempts left.
+    NoAttemptsLeft,
+    /// No copy of the request to send again (a streamed body).
+    NotReplayable,
+    /// The overall deadline has passed.
+    DeadlinePassed,
+    /// The retry budget is spent.
+    BudgetExhausted,
+}
+
+/// The attempts of one call. Made per call by the driver, moved along with it; see the
+/// [module docs](self).
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use lbkit_core::*;
+///
+/// # use lbkit_core::{Picker, PickError, EndpointIdx};
+/// # struct Rr; struct RrPicker(Arc<Snapshot>);
+/// # impl Picker for RrPicker { fn pick(&self, cx: &mut PickContext<'_>) -> Result<EndpointIdx, PickError> {
+/// #     let e = self.0.eligible(); Ok(e[cx.attempt as usize % e.len()]) } }
+/// # impl Strategy for Rr { type Picker = RrPicker; fn name(&self) -> &str { "rr" }
+/// #     fn prepare(&self, s: &Arc<Snapshot>, _: Timestamp) -> RrPicker { RrPicker(s.clone()) } }
+/// let clock = Clock::System;
+/// let now = clock.now();
+/// let snap = Arc::new(Snapshot::from_specs(vec![EndpointSpec::new("a:1"), EndpointSpec::new("b:1")], now));
+/// let balancer = Balancer::new(Rr, snap, now);
+/// let budget = RetryBudget::default();
+/// let policy = AttemptPolicy { retries: 2, per_try: Some(Duration::from_secs(1)), overall: None };
+/// let mut call = Attempts::start(policy, &budget, true, true, now);
+/// let mut rng = FastRng::seed_from_u64(7);
+///
+/// let first = call.pick(&balancer, now, None, &mut rng).unwrap();
+/// let c = Observed::Status(503).classify();
+/// first.finish_at(c.outcome, now);
+/// assert_eq!(call.after(c, &budget, &clock), Next::Retry);
+///
+/// let second = call.pick(&balancer, now, None, &mut rng).unwrap();
+/// assert_ne!(second.endpoint().key(), balancer.snapshot().endpoints()[0].key());
+/// let c = Observed::Status(200).classify();
+/// second.finish_at(c.outcome, now);
+/// assert_eq!(call.after(c, &budget, &clock), Next::Answer(Stop::Final));
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct Attempts {
+    policy: AttemptPolicy,
+    tried: TriedSet,
+    /// Attempts begun so far.
+    begun: u32,
+    idempotent: bool,
+    replayable: bool,
+    started: Timestamp,
+}
+
+// === impl Attempts ===
+
+impl Attempts {
+    /// A call starting at `now` under `policy`; deposits into `budget` (every call does, once).
+    /// `idempotent`: the request may be sent again after it reached a server; `replayable`: the
+    /// driver holds a copy to send again.
+    #[inline]
+    pub fn start<B: Budget + ?Sized>(
+        policy: AttemptPolicy,
+        budget: &B,
+        idempotent: bool,
+        replayable: bool,
+        now: Timestamp,
+    ) -> Self {
+        budget.deposit(now);
+        Attempts {
+            policy,
+            tried: TriedSet::new(),
+            begun: 0,
+            idempotent,
+            replayable,
+            started: now,
+        }
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> &AttemptPolicy {
+        &self.policy
+    }
+
+    /// When the call started.
+    pub fn started(&self) -> Timestamp {
+        self.started
+    }
+
+    /// The index of the attempt to make next (0 before the first), as
+    /// [`PickContext::attempt`] expects it.
+    #[inline]
+    pub fn next_attempt(&self) -> u32 {
+        self.begun
+    }
+
+    /// Attempts begun so far.
+    pub fn begun(&self) -> u32 {
+        self.begun
+    }
+
+    /// Whether the request may be sent again after it reached a server.
+    pub fn is_idempotent(&self) -> bool {
+        self.idempotent
+    }
+
+    /// Endpoints tried so far.
+    pub fn tried(&self) -> &TriedSet {
+        &self.tried
+    }
+
+    /// Whether the driver still holds a copy of the request to send again.
+    pub fn set_replayable(&mut self, replayable: bool) {
+        self.replayable = replayable;
+    }
+
+    /// A pick context for the next attempt: its index and the endpoints to avoid.
+    #[inline]
+    pub fn context<'a>(&'a self, now: Timestamp, rng: &'a mut FastRng) -> PickContext<'a> {
+        PickContext::new(now, rng).with_tried(self.begun, &self.tried)
+    }
+
+    /// Record that the next attempt goes to `endpoint` (after a pick made with
+    /// [`context`](Self::context)).
+    #[inline]
+    pub fn begin(&mut self, endpoint: &crate::Endpoint) {
+        self.tried.insert(endpoint);
+        self.begun += 1;
+    }
+
+    /// Pick the next attempt's endpoint with `balancer` (an endpoint not tried yet) and begin
+    /// the attempt; `key` is the request's hash key.
+    ///
+    /// # Errors
+    /// The balancer's [`PickError`]; [`PickError::AllTried`] when only tried endpoints are left.
+    #[inline]
+    pub fn pick<S: Strategy>(
+        &mut self,
+        balancer: &Balancer<S>,
+        now: Timestamp,
+        key: Option<&[u8]>,
+        rng: &mut FastRng,
+    ) -> Result<CallGuard, PickError> {
+        let guard = {
+            let mut cx = self.context(now, rng);
+            if let Some(k) = key {
+                cx = cx.with_key(k);
+            }
+            balancer.pick_untried(&mut cx)?
+        };
+        self.begin(guard.endpoint());
+        Ok(guard)
+    }
+
+    /// How long the attempt starting at `now` may wait for its answer: the per-attempt limit,
+    /// cut to what is left of the overall deadline; `None` when neither is set. Zero when the
+    /// overall deadline has passed.
+    #[inline]
+    pub fn timeout(&self, now: Timestamp) -> Option<Duration> {
+        let left = self.policy.overall.map(|o| {
+            let elapsed = now.saturating_duration_since(self.started);
+            o.saturating_sub(elapsed)
+        });
+        match (self.policy.per_try, left) {
+            (Some(p), Some(l)) => Some(p.min(l)),
+            (p, l) => p.or(l),
+        }
+    }
+
+    /// Whether the overall deadline has passed at `now`.
+    #[inline]
+    pub fn deadline_passed(&self, now: Timestamp) -> bool {
+        self.policy.overall.is_some_and(|o| {
+            now.as_nanos() >= self.started.as_nanos().saturating_add(duration_nanos(o))
+        })
+    }
+
+    /// Decide after an attempt classified as `c`: retry elsewhere (withdrawing from `budget`)
+    /// or answer. Reads `clock` only when a retry is considered.
+    ///
+    /// A driver that first saw an answer's head and then its body break before anything
+    /// reached the client may call this again for the same attempt with the later result.
+    pub fn after<B: Budget + ?Sized>(&mut self, c: Classified, budget: &B, clock: &Clock) -> Next {
+        let allowed = match c.retry {
+            RetryWhen::Never => false,
+            RetryWhen::Idempotent => self.idempotent,
+            RetryWhen::Always => true,
+        };
+        if !allowed {
+            return Next::Answer(Stop::Final);
+        }
+        if self.begun > self.policy.retries {
+            return Next::Answer(Stop::NoAttemptsLeft);
+        }
+        if !self.replayable {
+            return Next::Answer(Stop::NotReplayable);
+        }
+        let now = clock.now();
+        if self.deadline_passed(now) {
+            return Next::Answer(Stop::DeadlinePassed);
+        }
+        if !budget.withdraw(now) {
+            return Next::Answer(Stop::BudgetExhausted);
+        }
+        Next::Retry
+    }
+
+    /// Take one extra concurrent attempt (a fork) from `budget`: forks are retries sent early.
+    pub fn withdraw_fork<B: Budget + ?Sized>(&mut self, budget: &B, now: Timestamp) -> bool {
+        budget.withdraw(now)
+    }
+}
+
+#[cfg(test)]
+mod tests;
