@@ -36,8 +36,11 @@ use futures_core::Stream;
 use futures_util::{FutureExt, StreamExt};
 use lbkit_core::{
     Balancer, Clock, EndpointKey, EndpointSpec, HealthOverlay, Snapshot, SnapshotBuilder,
-    SnapshotPolicy, Strategy, Update,
+    SnapshotPolicy, Strategy, Timestamp, Update,
 };
+use lbkit_health::{OutlierConfig, OutlierDetector};
+use tokio::sync::mpsc;
+use tokio::time::MissedTickBehavior;
 
 use crate::error::DiscoveryError;
 
@@ -45,9 +48,10 @@ use crate::error::DiscoveryError;
 #[derive(Clone, Debug)]
 pub struct ControllerConfig {
     /// **Empty-push protection** (Dubbo's `enable-empty-protection`): an update that would empty
-    /// a non-empty set is held back — the last set stays published — and counted in
-    /// [`ControllerMetrics::empty_held`]. The next non-empty update is published as usual.
-    /// Default `true`: a registry glitch that briefly lists nothing must not fail every call.
+    /// a non-empty set is held back — the last set stays published, through health changes,
+    /// ejections and ticks too — and counted in [`ControllerMetrics::empty_held`]. The next
+    /// non-empty update is published as usual. Default `true`: a registry glitch that briefly
+    /// lists nothing must not fail every call.
     pub empty_protection: bool,
     /// After the first update of a batch, keep collecting updates for this long before the one
     /// rebuild. Default zero: a batch is whatever is already queued when the first arrives, so
@@ -55,6 +59,13 @@ pub struct ControllerConfig {
     pub batch_window: Duration,
     /// Policy for every published snapshot (panic threshold, slow start). Default: none.
     pub policy: SnapshotPolicy,
+    /// Passive outlier detection (lbkit-health's detector), ticked every `interval` by
+    /// [`Controller::run`]. Default: none.
+    pub outlier: Option<OutlierConfig>,
+    /// How often [`Controller::run`] ticks its [`Target`] (re-prepares time-driven pickers:
+    /// warm-up, slow start, response-time weights). Default `None`: no ticks, and `run` ends
+    /// when its source ends (unless health checks or outlier detection keep it going).
+    pub refresh: Option<Duration>,
 }
 
 impl Default for ControllerConfig {
@@ -63,6 +74,8 @@ impl Default for ControllerConfig {
             empty_protection: true,
             batch_window: Duration::ZERO,
             policy: SnapshotPolicy::default(),
+            outlier: None,
+            refresh: None,
         }
     }
 }
@@ -76,6 +89,8 @@ pub struct ControllerMetrics {
     unchanged: AtomicU64,
     empty_held: AtomicU64,
     source_errors: AtomicU64,
+    health_changes: AtomicU64,
+    ejections: AtomicU64,
 }
 
 // === impl ControllerMetrics ===
@@ -105,25 +120,126 @@ impl ControllerMetrics {
     pub fn source_errors(&self) -> u64 {
         self.source_errors.load(Relaxed)
     }
+    /// Health changes applied (an endpoint marked down or up by active checks).
+    pub fn health_changes(&self) -> u64 {
+        self.health_changes.load(Relaxed)
+    }
+    /// Ejections by outlier detection.
+    pub fn ejections(&self) -> u64 {
+        self.ejections.load(Relaxed)
+    }
 }
 
-/// Consumes one source and publishes snapshots. Owned by one task; not on the pick path.
+/// Where a [`Controller`] publishes: a [`Balancer`] ([`publisher`]), a tower `Pool`, the
+/// proxy's services. Owned by the controller's task.
+pub trait Target: Send {
+    /// Make `snapshot` the one calls pick from. Returns the keys of endpoints that cannot be
+    /// served (no client could be made for them): the controller leaves them out until the
+    /// source sends them again.
+    fn publish(&mut self, snapshot: Arc<Snapshot>, now: Timestamp) -> Vec<EndpointKey>;
+
+    /// Re-prepare pickers that asked for it ([`Balancer::tick`]).
+    fn tick(&mut self, now: Timestamp) {
+        let _ = now;
+    }
+
+    /// The source reported `error` (the last good set stays published).
+    fn source_error(&mut self, error: &DiscoveryError) {
+        let _ = error;
+    }
+
+    /// The source ended.
+    fn source_ended(&mut self) {}
+
+    /// Empty-push protection held back an update that would have emptied the set.
+    fn empty_held(&mut self) {}
+
+    /// Outlier detection ejected an endpoint: how often each was ejected so far.
+    fn ejections(&mut self, counts: &HashMap<EndpointKey, u64>) {
+        let _ = counts;
+    }
+
+    /// Whether anyone still uses the target; [`Controller::run`] ends when not.
+    fn alive(&self) -> bool {
+        true
+    }
+}
+
+/// A closure that takes each snapshot (tests, custom publishing); it is never ticked.
+impl<F: FnMut(Arc<Snapshot>) + Send> Target for F {
+    fn publish(&mut self, snapshot: Arc<Snapshot>, _now: Timestamp) -> Vec<EndpointKey> {
+        self(snapshot);
+        Vec::new()
+    }
+}
+
+/// The [`Target`] of one [`Balancer`]: publishes into it and ticks it (with
+/// [`ControllerConfig::refresh`] set).
+#[derive(Debug)]
+pub struct Publisher<S: Strategy> {
+    balancer: Arc<Balancer<S>>,
+}
+
+impl<S: Strategy> Publisher<S> {
+    /// Publish into `balancer` and tick it.
+    pub fn new(balancer: Arc<Balancer<S>>) -> Self {
+        Publisher { balancer }
+    }
+}
+
+impl<S: Strategy> Target for Publisher<S> {
+    fn publish(&mut self, snapshot: Arc<Snapshot>, now: Timestamp) -> Vec<EndpointKey> {
+        self.balancer.publish(snapshot, now);
+        Vec::new()
+    }
+
+    fn tick(&mut self, now: Timestamp) {
+        self.balancer.tick(now);
+    }
+}
+
+/// A publish callback for [`Controller::run`] that prepares each snapshot for `balancer` and
+/// swaps it in, reading `clock` once per publish (no ticks: use [`Publisher`] for those).
+pub fn publisher<S: Strategy>(
+    balancer: Arc<Balancer<S>>,
+    clock: Clock,
+) -> impl FnMut(Arc<Snapshot>) + Send {
+    move |snapshot| balancer.publish(snapshot, clock.now())
+}
+
+/// The one control loop of lbkit: consumes a source, holds back empty pushes, lays the health
+/// overlay (active checks, outlier ejections) and the snapshot policy (panic threshold, slow
+/// start) over the set, rebuilds one snapshot per change and publishes it; ticks time-driven
+/// pickers. The tower `Pool`, `lbkit proxy` and `lbkit watch` all run it. Owned by one task;
+/// not on the pick path.
 ///
-/// It keeps the set the source last described (the *desired* set) apart from the set last
-/// published: empty-push protection holds the published set while the desired one is empty,
-/// and later incremental updates apply to the desired set, so nothing held back leaks into the
-/// next snapshot. Each batch becomes one [`SnapshotBuilder`] reset, which diffs by key and
-/// keeps the statistics of endpoints that stay.
+/// It keeps the set the source last described (the *desired* set) apart from the set behind
+/// the published snapshot (the *serving* set): empty-push protection holds the serving set
+/// while the desired one is empty, every later rebuild (a health change, an ejection) starts
+/// from the serving set, and later incremental updates apply to the desired set, so nothing
+/// held back leaks into the next snapshot. Each rebuild is one [`SnapshotBuilder`] reset,
+/// which diffs by key and keeps the statistics of endpoints that stay.
 #[derive(Debug)]
 pub struct Controller {
     config: ControllerConfig,
     clock: Clock,
     builder: SnapshotBuilder,
     desired: Vec<EndpointSpec>,
+    /// The set behind the published snapshot (before the health overlay).
+    serving: Vec<EndpointSpec>,
     /// Whether `desired` changed since the last publish.
     dirty: bool,
-    /// Size of the last published set (`None` before the first publish).
-    published_len: Option<usize>,
+    /// Whether anything was published yet.
+    published: bool,
+    /// Marked down by active health checks.
+    down: HashSet<EndpointKey>,
+    detector: Option<OutlierDetector>,
+    /// The last snapshot built from `serving` and `down` (before ejections and policy): what
+    /// the outlier detector reads statistics from.
+    base: Arc<Snapshot>,
+    /// Times each endpoint was ejected.
+    ejected: HashMap<EndpointKey, u64>,
+    health: Option<mpsc::Receiver<(EndpointKey, bool)>>,
     metrics: Arc<ControllerMetrics>,
 }
 
@@ -133,19 +249,42 @@ impl Controller {
     /// A controller with `config`, reading [`Clock::System`].
     pub fn new(config: ControllerConfig) -> Self {
         Controller {
+            detector: config.outlier.map(OutlierDetector::new),
             config,
             clock: Clock::System,
             builder: SnapshotBuilder::new(),
             desired: Vec::new(),
+            serving: Vec::new(),
             dirty: false,
-            published_len: None,
+            published: false,
+            down: HashSet::new(),
+            base: Arc::new(Snapshot::new(0, Vec::new())),
+            ejected: HashMap::new(),
+            health: None,
             metrics: Arc::default(),
         }
     }
 
-    /// Use `clock` for first-seen times and preparation.
+    /// Use `clock` for first-seen times, preparation and outlier ticks.
     pub fn with_clock(mut self, clock: Clock) -> Self {
         self.clock = clock;
+        self
+    }
+
+    /// Take health results `(endpoint, healthy)` from `rx` (lbkit-health's active checks, or
+    /// any prober): [`run`](Self::run) applies each change with [`set_health`](Self::set_health).
+    pub fn with_health(mut self, rx: mpsc::Receiver<(EndpointKey, bool)>) -> Self {
+        self.health = Some(rx);
+        self
+    }
+
+    /// Start from `specs` as if the source had sent them and they had been published (a
+    /// service replaced by a reload keeps serving its predecessor's set until its own source
+    /// speaks).
+    pub fn with_initial(mut self, specs: Vec<EndpointSpec>) -> Self {
+        self.desired = specs.clone();
+        self.serving = specs;
+        self.dirty = true;
         self
     }
 
@@ -160,6 +299,16 @@ impl Controller {
         &self.desired
     }
 
+    /// The set behind the published snapshot.
+    pub fn serving(&self) -> &[EndpointSpec] {
+        &self.serving
+    }
+
+    /// Times each endpoint was ejected by outlier detection.
+    pub fn ejections(&self) -> &HashMap<EndpointKey, u64> {
+        &self.ejected
+    }
+
     /// Apply one batch. Returns the snapshot to publish, or `None` when the batch changed
     /// nothing or was held back by empty-push protection.
     ///
@@ -171,31 +320,69 @@ impl Controller {
             self.metrics.updates.fetch_add(1, Relaxed);
             self.dirty |= apply(&mut self.desired, update);
         }
-        let published_len = self.published_len;
-        if !self.dirty && published_len.is_some() {
+        if !self.dirty && self.published {
             self.metrics.unchanged.fetch_add(1, Relaxed);
             return None;
         }
-        if self.config.empty_protection && self.desired.is_empty() && published_len > Some(0) {
+        let held = !self.serving.is_empty() && self.published;
+        if self.config.empty_protection && self.desired.is_empty() && held {
             self.metrics.empty_held.fetch_add(1, Relaxed);
             tracing::warn!(
-                held = published_len.unwrap_or(0),
+                held = self.serving.len(),
                 "empty-push protection: the source listed no endpoints; keeping the last set"
             );
             return None;
         }
-        let now = self.clock.now();
-        let snapshot = self.builder.apply(Update::Reset(self.desired.clone()), now);
-        self.published_len = Some(self.desired.len());
+        self.serving.clone_from(&self.desired);
         self.dirty = false;
-        let snapshot = if self.config.policy == SnapshotPolicy::default() {
-            snapshot
+        Some(self.rebuild())
+    }
+
+    /// An active health check says `key` is `healthy` or not. Returns the snapshot to publish
+    /// when that changes what is served (built from the serving set: a held empty push stays
+    /// held).
+    pub fn set_health(&mut self, key: EndpointKey, healthy: bool) -> Option<Arc<Snapshot>> {
+        let changed = if healthy {
+            self.down.remove(&key)
         } else {
-            let overlay = HealthOverlay::default();
-            Arc::new(snapshot.derive(snapshot.version(), &self.config.policy, &overlay))
+            self.down.insert(key.clone())
         };
-        self.metrics.published.fetch_add(1, Relaxed);
-        Some(snapshot)
+        if !changed {
+            return None;
+        }
+        self.metrics.health_changes.fetch_add(1, Relaxed);
+        tracing::info!(endpoint = %key, healthy, "health check");
+        self.published.then(|| self.rebuild())
+    }
+
+    /// Run the outlier detector over the calls since its last tick. Returns the snapshot to
+    /// publish when an endpoint was ejected or readmitted.
+    pub fn tick_outliers(&mut self, now: Timestamp) -> Option<Arc<Snapshot>> {
+        let detector = self.detector.as_mut()?;
+        if !detector.tick(&self.base, now) {
+            return None;
+        }
+        for e in self.base.endpoints() {
+            if let Some(ej) = detector.ejection(e.key()) {
+                let count = self.ejected.entry(e.key().clone()).or_default();
+                if u64::from(ej.times) > *count {
+                    tracing::warn!(endpoint = %e.key(), rule = ?ej.rule, "ejected");
+                    self.metrics.ejections.fetch_add(1, Relaxed);
+                    *count = u64::from(ej.times);
+                }
+            }
+        }
+        Some(self.overlaid())
+    }
+
+    /// Leave `keys` out (their clients could not be made) until the source sends them again.
+    /// Returns the snapshot to publish.
+    pub fn reject(&mut self, keys: &[EndpointKey]) -> Option<Arc<Snapshot>> {
+        let gone: HashSet<&EndpointKey> = keys.iter().collect();
+        let before = self.serving.len();
+        self.desired.retain(|s| !gone.contains(&s.key));
+        self.serving.retain(|s| !gone.contains(&s.key));
+        (self.serving.len() != before).then(|| self.rebuild())
     }
 
     /// Record a source error: logged and counted; the last good snapshot stays published.
@@ -204,64 +391,191 @@ impl Controller {
         tracing::warn!(error = %error_chain(error), "discovery source error; keeping the last good set");
     }
 
-    /// Consume `source` until it ends, calling `publish` with each new snapshot.
-    ///
-    /// Updates that are already queued when one arrives (plus those arriving within
-    /// [`ControllerConfig::batch_window`]) form one batch and one rebuild.
-    pub async fn run<S, F>(mut self, source: S, mut publish: F)
-    where
-        S: Stream<Item = Result<Update, DiscoveryError>> + Send,
-        F: FnMut(Arc<Snapshot>),
-    {
-        let mut source = std::pin::pin!(source);
-        while let Some(first) = source.next().await {
-            let mut batch = Vec::new();
-            self.take(first, &mut batch);
-            let mut ended = false;
-            let deadline = tokio::time::Instant::now() + self.config.batch_window;
-            while !ended {
-                let next = if self.config.batch_window.is_zero() {
-                    match source.next().now_or_never() {
-                        Some(item) => item,
-                        None => break,
-                    }
+    /// The serving set with the health overlay, rebuilt (statistics kept by key), then the
+    /// ejections and the policy.
+    fn rebuild(&mut self) -> Arc<Snapshot> {
+        let specs = self
+            .serving
+            .iter()
+            .map(|s| {
+                let down = self.down.contains(&s.key);
+                if down && s.healthy {
+                    s.clone().with_healthy(false)
                 } else {
-                    match tokio::time::timeout_at(deadline, source.next()).await {
-                        Ok(item) => item,
-                        Err(_) => break,
-                    }
-                };
-                match next {
-                    Some(item) => self.take(item, &mut batch),
-                    None => ended = true,
+                    s.clone()
                 }
-            }
-            if !batch.is_empty() {
-                if let Some(snapshot) = self.apply_batch(batch) {
-                    publish(snapshot);
-                }
-            }
-            if ended {
-                break;
+            })
+            .collect();
+        let now = self.clock.now();
+        self.base = self.builder.apply(Update::Reset(specs), now);
+        self.published = true;
+        self.overlaid()
+    }
+
+    /// `base` under the outlier overlay and the policy.
+    fn overlaid(&self) -> Arc<Snapshot> {
+        self.metrics.published.fetch_add(1, Relaxed);
+        let overlay = self.detector.as_ref().map(OutlierDetector::overlay);
+        if self.config.policy == SnapshotPolicy::default() && overlay.is_none() {
+            return self.base.clone();
+        }
+        let empty = HealthOverlay::default();
+        let overlay = overlay.unwrap_or(&empty);
+        Arc::new(
+            self.base
+                .derive(self.base.version(), &self.config.policy, overlay),
+        )
+    }
+
+    /// Apply `updates` as one batch and publish the result on `target` (what
+    /// [`run`](Self::run) does per batch; for updates at hand before the loop starts).
+    pub fn apply_into<T: Target>(&mut self, updates: Vec<Update>, target: &mut T) {
+        let held = self.metrics.empty_held();
+        if let Some(snapshot) = self.apply_batch(updates) {
+            self.publish(target, snapshot);
+        } else if self.metrics.empty_held() != held {
+            target.empty_held();
+        }
+    }
+
+    /// Publish `snapshot` on `target`, leaving out what it cannot serve.
+    fn publish<T: Target>(&mut self, target: &mut T, snapshot: Arc<Snapshot>) {
+        let now = self.clock.now();
+        let rejected = target.publish(snapshot, now);
+        if !rejected.is_empty() {
+            if let Some(next) = self.reject(&rejected) {
+                // Everything left has a client now: nothing more is rejected.
+                let _ = target.publish(next, self.clock.now());
             }
         }
     }
 
-    fn take(&self, item: Result<Update, DiscoveryError>, batch: &mut Vec<Update>) {
+    /// Consume `source`, publishing each new snapshot on `target`; apply health results
+    /// ([`with_health`](Self::with_health)); tick the outlier detector every
+    /// `outlier.interval` and `target` every `refresh`.
+    ///
+    /// Updates that are already queued when one arrives (plus those arriving within
+    /// [`ControllerConfig::batch_window`]) form one batch and one rebuild. Ends when the source
+    /// has ended and nothing else is configured (no health results, no outlier detection, no
+    /// refresh), or when the target is no longer [`alive`](Target::alive).
+    pub async fn run<S, T>(mut self, source: S, mut target: T)
+    where
+        S: Stream<Item = Result<Update, DiscoveryError>> + Send,
+        T: Target,
+    {
+        let mut source = std::pin::pin!(source);
+        let mut source_open = true;
+        let mut health = self.health.take();
+        let every = |d: Option<Duration>| {
+            let mut i = tokio::time::interval(d.unwrap_or(Duration::from_secs(3_600)));
+            i.set_missed_tick_behavior(MissedTickBehavior::Delay);
+            i
+        };
+        let mut outliers = every(self.config.outlier.map(|o| o.interval));
+        let mut refresh = every(self.config.refresh);
+        let ticking = self.config.refresh.is_some() || self.detector.is_some();
+        if self.dirty {
+            // An initial set (a reload's hand-over) is served before the source speaks.
+            self.dirty = false;
+            self.serving.clone_from(&self.desired);
+            let s = self.rebuild();
+            self.publish(&mut target, s);
+        }
+        while target.alive() && (source_open || health.is_some() || ticking) {
+            tokio::select! {
+                item = source.next(), if source_open => {
+                    let ended = match item {
+                        Some(first) => self.batch(first, &mut source, &mut target).await,
+                        None => true,
+                    };
+                    if ended {
+                        source_open = false;
+                        target.source_ended();
+                    }
+                }
+                msg = recv(&mut health), if health.is_some() => match msg {
+                    Some((key, healthy)) => {
+                        if let Some(s) = self.set_health(key, healthy) {
+                            self.publish(&mut target, s);
+                        }
+                    }
+                    None => health = None,
+                },
+                _ = outliers.tick(), if self.detector.is_some() => {
+                    let ejections = self.metrics.ejections();
+                    if let Some(s) = self.tick_outliers(self.clock.now()) {
+                        self.publish(&mut target, s);
+                        if self.metrics.ejections() != ejections {
+                            target.ejections(&self.ejected);
+                        }
+                    }
+                }
+                _ = refresh.tick(), if self.config.refresh.is_some() => {
+                    target.tick(self.clock.now());
+                }
+            }
+        }
+    }
+
+    /// One batch starting with `first`; returns whether the source ended.
+    async fn batch<S, T>(
+        &mut self,
+        first: Result<Update, DiscoveryError>,
+        source: &mut std::pin::Pin<&mut S>,
+        target: &mut T,
+    ) -> bool
+    where
+        S: Stream<Item = Result<Update, DiscoveryError>> + Send,
+        T: Target,
+    {
+        let mut batch = Vec::new();
+        self.take(first, &mut batch, target);
+        let mut ended = false;
+        let deadline = tokio::time::Instant::now() + self.config.batch_window;
+        while !ended {
+            let next = if self.config.batch_window.is_zero() {
+                match source.next().now_or_never() {
+                    Some(item) => item,
+                    None => break,
+                }
+            } else {
+                match tokio::time::timeout_at(deadline, source.next()).await {
+                    Ok(item) => item,
+                    Err(_) => break,
+                }
+            };
+            match next {
+                Some(item) => self.take(item, &mut batch, target),
+                None => ended = true,
+            }
+        }
+        if !batch.is_empty() {
+            self.apply_into(batch, target);
+        }
+        ended
+    }
+
+    fn take<T: Target>(
+        &self,
+        item: Result<Update, DiscoveryError>,
+        batch: &mut Vec<Update>,
+        target: &mut T,
+    ) {
         match item {
             Ok(update) => batch.push(update),
-            Err(e) => self.source_error(&e),
+            Err(e) => {
+                self.source_error(&e);
+                target.source_error(&e);
+            }
         }
     }
 }
 
-/// A publish callback for [`Controller::run`] that prepares each snapshot for `balancer` and
-/// swaps it in, reading `clock` once per publish.
-pub fn publisher<S: Strategy>(
-    balancer: Arc<Balancer<S>>,
-    clock: Clock,
-) -> impl FnMut(Arc<Snapshot>) + Send {
-    move |snapshot| balancer.publish(snapshot, clock.now())
+async fn recv(rx: &mut Option<mpsc::Receiver<(EndpointKey, bool)>>) -> Option<(EndpointKey, bool)> {
+    match rx {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// `error: cause: cause`, for one log line.

@@ -83,6 +83,9 @@ pub enum DiscoveryError {
         /// What is wrong.
         reason: String,
     },
+    /// A user-written source failed (the tower `Pool` wraps its stream's errors in this).
+    #[error("endpoint source failed")]
+    Source(#[source] Box<dyn std::error::Error + Send + Sync + 'static>),
     /// The registry cache file cannot be read or written.
     #[error("registry cache {}: {reason}", path.display())]
     Cache {

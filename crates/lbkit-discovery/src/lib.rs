@@ -19,8 +19,10 @@
 //! ```
 //!
 //! ## Features
-//! * `runtime`: tokio, the `source` stream types, `Controller`, `file::FileSource`
-//!   (`notify`), logging with `tracing`.
+//! * `controller`: tokio, the `source` stream types, the `Controller` (the one control loop:
+//!   updates, empty-push protection, health overlay, outlier ejection, slow start, ticks),
+//!   logging with `tracing`.
+//! * `runtime` (implies `controller`): `file::FileSource` (`notify`).
 //! * `zookeeper` (implies `runtime`): `zookeeper`, on `zookeeper-client`.
 #![forbid(unsafe_code)]
 #![warn(
@@ -33,19 +35,21 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 mod address;
-#[cfg(feature = "runtime")]
+#[cfg(feature = "controller")]
 mod controller;
 pub mod dubbo;
 mod error;
 pub mod file;
-#[cfg(feature = "runtime")]
+#[cfg(feature = "controller")]
 pub mod source;
 mod static_list;
 #[cfg(feature = "zookeeper")]
 pub mod zookeeper;
 
 pub use address::check_address;
-#[cfg(feature = "runtime")]
-pub use controller::{publisher, Controller, ControllerConfig, ControllerMetrics};
+#[cfg(feature = "controller")]
+pub use controller::{
+    publisher, Controller, ControllerConfig, ControllerMetrics, Publisher, Target,
+};
 pub use error::{DiscoveryError, SourceError, UrlError};
 pub use static_list::parse_static_list;

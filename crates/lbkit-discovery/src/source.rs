@@ -74,6 +74,7 @@ pub struct Status<T>(tokio::sync::watch::Receiver<T>);
 // === impl Status ===
 
 impl<T: Clone> Status<T> {
+    #[cfg_attr(not(feature = "runtime"), allow(dead_code))] // used by the file and ZooKeeper sources
     pub(crate) fn new(rx: tokio::sync::watch::Receiver<T>) -> Self {
         Status(rx)
     }

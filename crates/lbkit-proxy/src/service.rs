@@ -46,9 +46,11 @@ pub struct Service {
     name: String,
     config: config::Service,
     // Swapped by the admin API (strategy) and read per request; publishes come from the
-    // service's own task. `publish_lock` orders the two writers; readers never take it.
+    // service's control loop. `publish_lock` orders the two writers (never held across an
+    // await); readers never take it.
     active: ArcSwap<Active>,
-    publish_lock: tokio::sync::Mutex<()>,
+    #[allow(clippy::disallowed_types)] // orders two rare writers, off the request path
+    publish_lock: std::sync::Mutex<()>,
     /// One pool per thread that calls upstreams (index `worker_index`: 0 for the calling
     /// runtime, whose tasks run health checks; 1..=N for worker threads), so a request and its
     /// upstream connection are served by the same thread.
@@ -86,7 +88,7 @@ impl Service {
                 strategy: config.strategy.clone(),
                 balancer,
             }),
-            publish_lock: tokio::sync::Mutex::new(()),
+            publish_lock: Default::default(),
             clients: (0..=workers.max(1)).map(|_| client(config)).collect(),
             budget: RetryBudget::new(
                 BUDGET_TTL,
@@ -159,8 +161,8 @@ impl Service {
     }
 
     /// Publish `snapshot` on the current balancer.
-    pub async fn publish(&self, snapshot: Arc<Snapshot>) {
-        let _order = self.publish_lock.lock().await;
+    pub fn publish(&self, snapshot: Arc<Snapshot>) {
+        let _order = self.publish_lock.lock();
         self.active
             .load()
             .balancer
@@ -174,7 +176,7 @@ impl Service {
     /// An unknown strategy or a bad parameter.
     pub async fn set_strategy(&self, name: &str, params: Params) -> Result<(), ParamError> {
         let strategy = catalog::build(name, params)?;
-        let _order = self.publish_lock.lock().await;
+        let _order = self.publish_lock.lock();
         let snapshot = self.active.load().balancer.snapshot();
         let balancer = balancer(strategy, snapshot, &self.config, &self.clock);
         self.active.store(Arc::new(Active {

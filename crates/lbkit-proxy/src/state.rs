@@ -77,7 +77,7 @@ impl State {
                         )
                     })?;
                     let service = Arc::new(service);
-                    let tasks = upkeep::spawn(&service)?;
+                    let tasks = upkeep::spawn(&service, None)?;
                     Arc::new(Running { service, tasks })
                 }
             };

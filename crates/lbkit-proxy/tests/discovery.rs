@@ -170,3 +170,98 @@ async fn zookeeper_providers_come_and_go() {
         .await
         .expect("deregistered in time");
 }
+
+/// Whether the admin API reports the endpoint at `addr` of service `svc` as healthy.
+async fn healthy(proxy: &Proxy, addr: std::net::SocketAddr) -> Option<bool> {
+    let (_, body) = admin(&client(), proxy, "GET", "/endpoints", "").await;
+    let doc: serde_json::Value = serde_json::from_str(&body).expect("json");
+    doc["services"]["svc"]["endpoints"]
+        .as_array()?
+        .iter()
+        .find(|e| e["address"] == addr.to_string())?["healthy"]
+        .as_bool()
+}
+
+/// Wait until the admin API reports `addr` as healthy or not.
+async fn flipped(proxy: &Proxy, addr: std::net::SocketAddr, want: bool) {
+    tokio::time::timeout(WAIT, async {
+        while healthy(proxy, addr).await != Some(want) {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{addr} never marked healthy={want}"));
+}
+
+// While ZooKeeper's empty push is held, the last published set stays published through a
+// health flip, a reload and the refresh ticks (the proxy's upkeep once rebuilt from the empty
+// desired set on any health change, and every request got a 503).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_empty_push_survives_a_health_flip_a_reload_and_ticks() {
+    use lbkit_discovery::zookeeper::{Layout, Provider, ServicePath, ZkConfig, ZkRegistration};
+
+    let Some(zk) = lbkit_testkit::zookeeper() else {
+        return;
+    };
+    let (a, b) = (Backend::start("a").await, Backend::start("b").await);
+    let interface = format!(
+        "com.lbkit.proxytest.Held{}x{}",
+        std::process::id(),
+        a.addr.port()
+    );
+    let path = ServicePath::new("dubbo", &interface, Layout::Dubbo).expect("service path");
+    let register = |backend: &Backend| {
+        ZkRegistration::spawn(
+            ZkConfig::new(zk.clone()),
+            path.clone(),
+            Provider::new(backend.addr.to_string()),
+        )
+        .expect("registration starts")
+    };
+    let (reg_a, reg_b) = (register(&a), register(&b));
+    let source = format!(
+        "zookeeper = {{ zk = {zk:?}, interface = {interface:?} }}\n\
+         health_check = {{ kind = \"tcp\", interval_ms = 100, timeout_ms = 500, rise = 1, fall = 1 }}"
+    );
+    let text = config_with_source(&source);
+    let proxy = Proxy::start(parse(&text)).await.expect("proxy starts");
+    until_serving(&proxy, &["a", "b"], 6).await;
+
+    // Both providers leave (one after the other): once the registry lists nobody, the push is
+    // held and b, the last one listed, keeps serving.
+    for reg in [reg_a, reg_b] {
+        tokio::time::timeout(WAIT, reg.deregister())
+            .await
+            .expect("deregistered in time");
+    }
+    tokio::time::timeout(WAIT, async {
+        while metric(&proxy, "lbkit_proxy_discovery_empty_held_total").await < 1.0 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the empty push is held");
+    until_serving(&proxy, &["b"], 6).await;
+
+    // Health flips while it is held: b goes down (nothing is healthy: 503s, rightly), then up
+    // again — and is served again, rebuilt from the held set, not from the empty one.
+    let b_addr = b.kill();
+    flipped(&proxy, b_addr, false).await;
+    let _b = Backend::start_on("b", b_addr).await;
+    flipped(&proxy, b_addr, true).await;
+    until_serving(&proxy, &["b"], 6).await;
+    drop(a);
+
+    // A reload that keeps the service: the held set stays.
+    let reloaded = format!("{text}\n[[route]]\npath_prefix = \"/other/\"\nservice = \"svc\"\n");
+    proxy.reload(parse(&reloaded)).expect("reload");
+    until_serving(&proxy, &["b"], 6).await;
+    // Refresh ticks (every 250 ms) and health probes (every 100 ms) go on: a bounded run of
+    // requests keeps landing on b.
+    let client = client();
+    for _ in 0..50 {
+        let (status, body, _) = get(&client, proxy.listeners()[0], "/", &[]).await;
+        assert_eq!((status, body.as_str()), (StatusCode::OK, "b"));
+    }
+    proxy.shutdown(Duration::from_secs(2)).await;
+}

@@ -150,3 +150,37 @@ async fn outlier_detection_ejects_a_failing_endpoint() {
     }
     assert_eq!(farm.get("a").calls(), before);
 }
+
+// The pool runs lbkit-discovery's Controller: an empty push is held back like everywhere else,
+// and the next real set replaces it.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn an_empty_push_is_held_back() {
+    let farm = Farm::new(&["a", "b", "c"]);
+    let (tx, rx) = mpsc::unbounded_channel::<Item>();
+    tx.send(Ok(Update::Reset(farm.specs(&["a", "b"])))).unwrap();
+    let pool = PoolBuilder::default().spawn(source(rx), farm.maker());
+    let mut status = pool.status();
+    let mut svc = BalanceLayer::new().failfast().layer(pool.clone());
+    tx.send(Ok(Update::Reset(Vec::new()))).unwrap();
+    wait(&mut status, |s| s.empty_held == 1).await;
+    assert_eq!(pool.snapshot().len(), 2, "the last set stays");
+    assert!(svc.ready().await.unwrap().call(1).await.is_ok());
+    tx.send(Ok(Update::Remove(vec![EndpointKey::from("a")])))
+        .unwrap();
+    // A later update is the event that shows the two before it were applied.
+    tx.send(Ok(Update::Add(farm.specs(&["c"])))).unwrap();
+    wait(&mut status, |s| s.services_made == 3).await;
+    let keys: Vec<_> = pool
+        .snapshot()
+        .endpoints()
+        .iter()
+        .map(|e| e.key().to_string())
+        .collect();
+    assert_eq!(keys, ["c"], "the held-back removal applied, then c");
+    assert!(svc.ready().await.unwrap().call(2).await.is_ok());
+    // Emptied again: held, c keeps serving.
+    tx.send(Ok(Update::Reset(Vec::new()))).unwrap();
+    tx.send(Ok(Update::Reset(farm.specs(&["b"])))).unwrap();
+    wait(&mut status, |s| s.endpoints == 1 && s.services_made == 4).await;
+    assert_eq!(pool.snapshot().endpoints()[0].key().as_str(), "b");
+}

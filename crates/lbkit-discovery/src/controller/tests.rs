@@ -1,5 +1,6 @@
 use super::*;
 use crate::source;
+use lbkit_core::Timestamp;
 
 fn spec(a: &str, w: u32) -> EndpointSpec {
     EndpointSpec::new(a).with_weight(w)
@@ -161,4 +162,173 @@ fn policy_is_applied_to_published_snapshots() {
         ])])
         .expect("published");
     assert!(s.in_panic(), "1 of 3 healthy < 50 %");
+}
+
+/// The keys of a snapshot's eligible endpoints.
+fn eligible(s: &Snapshot) -> Vec<&str> {
+    s.eligible()
+        .iter()
+        .map(|&i| s.endpoint(i).address())
+        .collect()
+}
+
+#[test]
+fn a_held_empty_push_stays_held_through_health_changes_and_ejections() {
+    let outlier = OutlierConfig {
+        consecutive_failures: Some(2),
+        max_ejection_percent: 50,
+        ..OutlierConfig::default()
+    };
+    let clock = Clock::Manual(Arc::new(lbkit_core::ManualClock::new(
+        Timestamp::from_millis(1_000),
+    )));
+    let mut c = Controller::new(ControllerConfig {
+        outlier: Some(outlier),
+        ..ControllerConfig::default()
+    })
+    .with_clock(clock);
+    let first = c
+        .apply_batch(vec![Update::Reset(vec![spec("a:1", 1), spec("b:1", 1)])])
+        .expect("published");
+    assert!(c.apply_batch(vec![Update::Reset(vec![])]).is_none(), "held");
+    // A health flip rebuilds from the serving set, not from the empty desired one.
+    let flipped = c
+        .set_health(EndpointKey::from("a:1"), false)
+        .expect("a health change publishes");
+    assert_eq!(flipped.len(), 2, "the held set is still served");
+    assert_eq!(eligible(&flipped), ["b:1"]);
+    let back = c
+        .set_health(EndpointKey::from("a:1"), true)
+        .expect("up again");
+    assert_eq!(eligible(&back), ["a:1", "b:1"]);
+    assert!(Arc::ptr_eq(
+        first.endpoints()[0].stats_arc(),
+        back.endpoints()[0].stats_arc()
+    ));
+    // An ejection too.
+    for _ in 0..3 {
+        back.endpoints()[1].stats().record(
+            Duration::ZERO,
+            Timestamp::from_millis(1_000),
+            lbkit_core::Outcome::Failure(lbkit_core::FailureKind::Server),
+        );
+    }
+    let ejected = c
+        .tick_outliers(Timestamp::from_millis(2_000))
+        .expect("an ejection publishes");
+    assert_eq!((ejected.len(), eligible(&ejected)), (2, vec!["a:1"]));
+    assert_eq!(c.ejections().get(&EndpointKey::from("b:1")), Some(&1));
+    assert_eq!(c.metrics().empty_held(), 1);
+    assert!(c.desired().is_empty() && c.serving().len() == 2);
+    // The next real set replaces it all.
+    let next = c
+        .apply_batch(vec![Update::Add(vec![spec("c:1", 1)])])
+        .expect("published");
+    assert_eq!(addrs(&next), vec![("c:1", 1)]);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_run_loop_holds_the_set_through_health_results_and_ticks() {
+    let (tx, stream) = source::channel();
+    let (health_tx, health_rx) = tokio::sync::mpsc::channel(4);
+    let config = ControllerConfig {
+        refresh: Some(Duration::from_millis(250)),
+        ..ControllerConfig::default()
+    };
+    let published = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let ticks = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (snap_tx, mut snaps) = tokio::sync::mpsc::unbounded_channel();
+    struct Probe {
+        snaps: tokio::sync::mpsc::UnboundedSender<Arc<Snapshot>>,
+        ticks: Arc<std::sync::atomic::AtomicUsize>,
+        published: Arc<std::sync::atomic::AtomicUsize>,
+    }
+    impl Target for Probe {
+        fn publish(&mut self, s: Arc<Snapshot>, _: Timestamp) -> Vec<EndpointKey> {
+            self.published.fetch_add(1, Relaxed);
+            let _ = self.snaps.send(s);
+            Vec::new()
+        }
+        fn tick(&mut self, _: Timestamp) {
+            self.ticks.fetch_add(1, Relaxed);
+        }
+        fn alive(&self) -> bool {
+            !self.snaps.is_closed()
+        }
+    }
+    let probe = Probe {
+        snaps: snap_tx,
+        ticks: ticks.clone(),
+        published: published.clone(),
+    };
+    let task = tokio::spawn(
+        Controller::new(config)
+            .with_health(health_rx)
+            .run(stream, probe),
+    );
+    tx.send(Ok(Update::Reset(vec![spec("a:1", 1), spec("b:1", 1)])))
+        .await
+        .expect("send");
+    assert_eq!(snaps.recv().await.expect("first").len(), 2);
+    tx.send(Ok(Update::Reset(vec![]))).await.expect("send");
+    health_tx
+        .send((EndpointKey::from("b:1"), false))
+        .await
+        .expect("send");
+    let after_flip = snaps.recv().await.expect("the flip publishes");
+    assert_eq!(
+        (after_flip.len(), eligible(&after_flip)),
+        (2, vec!["a:1"]),
+        "the empty push is still held"
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await; // virtual time: four refresh ticks
+    assert!(ticks.load(Relaxed) >= 4);
+    assert_eq!(published.load(Relaxed), 2, "ticks publish nothing new");
+    drop(snaps);
+    health_tx.send((EndpointKey::from("b:1"), true)).await.ok();
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .expect("the loop ends when its target is gone")
+        .expect("no panic");
+}
+
+#[test]
+fn rejected_endpoints_stay_out_until_the_source_sends_them_again() {
+    let mut c = Controller::new(ControllerConfig::default());
+    c.apply_batch(vec![Update::Reset(vec![spec("a:1", 1), spec("b:1", 1)])]);
+    let s = c.reject(&[EndpointKey::from("b:1")]).expect("published");
+    assert_eq!(addrs(&s), vec![("a:1", 1)]);
+    let s = c
+        .apply_batch(vec![Update::Add(vec![spec("c:1", 1)])])
+        .expect("published");
+    assert_eq!(addrs(&s), vec![("a:1", 1), ("c:1", 1)]);
+    let s = c
+        .apply_batch(vec![Update::Add(vec![spec("b:1", 2)])])
+        .expect("published");
+    assert_eq!(addrs(&s), vec![("a:1", 1), ("c:1", 1), ("b:1", 2)]);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn an_initial_set_is_served_before_the_source_speaks() {
+    let (tx, stream) = source::channel();
+    let (snap_tx, mut snaps) = tokio::sync::mpsc::unbounded_channel();
+    let publish = move |s: Arc<Snapshot>| {
+        let _ = snap_tx.send(s);
+    };
+    let task = tokio::spawn(
+        Controller::new(ControllerConfig::default())
+            .with_initial(vec![spec("a:1", 1)])
+            .run(stream, publish),
+    );
+    assert_eq!(
+        addrs(&snaps.recv().await.expect("initial")),
+        vec![("a:1", 1)]
+    );
+    tx.send(Ok(Update::Reset(vec![]))).await.expect("send");
+    tx.send(Ok(Update::Reset(vec![spec("b:1", 1)])))
+        .await
+        .expect("send");
+    drop(tx);
+    assert_eq!(addrs(&snaps.recv().await.expect("next")), vec![("b:1", 1)]);
+    task.await.expect("ends with its source");
 }

@@ -30,7 +30,7 @@ pin_project! {
     pub struct TrackBody<B> {
         #[pin]
         inner: Inner<B>,
-        call: Option<Completion>,
+        call: Pending,
         at: CompleteAt,
         grpc: GrpcCodes,
         outcome: Outcome,
@@ -42,6 +42,28 @@ pin_project! {
     enum Inner<B> {
         Body { #[pin] body: B },
         Empty,
+    }
+}
+
+/// The call a body still tracks, and the outcome its head had. Dropped unfinished, it
+/// records that outcome when the head was a failure (a caller that drops a 503's body does not
+/// make it a cancellation), else a cancellation.
+struct Pending(Option<Completion>, Outcome);
+
+impl Pending {
+    fn finish(&mut self, outcome: Outcome) {
+        if let Some(call) = self.0.take() {
+            call.finish(outcome);
+        }
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if matches!(self.1, Outcome::Failure(_)) {
+            self.finish(self.1);
+        }
+        // Otherwise the completion's own drop records a cancellation.
     }
 }
 
@@ -60,11 +82,9 @@ impl<B: Body> TrackBody<B> {
         at: CompleteAt,
         grpc: GrpcCodes,
     ) -> Self {
-        let mut call = Some(call);
+        let mut call = Pending(Some(call), outcome);
         if body.is_end_stream() {
-            if let Some(c) = call.take() {
-                c.finish(outcome);
-            }
+            call.finish(outcome);
         }
         TrackBody {
             inner: Inner::Body { body },
@@ -81,7 +101,7 @@ impl<B> TrackBody<B> {
     pub fn untracked(body: B) -> Self {
         TrackBody {
             inner: Inner::Body { body },
-            call: None,
+            call: Pending(None, Outcome::Success),
             at: CompleteAt::EndOfStream,
             grpc: GrpcCodes::DEFAULT,
             outcome: Outcome::Success,
@@ -92,7 +112,7 @@ impl<B> TrackBody<B> {
     pub fn empty() -> Self {
         TrackBody {
             inner: Inner::Empty,
-            call: None,
+            call: Pending(None, Outcome::Success),
             at: CompleteAt::EndOfStream,
             grpc: GrpcCodes::DEFAULT,
             outcome: Outcome::Success,
@@ -101,7 +121,7 @@ impl<B> TrackBody<B> {
 
     /// Whether the call is still being tracked.
     pub fn is_tracking(&self) -> bool {
-        self.call.is_some()
+        self.call.0.is_some()
     }
 }
 
@@ -135,9 +155,7 @@ impl<B: Body> Body for TrackBody<B> {
             None => true,
         };
         if end {
-            if let Some(call) = this.call.take() {
-                call.finish(*this.outcome);
-            }
+            this.call.finish(*this.outcome);
         }
         Poll::Ready(polled)
     }
@@ -160,7 +178,7 @@ impl<B: Body> Body for TrackBody<B> {
 impl<B> fmt::Debug for TrackBody<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TrackBody")
-            .field("tracking", &self.call.is_some())
+            .field("tracking", &self.call.0.is_some())
             .field("at", &self.at)
             .finish_non_exhaustive()
     }

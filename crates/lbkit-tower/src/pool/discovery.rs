@@ -1,30 +1,27 @@
-//! The pool task: discovery updates in batches, endpoint services made and released, ticks.
+//! The pool's control loop: lbkit-discovery's [`Controller`] (the one every lbkit user runs:
+//! batches, empty-push protection, outlier ejection, slow start, ticks) publishing into the
+//! pool, which makes and releases the endpoints' client services around each publish.
 
 use std::sync::{Arc, Weak};
 
-use arc_swap::ArcSwap;
 use futures_core::Stream;
 use futures_util::{FutureExt, StreamExt};
-use lbkit_core::{Balancer, Snapshot, SnapshotBuilder, Strategy, Timestamp, Update};
-use lbkit_health::OutlierDetector;
+use lbkit_core::{Balancer, EndpointKey, Snapshot, Strategy, Timestamp, Update};
+use lbkit_discovery::{Controller, ControllerConfig, DiscoveryError, Target};
 use tokio::sync::watch;
 
 use super::{Entry, MakeEndpoint, Pool, PoolBuilder, PoolInner, PoolStatus, ServiceMap};
 use crate::error::BoxError;
 use crate::telemetry::{EndpointMetrics, PoolMetrics};
 
-/// Most updates applied in one batch (one snapshot per batch): bounds the work between two
-/// publishes when a source floods.
+/// Most updates applied in one batch before the task starts: bounds the work done in
+/// `spawn` when a source floods.
 const MAX_BATCH: usize = 1024;
 
-/// State owned by the pool task alone.
-struct Worker<Svc, M> {
+/// The controller's target: the pool's services and balancer.
+struct PoolTarget<Svc, S: Strategy, M> {
+    inner: Weak<PoolInner<Svc, S>>,
     make: M,
-    builder: SnapshotBuilder,
-    policy: lbkit_core::SnapshotPolicy,
-    outlier: Option<OutlierDetector>,
-    last_outlier_tick: Option<Timestamp>,
-    _svc: std::marker::PhantomData<fn() -> Svc>,
 }
 
 pub(super) fn start<Svc, S, St, E, M>(config: PoolBuilder<S>, source: St, make: M) -> Pool<Svc, S>
@@ -38,149 +35,132 @@ where
     let now = config.clock.now();
     let balancer = Balancer::new(config.strategy, Arc::new(Snapshot::new(0, Vec::new())), now)
         .with_availability(config.availability)
-        .with_clock(config.clock);
+        .with_clock(config.clock.clone());
     let (status, _) = watch::channel(PoolStatus::default());
     let inner = Arc::new(PoolInner {
         metrics: PoolMetrics::register(&config.name),
         name: config.name,
         balancer,
-        services: ArcSwap::from_pointee(ServiceMap::default()),
+        services: arc_swap::ArcSwap::from_pointee(ServiceMap::default()),
         probes: config.probes,
         status,
     });
-    let mut worker = Worker {
-        make,
-        builder: SnapshotBuilder::new(),
+    let mut controller = Controller::new(ControllerConfig {
         policy: config.policy,
-        outlier: config.outlier.map(OutlierDetector::new),
-        last_outlier_tick: None,
-        _svc: std::marker::PhantomData,
+        outlier: config.outlier,
+        refresh: Some(config.tick),
+        ..ControllerConfig::default()
+    })
+    .with_clock(config.clock);
+    let mut target = PoolTarget {
+        inner: Arc::downgrade(&inner),
+        make,
     };
-    let mut source = Box::pin(source);
+    let mut source =
+        Box::pin(source.map(|item| item.map_err(|e| DiscoveryError::Source(e.into()))));
     // Apply what is ready now, so a static list is in place before the first call.
-    worker.apply(&inner, drain_ready(&mut source, Vec::new()));
-    let weak = Arc::downgrade(&inner);
-    let ended = inner.status.borrow().source_ended;
-    tokio::spawn(run(weak, worker, source, ended, config.tick));
-    Pool { inner }
-}
-
-/// Updates drained from the source in one go.
-struct Batch {
-    updates: Vec<Update>,
-    errors: Vec<BoxError>,
-    ended: bool,
-}
-
-fn drain_ready<St, E>(source: &mut std::pin::Pin<Box<St>>, first: Vec<Update>) -> Batch
-where
-    St: Stream<Item = Result<Update, E>>,
-    E: Into<BoxError> + 'static,
-{
-    let mut batch = Batch {
-        updates: first,
-        errors: Vec::new(),
-        ended: false,
-    };
-    while batch.updates.len() < MAX_BATCH {
+    let mut ready = Vec::new();
+    while ready.len() < MAX_BATCH {
         match source.next().now_or_never() {
-            Some(Some(Ok(u))) => batch.updates.push(u),
-            Some(Some(Err(e))) => batch.errors.push(e.into()),
+            Some(Some(Ok(u))) => ready.push(u),
+            Some(Some(Err(e))) => {
+                controller.source_error(&e);
+                target.source_error(&e);
+            }
             Some(None) => {
-                batch.ended = true;
+                target.source_ended();
                 break;
             }
             None => break,
         }
     }
-    batch
+    if !ready.is_empty() {
+        controller.apply_into(ready, &mut target);
+    }
+    tokio::spawn(controller.run(source, target));
+    Pool { inner }
 }
 
-async fn run<Svc, S, St, E, M>(
-    weak: Weak<PoolInner<Svc, S>>,
-    mut worker: Worker<Svc, M>,
-    mut source: std::pin::Pin<Box<St>>,
-    mut ended: bool,
-    tick: std::time::Duration,
-) where
+impl<Svc, S, M> Target for PoolTarget<Svc, S, M>
+where
     Svc: Send + Sync + 'static,
     S: Strategy,
-    St: Stream<Item = Result<Update, E>> + Send + 'static,
-    E: Into<BoxError> + 'static,
     M: MakeEndpoint<Svc>,
 {
-    let mut ticks = tokio::time::interval(tick);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            item = source.next(), if !ended => {
-                let Some(inner) = weak.upgrade() else { return };
-                let batch = match item {
-                    Some(Ok(u)) => drain_ready(&mut source, vec![u]),
-                    Some(Err(e)) => {
-                        let mut b = drain_ready(&mut source, Vec::new());
-                        b.errors.insert(0, e.into());
-                        b
-                    }
-                    None => Batch { updates: Vec::new(), errors: Vec::new(), ended: true },
-                };
-                ended |= batch.ended;
-                worker.apply(&inner, batch);
-            }
-            _ = ticks.tick() => {
-                let Some(inner) = weak.upgrade() else { return };
-                worker.tick(&inner);
-            }
-        }
-    }
-}
-
-// === impl Worker ===
-
-impl<Svc: Send + Sync + 'static, M: MakeEndpoint<Svc>> Worker<Svc, M> {
-    fn apply<S: Strategy>(&mut self, inner: &PoolInner<Svc, S>, batch: Batch) {
-        let now = inner.balancer.clock().now();
-        for e in &batch.errors {
-            tracing::warn!(pool = %inner.name, error = %e, "discovery error; keeping the last good endpoints");
-        }
-        inner.status.send_modify(|s| {
-            s.source_errors += batch.errors.len() as u64;
-            if let Some(e) = batch.errors.last() {
-                s.last_error = Some(e.to_string());
-            }
-            s.source_ended |= batch.ended;
-        });
-        if batch.updates.is_empty() {
-            return;
-        }
-        let mut snapshot = self.builder.apply_all(batch.updates, now);
+    fn publish(&mut self, snapshot: Arc<Snapshot>, now: Timestamp) -> Vec<EndpointKey> {
+        let Some(inner) = self.inner.upgrade() else {
+            return Vec::new();
+        };
         let old = inner.services.load_full();
-        let (next, rejected, made) = self.services_for(inner, &snapshot, &old);
+        let (next, rejected, made) = self.services_for(&inner, &snapshot, &old);
+        // New services first, then the snapshot that names them, then drop the old ones.
+        let mut union: ServiceMap<Svc> = (*old).clone();
+        union.extend(next.iter().map(|(h, e)| (*h, e.clone())));
+        inner.services.store(Arc::new(union));
+        inner.status.send_modify(|s| s.services_made += made);
         if !rejected.is_empty() {
-            snapshot = self.builder.apply(Update::Remove(rejected), now);
+            // The controller leaves these out and publishes again (the services made stay).
+            return rejected;
         }
         let released = old
             .iter()
             .filter(|(h, e)| next.get(*h).is_none_or(|n| !Arc::ptr_eq(n, e)))
             .count() as u64;
-        // New services first, then the snapshot that names them, then drop the old ones.
-        let mut union: ServiceMap<Svc> = (*old).clone();
-        union.extend(next.iter().map(|(h, e)| (*h, e.clone())));
-        inner.services.store(Arc::new(union));
-        self.publish(inner, snapshot.clone(), now);
+        inner.balancer.publish(snapshot.clone(), now);
         inner.metrics.endpoints.set(next.len() as f64);
         inner.services.store(Arc::new(next));
         inner.status.send_modify(|s| {
             s.version = snapshot.version();
             s.endpoints = snapshot.len();
-            s.services_made += made;
             s.services_released += released;
         });
+        Vec::new()
     }
 
+    fn tick(&mut self, now: Timestamp) {
+        if let Some(inner) = self.inner.upgrade() {
+            inner.balancer.tick(now);
+        }
+    }
+
+    fn source_error(&mut self, error: &DiscoveryError) {
+        if let Some(inner) = self.inner.upgrade() {
+            // A wrapped error of the pool's own stream reads as itself.
+            let text = match error {
+                DiscoveryError::Source(e) => crate::error::chain(&**e),
+                other => crate::error::chain(other),
+            };
+            tracing::warn!(pool = %inner.name, error = %text, "discovery error; keeping the last good endpoints");
+            inner.status.send_modify(|s| {
+                s.source_errors += 1;
+                s.last_error = Some(text);
+            });
+        }
+    }
+
+    fn empty_held(&mut self) {
+        if let Some(inner) = self.inner.upgrade() {
+            inner.status.send_modify(|s| s.empty_held += 1);
+        }
+    }
+
+    fn source_ended(&mut self) {
+        if let Some(inner) = self.inner.upgrade() {
+            inner.status.send_modify(|s| s.source_ended = true);
+        }
+    }
+
+    fn alive(&self) -> bool {
+        self.inner.strong_count() > 0
+    }
+}
+
+// === impl PoolTarget ===
+
+impl<Svc: Send + Sync + 'static, S: Strategy, M: MakeEndpoint<Svc>> PoolTarget<Svc, S, M> {
     /// The service map for `snapshot`: kept entries for unchanged endpoints, new ones made.
     /// Returns the map, the keys whose service could not be made, and how many were made.
-    fn services_for<S: Strategy>(
+    fn services_for(
         &mut self,
         inner: &PoolInner<Svc, S>,
         snapshot: &Snapshot,
@@ -219,43 +199,5 @@ impl<Svc: Send + Sync + 'static, M: MakeEndpoint<Svc>> Worker<Svc, M> {
             }
         }
         (next, rejected, made)
-    }
-
-    fn publish<S: Strategy>(
-        &self,
-        inner: &PoolInner<Svc, S>,
-        snapshot: Arc<Snapshot>,
-        now: Timestamp,
-    ) {
-        let overlay = self.outlier.as_ref().map(|d| d.overlay().clone());
-        let plain = self.policy == lbkit_core::SnapshotPolicy::default() && overlay.is_none();
-        let snapshot = if plain {
-            snapshot
-        } else {
-            let overlay = overlay.unwrap_or_default();
-            Arc::new(snapshot.derive(snapshot.version(), &self.policy, &overlay))
-        };
-        inner.balancer.publish(snapshot, now);
-    }
-
-    fn tick<S: Strategy>(&mut self, inner: &PoolInner<Svc, S>) {
-        let now = inner.balancer.clock().now();
-        if let Some(detector) = self.outlier.as_mut() {
-            let due = detector.config().interval;
-            let snapshot = inner.balancer.snapshot();
-            let last = self.last_outlier_tick.get_or_insert(now);
-            if now.saturating_duration_since(*last) >= due {
-                *last = now;
-                if detector.tick(&snapshot, now) {
-                    let plain = Arc::new(Snapshot::new(
-                        snapshot.version(),
-                        self.builder.current().to_vec(),
-                    ));
-                    self.publish(inner, plain, now);
-                    return;
-                }
-            }
-        }
-        inner.balancer.tick(now);
     }
 }

@@ -85,6 +85,9 @@ pub struct PoolStatus {
     pub last_error: Option<String>,
     /// Whether the discovery stream has ended.
     pub source_ended: bool,
+    /// Updates held back by empty-push protection (they would have emptied the set; the last
+    /// set kept serving).
+    pub empty_held: u64,
 }
 
 /// One endpoint's client service and metric handles. Immutable.
@@ -132,8 +135,10 @@ pub(crate) struct PoolInner<Svc, S: Strategy> {
 /// [`BalanceLayer`](crate::BalanceLayer).
 ///
 /// * **Discovery.** Any `Stream<Item = Result<Update, E>>` feeds the pool (linkerd's
-///   `Discover`). The task applies what is ready in one batch and publishes one snapshot per
-///   batch; an `Err` item is counted and logged, and the last good snapshot stays.
+///   `Discover`) through lbkit-discovery's `Controller`, the control loop every lbkit user
+///   runs: what is ready forms one batch and one snapshot; an `Err` item is counted and logged,
+///   and the last good snapshot stays; an update that would empty the set is held back
+///   (empty-push protection, [`PoolStatus::empty_held`]).
 /// * **Endpoint services.** A [`MakeEndpoint`] makes one client service (a tonic `Channel`, a
 ///   hyper-util client bound to the address, anything `Clone`) when an endpoint appears or its
 ///   address changes, and the pool drops it when the endpoint goes. Services sit in an immutable
