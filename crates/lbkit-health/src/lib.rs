@@ -1,5 +1,10 @@
 //! # lbkit-health
 //!
+//! Health for lbkit's control loop: passive outlier detection (always) and active health
+//! checks (feature `runtime`: [`active`], TCP connect or HTTP GET probes with rise/fall
+//! thresholds, as HAProxy and pingora do them), whose results feed lbkit-discovery's
+//! `Controller` in the tower `Pool` and in `lbkit proxy` alike.
+//!
 //! Passive outlier detection, kept apart from picking (Envoy's `DetectorHostMonitor`, gRPC's
 //! `outlier_detection` balancer). [`OutlierDetector::tick`] is a pure function of the snapshot's
 //! statistics and the time passed in: it ejects and readmits endpoints and returns the
@@ -31,6 +36,8 @@
 #![deny(clippy::disallowed_methods, clippy::disallowed_types)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+#[cfg(feature = "runtime")]
+pub mod active;
 mod outlier;
 
 pub use outlier::{

@@ -37,9 +37,7 @@ pub(crate) fn spawn(
     let source = open_source(service)?;
     let mut tasks = Vec::new();
     let (tx, rx) = mpsc::channel(64);
-    if let Some(hc) = service.config().health_check.clone() {
-        tasks.push(tokio::spawn(check::run(service.clone(), hc, tx)));
-    }
+    tasks.extend(check::spawn(service, tx));
     let mut controller = Controller::new(ControllerConfig {
         outlier: outlier_config(service),
         refresh: Some(REFRESH_TICK),

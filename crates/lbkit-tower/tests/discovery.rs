@@ -184,3 +184,94 @@ async fn an_empty_push_is_held_back() {
     wait(&mut status, |s| s.endpoints == 1 && s.services_made == 4).await;
     assert_eq!(pool.snapshot().endpoints()[0].key().as_str(), "b");
 }
+
+/// A TCP port that accepts while open: what lbkit-health's TCP probe checks.
+async fn listen(addr: &str) -> tokio::task::JoinHandle<()> {
+    let listener = tokio::net::TcpListener::bind(addr).await.expect("bind");
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            drop(stream);
+        }
+    })
+}
+
+/// The eligible endpoints of the pool's snapshot, once `pred` holds for them (each publish is
+/// the event waited on).
+async fn eligible_until<S: lbkit_core::Strategy>(
+    pool: &lbkit_tower::Pool<
+        tower::util::BoxCloneSyncService<u64, String, std::convert::Infallible>,
+        S,
+    >,
+    pred: impl Fn(&[String]) -> bool,
+) -> Vec<String> {
+    let mut status = pool.status();
+    tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let snap = pool.snapshot();
+            let now: Vec<String> = snap
+                .eligible()
+                .iter()
+                .map(|&i| snap.endpoint(i).address().to_owned())
+                .collect();
+            if pred(&now) {
+                return now;
+            }
+            status.changed().await.expect("pool alive");
+        }
+    })
+    .await
+    .expect("in time")
+}
+
+// A tower user gets the proxy's active health checks: an endpoint whose port closes is taken
+// out after `fall` failed probes and readmitted after `rise` good ones.
+#[tokio::test(flavor = "current_thread")]
+async fn active_health_checks_take_an_endpoint_out_and_back() {
+    use lbkit_health::active::{ActiveCheck, TcpProbe};
+    let a = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let a_addr = a.local_addr().expect("addr").to_string();
+    drop(a);
+    let a_task = listen(&a_addr).await;
+    let b = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let b_addr = b.local_addr().expect("addr").to_string();
+    let _b_keep = tokio::spawn(async move { while b.accept().await.is_ok() {} });
+    let check = ActiveCheck {
+        interval: Duration::from_millis(20),
+        timeout: Duration::from_millis(500),
+        rise: 2,
+        fall: 2,
+    };
+    let pool = PoolBuilder::default()
+        .health_check(TcpProbe, check)
+        .spawn_static(
+            vec![EndpointSpec::new(&a_addr), EndpointSpec::new(&b_addr)],
+            |ep: &lbkit_core::Endpoint| {
+                let name = ep.address().to_owned();
+                tower::util::BoxCloneSyncService::new(tower::service_fn(move |_: u64| {
+                    let name = name.clone();
+                    async move { Ok::<_, std::convert::Infallible>(name) }
+                }))
+            },
+        );
+    let both = eligible_until(&pool, |e| e.len() == 2).await;
+    assert_eq!(both, [a_addr.clone(), b_addr.clone()]);
+    a_task.abort();
+    let _ = a_task.await;
+    let left = eligible_until(&pool, |e| e.len() == 1).await;
+    assert_eq!(
+        left.as_slice(),
+        std::slice::from_ref(&b_addr),
+        "a failed its checks"
+    );
+    let mut svc = BalanceLayer::new().failfast().layer(pool.clone());
+    for i in 0..10 {
+        assert_eq!(svc.ready().await.unwrap().call(i).await.unwrap(), b_addr);
+    }
+    let _a_again = listen(&a_addr).await;
+    let back = eligible_until(&pool, |e| e.len() == 2).await;
+    assert_eq!(back, [a_addr, b_addr], "readmitted after rise");
+}

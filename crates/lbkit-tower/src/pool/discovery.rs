@@ -52,6 +52,14 @@ where
         ..ControllerConfig::default()
     })
     .with_clock(config.clock);
+    #[cfg(feature = "health-checks")]
+    if let Some(hc) = config.health {
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        controller = controller.with_health(rx);
+        let weak = Arc::downgrade(&inner);
+        let current = Box::new(move || weak.upgrade().map(|i| i.balancer.snapshot()));
+        tokio::spawn(hc.probe.run(hc.check, current, tx));
+    }
     let mut target = PoolTarget {
         inner: Arc::downgrade(&inner),
         make,

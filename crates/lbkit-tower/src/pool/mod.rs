@@ -218,6 +218,47 @@ pub struct PoolBuilder<S = BoxStrategy> {
     tick: Duration,
     policy: SnapshotPolicy,
     outlier: Option<OutlierConfig>,
+    #[cfg(feature = "health-checks")]
+    health: Option<HealthChecks>,
+}
+
+/// Active checks of a pool: the probe and its thresholds.
+#[cfg(feature = "health-checks")]
+pub(crate) struct HealthChecks {
+    pub(crate) probe: Box<dyn HealthProbe>,
+    pub(crate) check: lbkit_health::active::ActiveCheck,
+}
+
+/// A probe the pool can run (lbkit-health's `Probe`, boxed).
+#[cfg(feature = "health-checks")]
+pub(crate) trait HealthProbe: Send + Sync + 'static {
+    fn run(
+        self: Box<Self>,
+        check: lbkit_health::active::ActiveCheck,
+        current: Box<dyn Fn() -> Option<Arc<Snapshot>> + Send>,
+        tx: tokio::sync::mpsc::Sender<(EndpointKey, bool)>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+}
+
+#[cfg(feature = "health-checks")]
+impl<P: lbkit_health::active::Probe> HealthProbe for P {
+    fn run(
+        self: Box<Self>,
+        check: lbkit_health::active::ActiveCheck,
+        current: Box<dyn Fn() -> Option<Arc<Snapshot>> + Send>,
+        tx: tokio::sync::mpsc::Sender<(EndpointKey, bool)>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+        Box::pin(lbkit_health::active::run(*self, check, current, tx))
+    }
+}
+
+#[cfg(feature = "health-checks")]
+impl fmt::Debug for HealthChecks {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HealthChecks")
+            .field("check", &self.check)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for PoolBuilder<BoxStrategy> {
@@ -245,6 +286,8 @@ impl<S: Strategy> PoolBuilder<S> {
             tick: DEFAULT_TICK_INTERVAL,
             policy: SnapshotPolicy::default(),
             outlier: None,
+            #[cfg(feature = "health-checks")]
+            health: None,
         }
     }
 
@@ -259,6 +302,8 @@ impl<S: Strategy> PoolBuilder<S> {
             tick: self.tick,
             policy: self.policy,
             outlier: self.outlier,
+            #[cfg(feature = "health-checks")]
+            health: self.health,
         }
     }
 
@@ -301,6 +346,24 @@ impl<S: Strategy> PoolBuilder<S> {
     /// Eject outliers with lbkit-health's detector, ticked every `config.interval`.
     pub fn outlier_detection(mut self, config: OutlierConfig) -> Self {
         self.outlier = Some(config);
+        self
+    }
+
+    /// Probe every endpoint with `probe` (lbkit-health's [`TcpProbe`](lbkit_health::active::TcpProbe),
+    /// [`HttpProbe`](lbkit_health::active::HttpProbe), or your own, e.g. a gRPC health check)
+    /// under `check`'s interval, timeout and rise/fall thresholds: an endpoint that fails
+    /// `fall` probes in a row is taken out until `rise` probes in a row pass — the same checks
+    /// `lbkit proxy` runs (feature `health-checks`).
+    #[cfg(feature = "health-checks")]
+    pub fn health_check<P: lbkit_health::active::Probe>(
+        mut self,
+        probe: P,
+        check: lbkit_health::active::ActiveCheck,
+    ) -> Self {
+        self.health = Some(HealthChecks {
+            probe: Box::new(probe),
+            check,
+        });
         self
     }
 
