@@ -579,7 +579,7 @@ async fn recv(rx: &mut Option<mpsc::Receiver<(EndpointKey, bool)>>) -> Option<(E
 }
 
 /// `error: cause: cause`, for one log line.
-pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
+pub fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut cause = error.source();
     while let Some(c) = cause {

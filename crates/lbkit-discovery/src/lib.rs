@@ -49,7 +49,7 @@ pub mod zookeeper;
 pub use address::check_address;
 #[cfg(feature = "controller")]
 pub use controller::{
-    publisher, Controller, ControllerConfig, ControllerMetrics, Publisher, Target,
+    error_chain, publisher, Controller, ControllerConfig, ControllerMetrics, Publisher, Target,
 };
 pub use error::{DiscoveryError, SourceError, UrlError};
 pub use static_list::parse_static_list;

@@ -4,14 +4,13 @@
 //! |---|---|
 //! | `GET /healthz` | `ok` |
 //! | `GET /endpoints` | JSON: per service, its strategy and each endpoint's address, weight, effective weight, eligible, healthy, ejected, in_flight, ewma_ms, requests, failures |
-//! | `GET /metrics` | Prometheus text: per service requests, failures, retries, in-flight, latency histogram, discovery (snapshots published, source errors, empty pushes held); per endpoint requests, failures, in-flight, ejections, eligibility, call latency histogram; client connections open (`lbkit_proxy_client_connections`, upgraded tunnels included) and their limit |
+//! | `GET /metrics` | OpenMetrics text (Prometheus reads it; every family with `# HELP` and `# TYPE`): per service requests, failures, retries, in-flight, latency histogram, discovery (snapshots published, source errors, empty pushes held); per endpoint requests, failures, in-flight, ejections, eligibility, call latency histogram; client connections open (`lbkit_proxy_client_connections`, upgraded tunnels included) and their limit |
 //! | `PUT /services/{name}/strategy` | body `{"strategy": "p2c-ewma", "params": {"default_rtt_ms": 20}}`: switch at run time |
 //!
 //! With `admin.token` set, every request needs `Authorization: Bearer TOKEN` (else 401).
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
-use std::fmt::Write as _;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -26,7 +25,6 @@ use serde_json::json;
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 
-use crate::metrics::{escape, render_histogram};
 use crate::server::{accept, Shared};
 use crate::service::Service;
 
@@ -86,19 +84,9 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> AdminResponse {
             reply(StatusCode::OK, "application/json", body.to_string())
         }
         (Method::GET, "/metrics") => {
-            let mut body = metrics_text(
-                state
-                    .services
-                    .iter()
-                    .map(|(n, r)| (n.as_str(), &*r.service)),
-            );
-            let (open, max) = shared.client_connections();
-            let _ = write!(
-                body,
-                "# TYPE lbkit_proxy_client_connections gauge\nlbkit_proxy_client_connections {open}\n\
-                 # TYPE lbkit_proxy_client_connections_max gauge\nlbkit_proxy_client_connections_max {max}\n"
-            );
-            reply(StatusCode::OK, "text/plain; version=0.0.4", body)
+            let services = state.services.iter().map(|(n, r)| (n.as_str(), &r.service));
+            let body = crate::exposition::document(services, shared.client_connections());
+            reply(StatusCode::OK, crate::exposition::CONTENT_TYPE, body)
         }
         (Method::PUT, p) => match p
             .strip_prefix("/services/")
@@ -179,68 +167,6 @@ pub(crate) fn endpoints_json<'a>(
         );
     }
     json!({ "services": out })
-}
-
-/// The `/metrics` document.
-pub(crate) fn metrics_text<'a>(services: impl Iterator<Item = (&'a str, &'a Service)>) -> String {
-    let mut out = String::new();
-    out.push_str(
-        "# TYPE lbkit_proxy_requests_total counter\n# TYPE lbkit_proxy_failures_total counter\n",
-    );
-    out.push_str("# TYPE lbkit_proxy_retries_total counter\n# TYPE lbkit_proxy_retries_refused_total counter\n");
-    out.push_str("# TYPE lbkit_proxy_in_flight gauge\n# TYPE lbkit_proxy_request_duration_seconds histogram\n");
-    out.push_str("# TYPE lbkit_proxy_endpoint_requests_total counter\n# TYPE lbkit_proxy_endpoint_failures_total counter\n");
-    out.push_str("# TYPE lbkit_proxy_endpoint_in_flight gauge\n# TYPE lbkit_proxy_endpoint_ejections_total counter\n");
-    out.push_str("# TYPE lbkit_proxy_endpoint_eligible gauge\n");
-    out.push_str("# TYPE lbkit_proxy_endpoint_call_duration_seconds histogram\n");
-    out.push_str("# TYPE lbkit_proxy_discovery_published_total counter\n# TYPE lbkit_proxy_discovery_source_errors_total counter\n");
-    out.push_str("# TYPE lbkit_proxy_discovery_empty_held_total counter\n");
-    for (name, service) in services {
-        service.metrics().render(name, &mut out);
-        if let Some(d) = service.discovery() {
-            let l = format!("service=\"{}\"", escape(name));
-            for (metric, value) in [
-                ("published", d.published()),
-                ("source_errors", d.source_errors()),
-                ("empty_held", d.empty_held()),
-            ] {
-                let _ = writeln!(out, "lbkit_proxy_discovery_{metric}_total{{{l}}} {value}");
-            }
-        }
-        let snapshot = service.active().balancer.snapshot();
-        let ejections = service.ejections();
-        for (i, e) in snapshot.endpoints().iter().enumerate() {
-            let l = format!(
-                "service=\"{}\",endpoint=\"{}\"",
-                escape(name),
-                escape(e.address())
-            );
-            let s = e.stats();
-            let _ = writeln!(
-                out,
-                "lbkit_proxy_endpoint_requests_total{{{l}}} {}",
-                s.total()
-            );
-            let _ = writeln!(
-                out,
-                "lbkit_proxy_endpoint_failures_total{{{l}}} {}",
-                s.failures()
-            );
-            let _ = writeln!(
-                out,
-                "lbkit_proxy_endpoint_in_flight{{{l}}} {}",
-                s.in_flight()
-            );
-            let ej = ejections.get(e.key()).copied().unwrap_or(0);
-            let _ = writeln!(out, "lbkit_proxy_endpoint_ejections_total{{{l}}} {ej}");
-            let eligible = u8::from(snapshot.is_eligible(lbkit_core::EndpointIdx::new(i)));
-            let _ = writeln!(out, "lbkit_proxy_endpoint_eligible{{{l}}} {eligible}");
-            // Every attempt that finished, success or failure.
-            let name = "lbkit_proxy_endpoint_call_duration_seconds";
-            render_histogram(&mut out, name, &l, &s.latency_histogram());
-        }
-    }
-    out
 }
 
 fn text(status: StatusCode, body: &str) -> AdminResponse {

@@ -47,14 +47,25 @@
 //! scheduler round go out grouped by upstream, so a backend wakes once for several requests.
 //!
 //! ## Forwarding
-//! The call loop (`forward.rs` for hyper, `h1/` for the fast path; the retry decision is one
-//! shared function): pick, send, finish the guard, retry idempotent requests (and any request
-//! whose connection failed) on another endpoint while the service's `RetryBudget` allows. A 5xx,
-//! a connect error and a timeout count as failures of the endpoint; on the fast path, a pooled
-//! connection the upstream had already closed does not when the request is sent again on a new
-//! connection (it was not accepted, or it is idempotent); a non-idempotent request written to
-//! such a connection is not repeated and counts as a failure (the upstream may have acted on
-//! it).
+//! One call path: both HTTP engines (`forward.rs` for hyper, `h1/` for the fast path) and the
+//! TCP relay (`tcp.rs`) drive lbkit-core's `Attempts`, the state machine the tower layer drives
+//! too. It decides what each result means (its module docs have the table): a connect failure
+//! is retried for any method; a reset or malformed answer before any byte reached the client,
+//! a timeout of one attempt (`per_try_timeout_ms`) while the route's `timeout_ms` has time
+//! left, and a 5xx (504 recorded as a timeout) are retried when the request is idempotent; a
+//! 429 and every other status are answers, neither charged nor retried; a client that goes
+//! away is a cancellation. Each retry goes to an endpoint not tried yet, at most `retries`
+//! times, while the service's `RetryBudget` allows (every request deposits once). On the fast
+//! path, a pooled connection the upstream had already closed is not an attempt: the request is
+//! sent once more on a new connection when it was not accepted or is idempotent.
+//!
+//! The HTTP rules are written once: idempotent methods (`lbkit_core::http`), hash keys
+//! (`lbkit_strategy::KeyExtractor` over the request target, headers and peer address; a
+//! request is read as `lbkit_tower::http::HttpKeySource` reads it, so one key picks the same
+//! endpoint through the library and through the proxy), and when a call ends
+//! (`lbkit_tower::http::TrackBody`). One control loop keeps each service's endpoints:
+//! lbkit-discovery's `Controller` with its source, lbkit-health's active checks, outlier
+//! detection, empty-push protection and refresh ticks (`upkeep.rs`).
 //!
 //! An HTTP/1.1 upgrade (a GET without a body, `Connection: upgrade`, `Upgrade` naming only
 //! protocols of `limits.upgrade_protocols`, default `websocket`; never `h2c`) goes to one
@@ -80,6 +91,7 @@ mod body;
 mod check;
 pub mod config;
 mod error;
+mod exposition;
 mod forward;
 mod h1;
 mod headers;

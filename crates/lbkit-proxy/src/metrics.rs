@@ -1,7 +1,6 @@
 //! Per-service request counters and a latency histogram: atomics, `Relaxed`, written on the
 //! request path without locks and read by the admin API.
 
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
@@ -117,42 +116,18 @@ impl ServiceMetrics {
         }
     }
 
-    /// Append this service's Prometheus samples to `out`.
-    pub fn render(&self, service: &str, out: &mut String) {
-        let l = format!("service=\"{}\"", escape(service));
-        let _ = writeln!(out, "lbkit_proxy_requests_total{{{l}}} {}", self.requests());
-        let _ = writeln!(out, "lbkit_proxy_failures_total{{{l}}} {}", self.failures());
-        let _ = writeln!(out, "lbkit_proxy_retries_total{{{l}}} {}", self.retries());
-        let refused = self.sum(|s| &s.retries_refused);
-        let _ = writeln!(out, "lbkit_proxy_retries_refused_total{{{l}}} {refused}");
-        let _ = writeln!(out, "lbkit_proxy_in_flight{{{l}}} {}", self.in_flight());
-        let histogram = LatencyHistogram {
+    /// Retries refused by the budget.
+    pub fn retries_refused(&self) -> u64 {
+        self.sum(|s| &s.retries_refused)
+    }
+
+    /// Latencies of the requests that ended, per bucket of [`LATENCY_BUCKETS`].
+    pub fn histogram(&self) -> LatencyHistogram {
+        LatencyHistogram {
             counts: std::array::from_fn(|i| self.sum(|s| &s.buckets[i])),
             sum: Duration::from_nanos(self.sum(|s| &s.latency_sum_ns)),
-        };
-        render_histogram(out, "lbkit_proxy_request_duration_seconds", &l, &histogram);
+        }
     }
-}
-
-/// Append `h` as the Prometheus histogram `name` with `labels` (buckets, `+Inf`, sum, count).
-pub(crate) fn render_histogram(out: &mut String, name: &str, labels: &str, h: &LatencyHistogram) {
-    let cumulative = h.cumulative();
-    for (bound, n) in LATENCY_BUCKETS.iter().zip(cumulative) {
-        let le = bound.as_secs_f64();
-        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {n}");
-    }
-    let total = cumulative[LATENCY_BUCKETS.len()];
-    let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {total}");
-    let _ = writeln!(out, "{name}_sum{{{labels}}} {}", h.sum.as_secs_f64());
-    let _ = writeln!(out, "{name}_count{{{labels}}} {total}");
-}
-
-/// Escape a Prometheus label value.
-pub(crate) fn escape(value: &str) -> String {
-    value
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }
 
 #[cfg(test)]
@@ -175,19 +150,15 @@ mod tests {
     }
 
     #[test]
-    fn histogram_is_cumulative() {
+    fn histogram_buckets_are_upper_bounds() {
         let m = ServiceMetrics::default();
         for ms in [0, 3, 700, 20_000] {
             m.start();
             m.finish(Duration::from_millis(ms), ms > 1000);
         }
-        let mut out = String::new();
-        m.render("api", &mut out);
-        assert!(out.contains(
-            "lbkit_proxy_request_duration_seconds_bucket{service=\"api\",le=\"0.001\"} 1"
-        ));
-        assert!(out.contains("le=\"1\"} 3"));
-        assert!(out.contains("le=\"+Inf\"} 4"));
-        assert!(out.contains("lbkit_proxy_failures_total{service=\"api\"} 1"));
+        let h = m.histogram();
+        assert_eq!(h.cumulative()[0], 1, "0 ms: the 1 ms bucket");
+        assert_eq!(h.cumulative()[LATENCY_BUCKETS.len()], 4, "+Inf");
+        assert_eq!((m.requests(), m.failures()), (4, 1));
     }
 }

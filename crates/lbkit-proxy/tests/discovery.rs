@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use common::*;
 use http::StatusCode;
+use lbkit_discovery::zookeeper::{Layout, Provider, ServicePath, ZkConfig, ZkRegistration};
 use lbkit_proxy::Proxy;
 
 /// A fresh directory for one test's files.
@@ -126,37 +127,40 @@ async fn a_watched_file_adds_and_removes_endpoints_and_a_broken_one_keeps_them()
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A Dubbo interface name of this run only (so reruns and other tests never see each other's
+/// nodes) and its provider path.
+fn zk_service(tag: &str, first: &Backend) -> (String, ServicePath) {
+    let pid = std::process::id();
+    let interface = format!("com.lbkit.proxytest.{tag}{pid}x{}", first.addr.port());
+    let path = ServicePath::new("dubbo", &interface, Layout::Dubbo).expect("service path");
+    (interface, path)
+}
+
+/// Register `backend` as a provider of `path`.
+fn register(zk: &str, path: &ServicePath, backend: &Backend) -> ZkRegistration {
+    ZkRegistration::spawn(
+        ZkConfig::new(zk),
+        path.clone(),
+        Provider::new(backend.addr.to_string()),
+    )
+    .expect("registration starts")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zookeeper_providers_come_and_go() {
-    use lbkit_discovery::zookeeper::{Layout, Provider, ServicePath, ZkConfig, ZkRegistration};
-
     let Some(zk) = lbkit_testkit::zookeeper() else {
         return;
     };
     let (a, b) = (Backend::start("a").await, Backend::start("b").await);
-    // A service name of this run only, so reruns and other tests never see each other's nodes.
-    let interface = format!(
-        "com.lbkit.proxytest.Api{}x{}",
-        std::process::id(),
-        a.addr.port()
-    );
-    let path = ServicePath::new("dubbo", &interface, Layout::Dubbo).expect("service path");
-    let register = |backend: &Backend| {
-        ZkRegistration::spawn(
-            ZkConfig::new(zk.clone()),
-            path.clone(),
-            Provider::new(backend.addr.to_string()),
-        )
-        .expect("registration starts")
-    };
-    let reg_a = register(&a);
+    let (interface, path) = zk_service("Api", &a);
+    let reg_a = register(&zk, &path, &a);
     let text = config_with_source(&format!(
         "zookeeper = {{ zk = {zk:?}, interface = {interface:?} }}"
     ));
     let proxy = Proxy::start(parse(&text)).await.expect("proxy starts");
     until_serving(&proxy, &["a"], 4).await;
 
-    let reg_b = register(&b);
+    let reg_b = register(&zk, &path, &b);
     until_serving(&proxy, &["a", "b"], 4).await;
 
     // Deregistration deletes a's node; the watch removes it from the proxy's set.
@@ -198,27 +202,12 @@ async fn flipped(proxy: &Proxy, addr: std::net::SocketAddr, want: bool) {
 // desired set on any health change, and every request got a 503).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_empty_push_survives_a_health_flip_a_reload_and_ticks() {
-    use lbkit_discovery::zookeeper::{Layout, Provider, ServicePath, ZkConfig, ZkRegistration};
-
     let Some(zk) = lbkit_testkit::zookeeper() else {
         return;
     };
     let (a, b) = (Backend::start("a").await, Backend::start("b").await);
-    let interface = format!(
-        "com.lbkit.proxytest.Held{}x{}",
-        std::process::id(),
-        a.addr.port()
-    );
-    let path = ServicePath::new("dubbo", &interface, Layout::Dubbo).expect("service path");
-    let register = |backend: &Backend| {
-        ZkRegistration::spawn(
-            ZkConfig::new(zk.clone()),
-            path.clone(),
-            Provider::new(backend.addr.to_string()),
-        )
-        .expect("registration starts")
-    };
-    let (reg_a, reg_b) = (register(&a), register(&b));
+    let (interface, path) = zk_service("Held", &a);
+    let (reg_a, reg_b) = (register(&zk, &path, &a), register(&zk, &path, &b));
     let source = format!(
         "zookeeper = {{ zk = {zk:?}, interface = {interface:?} }}\n\
          health_check = {{ kind = \"tcp\", interval_ms = 100, timeout_ms = 500, rise = 1, fall = 1 }}"

@@ -32,17 +32,26 @@ pub fn snapshot(endpoints: &[(&str, u32)]) -> Arc<Snapshot> {
 /// # Panics
 /// When `LBKIT_ZK` is unset and `CI` is `true` or `1`.
 pub fn zookeeper() -> Option<String> {
-    match std::env::var("LBKIT_ZK") {
-        Ok(addr) if !addr.trim().is_empty() => Some(addr.trim().to_owned()),
+    from_env("LBKIT_ZK", "scripts/zookeeper.sh start")
+}
+
+/// The Python interpreter of the tests' virtual environment (`LBKIT_PYTHON`, exported by
+/// `eval "$(scripts/python.sh)"`, which `scripts/test.sh` runs), with the pinned packages of
+/// `scripts/requirements.txt`. `None` (the test skips) when unset locally; a panic in CI.
+pub fn python() -> Option<String> {
+    from_env("LBKIT_PYTHON", "scripts/python.sh")
+}
+
+fn from_env(var: &str, script: &str) -> Option<String> {
+    match std::env::var(var) {
+        Ok(v) if !v.trim().is_empty() => Some(v.trim().to_owned()),
         _ => {
             let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
             assert!(
                 !ci,
-                "LBKIT_ZK is not set: .ci/run must start ZooKeeper with scripts/zookeeper.sh"
+                "{var} is not set: .ci/run must run {script} (scripts/test.sh does)"
             );
-            eprintln!(
-                "SKIPPED: LBKIT_ZK is not set; run `eval \"$(scripts/zookeeper.sh start)\"` first"
-            );
+            eprintln!("SKIPPED: {var} is not set; run `eval \"$({script})\"` first");
             None
         }
     }

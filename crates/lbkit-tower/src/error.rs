@@ -160,18 +160,6 @@ impl std::error::Error for Error {
     }
 }
 
-/// `error: cause: cause`, for one log line.
-pub(crate) fn chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut cause = error.source();
-    while let Some(c) = cause {
-        text.push_str(": ");
-        text.push_str(&c.to_string());
-        cause = c.source();
-    }
-    text
-}
-
 /// Lowercase name of a failure kind, as used in metrics labels and messages.
 pub fn kind_name(kind: FailureKind) -> &'static str {
     match kind {

@@ -135,8 +135,8 @@ where
         if let Some(inner) = self.inner.upgrade() {
             // A wrapped error of the pool's own stream reads as itself.
             let text = match error {
-                DiscoveryError::Source(e) => crate::error::chain(&**e),
-                other => crate::error::chain(other),
+                DiscoveryError::Source(e) => lbkit_discovery::error_chain(&**e),
+                other => lbkit_discovery::error_chain(other),
             };
             tracing::warn!(pool = %inner.name, error = %text, "discovery error; keeping the last good endpoints");
             inner.status.send_modify(|s| {
