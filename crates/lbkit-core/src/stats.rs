@@ -119,6 +119,38 @@ pub enum FailureKind {
     Other,
 }
 
+// === impl FailureKind ===
+
+impl FailureKind {
+    /// Every kind, in the order of [`EndpointStats::failures_by_kind`].
+    pub const ALL: [FailureKind; 4] = [
+        FailureKind::Connect,
+        FailureKind::Timeout,
+        FailureKind::Server,
+        FailureKind::Other,
+    ];
+
+    /// Lowercase name, as metrics labels and messages use it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            FailureKind::Connect => "connect",
+            FailureKind::Timeout => "timeout",
+            FailureKind::Server => "server",
+            FailureKind::Other => "other",
+        }
+    }
+
+    /// Position in [`FailureKind::ALL`].
+    const fn index(self) -> usize {
+        match self {
+            FailureKind::Connect => 0,
+            FailureKind::Timeout => 1,
+            FailureKind::Server => 2,
+            FailureKind::Other => 3,
+        }
+    }
+}
+
 /// How long a gap between two load reports restarts the blackout of a load-driven strategy
 /// (gRPC's weighted round robin expires weights after 3 minutes).
 pub const LOAD_REPORT_GAP: Duration = Duration::from_secs(180);
@@ -172,6 +204,7 @@ pub struct EndpointStats {
     live: &'static LiveStats,
     // Written when calls finish; atomics, Relaxed.
     failures: AtomicU64,
+    by_kind: [AtomicU64; 4],
     cancellations: AtomicU64,
     window: WindowedMean,
     // Latency histogram of finished calls (not cancellations); counts per bucket and the sum.
@@ -205,6 +238,7 @@ impl EndpointStats {
         EndpointStats {
             live: LiveStats::acquire(ewma_decay),
             failures: AtomicU64::new(0),
+            by_kind: Default::default(),
             cancellations: AtomicU64::new(0),
             window: WindowedMean::default(),
             buckets: Default::default(),
@@ -271,6 +305,11 @@ impl EndpointStats {
     /// Failed calls.
     pub fn failures(&self) -> u64 {
         self.failures.load(Relaxed)
+    }
+
+    /// Failed calls per kind, in the order of [`FailureKind::ALL`].
+    pub fn failures_by_kind(&self) -> [u64; 4] {
+        std::array::from_fn(|i| self.by_kind[i].load(Relaxed))
     }
 
     /// Cancelled calls (guards dropped unfinished).
@@ -368,8 +407,9 @@ impl EndpointStats {
                 self.live.success(ns);
                 self.window.record(now, ns);
             }
-            Outcome::Failure(_) => {
+            Outcome::Failure(kind) => {
                 self.failures.fetch_add(1, Relaxed);
+                self.by_kind[kind.index()].fetch_add(1, Relaxed);
                 self.live.failure(now);
             }
             Outcome::Cancelled => {
@@ -497,6 +537,7 @@ mod tests {
             (1, 1, 1)
         );
         assert_eq!(s.last_failure_at(), Some(t(10)));
+        assert_eq!(s.failures_by_kind(), [1, 0, 0, 0]);
         s.finish(t(0), t(20), Outcome::Success);
         assert_eq!(
             (s.in_flight(), s.successes(), s.consecutive_failures()),

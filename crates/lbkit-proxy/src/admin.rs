@@ -4,7 +4,7 @@
 //! |---|---|
 //! | `GET /healthz` | `ok` |
 //! | `GET /endpoints` | JSON: per service, its strategy and each endpoint's address, weight, effective weight, eligible, healthy, ejected, in_flight, ewma_ms, requests, failures |
-//! | `GET /metrics` | OpenMetrics text (Prometheus reads it; every family with `# HELP` and `# TYPE`): per service requests, failures, retries, in-flight, latency histogram, discovery (snapshots published, source errors, empty pushes held); per endpoint requests, failures, in-flight, ejections, eligibility, call latency histogram; client connections open (`lbkit_proxy_client_connections`, upgraded tunnels included) and their limit |
+//! | `GET /metrics` | OpenMetrics text (Prometheus reads it; every family with `# HELP` and `# TYPE`): per service `lbkit_proxy_requests_total`, `lbkit_proxy_failures_total`, `lbkit_proxy_in_flight`, `lbkit_proxy_request_duration_seconds`; the families a tower pool writes too (`lbkit_tower::telemetry`): retries and refused retries, discovery (snapshots published, source errors, empty pushes held), per endpoint calls, failures by kind, cancellations, in-flight, ejections, eligibility, call latency histogram; client connections open (`lbkit_proxy_client_connections`, upgraded tunnels included) and their limit |
 //! | `PUT /services/{name}/strategy` | body `{"strategy": "p2c-ewma", "params": {"default_rtt_ms": 20}}`: switch at run time |
 //!
 //! With `admin.token` set, every request needs `Authorization: Bearer TOKEN` (else 401).

@@ -108,7 +108,7 @@ async fn a_watched_file_adds_and_removes_endpoints_and_a_broken_one_keeps_them()
     until_serving(&proxy, &["b"], 6).await;
 
     // A broken file is rejected (counted as a source error) and the running set stays.
-    let errors = || async { metric(&proxy, "lbkit_proxy_discovery_source_errors_total").await };
+    let errors = || async { metric(&proxy, "lbkit_discovery_source_errors_total").await };
     assert_eq!(errors().await, 0.0);
     write(&path, "[[endpoint]]\naddress = ");
     tokio::time::timeout(WAIT, async {
@@ -224,7 +224,7 @@ async fn a_held_empty_push_survives_a_health_flip_a_reload_and_ticks() {
             .expect("deregistered in time");
     }
     tokio::time::timeout(WAIT, async {
-        while metric(&proxy, "lbkit_proxy_discovery_empty_held_total").await < 1.0 {
+        while metric(&proxy, "lbkit_discovery_empty_held_total").await < 1.0 {
             tokio::task::yield_now().await;
         }
     })

@@ -69,12 +69,21 @@ async fn metrics_parse_with_the_prometheus_parsers_every_family_typed_and_docume
             "{parser}"
         );
         assert_eq!(
-            kind("lbkit_proxy_endpoint_call_duration_seconds"),
+            kind("lbkit_endpoint_call_duration_seconds"),
             "histogram",
             "{parser}"
         );
         assert_eq!(kind("lbkit_proxy_requests"), "counter", "{parser}");
-        assert_eq!(kind("lbkit_proxy_endpoint_in_flight"), "gauge", "{parser}");
+        // The families a tower pool writes too (lbkit_tower::telemetry).
+        for shared in [
+            "lbkit_endpoint_calls",
+            "lbkit_endpoint_failures",
+            "lbkit_retries",
+            "lbkit_discovery_published",
+        ] {
+            assert_eq!(kind(shared), "counter", "{parser}: {shared}");
+        }
+        assert_eq!(kind("lbkit_endpoint_in_flight"), "gauge", "{parser}");
         assert_eq!(kind("lbkit_proxy_client_connections"), "gauge", "{parser}");
         assert!(families.len() >= 17, "{parser}: {families:?}");
     }

@@ -68,7 +68,7 @@ async fn killed_endpoint_is_retried_around_ejected_and_readmitted() {
     load_until(p, move || async move { !eligible(p, b_addr).await }).await;
     let (_, metrics) = admin(&client(), p, "GET", "/metrics", "").await;
     let ejections =
-        format!("lbkit_proxy_endpoint_ejections_total{{service=\"svc\",endpoint=\"{b_addr}\"}} ");
+        format!("lbkit_endpoint_ejections_total{{service=\"svc\",endpoint=\"{b_addr}\"}} ");
     assert!(
         metrics
             .lines()
@@ -275,10 +275,10 @@ async fn admin_outputs_parse_and_the_token_is_checked() {
         "lbkit_proxy_client_connections",
         "lbkit_proxy_client_connections_max",
         "lbkit_proxy_in_flight",
-        "lbkit_proxy_endpoint_ejections_total",
-        "lbkit_proxy_endpoint_in_flight",
-        "lbkit_proxy_endpoint_call_duration_seconds_bucket",
-        "lbkit_proxy_endpoint_call_duration_seconds_sum",
+        "lbkit_endpoint_ejections_total",
+        "lbkit_endpoint_in_flight",
+        "lbkit_endpoint_call_duration_seconds_bucket",
+        "lbkit_endpoint_call_duration_seconds_sum",
     ] {
         assert!(names.contains(n), "{n} missing from {metrics}");
     }
@@ -286,13 +286,13 @@ async fn admin_outputs_parse_and_the_token_is_checked() {
     // and `+Inf` equals `_count`.
     let calls: f64 = metrics
         .lines()
-        .filter(|l| l.starts_with("lbkit_proxy_endpoint_call_duration_seconds_count{"))
+        .filter(|l| l.starts_with("lbkit_endpoint_call_duration_seconds_count{"))
         .map(|l| l.rsplit_once(' ').unwrap().1.parse::<f64>().unwrap())
         .sum();
     let inf: f64 = metrics
         .lines()
         .filter(|l| {
-            l.starts_with("lbkit_proxy_endpoint_call_duration_seconds_bucket{")
+            l.starts_with("lbkit_endpoint_call_duration_seconds_bucket{")
                 && l.contains("le=\"+Inf\"")
         })
         .map(|l| l.rsplit_once(' ').unwrap().1.parse::<f64>().unwrap())

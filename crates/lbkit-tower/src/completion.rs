@@ -9,16 +9,16 @@ use std::sync::Arc;
 
 use lbkit_core::{CallGuard, Clock, Endpoint, Outcome};
 
-use crate::telemetry::EndpointMetrics;
+use crate::telemetry::PoolMetrics;
 
 /// One call in flight to one endpoint. Finishing records latency and outcome in the endpoint's
-/// statistics and metrics; dropping it unfinished records a cancellation. Either way the
+/// statistics (which the [`telemetry`](crate::telemetry) families read); dropping it unfinished records a cancellation. Either way the
 /// endpoint's `in_flight` count goes back down.
 #[must_use = "dropping a Completion at once records a cancelled call"]
 pub struct Completion {
     guard: Option<CallGuard>,
-    /// The pool's handles for the endpoint; `None` for calls made outside a pool (the proxy).
-    metrics: Option<Arc<EndpointMetrics>>,
+    /// The pool's counters; `None` for calls made outside a pool (the proxy).
+    metrics: Option<Arc<PoolMetrics>>,
     clock: Clock,
     attempt: u32,
 }
@@ -28,7 +28,7 @@ pub struct Completion {
 impl Completion {
     pub(crate) fn new(
         guard: CallGuard,
-        metrics: Arc<EndpointMetrics>,
+        metrics: Arc<PoolMetrics>,
         clock: Clock,
         attempt: u32,
     ) -> Self {
@@ -68,18 +68,14 @@ impl Completion {
             .endpoint()
     }
 
-    pub(crate) fn metrics(&self) -> Option<&EndpointMetrics> {
+    pub(crate) fn metrics(&self) -> Option<&PoolMetrics> {
         self.metrics.as_deref()
     }
 
     /// End the call now (one clock read) with `outcome`.
     pub fn finish(mut self, outcome: Outcome) {
         if let Some(guard) = self.guard.take() {
-            let now = self.clock.now();
-            if let Some(m) = &self.metrics {
-                m.record(now.saturating_duration_since(guard.started()), outcome);
-            }
-            guard.finish_at(outcome, now);
+            guard.finish_at(outcome, self.clock.now());
         }
     }
 }
@@ -87,14 +83,7 @@ impl Completion {
 impl Drop for Completion {
     fn drop(&mut self) {
         if let Some(guard) = self.guard.take() {
-            let now = self.clock.now();
-            if let Some(m) = &self.metrics {
-                m.record(
-                    now.saturating_duration_since(guard.started()),
-                    Outcome::Cancelled,
-                );
-            }
-            guard.finish_at(Outcome::Cancelled, now);
+            guard.finish_at(Outcome::Cancelled, self.clock.now());
         }
     }
 }

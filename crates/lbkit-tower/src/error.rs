@@ -162,12 +162,7 @@ impl std::error::Error for Error {
 
 /// Lowercase name of a failure kind, as used in metrics labels and messages.
 pub fn kind_name(kind: FailureKind) -> &'static str {
-    match kind {
-        FailureKind::Connect => "connect",
-        FailureKind::Timeout => "timeout",
-        FailureKind::Server => "server",
-        _ => "other",
-    }
+    kind.name()
 }
 
 /// Whether `err` or any error in its [`source`](std::error::Error::source) chain is an `E`

@@ -19,7 +19,9 @@
 //! * Errors are [`BoxError`]s holding an [`Error`] that names the endpoint; [`is_caused_by`]
 //!   looks through the chain.
 //! * Observability: a `tracing` span per attempt (`pool`, `strategy`, `endpoint`, `attempt`)
-//!   and per-endpoint counters and histograms through the `metrics` facade ([`telemetry`] module
+//!   and per-endpoint and per-pool metric families through `prometheus-client`, read from the
+//!   pool's atomics at scrape time ([`Pool::collector`]; the same names `lbkit proxy` writes;
+//!   [`telemetry`] module
 //!   docs list them).
 //!
 //! ```no_run

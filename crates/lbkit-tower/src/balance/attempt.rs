@@ -121,9 +121,9 @@ impl<Resp> Sent<Resp> {
 pub(crate) fn start(call: &Completion, pool: &str, strategy: &str) -> tracing::Span {
     let attempt = call.attempt();
     if let Some(metrics) = call.metrics() {
-        metrics.requests.increment(1);
+        crate::telemetry::inc(&metrics.attempts);
         if attempt > 0 {
-            metrics.retries.increment(1);
+            crate::telemetry::inc(&metrics.retries);
         }
     }
     tracing::debug_span!(

@@ -197,7 +197,7 @@ where
     R: ResponsePolicy<Resp>,
 {
     if stop == Stop::BudgetExhausted {
-        s.pool.inner.metrics.budget_exhausted.increment(1);
+        crate::telemetry::inc(&s.pool.inner.metrics.budget_exhausted);
         return sent.map_err(exhausted).finish(&s.responses);
     }
     sent.finish(&s.responses)
@@ -283,7 +283,7 @@ where
             break;
         };
         if !attempts.withdraw_fork(&*s.budget, now) {
-            s.pool.inner.metrics.budget_exhausted.increment(1);
+            crate::telemetry::inc(&s.pool.inner.metrics.budget_exhausted);
             break;
         }
         let Ok(sel) = s.repick(&copy, now, 0, &tried, &mut rng) else {

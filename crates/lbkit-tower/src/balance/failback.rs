@@ -54,22 +54,22 @@ pub(crate) fn schedule<Req, Svc, Q, R, S, F>(
     let metrics = &shared.pool.inner.metrics;
     let runtime = tokio::runtime::Handle::try_current();
     let (Some(req), Ok(runtime)) = (req, runtime) else {
-        metrics.failback_dropped.increment(1);
+        crate::telemetry::inc(&metrics.failback[2]);
         return;
     };
     if shared.failback_pending.fetch_add(1, Relaxed) >= config.max_pending {
         shared.failback_pending.fetch_sub(1, Relaxed);
-        metrics.failback_dropped.increment(1);
+        crate::telemetry::inc(&metrics.failback[2]);
         return;
     }
-    metrics.failback_scheduled.increment(1);
+    crate::telemetry::inc(&metrics.failback[0]);
     runtime.spawn(async move {
         let succeeded = retry(&shared, req, config).await;
         let metrics = &shared.pool.inner.metrics;
         if succeeded {
-            metrics.failback_succeeded.increment(1);
+            crate::telemetry::inc(&metrics.failback[1]);
         } else {
-            metrics.failback_exhausted.increment(1);
+            crate::telemetry::inc(&metrics.failback[3]);
         }
         shared.failback_pending.fetch_sub(1, Relaxed);
     });

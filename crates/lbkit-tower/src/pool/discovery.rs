@@ -12,7 +12,7 @@ use tokio::sync::watch;
 
 use super::{Entry, MakeEndpoint, Pool, PoolBuilder, PoolInner, PoolStatus, ServiceMap};
 use crate::error::BoxError;
-use crate::telemetry::{EndpointMetrics, PoolMetrics};
+use crate::telemetry::PoolMetrics;
 
 /// Most updates applied in one batch before the task starts: bounds the work done in
 /// `spawn` when a source floods.
@@ -37,14 +37,6 @@ where
         .with_availability(config.availability)
         .with_clock(config.clock.clone());
     let (status, _) = watch::channel(PoolStatus::default());
-    let inner = Arc::new(PoolInner {
-        metrics: PoolMetrics::register(&config.name),
-        name: config.name,
-        balancer,
-        services: arc_swap::ArcSwap::from_pointee(ServiceMap::default()),
-        probes: config.probes,
-        status,
-    });
     let mut controller = Controller::new(ControllerConfig {
         policy: config.policy,
         outlier: config.outlier,
@@ -52,6 +44,16 @@ where
         ..ControllerConfig::default()
     })
     .with_clock(config.clock);
+    let inner = Arc::new(PoolInner {
+        metrics: Arc::new(PoolMetrics::default()),
+        ejections: Default::default(),
+        discovery: controller.metrics(),
+        name: config.name,
+        balancer,
+        services: arc_swap::ArcSwap::from_pointee(ServiceMap::default()),
+        probes: config.probes,
+        status,
+    });
     #[cfg(feature = "health-checks")]
     if let Some(hc) = config.health {
         let (tx, rx) = tokio::sync::mpsc::channel(64);
@@ -115,7 +117,6 @@ where
             .filter(|(h, e)| next.get(*h).is_none_or(|n| !Arc::ptr_eq(n, e)))
             .count() as u64;
         inner.balancer.publish(snapshot.clone(), now);
-        inner.metrics.endpoints.set(next.len() as f64);
         inner.services.store(Arc::new(next));
         inner.status.send_modify(|s| {
             s.version = snapshot.version();
@@ -143,6 +144,12 @@ where
                 s.source_errors += 1;
                 s.last_error = Some(text);
             });
+        }
+    }
+
+    fn ejections(&mut self, counts: &std::collections::HashMap<EndpointKey, u64>) {
+        if let Some(inner) = self.inner.upgrade() {
+            inner.ejections.store(Arc::new(counts.clone()));
         }
     }
 
@@ -193,10 +200,6 @@ impl<Svc: Send + Sync + 'static, S: Strategy, M: MakeEndpoint<Svc>> PoolTarget<S
                         key: ep.key().clone(),
                         address: Arc::from(ep.address()),
                         svc,
-                        metrics: Arc::new(EndpointMetrics::register(
-                            &inner.name,
-                            ep.key().as_str(),
-                        )),
                     };
                     next.insert(h, Arc::new(entry));
                 }

@@ -20,7 +20,7 @@ use lbkit_health::OutlierConfig;
 use tokio::sync::watch;
 
 use crate::error::BoxError;
-use crate::telemetry::{EndpointMetrics, PoolMetrics};
+use crate::telemetry::{PoolCollector, PoolMetrics, PoolView};
 
 pub(crate) use select::{PickInput, Selected};
 
@@ -95,7 +95,6 @@ pub(crate) struct Entry<Svc> {
     pub(crate) key: EndpointKey,
     pub(crate) address: Arc<str>,
     pub(crate) svc: Svc,
-    pub(crate) metrics: Arc<EndpointMetrics>,
 }
 
 /// Endpoint services by [`Endpoint::key_hash`]; the entry's key is checked on lookup.
@@ -125,8 +124,33 @@ pub(crate) struct PoolInner<Svc, S: Strategy> {
     pub(crate) balancer: Balancer<S>,
     pub(crate) services: ArcSwap<ServiceMap<Svc>>,
     pub(crate) probes: u32,
-    pub(crate) metrics: PoolMetrics,
+    pub(crate) metrics: Arc<PoolMetrics>,
     pub(crate) status: watch::Sender<PoolStatus>,
+    /// Times each endpoint was ejected; written by the control loop.
+    pub(crate) ejections: ArcSwap<HashMap<EndpointKey, u64>>,
+    /// The control loop's counters.
+    pub(crate) discovery: Arc<lbkit_discovery::ControllerMetrics>,
+}
+
+impl<Svc: Send + Sync + 'static, S: Strategy> PoolView for PoolInner<Svc, S> {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn snapshot(&self) -> Arc<Snapshot> {
+        self.balancer.snapshot()
+    }
+    fn metrics(&self) -> &PoolMetrics {
+        &self.metrics
+    }
+    fn ejections(&self) -> Arc<HashMap<EndpointKey, u64>> {
+        self.ejections.load_full()
+    }
+    fn discovery(&self) -> Option<Arc<lbkit_discovery::ControllerMetrics>> {
+        Some(self.discovery.clone())
+    }
+    fn services(&self) -> usize {
+        self.services.load().len()
+    }
 }
 
 /// The endpoints, one client service per endpoint, and the [`Balancer`] that picks among them,
@@ -194,6 +218,15 @@ impl<Svc, S: Strategy> Pool<Svc, S> {
     /// Number of client services held.
     pub fn service_count(&self) -> usize {
         self.inner.services.load().len()
+    }
+
+    /// The pool's metric families (the [`telemetry`](crate::telemetry) table), for a
+    /// `prometheus_client` registry: read from the pool's atomics at each scrape.
+    pub fn collector(&self) -> PoolCollector
+    where
+        Svc: Send + Sync + 'static,
+    {
+        PoolCollector(self.inner.clone())
     }
 }
 

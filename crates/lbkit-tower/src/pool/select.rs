@@ -25,7 +25,7 @@ pub(crate) struct Selected<Svc> {
 
 /// Candidates passed over: the first that was merely busy, the first whose readiness failed.
 struct Leftover<Svc> {
-    waiting: Option<(Endpoint, Arc<Entry<Svc>>, Svc)>,
+    waiting: Option<(Endpoint, Svc)>,
     failed: Option<Error>,
 }
 
@@ -71,8 +71,8 @@ impl<Svc, S: Strategy> Pool<Svc, S> {
         if let Some(entry) = lookup(&services, endpoint) {
             let mut svc = entry.svc.clone();
             match svc.ready().now_or_never().map(|r| r.map(drop)) {
-                Some(Ok(_)) => return Ok(self.selected(endpoint, entry, svc, true, input)),
-                other => self.note(&mut left, endpoint, entry, svc, other, input),
+                Some(Ok(_)) => return Ok(self.selected(endpoint, svc, true, input)),
+                other => self.note(&mut left, endpoint, svc, other, input),
             }
         }
         self.pass_over(&prepared, &services, endpoint, left, input, rng)
@@ -100,7 +100,6 @@ impl<Svc, S: Strategy> Pool<Svc, S> {
         &self,
         left: &mut Leftover<Svc>,
         endpoint: &Endpoint,
-        entry: &Arc<Entry<Svc>>,
         svc: Svc,
         ready: Option<Result<(), Svc::Error>>,
         input: &PickInput<'_>,
@@ -111,7 +110,7 @@ impl<Svc, S: Strategy> Pool<Svc, S> {
         match ready {
             Some(Ok(_)) => {}
             Some(Err(e)) => {
-                self.record_not_ready(endpoint, entry, input.now);
+                self.record_not_ready(endpoint, input.now);
                 let err = Error::new(ErrorKind::Failed(FailureKind::Connect))
                     .at(endpoint.key(), input.attempt)
                     .with_source(e.into());
@@ -119,7 +118,7 @@ impl<Svc, S: Strategy> Pool<Svc, S> {
             }
             None => {
                 if left.waiting.is_none() {
-                    left.waiting = Some((endpoint.clone(), entry.clone(), svc));
+                    left.waiting = Some((endpoint.clone(), svc));
                 }
             }
         }
@@ -145,7 +144,7 @@ impl<Svc, S: Strategy> Pool<Svc, S> {
         let mut passed = TriedSet::new();
         let mut candidate = first.clone();
         for _ in 0..self.inner.probes {
-            self.inner.metrics.pass_over.increment(1);
+            crate::telemetry::inc(&self.inner.metrics.pass_over);
             passed.insert(&candidate);
             probe.insert(&candidate);
             let idx = match self.pick(prepared, input, &probe, rng) {
@@ -158,17 +157,17 @@ impl<Svc, S: Strategy> Pool<Svc, S> {
             if let Some(entry) = lookup(services, endpoint) {
                 let mut svc = entry.svc.clone();
                 match svc.ready().now_or_never().map(|r| r.map(drop)) {
-                    Some(Ok(_)) => return Ok(self.selected(endpoint, entry, svc, true, input)),
-                    other => self.note(&mut left, endpoint, entry, svc, other, input),
+                    Some(Ok(_)) => return Ok(self.selected(endpoint, svc, true, input)),
+                    other => self.note(&mut left, endpoint, svc, other, input),
                 }
             }
             candidate = endpoint.clone();
         }
         match left {
             Leftover {
-                waiting: Some((endpoint, entry, svc)),
+                waiting: Some((endpoint, svc)),
                 ..
-            } => Ok(self.selected(&endpoint, &entry, svc, false, input)),
+            } => Ok(self.selected(&endpoint, svc, false, input)),
             Leftover {
                 failed: Some(err), ..
             } => Err(err),
@@ -197,9 +196,7 @@ impl<Svc, S: Strategy> Pool<Svc, S> {
             .map(|&i| {
                 let endpoint = snapshot.endpoint(i);
                 match lookup(&services, endpoint) {
-                    Some(entry) => {
-                        Ok(self.selected(endpoint, entry, entry.svc.clone(), false, &input))
-                    }
+                    Some(entry) => Ok(self.selected(endpoint, entry.svc.clone(), false, &input)),
                     None => Err(Error::new(ErrorKind::NoService).at(endpoint.key(), 0)),
                 }
             })
@@ -209,7 +206,6 @@ impl<Svc, S: Strategy> Pool<Svc, S> {
     fn selected(
         &self,
         endpoint: &Endpoint,
-        entry: &Arc<Entry<Svc>>,
         svc: Svc,
         ready: bool,
         input: &PickInput<'_>,
@@ -217,16 +213,16 @@ impl<Svc, S: Strategy> Pool<Svc, S> {
         let clock = self.inner.balancer.clock().clone();
         let guard = CallGuard::new(endpoint.clone(), input.now, clock.clone());
         Selected {
-            call: Completion::new(guard, entry.metrics.clone(), clock, input.attempt),
+            call: Completion::new(guard, self.inner.metrics.clone(), clock, input.attempt),
             svc,
             ready,
         }
     }
 
-    fn record_not_ready(&self, endpoint: &Endpoint, entry: &Entry<Svc>, now: Timestamp) {
+    fn record_not_ready(&self, endpoint: &Endpoint, now: Timestamp) {
         let clock = self.inner.balancer.clock().clone();
         let guard = CallGuard::new(endpoint.clone(), now, clock.clone());
-        Completion::new(guard, entry.metrics.clone(), clock, 0)
+        Completion::new(guard, self.inner.metrics.clone(), clock, 0)
             .finish(Outcome::Failure(FailureKind::Connect));
     }
 }
