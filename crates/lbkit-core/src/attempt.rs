@@ -51,7 +51,8 @@ use crate::stats::{FailureKind, Outcome};
 use crate::strategy::{PickContext, Strategy, TriedSet};
 use crate::time::{duration_nanos, Clock, Timestamp};
 
-/// A retry budget as the call path sees it: every call deposits once, every retry withdraws.
+/// A retry budget as the call path sees it: every call that may be retried deposits once,
+/// every retry withdraws.
 /// [`RetryBudget`] is lbkit's lock-free one; the tower layer adapts tower's `Budget` trait.
 pub trait Budget: Send + Sync {
     /// A call started at `now`.
@@ -83,6 +84,17 @@ pub struct AttemptPolicy {
     /// Longest wait for the whole call, retries included (Envoy's route `timeout`); `None`:
     /// no overall deadline.
     pub overall: Option<Duration>,
+}
+
+impl AttemptPolicy {
+    /// The first attempt's limit: the shorter of `per_try` and `overall` (what
+    /// [`Attempts::timeout`] gives at the start).
+    pub fn first_timeout(&self) -> Option<Duration> {
+        match (self.per_try, self.overall) {
+            (Some(p), Some(o)) => Some(p.min(o)),
+            (p, o) => p.or(o),
+        }
+    }
 }
 
 /// When a failed attempt may be sent again elsewhere.
@@ -264,7 +276,8 @@ pub struct Attempts {
 // === impl Attempts ===
 
 impl Attempts {
-    /// A call starting at `now` under `policy`; deposits into `budget` (every call does, once).
+    /// A call starting at `now` under `policy`; deposits into `budget` when the policy allows
+    /// retries (every call that may be retried does, once: the budget is a share of them).
     /// `idempotent`: the request may be sent again after it reached a server; `replayable`: the
     /// driver holds a copy to send again.
     #[inline]
@@ -275,14 +288,35 @@ impl Attempts {
         replayable: bool,
         now: Timestamp,
     ) -> Self {
-        budget.deposit(now);
+        Attempts::deposit(&policy, budget, now);
+        Attempts::resume(policy, idempotent, replayable, now)
+    }
+
+    /// The deposit [`start`](Self::start) makes: once per call, when `policy` allows retries.
+    #[inline]
+    pub fn deposit<B: Budget + ?Sized>(policy: &AttemptPolicy, budget: &B, now: Timestamp) {
+        if policy.retries > 0 {
+            budget.deposit(now);
+        }
+    }
+
+    /// The state of a call that started at `started` and already made its
+    /// [`deposit`](Self::deposit), built only once it is needed: a driver whose first attempt
+    /// usually succeeds need not carry it (the tower layer's success path).
+    #[inline]
+    pub fn resume(
+        policy: AttemptPolicy,
+        idempotent: bool,
+        replayable: bool,
+        started: Timestamp,
+    ) -> Self {
         Attempts {
             policy,
             tried: TriedSet::new(),
             begun: 0,
             idempotent,
             replayable,
-            started: now,
+            started,
         }
     }
 

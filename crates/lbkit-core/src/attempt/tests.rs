@@ -123,7 +123,7 @@ fn the_table() {
 }
 
 #[test]
-fn every_call_deposits_once_and_only_retries_withdraw() {
+fn every_call_that_may_retry_deposits_once_and_only_retries_withdraw() {
     let budget = Counting::allowing(10);
     let clock = Clock::System;
     for _ in 0..3 {

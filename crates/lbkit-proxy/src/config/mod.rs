@@ -26,7 +26,7 @@
 //! service = "api"                       # required: a [service.NAME]
 //! timeout_ms = 15000                    # default 15 s: whole upstream exchange, retries included; once a large answer streams, each read or write (HTTP/1 fast path); a client connection hyper serves (h2c, HTTP/1.0, ...) whose writes make no progress for the longest route timeout is closed
 //! per_try_timeout_ms = 2000             # default none: each attempt's limit inside timeout_ms (Envoy's per_try_timeout); an attempt that times out is retried on another endpoint (idempotent requests) while timeout_ms has time left
-//! hash_key = "header:x-user"            # default none; `header:NAME`, `cookie:NAME`, `path`, `source-ip`
+//! hash_key = "header:x-user"            # default none; `header:NAME`, `cookie:NAME`, `path` (without the query), `uri` (with it), `query:NAME`, `source-ip`: read as lbkit-tower reads them, so a key picks the same endpoint through both
 //!
 //! [service.api]
 //! endpoints = ["127.0.0.1:8081=100", "127.0.0.1:8082"]   # exactly one of endpoints, file, zookeeper

@@ -31,6 +31,13 @@ pub(crate) enum Sent<Resp> {
 // === impl Sent ===
 
 impl<Resp> Sent<Resp> {
+    /// The endpoint called.
+    pub(crate) fn endpoint(&self) -> &lbkit_core::Endpoint {
+        match self {
+            Sent::Response { call, .. } | Sent::Failed { call, .. } => call.endpoint(),
+        }
+    }
+
     /// Whether the attempt counts as a failure of the endpoint.
     pub(crate) fn is_failure(&self) -> bool {
         matches!(

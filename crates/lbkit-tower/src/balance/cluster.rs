@@ -67,16 +67,23 @@ where
     }
 }
 
-/// The fast path of failfast and failover: the first attempt was dispatched in `call` (its
-/// endpoint was ready); await it, and fail over (boxed) if it failed and may be retried.
+/// What the fast path keeps of a call until its first attempt's result: enough to build the
+/// [`Attempts`] if that attempt fails.
+pub(crate) struct First {
+    pub(crate) policy: lbkit_core::AttemptPolicy,
+    pub(crate) idempotent: bool,
+    pub(crate) started: Timestamp,
+}
+
+/// The fast path of failover: the first attempt was dispatched in `call` (its endpoint was
+/// ready); await it, and fail over (boxed: the rare path) if it failed and may be retried.
 pub(crate) async fn respond<Req, Svc, Q, R, S, F>(
     shared: Arc<Shared<Svc, Q, R, S, F>>,
     call: Completion,
     response: Svc::Future,
     span: tracing::Span,
     spare: Option<Req>,
-    attempts: Attempts,
-    timeout: Option<Duration>,
+    first: First,
 ) -> Result<Output<R, Svc::Response>, BoxError>
 where
     Svc: Service<Req> + Clone,
@@ -87,8 +94,41 @@ where
 {
     let s = &*shared;
     let response = response.map_err(Into::into);
+    let timeout = first.policy.first_timeout();
     let sent = settle(response, call, timeout, span, &s.responses).await;
-    failover(s, sent, spare, attempts).await
+    if sent.classified().retry == lbkit_core::RetryWhen::Never {
+        return sent.finish(&s.responses);
+    }
+    let mut attempts = Attempts::resume(
+        first.policy,
+        first.idempotent,
+        spare.is_some(),
+        first.started,
+    );
+    attempts.begin(sent.endpoint());
+    Box::pin(failover(s, sent, spare, attempts)).await
+}
+
+/// The fast path of a single attempt (failfast, failover without retries): the call was
+/// dispatched in `call`; await and classify it.
+pub(crate) async fn respond_once<Req, Svc, Q, R, S, F>(
+    shared: Arc<Shared<Svc, Q, R, S, F>>,
+    call: Completion,
+    response: Svc::Future,
+    span: tracing::Span,
+    timeout: Option<Duration>,
+) -> Result<Output<R, Svc::Response>, BoxError>
+where
+    Svc: Service<Req>,
+    Svc::Error: Into<BoxError>,
+    R: ResponsePolicy<Svc::Response>,
+    S: Strategy,
+{
+    let s = &*shared;
+    let response = response.map_err(Into::into);
+    settle(response, call, timeout, span, &s.responses)
+        .await
+        .finish(&s.responses)
 }
 
 /// One attempt.

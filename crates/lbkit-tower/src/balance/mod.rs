@@ -235,6 +235,8 @@ impl<Svc, Q, R, S: Strategy, F> fmt::Debug for Balance<Svc, Q, R, S, F> {
     }
 }
 
+static NOTHING_TRIED: lbkit_core::TriedSet = lbkit_core::TriedSet::new();
+
 impl<Req, Svc, Q, R, S, F> Service<Req> for Balance<Svc, Q, R, S, F>
 where
     Req: Send + 'static,
@@ -259,51 +261,77 @@ where
         let shared = self.shared.clone();
         let now = shared.clock().now();
         if shared.mode == Mode::Broadcast {
-            shared.budget.deposit(now);
             return Box::pin(cluster::broadcast(shared, req, now));
         }
         let mut policy = shared.policy;
-        if !matches!(shared.mode, Mode::Failover { .. }) {
-            policy.retries = 0;
-        }
-        // A copy for a retry, and whether it may be sent after reaching a server, only when a
-        // retry is possible at all.
-        let (idempotent, spare) = if policy.retries > 0 {
-            (
-                shared.requests.is_idempotent(&req),
-                shared.requests.replay(&req),
-            )
-        } else {
-            (false, None)
+        policy.retries = match shared.mode {
+            Mode::Failover { retries } => retries,
+            // Forks are extra attempts sent early: they deposit and withdraw like retries.
+            Mode::Forking { forks } => forks.saturating_sub(1),
+            _ => 0,
         };
-        let mut attempts =
-            Attempts::start(policy, &*shared.budget, idempotent, spare.is_some(), now);
+        if policy.retries == 0 {
+            // One attempt, nothing to decide after it: no state to carry.
+            let first = shared.requests.with_hash_key(&req, |key| {
+                let input = crate::pool::PickInput {
+                    now,
+                    key,
+                    attempt: 0,
+                    tried: &NOTHING_TRIED,
+                };
+                shared.pool.select(&input, &mut self.rng)
+            });
+            return match (first, shared.mode) {
+                (Ok(sel), Mode::Failover { .. } | Mode::Failfast) if sel.ready => {
+                    let crate::pool::Selected { call, mut svc, .. } = sel;
+                    let (pool, strategy) = shared.names();
+                    let span = attempt::start(&call, pool, strategy);
+                    let response = span.in_scope(|| svc.call(req));
+                    let timeout = policy.first_timeout();
+                    Box::pin(cluster::respond_once(shared, call, response, span, timeout))
+                }
+                (first, _) => {
+                    let attempts = Attempts::start(policy, &*shared.budget, false, false, now);
+                    Box::pin(cluster::dispatch(shared, first, req, None, attempts))
+                }
+            };
+        }
+        // A copy for a retry, and whether it may be sent after reaching a server.
+        let idempotent = shared.requests.is_idempotent(&req);
+        let spare = shared.requests.replay(&req);
+        Attempts::deposit(&policy, &*shared.budget, now);
         let first = shared.requests.with_hash_key(&req, |key| {
             let input = crate::pool::PickInput {
                 now,
                 key,
                 attempt: 0,
-                tried: attempts.tried(),
+                tried: &NOTHING_TRIED,
             };
             shared.pool.select(&input, &mut self.rng)
         });
-        if let Ok(sel) = &first {
-            attempts.begin(sel.call.endpoint());
-        }
         match (first, shared.mode) {
             // The fast path: the endpoint is ready, so dispatch now (as tower expects right
-            // after readiness) and box only what the response needs.
-            (Ok(sel), Mode::Failover { .. } | Mode::Failfast) if sel.ready => {
+            // after readiness) and box only what the response needs; the attempts' state is
+            // built only if this attempt fails.
+            (Ok(sel), Mode::Failover { .. }) if sel.ready => {
                 let crate::pool::Selected { call, mut svc, .. } = sel;
                 let (pool, strategy) = shared.names();
                 let span = attempt::start(&call, pool, strategy);
                 let response = span.in_scope(|| svc.call(req));
-                let timeout = attempts.timeout(now);
-                Box::pin(cluster::respond(
-                    shared, call, response, span, spare, attempts, timeout,
-                ))
+                let first = cluster::First {
+                    policy,
+                    idempotent,
+                    started: now,
+                };
+                Box::pin(cluster::respond(shared, call, response, span, spare, first))
             }
-            (first, _) => Box::pin(cluster::dispatch(shared, first, req, spare, attempts)),
+            (first, _) => {
+                let mut attempts = Attempts::resume(policy, idempotent, spare.is_some(), now);
+                if let Ok(sel) = &first {
+                    attempts.begin(sel.call.endpoint());
+                }
+                Box::pin(cluster::dispatch(shared, first, req, spare, attempts))
+            }
         }
     }
 }
