@@ -270,35 +270,17 @@ where
             Mode::Forking { forks } => forks.saturating_sub(1),
             _ => 0,
         };
-        if policy.retries == 0 {
-            // One attempt, nothing to decide after it: no state to carry.
-            let first = shared.requests.with_hash_key(&req, |key| {
-                let input = crate::pool::PickInput {
-                    now,
-                    key,
-                    attempt: 0,
-                    tried: &NOTHING_TRIED,
-                };
-                shared.pool.select(&input, &mut self.rng)
-            });
-            return match (first, shared.mode) {
-                (Ok(sel), Mode::Failover { .. } | Mode::Failfast) if sel.ready => {
-                    let crate::pool::Selected { call, mut svc, .. } = sel;
-                    let (pool, strategy) = shared.names();
-                    let span = attempt::start(&call, pool, strategy);
-                    let response = span.in_scope(|| svc.call(req));
-                    let timeout = policy.first_timeout();
-                    Box::pin(cluster::respond_once(shared, call, response, span, timeout))
-                }
-                (first, _) => {
-                    let attempts = Attempts::start(policy, &*shared.budget, false, false, now);
-                    Box::pin(cluster::dispatch(shared, first, req, None, attempts))
-                }
-            };
-        }
-        // A copy for a retry, and whether it may be sent after reaching a server.
-        let idempotent = shared.requests.is_idempotent(&req);
-        let spare = shared.requests.replay(&req);
+        // A copy for a retry, and whether it may be sent after reaching a server, only when a
+        // retry is possible at all.
+        let single = policy.retries == 0;
+        let (idempotent, spare) = if single {
+            (false, None)
+        } else {
+            (
+                shared.requests.is_idempotent(&req),
+                shared.requests.replay(&req),
+            )
+        };
         Attempts::deposit(&policy, &*shared.budget, now);
         let first = shared.requests.with_hash_key(&req, |key| {
             let input = crate::pool::PickInput {
@@ -311,13 +293,18 @@ where
         });
         match (first, shared.mode) {
             // The fast path: the endpoint is ready, so dispatch now (as tower expects right
-            // after readiness) and box only what the response needs; the attempts' state is
-            // built only if this attempt fails.
-            (Ok(sel), Mode::Failover { .. }) if sel.ready => {
+            // after readiness) and box only what the response needs. A single attempt has
+            // nothing to decide after it; failover builds the attempts' state only if its first
+            // attempt fails.
+            (Ok(sel), Mode::Failover { .. } | Mode::Failfast) if sel.ready => {
                 let crate::pool::Selected { call, mut svc, .. } = sel;
                 let (pool, strategy) = shared.names();
                 let span = attempt::start(&call, pool, strategy);
                 let response = span.in_scope(|| svc.call(req));
+                if single {
+                    let timeout = policy.first_timeout();
+                    return Box::pin(cluster::respond_once(shared, call, response, span, timeout));
+                }
                 let first = cluster::First {
                     policy,
                     idempotent,
