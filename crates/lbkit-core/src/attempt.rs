@@ -226,6 +226,9 @@ pub enum Stop {
     DeadlinePassed,
     /// The retry budget is spent.
     BudgetExhausted,
+    /// A retry was allowed, but every eligible endpoint was tried already
+    /// ([`Attempts::retry`]).
+    AllTried,
 }
 
 /// The attempts of one call. Made per call by the driver, moved along with it; see the
@@ -424,28 +427,91 @@ impl Attempts {
     /// A driver that first saw an answer's head and then its body break before anything
     /// reached the client may call this again for the same attempt with the later result.
     pub fn after<B: Budget + ?Sized>(&mut self, c: Classified, budget: &B, clock: &Clock) -> Next {
+        match self.decide(c, budget, clock) {
+            Ok(_) => Next::Retry,
+            Err(stop) => Next::Answer(stop),
+        }
+    }
+
+    /// [`after`](Self::after), and when it says retry, the pick of the next attempt's endpoint
+    /// (one not tried yet) at the moment the decision read: what a driver that picks
+    /// synchronously does after every attempt, in one call. `Ok` has the next attempt's guard
+    /// and that moment (finish the failed attempt's guard at it); `Err` says why the call
+    /// answers with this attempt's result ([`Stop::AllTried`] when no untried endpoint is left).
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use std::time::Duration;
+    /// # use lbkit_core::*;
+    /// # struct Rr; struct RrPicker(Arc<Snapshot>);
+    /// # impl Picker for RrPicker { fn pick(&self, cx: &mut PickContext<'_>) -> Result<EndpointIdx, PickError> {
+    /// #     let e = self.0.eligible(); Ok(e[cx.attempt as usize % e.len()]) } }
+    /// # impl Strategy for Rr { type Picker = RrPicker; fn name(&self) -> &str { "rr" }
+    /// #     fn prepare(&self, s: &Arc<Snapshot>, _: Timestamp) -> RrPicker { RrPicker(s.clone()) } }
+    /// let clock = Clock::System;
+    /// let now = clock.now();
+    /// let snap = Arc::new(Snapshot::from_specs(vec![EndpointSpec::new("a:1")], now));
+    /// let balancer = Balancer::new(Rr, snap, now);
+    /// let budget = RetryBudget::default();
+    /// let policy = AttemptPolicy { retries: 2, per_try: None, overall: None };
+    /// let mut call = Attempts::start(policy, &budget, true, true, now);
+    /// let mut rng = FastRng::seed_from_u64(7);
+    /// let first = call.pick(&balancer, now, None, &mut rng).unwrap();
+    /// let c = Observed::ConnectFailed.classify();
+    /// // One endpoint only: the retry has nowhere to go.
+    /// let next = call.retry(c, &budget, &balancer, &clock, None, &mut rng);
+    /// assert_eq!(next.err(), Some(Stop::AllTried));
+    /// first.finish(c.outcome);
+    /// ```
+    ///
+    /// # Errors
+    /// Why there is no retry.
+    #[inline]
+    pub fn retry<S: Strategy, B: Budget + ?Sized>(
+        &mut self,
+        c: Classified,
+        budget: &B,
+        balancer: &Balancer<S>,
+        clock: &Clock,
+        key: Option<&[u8]>,
+        rng: &mut FastRng,
+    ) -> Result<(CallGuard, Timestamp), Stop> {
+        let now = self.decide(c, budget, clock)?;
+        match self.pick(balancer, now, key, rng) {
+            Ok(guard) => Ok((guard, now)),
+            Err(_) => Err(Stop::AllTried),
+        }
+    }
+
+    /// The rule of [`after`](Self::after); `Ok` with the moment a granted retry was decided.
+    fn decide<B: Budget + ?Sized>(
+        &mut self,
+        c: Classified,
+        budget: &B,
+        clock: &Clock,
+    ) -> Result<Timestamp, Stop> {
         let allowed = match c.retry {
             RetryWhen::Never => false,
             RetryWhen::Idempotent => self.idempotent,
             RetryWhen::Always => true,
         };
         if !allowed {
-            return Next::Answer(Stop::Final);
+            return Err(Stop::Final);
         }
         if self.begun > self.policy.retries {
-            return Next::Answer(Stop::NoAttemptsLeft);
+            return Err(Stop::NoAttemptsLeft);
         }
         if !self.replayable {
-            return Next::Answer(Stop::NotReplayable);
+            return Err(Stop::NotReplayable);
         }
         let now = clock.now();
         if self.deadline_passed(now) {
-            return Next::Answer(Stop::DeadlinePassed);
+            return Err(Stop::DeadlinePassed);
         }
         if !budget.withdraw(now) {
-            return Next::Answer(Stop::BudgetExhausted);
+            return Err(Stop::BudgetExhausted);
         }
-        Next::Retry
+        Ok(now)
     }
 
     /// Take one extra concurrent attempt (a fork) from `budget`: forks are retries sent early.

@@ -25,7 +25,7 @@ use serde_json::json;
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 
-use crate::server::{accept, Shared};
+use crate::hub::{accept, Hub};
 use crate::service::Service;
 
 /// Admin connections at once (the admin API serves operators and scrapers, not traffic).
@@ -38,16 +38,16 @@ type AdminResponse = Response<Full<Bytes>>;
 /// Serve the admin API until shutdown.
 pub(crate) async fn serve(
     listener: TcpListener,
-    shared: Arc<Shared>,
+    hub: Arc<Hub>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let conns = Arc::new(Semaphore::new(ADMIN_CONNECTIONS));
     let builder = auto::Builder::new(TokioExecutor::new()).http1_only();
     while let Some((stream, _peer, permit)) = accept(&listener, &conns, &mut shutdown).await {
-        let shared = shared.clone();
+        let hub = hub.clone();
         let svc = service_fn(move |req| {
-            let shared = shared.clone();
-            async move { Ok::<_, Infallible>(handle(&shared, req).await) }
+            let hub = hub.clone();
+            async move { Ok::<_, Infallible>(handle(&hub, req).await) }
         });
         let conn = builder
             .serve_connection(TokioIo::new(stream), svc)
@@ -59,8 +59,8 @@ pub(crate) async fn serve(
     }
 }
 
-async fn handle(shared: &Shared, req: Request<Incoming>) -> AdminResponse {
-    let state = shared.state.load_full();
+async fn handle(hub: &Hub, req: Request<Incoming>) -> AdminResponse {
+    let state = hub.state.load_full();
     if let Some(token) = &state.config.admin.token {
         let expected = format!("Bearer {token}");
         let given = req
@@ -85,7 +85,7 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> AdminResponse {
         }
         (Method::GET, "/metrics") => {
             let services = state.services.iter().map(|(n, r)| (n.as_str(), &r.service));
-            let body = crate::exposition::document(services, shared.client_connections());
+            let body = crate::exposition::document(services, hub.client_connections());
             reply(StatusCode::OK, crate::exposition::CONTENT_TYPE, body)
         }
         (Method::PUT, p) => match p

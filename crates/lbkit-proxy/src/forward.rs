@@ -12,6 +12,7 @@
 //!   (`tunnel.rs`). The call, for the balancer's statistics, is the handshake.
 
 use std::borrow::Cow;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -21,144 +22,165 @@ use http_body::Body as _;
 use http_body_util::{BodyExt, Either, Full};
 use hyper::body::Incoming;
 use lbkit_core::http::is_idempotent_method;
-use lbkit_core::{AttemptPolicy, Attempts, CallGuard, FastRng, Next, Observed, Stop};
+use lbkit_core::{Attempts, CallGuard, Clock, FastRng, Observed, Outcome, Stop};
 use lbkit_strategy::KeyExtractor;
 use lbkit_tower::http::{HttpKeySource, SourceAddr};
 
 use crate::body::ProxyBody;
+use crate::envelope::{failure_answer, Envelope, MAX_BUFFERED_RESPONSE, MAX_REPLAY_BODY};
 use crate::headers;
 use crate::service::{Service, UpstreamBody};
 use crate::tunnel;
 
-/// Largest request body buffered so that the request can be retried (64 KiB).
-pub const MAX_REPLAY_BODY: u64 = 64 * 1024;
+/// What one attempt gave: the answer's head, or no answer.
+type Tried = Result<Response<Incoming>, Observed>;
 
-/// Largest response body (announced by `Content-Length`) read whole before answering, so that
-/// head and body go out in one write, as nginx's `proxy_buffering` does; larger or unannounced
-/// bodies stream. 16 KiB: most API answers, and a bounded buffer per request.
-pub const MAX_BUFFERED_RESPONSE: u64 = 16 * 1024;
-
-/// What a route adds to the call.
-#[derive(Debug)]
-pub(crate) struct CallOptions<'a> {
-    pub(crate) policy: AttemptPolicy,
-    pub(crate) hash_key: Option<&'a KeyExtractor>,
-    pub(crate) client: std::net::SocketAddr,
-}
-
-/// What one attempt gave, before the decision.
-enum Tried {
-    /// An answer (its head): relayed unless it is retried.
-    Answer(Response<Incoming>),
-    /// No answer.
-    Failed(Observed),
-}
-
-/// Forward `req` to `service` and return the response for the client.
+/// Forward `req` from `client` on its route (`envelope`) and return the response for the
+/// client.
 pub(crate) async fn forward(
-    service: &Service,
-    mut req: Request<Incoming>,
-    opts: CallOptions<'_>,
+    envelope: &Envelope<'_>,
+    req: Request<Incoming>,
+    client: SocketAddr,
 ) -> Response<ProxyBody> {
-    let h2c = service.config().h2c;
-    let mut upgrade = (!h2c).then(|| tunnel::asked(&mut req)).flatten();
-    let key = hash_key(&mut req, opts.hash_key, opts.client);
-    let (mut parts, body) = req.into_parts();
-    prepare_headers(&mut parts, opts.client);
-    if let Some(u) = &upgrade {
-        u.ask_upstream(&mut parts.headers);
-    }
-    let idempotent = is_idempotent_method(parts.method.as_str().as_bytes());
-    let mut body = match replayable(body, idempotent).await {
-        Ok(b) => b,
-        Err(()) => return local(StatusCode::BAD_REQUEST, "bad request body\n"),
+    let service = envelope.service();
+    let mut out = match Outgoing::read(service, req, envelope, client).await {
+        Ok(out) => out,
+        Err(resp) => return resp,
     };
-    let clock = service.clock();
-    let replay = matches!(body, Either::Left(_));
-    let mut attempts = Attempts::start(
-        opts.policy,
-        service.budget(),
-        idempotent,
-        replay,
-        clock.now(),
-    );
+    let (policy, started) = (envelope.route().policy, envelope.started());
+    let replay = out.replayable();
+    let mut attempts = Attempts::start(policy, service.budget(), out.idempotent, replay, started);
     let mut rng = FastRng::from_entropy();
-    let mut guard = match attempts.pick(
-        &service.active().balancer,
-        attempts.started(),
-        key.as_deref(),
-        &mut rng,
-    ) {
+    let mut guard = match service.pick(&mut attempts, started, out.key(), &mut rng) {
         Ok(g) => g,
         Err(e) => return local(StatusCode::SERVICE_UNAVAILABLE, &format!("{e}\n")),
     };
     loop {
-        let copy = match &body {
-            Either::Left(full) => Some(Either::Left(full.clone())),
-            Either::Right(_) => None,
-        };
-        let send = std::mem::replace(&mut body, Either::Left(Full::new(Bytes::new())));
-        // The head is moved into the last attempt; earlier ones send a copy.
-        let last = attempts.begun() > attempts.policy().retries || copy.is_none();
-        let address = guard.endpoint().address();
-        let Some(upstream) = upstream_request(&mut parts, address, send, h2c, last) else {
+        let last = attempts.begun() > attempts.policy().retries;
+        let Some(upstream) = out.request(guard.endpoint().address(), last) else {
             return local(StatusCode::BAD_REQUEST, "bad request target\n");
         };
-        let limit = attempts.timeout(clock.now()).unwrap_or(Duration::MAX);
-        let tried = match tokio::time::timeout(limit, service.client().request(upstream)).await {
-            Ok(Ok(resp)) if resp.status() == StatusCode::SWITCHING_PROTOCOLS => {
-                return switch(upgrade.take(), resp, guard);
+        let limit = attempts.timeout(service.clock().now());
+        let tried = match send(service, upstream, limit).await {
+            Ok(resp) if resp.status() == StatusCode::SWITCHING_PROTOCOLS => {
+                return switch(out.upgrade.take(), resp, guard);
             }
-            Ok(Ok(resp)) => Tried::Answer(resp),
-            Ok(Err(e)) if e.is_connect() => Tried::Failed(Observed::ConnectFailed),
-            Ok(Err(_)) => Tried::Failed(Observed::ResetBeforeResponse),
-            Err(_) => Tried::Failed(Observed::Timeout),
+            tried => tried,
         };
         let c = match &tried {
-            Tried::Answer(resp) => Observed::Status(resp.status().as_u16()),
-            Tried::Failed(o) => *o,
+            Ok(resp) => Observed::Status(resp.status().as_u16()),
+            Err(observed) => *observed,
         }
         .classify();
-        let stop = match attempts.after(c, service.budget(), clock) {
-            Next::Retry => {
-                let now = clock.now();
-                match attempts.pick(&service.active().balancer, now, key.as_deref(), &mut rng) {
-                    Ok(next) => {
-                        service.metrics().retried();
-                        guard.finish_at(c.outcome, now);
-                        guard = next;
-                        body = copy.unwrap_or(body);
-                        continue;
-                    }
-                    // Only endpoints tried already: this attempt's result is the answer.
-                    Err(_) => Stop::Final,
-                }
+        match service.retry(&mut attempts, c, out.key(), &mut rng) {
+            Ok((next, at)) => {
+                guard.finish_at(c.outcome, at);
+                guard = next;
             }
-            Next::Answer(stop) => stop,
-        };
-        let exhausted = stop == Stop::BudgetExhausted;
-        if exhausted {
-            service.metrics().retry_refused();
+            Err(stop) => return answer(service, &attempts, tried, guard, c.outcome, stop).await,
         }
-        return match tried {
-            Tried::Answer(resp) => {
-                let limit = attempts.timeout(clock.now());
-                relay(resp, guard, clock, c.outcome, limit).await
-            }
-            Tried::Failed(observed) => {
-                guard.finish(c.outcome);
-                let status = if observed == Observed::Timeout {
-                    StatusCode::GATEWAY_TIMEOUT
-                } else {
-                    StatusCode::BAD_GATEWAY
-                };
-                if exhausted {
-                    local(status, "upstream failed (retry budget exhausted)\n")
-                } else {
-                    local(status, "upstream failed\n")
-                }
-            }
+    }
+}
+
+/// The call's answer after its last attempt (`tried`, recorded as `outcome`), which stopped
+/// for `stop`: the upstream's answer relayed, or the proxy's when there was none.
+async fn answer(
+    service: &Service,
+    attempts: &Attempts,
+    tried: Tried,
+    guard: CallGuard,
+    outcome: Outcome,
+    stop: Stop,
+) -> Response<ProxyBody> {
+    match tried {
+        Ok(resp) => {
+            let limit = attempts.timeout(service.clock().now());
+            relay(resp, guard, service.clock(), outcome, limit).await
+        }
+        Err(observed) => {
+            guard.finish(outcome);
+            let (code, text) = failure_answer(observed, stop);
+            let code = StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_GATEWAY);
+            local(code, text)
+        }
+    }
+}
+
+/// One attempt: `upstream` on the service's pooled client, within `limit`.
+async fn send(
+    service: &Service,
+    upstream: Request<UpstreamBody>,
+    limit: Option<Duration>,
+) -> Tried {
+    let limit = limit.unwrap_or(Duration::MAX);
+    match tokio::time::timeout(limit, service.client().request(upstream)).await {
+        Ok(Ok(resp)) => Ok(resp),
+        Ok(Err(e)) if e.is_connect() => Err(Observed::ConnectFailed),
+        Ok(Err(_)) => Err(Observed::ResetBeforeResponse),
+        Err(_) => Err(Observed::Timeout),
+    }
+}
+
+/// The request as it goes upstream, read from the client's: its head (forwarding headers
+/// added, hop-by-hop ones removed), its body (buffered when it can be replayed), its hash key
+/// and the upgrade it asks for.
+struct Outgoing {
+    parts: Parts,
+    body: UpstreamBody,
+    key: Option<Vec<u8>>,
+    upgrade: Option<tunnel::Ask>,
+    idempotent: bool,
+    h2c: bool,
+}
+
+impl Outgoing {
+    /// Read `req`; `Err` is the answer to a request whose body broke.
+    async fn read(
+        service: &Service,
+        mut req: Request<Incoming>,
+        envelope: &Envelope<'_>,
+        client: SocketAddr,
+    ) -> Result<Outgoing, Response<ProxyBody>> {
+        let h2c = service.config().h2c;
+        let upgrade = (!h2c).then(|| tunnel::asked(&mut req)).flatten();
+        let key = hash_key(&mut req, envelope.route().hash_key.as_ref(), client);
+        let (mut parts, body) = req.into_parts();
+        prepare_headers(&mut parts, client);
+        if let Some(u) = &upgrade {
+            u.ask_upstream(&mut parts.headers);
+        }
+        let idempotent = is_idempotent_method(parts.method.as_str().as_bytes());
+        let Ok(body) = replayable(body, idempotent).await else {
+            return Err(local(StatusCode::BAD_REQUEST, "bad request body\n"));
         };
+        Ok(Outgoing {
+            parts,
+            body,
+            key,
+            upgrade,
+            idempotent,
+            h2c,
+        })
+    }
+
+    fn key(&self) -> Option<&[u8]> {
+        self.key.as_deref()
+    }
+
+    /// Whether every attempt can send the body (it is buffered).
+    fn replayable(&self) -> bool {
+        matches!(self.body, Either::Left(_))
+    }
+
+    /// The request for one attempt to `address`: a buffered body is sent again each time, a
+    /// streamed one once; the head is moved into the `last` attempt (earlier ones send a copy).
+    fn request(&mut self, address: &str, last: bool) -> Option<Request<UpstreamBody>> {
+        let body = match &mut self.body {
+            Either::Left(full) => Either::Left(full.clone()),
+            streamed => std::mem::replace(streamed, Either::Left(Full::new(Bytes::new()))),
+        };
+        let last = last || !self.replayable();
+        upstream_request(&mut self.parts, address, body, self.h2c, last)
     }
 }
 
@@ -166,7 +188,7 @@ pub(crate) async fn forward(
 fn hash_key(
     req: &mut Request<Incoming>,
     extractor: Option<&KeyExtractor>,
-    client: std::net::SocketAddr,
+    client: SocketAddr,
 ) -> Option<Vec<u8>> {
     let extractor = extractor?;
     if *extractor == KeyExtractor::SourceIp {
@@ -205,8 +227,8 @@ fn switch(
 async fn relay(
     resp: Response<Incoming>,
     guard: CallGuard,
-    clock: &lbkit_core::Clock,
-    outcome: lbkit_core::Outcome,
+    clock: &Clock,
+    outcome: Outcome,
     limit: Option<Duration>,
 ) -> Response<ProxyBody> {
     let (mut rparts, rbody) = resp.into_parts();
@@ -266,7 +288,7 @@ async fn replayable(body: Incoming, idempotent: bool) -> Result<UpstreamBody, ()
 
 /// Forwarding headers, hop-by-hop removal, and a `Host` for HTTP/2 clients (which send
 /// `:authority` instead).
-fn prepare_headers(parts: &mut Parts, client: std::net::SocketAddr) {
+fn prepare_headers(parts: &mut Parts, client: SocketAddr) {
     headers::strip_hop_by_hop(&mut parts.headers);
     if !parts.headers.contains_key(http::header::HOST) {
         if let Some(v) = parts

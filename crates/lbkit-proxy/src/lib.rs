@@ -49,7 +49,8 @@
 //! ## Forwarding
 //! One call path: both HTTP engines (`forward.rs` for hyper, `h1/` for the fast path) and the
 //! TCP relay (`tcp.rs`) drive lbkit-core's `Attempts`, the state machine the tower layer drives
-//! too. It decides what each result means (its module docs have the table): a connect failure
+//! too, through one decision after each attempt (`Service::retry`: `Attempts::retry` with the
+//! service's budget and balancer, counted in its metrics). It decides what each result means (its module docs have the table): a connect failure
 //! is retried for any method; a reset or malformed answer before any byte reached the client,
 //! a timeout of one attempt (`per_try_timeout_ms`) while the route's `timeout_ms` has time
 //! left, and a 5xx (504 recorded as a timeout) are retried when the request is idempotent; a
@@ -66,6 +67,22 @@
 //! (`lbkit_tower::http::TrackBody`). One control loop keeps each service's endpoints:
 //! lbkit-discovery's `Controller` with its source, lbkit-health's active checks, outlier
 //! detection, empty-push protection and refresh ticks (`upkeep.rs`).
+//!
+//! ## Layout
+//! Each module imports only from the ones below it (no cycles), from the top down:
+//!
+//! | layer | modules | what |
+//! |---|---|---|
+//! | process | `supervisor`, `server` | signals and reloads; binding, worker threads, accept loops, handing each connection to an engine |
+//! | engines | `h1/` (fast path), `forward` + `tunnel` (hyper), `tcp`, `admin` | the wire; each HTTP engine runs a request as route → `Envelope` → call loop |
+//! | shared below the engines | `hub` (live state, connection slots and holds, accept), `envelope` (a request's metrics from start to end, the answer to a failed call, body limits) | what every listener needs |
+//! | services | `state` (routes, running services), `upkeep` (the control loop), `check`, `service` (balancer, clients, budget, `pick`/`retry`), `exposition`, `metrics` | |
+//! | base | `config`, `headers`, `body`, `error`, `worker` | |
+//!
+//! `h1/` itself: `wire` (parsing and writing HTTP/1.1 in place), `pool` (the thread's idle
+//! upstream connections), `buffers` (exchange buffers lent per request), `timer` (lazily
+//! re-armed deadlines), `gate` (the write gate, with what it relies on in tokio's scheduler),
+//! `rewind` (the stream hyper gets at a handover).
 //!
 //! An HTTP/1.1 upgrade (a GET without a body, `Connection: upgrade`, `Upgrade` naming only
 //! protocols of `limits.upgrade_protocols`, default `websocket`; never `h2c`) goes to one
@@ -90,11 +107,13 @@ pub mod admin;
 mod body;
 mod check;
 pub mod config;
+mod envelope;
 mod error;
 mod exposition;
 mod forward;
 mod h1;
 mod headers;
+mod hub;
 pub mod metrics;
 mod server;
 mod service;
@@ -103,11 +122,12 @@ mod supervisor;
 mod tcp;
 mod tunnel;
 mod upkeep;
+mod worker;
 
 pub use body::ProxyBody;
 pub use config::Config;
+pub use envelope::{MAX_BUFFERED_RESPONSE, MAX_REPLAY_BODY};
 pub use error::{ConfigError, ProxyError};
-pub use forward::{MAX_BUFFERED_RESPONSE, MAX_REPLAY_BODY};
 pub use server::Proxy;
 pub use service::{Active, Service, UpstreamBody, UpstreamClient};
 pub use supervisor::{ReloadCount, Supervisor, RELOAD_DEBOUNCE};

@@ -52,7 +52,7 @@ impl ServiceMetrics {
 
     #[inline]
     fn shard(&self) -> &Shard {
-        &self.shards[crate::service::worker_index() % self.shards.len()]
+        &self.shards[crate::worker::index() % self.shards.len()]
     }
 
     fn sum(&self, field: impl Fn(&Shard) -> &AtomicU64) -> u64 {

@@ -3,76 +3,31 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
-use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::body::ProxyBody;
 use crate::config::{Config, Limits, Protocol};
+use crate::envelope::Envelope;
 use crate::error::ProxyError;
-use crate::forward::{self, CallOptions};
+use crate::forward;
+use crate::hub::{ConnHold, Hub, Slot};
 use crate::state::State;
-use crate::{admin, h1, tcp};
-
-/// Pause after a failed `accept` (out of file descriptors): retrying at once would spin.
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(10);
-
-/// What every listener shares.
-#[derive(Debug)]
-pub(crate) struct Shared {
-    pub(crate) state: ArcSwap<State>,
-    /// One permit per client connection (tunnels included), all listeners; an accept loop
-    /// takes its permit before it waits.
-    conns: Arc<Semaphore>,
-    /// `limits.max_connections` at start (a reload does not change it).
-    max_conns: usize,
-    /// Client connections open.
-    open: Arc<AtomicUsize>,
-}
-
-impl Shared {
-    /// Client connections open now, and the most allowed at once.
-    pub(crate) fn client_connections(&self) -> (usize, usize) {
-        (self.open.load(Ordering::Relaxed), self.max_conns)
-    }
-
-    /// The slot of an accepted connection: its permit, counted as open until dropped.
-    fn slot(&self, permit: OwnedSemaphorePermit) -> Slot {
-        self.open.fetch_add(1, Ordering::Relaxed);
-        Slot {
-            _permit: permit,
-            open: self.open.clone(),
-        }
-    }
-}
-
-/// An open client connection's place under `max_connections`.
-#[derive(Debug)]
-struct Slot {
-    _permit: OwnedSemaphorePermit,
-    open: Arc<AtomicUsize>,
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        self.open.fetch_sub(1, Ordering::Relaxed);
-    }
-}
+use crate::{admin, h1, tcp, worker};
 
 /// A running proxy. Dropping it stops its worker threads; call [`Proxy::shutdown`] to drain.
 #[derive(Debug)]
 pub struct Proxy {
-    shared: Arc<Shared>,
+    hub: Arc<Hub>,
     listeners: Vec<SocketAddr>,
     admin: SocketAddr,
     shutdown: watch::Sender<bool>,
@@ -105,12 +60,8 @@ impl Proxy {
         let workers = workers.max(1);
         let (shutdown, _) = watch::channel(false);
         let (exit, _) = watch::channel(false);
-        let shared = Arc::new(Shared {
-            conns: Arc::new(Semaphore::new(config.limits.max_connections)),
-            max_conns: config.limits.max_connections,
-            open: Arc::default(),
-            state: ArcSwap::from_pointee(State::build(config.clone(), None, workers)?),
-        });
+        let state = State::build(config.clone(), None, workers)?;
+        let hub = Arc::new(Hub::new(state, config.limits.max_connections));
         let mut listeners = Vec::new();
         let mut accept = Vec::new();
         let mut sockets: Vec<Vec<(usize, std::net::TcpListener)>> =
@@ -124,7 +75,7 @@ impl Proxy {
                     listeners.push(addr);
                 }
                 if workers == 1 {
-                    let job = listen(listener, i, &config, &shared, &shutdown);
+                    let job = listen(listener, i, &config, &hub, &shutdown);
                     accept.push(tokio::spawn(job));
                 } else {
                     let std = listener
@@ -135,14 +86,14 @@ impl Proxy {
             }
         }
         if workers == 1 {
-            tokio::spawn(crate::h1::sweep_idle(Arc::downgrade(&shared)));
+            tokio::spawn(h1::sweep_idle(Arc::downgrade(&hub)));
         } else {
             for (w, mine) in sockets.into_iter().enumerate() {
                 let job = Worker {
                     index: w,
                     sockets: mine,
                     config: config.clone(),
-                    shared: shared.clone(),
+                    hub: hub.clone(),
                     shutdown: shutdown.clone(),
                     exit: exit.subscribe(),
                 };
@@ -157,11 +108,11 @@ impl Proxy {
         }
         let admin_listener = bind(config.admin.bind, false)?;
         let admin = local_addr(&admin_listener, config.admin.bind)?;
-        let job = admin::serve(admin_listener, shared.clone(), shutdown.subscribe());
+        let job = admin::serve(admin_listener, hub.clone(), shutdown.subscribe());
         accept.push(tokio::spawn(job));
         tracing::info!(?listeners, %admin, workers, "lbkit proxy listening");
         Ok(Proxy {
-            shared,
+            hub,
             listeners,
             admin,
             shutdown,
@@ -179,7 +130,7 @@ impl Proxy {
     /// Call it on that thread before starting the proxy; without it, requests served on the
     /// calling runtime yield plainly (correct on any runtime, a few percent slower).
     pub fn pin_runtime_thread() {
-        crate::h1::pin_runtime_thread();
+        h1::pin_runtime_thread();
     }
 
     /// The bound addresses of the listeners, in configuration order.
@@ -199,13 +150,13 @@ impl Proxy {
     /// # Errors
     /// A source that cannot start; the running configuration stays.
     pub fn reload(&self, config: Config) -> Result<(), ProxyError> {
-        let current = self.shared.state.load_full();
+        let current = self.hub.state.load_full();
         let (old, new) = (&current.config, &config);
         if old.listeners != new.listeners || old.limits != new.limits || old.admin != new.admin {
             tracing::warn!("listener, admin and limit changes take effect at the next restart");
         }
         let next = State::build(config, Some(&current), self.workers)?;
-        self.shared.state.store(Arc::new(next));
+        self.hub.state.store(Arc::new(next));
         tracing::info!("configuration reloaded");
         Ok(())
     }
@@ -239,7 +190,7 @@ struct Worker {
     index: usize,
     sockets: Vec<(usize, std::net::TcpListener)>,
     config: Config,
-    shared: Arc<Shared>,
+    hub: Arc<Hub>,
     shutdown: watch::Sender<bool>,
     exit: watch::Receiver<bool>,
 }
@@ -248,9 +199,9 @@ struct Worker {
 
 impl Worker {
     fn run(mut self) {
-        crate::service::set_worker_index(self.index + 1);
+        worker::set_index(self.index + 1);
         // This thread builds its runtime and drives it until the end.
-        crate::h1::pin_runtime_thread();
+        h1::pin_runtime_thread();
         let runtime = match tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -265,12 +216,12 @@ impl Worker {
             for (i, socket) in std::mem::take(&mut self.sockets) {
                 match TcpListener::from_std(socket) {
                     Ok(l) => {
-                        tokio::spawn(listen(l, i, &self.config, &self.shared, &self.shutdown));
+                        tokio::spawn(listen(l, i, &self.config, &self.hub, &self.shutdown));
                     }
                     Err(e) => tracing::error!(worker = self.index, error = %e, "listener lost"),
                 }
             }
-            tokio::spawn(crate::h1::sweep_idle(Arc::downgrade(&self.shared)));
+            tokio::spawn(h1::sweep_idle(Arc::downgrade(&self.hub)));
             // Connections run on this runtime: keep it until the drain is over.
             let _ = self.exit.wait_for(|&exit| exit).await;
         });
@@ -282,13 +233,13 @@ fn listen(
     listener: TcpListener,
     i: usize,
     config: &Config,
-    shared: &Arc<Shared>,
+    hub: &Arc<Hub>,
     shutdown: &watch::Sender<bool>,
 ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
-    let (shared, rx) = (shared.clone(), shutdown.subscribe());
+    let (hub, rx) = (hub.clone(), shutdown.subscribe());
     match config.listeners[i].protocol {
-        Protocol::Http => Box::pin(serve_http(listener, shared, config.limits.clone(), rx)),
-        Protocol::Tcp => Box::pin(serve_tcp(listener, i, shared, rx)),
+        Protocol::Http => Box::pin(serve_http(listener, hub, config.limits.clone(), rx)),
+        Protocol::Tcp => Box::pin(serve_tcp(listener, i, hub, rx)),
     }
 }
 
@@ -316,40 +267,28 @@ fn bind(addr: SocketAddr, reuse_port: bool) -> Result<TcpListener, ProxyError> {
     socket.listen(1024).map_err(err)
 }
 
-/// Wait for a connection slot and a connection; `None` at shutdown.
-pub(crate) async fn accept(
-    listener: &TcpListener,
-    conns: &Arc<Semaphore>,
-    shutdown: &mut watch::Receiver<bool>,
-) -> Option<(TcpStream, SocketAddr, OwnedSemaphorePermit)> {
-    loop {
-        let permit = tokio::select! {
-            p = conns.clone().acquire_owned() => p.ok()?,
-            _ = shutdown.changed() => return None,
-        };
-        let accepted = tokio::select! {
-            r = listener.accept() => r,
-            _ = shutdown.changed() => return None,
-        };
-        match accepted {
-            Ok((stream, peer)) => {
-                let _ = stream.set_nodelay(true);
-                return Some((stream, peer, permit));
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(ACCEPT_BACKOFF).await;
-            }
-        }
-    }
-}
-
 async fn serve_http(
     listener: TcpListener,
-    shared: Arc<Shared>,
+    hub: Arc<Hub>,
     limits: Limits,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let builder = Arc::new(hyper_builder(&limits));
+    let limits = Arc::new(limits);
+    while let Some((stream, peer, slot)) = hub.accept(&listener, &mut shutdown).await {
+        let conn = HttpConn {
+            hub: hub.clone(),
+            builder: builder.clone(),
+            limits: limits.clone(),
+            shutdown: shutdown.clone(),
+            peer,
+        };
+        tokio::spawn(conn.serve(stream, slot));
+    }
+}
+
+/// hyper's server for the connections the fast path hands over, with the listener's limits.
+fn hyper_builder(limits: &Limits) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
@@ -364,95 +303,73 @@ async fn serve_http(
         .http2()
         .timer(TokioTimer::new())
         .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX));
-    let builder = Arc::new(builder);
-    let limits = Arc::new(limits);
-    while let Some((stream, peer, permit)) = accept(&listener, &shared.conns, &mut shutdown).await {
-        let (shared, builder, limits) = (shared.clone(), builder.clone(), limits.clone());
-        let mut shutdown = shutdown.clone();
-        tokio::spawn(async move {
-            let slot = shared.slot(permit);
-            // Plain HTTP/1.1 first; hyper takes over a connection the fast path hands it.
-            let (stream, read) =
-                match h1::serve(stream, peer, &shared, &limits, &mut shutdown).await {
-                    h1::End::Closed => return,
-                    h1::End::Handover(stream, read) => (stream, read),
-                };
-            // A write stalled for the longest route timeout fails (the fast path gives each
-            // write its route's timeout; hyper's connection serves every route).
-            let stall = shared
-                .state
-                .load()
-                .config
-                .routes
-                .iter()
-                .map(|r| r.timeout_ms)
-                .max();
-            let stall = Duration::from_millis(
-                stall.unwrap_or_else(crate::config::default_route_timeout_ms),
-            );
-            // An upgrade request carries the connection's slot and drain marker, for the
-            // tunnel that outlives hyper's connection.
-            let hold = ConnHold {
-                _slot: Arc::new(slot),
-                drain: shutdown.clone(),
-                limits: limits.clone(),
-            };
-            let svc = service_fn(move |mut req: Request<Incoming>| {
-                if req.headers().contains_key(http::header::UPGRADE) {
-                    req.extensions_mut().insert(hold.clone());
-                }
-                handle(shared.clone(), peer, req)
-            });
-            let io = TokioIo::new(h1::Rewind::new(read, stream, stall));
-            // Boxed: most connections never get here, and their tasks stay small.
-            let mut conn = Box::pin(builder.serve_connection_with_upgrades(io, svc));
-            tokio::select! {
-                // The connection first: it may hold a request the fast path already read,
-                // which a graceful shutdown before hyper has seen it would drop.
-                biased;
-                _ = conn.as_mut() => {}
-                _ = shutdown.changed() => {
-                    conn.as_mut().graceful_shutdown();
-                    let _ = conn.await;
-                }
-            }
-        });
-    }
+    builder
 }
 
-/// What a client connection holds while it lives: its slot under `max_connections` and a
-/// receiver that makes the drain wait for it. An upgraded connection's tunnel takes it over
-/// from hyper's connection.
-#[derive(Clone, Debug)]
-pub(crate) struct ConnHold {
-    _slot: Arc<Slot>,
-    drain: watch::Receiver<bool>,
+/// One accepted HTTP connection.
+struct HttpConn {
+    hub: Arc<Hub>,
+    builder: Arc<auto::Builder<TokioExecutor>>,
     limits: Arc<Limits>,
+    shutdown: watch::Receiver<bool>,
+    peer: SocketAddr,
 }
 
-impl ConnHold {
-    /// The limits the connection was accepted under.
-    pub(crate) fn limits(&self) -> &Limits {
-        &self.limits
-    }
-
-    /// Whether the proxy is shutting down (no new tunnels then).
-    pub(crate) fn draining(&self) -> bool {
-        *self.drain.borrow() || self.drain.has_changed().is_err()
-    }
-
-    /// Resolves when the proxy is gone (after the drain; the tunnel ends then).
-    pub(crate) async fn proxy_gone(mut self) {
-        while self.drain.changed().await.is_ok() {}
+impl HttpConn {
+    /// Serve `stream` in `slot`: plain HTTP/1.1 on the fast path first, then hyper for the
+    /// rest of a connection the fast path hands over.
+    async fn serve(mut self, stream: TcpStream, slot: Slot) {
+        let (hub, limits) = (&self.hub, &self.limits);
+        let (stream, read) =
+            match h1::serve(stream, self.peer, hub, limits, &mut self.shutdown).await {
+                h1::End::Closed => return,
+                h1::End::Handover(stream, read) => (stream, read),
+            };
+        // A write stalled for the longest route timeout fails (the fast path gives each write
+        // its route's timeout; hyper's connection serves every route).
+        let stall = hub
+            .state
+            .load()
+            .config
+            .routes
+            .iter()
+            .map(|r| r.timeout_ms)
+            .max();
+        let stall =
+            Duration::from_millis(stall.unwrap_or_else(crate::config::default_route_timeout_ms));
+        // An upgrade request carries the connection's slot and drain marker, for the tunnel
+        // that outlives hyper's connection.
+        let hold = ConnHold::new(slot, self.shutdown.clone(), limits.clone());
+        let (hub, peer) = (hub.clone(), self.peer);
+        let svc = service_fn(move |mut req: Request<Incoming>| {
+            if req.headers().contains_key(http::header::UPGRADE) {
+                req.extensions_mut().insert(hold.clone());
+            }
+            handle(hub.clone(), peer, req)
+        });
+        let io = TokioIo::new(h1::Rewind::new(read, stream, stall));
+        // Boxed: most connections never get here, and their tasks stay small.
+        let mut conn = Box::pin(self.builder.serve_connection_with_upgrades(io, svc));
+        tokio::select! {
+            // The connection first: it may hold a request the fast path already read, which a
+            // graceful shutdown before hyper has seen it would drop.
+            biased;
+            _ = conn.as_mut() => {}
+            _ = self.shutdown.changed() => {
+                conn.as_mut().graceful_shutdown();
+                let _ = conn.await;
+            }
+        }
     }
 }
 
+/// One request on hyper's engine: route, then forward inside the request's envelope.
 async fn handle(
-    shared: Arc<Shared>,
+    hub: Arc<Hub>,
     peer: SocketAddr,
     req: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, Infallible> {
-    let state = shared.state.load_full();
+    let state = hub.state.load_full();
     let host = req
         .headers()
         .get(http::header::HOST)
@@ -461,35 +378,24 @@ async fn handle(
     let Some(route) = state.route(host, req.uri().path()) else {
         return Ok(forward::local(StatusCode::NOT_FOUND, "no route\n"));
     };
-    let service = &route.service;
-    let started = service.clock().now();
-    service.metrics().start();
-    let opts = CallOptions {
-        policy: route.policy,
-        hash_key: route.hash_key.as_ref(),
-        client: peer,
-    };
-    let resp = forward::forward(service, req, opts).await;
-    let elapsed = service.clock().now().saturating_duration_since(started);
-    service
-        .metrics()
-        .finish(elapsed, resp.status().is_server_error());
+    let envelope = Envelope::open(route);
+    let resp = forward::forward(&envelope, req, peer).await;
+    envelope.close(resp.status().as_u16(), None);
     Ok(resp)
 }
 
 async fn serve_tcp(
     listener: TcpListener,
     index: usize,
-    shared: Arc<Shared>,
+    hub: Arc<Hub>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    while let Some((stream, _peer, permit)) = accept(&listener, &shared.conns, &mut shutdown).await
-    {
-        let Some(service) = shared.state.load().tcp_service(index).cloned() else {
+    while let Some((stream, _peer, slot)) = hub.accept(&listener, &mut shutdown).await {
+        let Some(service) = hub.state.load().tcp_service(index).cloned() else {
             continue;
         };
         // Holding a receiver marks the connection as one to drain at shutdown.
-        let (slot, drain) = (shared.slot(permit), shutdown.clone());
+        let drain = shutdown.clone();
         tokio::spawn(async move {
             let (_slot, _drain) = (slot, drain);
             tcp::relay(stream, &service).await;

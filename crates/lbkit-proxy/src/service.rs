@@ -13,13 +13,15 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use lbkit_core::{
-    Availability, Balancer, BoxStrategy, CircuitBreaker, Clock, EndpointKey, RetryBudget, Snapshot,
+    Attempts, Availability, Balancer, BoxStrategy, CallGuard, CircuitBreaker, Classified, Clock,
+    EndpointKey, FastRng, PickError, RetryBudget, Snapshot, Stop, Timestamp,
 };
 use lbkit_discovery::ControllerMetrics;
 use lbkit_strategy::catalog::{self, ParamError, Params};
 
 use crate::config;
 use crate::metrics::ServiceMetrics;
+use crate::worker;
 
 /// The body sent upstream: a replayable buffer (retries possible) or the client's stream.
 pub type UpstreamBody = Either<Full<Bytes>, Incoming>;
@@ -44,14 +46,14 @@ pub struct Active {
 #[derive(Debug)]
 pub struct Service {
     name: String,
-    config: config::Service,
+    config: config::ServiceConfig,
     // Swapped by the admin API (strategy) and read per request; publishes come from the
     // service's control loop. `publish_lock` orders the two writers (never held across an
     // await); readers never take it.
     active: ArcSwap<Active>,
     #[allow(clippy::disallowed_types)] // orders two rare writers, off the request path
     publish_lock: std::sync::Mutex<()>,
-    /// One pool per thread that calls upstreams (index `worker_index`: 0 for the calling
+    /// One pool per thread that calls upstreams (index `worker::index`: 0 for the calling
     /// runtime, whose tasks run health checks; 1..=N for worker threads), so a request and its
     /// upstream connection are served by the same thread.
     clients: Box<[UpstreamClient]>,
@@ -73,7 +75,11 @@ impl Service {
     /// # Errors
     /// A strategy that does not build (the configuration was validated, so only when a caller
     /// skips validation).
-    pub fn new(name: &str, config: &config::Service, workers: usize) -> Result<Self, ParamError> {
+    pub fn new(
+        name: &str,
+        config: &config::ServiceConfig,
+        workers: usize,
+    ) -> Result<Self, ParamError> {
         let clock = Clock::System;
         let strategy = catalog::build(&config.strategy, config.strategy_params())?;
         let balancer = balancer(
@@ -110,7 +116,7 @@ impl Service {
     }
 
     /// The configuration it was built from.
-    pub fn config(&self) -> &config::Service {
+    pub fn config(&self) -> &config::ServiceConfig {
         &self.config
     }
 
@@ -123,12 +129,45 @@ impl Service {
     /// The upstream client of the calling worker thread.
     #[inline]
     pub fn client(&self) -> &UpstreamClient {
-        &self.clients[worker_index() % self.clients.len()]
+        &self.clients[worker::index() % self.clients.len()]
     }
 
     /// The retry budget.
     pub fn budget(&self) -> &RetryBudget {
         &self.budget
+    }
+
+    /// The first attempt of a call: an endpoint picked at `now` by the current balancer.
+    #[inline]
+    pub(crate) fn pick(
+        &self,
+        attempts: &mut Attempts,
+        now: Timestamp,
+        key: Option<&[u8]>,
+        rng: &mut FastRng,
+    ) -> Result<CallGuard, PickError> {
+        attempts.pick(&self.active().balancer, now, key, rng)
+    }
+
+    /// After an attempt classified as `c`: the next attempt (`Attempts::retry` with this
+    /// service's budget, balancer and clock), counted as a retry sent or refused by the budget.
+    /// The one decision every proxy loop (both HTTP engines, the TCP relay) makes.
+    #[inline]
+    pub(crate) fn retry(
+        &self,
+        attempts: &mut Attempts,
+        c: Classified,
+        key: Option<&[u8]>,
+        rng: &mut FastRng,
+    ) -> Result<(CallGuard, Timestamp), Stop> {
+        let balancer = &self.active().balancer;
+        let next = attempts.retry(c, &self.budget, balancer, &self.clock, key, rng);
+        match next {
+            Ok(_) => self.metrics.retried(),
+            Err(Stop::BudgetExhausted) => self.metrics.retry_refused(),
+            Err(_) => {}
+        }
+        next
     }
 
     /// Request counters.
@@ -188,24 +227,10 @@ impl Service {
     }
 }
 
-thread_local! {
-    static WORKER: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
-}
-
-/// The index of the calling worker thread: 1..=N on the proxy's worker threads, 0 elsewhere.
-pub(crate) fn worker_index() -> usize {
-    WORKER.with(|w| w.get())
-}
-
-/// Mark the calling thread as worker `index`.
-pub(crate) fn set_worker_index(index: usize) {
-    WORKER.with(|w| w.set(index));
-}
-
 fn balancer(
     strategy: BoxStrategy,
     snapshot: Arc<Snapshot>,
-    config: &config::Service,
+    config: &config::ServiceConfig,
     clock: &Clock,
 ) -> Balancer<BoxStrategy> {
     let availability = Availability {
@@ -221,7 +246,7 @@ fn balancer(
         .with_clock(clock.clone())
 }
 
-fn client(config: &config::Service) -> UpstreamClient {
+fn client(config: &config::ServiceConfig) -> UpstreamClient {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
     connector.set_connect_timeout(Some(Duration::from_millis(config.connect_timeout_ms)));

@@ -31,7 +31,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::body::ProxyBody;
 use crate::headers;
-use crate::server::ConnHold;
+use crate::hub::ConnHold;
 
 /// An upgrade the client asked for, to be passed on.
 pub(crate) struct Ask {

@@ -299,3 +299,68 @@ async fn admin_outputs_parse_and_the_token_is_checked() {
         .sum();
     assert!(calls >= 1.0 && calls == inf, "{metrics}");
 }
+
+/// The value of the first sample of `name` in the proxy's `/metrics`.
+async fn sample(proxy: &Proxy, name: &str) -> f64 {
+    let (status, text) = admin(&client(), proxy, "GET", "/metrics", "").await;
+    assert_eq!(status, StatusCode::OK);
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .and_then(|l| l.rsplit_once(' '))
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or_else(|| panic!("{name} missing from {text}"))
+}
+
+// A request the client abandons while its upstream call is in flight (an HTTP/2 client that
+// goes away, so hyper drops the request) still ends in the service's metrics: the envelope
+// closes it when dropped, and the upstream call is a cancellation, not the endpoint's failure.
+#[tokio::test]
+async fn a_request_its_client_abandons_ends_in_the_metrics() {
+    let (arrived_tx, mut arrived) = tokio::sync::mpsc::unbounded_channel();
+    let (backend, _) = counting_server(move |mut stream| {
+        let arrived = arrived_tx.clone();
+        async move {
+            use tokio::io::AsyncReadExt;
+            let mut buf = [0u8; 1024];
+            if stream.read(&mut buf).await.unwrap_or(0) > 0 {
+                let _ = arrived.send(());
+            }
+            // Never answers; holds the connection until the proxy drops it.
+            let _ = stream.read(&mut buf).await;
+        }
+    })
+    .await;
+    let text = config_for(&[backend], "round-robin", "");
+    Proxy::pin_runtime_thread();
+    let proxy = Proxy::start(parse(&text)).await.expect("proxy starts");
+    let h2: hyper_util::client::legacy::Client<_, http_body_util::Full<bytes::Bytes>> =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .http2_only(true)
+            .build_http();
+    let uri = format!("http://{}/slow", proxy.listeners()[0]);
+    let req = http::Request::get(uri)
+        .body(Default::default())
+        .expect("request");
+    let call = tokio::spawn(async move { h2.request(req).await.map(|r| r.status()) });
+    tokio::time::timeout(WAIT, arrived.recv())
+        .await
+        .expect("the request reached the backend in time");
+    assert_eq!(sample(&proxy, "lbkit_proxy_in_flight").await, 1.0);
+    // The client goes away: its task, its connection and the request with them.
+    call.abort();
+    let _ = call.await;
+    tokio::time::timeout(WAIT, async {
+        while sample(&proxy, "lbkit_proxy_in_flight").await != 0.0 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the abandoned request ended in time");
+    assert_eq!(sample(&proxy, "lbkit_proxy_requests_total").await, 1.0);
+    assert_eq!(sample(&proxy, "lbkit_proxy_failures_total").await, 0.0);
+    assert_eq!(
+        sample(&proxy, "lbkit_endpoint_cancellations_total").await,
+        1.0
+    );
+    assert_eq!(sample(&proxy, "lbkit_endpoint_in_flight").await, 0.0);
+}

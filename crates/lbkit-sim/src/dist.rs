@@ -7,7 +7,7 @@ use crate::scenario::ServiceSpec;
 
 /// A service-time distribution in nanoseconds.
 #[derive(Debug, Clone)]
-pub(crate) enum Service {
+pub(crate) enum ServiceTime {
     Constant(f64),
     Exponential(f64),
     Lognormal { mu: f64, sigma: f64 },
@@ -17,7 +17,7 @@ pub(crate) enum Service {
 
 const MS: f64 = 1e6;
 
-impl Service {
+impl ServiceTime {
     /// Check a spec without reading files.
     pub(crate) fn check(spec: &ServiceSpec) -> Result<(), String> {
         let pos = |name: &str, v: f64| {
@@ -45,42 +45,42 @@ impl Service {
     }
 
     /// Build from a spec, reading an empirical file.
-    pub(crate) fn new(spec: &ServiceSpec) -> Result<Service, String> {
-        Service::check(spec)?;
+    pub(crate) fn new(spec: &ServiceSpec) -> Result<ServiceTime, String> {
+        ServiceTime::check(spec)?;
         Ok(match spec {
-            ServiceSpec::Constant { mean_ms } => Service::Constant(mean_ms * MS),
-            ServiceSpec::Exponential { mean_ms } => Service::Exponential(mean_ms * MS),
-            ServiceSpec::Lognormal { median_ms, sigma } => Service::Lognormal {
+            ServiceSpec::Constant { mean_ms } => ServiceTime::Constant(mean_ms * MS),
+            ServiceSpec::Exponential { mean_ms } => ServiceTime::Exponential(mean_ms * MS),
+            ServiceSpec::Lognormal { median_ms, sigma } => ServiceTime::Lognormal {
                 mu: (median_ms * MS).ln(),
                 sigma: *sigma,
             },
-            ServiceSpec::Pareto { scale_ms, shape } => Service::Pareto {
+            ServiceSpec::Pareto { scale_ms, shape } => ServiceTime::Pareto {
                 scale: scale_ms * MS,
                 shape: *shape,
             },
-            ServiceSpec::Empirical { file } => Service::Empirical(read_samples(file)?),
+            ServiceSpec::Empirical { file } => ServiceTime::Empirical(read_samples(file)?),
         })
     }
 
     /// Mean service time in nanoseconds (infinite for a Pareto shape ≤ 1).
     pub(crate) fn mean(&self) -> f64 {
         match self {
-            Service::Constant(m) | Service::Exponential(m) => *m,
-            Service::Lognormal { mu, sigma } => (mu + sigma * sigma / 2.0).exp(),
-            Service::Pareto { scale, shape } if *shape > 1.0 => scale * shape / (shape - 1.0),
-            Service::Pareto { .. } => f64::INFINITY,
-            Service::Empirical(s) => s.iter().sum::<f64>() / s.len() as f64,
+            ServiceTime::Constant(m) | ServiceTime::Exponential(m) => *m,
+            ServiceTime::Lognormal { mu, sigma } => (mu + sigma * sigma / 2.0).exp(),
+            ServiceTime::Pareto { scale, shape } if *shape > 1.0 => scale * shape / (shape - 1.0),
+            ServiceTime::Pareto { .. } => f64::INFINITY,
+            ServiceTime::Empirical(s) => s.iter().sum::<f64>() / s.len() as f64,
         }
     }
 
     #[inline]
     pub(crate) fn sample(&self, rng: &mut FastRng) -> f64 {
         match self {
-            Service::Constant(m) => *m,
-            Service::Exponential(m) => exponential(rng, *m),
-            Service::Lognormal { mu, sigma } => (mu + sigma * normal(rng)).exp(),
-            Service::Pareto { scale, shape } => scale / open01(rng).powf(1.0 / shape),
-            Service::Empirical(s) => s[rng.index(s.len())],
+            ServiceTime::Constant(m) => *m,
+            ServiceTime::Exponential(m) => exponential(rng, *m),
+            ServiceTime::Lognormal { mu, sigma } => (mu + sigma * normal(rng)).exp(),
+            ServiceTime::Pareto { scale, shape } => scale / open01(rng).powf(1.0 / shape),
+            ServiceTime::Empirical(s) => s[rng.index(s.len())],
         }
     }
 }
@@ -165,7 +165,7 @@ impl Zipf {
 mod tests {
     use super::*;
 
-    fn mean_of(s: &Service, n: usize) -> f64 {
+    fn mean_of(s: &ServiceTime, n: usize) -> f64 {
         let mut rng = FastRng::seed_from_u64(3);
         (0..n).map(|_| s.sample(&mut rng)).sum::<f64>() / n as f64
     }
@@ -184,7 +184,7 @@ mod tests {
             },
             ServiceSpec::Constant { mean_ms: 4.0 },
         ] {
-            let s = Service::new(&spec).unwrap();
+            let s = ServiceTime::new(&spec).unwrap();
             let (m, want) = (mean_of(&s, 400_000), s.mean());
             assert!((m / want - 1.0).abs() < 0.02, "{spec:?}: {m} vs {want}");
         }
@@ -212,14 +212,14 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let good = dir.join("lat.csv");
         std::fs::write(&good, "latency_ms\n1.5\n2.5\n").unwrap();
-        let s = Service::new(&ServiceSpec::Empirical {
+        let s = ServiceTime::new(&ServiceSpec::Empirical {
             file: good.display().to_string(),
         })
         .unwrap();
         assert_eq!(s.mean(), 2e6);
         let bad = dir.join("bad.csv");
         std::fs::write(&bad, "1\nfast\n").unwrap();
-        let e = Service::new(&ServiceSpec::Empirical {
+        let e = ServiceTime::new(&ServiceSpec::Empirical {
             file: bad.display().to_string(),
         })
         .unwrap_err();

@@ -512,7 +512,7 @@ impl Scenario {
             if !(0.0..=1.0).contains(&s.error_rate) {
                 return Err(at("error_rate must be within 0..=1"));
             }
-            crate::dist::Service::check(&s.service).map_err(|e| at(&e))?;
+            crate::dist::ServiceTime::check(&s.service).map_err(|e| at(&e))?;
         }
         let names = self.server_names();
         let mut seen = HashSet::new();

@@ -4,7 +4,7 @@ use std::collections::VecDeque;
 
 use lbkit_core::FastRng;
 
-use crate::dist::{exponential, Service};
+use crate::dist::{exponential, ServiceTime};
 use crate::scenario::ServerSpec;
 use crate::slab::Id;
 
@@ -15,7 +15,7 @@ pub(crate) struct Server {
     pub(crate) address: String,
     pub(crate) weight: u32,
     pub(crate) zone: Option<String>,
-    service: Service,
+    service: ServiceTime,
     concurrency: u32,
     queue_cap: usize,
     pub(crate) slow: f64,
@@ -51,7 +51,7 @@ impl Server {
             name,
             weight: spec.weight,
             zone: spec.zone.clone(),
-            service: Service::new(&spec.service)?,
+            service: ServiceTime::new(&spec.service)?,
             concurrency: spec.concurrency,
             queue_cap: spec.queue as usize,
             slow: spec.slow_factor,

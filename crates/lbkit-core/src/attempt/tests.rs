@@ -233,6 +233,47 @@ fn a_retry_goes_to_an_untried_endpoint_or_nowhere() {
     }
 }
 
+// `retry` is `after` plus the pick, at the moment the decision read the clock; each way of
+// not retrying is the same `Stop` as `after`'s, and a granted retry with no endpoint left is
+// `AllTried`.
+#[test]
+fn retry_decides_as_after_does_then_picks_at_the_decision_time() {
+    let snap = Arc::new(Snapshot::from_specs(
+        vec![EndpointSpec::new("a:1"), EndpointSpec::new("b:1")],
+        t(0),
+    ));
+    let balancer = Balancer::new(FirstUntried, snap, t(0));
+    let (clock, _hand) = Clock::manual(t(5));
+    let budget = Counting::allowing(100);
+    let mut rng = FastRng::seed_from_u64(1);
+    let mut call = Attempts::start(policy(5), &budget, true, true, t(0));
+    let first = call.pick(&balancer, t(0), None, &mut rng).expect("pick");
+    let fail = Observed::Status(503).classify();
+    let (second, at) = call
+        .retry(fail, &budget, &balancer, &clock, None, &mut rng)
+        .expect("a retry");
+    assert_eq!((second.endpoint().address(), at), ("b:1", t(5)));
+    first.finish_at(fail.outcome, at);
+    let again = call.retry(fail, &budget, &balancer, &clock, None, &mut rng);
+    assert_eq!(again.err(), Some(Stop::AllTried));
+    second.finish_at(fail.outcome, at);
+    // Not retried: the same reasons as `after`.
+    let ok = Observed::Status(200).classify();
+    let mut fresh = Attempts::start(policy(5), &budget, true, true, t(0));
+    let g = fresh.pick(&balancer, t(0), None, &mut rng).expect("pick");
+    let got = fresh.retry(ok, &budget, &balancer, &clock, None, &mut rng);
+    assert_eq!(got.err(), Some(Stop::Final));
+    assert_eq!(fresh.after(ok, &budget, &clock), Next::Answer(Stop::Final));
+    g.finish_at(ok.outcome, t(0));
+    let spent = Counting::allowing(0);
+    let mut poor = Attempts::start(policy(5), &spent, true, true, t(0));
+    let g = poor.pick(&balancer, t(0), None, &mut rng).expect("pick");
+    let got = poor.retry(fail, &spent, &balancer, &clock, None, &mut rng);
+    assert_eq!(got.err(), Some(Stop::BudgetExhausted));
+    assert_eq!(poor.begun(), 1, "a refused retry begins nothing");
+    g.finish_at(fail.outcome, t(0));
+}
+
 #[test]
 fn the_attempt_deadline_sits_inside_the_overall_one() {
     let budget = Counting::allowing(100);

@@ -7,7 +7,7 @@ use std::time::Duration;
 use lbkit_strategy::catalog::{self, Params};
 use lbkit_strategy::KeyExtractor;
 
-use super::{Config, Protocol, Service, MIN_HEADER_BYTES};
+use super::{Config, Protocol, ServiceConfig, MIN_HEADER_BYTES};
 use crate::error::ConfigError;
 
 // === impl Config ===
@@ -146,9 +146,9 @@ impl Config {
     }
 }
 
-// === impl Service ===
+// === impl ServiceConfig ===
 
-impl Service {
+impl ServiceConfig {
     fn validate(&self, err: &dyn Fn(&str, String) -> ConfigError) -> Result<(), ConfigError> {
         let sources = [
             self.endpoints.is_some(),

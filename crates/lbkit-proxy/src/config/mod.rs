@@ -85,7 +85,7 @@ pub struct Config {
     pub routes: Vec<Route>,
     /// Services by name.
     #[serde(default, rename = "service")]
-    pub services: BTreeMap<String, Service>,
+    pub services: BTreeMap<String, ServiceConfig>,
 }
 
 /// `[admin]`.
@@ -201,7 +201,7 @@ pub struct Route {
 /// `[service.NAME]`.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Service {
+pub struct ServiceConfig {
     /// Static endpoints, `ADDRESS[=WEIGHT]`.
     #[serde(default)]
     pub endpoints: Option<Vec<String>>,

@@ -13,7 +13,11 @@
 //! `max_header_bytes`, a service that talks h2c upstream — is handed to hyper with the bytes
 //! already read, for the rest of the connection.
 
-mod io;
+mod buffers;
+mod gate;
+mod pool;
+mod rewind;
+mod timer;
 mod wire;
 
 use std::net::SocketAddr;
@@ -23,21 +27,25 @@ use std::time::Duration;
 use bytes::Bytes;
 use lbkit_core::http::is_idempotent_method;
 use lbkit_core::{
-    AttemptPolicy, Attempts, CallGuard, FastRng, Next, Observed, Outcome, Stop, Timestamp,
+    AttemptPolicy, Attempts, CallGuard, Clock, FastRng, Observed, Outcome, Timestamp,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-pub(crate) use io::{pin_runtime_thread, sweep_idle, Rewind};
-use io::{Buffers, Timer};
-use wire::{BodyCursor, Forward, Hdr, Parsed, ReqHead};
+use buffers::{reserve, Buffers};
+pub(crate) use gate::pin_runtime_thread;
+pub(crate) use pool::sweep_idle;
+pub(crate) use rewind::Rewind;
+use timer::{deadline, Timer, FAR};
+use wire::{BodyCursor, ClientAddr, Hdr, Parsed, ReqHead, RespHead};
 
 use crate::config::Limits;
-use crate::server::Shared;
+use crate::envelope::{failure_answer, Envelope, MAX_BUFFERED_RESPONSE};
+use crate::hub::Hub;
 use crate::service::Service;
-use crate::state::State;
+use crate::state::{RouteEntry, State};
 
 /// Free space kept for a read from the client.
 const CLIENT_READ: usize = 4096;
@@ -55,7 +63,7 @@ const MAX_RESPONSE_HEAD: usize = 64 * 1024;
 /// Response bytes gathered before they are written to the client: a response up to this size
 /// leaves in one write (nginx's `proxy_buffering`); a larger one streams in writes of about
 /// this size. The call's deadline covers the exchange until the first write.
-const FLUSH_AT: usize = crate::forward::MAX_BUFFERED_RESPONSE as usize;
+const FLUSH_AT: usize = MAX_BUFFERED_RESPONSE as usize;
 
 /// How a connection left the fast path.
 pub(crate) enum End {
@@ -69,14 +77,14 @@ pub(crate) enum End {
 pub(crate) async fn serve(
     stream: TcpStream,
     peer: SocketAddr,
-    shared: &Shared,
+    hub: &Hub,
     limits: &Limits,
     shutdown: &mut watch::Receiver<bool>,
 ) -> End {
     let mut conn = Conn {
         stream,
         peer,
-        forward: Forward::new(peer.ip()),
+        client: ClientAddr::new(peer.ip()),
         input: Vec::new(),
         req_headers: Vec::new(),
         b: Buffers::default(),
@@ -84,7 +92,7 @@ pub(crate) async fn serve(
         call_timer: Timer::new(),
         rng: FastRng::from_entropy(),
         limits,
-        gated: io::gated(),
+        gated: gate::gated(),
     };
     loop {
         let head = match conn.read_request(shutdown).await {
@@ -96,10 +104,10 @@ pub(crate) async fn serve(
         // Held for this request only: after a reload, services that left the configuration
         // stop (their health checks, discovery) once no request uses them, not when an idle
         // connection next speaks.
-        let state = shared.state.load_full();
-        conn.b = io::lend();
+        let state = hub.state.load_full();
+        conn.b = buffers::lend();
         let served = conn.serve_request(&head, closing, &state).await;
-        io::give_back_buffers(std::mem::take(&mut conn.b));
+        buffers::give_back(std::mem::take(&mut conn.b));
         match served {
             Served::KeepAlive if !closing => {
                 conn.input.drain(..head.len + head.body);
@@ -118,7 +126,7 @@ pub(crate) async fn serve(
 struct Conn<'a> {
     stream: TcpStream,
     peer: SocketAddr,
-    forward: Forward,
+    client: ClientAddr,
     /// Bytes read from the client not yet served.
     input: Vec<u8>,
     req_headers: Vec<Hdr>,
@@ -148,8 +156,8 @@ enum Served {
     Other,
 }
 
-/// What one upstream attempt gave.
-enum Attempt {
+/// What one attempt gave.
+enum Step {
     /// The upstream's answer (`status`) is read; the rest of it for the client is in
     /// `output`. `close`: the client connection must close after it.
     Answered {
@@ -157,14 +165,22 @@ enum Attempt {
         status: u16,
         close: bool,
     },
-    /// A failing answer's head that is retried on `next`; `outcome` is the failed attempt's.
-    Retry { next: CallGuard, outcome: Outcome },
+    /// The attempt failed with `outcome`; the call goes on with `next`, picked at `at`.
+    Retried {
+        next: CallGuard,
+        at: Timestamp,
+        outcome: Outcome,
+    },
     /// Failed before anything reached the client.
     Failed(Observed),
     /// The client got part of an answer, then the upstream failed, or the client went away
     /// ([`Observed::ClientGone`]).
     Broken(Observed),
 }
+
+/// How one request ended: the status the client got, whether its connection must close, and
+/// when the call ended if the clock was read for it.
+type Ended = (u16, bool, Option<Timestamp>);
 
 impl Conn<'_> {
     /// Read the next request head, and its body, into `input`.
@@ -230,57 +246,35 @@ impl Conn<'_> {
     /// Route, forward and answer one request.
     async fn serve_request(&mut self, head: &ReqHead, closing: bool, state: &State) -> Served {
         let target = &self.input[head.target.clone()];
-        let path = wire::path_of(target);
         let host = head
             .host
             .clone()
             .and_then(|r| std::str::from_utf8(&self.input[r]).ok());
-        let Some(route) = std::str::from_utf8(path)
-            .ok()
-            .and_then(|p| state.route(host, p))
-        else {
+        let path = std::str::from_utf8(wire::path_of(target)).ok();
+        let Some(route) = path.and_then(|p| state.route(host, p)) else {
             return self.answer(404, "no route\n", closing).await;
         };
-        let service = &route.service;
-        if service.config().h2c {
+        if route.service.config().h2c {
             return Served::Other;
         }
-        let started = service.clock().now();
-        service.metrics().start();
-        let key = route.hash_key.as_ref().and_then(|k| {
-            let source = wire::Source {
-                buf: &self.input,
-                hdrs: &self.req_headers,
-                target,
-                ip: self.peer.ip(),
-            };
-            k.extract(&source).map(|k| k.into_owned())
-        });
+        let envelope = Envelope::open(route);
+        let key = self.hash_key(route, head);
         self.b.upstream.clear();
-        wire::write_request(
-            &mut self.b.upstream,
-            &self.input,
-            head,
-            &self.req_headers,
-            &self.forward,
-        );
-        let idempotent = is_idempotent_method(&self.input[head.method.clone()]);
-        let head_request = &self.input[head.method.clone()] == b"HEAD";
+        let (input, hdrs) = (&self.input, &self.req_headers);
+        wire::write_request(&mut self.b.upstream, input, head, hdrs, &self.client);
+        let method = &self.input[head.method.clone()];
         let call = Call {
-            service,
+            service: envelope.service(),
             key: key.as_deref(),
-            idempotent,
-            head_request,
+            idempotent: is_idempotent_method(method),
+            head_request: method == b"HEAD",
             closing,
-            started,
+            started: envelope.started(),
             tick: Instant::now(),
             policy: route.policy,
         };
         let (status, close, ended) = self.call(call).await;
-        let ended = ended.unwrap_or_else(|| service.clock().now());
-        service
-            .metrics()
-            .finish(ended.saturating_duration_since(started), status >= 500);
+        envelope.close(status, ended);
         if close {
             Served::Close
         } else {
@@ -288,204 +282,157 @@ impl Conn<'_> {
         }
     }
 
+    /// The request's hash key for `route`, read as the tower layer reads it.
+    fn hash_key(&self, route: &RouteEntry, head: &ReqHead) -> Option<Vec<u8>> {
+        let source = wire::Source {
+            buf: &self.input,
+            hdrs: &self.req_headers,
+            target: &self.input[head.target.clone()],
+            ip: self.peer.ip(),
+        };
+        let key = route.hash_key.as_ref()?.extract(&source)?;
+        Some(key.into_owned())
+    }
+
     /// The attempts of one request under lbkit-core's [`Attempts`]: pick, exchange, retry on an
-    /// endpoint not tried yet. Returns the status the client got, whether its connection must
-    /// close, and when the call ended if the clock was read for it.
-    async fn call(&mut self, c: Call<'_>) -> (u16, bool, Option<Timestamp>) {
+    /// endpoint not tried yet.
+    async fn call(&mut self, c: Call<'_>) -> Ended {
         let service = c.service;
-        let clock = service.clock();
         // The request (head and body) stays in the input buffer: every attempt can resend it.
         let mut attempts =
             Attempts::start(c.policy, service.budget(), c.idempotent, true, c.started);
         // One clock read per request on the way in: the first pick uses the start.
-        let first = attempts.pick(&service.active().balancer, c.started, c.key, &mut self.rng);
-        let mut guard = match first {
+        let mut guard = match service.pick(&mut attempts, c.started, c.key, &mut self.rng) {
             Ok(g) => g,
-            Err(e) => {
-                let text = format!("{e}\n");
-                return (503, self.answer_closing(503, &text, c.closing).await, None);
-            }
+            Err(e) => return self.refuse(503, &format!("{e}\n"), c.closing).await,
         };
         let (mut tick, mut now) = (c.tick, c.started);
         loop {
             self.call_timer.set(deadline(tick, attempts.timeout(now)));
-            let exchange = Exchange {
-                service,
-                address: guard.endpoint().address(),
-                key: c.key,
-                attempts: &mut attempts,
-                head_request: c.head_request,
-                closing: c.closing,
-                tick,
-                stream_timeout: c.policy.overall.unwrap_or(FAR),
-            };
-            let failed = match self.exchange(exchange).await {
-                Attempt::Answered {
+            let address = guard.endpoint().address();
+            let (next, at, outcome) = match self.attempt(&c, address, tick, &mut attempts).await {
+                Step::Answered {
                     outcome,
                     status,
                     close,
                 } => {
-                    // The call ends with the upstream's part, before the client has the last
-                    // bytes (so statistics are current when it reads them).
-                    let ended = clock.now();
-                    guard.finish_at(outcome, ended);
-                    // Within the call's deadline (re-armed per write once the answer streams):
-                    // a client that stops reading does not pin the connection.
-                    let write = self.stream.write_all(&self.b.output);
-                    let failed = !matches!(self.call_timer.run(write).await, Ok(Ok(())));
-                    return (status, close || failed, Some(ended));
+                    return self
+                        .deliver(service.clock(), guard, outcome, status, close)
+                        .await
                 }
-                Attempt::Retry { next, outcome } => {
-                    guard.finish(outcome);
-                    guard = next;
-                    (tick, now) = (Instant::now(), clock.now());
-                    continue;
-                }
-                Attempt::Broken(observed) => {
-                    guard.finish(observed.classify().outcome);
-                    let code = if observed == Observed::ClientGone {
-                        499
-                    } else {
-                        502
-                    };
-                    return (code, true, None);
-                }
-                Attempt::Failed(observed) => observed,
-            };
-            let cl = failed.classify();
-            let mut exhausted = false;
-            match attempts.after(cl, service.budget(), clock) {
-                Next::Retry => {
-                    let at = clock.now();
-                    if let Ok(next) = self.retry_pick(service, &mut attempts, at, c.key) {
-                        guard.finish_at(cl.outcome, at);
-                        guard = next;
-                        (tick, now) = (Instant::now(), at);
-                        continue;
+                Step::Broken(observed) => return broken(guard, observed),
+                Step::Retried { next, at, outcome } => (next, at, outcome),
+                Step::Failed(observed) => {
+                    let cl = observed.classify();
+                    match service.retry(&mut attempts, cl, c.key, &mut self.rng) {
+                        Ok((next, at)) => (next, at, cl.outcome),
+                        Err(stop) => {
+                            guard.finish(cl.outcome);
+                            let (code, text) = failure_answer(observed, stop);
+                            return self.refuse(code, text, c.closing).await;
+                        }
                     }
                 }
-                Next::Answer(stop) => exhausted = stop == Stop::BudgetExhausted,
-            }
-            if exhausted {
-                service.metrics().retry_refused();
-            }
-            guard.finish(cl.outcome);
-            let code = if failed == Observed::Timeout {
-                504
-            } else {
-                502
             };
-            let text = if exhausted {
-                "upstream failed (retry budget exhausted)\n"
-            } else {
-                "upstream failed\n"
-            };
-            return (code, self.answer_closing(code, text, c.closing).await, None);
+            guard.finish_at(outcome, at);
+            guard = next;
+            (tick, now) = (Instant::now(), at);
         }
     }
 
-    /// The endpoint of a retry (counted as one when found).
-    fn retry_pick(
+    /// One attempt on `address`: the answer's head from a pooled or new connection; a failing
+    /// head is retried elsewhere when [`Attempts`] allows, any other answer is relayed.
+    async fn attempt(
         &mut self,
-        service: &Service,
+        c: &Call<'_>,
+        address: &str,
+        tick: Instant,
         attempts: &mut Attempts,
-        now: Timestamp,
-        key: Option<&[u8]>,
-    ) -> Result<CallGuard, lbkit_core::PickError> {
-        let next = attempts.pick(&service.active().balancer, now, key, &mut self.rng)?;
-        service.metrics().retried();
-        Ok(next)
+    ) -> Step {
+        let idempotent = attempts.is_idempotent();
+        let (stream, head) = match self.head(c, address, tick, idempotent).await {
+            Ok(answer) => answer,
+            Err(observed) => return Step::Failed(observed),
+        };
+        let cl = Observed::Status(head.code).classify();
+        // Only a failure may be retried: an answer's head costs no decision.
+        if cl.is_failure() {
+            if let Ok((next, at)) = c.service.retry(attempts, cl, c.key, &mut self.rng) {
+                let outcome = cl.outcome;
+                return Step::Retried { next, at, outcome };
+            }
+        }
+        self.relay(c, address, tick, stream, &head, cl.outcome)
+            .await
     }
 
-    /// One attempt on one endpoint: send the request on a pooled (or new) connection and relay
-    /// the answer, unless its head is a failure that [`Attempts`] retries.
-    async fn exchange(&mut self, x: Exchange<'_>) -> Attempt {
-        let now = x.tick;
-        let mut pooled = io::take(x.service, x.address, now);
-        let upstream = loop {
+    /// The answer's head from `address`, on a pooled connection or a new one. A pooled
+    /// connection the upstream had already closed is not the endpoint's failure: the request
+    /// goes once more on a new connection when it cannot have been acted on (it was not
+    /// accepted) or may be repeated.
+    async fn head(
+        &mut self,
+        c: &Call<'_>,
+        address: &str,
+        tick: Instant,
+        idempotent: bool,
+    ) -> Result<(TcpStream, RespHead), Observed> {
+        let mut pooled = pool::take(c.service, address, tick);
+        loop {
             let reused = pooled.is_some();
             let mut stream = match pooled.take() {
                 Some(s) => s,
-                None => match self.connect(x.service, x.address).await {
-                    Ok(s) => s,
-                    Err(observed) => return Attempt::Failed(observed),
-                },
+                None => self.connect(c.service, address).await?,
             };
             self.b.response.clear();
-            match self.send(&mut stream, x.head_request, x.address).await {
-                Ok(head) => break (stream, head),
-                // A pooled connection the upstream had closed: once more on a new one, when
-                // the request cannot have been acted on (it was not accepted) or may be
-                // repeated. Not the endpoint's failure.
-                Err(SendError::Stale { written })
-                    if reused && (!written || x.attempts.is_idempotent()) => {}
-                Err(SendError::Timeout) => return Attempt::Failed(Observed::Timeout),
-                Err(_) => return Attempt::Failed(Observed::ResetBeforeResponse),
-            }
-        };
-        let (mut stream, ref head) = upstream;
-        let c = Observed::Status(head.code).classify();
-        if c.is_failure() {
-            // Only a failure may be retried: an answer's head costs no decision.
-            match x.attempts.after(c, x.service.budget(), x.service.clock()) {
-                Next::Retry => {
-                    let at = x.service.clock().now();
-                    if let Ok(next) = self.retry_pick(x.service, x.attempts, at, x.key) {
-                        return Attempt::Retry {
-                            next,
-                            outcome: c.outcome,
-                        };
-                    }
-                }
-                Next::Answer(Stop::BudgetExhausted) => x.service.metrics().retry_refused(),
-                Next::Answer(_) => {}
+            match self.send(&mut stream, c.head_request, address).await {
+                Ok(head) => return Ok((stream, head)),
+                Err(SendError::Stale { written }) if reused && (!written || idempotent) => {}
+                Err(SendError::Timeout) => return Err(Observed::Timeout),
+                Err(_) => return Err(Observed::ResetBeforeResponse),
             }
         }
-        let outcome = c.outcome;
-        let close = x.closing || head.framing == wire::Framing::Close;
+    }
+
+    /// Relay the answer whose head `head` is in `response`, as its framing says: gathered into
+    /// `output` up to [`FLUSH_AT`] (one write for most answers), streamed beyond. The
+    /// connection goes back to the pool when the answer ended cleanly.
+    async fn relay(
+        &mut self,
+        c: &Call<'_>,
+        address: &str,
+        tick: Instant,
+        mut stream: TcpStream,
+        head: &RespHead,
+        outcome: Outcome,
+    ) -> Step {
+        let close = c.closing || head.framing == wire::Framing::Close;
         self.b.output.clear();
-        wire::write_response_head(
-            &mut self.b.output,
-            &self.b.response,
-            head,
-            &self.b.resp_headers,
-            close,
-        );
+        let (out, response, hdrs) = (&mut self.b.output, &self.b.response, &self.b.resp_headers);
+        wire::write_response_head(out, response, head, hdrs, close);
+        let stream_timeout = c.policy.overall.unwrap_or(FAR);
         let mut cursor = BodyCursor::new(head.framing);
-        let mut at = head.len;
-        let mut streamed = false;
+        let (mut at, mut streamed) = (head.len, false);
         let reusable = loop {
             let Ok(n) = cursor.feed(&self.b.response[at..]) else {
                 return fail(Observed::ResetBeforeResponse, streamed);
             };
-            self.b
-                .output
-                .extend_from_slice(&self.b.response[at..at + n]);
+            let body = &self.b.response[at..at + n];
+            self.b.output.extend_from_slice(body);
             if cursor.done() {
                 break head.keep_alive && at + n == self.b.response.len();
             }
             self.b.response.clear();
             at = 0;
             if self.b.output.len() >= FLUSH_AT {
-                // Streaming: each write and read from here on gets the route's timeout anew
-                // (nginx's send_timeout and proxy_read_timeout).
-                self.call_timer
-                    .set(deadline(Instant::now(), Some(x.stream_timeout)));
-                let write = self.stream.write_all(&self.b.output);
-                if !matches!(self.call_timer.run(write).await, Ok(Ok(()))) {
-                    return Attempt::Broken(Observed::ClientGone);
+                if !self.flush(stream_timeout).await {
+                    return Step::Broken(Observed::ClientGone);
                 }
-                self.b.output.clear();
                 streamed = true;
-                self.call_timer
-                    .set(deadline(Instant::now(), Some(x.stream_timeout)));
             }
             reserve(&mut self.b.response, UPSTREAM_READ);
-            let read = self
-                .call_timer
-                .run(stream.read_buf(&mut self.b.response))
-                .await;
-            match read {
+            let read = stream.read_buf(&mut self.b.response);
+            match self.call_timer.run(read).await {
                 Ok(Ok(0)) if cursor == BodyCursor::Close => break false,
                 Ok(Ok(n)) if n > 0 => {}
                 Ok(_) => return fail(Observed::ResetBeforeResponse, streamed),
@@ -493,17 +440,51 @@ impl Conn<'_> {
             }
         };
         if reusable {
-            io::give_back(x.service, x.address, stream, now);
+            pool::give_back(c.service, address, stream, tick);
         }
         if streamed {
             self.call_timer
-                .set(deadline(Instant::now(), Some(x.stream_timeout)));
+                .set(deadline(Instant::now(), Some(stream_timeout)));
         }
-        Attempt::Answered {
+        let status = head.code;
+        Step::Answered {
             outcome,
-            status: head.code,
+            status,
             close,
         }
+    }
+
+    /// Write what the streaming answer gathered. Each write, and the read after it, gets the
+    /// route's timeout `limit` anew (nginx's `send_timeout` and `proxy_read_timeout`); `false`
+    /// when the client took too long or went away.
+    async fn flush(&mut self, limit: Duration) -> bool {
+        self.call_timer.set(deadline(Instant::now(), Some(limit)));
+        let write = self.stream.write_all(&self.b.output);
+        if !matches!(self.call_timer.run(write).await, Ok(Ok(()))) {
+            return false;
+        }
+        self.b.output.clear();
+        self.call_timer.set(deadline(Instant::now(), Some(limit)));
+        true
+    }
+
+    /// The answer is read: the call ends with the upstream's part, before the client has the
+    /// last bytes (so statistics are current when it reads them); the rest goes to the client
+    /// within the call's deadline (re-armed per write once the answer streams), so a client that
+    /// stops reading does not pin the connection.
+    async fn deliver(
+        &mut self,
+        clock: &Clock,
+        guard: CallGuard,
+        outcome: Outcome,
+        status: u16,
+        close: bool,
+    ) -> Ended {
+        let ended = clock.now();
+        guard.finish_at(outcome, ended);
+        let write = self.stream.write_all(&self.b.output);
+        let failed = !matches!(self.call_timer.run(write).await, Ok(Ok(())));
+        (status, close || failed, Some(ended))
     }
 
     /// A new connection to `address`, within the service's connect timeout and the call's
@@ -529,13 +510,13 @@ impl Conn<'_> {
         stream: &mut TcpStream,
         head_request: bool,
         address: &str,
-    ) -> Result<wire::RespHead, SendError> {
+    ) -> Result<RespHead, SendError> {
         // Let the other connections that are ready in this round parse their requests first:
         // the upstream writes then leave together, grouped by upstream, so an upstream wakes
         // once for several requests (the yield alone: backend wake-ups per request 0.78 →
         // 0.58; grouping: backends' CPU per request −15 to −30 %, BENCHMARKS.md).
         if self.gated {
-            io::write_turn(address.as_ptr() as usize).await;
+            gate::write_turn(address.as_ptr() as usize).await;
         } else {
             tokio::task::yield_now().await;
         }
@@ -583,6 +564,11 @@ impl Conn<'_> {
         }
     }
 
+    /// Answer a request the proxy could not forward with `code`.
+    async fn refuse(&mut self, code: u16, text: &str, closing: bool) -> Ended {
+        (code, self.answer_closing(code, text, closing).await, None)
+    }
+
     /// Answer with a proxy-made response; whether the connection must close.
     async fn answer_closing(&mut self, code: u16, text: &str, closing: bool) -> bool {
         self.b.output.clear();
@@ -597,6 +583,7 @@ struct Call<'a> {
     key: Option<&'a [u8]>,
     idempotent: bool,
     head_request: bool,
+    /// The client connection closes after this request.
     closing: bool,
     /// When the request started, on the service's clock.
     started: Timestamp,
@@ -605,30 +592,6 @@ struct Call<'a> {
     /// The route's limits and the service's retries.
     policy: AttemptPolicy,
 }
-
-/// One attempt's parameters.
-struct Exchange<'a> {
-    service: &'a Arc<Service>,
-    address: &'a str,
-    key: Option<&'a [u8]>,
-    /// The call's attempts: asked whether a failing answer's head is retried.
-    attempts: &'a mut Attempts,
-    head_request: bool,
-    /// The client connection closes after this request.
-    closing: bool,
-    /// When the attempt started, on the runtime's clock.
-    tick: Instant,
-    /// Once the answer streams, the longest wait for each read or write (the route's timeout).
-    stream_timeout: Duration,
-}
-
-/// A deadline for the runtime's timer: `limit` after `tick`, or far away without one.
-fn deadline(tick: Instant, limit: Option<Duration>) -> Instant {
-    tick + limit.unwrap_or(FAR).min(FAR)
-}
-
-/// "No deadline": far enough never to matter, near enough never to overflow an `Instant`.
-const FAR: Duration = Duration::from_secs(86_400 * 365);
 
 enum SendError {
     /// The connection was closed before any answer (`written`: the request had been written).
@@ -641,17 +604,22 @@ enum SendError {
 }
 
 /// A failure while the answer was read: retryable while nothing reached the client.
-fn fail(observed: Observed, streamed: bool) -> Attempt {
+fn fail(observed: Observed, streamed: bool) -> Step {
     match (streamed, observed) {
-        (true, Observed::Timeout) => Attempt::Broken(Observed::Timeout),
-        (true, _) => Attempt::Broken(Observed::ResetAfterResponse),
-        (false, o) => Attempt::Failed(o),
+        (true, Observed::Timeout) => Step::Broken(Observed::Timeout),
+        (true, _) => Step::Broken(Observed::ResetAfterResponse),
+        (false, o) => Step::Failed(o),
     }
 }
 
-/// Keep at least `free` bytes of spare capacity (no zeroing: reads fill it).
-fn reserve(buf: &mut Vec<u8>, free: usize) {
-    if buf.capacity() - buf.len() < free {
-        buf.reserve(free);
-    }
+/// The end of a call whose answer broke after part of it reached the client (499 when the
+/// client went away): the connection closes.
+fn broken(guard: CallGuard, observed: Observed) -> Ended {
+    guard.finish(observed.classify().outcome);
+    let code = if observed == Observed::ClientGone {
+        499
+    } else {
+        502
+    };
+    (code, true, None)
 }

@@ -10,7 +10,7 @@ use std::ops::Range;
 
 use lbkit_strategy::KeySource;
 
-use crate::forward::MAX_REPLAY_BODY;
+use crate::envelope::MAX_REPLAY_BODY;
 use crate::headers::{tokens, HOP_BY_HOP};
 
 /// Headers parsed per head; a request with more goes to hyper (which answers 431 past the
@@ -225,7 +225,7 @@ pub(super) fn write_request(
     buf: &[u8],
     head: &ReqHead,
     hdrs: &[Hdr],
-    fwd: &Forward,
+    fwd: &ClientAddr,
 ) {
     out.extend_from_slice(&buf[head.method.clone()]);
     out.push(b' ');
@@ -274,20 +274,20 @@ pub(super) fn write_request(
 
 /// The client's address as the forwarding headers write it, made once per connection.
 #[derive(Debug)]
-pub(super) struct Forward {
+pub(super) struct ClientAddr {
     /// For `X-Forwarded-For`: `127.0.0.1`, `::1`.
     ip: String,
     /// For `Forwarded`: `for=127.0.0.1`, `for="[::1]"`.
     node: String,
 }
 
-impl Forward {
+impl ClientAddr {
     pub(super) fn new(ip: IpAddr) -> Self {
         let node = match ip {
             IpAddr::V4(v4) => format!("for={v4}"),
             IpAddr::V6(v6) => format!("for=\"[{v6}]\""),
         };
-        Forward {
+        ClientAddr {
             ip: ip.to_string(),
             node,
         }
@@ -678,7 +678,7 @@ mod tests {
         let (head, hdrs) = plain(text);
         assert!(head.listed);
         let mut out = Vec::new();
-        let fwd = Forward::new("127.0.0.1".parse().unwrap());
+        let fwd = ClientAddr::new("127.0.0.1".parse().unwrap());
         write_request(&mut out, text.as_bytes(), &head, &hdrs, &fwd);
         let out = String::from_utf8(out).unwrap();
         assert_eq!(
@@ -687,7 +687,7 @@ mod tests {
              x-forwarded-for: 10.0.0.1, 10.0.0.2, 127.0.0.1\r\n\
              forwarded: for=10.0.0.1, for=127.0.0.1;proto=http;host=\"api.test\"\r\n\r\nhi"
         );
-        let v6 = Forward::new("::1".parse().unwrap());
+        let v6 = ClientAddr::new("::1".parse().unwrap());
         let (head, hdrs) = plain("GET / HTTP/1.1\r\nHost: a\"b\r\n\r\n");
         let mut out = Vec::new();
         write_request(

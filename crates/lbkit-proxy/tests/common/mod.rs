@@ -174,7 +174,13 @@ pub async fn admin(
 /// A proxy config on free ports: one http listener, one route to service `svc` over
 /// `backends`, with `extra` appended to the service table.
 pub fn config_text(backends: &[&Backend], strategy: &str, extra: &str) -> String {
-    let eps: Vec<String> = backends.iter().map(|b| format!("\"{}\"", b.addr)).collect();
+    let addrs: Vec<SocketAddr> = backends.iter().map(|b| b.addr).collect();
+    config_for(&addrs, strategy, extra)
+}
+
+/// [`config_text`] for endpoints at `addrs`.
+pub fn config_for(addrs: &[SocketAddr], strategy: &str, extra: &str) -> String {
+    let eps: Vec<String> = addrs.iter().map(|a| format!("\"{a}\"")).collect();
     format!(
         r#"
 [admin]
