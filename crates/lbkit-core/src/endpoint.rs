@@ -192,6 +192,30 @@ impl Endpoint {
         }))
     }
 
+    /// The spec this endpoint describes (its warm-up window made explicit): what a service that
+    /// takes over this endpoint's set (a reload's successor) starts from.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// use lbkit_core::{Endpoint, EndpointSpec, EndpointStats, Timestamp};
+    /// let spec = EndpointSpec::new("10.0.0.1:80").with_weight(7).with_zone("eu-1");
+    /// let e = Endpoint::new(spec.clone(), Arc::new(EndpointStats::default()), Timestamp::ZERO);
+    /// assert_eq!(e.to_spec().with_warmup(std::time::Duration::ZERO), spec.with_warmup(std::time::Duration::ZERO));
+    /// ```
+    pub fn to_spec(&self) -> EndpointSpec {
+        let e = &self.0;
+        EndpointSpec {
+            key: e.key.clone(),
+            address: e.address.to_string(),
+            weight: e.weight,
+            zone: e.zone.as_deref().map(str::to_owned),
+            metadata: (*e.metadata).clone(),
+            registered_at: e.registered_at,
+            warmup: Some(e.warmup),
+            healthy: e.healthy,
+        }
+    }
+
     /// Stable identity.
     pub fn key(&self) -> &EndpointKey {
         &self.0.key

@@ -90,3 +90,56 @@ async fn reloads_on_change_and_keeps_the_last_good_set_on_a_broken_file() {
     task.abort();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Publish `text` as a new version of a Kubernetes-style mounted file: a fresh timestamped
+/// directory, a `..data_tmp` symlink to it, renamed over `..data` (what the kubelet does on a
+/// ConfigMap update; the file itself is a symlink `name → ..data/name` that never changes).
+fn kubelet_swap(dir: &Path, version: &str, name: &str, text: &str) {
+    let versioned = dir.join(format!("..{version}"));
+    std::fs::create_dir_all(&versioned).expect("version dir");
+    std::fs::write(versioned.join(name), text).expect("write");
+    let tmp = dir.join("..data_tmp");
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(format!("..{version}"), &tmp).expect("symlink");
+    std::fs::rename(&tmp, dir.join("..data")).expect("swap ..data");
+    let link = dir.join(name);
+    if std::fs::symlink_metadata(&link).is_err() {
+        std::os::unix::fs::symlink(format!("..data/{name}"), &link).expect("file symlink");
+    }
+}
+
+// A ConfigMap update renames `..data`, an event that never names the file: still a reload
+// (issue 15: such swaps went unnoticed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kubernetes_symlink_swap_is_a_change() {
+    let dir = temp_dir("file-k8s");
+    kubelet_swap(
+        &dir,
+        "v1",
+        "endpoints.toml",
+        "[[endpoint]]\naddress = \"10.0.0.1:80\"\n",
+    );
+    let path = dir.join("endpoints.toml");
+    let (updates, _status) = FileSource::new(&path).spawn().expect("watch");
+    let controller = Controller::new(ControllerConfig::default());
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let task = tokio::spawn(controller.run(updates, move |s| {
+        let _ = tx.send(s);
+    }));
+    assert_eq!(
+        weights(&*next(&mut rx).await),
+        [("10.0.0.1:80".into(), 100)]
+    );
+    kubelet_swap(
+        &dir,
+        "v2",
+        "endpoints.toml",
+        "[[endpoint]]\naddress = \"10.0.0.2:80\"\n",
+    );
+    assert_eq!(
+        weights(&*next(&mut rx).await),
+        [("10.0.0.2:80".into(), 100)]
+    );
+    task.abort();
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -7,7 +7,10 @@
 //! | `GET /metrics` | OpenMetrics text (Prometheus reads it; every family with `# HELP` and `# TYPE`): per service `lbkit_proxy_requests_total`, `lbkit_proxy_failures_total`, `lbkit_proxy_in_flight`, `lbkit_proxy_request_duration_seconds`; the families a tower pool writes too (`lbkit_tower::telemetry`): retries and refused retries, discovery (snapshots published, source errors, empty pushes held), per endpoint calls, failures by kind, cancellations, in-flight, ejections, eligibility, call latency histogram; client connections open (`lbkit_proxy_client_connections`, upgraded tunnels included) and their limit |
 //! | `PUT /services/{name}/strategy` | body `{"strategy": "p2c-ewma", "params": {"default_rtt_ms": 20}}`: switch at run time |
 //!
-//! With `admin.token` set, every request needs `Authorization: Bearer TOKEN` (else 401).
+//! With `admin.token` set, every request needs `Authorization: Bearer TOKEN` (else 401; the
+//! token is compared in constant time). Without a token the admin listener must bind a
+//! loopback address, unless `admin.allow_unauthenticated = true` (the configuration is refused
+//! otherwise, by `lbkit proxy --check` too).
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -59,15 +62,21 @@ pub(crate) async fn serve(
     }
 }
 
+/// Whether `given` (an `Authorization` value) is `Bearer TOKEN`, compared in constant time:
+/// how long the comparison takes says nothing about how much of the token was right.
+fn bearer_matches(given: Option<&[u8]>, token: &str) -> bool {
+    use subtle::ConstantTimeEq;
+    let Some(given) = given.and_then(|g| g.strip_prefix(b"Bearer ")) else {
+        return false;
+    };
+    bool::from(given.ct_eq(token.as_bytes()))
+}
+
 async fn handle(hub: &Hub, req: Request<Incoming>) -> AdminResponse {
     let state = hub.state.load_full();
     if let Some(token) = &state.config.admin.token {
-        let expected = format!("Bearer {token}");
-        let given = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .map(|v| v.as_bytes());
-        if given != Some(expected.as_bytes()) {
+        let given = req.headers().get(header::AUTHORIZATION);
+        if !bearer_matches(given.map(|v| v.as_bytes()), token) {
             return text(StatusCode::UNAUTHORIZED, "missing or wrong bearer token\n");
         }
     }
@@ -181,4 +190,26 @@ fn reply(status: StatusCode, content_type: &'static str, body: String) -> AdminR
         http::HeaderValue::from_static(content_type),
     );
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_exact_bearer_token_passes() {
+        let token = "s3cret";
+        assert!(bearer_matches(Some(b"Bearer s3cret"), token));
+        for given in [
+            &b"Bearer s3cre"[..],
+            b"Bearer s3cret ",
+            b"Bearer S3cret",
+            b"bearer s3cret",
+            b"s3cret",
+            b"Bearer ",
+        ] {
+            assert!(!bearer_matches(Some(given), token), "{given:?}");
+        }
+        assert!(!bearer_matches(None, token));
+    }
 }

@@ -75,7 +75,7 @@
 //! |---|---|---|
 //! | process | `supervisor`, `server` | signals and reloads; binding, worker threads, accept loops, handing each connection to an engine |
 //! | engines | `h1/` (fast path), `forward` + `tunnel` (hyper), `tcp`, `admin` | the wire; each HTTP engine runs a request as route → `Envelope` → call loop |
-//! | shared below the engines | `hub` (live state, connection slots and holds, accept), `envelope` (a request's metrics from start to end, the answer to a failed call, body limits) | what every listener needs |
+//! | shared below the engines | `hub` (live state, connection slots and holds, accept), `request` (`Host` validation, path normalisation), `envelope` (a request's metrics from start to end, the answer to a failed call, body limits) | what every listener needs |
 //! | services | `state` (routes, running services), `upkeep` (the control loop), `check`, `service` (balancer, clients, budget, `pick`/`retry`), `exposition`, `metrics` | |
 //! | base | `config`, `headers`, `body`, `error`, `worker` | |
 //!
@@ -115,6 +115,7 @@ mod h1;
 mod headers;
 mod hub;
 pub mod metrics;
+mod request;
 mod server;
 mod service;
 mod state;

@@ -1,6 +1,7 @@
 //! Listeners: the HTTP/1.1 + h2c server (hyper-util's auto builder) with its limits, the TCP
 //! relay, and the [`Proxy`] handle that starts, reloads and drains them.
 
+use std::borrow::Cow;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -21,6 +22,7 @@ use crate::envelope::Envelope;
 use crate::error::ProxyError;
 use crate::forward;
 use crate::hub::{ConnHold, Hub, Slot};
+use crate::request::{self, Refused};
 use crate::state::State;
 use crate::{admin, h1, tcp, worker};
 
@@ -363,19 +365,32 @@ impl HttpConn {
     }
 }
 
-/// One request on hyper's engine: route, then forward inside the request's envelope.
+/// One request on hyper's engine: admitted (`Host`, the normalised path; `request.rs`),
+/// routed, then forwarded inside the request's envelope.
 async fn handle(
     hub: Arc<Hub>,
     peer: SocketAddr,
-    req: Request<Incoming>,
+    mut req: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, Infallible> {
     let state = hub.state.load_full();
-    let host = req
-        .headers()
-        .get(http::header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .or_else(|| req.uri().authority().map(|a| a.as_str()));
-    let Some(route) = state.route(host, req.uri().path()) else {
+    let refused = |r: Refused| Ok(forward::local(StatusCode::BAD_REQUEST, r.text()));
+    let host = match request::authority(&req) {
+        Ok(host) => host.map(str::to_owned),
+        Err(r) => return refused(r),
+    };
+    // Routing and the upstream see the normalised path.
+    let path = match request::normalize(req.uri().path()) {
+        Ok(Cow::Borrowed(_)) => None,
+        Ok(Cow::Owned(p)) => Some(p),
+        Err(r) => return refused(r),
+    };
+    if let Some(p) = &path {
+        let Some(uri) = request::with_path(req.uri(), p) else {
+            return refused(Refused::Path);
+        };
+        *req.uri_mut() = uri;
+    }
+    let Some(route) = state.route(host.as_deref(), req.uri().path()) else {
         return Ok(forward::local(StatusCode::NOT_FOUND, "no route\n"));
     };
     let envelope = Envelope::open(route);

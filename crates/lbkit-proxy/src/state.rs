@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lbkit_core::AttemptPolicy;
+use lbkit_core::{AttemptPolicy, EndpointSpec, Snapshot};
 use lbkit_strategy::KeyExtractor;
 use tokio::task::JoinHandle;
 
@@ -69,16 +69,8 @@ impl State {
             let running = match reused {
                 Some(r) => r.clone(),
                 None => {
-                    let service = Service::new(name, cfg, workers).map_err(|e| {
-                        ConfigError::new(
-                            std::path::Path::new("-"),
-                            format!("service.{name}.strategy"),
-                            e.to_string(),
-                        )
-                    })?;
-                    let service = Arc::new(service);
-                    let tasks = upkeep::spawn(&service, None)?;
-                    Arc::new(Running { service, tasks })
+                    let predecessor = previous.and_then(|p| p.service(name));
+                    Arc::new(start_service(name, cfg, workers, predecessor)?)
                 }
             };
             services.insert(name.clone(), running);
@@ -133,6 +125,34 @@ impl State {
     pub(crate) fn service(&self, name: &str) -> Option<&Arc<Service>> {
         self.services.get(name).map(|r| &r.service)
     }
+}
+
+/// Start service `name`. A service that replaces `predecessor` (a reload changed its
+/// configuration) serves the predecessor's endpoints from the moment it goes live until its
+/// own source has produced its first set, so a reload never answers 503 while a source loads.
+fn start_service(
+    name: &str,
+    cfg: &crate::config::ServiceConfig,
+    workers: usize,
+    predecessor: Option<&Arc<Service>>,
+) -> Result<Running, ProxyError> {
+    let service = Service::new(name, cfg, workers).map_err(|e| {
+        ConfigError::new(
+            std::path::Path::new("-"),
+            format!("service.{name}.strategy"),
+            e.to_string(),
+        )
+    })?;
+    let service = Arc::new(service);
+    let initial = predecessor.map(|old| {
+        let snapshot = old.active().balancer.snapshot();
+        let specs: Vec<EndpointSpec> = snapshot.endpoints().iter().map(|e| e.to_spec()).collect();
+        let now = service.clock().now();
+        service.publish(Arc::new(Snapshot::from_specs(specs.clone(), now)));
+        specs
+    });
+    let tasks = upkeep::spawn(&service, initial)?;
+    Ok(Running { service, tasks })
 }
 
 fn strip_port(host: &str) -> &str {

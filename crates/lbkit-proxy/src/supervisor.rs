@@ -6,6 +6,7 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use lbkit_discovery::file::WatchedPath;
 use notify::{RecursiveMode, Watcher};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::{mpsc, watch};
@@ -110,23 +111,17 @@ impl Supervisor {
     }
 }
 
-/// Watch the directory of `path` (editors replace files by renaming) and report events that
-/// touch the file itself.
+/// Watch the directory of `path` (editors replace files by renaming; Kubernetes swaps a
+/// ConfigMap's `..data` symlink) and report the events after which the file may read
+/// differently (`lbkit_discovery::file::WatchedPath`).
 fn watch_file(
     path: &Path,
     tx: mpsc::UnboundedSender<()>,
 ) -> notify::Result<notify::RecommendedWatcher> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let name = path.file_name().map(|n| n.to_owned());
+    let mut watched = WatchedPath::new(path);
+    let dir = watched.dir();
     let mut watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
-        let Ok(ev) = ev else { return };
-        if ev.kind.is_access() {
-            return;
-        }
-        if ev.paths.iter().any(|p| p.file_name() == name.as_deref()) {
+        if ev.is_ok_and(|ev| watched.concerns(&ev)) {
             let _ = tx.send(());
         }
     })?;

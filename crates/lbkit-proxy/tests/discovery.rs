@@ -23,11 +23,7 @@ fn scratch(name: &str) -> PathBuf {
 /// A proxy config whose service `svc` takes its endpoints from `source` (a TOML fragment).
 fn config_with_source(source: &str) -> String {
     format!(
-        r#"
-[admin]
-bind = "127.0.0.1:0"
-[[listener]]
-bind = "127.0.0.1:0"
+        r#"{LISTENERS}
 [[route]]
 service = "svc"
 timeout_ms = 5000
@@ -253,4 +249,42 @@ async fn a_held_empty_push_survives_a_health_flip_a_reload_and_ticks() {
         assert_eq!((status, body.as_str()), (StatusCode::OK, "b"));
     }
     proxy.shutdown(Duration::from_secs(2)).await;
+}
+
+// A reload that changes a service (here its `retries` and its file) makes a new service; it
+// serves its predecessor's endpoints from the first request on, until its own source has
+// produced a set — never 503 in between (issue 15: the new service started empty).
+#[tokio::test]
+async fn a_changed_service_serves_its_predecessors_endpoints_until_its_source_speaks() {
+    let (a, b) = (Backend::start("a").await, Backend::start("b").await);
+    let dir = scratch("reload-handover");
+    let (first, second) = (dir.join("first.toml"), dir.join("second.toml"));
+    write(&first, &endpoints_file(&[&a, &b]));
+    let source = |path: &PathBuf, retries: u32| {
+        format!(
+            "file = {:?}\nretries = {retries}",
+            path.display().to_string()
+        )
+    };
+    let proxy = Proxy::start(parse(&config_with_source(&source(&first, 2))))
+        .await
+        .expect("proxy starts");
+    until_serving(&proxy, &["a", "b"], 4).await;
+    // The new file does not exist yet: its source has no set to give.
+    proxy
+        .reload(parse(&config_with_source(&source(&second, 1))))
+        .expect("reload");
+    let client = client();
+    for i in 0..20 {
+        let (status, body, _) = get(&client, proxy.listeners()[0], "/", &[]).await;
+        assert_eq!(
+            status,
+            StatusCode::OK,
+            "request {i} after the reload: {body}"
+        );
+    }
+    write(&second, &endpoints_file(&[&b]));
+    until_serving(&proxy, &["b"], 6).await;
+    proxy.shutdown(Duration::from_secs(2)).await;
+    let _ = std::fs::remove_dir_all(dir);
 }

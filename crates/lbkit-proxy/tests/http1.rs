@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use common::{admin, client, config_text, counting_server, get, start, Backend, WAIT};
+use common::{admin, client, config_text, counting_server, get, start, Backend, LISTENERS, WAIT};
 use http::StatusCode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -375,4 +375,90 @@ async fn stalled_client(version: &str) {
     let ep = &doc["services"]["svc"]["endpoints"][0];
     assert_eq!(ep["failures"].as_u64(), Some(0), "{doc}");
     assert_eq!(ep["in_flight"].as_u64(), Some(0), "{doc}");
+}
+
+/// The status code of an answer `exchange` read.
+fn status_of(answer: &str) -> &str {
+    answer.split(' ').nth(1).unwrap_or("")
+}
+
+// RFC 9112 §3.2: an HTTP/1.1 request without exactly one valid `Host` is answered 400 and
+// reaches no backend; HTTP/1.0 may omit it (issue 15: such requests were forwarded).
+#[tokio::test]
+async fn a_missing_repeated_or_invalid_host_is_a_400_that_no_backend_sees() {
+    let (addr, accepted) = upstream(false).await;
+    let (proxy, _placeholder) = proxy_for(addr).await;
+    let before = accepted.load(Ordering::SeqCst);
+    let to = proxy.listeners()[0];
+    for raw in [
+        "GET / HTTP/1.1\r\nConnection: close\r\n\r\n",
+        "GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\nConnection: close\r\n\r\n",
+        "GET / HTTP/1.1\r\nHost: a b\r\nConnection: close\r\n\r\n",
+        "GET / HTTP/1.1\r\nHost: a/b\r\nConnection: close\r\n\r\n",
+        "GET / HTTP/1.1\r\nHost: a:80x\r\nConnection: close\r\n\r\n",
+        "GET / HTTP/1.0\r\nHost: a@b\r\n\r\n",
+    ] {
+        let answer = exchange(to, raw.as_bytes()).await;
+        assert_eq!(status_of(&answer), "400", "{raw:?}: {answer}");
+    }
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        before,
+        "no backend saw them"
+    );
+    let answer = exchange(to, b"GET / HTTP/1.0\r\n\r\n").await;
+    assert_eq!(status_of(&answer), "200", "{answer}");
+}
+
+// Routing uses the normalised path (`request.rs`): dot segments, their percent-encoded forms
+// and repeated slashes cannot reach another route's backend; encoded slashes are refused.
+#[tokio::test]
+async fn routes_match_the_normalised_path() {
+    let (public, secret) = (
+        Backend::start("public").await,
+        Backend::start("secret").await,
+    );
+    let text = format!(
+        r#"{LISTENERS}
+[[route]]
+path_prefix = "/public/"
+service = "public"
+[[route]]
+path_prefix = "/"
+service = "secret"
+[service.public]
+endpoints = ["{}"]
+[service.secret]
+endpoints = ["{}"]
+"#,
+        public.addr, secret.addr
+    );
+    let proxy = start(&text).await;
+    let to = proxy.listeners()[0];
+    let get = |path: &str| format!("GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
+    for (path, want) in [
+        ("/public/x", "public"),
+        ("/public/./x", "public"),
+        ("//public//x", "public"),
+        ("/public/%78", "public"),
+        ("/public/../secret", "secret"),
+        ("/public/%2e%2e/secret", "secret"),
+        ("/public/%2E%2E/secret?q=1", "secret"),
+        ("/public/.%2e/secret", "secret"),
+    ] {
+        let answer = exchange(to, get(path).as_bytes()).await;
+        assert!(
+            status_of(&answer) == "200" && answer.ends_with(want),
+            "{path}: {answer}"
+        );
+    }
+    for path in [
+        "/public/..%2Fsecret",
+        "/public/%2e%2e%5Csecret",
+        "/../secret",
+        "/public/%zz",
+    ] {
+        let answer = exchange(to, get(path).as_bytes()).await;
+        assert_eq!(status_of(&answer), "400", "{path}: {answer}");
+    }
 }

@@ -364,3 +364,47 @@ async fn a_request_its_client_abandons_ends_in_the_metrics() {
     );
     assert_eq!(sample(&proxy, "lbkit_endpoint_in_flight").await, 0.0);
 }
+
+// The config mounted the Kubernetes way (`proxy.toml → ..data/proxy.toml`): a ConfigMap
+// update renames a new `..data` symlink over the old one, and that is a reload (issue 15).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kubernetes_configmap_swap_reloads_the_config() {
+    let a = Backend::start("a").await;
+    let dir = std::env::temp_dir().join(format!("lbkit-proxy-k8s-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let swap = |version: &str, text: &str| {
+        let versioned = dir.join(format!("..{version}"));
+        std::fs::create_dir_all(&versioned).unwrap();
+        std::fs::write(versioned.join("proxy.toml"), text).unwrap();
+        let tmp = dir.join("..data_tmp");
+        let _ = std::fs::remove_file(&tmp);
+        std::os::unix::fs::symlink(format!("..{version}"), &tmp).unwrap();
+        std::fs::rename(&tmp, dir.join("..data")).unwrap();
+    };
+    let good = config_text(&[&a], "round-robin", "");
+    swap("v1", &good);
+    let path = dir.join("proxy.toml");
+    std::os::unix::fs::symlink("..data/proxy.toml", &path).unwrap();
+    let proxy = Proxy::start(lbkit_proxy::Config::load(&path).unwrap())
+        .await
+        .unwrap();
+    let supervisor = Supervisor::new(proxy, &path, Duration::from_secs(2));
+    let mut reloads = supervisor.reloads();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(supervisor.run(async move {
+        let _ = stop_rx.await;
+    }));
+    tokio::time::timeout(WAIT, reloads.wait_for(|c| c.watching))
+        .await
+        .unwrap()
+        .unwrap();
+    swap("v2", &good.replace("round-robin", "weighted-random"));
+    tokio::time::timeout(WAIT, reloads.wait_for(|c| c.applied >= 1))
+        .await
+        .expect("the swap was seen")
+        .unwrap();
+    let _ = stop_tx.send(());
+    let _ = tokio::time::timeout(WAIT, run).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

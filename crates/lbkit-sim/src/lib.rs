@@ -46,5 +46,6 @@ pub use metrics::{Little, Series, ServerResult, StrategyResult};
 pub use report::{run, Report, RunOptions, ORACLE};
 pub use scenario::{
     Action, BalancerMode, EventSpec, KeyDistribution, Pattern, Scenario, ServerSpec, ServiceSpec,
-    Workload, WorkloadKind,
+    Workload, WorkloadKind, MAX_CLIENTS, MAX_CLIENT_ENDPOINTS, MAX_EVENTS, MAX_KEYS, MAX_REQUESTS,
+    MAX_SERVERS,
 };

@@ -52,11 +52,42 @@
 //! action = "slow"              # slow{factor} | weight{weight} | crash | recover | leave | join
 //! factor = 10.0
 //! ```
+//!
+//! # Limits
+//! A scenario is input: each size it can ask for is bounded, so that a file cannot ask for
+//! more memory or time than a run on one machine should take. Past a limit, parsing fails with
+//! an error naming the field and the limit.
+//!
+//! | field | at most | why |
+//! |---|---|---|
+//! | `requests` | [`MAX_REQUESTS`] (10^8) | time: about a minute per strategy per 10^7 |
+//! | `workload.clients` | [`MAX_CLIENTS`] (10 000) | one event stream each |
+//! | clients × servers with `balancer = "per-client"` | [`MAX_CLIENT_ENDPOINTS`] (10^6) | every client keeps a balancer over every server |
+//! | servers (sum of `count`) | [`MAX_SERVERS`] (10 000) | |
+//! | `workload.key_count` | [`MAX_KEYS`] (10^6) | a key string each (about 40 MB at the limit) |
+//! | `[[event]]`s | [`MAX_EVENTS`] (10^5) | |
+//! | `workload.retries` | 16 | |
+//!
+//! `server.concurrency` and `server.queue` are bounds, not allocations (what they hold is
+//! bounded by the requests in flight), so any `u32` is accepted.
 
 use std::collections::HashSet;
 use std::path::Path;
 
 use serde::Deserialize;
+
+/// Most client requests per strategy a scenario (or `--requests`) may ask for.
+pub const MAX_REQUESTS: u64 = 100_000_000;
+/// Most clients.
+pub const MAX_CLIENTS: u32 = 10_000;
+/// Most servers, after expanding `count`.
+pub const MAX_SERVERS: u64 = 10_000;
+/// Most (client, server) pairs with per-client balancers.
+pub const MAX_CLIENT_ENDPOINTS: u64 = 1_000_000;
+/// Most request keys.
+pub const MAX_KEYS: u32 = 1_000_000;
+/// Most events.
+pub const MAX_EVENTS: usize = 100_000;
 
 use crate::error::SimError;
 
@@ -437,7 +468,8 @@ impl Scenario {
     /// Parse scenario text; `origin` names it in errors.
     ///
     /// # Errors
-    /// TOML error or invalid field.
+    /// TOML error, invalid field, or a size past its limit ([`MAX_REQUESTS`], [`MAX_CLIENTS`],
+    /// [`MAX_SERVERS`], [`MAX_CLIENT_ENDPOINTS`], [`MAX_KEYS`], [`MAX_EVENTS`]).
     pub fn parse(text: &str, origin: &str) -> Result<Scenario, SimError> {
         let s: Scenario = toml::from_str(text).map_err(|e| {
             let line = e
@@ -472,6 +504,7 @@ impl Scenario {
     fn validate(&self) -> Result<(), String> {
         let w = &self.workload;
         positive("requests", self.requests as f64)?;
+        self.within_limits()?;
         if w.kind == WorkloadKind::Open {
             positive("workload.rate", w.rate)?;
         }
@@ -551,6 +584,46 @@ impl Scenario {
                 }
                 _ => {}
             }
+        }
+        Ok(())
+    }
+}
+
+impl Scenario {
+    /// The sizes of the module docs' limits table.
+    fn within_limits(&self) -> Result<(), String> {
+        let w = &self.workload;
+        let servers: u64 = self.servers.iter().map(|s| u64::from(s.count)).sum();
+        let pairs = u64::from(w.clients) * servers;
+        let checks = [
+            ("requests", self.requests, MAX_REQUESTS),
+            (
+                "workload.clients",
+                u64::from(w.clients),
+                u64::from(MAX_CLIENTS),
+            ),
+            ("servers (the sum of count)", servers, MAX_SERVERS),
+            (
+                "workload.key_count",
+                u64::from(w.key_count),
+                u64::from(MAX_KEYS),
+            ),
+            (
+                "[[event]] entries",
+                self.events.len() as u64,
+                MAX_EVENTS as u64,
+            ),
+        ];
+        for (field, v, max) in checks {
+            if v > max {
+                return Err(format!("{field} is {v}: at most {max}"));
+            }
+        }
+        if w.balancer == BalancerMode::PerClient && pairs > MAX_CLIENT_ENDPOINTS {
+            return Err(format!(
+                "workload.clients x servers is {pairs} with per-client balancers: at most \
+                 {MAX_CLIENT_ENDPOINTS} (fewer clients, or balancer = \"shared\")"
+            ));
         }
         Ok(())
     }

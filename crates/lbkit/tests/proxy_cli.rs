@@ -67,6 +67,11 @@ fn check_errors_exit_2_with_one_line_naming_file_and_field() {
             GOOD.replace("127.0.0.1:9=100", "nohost"),
             "service.api.endpoints",
         ),
+        (
+            "open-admin.toml",
+            GOOD.replacen("bind = \"127.0.0.1:0\"", "bind = \"0.0.0.0:0\"", 1),
+            "admin.token",
+        ),
     ] {
         let path = file(name, &text);
         let out = lbkit(&["proxy", "--check", path.to_str().unwrap()]);
@@ -77,6 +82,18 @@ fn check_errors_exit_2_with_one_line_naming_file_and_field() {
     }
     let out = lbkit(&["proxy", "--check", "/nonexistent/proxy.toml"]);
     assert_eq!(out.status.code(), Some(2));
+    // An admin API beyond loopback is accepted with a token, or when explicitly allowed.
+    let open = GOOD.replacen("bind = \"127.0.0.1:0\"", "bind = \"0.0.0.0:0\"", 1);
+    for (name, extra) in [
+        ("admin-token.toml", "token = \"s3cret\"\n"),
+        ("admin-allowed.toml", "allow_unauthenticated = true\n"),
+    ] {
+        let text = open.replacen("[admin]\n", &format!("[admin]\n{extra}"), 1);
+        let path = file(name, &text);
+        let out = lbkit(&["proxy", "--check", path.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{name}: {err}");
+    }
 }
 
 #[test]

@@ -48,7 +48,7 @@ use crate::error::SourceError;
 #[cfg(feature = "runtime")]
 mod watch;
 #[cfg(feature = "runtime")]
-pub use watch::{FileSource, FileStatus, DEFAULT_DEBOUNCE};
+pub use watch::{FileSource, FileStatus, WatchedPath, DEFAULT_DEBOUNCE};
 
 /// One endpoint read from a file, with the statistics observed for it.
 #[derive(Debug, Clone, PartialEq)]

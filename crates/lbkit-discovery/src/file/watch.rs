@@ -88,10 +88,8 @@ impl FileSource {
     /// # Panics
     /// Outside a tokio runtime.
     pub fn spawn(self) -> Result<(UpdateStream, Status<FileStatus>), DiscoveryError> {
-        let dir = match self.path.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
+        let watched = WatchedPath::new(self.path.clone());
+        let dir = watched.dir();
         let watch_err = |e: notify::Error| DiscoveryError::Watch {
             path: dir.clone(),
             reason: e.to_string(),
@@ -113,7 +111,7 @@ impl FileSource {
             status: status_tx,
             last: None,
         };
-        tokio::spawn(task.run(watcher, ev_rx));
+        tokio::spawn(task.run(watcher, watched, ev_rx));
         Ok((ChannelStream::new(rx).boxed(), Status::new(status_rx)))
     }
 }
@@ -130,6 +128,7 @@ impl Task {
     async fn run(
         mut self,
         watcher: notify::RecommendedWatcher,
+        mut watched: WatchedPath,
         mut events: mpsc::UnboundedReceiver<notify::Result<notify::Event>>,
     ) {
         let _watcher = watcher; // dropping it stops the watch
@@ -143,7 +142,7 @@ impl Task {
             };
             match event {
                 None => return,
-                Some(Ok(ev)) if concerns(&ev, &self.source.path) => {}
+                Some(Ok(ev)) if watched.concerns(&ev) => {}
                 Some(Ok(_)) => continue,
                 Some(Err(e)) => {
                     let err = DiscoveryError::Watch {
@@ -204,13 +203,68 @@ impl Task {
     }
 }
 
-/// Whether `ev` may have changed the file at `path`: any event naming it, except plain reads
-/// (our own reloads open and read it).
-fn concerns(ev: &notify::Event, path: &Path) -> bool {
-    let read_only = matches!(
-        ev.kind,
-        EventKind::Access(AccessKind::Open(_) | AccessKind::Read | AccessKind::Any)
-            | EventKind::Access(AccessKind::Close(AccessMode::Read | AccessMode::Execute))
-    );
-    !read_only && ev.paths.iter().any(|p| p.file_name() == path.file_name())
+/// A file watched through its directory: which events in that directory may have changed
+/// what the file reads.
+///
+/// An event naming the file counts (an in-place write, an editor's rename over it). So does
+/// any other change in the directory after which the path resolves somewhere else: a file
+/// reached through symlinks, as Kubernetes mounts a ConfigMap (`app.toml → ..data/app.toml`,
+/// `..data → ..2026_12_01_…`), is updated by renaming a new `..data` symlink over the old
+/// one, an event that never names the file. Plain reads never count (our own reloads open
+/// and read the file).
+///
+/// ```
+/// use lbkit_discovery::file::WatchedPath;
+/// let mut watched = WatchedPath::new("/etc/lbkit/proxy.toml");
+/// let event = notify::Event::new(notify::EventKind::Any).add_path("/etc/lbkit/proxy.toml".into());
+/// assert!(watched.concerns(&event));
+/// ```
+#[derive(Debug, Clone)]
+pub struct WatchedPath {
+    path: PathBuf,
+    /// Where the path led after the last event that concerned it.
+    resolved: Option<PathBuf>,
+}
+
+impl WatchedPath {
+    /// Watch `path` (resolved now).
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        let path = path.into();
+        let resolved = std::fs::canonicalize(&path).ok();
+        WatchedPath { path, resolved }
+    }
+
+    /// The path as given.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The directory to watch: the file's own (renames over it happen there).
+    pub fn dir(&self) -> PathBuf {
+        match self.path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => PathBuf::from("."),
+        }
+    }
+
+    /// Whether `ev`, seen in [`dir`](Self::dir), may have changed the file (see the type's
+    /// docs). Resolves the path again on every event that is not a read.
+    pub fn concerns(&mut self, ev: &notify::Event) -> bool {
+        let read_only = matches!(
+            ev.kind,
+            EventKind::Access(AccessKind::Open(_) | AccessKind::Read | AccessKind::Any)
+                | EventKind::Access(AccessKind::Close(AccessMode::Read | AccessMode::Execute))
+        );
+        if read_only {
+            return false;
+        }
+        let named = ev
+            .paths
+            .iter()
+            .any(|p| p.file_name() == self.path.file_name());
+        let resolved = std::fs::canonicalize(&self.path).ok();
+        let moved = resolved != self.resolved;
+        self.resolved = resolved;
+        named || moved
+    }
 }

@@ -62,6 +62,17 @@ impl Config {
                 "max_connections and max_headers must be > 0".into(),
             ));
         }
+        let open_admin = !self.admin.bind.ip().is_loopback() && self.admin.token.is_none();
+        if open_admin && !self.admin.allow_unauthenticated {
+            return Err(err(
+                "admin.token".into(),
+                format!(
+                    "the admin API binds {} (beyond loopback) without a token: set admin.token, \
+                     bind 127.0.0.1, or set admin.allow_unauthenticated = true",
+                    self.admin.bind
+                ),
+            ));
+        }
         if self.limits.tunnel_idle_timeout_ms == 0 {
             return Err(err(
                 "limits.tunnel_idle_timeout_ms".into(),

@@ -95,9 +95,14 @@ pub struct Admin {
     /// Address to bind. Default `127.0.0.1:9901`.
     #[serde(default = "default_admin_bind")]
     pub bind: SocketAddr,
-    /// Bearer token every admin request must carry. Default none.
+    /// Bearer token every admin request must carry (compared in constant time). Default none:
+    /// then `bind` must be a loopback address unless `allow_unauthenticated` is set, since
+    /// the admin API switches strategies and shows the fleet.
     #[serde(default)]
     pub token: Option<String>,
+    /// Serve the admin API without a token on a non-loopback address. Default false.
+    #[serde(default)]
+    pub allow_unauthenticated: bool,
 }
 
 impl Default for Admin {
@@ -105,6 +110,7 @@ impl Default for Admin {
         Admin {
             bind: default_admin_bind(),
             token: None,
+            allow_unauthenticated: false,
         }
     }
 }

@@ -12,6 +12,7 @@ use lbkit_strategy::KeySource;
 
 use crate::envelope::MAX_REPLAY_BODY;
 use crate::headers::{tokens, HOP_BY_HOP};
+use crate::request::{is_normal, valid_host};
 
 /// Headers parsed per head; a request with more goes to hyper (which answers 431 past the
 /// configured `max_headers`).
@@ -112,7 +113,9 @@ pub(super) fn parse_request(buf: &[u8], hdrs: &mut Vec<Hdr>, max_headers: usize)
             value: at(h.value),
         });
     }
-    if head.host.is_none() {
+    // hyper's engine answers a bad `Host` (400) and normalises a path that is not normal yet.
+    let host_ok = head.host.clone().is_some_and(|r| valid_host(&buf[r]));
+    if !host_ok || !is_normal(path_of(target.as_bytes())) {
         return Parsed::Other;
     }
     head.body = length.map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX));
@@ -688,11 +691,13 @@ mod tests {
              forwarded: for=10.0.0.1, for=127.0.0.1;proto=http;host=\"api.test\"\r\n\r\nhi"
         );
         let v6 = ClientAddr::new("::1".parse().unwrap());
-        let (head, hdrs) = plain("GET / HTTP/1.1\r\nHost: a\"b\r\n\r\n");
+        // A `Host` that is no host never takes the fast path (hyper's engine answers 400).
+        assert!(is_other("GET / HTTP/1.1\r\nHost: a\"b\r\n\r\n"));
+        let (head, hdrs) = plain("GET / HTTP/1.1\r\nHost: h\r\n\r\n");
         let mut out = Vec::new();
         write_request(
             &mut out,
-            b"GET / HTTP/1.1\r\nHost: a\"b\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: h\r\n\r\n",
             &head,
             &hdrs,
             &v6,
@@ -700,7 +705,7 @@ mod tests {
         let out = String::from_utf8(out).unwrap();
         assert!(out.contains("x-forwarded-for: ::1\r\n"), "{out}");
         assert!(
-            out.contains("forwarded: for=\"[::1]\";proto=http\r\n"),
+            out.contains("forwarded: for=\"[::1]\";proto=http;host=\"h\"\r\n"),
             "{out}"
         );
     }

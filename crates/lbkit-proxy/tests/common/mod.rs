@@ -202,6 +202,10 @@ strategy = "{strategy}"
     )
 }
 
+/// The admin and listener tables of a test proxy, on free loopback ports.
+pub const LISTENERS: &str =
+    "[admin]\nbind = \"127.0.0.1:0\"\n[[listener]]\nbind = \"127.0.0.1:0\"\n";
+
 pub fn parse(text: &str) -> Config {
     Config::parse(text, Path::new("test.toml")).expect("valid test config")
 }

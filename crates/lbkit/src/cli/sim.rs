@@ -6,7 +6,9 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use lbkit_sim::{plot, run as simulate, Report, RunOptions, Scenario};
+// MAX_REQUESTS: most requests per strategy one run takes (keeps a typo from running for hours);
+// scenario files have the same limit.
+use lbkit_sim::{plot, run as simulate, Report, RunOptions, Scenario, MAX_REQUESTS};
 
 use super::bad;
 
@@ -55,9 +57,6 @@ pub(crate) struct DemoArgs {
     #[arg(long, short = 'n', value_name = "N", default_value_t = 60_000)]
     requests: u64,
 }
-
-/// Most requests per strategy one run takes (keeps a typo from running for hours).
-const MAX_REQUESTS: u64 = 100_000_000;
 
 pub(crate) fn run(args: SimArgs) -> anyhow::Result<()> {
     let stdout = std::io::stdout();
