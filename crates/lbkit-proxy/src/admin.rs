@@ -45,7 +45,18 @@ pub(crate) async fn serve(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let conns = Arc::new(Semaphore::new(ADMIN_CONNECTIONS));
-    let builder = auto::Builder::new(TokioExecutor::new()).http1_only();
+    // A connection that sends no complete head within `limits.header_read_timeout_ms` (idle
+    // keep-alive connections too) is closed: idle clients cannot hold the admin API's
+    // connection slots, so `/healthz` keeps answering liveness probes.
+    let header_timeout = {
+        let limits = &hub.state.load().config.limits;
+        std::time::Duration::from_millis(limits.header_read_timeout_ms)
+    };
+    let mut builder = auto::Builder::new(TokioExecutor::new()).http1_only();
+    builder
+        .http1()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(header_timeout);
     while let Some((stream, _peer, permit)) = accept(&listener, &conns, &mut shutdown).await {
         let hub = hub.clone();
         let svc = service_fn(move |req| {

@@ -114,6 +114,7 @@ mod forward;
 mod h1;
 mod headers;
 mod hub;
+mod idle;
 pub mod metrics;
 mod request;
 mod server;

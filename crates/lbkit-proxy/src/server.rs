@@ -406,14 +406,16 @@ async fn serve_tcp(
     mut shutdown: watch::Receiver<bool>,
 ) {
     while let Some((stream, _peer, slot)) = hub.accept(&listener, &mut shutdown).await {
-        let Some(service) = hub.state.load().tcp_service(index).cloned() else {
+        let state = hub.state.load();
+        let Some(service) = state.tcp_service(index).cloned() else {
             continue;
         };
+        let idle = Duration::from_millis(state.config.limits.tcp_idle_timeout_ms);
         // Holding a receiver marks the connection as one to drain at shutdown.
         let drain = shutdown.clone();
         tokio::spawn(async move {
             let (_slot, _drain) = (slot, drain);
-            tcp::relay(stream, &service).await;
+            tcp::relay(stream, &service, idle).await;
         });
     }
 }

@@ -408,3 +408,56 @@ async fn a_kubernetes_configmap_swap_reloads_the_config() {
     let _ = tokio::time::timeout(WAIT, run).await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+// Idle connections to the admin listener are closed after `header_read_timeout_ms`, so they
+// cannot take every admin slot: `/healthz` answers with 64 idle connections open (issue 15:
+// it stopped answering, and a liveness probe would restart the sidecar).
+#[tokio::test]
+async fn idle_admin_connections_cannot_starve_healthz() {
+    let a = Backend::start("a").await;
+    let proxy = start(&config_text(&[&a], "round-robin", "")).await;
+    let mut idle = Vec::new();
+    for _ in 0..64 {
+        idle.push(
+            tokio::net::TcpStream::connect(proxy.admin_addr())
+                .await
+                .expect("connect"),
+        );
+    }
+    let (status, body) =
+        tokio::time::timeout(WAIT, admin(&client(), &proxy, "GET", "/healthz", ""))
+            .await
+            .expect("/healthz answered in time");
+    assert_eq!((status, body.as_str()), (StatusCode::OK, "ok\n"));
+    drop(idle);
+}
+
+// A TCP listener's connection with no byte either way for `limits.tcp_idle_timeout_ms` is
+// closed (issue 15: the relay had no idle limit, so idle clients held slots for ever).
+#[tokio::test]
+async fn an_idle_tcp_relay_connection_is_closed() {
+    let (backend, accepted) = counting_server(|mut stream| async move {
+        use tokio::io::AsyncReadExt;
+        let mut buf = [0u8; 64];
+        // Silent: reads until the proxy closes its side.
+        while stream.read(&mut buf).await.unwrap_or(0) > 0 {}
+    })
+    .await;
+    let text = format!(
+        "{LISTENERS}[[listener]]\nbind = \"127.0.0.1:0\"\nprotocol = \"tcp\"\nservice = \"svc\"\n\
+         [limits]\ntcp_idle_timeout_ms = 200\n[[route]]\nservice = \"svc\"\n\
+         [service.svc]\nendpoints = [\"{backend}\"]\n"
+    );
+    Proxy::pin_runtime_thread();
+    let proxy = Proxy::start(parse(&text)).await.expect("proxy starts");
+    let mut client = tokio::net::TcpStream::connect(proxy.listeners()[1])
+        .await
+        .expect("connect");
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 8];
+    let read = tokio::time::timeout(WAIT, client.read(&mut buf))
+        .await
+        .expect("closed by the idle limit in time");
+    assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+    assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1);
+}

@@ -23,6 +23,10 @@ pub(super) fn default_drain_timeout_ms() -> u64 {
 pub(super) fn default_upgrade_protocols() -> Vec<String> {
     vec!["websocket".to_owned()]
 }
+pub(super) fn default_tcp_idle_ms() -> u64 {
+    600_000
+}
+
 pub(super) fn default_tunnel_idle_ms() -> u64 {
     300_000
 }

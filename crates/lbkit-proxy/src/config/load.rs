@@ -73,11 +73,13 @@ impl Config {
                 ),
             ));
         }
-        if self.limits.tunnel_idle_timeout_ms == 0 {
-            return Err(err(
-                "limits.tunnel_idle_timeout_ms".into(),
-                "must be > 0".into(),
-            ));
+        for (field, v) in [
+            ("tunnel_idle_timeout_ms", self.limits.tunnel_idle_timeout_ms),
+            ("tcp_idle_timeout_ms", self.limits.tcp_idle_timeout_ms),
+        ] {
+            if v == 0 {
+                return Err(err(format!("limits.{field}"), "must be > 0".into()));
+            }
         }
         for p in &self.limits.upgrade_protocols {
             let token = !p.is_empty()

@@ -14,6 +14,7 @@
 //! drain_timeout_ms = 10000              # default 10 s: graceful shutdown waits this long for in-flight work
 //! upgrade_protocols = ["websocket"]     # default ["websocket"]: HTTP/1.1 upgrades tunnelled to the upstream (names, any case; "h2c" is refused); others go as plain requests
 //! tunnel_idle_timeout_ms = 300000       # default 5 min: an upgraded connection with no byte either way for this long is closed
+//! tcp_idle_timeout_ms = 600000          # default 10 min: a TCP listener's connection with no byte either way for this long is closed
 //!
 //! [[listener]]                          # at least one
 //! bind = "127.0.0.1:8080"               # required
@@ -140,6 +141,10 @@ pub struct Limits {
     /// Idle limit of an upgraded connection (no byte either way), ms. Default 300 000.
     #[serde(default = "default_tunnel_idle_ms")]
     pub tunnel_idle_timeout_ms: u64,
+    /// Idle limit of a TCP listener's connection (no byte either way), ms. Default 600 000
+    /// (nginx's stream `proxy_timeout`).
+    #[serde(default = "default_tcp_idle_ms")]
+    pub tcp_idle_timeout_ms: u64,
 }
 
 impl Default for Limits {
@@ -152,6 +157,7 @@ impl Default for Limits {
             drain_timeout_ms: default_drain_timeout_ms(),
             upgrade_protocols: default_upgrade_protocols(),
             tunnel_idle_timeout_ms: default_tunnel_idle_ms(),
+            tcp_idle_timeout_ms: default_tcp_idle_ms(),
         }
     }
 }
