@@ -79,3 +79,78 @@ impl Body for ProxyBody {
         }
     }
 }
+
+/// A client's request body streamed upstream, noting how it ended, so that a failure the
+/// client caused (a malformed or aborted upload, one too slow for the call's deadline) is
+/// answered 400/408 and never recorded against the endpoint.
+#[derive(Debug)]
+pub struct ClientBody {
+    inner: Incoming,
+    state: std::sync::Arc<std::sync::atomic::AtomicU8>,
+}
+
+/// How far a [`ClientBody`] got.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Upload {
+    /// Still streaming (not all of it read from the client yet).
+    Streaming,
+    /// Read whole.
+    Done,
+    /// The client's body broke: malformed framing, or the client went away mid-upload.
+    Broken,
+}
+
+impl ClientBody {
+    /// `inner` as it streams, and a handle that tells how far it got.
+    pub(crate) fn new(inner: Incoming) -> (Self, UploadState) {
+        let state = std::sync::Arc::new(std::sync::atomic::AtomicU8::new(0));
+        let handle = UploadState(state.clone());
+        (ClientBody { inner, state }, handle)
+    }
+
+    fn set(&self, to: u8) {
+        self.state.store(to, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Where a [`ClientBody`] is, read after the attempt that sent it.
+#[derive(Clone, Debug)]
+pub(crate) struct UploadState(std::sync::Arc<std::sync::atomic::AtomicU8>);
+
+impl UploadState {
+    pub(crate) fn get(&self) -> Upload {
+        match self.0.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => Upload::Streaming,
+            1 => Upload::Done,
+            _ => Upload::Broken,
+        }
+    }
+}
+
+impl Body for ClientBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = self.get_mut();
+        let polled = ready!(Pin::new(&mut this.inner).poll_frame(cx));
+        match &polled {
+            None => this.set(1),
+            Some(Err(_)) => this.set(2),
+            Some(Ok(_)) if this.inner.is_end_stream() => this.set(1),
+            Some(Ok(_)) => {}
+        }
+        Poll::Ready(polled)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

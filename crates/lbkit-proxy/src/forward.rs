@@ -6,7 +6,12 @@
 //! drive the same state machine.
 //!
 //! * A request body is replayable when it is empty or, for an idempotent method, announced at
-//!   most [`MAX_REPLAY_BODY`] bytes (then it is buffered); any other body is streamed once.
+//!   most [`MAX_REPLAY_BODY`] bytes (then it is buffered, within the route's timeout); any
+//!   other body is streamed once, watched ([`ClientBody`]).
+//! * A failure the client caused is the client's: a body that breaks (malformed framing, an
+//!   aborted upload) is answered 400, one still uploading when the attempt times out 408, and
+//!   the call is a cancellation, never the endpoint's failure (so a slow or broken client
+//!   cannot get a healthy endpoint ejected).
 //! * An HTTP/1.1 upgrade to an allowed protocol (WebSocket's handshake) keeps its `Upgrade`
 //!   and `Connection: upgrade` for the upstream; its 101 turns both connections into a tunnel
 //!   (`tunnel.rs`). The call, for the balancer's statistics, is the handshake.
@@ -26,7 +31,7 @@ use lbkit_core::{Attempts, CallGuard, Clock, FastRng, Observed, Outcome, Stop};
 use lbkit_strategy::KeyExtractor;
 use lbkit_tower::http::{HttpKeySource, SourceAddr};
 
-use crate::body::ProxyBody;
+use crate::body::{ClientBody, ProxyBody, Upload, UploadState};
 use crate::envelope::{failure_answer, Envelope, MAX_BUFFERED_RESPONSE, MAX_REPLAY_BODY};
 use crate::headers;
 use crate::service::{Service, UpstreamBody};
@@ -67,6 +72,10 @@ pub(crate) async fn forward(
             }
             tried => tried,
         };
+        if let Some(fault) = client_fault(&tried, out.upload.as_ref()) {
+            guard.finish(Observed::ClientGone.classify().outcome);
+            return fault;
+        }
         let c = match &tried {
             Ok(resp) => Observed::Status(resp.status().as_u16()),
             Err(observed) => *observed,
@@ -106,6 +115,23 @@ async fn answer(
     }
 }
 
+/// The answer when an attempt failed because of the client, not the endpoint: its upload broke
+/// (malformed framing, or it went away mid-body: 400), or the attempt timed out while the
+/// upload was still coming (too slow a client: 408, as nginx's `client_body_timeout`).
+fn client_fault(tried: &Tried, upload: Option<&UploadState>) -> Option<Response<ProxyBody>> {
+    let (Err(observed), Some(upload)) = (tried, upload) else {
+        return None;
+    };
+    match (upload.get(), observed) {
+        (Upload::Broken, _) => Some(local(StatusCode::BAD_REQUEST, "bad request body\n")),
+        (Upload::Streaming, Observed::Timeout) => Some(local(
+            StatusCode::REQUEST_TIMEOUT,
+            "request body too slow\n",
+        )),
+        _ => None,
+    }
+}
+
 /// One attempt: `upstream` on the service's pooled client, within `limit`.
 async fn send(
     service: &Service,
@@ -127,6 +153,8 @@ async fn send(
 struct Outgoing {
     parts: Parts,
     body: UpstreamBody,
+    /// How far a streamed body got (`None` for a buffered one).
+    upload: Option<UploadState>,
     key: Option<Vec<u8>>,
     upgrade: Option<tunnel::Ask>,
     idempotent: bool,
@@ -150,12 +178,12 @@ impl Outgoing {
             u.ask_upstream(&mut parts.headers);
         }
         let idempotent = is_idempotent_method(parts.method.as_str().as_bytes());
-        let Ok(body) = replayable(body, idempotent).await else {
-            return Err(local(StatusCode::BAD_REQUEST, "bad request body\n"));
-        };
+        let limit = envelope.route().policy.overall.unwrap_or(Duration::MAX);
+        let (body, upload) = replayable(body, idempotent, limit).await?;
         Ok(Outgoing {
             parts,
             body,
+            upload,
             key,
             upgrade,
             idempotent,
@@ -269,21 +297,33 @@ pub(crate) fn local(status: StatusCode, text: &str) -> Response<ProxyBody> {
     resp
 }
 
-/// The body as a replayable buffer when it is empty or small enough (and worth it), else the
-/// stream as it came.
-async fn replayable(body: Incoming, idempotent: bool) -> Result<UpstreamBody, ()> {
+/// The body as a replayable buffer when it is empty or small enough (and worth it), read
+/// within `limit`; else the stream as it came, watched. `Err`: the client's answer (400 for a
+/// broken body, 408 for one slower than `limit`).
+async fn replayable(
+    body: Incoming,
+    idempotent: bool,
+    limit: Duration,
+) -> Result<(UpstreamBody, Option<UploadState>), Response<ProxyBody>> {
     if body.is_end_stream() {
-        return Ok(Either::Left(Full::new(Bytes::new())));
+        return Ok((Either::Left(Full::new(Bytes::new())), None));
     }
     let small = body
         .size_hint()
         .upper()
         .is_some_and(|n| n <= MAX_REPLAY_BODY);
     if !(idempotent && small) {
-        return Ok(Either::Right(body));
+        let (body, upload) = ClientBody::new(body);
+        return Ok((Either::Right(body), Some(upload)));
     }
-    let bytes = body.collect().await.map_err(|_| ())?.to_bytes();
-    Ok(Either::Left(Full::new(bytes)))
+    match tokio::time::timeout(limit, body.collect()).await {
+        Ok(Ok(collected)) => Ok((Either::Left(Full::new(collected.to_bytes())), None)),
+        Ok(Err(_)) => Err(local(StatusCode::BAD_REQUEST, "bad request body\n")),
+        Err(_) => Err(local(
+            StatusCode::REQUEST_TIMEOUT,
+            "request body too slow\n",
+        )),
+    }
 }
 
 /// Forwarding headers, hop-by-hop removal, and a `Host` for HTTP/2 clients (which send

@@ -126,7 +126,7 @@ mod tunnel;
 mod upkeep;
 mod worker;
 
-pub use body::ProxyBody;
+pub use body::{ClientBody, ProxyBody};
 pub use config::Config;
 pub use envelope::{MAX_BUFFERED_RESPONSE, MAX_REPLAY_BODY};
 pub use error::{ConfigError, ProxyError};

@@ -8,7 +8,6 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http_body_util::{Either, Full};
-use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
@@ -19,12 +18,13 @@ use lbkit_core::{
 use lbkit_discovery::ControllerMetrics;
 use lbkit_strategy::catalog::{self, ParamError, Params};
 
+use crate::body::ClientBody;
 use crate::config;
 use crate::metrics::ServiceMetrics;
 use crate::worker;
 
 /// The body sent upstream: a replayable buffer (retries possible) or the client's stream.
-pub type UpstreamBody = Either<Full<Bytes>, Incoming>;
+pub type UpstreamBody = Either<Full<Bytes>, ClientBody>;
 
 /// The pooled keep-alive client of one service.
 pub type UpstreamClient = Client<HttpConnector, UpstreamBody>;

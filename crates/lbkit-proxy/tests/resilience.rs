@@ -461,3 +461,68 @@ async fn an_idle_tcp_relay_connection_is_closed() {
     assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
     assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
+
+/// Send `raw` on a new connection (then half-close when `shut`) and read the answer until the
+/// proxy closes.
+async fn raw_exchange(to: std::net::SocketAddr, raw: &[u8], shut: bool) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(to).await.expect("connect");
+    s.write_all(raw).await.expect("write");
+    if shut {
+        s.shutdown().await.expect("half-close");
+    }
+    let mut out = Vec::new();
+    tokio::time::timeout(WAIT, s.read_to_end(&mut out))
+        .await
+        .expect("answered and closed in time")
+        .expect("read");
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+// A client that breaks its upload (malformed chunked framing, or gone mid-body) gets 400, and
+// one too slow to upload within the route's timeout gets 408; none of it counts against the
+// endpoint (issue 15: each was a 502/504 recorded as the endpoint's failure, and a handful got
+// a healthy endpoint ejected).
+#[tokio::test]
+async fn a_client_that_breaks_or_stalls_its_upload_is_not_the_endpoints_failure() {
+    let (backend, _) = counting_server(|mut stream| async move {
+        use tokio::io::AsyncReadExt;
+        let mut buf = [0u8; 1024];
+        // Reads the request and its body as they come; never answers before the body ends.
+        while stream.read(&mut buf).await.unwrap_or(0) > 0 {}
+    })
+    .await;
+    let text =
+        config_for(&[backend], "round-robin", "").replace("timeout_ms = 5000", "timeout_ms = 300");
+    Proxy::pin_runtime_thread();
+    let proxy = Proxy::start(parse(&text)).await.expect("proxy starts");
+    let to = proxy.listeners()[0];
+    let head =
+        "POST /up HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n";
+    // Wait for the endpoint (a streamed upload is not retried, so the first must find it).
+    tokio::time::timeout(WAIT, async {
+        while !admin(&client(), &proxy, "GET", "/endpoints", "")
+            .await
+            .1
+            .contains(&backend.to_string())
+        {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("endpoint published");
+    for (what, body, shut, want) in [
+        ("malformed chunk", "5\r\nhello\r\nzz\r\n", false, "400"),
+        ("aborted upload", "5\r\nhel", true, "400"),
+        ("stalled upload", "5\r\nhello\r\n", false, "408"),
+    ] {
+        let answer = raw_exchange(to, format!("{head}{body}").as_bytes(), shut).await;
+        let status = answer.split(' ').nth(1).unwrap_or("");
+        assert_eq!(status, want, "{what}: {answer}");
+    }
+    let (_, doc) = admin(&client(), &proxy, "GET", "/endpoints", "").await;
+    let doc: serde_json::Value = serde_json::from_str(&doc).expect("json");
+    let ep = &doc["services"]["svc"]["endpoints"][0];
+    assert_eq!(ep["failures"], 0, "{ep}");
+    assert_eq!(ep["requests"], 3, "{ep}");
+}
