@@ -90,10 +90,19 @@ impl Adaptive {
         if now.saturating_duration_since(r.since) < self.config.blackout {
             return Err("in blackout");
         }
+        let finite = r.qps.is_finite() && r.utilization.is_finite() && r.eps.is_finite();
+        if !finite || r.eps < 0.0 {
+            return Err("invalid load report");
+        }
         if r.qps <= 0.0 || r.utilization <= 0.0 {
             return Err("zero qps or utilization");
         }
-        Ok(r.qps / (r.utilization + r.eps / r.qps * self.config.penalty))
+        // Finite and positive, or no weight: the clamp below needs a positive finite mean.
+        let w = r.qps / (r.utilization + r.eps / r.qps * self.config.penalty);
+        if !(w.is_finite() && w > 0.0) {
+            return Err("invalid load report");
+        }
+        Ok(w)
     }
 }
 
@@ -246,5 +255,32 @@ mod tests {
         assert!(w[1] > 0 && w[1] <= 400, "{w:?}");
         let mut rng = FastRng::seed_from_u64(1);
         assert!(p.pick(&mut PickContext::new(T, &mut rng)).is_ok());
+    }
+
+    // Reports that make no sense (negative error rates, NaN or infinite values: a report is a
+    // public struct anyone can build) give no weight, instead of a NaN or negative weight whose
+    // mean makes `f64::clamp` in `prepare` panic.
+    #[test]
+    fn nonsense_reports_give_no_weight() {
+        let a = Adaptive::default();
+        let old = T - Duration::from_secs(60);
+        for (utilization, qps, eps) in [
+            (0.5, 100.0, -1_000.0),
+            (0.5, 100.0, -50.0),
+            (f64::NAN, 100.0, 0.0),
+            (0.5, f64::INFINITY, 0.0),
+            (0.5, 100.0, f64::INFINITY),
+            (f64::INFINITY, f64::INFINITY, 0.0),
+        ] {
+            let report = lbkit_core::LoadReport {
+                utilization,
+                qps,
+                eps,
+                at: T,
+                since: old,
+            };
+            let got = a.weight(Some(report), T);
+            assert_eq!(got, Err("invalid load report"), "{report:?}");
+        }
     }
 }
