@@ -9,7 +9,9 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use common::{admin, client, config_text, counting_server, get, start, Backend, LISTENERS, WAIT};
+use common::{
+    admin, client, config_text, counting_server, get, raw_exchange, start, Backend, LISTENERS, WAIT,
+};
 use http::StatusCode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -107,14 +109,7 @@ async fn proxy_for(addr: SocketAddr) -> (lbkit_proxy::Proxy, Backend) {
 
 /// Send `raw` on a new connection and read until the proxy closes it.
 async fn exchange(proxy: SocketAddr, raw: &[u8]) -> String {
-    let mut s = TcpStream::connect(proxy).await.expect("connect");
-    s.write_all(raw).await.expect("write");
-    let mut out = Vec::new();
-    tokio::time::timeout(WAIT, s.read_to_end(&mut out))
-        .await
-        .expect("closed in time")
-        .expect("read");
-    String::from_utf8_lossy(&out).into_owned()
+    raw_exchange(proxy, raw, false).await
 }
 
 // One thread, so one pool of upstream connections: the count below is exact.

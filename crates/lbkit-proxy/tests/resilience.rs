@@ -462,23 +462,6 @@ async fn an_idle_tcp_relay_connection_is_closed() {
     assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
 
-/// Send `raw` on a new connection (then half-close when `shut`) and read the answer until the
-/// proxy closes.
-async fn raw_exchange(to: std::net::SocketAddr, raw: &[u8], shut: bool) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(to).await.expect("connect");
-    s.write_all(raw).await.expect("write");
-    if shut {
-        s.shutdown().await.expect("half-close");
-    }
-    let mut out = Vec::new();
-    tokio::time::timeout(WAIT, s.read_to_end(&mut out))
-        .await
-        .expect("answered and closed in time")
-        .expect("read");
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 // A client that breaks its upload (malformed chunked framing, or gone mid-body) gets 400, and
 // one too slow to upload within the route's timeout gets 408; none of it counts against the
 // endpoint (issue 15: each was a 502/504 recorded as the endpoint's failure, and a handful got

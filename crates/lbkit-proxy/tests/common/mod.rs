@@ -250,3 +250,20 @@ where
     });
     (addr, accepted)
 }
+
+/// Send `raw` on a new connection (then half-close when `shut`) and read the answer until the
+/// proxy closes.
+pub async fn raw_exchange(to: std::net::SocketAddr, raw: &[u8], shut: bool) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(to).await.expect("connect");
+    s.write_all(raw).await.expect("write");
+    if shut {
+        s.shutdown().await.expect("half-close");
+    }
+    let mut out = Vec::new();
+    tokio::time::timeout(WAIT, s.read_to_end(&mut out))
+        .await
+        .expect("answered and closed in time")
+        .expect("read");
+    String::from_utf8_lossy(&out).into_owned()
+}
