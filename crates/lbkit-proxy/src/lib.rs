@@ -124,6 +124,7 @@ mod supervisor;
 mod tcp;
 mod tunnel;
 mod upkeep;
+mod watchdog;
 mod worker;
 
 pub use body::{ClientBody, ProxyBody};

@@ -24,6 +24,7 @@ use crate::forward;
 use crate::hub::{ConnHold, Hub, Slot};
 use crate::request::{self, Refused};
 use crate::state::State;
+use crate::watchdog::{self, Activity, BusyBody, Expired};
 use crate::{admin, h1, tcp, worker};
 
 /// A running proxy. Dropping it stops its worker threads; call [`Proxy::shutdown`] to drain.
@@ -342,14 +343,23 @@ impl HttpConn {
         // An upgrade request carries the connection's slot and drain marker, for the tunnel
         // that outlives hyper's connection.
         let hold = ConnHold::new(slot, self.shutdown.clone(), limits.clone());
-        let (hub, peer) = (hub.clone(), self.peer);
+        let activity = Arc::new(Activity::default());
+        let (hub, peer, busy) = (hub.clone(), self.peer, activity.clone());
         let svc = service_fn(move |mut req: Request<Incoming>| {
             if req.headers().contains_key(http::header::UPGRADE) {
                 req.extensions_mut().insert(hold.clone());
             }
-            handle(hub.clone(), peer, req)
+            let busy = busy.begin();
+            let resp = handle(hub.clone(), peer, req);
+            async move { Ok::<_, Infallible>(resp.await.map(|body| BusyBody::new(body, busy))) }
         });
-        let io = TokioIo::new(h1::Rewind::new(read, stream, stall));
+        let io = TokioIo::new(h1::Rewind::new(read, stream, stall, activity.clone()));
+        let ms = Duration::from_millis;
+        let watched = watchdog::Limits {
+            head: ms(limits.header_read_timeout_ms),
+            idle: ms(limits.idle_timeout_ms),
+            stream_idle: ms(limits.stream_idle_timeout_ms),
+        };
         // Boxed: most connections never get here, and their tasks stay small.
         let mut conn = Box::pin(self.builder.serve_connection_with_upgrades(io, svc));
         tokio::select! {
@@ -361,6 +371,15 @@ impl HttpConn {
                 conn.as_mut().graceful_shutdown();
                 let _ = conn.await;
             }
+            expired = watchdog::watch(&activity, watched) => {
+                tracing::debug!(peer = %self.peer, ?expired, "client connection closed by its watchdog");
+                if expired == Expired::Idle {
+                    // Nothing in flight: a graceful close (HTTP/2 GOAWAY) loses nothing, but
+                    // is bounded too, as a request may start meanwhile.
+                    conn.as_mut().graceful_shutdown();
+                    let _ = tokio::time::timeout(watched.head, conn).await;
+                }
+            }
         }
     }
 }
@@ -371,9 +390,9 @@ async fn handle(
     hub: Arc<Hub>,
     peer: SocketAddr,
     mut req: Request<Incoming>,
-) -> Result<Response<ProxyBody>, Infallible> {
+) -> Response<ProxyBody> {
     let state = hub.state.load_full();
-    let refused = |r: Refused| Ok(forward::local(StatusCode::BAD_REQUEST, r.text()));
+    let refused = |r: Refused| forward::local(StatusCode::BAD_REQUEST, r.text());
     let host = match request::authority(&req) {
         Ok(host) => host.map(str::to_owned),
         Err(r) => return refused(r),
@@ -391,12 +410,12 @@ async fn handle(
         *req.uri_mut() = uri;
     }
     let Some(route) = state.route(host.as_deref(), req.uri().path()) else {
-        return Ok(forward::local(StatusCode::NOT_FOUND, "no route\n"));
+        return forward::local(StatusCode::NOT_FOUND, "no route\n");
     };
     let envelope = Envelope::open(route);
     let resp = forward::forward(&envelope, req, peer).await;
     envelope.close(resp.status().as_u16(), None);
-    Ok(resp)
+    resp
 }
 
 async fn serve_tcp(

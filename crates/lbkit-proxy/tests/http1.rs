@@ -457,3 +457,41 @@ endpoints = ["{}"]
         assert_eq!(status_of(&answer), "400", "{path}: {answer}");
     }
 }
+
+// The fast path's two client timers: between the requests of a kept-alive connection
+// `idle_timeout_ms` runs; from a head's first byte (and on a new connection) the head limit.
+// Each case uses a long other limit, so the connection closing within `WAIT` shows which ran.
+#[tokio::test]
+async fn kept_alive_connections_wait_under_the_idle_limit_and_heads_under_the_head_limit() {
+    let a = Backend::start("a").await;
+    for (head_ms, idle_ms, after_first) in [
+        // Idle after one request: closed by the idle limit.
+        (60_000, 200, &b""[..]),
+        // A partial head after one request: closed by the head limit from its first byte.
+        (200, 60_000, &b"GET / HT"[..]),
+    ] {
+        let text = config_text(&[&a], "round-robin", "").replace(
+            "header_read_timeout_ms = 300",
+            &format!("header_read_timeout_ms = {head_ms}\nidle_timeout_ms = {idle_ms}"),
+        );
+        let proxy = start(&text).await;
+        let mut s = TcpStream::connect(proxy.listeners()[0])
+            .await
+            .expect("connect");
+        s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+            .await
+            .expect("write");
+        let mut buf = vec![0u8; 4096];
+        let n = tokio::time::timeout(WAIT, s.read(&mut buf))
+            .await
+            .expect("answered")
+            .expect("read");
+        assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{:?}", &buf[..n]);
+        s.write_all(after_first).await.expect("write");
+        let mut rest = Vec::new();
+        let read = tokio::time::timeout(WAIT, s.read_to_end(&mut rest))
+            .await
+            .unwrap_or_else(|_| panic!("head {head_ms} ms, idle {idle_ms} ms: closed in time"));
+        assert!(read.is_ok(), "{read:?}");
+    }
+}

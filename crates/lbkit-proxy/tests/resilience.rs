@@ -509,3 +509,89 @@ async fn a_client_that_breaks_or_stalls_its_upload_is_not_the_endpoints_failure(
     assert_eq!(ep["failures"], 0, "{ep}");
     assert_eq!(ep["requests"], 3, "{ep}");
 }
+
+/// A proxy whose client-connection limits are all 300 ms, with a route timeout of 300 ms.
+async fn short_limits_proxy() -> (Proxy, Backend) {
+    let a = Backend::start("a").await;
+    let text = config_text(&[&a], "round-robin", "")
+        .replace(
+            "header_read_timeout_ms = 300",
+            "header_read_timeout_ms = 300\nidle_timeout_ms = 300\nstream_idle_timeout_ms = 300",
+        )
+        .replace("timeout_ms = 5000", "timeout_ms = 300");
+    (start(&text).await, a)
+}
+
+// Every state of a connection the fast path hands to hyper has a timer (issue 15: a half-sent
+// h2c preface, a slow body of an HTTP/1.0 or `Expect: 100-continue` request held their slot for
+// ever): each of these connections is closed by the proxy.
+#[tokio::test]
+async fn connections_hyper_serves_are_closed_in_every_stuck_state() {
+    let (proxy, _a) = short_limits_proxy().await;
+    let to = proxy.listeners()[0];
+    // HTTP/2: the proxy's SETTINGS may come first, then the connection closes. HTTP/1: the
+    // backend answers without waiting for the body (an answer, then the close), or the proxy
+    // gives up on the upload (408).
+    for (what, raw, answer_starts) in [
+        (
+            "half-sent h2c preface",
+            &b"PRI * HTTP/2.0\r\n\r\nSM"[..],
+            "",
+        ),
+        (
+            "h2c preface, then nothing",
+            b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+            "",
+        ),
+        (
+            "Expect: 100-continue, body never sent",
+            b"POST / HTTP/1.1\r\nHost: t\r\nExpect: 100-continue\r\nContent-Length: 10\r\n\r\n",
+            "HTTP/1.1 ",
+        ),
+        (
+            "HTTP/1.0, half the body",
+            b"POST / HTTP/1.0\r\nContent-Length: 10\r\n\r\nhello",
+            "HTTP/1.",
+        ),
+    ] {
+        // Reads until the proxy closes, within `WAIT`.
+        let answer = raw_exchange(to, raw, false).await;
+        assert!(answer.starts_with(answer_starts), "{what}: {answer:?}");
+    }
+}
+
+// An HTTP/2 connection with nothing in flight is closed after `idle_timeout_ms` (GOAWAY), and
+// one whose client stopped granting flow-control window after `stream_idle_timeout_ms` (issue
+// 15: both held their slot, and the second its upstream body, for ever).
+#[tokio::test]
+async fn idle_and_stuck_http2_connections_are_closed() {
+    let (proxy, _a) = short_limits_proxy().await;
+    let to = proxy.listeners()[0];
+    for path in ["/", "/big"] {
+        let stream = tokio::net::TcpStream::connect(to).await.expect("connect");
+        let (mut send, conn) = hyper::client::conn::http2::handshake(
+            hyper_util::rt::TokioExecutor::new(),
+            hyper_util::rt::TokioIo::new(stream),
+        )
+        .await
+        .expect("h2 handshake");
+        let conn = tokio::spawn(conn);
+        let req = http::Request::get(format!("http://{to}{path}"))
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .expect("request");
+        let resp = send.send_request(req).await.expect("answered");
+        assert_eq!(resp.status(), StatusCode::OK, "{path}");
+        // `/`: read the answer, then idle. `/big`: hold it unread, so the window runs out.
+        let held = if path == "/" {
+            use http_body_util::BodyExt;
+            resp.into_body().collect().await.expect("body");
+            None
+        } else {
+            Some(resp)
+        };
+        let _ = tokio::time::timeout(WAIT, conn)
+            .await
+            .unwrap_or_else(|_| panic!("{path}: the proxy closed the connection in time"));
+        drop(held);
+    }
+}

@@ -14,6 +14,12 @@ pub(super) fn default_max_headers() -> usize {
 pub(super) fn default_header_read_timeout_ms() -> u64 {
     10_000
 }
+pub(super) fn default_idle_timeout_ms() -> u64 {
+    60_000
+}
+pub(super) fn default_stream_idle_timeout_ms() -> u64 {
+    300_000
+}
 pub(super) fn default_max_connections() -> usize {
     10_000
 }

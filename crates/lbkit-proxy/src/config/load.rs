@@ -74,6 +74,9 @@ impl Config {
             ));
         }
         for (field, v) in [
+            ("header_read_timeout_ms", self.limits.header_read_timeout_ms),
+            ("idle_timeout_ms", self.limits.idle_timeout_ms),
+            ("stream_idle_timeout_ms", self.limits.stream_idle_timeout_ms),
             ("tunnel_idle_timeout_ms", self.limits.tunnel_idle_timeout_ms),
             ("tcp_idle_timeout_ms", self.limits.tcp_idle_timeout_ms),
         ] {

@@ -9,7 +9,9 @@
 //! [limits]                              # optional
 //! max_header_bytes = 65536              # default 64 KiB (at least 8192): request head buffer (HTTP/1) / header list (h2)
 //! max_headers = 100                     # default 100 request headers (HTTP/1)
-//! header_read_timeout_ms = 10000        # default 10 s: a client slower to send its head (and a small body) is cut off; also the idle limit between keep-alive requests
+//! header_read_timeout_ms = 10000        # default 10 s: a client slower to send its head (and a small body) is cut off, from its first byte (or from the connection's start, for its first request; on a connection hyper serves, from the handover: a half-sent HTTP/2 preface)
+//! idle_timeout_ms = 60000               # default 60 s: a client connection with no request in flight and none starting is closed (HTTP/2: GOAWAY, then closed header_read_timeout_ms later at the latest); nginx's keepalive_timeout
+//! stream_idle_timeout_ms = 300000       # default 5 min: a client connection hyper serves (h2c, HTTP/1.0, ...) with requests in flight but no byte read or written for this long is closed (HTTP/2 streams stuck on flow control); Envoy's stream_idle_timeout
 //! max_connections = 10000               # default 10 000 client connections at once, all listeners
 //! drain_timeout_ms = 10000              # default 10 s: graceful shutdown waits this long for in-flight work
 //! upgrade_protocols = ["websocket"]     # default ["websocket"]: HTTP/1.1 upgrades tunnelled to the upstream (names, any case; "h2c" is refused); others go as plain requests
@@ -129,6 +131,14 @@ pub struct Limits {
     /// Time a client has to send its request head, ms. Default 10 000.
     #[serde(default = "default_header_read_timeout_ms")]
     pub header_read_timeout_ms: u64,
+    /// Idle limit of a client connection (no request in flight, none starting), ms. Default
+    /// 60 000.
+    #[serde(default = "default_idle_timeout_ms")]
+    pub idle_timeout_ms: u64,
+    /// Limit on a client connection hyper serves with requests in flight but no byte either
+    /// way, ms. Default 300 000.
+    #[serde(default = "default_stream_idle_timeout_ms")]
+    pub stream_idle_timeout_ms: u64,
     /// Client connections at once. Default 10 000.
     #[serde(default = "default_max_connections")]
     pub max_connections: usize,
@@ -153,6 +163,8 @@ impl Default for Limits {
             max_header_bytes: default_max_header_bytes(),
             max_headers: default_max_headers(),
             header_read_timeout_ms: default_header_read_timeout_ms(),
+            idle_timeout_ms: default_idle_timeout_ms(),
+            stream_idle_timeout_ms: default_stream_idle_timeout_ms(),
             max_connections: default_max_connections(),
             drain_timeout_ms: default_drain_timeout_ms(),
             upgrade_protocols: default_upgrade_protocols(),

@@ -89,6 +89,7 @@ pub(crate) async fn serve(
         req_headers: Vec::new(),
         b: Buffers::default(),
         head_timer: Timer::new(),
+        kept_alive: false,
         call_timer: Timer::new(),
         rng: FastRng::from_entropy(),
         limits,
@@ -110,6 +111,7 @@ pub(crate) async fn serve(
         buffers::give_back(std::mem::take(&mut conn.b));
         match served {
             Served::KeepAlive if !closing => {
+                conn.kept_alive = true;
                 conn.input.drain(..head.len + head.body);
                 if conn.input.is_empty() && conn.input.capacity() > MAX_IDLE_INPUT {
                     // A large body came in: do not keep its room while idle.
@@ -133,8 +135,11 @@ struct Conn<'a> {
     /// The exchange's buffers, lent by the thread while a request is served: an idle
     /// connection holds only its input buffer.
     b: Buffers,
-    /// `header_read_timeout` of the request being read.
+    /// `header_read_timeout` of the request being read (`idle_timeout` while waiting for the
+    /// next request of a kept-alive connection).
     head_timer: Timer,
+    /// A request was served and the connection kept.
+    kept_alive: bool,
     /// The route's timeout of the exchange in progress.
     call_timer: Timer,
     rng: FastRng,
@@ -142,6 +147,15 @@ struct Conn<'a> {
     /// Upstream writes go through the thread's write gate (threads that drive their
     /// current-thread runtime for good: `Proxy::pin_runtime_thread`).
     gated: bool,
+}
+
+/// Which limit a read waits under.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Wait {
+    /// For the next request on a kept-alive connection (`idle_timeout_ms`).
+    Idle,
+    /// For the rest of a head (`header_read_timeout_ms`).
+    Head,
 }
 
 enum Read {
@@ -185,7 +199,7 @@ type Ended = (u16, bool, Option<Timestamp>);
 impl Conn<'_> {
     /// Read the next request head, and its body, into `input`.
     async fn read_request(&mut self, shutdown: &mut watch::Receiver<bool>) -> Read {
-        let mut armed = false;
+        let mut armed = None;
         // A complete head waiting for its body: parsed once (its offsets stay valid while the
         // buffer only grows).
         let mut parsed: Option<ReqHead> = None;
@@ -212,13 +226,24 @@ impl Conn<'_> {
                     Parsed::Other => return Read::Other,
                 }
             }
-            if !armed {
-                let timeout = Duration::from_millis(self.limits.header_read_timeout_ms);
-                self.head_timer.set(Instant::now() + timeout);
-                armed = true;
+            // Between requests of a kept-alive connection the idle limit runs; from a head's
+            // first byte (or a new connection's start), the head limit.
+            let idle = self.input.is_empty();
+            let wait = if idle && self.kept_alive {
+                Wait::Idle
+            } else {
+                Wait::Head
+            };
+            if armed != Some(wait) && armed != Some(Wait::Head) {
+                let limit = match wait {
+                    Wait::Idle => self.limits.idle_timeout_ms,
+                    Wait::Head => self.limits.header_read_timeout_ms,
+                };
+                self.head_timer
+                    .set(Instant::now() + Duration::from_millis(limit));
+                armed = Some(wait);
             }
             reserve(&mut self.input, CLIENT_READ);
-            let idle = self.input.is_empty();
             let read = self.stream.read_buf(&mut self.input);
             let read = async {
                 if idle {

@@ -2,6 +2,7 @@
 
 use std::io;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -11,12 +12,15 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 
+use crate::watchdog::Activity;
+
 /// A connection whose first bytes were already read: they are read again first. What hyper
 /// gets when the fast path hands a connection over.
 ///
 /// A write that cannot progress for `stall` fails with `TimedOut` (nginx's `send_timeout`: the
 /// limit is between two successive writes, not on the whole answer), so a client that stops
 /// reading does not pin the connection, nor the upstream connection its answer streams from.
+/// Every byte read or written counts in the connection's [`Activity`], for its watchdog.
 #[derive(Debug)]
 pub(crate) struct Rewind {
     read: Bytes,
@@ -26,16 +30,23 @@ pub(crate) struct Rewind {
     timer: Option<Pin<Box<Sleep>>>,
     /// Whether a write is waiting (the timer runs).
     waiting: bool,
+    activity: Arc<Activity>,
 }
 
 impl Rewind {
-    pub(crate) fn new(read: Bytes, stream: TcpStream, stall: Duration) -> Self {
+    pub(crate) fn new(
+        read: Bytes,
+        stream: TcpStream,
+        stall: Duration,
+        activity: Arc<Activity>,
+    ) -> Self {
         Rewind {
             read,
             stream,
             stall,
             timer: None,
             waiting: false,
+            activity,
         }
     }
 
@@ -86,9 +97,13 @@ impl AsyncRead for Rewind {
             let n = this.read.len().min(buf.remaining());
             buf.put_slice(&this.read[..n]);
             this.read.advance(n);
+            this.activity.moved(n);
             return Poll::Ready(Ok(()));
         }
-        Pin::new(&mut this.stream).poll_read(cx, buf)
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut this.stream).poll_read(cx, buf);
+        this.activity.moved(buf.filled().len() - before);
+        polled
     }
 }
 
@@ -100,6 +115,9 @@ impl AsyncWrite for Rewind {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         let polled = Pin::new(&mut this.stream).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = polled {
+            this.activity.moved(n);
+        }
         this.stalled(cx, polled)
     }
 
@@ -110,6 +128,9 @@ impl AsyncWrite for Rewind {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         let polled = Pin::new(&mut this.stream).poll_write_vectored(cx, bufs);
+        if let Poll::Ready(Ok(n)) = polled {
+            this.activity.moved(n);
+        }
         this.stalled(cx, polled)
     }
 
