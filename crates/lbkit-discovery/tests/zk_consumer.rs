@@ -8,9 +8,10 @@ use std::sync::Arc;
 
 use common::{entries, has, unique, wait_status, Pipeline};
 use lbkit_discovery::zookeeper::{
-    Layout, Provider, ProviderFilter, ServicePath, ZkConfig, ZkRegistration, ZkSource,
+    Layout, Provider, ProviderFilter, ServicePath, WatchMode, ZkConfig, ZkRegistration, ZkSource,
 };
 use lbkit_discovery::ControllerConfig;
+use lbkit_testkit::zk_shim::ZkShim;
 use zookeeper_client::{Acls, Client, CreateMode};
 
 fn provider(address: &str, weight: u32) -> Provider {
@@ -257,4 +258,97 @@ async fn malformed_nodes_are_skipped_counted_once_and_never_stop_the_watch() {
         "each malformed node counted once"
     );
     drop(client);
+}
+
+/// Registrations go to the real server; the consumer under test may sit behind a shim.
+async fn follow_changes(consumer: &ZkConfig, real: &ZkConfig, layout: Layout, mode: WatchMode) {
+    let path = ServicePath::new("dubbo", &unique("watch"), layout).unwrap();
+    let mut pipeline = Pipeline::start(
+        ZkSource::new(consumer.clone(), path.clone()).with_watch(mode),
+        ControllerConfig::default(),
+    );
+    let ra = registered(real, &path, provider("10.9.0.1:20880", 100)).await;
+    pipeline.until("a", |s| has(s, "10.9.0.1:20880")).await;
+    let rb = registered(real, &path, provider("10.9.0.2:20880", 100)).await;
+    pipeline.until("a and b", |s| s.len() == 2).await;
+    rb.set_weight(300).await.expect("weight updated");
+    pipeline
+        .until("b's new weight", |s| {
+            entries(s).contains(&("10.9.0.2:20880".to_owned(), 300))
+        })
+        .await;
+    ra.deregister().await;
+    let s = pipeline.until("b alone", |s| s.len() == 1).await;
+    assert_eq!(entries(&s), vec![("10.9.0.2:20880".to_owned(), 300)]);
+    rb.deregister().await;
+}
+
+// Dubbo's own consumer (Curator) watches with one-shot watches; lbkit does when asked, and
+// follows creations, data changes and deletions in both layouts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_shot_watches_follow_every_change() {
+    let zk = ZkConfig::new(require_zk!());
+    for layout in [Layout::Dubbo, Layout::Plain] {
+        follow_changes(&zk, &zk, layout, WatchMode::OneShot).await;
+    }
+}
+
+// A server older than 3.6 (ZooKeeper 3.4 and 3.5, still common in Dubbo shops) has no
+// persistent recursive watches: it answers `UNIMPLEMENTED` and closes the connection. The
+// consumer falls back to one-shot watches on the same session (issue 15).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_older_than_3_6_is_watched_with_one_shot_watches() {
+    let real = ZkConfig::new(require_zk!());
+    let shim = ZkShim::older_than_3_6(&real.servers).await.expect("shim");
+    let old = ZkConfig::new(shim.addr.to_string());
+    for layout in [Layout::Dubbo, Layout::Plain] {
+        follow_changes(&old, &real, layout, WatchMode::Auto).await;
+    }
+    assert!(
+        shim.refused() >= 1,
+        "the consumer asked for a persistent watch first"
+    );
+    // Asked for persistent watches only, the consumer reports the server's refusal.
+    let path = ServicePath::new("dubbo", &unique("persistent"), Layout::Dubbo).unwrap();
+    let mut pipeline = Pipeline::start(
+        ZkSource::new(old, path).with_watch(WatchMode::Persistent),
+        ControllerConfig::default(),
+    );
+    let st = wait_status(&mut pipeline.status, "the refusal", |s| {
+        s.last_error.is_some()
+    })
+    .await;
+    assert!(!st.one_shot_watches, "{st:?}");
+}
+
+// A connection cut (a network blip; the session lives on) loses no later change, whichever
+// way the consumer watches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_after_a_connection_cut_are_seen() {
+    let real = ZkConfig::new(require_zk!());
+    for mode in [WatchMode::Persistent, WatchMode::OneShot] {
+        let shim = ZkShim::start(&real.servers).await.expect("shim");
+        let path = ServicePath::new("dubbo", &unique("cut"), Layout::Dubbo).unwrap();
+        let mut pipeline = Pipeline::start(
+            ZkSource::new(ZkConfig::new(shim.addr.to_string()), path.clone()).with_watch(mode),
+            ControllerConfig::default(),
+        );
+        let ra = registered(&real, &path, provider("10.9.1.1:20880", 100)).await;
+        pipeline.until("a", |s| has(s, "10.9.1.1:20880")).await;
+        let before = pipeline.status.get().listings;
+        shim.cut();
+        wait_status(&mut pipeline.status, "listed after the cut", |s| {
+            s.connected && s.listings > before
+        })
+        .await;
+        assert_eq!(pipeline.status.get().sessions, 1, "{mode:?}: same session");
+        let rb = registered(&real, &path, provider("10.9.1.2:20880", 100)).await;
+        pipeline
+            .until(&format!("{mode:?}: b, registered after the cut"), |s| {
+                s.len() == 2
+            })
+            .await;
+        ra.deregister().await;
+        rb.deregister().await;
+    }
 }

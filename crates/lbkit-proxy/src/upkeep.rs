@@ -86,8 +86,14 @@ fn open_source(service: &Service) -> Result<UpdateStream, ProxyError> {
     }
     match (&cfg.zookeeper, cfg.zk_path()) {
         (Some(zk), Ok(Some(path))) => {
-            use lbkit_discovery::zookeeper::{ZkConfig, ZkSource};
-            let (stream, _status) = ZkSource::new(ZkConfig::new(zk.zk.clone()), path).spawn();
+            use lbkit_discovery::zookeeper::{WatchMode, ZkConfig, ZkSource};
+            // Checked by the config's validation.
+            let watch = WatchMode::parse(&zk.watch).unwrap_or_default();
+            let mut source = ZkSource::new(ZkConfig::new(zk.zk.clone()), path).with_watch(watch);
+            if let Some(cache) = &zk.cache {
+                source = source.with_cache(cache);
+            }
+            let (stream, _status) = source.spawn();
             Ok(stream)
         }
         _ => Ok(source::static_source(Vec::new())),

@@ -288,3 +288,65 @@ async fn a_changed_service_serves_its_predecessors_endpoints_until_its_source_sp
     proxy.shutdown(Duration::from_secs(2)).await;
     let _ = std::fs::remove_dir_all(dir);
 }
+
+// A proxy restarted while ZooKeeper is down routes to the providers its registry cache saved
+// (issue 15: it answered 503 until ZooKeeper came back), and a server older than 3.6 (no
+// persistent watches) is followed with one-shot watches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_registry_cache_and_an_older_zookeeper_work_in_the_proxy() {
+    let Some(zk) = lbkit_testkit::zookeeper() else {
+        return;
+    };
+    let (a, b) = (Backend::start("a").await, Backend::start("b").await);
+    let (interface, path) = zk_service("Cached", &a);
+    let dir = scratch("zk-cache");
+    let cache = dir.join("svc.cache.json");
+    let reg_a = register(&zk, &path, &a);
+    // Through a shim that makes the server look like ZooKeeper 3.5.
+    let old = lbkit_testkit::zk_shim::ZkShim::older_than_3_6(&zk)
+        .await
+        .expect("shim");
+    let text = config_with_source(&format!(
+        "zookeeper = {{ zk = \"{}\", interface = {interface:?}, cache = {cache:?} }}",
+        old.addr
+    ));
+    let proxy = Proxy::start(parse(&text)).await.expect("proxy starts");
+    until_serving(&proxy, &["a"], 4).await;
+    let reg_b = register(&zk, &path, &b);
+    until_serving(&proxy, &["a", "b"], 4).await;
+    assert!(
+        old.refused() >= 1,
+        "the proxy asked for a persistent watch first"
+    );
+    // The cache file has both (written after each change, off the request path).
+    tokio::time::timeout(WAIT, async {
+        loop {
+            let saved = lbkit_discovery::zookeeper::read_cache(&cache)
+                .ok()
+                .flatten();
+            if saved.is_some_and(|s| s.len() == 2) {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("cache written in time");
+    proxy.shutdown(Duration::from_secs(2)).await;
+
+    // Restarted with ZooKeeper unreachable (nothing listens on the shim's port any more).
+    let gone = old.addr;
+    drop(old);
+    let text = config_with_source(&format!(
+        "zookeeper = {{ zk = \"{gone}\", interface = {interface:?}, cache = {cache:?} }}"
+    ));
+    let proxy = Proxy::start(parse(&text)).await.expect("proxy starts");
+    until_serving(&proxy, &["a", "b"], 4).await;
+    proxy.shutdown(Duration::from_secs(2)).await;
+    for reg in [reg_a, reg_b] {
+        tokio::time::timeout(WAIT, reg.deregister())
+            .await
+            .expect("deregistered in time");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -42,6 +42,15 @@ fn bad_arguments_exit_2() {
             "flat",
         ],
         vec![
+            "watch",
+            "--zk",
+            "127.0.0.1:2181",
+            "--interface",
+            "x",
+            "--watch",
+            "sometimes",
+        ],
+        vec![
             "register",
             "--zk",
             "127.0.0.1:2181",
@@ -211,6 +220,8 @@ fn register_is_watched_and_sigterm_deregisters() {
             "--layout",
             layout,
             "--once",
+            "--watch",
+            "one-shot",
         ]);
         let text = String::from_utf8_lossy(&watch.stdout);
         assert!(text.contains(": 0 providers"), "gone at once: {text}");

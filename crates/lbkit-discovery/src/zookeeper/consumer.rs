@@ -4,10 +4,13 @@ use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use futures_util::FutureExt;
+use futures_util::stream::FuturesUnordered;
+use futures_util::{FutureExt, StreamExt};
 use lbkit_core::{EndpointKey, EndpointSpec, Update};
 use tokio::sync::{mpsc, watch};
-use zookeeper_client::{AddWatchMode, Client, Error as ZkError, EventType, SessionState};
+use zookeeper_client::{
+    AddWatchMode, Client, Error as ZkError, EventType, OneshotWatcher, SessionState, StateWatcher,
+};
 
 use super::node::{decode_dubbo, decode_plain, Decoded, Layout, ProviderFilter, ServicePath};
 use super::{cache, connect, registry_err, Backoff, ZkConfig};
@@ -36,8 +39,54 @@ pub struct ZkStatus {
     pub cache_writes: u64,
     /// Providers in the last set written to the cache file.
     pub cached: usize,
+    /// Whether the consumer watches with one-shot watches (the server has no persistent
+    /// recursive watches, ZooKeeper < 3.6, or [`WatchMode::OneShot`] asked for them).
+    pub one_shot_watches: bool,
     /// The last problem (connection, session, cache), if any.
     pub last_error: Option<String>,
+}
+
+/// How a [`ZkSource`] watches the provider directory.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WatchMode {
+    /// One persistent recursive watch (ZooKeeper ≥ 3.6); one-shot watches when the server
+    /// answers that it has none (`UNIMPLEMENTED`, as 3.4 and 3.5 do). The default.
+    #[default]
+    Auto,
+    /// Persistent recursive watches only: a server without them is an error.
+    Persistent,
+    /// One-shot watches, as Dubbo's Curator consumer sets them: a child watch on the
+    /// directory (an existence watch while it does not exist) and, in the plain layout, a
+    /// data watch on every node; each event lists the directory again and sets new ones.
+    OneShot,
+}
+
+impl WatchMode {
+    /// The names [`WatchMode::parse`] takes, as configuration files and `lbkit watch --watch`
+    /// spell them.
+    pub const NAMES: [&'static str; 3] = ["auto", "persistent", "one-shot"];
+
+    /// The mode named `name` (one of [`WatchMode::NAMES`]).
+    ///
+    /// # Errors
+    /// A message naming the accepted names.
+    ///
+    /// ```
+    /// use lbkit_discovery::zookeeper::WatchMode;
+    /// assert_eq!(WatchMode::parse("one-shot"), Ok(WatchMode::OneShot));
+    /// assert!(WatchMode::parse("sometimes").is_err());
+    /// ```
+    pub fn parse(name: &str) -> Result<WatchMode, String> {
+        match name {
+            "auto" => Ok(WatchMode::Auto),
+            "persistent" => Ok(WatchMode::Persistent),
+            "one-shot" => Ok(WatchMode::OneShot),
+            other => Err(format!(
+                "unknown watch mode {other:?} (expected one of {})",
+                WatchMode::NAMES.join(", ")
+            )),
+        }
+    }
 }
 
 /// A consumer of one service's providers in ZooKeeper. See the [module docs](super).
@@ -47,6 +96,7 @@ pub struct ZkSource {
     path: ServicePath,
     filter: ProviderFilter,
     cache: Option<PathBuf>,
+    watch: WatchMode,
 }
 
 // === impl ZkSource ===
@@ -59,7 +109,14 @@ impl ZkSource {
             path,
             filter: ProviderFilter::default(),
             cache: None,
+            watch: WatchMode::Auto,
         }
+    }
+
+    /// Watch the directory as `mode` says (default [`WatchMode::Auto`]).
+    pub fn with_watch(mut self, mode: WatchMode) -> Self {
+        self.watch = mode;
+        self
     }
 
     /// Keep only the Dubbo providers `filter` matches (group, version, protocol).
@@ -89,6 +146,7 @@ impl ZkSource {
             .cache
             .clone()
             .map(|p| cache::spawn_writer(p, status.clone()));
+        let one_shot = self.watch == WatchMode::OneShot;
         let task = Consumer {
             dir: self.path.dir(),
             source: self,
@@ -98,6 +156,7 @@ impl ZkSource {
             logged: HashSet::new(),
             sent: None,
             cache,
+            one_shot,
         };
         tokio::spawn(task.run());
         (ChannelStream::new(rx).boxed(), Status::new(status_rx))
@@ -124,6 +183,8 @@ struct Consumer {
     /// The set last sent.
     sent: Option<Vec<EndpointSpec>>,
     cache: Option<watch::Sender<Arc<Vec<EndpointSpec>>>>,
+    /// Watch with one-shot watches (asked for, or the server has no persistent ones).
+    one_shot: bool,
 }
 
 impl Consumer {
@@ -205,15 +266,50 @@ impl Consumer {
             s.sessions += 1;
             s.last_error = None;
         });
+        self.status
+            .send_modify(|s| s.one_shot_watches = self.one_shot);
+        if self.one_shot {
+            return self.session_one_shot(client).await;
+        }
         let mut watcher = match client
             .watch(&self.dir, AddWatchMode::PersistentRecursive)
             .await
         {
             Ok(w) => w,
+            Err(ZkError::Unimplemented) if self.source.watch == WatchMode::Auto => {
+                // ZooKeeper < 3.6 answers an unknown request so and closes the connection
+                // (the session lives on): one-shot watches from now on.
+                tracing::warn!(
+                    dir = %self.dir,
+                    "the server has no persistent recursive watches (ZooKeeper < 3.6): \
+                     watching with one-shot watches"
+                );
+                self.one_shot = true;
+                self.status.send_modify(|s| s.one_shot_watches = true);
+                return self.session_one_shot(client).await;
+            }
             Err(e) => return End::Lost(registry_err(&self.dir, e)),
         };
-        let mut relist = true;
+        let (mut relist, mut rewatch) = (true, false);
         loop {
+            if rewatch {
+                // zookeeper-client 0.11 does not set persistent watches again on a new
+                // connection (its `resend_watches` sends only the one-shot kinds), so after a
+                // cut the server would stop sending events: add the watch again. The new
+                // watcher is in place before the old one drops, so the path stays watched.
+                match client
+                    .watch(&self.dir, AddWatchMode::PersistentRecursive)
+                    .await
+                {
+                    Ok(w) => {
+                        watcher = w;
+                        rewatch = false;
+                    }
+                    Err(e) if ends_session(&e) => return End::Lost(registry_err(&self.dir, e)),
+                    // Lost again: the next reconnection asks for it.
+                    Err(e) => tracing::debug!(error = %e, "watch not set again yet"),
+                }
+            }
             if relist {
                 match self.relist(client).await {
                     Ok(()) => relist = false,
@@ -239,7 +335,7 @@ impl Consumer {
                         }
                         SessionState::SyncConnected | SessionState::ConnectedReadOnly => {
                             self.status.send_modify(|s| s.connected = true);
-                            relist = true;
+                            (relist, rewatch) = (true, true);
                         }
                         // Terminal (expired, closed, auth failed): the watcher is done; never
                         // poll it again.
@@ -265,6 +361,115 @@ impl Consumer {
                 }
             }
         }
+    }
+
+    /// A session with one-shot watches: list (setting watches), send, wait for the first
+    /// event or a reconnection, and list again.
+    async fn session_one_shot(&mut self, client: &Client) -> End {
+        let mut state = client.state_watcher();
+        loop {
+            let watchers = match self.list_watching(client).await {
+                Ok(w) => w,
+                Err(e) if ends_session(&e) => return End::Lost(registry_err(&self.dir, e)),
+                // Connection loss: list again once the session says what happened.
+                Err(e) => {
+                    tracing::debug!(error = %e, "listing interrupted");
+                    match self.next_state(&mut state).await {
+                        Some(end) => return end,
+                        None => continue,
+                    }
+                }
+            };
+            if !self.flush().await {
+                return End::Gone;
+            }
+            let mut fired: FuturesUnordered<_> =
+                watchers.into_iter().map(OneshotWatcher::changed).collect();
+            loop {
+                tokio::select! {
+                    Some(event) = fired.next() => {
+                        self.status.send_modify(|s| s.events += 1);
+                        if event.event_type == EventType::Session {
+                            let e = state_error(event.session_state);
+                            return End::Lost(registry_err(&self.dir, e));
+                        }
+                        // A change: list again, with new watches (the old ones drop).
+                        break;
+                    }
+                    end = self.next_state(&mut state) => match end {
+                        Some(end) => return end,
+                        // Reconnected: list again, as after any reconnection. Disconnected:
+                        // wait on.
+                        None if self.status.borrow().connected => break,
+                        None => {}
+                    },
+                    () = self.tx.closed() => return End::Gone,
+                }
+            }
+        }
+    }
+
+    /// The session's next state: `None` while it lives (the status follows it), the end once
+    /// it is over.
+    async fn next_state(&self, state: &mut StateWatcher) -> Option<End> {
+        match state.changed().await {
+            SessionState::Disconnected => {
+                self.status.send_modify(|s| s.connected = false);
+                None
+            }
+            SessionState::SyncConnected | SessionState::ConnectedReadOnly => {
+                self.status.send_modify(|s| s.connected = true);
+                None
+            }
+            terminal => Some(End::Lost(registry_err(&self.dir, state_error(terminal)))),
+        }
+    }
+
+    /// List the directory setting one-shot watches: on its children (on its existence while
+    /// it does not exist) and, in the plain layout, on every node's data.
+    async fn list_watching(&mut self, client: &Client) -> Result<Vec<OneshotWatcher>, ZkError> {
+        let (children, dir_watch) = loop {
+            match client.list_and_watch_children(&self.dir).await {
+                Ok(listed) => break listed,
+                Err(ZkError::NoNode) => {}
+                Err(e) => return Err(e),
+            }
+            // Made in between (`Some`): list it.
+            if let (None, watch) = client.check_and_watch_stat(&self.dir).await? {
+                break (Vec::new(), watch);
+            }
+        };
+        let mut watchers = vec![dir_watch];
+        let mut nodes = BTreeMap::new();
+        match self.source.path.layout() {
+            Layout::Dubbo => {
+                for name in children {
+                    let decoded = self.decode(&name, &[]);
+                    nodes.insert(name, decoded);
+                }
+            }
+            Layout::Plain => {
+                let paths: Vec<String> = children
+                    .iter()
+                    .map(|c| format!("{}/{c}", self.dir))
+                    .collect();
+                let reads: Vec<_> = paths.iter().map(|p| client.get_and_watch_data(p)).collect();
+                for (name, read) in children.into_iter().zip(reads) {
+                    match read.await {
+                        Ok((data, _, watch)) => {
+                            watchers.push(watch);
+                            let decoded = self.decode(&name, &data);
+                            nodes.insert(name, decoded);
+                        }
+                        // Gone in between: the child watch fires for it.
+                        Err(ZkError::NoNode) => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+        }
+        self.listed(nodes);
+        Ok(watchers)
     }
 
     /// Creation, data change or deletion of a node under the directory.
@@ -336,10 +541,15 @@ impl Consumer {
                 }
             }
         }
+        self.listed(nodes);
+        Ok(())
+    }
+
+    /// A full listing replaces the nodes.
+    fn listed(&mut self, nodes: BTreeMap<String, Option<EndpointSpec>>) {
         self.logged.retain(|n| nodes.contains_key(n));
         self.nodes = nodes;
         self.status.send_modify(|s| s.listings += 1);
-        Ok(())
     }
 
     fn decode(&mut self, name: &str, data: &[u8]) -> Option<EndpointSpec> {

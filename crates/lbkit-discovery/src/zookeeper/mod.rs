@@ -10,7 +10,10 @@
 //! **Consumer.** One persistent recursive watch on the provider directory delivers every
 //! creation, deletion and data change (no polling); after a reconnection the directory is
 //! listed again, since events can be lost while disconnected (ZOOKEEPER-4698). Each change is
-//! sent as a full `Reset`, sorted by key (registry order is arbitrary). Malformed nodes are
+//! sent as a full `Reset`, sorted by key (registry order is arbitrary). Servers older than 3.6
+//! have no persistent watches (they answer `UNIMPLEMENTED` and close the connection, as many
+//! Dubbo shops' 3.4 and 3.5 ensembles do): the consumer then watches with one-shot watches, as
+//! Dubbo's own Curator consumer does ([`WatchMode`]; [`ZkStatus::one_shot_watches`] says so). Malformed nodes are
 //! skipped, logged once per node and counted ([`ZkStatus::rejected`]); they never stop the
 //! watch. While ZooKeeper is unreachable or the session is lost, nothing is sent, so the last
 //! set stays published; a new session is made after expiry. The last non-empty set is saved to
@@ -46,7 +49,7 @@ mod node;
 mod provider;
 
 pub use cache::{read_cache, write_cache};
-pub use consumer::{ZkSource, ZkStatus};
+pub use consumer::{WatchMode, ZkSource, ZkStatus};
 pub use node::{Layout, Provider, ProviderFilter, ServicePath, KNOWN_PROTOCOLS};
 pub use provider::{expire_session, RegistrationStatus, ZkRegistration, DEREGISTER_TIMEOUT};
 pub use zookeeper_client::SessionInfo;

@@ -36,6 +36,9 @@ pub(super) fn default_tcp_idle_ms() -> u64 {
 pub(super) fn default_tunnel_idle_ms() -> u64 {
     300_000
 }
+pub(super) fn default_zk_watch() -> String {
+    "auto".to_owned()
+}
 pub(super) fn default_prefix() -> String {
     "/".to_owned()
 }

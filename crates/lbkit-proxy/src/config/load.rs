@@ -38,7 +38,8 @@ impl Config {
         })?;
         let dir = path.parent().unwrap_or(Path::new("."));
         for svc in config.services.values_mut() {
-            if let Some(file) = &mut svc.file {
+            let cache = svc.zookeeper.as_mut().and_then(|zk| zk.cache.as_mut());
+            for file in [svc.file.as_mut(), cache].into_iter().flatten() {
                 if file.is_relative() {
                     *file = dir.join(&*file);
                 }
@@ -185,6 +186,8 @@ impl ServiceConfig {
             lbkit_discovery::zookeeper::ZkConfig::new(zk.zk.clone())
                 .validate()
                 .map_err(|e| err("zookeeper.zk", e.to_string()))?;
+            lbkit_discovery::zookeeper::WatchMode::parse(&zk.watch)
+                .map_err(|reason| err("zookeeper.watch", reason))?;
             self.zk_path().map_err(|reason| err("zookeeper", reason))?;
         }
         catalog::build(&self.strategy, self.strategy_params())

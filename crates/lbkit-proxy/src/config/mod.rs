@@ -34,7 +34,7 @@
 //! [service.api]
 //! endpoints = ["127.0.0.1:8081=100", "127.0.0.1:8082"]   # exactly one of endpoints, file, zookeeper
 //! # file = "endpoints.toml"                                # an endpoint file, watched (TOML, JSON, Dubbo URLs)
-//! # zookeeper = { zk = "127.0.0.1:2181", interface = "com.acme.Api", root = "dubbo", layout = "dubbo" }
+//! # zookeeper = { zk = "127.0.0.1:2181", interface = "com.acme.Api", root = "dubbo", layout = "dubbo", cache = "api.cache.json", watch = "auto" }
 //! strategy = "round-robin"              # default "round-robin"; any name of `lbkit pick --list`
 //! params = { }                          # default {}: the strategy's parameters
 //! retries = 2                           # default 2, at most 15: further attempts, each on an endpoint not tried yet (lbkit-core's attempt table decides which failures are retried)
@@ -49,7 +49,11 @@
 //! ```
 //!
 //! * `zookeeper`: `zk` servers (required), `interface` (required), `root` (default `dubbo`),
-//!   `layout` (`dubbo`, default, or `plain`).
+//!   `layout` (`dubbo`, default, or `plain`), `cache` (default none: a registry cache file,
+//!   Dubbo's `dubbo-registry-*.cache` as a JSON endpoints file, written after each change and
+//!   served at start-up while ZooKeeper is unreachable, so a proxy restarted during an outage
+//!   still routes), `watch` (`auto`, default: persistent recursive watches, or one-shot
+//!   watches on servers older than ZooKeeper 3.6; `persistent`; `one-shot`).
 //! * `outlier_detection` (Envoy's rules; each field defaults as shown, the whole table defaults to
 //!   enabled): consecutive failures eject; success-rate and failure-percentage rules run with
 //!   Envoy's defaults.
@@ -286,6 +290,14 @@ pub struct ZooKeeper {
     /// `dubbo` (default) or `plain`.
     #[serde(default = "default_zk_layout")]
     pub layout: String,
+    /// Registry cache file: the last known providers, written after each change and served at
+    /// start-up while ZooKeeper cannot be reached. Default none.
+    #[serde(default)]
+    pub cache: Option<PathBuf>,
+    /// `auto` (default: persistent recursive watches, one-shot ones on servers older than
+    /// 3.6), `persistent` or `one-shot`.
+    #[serde(default = "default_zk_watch")]
+    pub watch: String,
 }
 
 /// `availability = { .. }`.

@@ -9,7 +9,9 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::{Args, ValueEnum};
 use futures_util::StreamExt;
-use lbkit::discovery::zookeeper::{Layout, ProviderFilter, ServicePath, ZkConfig, ZkSource};
+use lbkit::discovery::zookeeper::{
+    Layout, ProviderFilter, ServicePath, WatchMode, ZkConfig, ZkSource,
+};
 use lbkit::discovery::{Controller, ControllerConfig, DiscoveryError};
 use lbkit::{Clock, EndpointIdx, Snapshot};
 use tracing::level_filters::LevelFilter;
@@ -89,6 +91,10 @@ pub(crate) struct WatchArgs {
     /// ZooKeeper is unreachable at start-up (not with --once).
     #[arg(long, value_name = "FILE", conflicts_with = "once")]
     cache: Option<PathBuf>,
+    /// How to watch: auto (persistent recursive watches; one-shot watches on servers older
+    /// than ZooKeeper 3.6), persistent, one-shot.
+    #[arg(long, value_name = "MODE", default_value = "auto", value_parser = WatchMode::parse)]
+    watch: WatchMode,
 }
 
 /// Send `tracing` output to stderr: warnings by default, `LBKIT_LOG` for more.
@@ -129,7 +135,9 @@ async fn watch(
 ) -> anyhow::Result<()> {
     let servers = zk.servers.clone();
     let dir = path.dir();
-    let mut source = ZkSource::new(zk, path).with_filter(filter);
+    let mut source = ZkSource::new(zk, path)
+        .with_filter(filter)
+        .with_watch(args.watch);
     if let Some(cache) = &args.cache {
         source = source.with_cache(cache);
     }
