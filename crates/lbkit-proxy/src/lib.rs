@@ -125,6 +125,13 @@ mod tcp;
 mod tunnel;
 mod upkeep;
 mod watchdog;
+
+/// The parsers as the fuzz targets call them (`fuzz/`); not an API.
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use crate::h1::fuzzing::*;
+    pub use crate::request::admits;
+}
 mod worker;
 
 pub use body::{ClientBody, ProxyBody};

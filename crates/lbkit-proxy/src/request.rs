@@ -67,6 +67,30 @@ pub(crate) fn authority<B>(req: &http::Request<B>) -> Result<Option<&str>, Refus
     }
 }
 
+/// What hyper's engine admits of `req`: its authority (for routing) and its normalised path
+/// (`None` when the path is normal already).
+///
+/// # Errors
+/// [`Refused::Host`] or [`Refused::Path`].
+pub(crate) fn admit<B>(req: &http::Request<B>) -> Result<(Option<&str>, Option<String>), Refused> {
+    let host = authority(req)?;
+    match normalize(req.uri().path())? {
+        Cow::Borrowed(_) => Ok((host, None)),
+        Cow::Owned(p) => Ok((host, Some(p))),
+    }
+}
+
+/// [`admit`] for the fuzz targets: the authority and the normalised path, or the refusal's
+/// text.
+///
+/// # Errors
+/// The text of the 400 the proxy answers.
+pub fn admits<B>(req: &http::Request<B>) -> Result<(Option<String>, Option<String>), &'static str> {
+    admit(req)
+        .map(|(host, path)| (host.map(str::to_owned), path))
+        .map_err(|r| r.text())
+}
+
 /// `uri` with its path replaced by `path` (the query kept).
 pub(crate) fn with_path(uri: &http::Uri, path: &str) -> Option<http::Uri> {
     let pq = match uri.query() {
@@ -114,6 +138,28 @@ pub(crate) fn valid_host(value: &[u8]) -> bool {
             )
     });
     port_ok && host_ok && (!host.is_empty() || value.first() == Some(&b'['))
+}
+
+/// The bytes of an origin-form target (RFC 3986 `pchar`, `/` and `?`): unreserved,
+/// sub-delims, `:`, `@`, `%`, `/`, `?`.
+const TARGET_BYTES: [bool; 256] = {
+    let mut t = [false; 256];
+    let allowed =
+        b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._~!$&'()*+,;=:@%/?";
+    let mut i = 0;
+    while i < allowed.len() {
+        t[allowed[i] as usize] = true;
+        i += 1;
+    }
+    t
+};
+
+/// Whether every byte of `target` may appear in an origin-form request target. `httparse`
+/// lets more through (`<`, `>`, `"`, `{`, `^`, …), which hyper's `Uri` refuses with a 400:
+/// the fast path serves only targets made of these bytes and hands the rest to hyper, so both
+/// engines answer such a target alike (found by the `h1_differential` fuzz target).
+pub(crate) fn is_uri_target(target: &[u8]) -> bool {
+    target.iter().all(|&b| TARGET_BYTES[usize::from(b)])
 }
 
 /// Whether `path` is already normal: no `%`, no `\`, no empty, `.` or `..` segment.

@@ -1,7 +1,6 @@
 //! Listeners: the HTTP/1.1 + h2c server (hyper-util's auto builder) with its limits, the TCP
 //! relay, and the [`Proxy`] handle that starts, reloads and drains them.
 
-use std::borrow::Cow;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -393,14 +392,9 @@ async fn handle(
 ) -> Response<ProxyBody> {
     let state = hub.state.load_full();
     let refused = |r: Refused| forward::local(StatusCode::BAD_REQUEST, r.text());
-    let host = match request::authority(&req) {
-        Ok(host) => host.map(str::to_owned),
-        Err(r) => return refused(r),
-    };
     // Routing and the upstream see the normalised path.
-    let path = match request::normalize(req.uri().path()) {
-        Ok(Cow::Borrowed(_)) => None,
-        Ok(Cow::Owned(p)) => Some(p),
+    let (host, path) = match request::admit(&req) {
+        Ok((host, path)) => (host.map(str::to_owned), path),
         Err(r) => return refused(r),
     };
     if let Some(p) = &path {

@@ -50,7 +50,7 @@ mod provider;
 
 pub use cache::{read_cache, write_cache};
 pub use consumer::{WatchMode, ZkSource, ZkStatus};
-pub use node::{Layout, Provider, ProviderFilter, ServicePath, KNOWN_PROTOCOLS};
+pub use node::{decode_node, Layout, Provider, ProviderFilter, ServicePath, KNOWN_PROTOCOLS};
 pub use provider::{expire_session, RegistrationStatus, ZkRegistration, DEREGISTER_TIMEOUT};
 pub use zookeeper_client::SessionInfo;
 

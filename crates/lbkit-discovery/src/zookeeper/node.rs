@@ -170,6 +170,37 @@ pub(crate) enum Decoded {
     Rejected(String),
 }
 
+/// Decode one provider node as the consumer does: `Ok(Some(spec))` for a provider,
+/// `Ok(None)` for one `filter` does not want (Dubbo layout), `Err(reason)` for a malformed node
+/// (the consumer skips, logs and counts it).
+///
+/// # Errors
+/// Why the node is malformed.
+///
+/// ```
+/// use lbkit_discovery::zookeeper::{decode_node, Layout, ProviderFilter};
+/// let any = ProviderFilter::default();
+/// let spec = decode_node(Layout::Plain, "10.0.0.1:80", br#"{"weight": 5}"#, &any).unwrap().unwrap();
+/// assert_eq!((spec.address.as_str(), spec.weight), ("10.0.0.1:80", 5));
+/// assert!(decode_node(Layout::Dubbo, "not a url", b"", &any).is_err());
+/// ```
+pub fn decode_node(
+    layout: Layout,
+    name: &str,
+    data: &[u8],
+    filter: &ProviderFilter,
+) -> Result<Option<EndpointSpec>, String> {
+    let decoded = match layout {
+        Layout::Dubbo => decode_dubbo(name, filter),
+        Layout::Plain => decode_plain(name, data),
+    };
+    match decoded {
+        Decoded::Endpoint(spec) => Ok(Some(spec)),
+        Decoded::Filtered => Ok(None),
+        Decoded::Rejected(reason) => Err(reason),
+    }
+}
+
 /// Decode a Dubbo-layout node name (the URL-encoded provider URL).
 pub(crate) fn decode_dubbo(name: &str, filter: &ProviderFilter) -> Decoded {
     let url = match ProviderUrl::parse(name) {

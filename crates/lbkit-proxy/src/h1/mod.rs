@@ -14,6 +14,7 @@
 //! already read, for the rest of the connection.
 
 mod buffers;
+pub(crate) mod fuzzing;
 mod gate;
 mod pool;
 mod rewind;

@@ -12,7 +12,7 @@ use lbkit_strategy::KeySource;
 
 use crate::envelope::MAX_REPLAY_BODY;
 use crate::headers::{tokens, HOP_BY_HOP};
-use crate::request::{is_normal, valid_host};
+use crate::request::{is_normal, is_uri_target, valid_host};
 
 /// Headers parsed per head; a request with more goes to hyper (which answers 431 past the
 /// configured `max_headers`).
@@ -115,7 +115,8 @@ pub(super) fn parse_request(buf: &[u8], hdrs: &mut Vec<Hdr>, max_headers: usize)
     }
     // hyper's engine answers a bad `Host` (400) and normalises a path that is not normal yet.
     let host_ok = head.host.clone().is_some_and(|r| valid_host(&buf[r]));
-    if !host_ok || !is_normal(path_of(target.as_bytes())) {
+    let target = target.as_bytes();
+    if !host_ok || !is_normal(path_of(target)) || !is_uri_target(target) {
         return Parsed::Other;
     }
     head.body = length.map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX));
