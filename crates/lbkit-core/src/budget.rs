@@ -3,14 +3,20 @@
 //!
 //! Every request deposits; every retry withdraws. Over a sliding window (`ttl`, 10 s by default,
 //! in ten slots) a retry is allowed while
-//! `min_per_sec × ttl + retry_ratio × deposits − withdrawals ≥ 1`. Counters are atomics in
-//! time slots that a writer claims with one CAS when the slot's epoch is stale (as in the
-//! windowed mean of [`EndpointStats`](crate::EndpointStats)); a deposit racing with that reset
-//! may be lost, which only makes the budget slightly stricter. No locks, no allocation.
+//! `min_per_sec × ttl + retry_ratio × deposits − withdrawals ≥ 1`. No locks, no allocation.
+//!
+//! Each counter of a slot is one atomic holding the slot's epoch (its low 32 bits) beside the
+//! count, so a writer that finds an older window starts the count afresh in the same
+//! compare-and-swap: no update is lost at a rollover, none from an old window lands in a new
+//! one, and a reader never sees an old window's count under the new epoch (the former design,
+//! a CAS on a separate epoch then a reset of the counts, lost updates in that gap; the loom
+//! models in `tests/loom.rs` check all three). Withdrawals in one slot are exact: the balance is
+//! checked and the withdrawal counted in one CAS. Two withdrawals in different slots (a slot
+//! boundary between them) can each take the last retry.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
+use crate::sync::{AtomicU64, Ordering::Relaxed};
 use crate::time::{duration_nanos, Timestamp};
 
 const SLOTS: usize = 10;
@@ -38,9 +44,66 @@ pub struct RetryBudget {
 
 #[derive(Debug, Default)]
 struct Slot {
-    epoch: AtomicU64, // slot number + 1; 0 = unused
-    deposits: AtomicU64,
-    withdrawals: AtomicU64,
+    deposits: Counter,
+    withdrawals: Counter,
+}
+
+/// A slot's count with its epoch: `epoch (low 32 bits) << 32 | count`.
+#[derive(Debug, Default)]
+struct Counter(AtomicU64);
+
+/// The epoch as a counter stores it.
+#[inline]
+fn tag(epoch: u64) -> u64 {
+    epoch & 0xFFFF_FFFF
+}
+
+/// What a counter holding `v` counts for `epoch`: its count when it is that epoch's, 0 when
+/// it is an older one's, `None` when it already belongs to a newer epoch (the caller's window
+/// is gone).
+#[inline]
+fn count_for(v: u64, epoch: u64) -> Option<u64> {
+    let stored = v >> 32;
+    if stored == tag(epoch) {
+        Some(v & 0xFFFF_FFFF)
+    } else if (stored.wrapping_sub(tag(epoch)) as u32 as i32) > 0 {
+        None
+    } else {
+        Some(0)
+    }
+}
+
+impl Counter {
+    /// The count for `epoch` (0 when the counter holds another epoch's).
+    #[inline]
+    fn get(&self, epoch: u64) -> u64 {
+        let v = self.0.load(Relaxed);
+        if v >> 32 == tag(epoch) {
+            v & 0xFFFF_FFFF
+        } else {
+            0
+        }
+    }
+
+    /// Add one for `epoch` when `allow(count so far)` says so; false when it does not, or when
+    /// the counter already belongs to a newer epoch.
+    #[inline]
+    fn add_if(&self, epoch: u64, allow: impl Fn(u64) -> bool) -> bool {
+        let mut v = self.0.load(Relaxed);
+        loop {
+            let Some(count) = count_for(v, epoch) else {
+                return false;
+            };
+            if !allow(count) {
+                return false;
+            }
+            let next = (tag(epoch) << 32) | (count + 1).min(0xFFFF_FFFF);
+            match self.0.compare_exchange_weak(v, next, Relaxed, Relaxed) {
+                Ok(_) => return true,
+                Err(now) => v = now,
+            }
+        }
+    }
 }
 
 impl Default for RetryBudget {
@@ -74,56 +137,54 @@ impl RetryBudget {
     /// A request was made at `now`.
     #[inline]
     pub fn deposit(&self, now: Timestamp) {
-        self.slot(now).deposits.fetch_add(1, Relaxed);
+        let epoch = self.epoch(now);
+        self.slot(epoch).deposits.add_if(epoch, |_| true);
     }
 
     /// Take one retry at `now`; `false` when the budget is spent.
     pub fn withdraw(&self, now: Timestamp) -> bool {
-        let (deposits, withdrawals) = self.totals(now);
-        let balance = self.reserve + self.ratio * deposits as f64 - withdrawals as f64;
-        if balance < 1.0 {
-            return false;
+        let current = self.epoch(now);
+        let (deposits, mut withdrawals) = (self.sum(current, |s| &s.deposits), 0);
+        for (epoch, slot) in self.window(current) {
+            if epoch != current {
+                withdrawals += slot.withdrawals.get(epoch);
+            }
         }
-        self.slot(now).withdrawals.fetch_add(1, Relaxed);
-        true
+        let allowance = self.reserve + self.ratio * deposits as f64 - withdrawals as f64;
+        self.slot(current)
+            .withdrawals
+            .add_if(current, |taken| allowance - taken as f64 >= 1.0)
     }
 
     /// Retries available at `now` (rounded down).
     pub fn balance(&self, now: Timestamp) -> u64 {
-        let (deposits, withdrawals) = self.totals(now);
+        let current = self.epoch(now);
+        let deposits = self.sum(current, |s| &s.deposits);
+        let withdrawals = self.sum(current, |s| &s.withdrawals);
         (self.reserve + self.ratio * deposits as f64 - withdrawals as f64).max(0.0) as u64
     }
 
-    /// The current slot, claimed and zeroed first when it belongs to an older window.
+    /// The slot number of `now`, from 1.
     #[inline]
-    fn slot(&self, now: Timestamp) -> &Slot {
-        let epoch = now.as_nanos() / self.slot_ns + 1;
-        let slot = &self.slots[(epoch % SLOTS as u64) as usize];
-        let seen = slot.epoch.load(Relaxed);
-        if seen < epoch
-            && slot
-                .epoch
-                .compare_exchange(seen, epoch, Relaxed, Relaxed)
-                .is_ok()
-        {
-            slot.deposits.store(0, Relaxed);
-            slot.withdrawals.store(0, Relaxed);
-        }
-        slot
+    fn epoch(&self, now: Timestamp) -> u64 {
+        now.as_nanos() / self.slot_ns + 1
     }
 
-    fn totals(&self, now: Timestamp) -> (u64, u64) {
-        let current = now.as_nanos() / self.slot_ns + 1;
-        let oldest = current.saturating_sub(SLOTS as u64 - 1);
-        self.slots
-            .iter()
-            .filter(|s| (oldest..=current).contains(&s.epoch.load(Relaxed)))
-            .fold((0, 0), |(d, w), s| {
-                (
-                    d + s.deposits.load(Relaxed),
-                    w + s.withdrawals.load(Relaxed),
-                )
-            })
+    #[inline]
+    fn slot(&self, epoch: u64) -> &Slot {
+        &self.slots[(epoch % SLOTS as u64) as usize]
+    }
+
+    /// The window ending at `current`: each of its epochs (from 1) with its slot.
+    fn window(&self, current: u64) -> impl Iterator<Item = (u64, &Slot)> {
+        let oldest = current.saturating_sub(SLOTS as u64 - 1).max(1);
+        (oldest..=current).map(move |e| (e, self.slot(e)))
+    }
+
+    fn sum(&self, current: u64, counter: impl Fn(&Slot) -> &Counter) -> u64 {
+        self.window(current)
+            .map(|(epoch, slot)| counter(slot).get(epoch))
+            .sum()
     }
 }
 

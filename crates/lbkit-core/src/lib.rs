@@ -59,6 +59,8 @@ mod rng;
 mod snapshot;
 mod stats;
 mod strategy;
+#[doc(hidden)]
+pub mod sync;
 mod time;
 
 pub use attempt::{

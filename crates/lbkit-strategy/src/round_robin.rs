@@ -28,10 +28,11 @@
 //! assert_eq!(picks, [0, 1, 0, 1]);
 //! ```
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use crossbeam_utils::CachePadded;
+// loom's atomics under `--cfg lbkit_loom` (tests/loom.rs).
+use lbkit_core::sync::{AtomicU64, Ordering::Relaxed};
 use lbkit_core::{EndpointIdx, PickContext, PickError, Picker, Snapshot, Strategy, Timestamp};
 
 /// A counter shared by every picker a strategy prepares (survives snapshot swaps).
