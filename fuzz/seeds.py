@@ -93,3 +93,7 @@ for k, v in resps.items():
     put("h1_response", k, bytes([0]) + v)
     put("h1_response", k + "_split3", bytes([4]) + v)
 put("h1_response", "head", bytes([1]) + resps["length"])
+# `pick`: the JSON endpoint seeds, and statistics at the edges of the numbers.
+for f in (corp / "endpoints_json").iterdir():
+    put("pick", f.name, f.read_bytes())
+put("pick", "extreme", '[{"address":"a:1","weight":100,"utilization":1e308,"qps":1e308,"eps":1e308},{"address":"b:1","weight":1,"avg_response_ms":1e300,"ewma_ms":1e-300,"utilization":0,"qps":0,"eps":0}]')
