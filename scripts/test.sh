@@ -5,7 +5,16 @@
 # `cargo test --workspace` with any extra arguments, and stops ZooKeeper on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-trap 'scripts/zookeeper.sh stop >/dev/null 2>&1 || true' EXIT
+on_exit() {
+    local rc=$?
+    if [ "$rc" -ne 0 ] && [ -f "${LBKIT_ZK_DIR:-target/zookeeper}/server.log" ]; then
+        # What the shared ZooKeeper saw, for a discovery test that failed.
+        echo "== test.sh: tests failed ($rc); the shared ZooKeeper's last log lines:" >&2
+        grep -v "^\s*at " "${LBKIT_ZK_DIR:-target/zookeeper}/server.log" | tail -40 >&2 || true
+    fi
+    scripts/zookeeper.sh stop >/dev/null 2>&1 || true
+}
+trap on_exit EXIT
 eval "$(scripts/zookeeper.sh start)" # exports LBKIT_ZK
 eval "$(scripts/python.sh)"          # exports LBKIT_PYTHON (a venv with scripts/requirements.txt)
 cargo test --workspace "$@"

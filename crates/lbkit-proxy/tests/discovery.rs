@@ -40,12 +40,15 @@ async fn until_serving(proxy: &Proxy, names: &[&str], window: usize) {
     let client = client();
     let want: HashSet<String> = names.iter().map(|n| (*n).to_owned()).collect();
     let mut last: Vec<String> = Vec::new();
-    tokio::time::timeout(WAIT, async {
+    let (mut tries, mut other) = (0u64, None);
+    let served = tokio::time::timeout(WAIT, async {
         loop {
             let (status, body, _) = get(&client, proxy.listeners()[0], "/", &[]).await;
+            tries += 1;
             if status == StatusCode::OK {
                 last.push(body);
             } else {
+                other = Some((status, body));
                 last.clear();
             }
             if last.len() > window {
@@ -57,8 +60,14 @@ async fn until_serving(proxy: &Proxy, names: &[&str], window: usize) {
             tokio::task::yield_now().await;
         }
     })
-    .await
-    .unwrap_or_else(|_| panic!("never served exactly {names:?}; last answers {last:?}"));
+    .await;
+    if served.is_err() {
+        let (_, endpoints) = admin(&client, proxy, "GET", "/endpoints", "").await;
+        panic!(
+            "never served exactly {names:?} in {tries} requests; last answers {last:?}, \
+             last other answer {other:?}; /endpoints: {endpoints}"
+        );
+    }
 }
 
 /// The value of the sample `name{service="svc"}` in `/metrics`.
@@ -132,14 +141,24 @@ fn zk_service(tag: &str, first: &Backend) -> (String, ServicePath) {
     (interface, path)
 }
 
-/// Register `backend` as a provider of `path`.
-fn register(zk: &str, path: &ServicePath, backend: &Backend) -> ZkRegistration {
-    ZkRegistration::spawn(
+/// Register `backend` as a provider of `path`, and wait until its node exists (so a test that
+/// then never sees it names the proxy, not the registration).
+async fn register(zk: &str, path: &ServicePath, backend: &Backend) -> ZkRegistration {
+    let reg = ZkRegistration::spawn(
         ZkConfig::new(zk),
         path.clone(),
         Provider::new(backend.addr.to_string()),
     )
-    .expect("registration starts")
+    .expect("registration starts");
+    let mut status = reg.status();
+    let registered = tokio::time::timeout(WAIT, status.wait_for(|s| s.registered)).await;
+    assert!(
+        registered.is_ok(),
+        "{} not registered in time: {:?}",
+        backend.addr,
+        status.get()
+    );
+    reg
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -149,14 +168,14 @@ async fn zookeeper_providers_come_and_go() {
     };
     let (a, b) = (Backend::start("a").await, Backend::start("b").await);
     let (interface, path) = zk_service("Api", &a);
-    let reg_a = register(&zk, &path, &a);
+    let reg_a = register(&zk, &path, &a).await;
     let text = config_with_source(&format!(
         "zookeeper = {{ zk = {zk:?}, interface = {interface:?} }}"
     ));
     let proxy = Proxy::start(parse(&text)).await.expect("proxy starts");
     until_serving(&proxy, &["a"], 4).await;
 
-    let reg_b = register(&zk, &path, &b);
+    let reg_b = register(&zk, &path, &b).await;
     until_serving(&proxy, &["a", "b"], 4).await;
 
     // Deregistration deletes a's node; the watch removes it from the proxy's set.
@@ -203,7 +222,10 @@ async fn a_held_empty_push_survives_a_health_flip_a_reload_and_ticks() {
     };
     let (a, b) = (Backend::start("a").await, Backend::start("b").await);
     let (interface, path) = zk_service("Held", &a);
-    let (reg_a, reg_b) = (register(&zk, &path, &a), register(&zk, &path, &b));
+    let (reg_a, reg_b) = (
+        register(&zk, &path, &a).await,
+        register(&zk, &path, &b).await,
+    );
     let source = format!(
         "zookeeper = {{ zk = {zk:?}, interface = {interface:?} }}\n\
          health_check = {{ kind = \"tcp\", interval_ms = 100, timeout_ms = 500, rise = 1, fall = 1 }}"
@@ -301,7 +323,7 @@ async fn the_registry_cache_and_an_older_zookeeper_work_in_the_proxy() {
     let (interface, path) = zk_service("Cached", &a);
     let dir = scratch("zk-cache");
     let cache = dir.join("svc.cache.json");
-    let reg_a = register(&zk, &path, &a);
+    let reg_a = register(&zk, &path, &a).await;
     // Through a shim that makes the server look like ZooKeeper 3.5.
     let old = lbkit_testkit::zk_shim::ZkShim::older_than_3_6(&zk)
         .await
@@ -312,7 +334,7 @@ async fn the_registry_cache_and_an_older_zookeeper_work_in_the_proxy() {
     ));
     let proxy = Proxy::start(parse(&text)).await.expect("proxy starts");
     until_serving(&proxy, &["a"], 4).await;
-    let reg_b = register(&zk, &path, &b);
+    let reg_b = register(&zk, &path, &b).await;
     until_serving(&proxy, &["a", "b"], 4).await;
     assert!(
         old.refused() >= 1,
