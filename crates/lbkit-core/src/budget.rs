@@ -77,12 +77,7 @@ impl Counter {
     /// The count for `epoch` (0 when the counter holds another epoch's).
     #[inline]
     fn get(&self, epoch: u64) -> u64 {
-        let v = self.0.load(Relaxed);
-        if v >> 32 == tag(epoch) {
-            v & 0xFFFF_FFFF
-        } else {
-            0
-        }
+        count_for(self.0.load(Relaxed), epoch).unwrap_or(0)
     }
 
     /// Add one for `epoch` when `allow(count so far)` says so; false when it does not, or when

@@ -103,8 +103,9 @@ pub fn pick(data: &[u8]) {
         return;
     };
     // ketama puts 160 points per unit of weight on its ring, up to its documented bound of
-    // 2^24 points, which takes 1.7 s and 128 MiB to prepare (release build, one endpoint of
-    // weight 100 100): within its limit, but past libFuzzer's per-input timeout here.
+    // 2^24 points, which takes 1.3-1.6 s and 250 MiB to prepare (release build, one endpoint
+    // of weight 100 100; RELIABILITY.md has the command): within its limit, but past
+    // libFuzzer's per-input timeout here.
     let total: u64 = list.iter().map(|e| u64::from(e.spec.weight)).sum();
     if total * 160 > 1 << 20 {
         return;

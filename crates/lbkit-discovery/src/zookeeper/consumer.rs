@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use futures_util::future::Either;
 use futures_util::stream::FuturesUnordered;
 use futures_util::{FutureExt, StreamExt};
 use lbkit_core::{EndpointKey, EndpointSpec, Update};
@@ -12,7 +13,7 @@ use zookeeper_client::{
     AddWatchMode, Client, Error as ZkError, EventType, OneshotWatcher, SessionState, StateWatcher,
 };
 
-use super::node::{decode_dubbo, decode_plain, Decoded, Layout, ProviderFilter, ServicePath};
+use super::node::{decode, Decoded, Layout, ProviderFilter, ServicePath};
 use super::{cache, connect, registry_err, Backoff, ZkConfig};
 use crate::controller::error_chain;
 use crate::error::DiscoveryError;
@@ -439,35 +440,8 @@ impl Consumer {
                 break (Vec::new(), watch);
             }
         };
-        let mut watchers = vec![dir_watch];
-        let mut nodes = BTreeMap::new();
-        match self.source.path.layout() {
-            Layout::Dubbo => {
-                for name in children {
-                    let decoded = self.decode(&name, &[]);
-                    nodes.insert(name, decoded);
-                }
-            }
-            Layout::Plain => {
-                let paths: Vec<String> = children
-                    .iter()
-                    .map(|c| format!("{}/{c}", self.dir))
-                    .collect();
-                let reads: Vec<_> = paths.iter().map(|p| client.get_and_watch_data(p)).collect();
-                for (name, read) in children.into_iter().zip(reads) {
-                    match read.await {
-                        Ok((data, _, watch)) => {
-                            watchers.push(watch);
-                            let decoded = self.decode(&name, &data);
-                            nodes.insert(name, decoded);
-                        }
-                        // Gone in between: the child watch fires for it.
-                        Err(ZkError::NoNode) => {}
-                        Err(e) => return Err(e),
-                    }
-                }
-            }
-        }
+        let (nodes, mut watchers) = self.read_nodes(client, children, true).await?;
+        watchers.push(dir_watch);
         self.listed(nodes);
         Ok(watchers)
     }
@@ -514,35 +488,60 @@ impl Consumer {
             Err(ZkError::NoNode) => Vec::new(),
             Err(e) => return Err(e),
         };
-        let mut nodes = BTreeMap::new();
-        match self.source.path.layout() {
-            Layout::Dubbo => {
-                for name in children {
-                    let decoded = self.decode(&name, &[]);
-                    nodes.insert(name, decoded);
-                }
-            }
-            Layout::Plain => {
-                // Requests are sent when the futures are made: one round trip for all.
-                let paths: Vec<String> = children
-                    .iter()
-                    .map(|c| format!("{}/{c}", self.dir))
-                    .collect();
-                let reads: Vec<_> = paths.iter().map(|p| client.get_data(p)).collect();
-                for (name, read) in children.into_iter().zip(reads) {
-                    match read.await {
-                        Ok((data, _)) => {
-                            let decoded = self.decode(&name, &data);
-                            nodes.insert(name, decoded);
-                        }
-                        Err(ZkError::NoNode) => {}
-                        Err(e) => return Err(e),
-                    }
-                }
-            }
-        }
+        let (nodes, _) = self.read_nodes(client, children, false).await?;
         self.listed(nodes);
         Ok(())
+    }
+
+    /// The nodes named `children`, decoded; in the plain layout each one's data is read, all
+    /// requests sent before the first answer is awaited (one round trip), with a one-shot data
+    /// watch on each when `watch`. A node gone in between is left out (its parent's watch, or
+    /// the persistent one, reports it).
+    async fn read_nodes(
+        &mut self,
+        client: &Client,
+        children: Vec<String>,
+        watch: bool,
+    ) -> Result<(BTreeMap<String, Option<EndpointSpec>>, Vec<OneshotWatcher>), ZkError> {
+        let (mut nodes, mut watchers) = (BTreeMap::new(), Vec::new());
+        if self.source.path.layout() == Layout::Dubbo {
+            for name in children {
+                let decoded = self.decode(&name, &[]);
+                nodes.insert(name, decoded);
+            }
+            return Ok((nodes, watchers));
+        }
+        let paths: Vec<String> = children
+            .iter()
+            .map(|c| format!("{}/{c}", self.dir))
+            .collect();
+        // Requests are sent when the futures are made.
+        let reads: Vec<_> = paths
+            .iter()
+            .map(|p| {
+                if watch {
+                    Either::Left(
+                        client
+                            .get_and_watch_data(p)
+                            .map(|r| r.map(|(d, _, w)| (d, Some(w)))),
+                    )
+                } else {
+                    Either::Right(client.get_data(p).map(|r| r.map(|(d, _)| (d, None))))
+                }
+            })
+            .collect();
+        for (name, read) in children.into_iter().zip(reads) {
+            match read.await {
+                Ok((data, watcher)) => {
+                    watchers.extend(watcher);
+                    let decoded = self.decode(&name, &data);
+                    nodes.insert(name, decoded);
+                }
+                Err(ZkError::NoNode) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok((nodes, watchers))
     }
 
     /// A full listing replaces the nodes.
@@ -553,10 +552,7 @@ impl Consumer {
     }
 
     fn decode(&mut self, name: &str, data: &[u8]) -> Option<EndpointSpec> {
-        let decoded = match self.source.path.layout() {
-            Layout::Dubbo => decode_dubbo(name, &self.source.filter),
-            Layout::Plain => decode_plain(name, data),
-        };
+        let decoded = decode(self.source.path.layout(), name, data, &self.source.filter);
         match decoded {
             Decoded::Endpoint(spec) => {
                 self.logged.remove(name);

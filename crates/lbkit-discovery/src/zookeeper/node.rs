@@ -190,14 +190,18 @@ pub fn decode_node(
     data: &[u8],
     filter: &ProviderFilter,
 ) -> Result<Option<EndpointSpec>, String> {
-    let decoded = match layout {
-        Layout::Dubbo => decode_dubbo(name, filter),
-        Layout::Plain => decode_plain(name, data),
-    };
-    match decoded {
+    match decode(layout, name, data, filter) {
         Decoded::Endpoint(spec) => Ok(Some(spec)),
         Decoded::Filtered => Ok(None),
         Decoded::Rejected(reason) => Err(reason),
+    }
+}
+
+/// Decode one provider node of `layout` (its name, and its data in the plain layout).
+pub(crate) fn decode(layout: Layout, name: &str, data: &[u8], filter: &ProviderFilter) -> Decoded {
+    match layout {
+        Layout::Dubbo => decode_dubbo(name, filter),
+        Layout::Plain => decode_plain(name, data),
     }
 }
 

@@ -2,7 +2,7 @@
 //! the request head, the response head and the response body framing, in owned results. Not
 //! an API: hidden from the docs and free to change.
 
-use super::wire::{self, BodyCursor, Framing, Hdr, Parsed};
+use super::wire::{self, BodyCursor, Hdr, Parsed};
 
 /// What the fast path decides about the bytes at the start of a client connection.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,17 +43,7 @@ pub fn request(buf: &[u8], max_headers: usize) -> RequestFraming {
 }
 
 /// How an upstream's response body ends, as the fast path reads it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ResponseFraming {
-    /// No body.
-    Empty,
-    /// `Content-Length`.
-    Length(u64),
-    /// Chunked.
-    Chunked,
-    /// Until the upstream closes.
-    Close,
-}
+pub use super::wire::Framing as ResponseFraming;
 
 /// The fast path's reading of a response head at the start of `buf`: `Ok(None)` while
 /// incomplete, else the head's length, the status, the body framing and whether the upstream
@@ -67,13 +57,7 @@ pub fn response(
     let Some(h) = wire::parse_response(buf, &mut hdrs, head_request)? else {
         return Ok(None);
     };
-    let framing = match h.framing {
-        Framing::Empty => ResponseFraming::Empty,
-        Framing::Length(n) => ResponseFraming::Length(n),
-        Framing::Chunked => ResponseFraming::Chunked,
-        Framing::Close => ResponseFraming::Close,
-    };
-    Ok(Some((h.len, h.code, framing, h.keep_alive)))
+    Ok(Some((h.len, h.code, h.framing, h.keep_alive)))
 }
 
 /// A response body being read, fed in pieces as they arrive.
@@ -83,12 +67,7 @@ pub struct Body(BodyCursor);
 impl Body {
     /// A body framed as `framing`.
     pub fn new(framing: ResponseFraming) -> Self {
-        Body(BodyCursor::new(match framing {
-            ResponseFraming::Empty => Framing::Empty,
-            ResponseFraming::Length(n) => Framing::Length(n),
-            ResponseFraming::Chunked => Framing::Chunked,
-            ResponseFraming::Close => Framing::Close,
-        }))
+        Body(BodyCursor::new(framing))
     }
 
     /// How many bytes at the front of `data` belong to the body; `Err` for a malformed

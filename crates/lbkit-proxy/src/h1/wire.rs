@@ -125,7 +125,7 @@ pub(super) fn parse_request(buf: &[u8], hdrs: &mut Vec<Hdr>, max_headers: usize)
 
 /// How a response body ends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Framing {
+pub enum Framing {
     /// No body (HEAD, 204, 304).
     Empty,
     /// `Content-Length`.
