@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The loom models (exhaustive interleavings of the lock-free state): lbkit-core's retry budget
-# and lbkit-strategy's round-robin counters. A separate target directory: `--cfg lbkit_loom` rebuilds
+# The loom models (exhaustive interleavings of the lock-free state): lbkit-core's retry budget,
+# windowed response-time mean, live statistics and snapshot swap with guards in flight, and
+# lbkit-strategy's round-robin counters. A separate target directory: `--cfg lbkit_loom` rebuilds
 # everything, and must not invalidate the normal build.
 set -euo pipefail
 cd "$(dirname "$0")/.."

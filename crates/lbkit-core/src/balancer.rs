@@ -2,11 +2,8 @@
 //! `ArcSwap`, and [`CallGuard`], which feeds each call's outcome back into the statistics.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-
-use arc_swap::ArcSwap;
 
 use crate::availability::Availability;
 use crate::endpoint::Endpoint;
@@ -14,6 +11,7 @@ use crate::error::PickError;
 use crate::snapshot::{EndpointIdx, Snapshot};
 use crate::stats::Outcome;
 use crate::strategy::{BoxStrategy, PickContext, Picker, Strategy};
+use crate::sync::{ArcCell, AtomicBool, Ordering};
 use crate::time::{Clock, Timestamp};
 
 /// How often the balancer re-prepares while some endpoint is inside its warm-up or slow-start
@@ -53,6 +51,11 @@ impl<P: Picker> Prepared<P> {
     /// When it should be prepared again (response-time refresh, warm-up), if ever.
     pub fn refresh_at(&self) -> Option<Timestamp> {
         self.refresh_at
+    }
+
+    /// Whether it should be prepared again by `now`.
+    fn due(&self, now: Timestamp) -> bool {
+        self.refresh_at.is_some_and(|at| at <= now)
     }
 
     /// Choose an endpoint: the picker's choice, unless it was already tried by this call or the
@@ -195,7 +198,7 @@ pub struct Balancer<S: Strategy = BoxStrategy> {
     availability: Availability,
     clock: Clock,
     /// The published state; replaced whole by `publish` and `tick`.
-    current: ArcSwap<Prepared<S::Picker>>,
+    current: ArcCell<Prepared<S::Picker>>,
     /// Set while one thread re-prepares in `tick`, so at most one does.
     refreshing: AtomicBool,
 }
@@ -211,7 +214,7 @@ impl<S: Strategy> Balancer<S> {
             strategy,
             availability: Availability::default(),
             clock: Clock::System,
-            current: ArcSwap::from_pointee(prepared),
+            current: ArcCell::from_pointee(prepared),
             refreshing: AtomicBool::new(false),
         }
     }
@@ -271,12 +274,12 @@ impl<S: Strategy> Balancer<S> {
 
     /// Whether the current picker asked to be re-prepared by `now`.
     pub fn refresh_due(&self, now: Timestamp) -> bool {
-        self.current.load().refresh_at.is_some_and(|at| at <= now)
+        self.current.load().due(now)
     }
 
-    /// Re-prepare the current snapshot if it is due (response-time weights, warm-up). At most
-    /// one thread prepares at a time; a `publish` that lands meanwhile wins. Returns whether a
-    /// new picker was published.
+    /// Re-prepare the current snapshot if it is due (response-time weights, warm-up). One due
+    /// refresh is prepared once, however many threads tick; a `publish` that lands meanwhile
+    /// wins. Returns whether a new picker was published.
     pub fn tick(&self, now: Timestamp) -> bool {
         if !self.refresh_due(now) {
             return false;
@@ -285,7 +288,14 @@ impl<S: Strategy> Balancer<S> {
         if self.refreshing.swap(true, Ordering::Acquire) {
             return false;
         }
+        // Checked again under the flag: another refresher may have published since the check
+        // above (without this, two ticks could both prepare the same refresh; the loom model
+        // `concurrent_ticks_prepare_once` finds it).
         let before = self.current.load_full();
+        if !before.due(now) {
+            self.refreshing.store(false, Ordering::Release);
+            return false;
+        }
         let next = Arc::new(prepare(&self.strategy, before.snapshot.clone(), now));
         let prev = self.current.compare_and_swap(&before, next);
         let swapped = Arc::ptr_eq(&prev, &before);

@@ -16,7 +16,8 @@
 
 use std::time::Duration;
 
-use crate::sync::{AtomicU64, Ordering::Relaxed};
+use crate::sync::Ordering::Relaxed;
+use crate::tagged::Tagged;
 use crate::time::{duration_nanos, Timestamp};
 
 const SLOTS: usize = 10;
@@ -48,58 +49,8 @@ struct Slot {
     withdrawals: Counter,
 }
 
-/// A slot's count with its epoch: `epoch (low 32 bits) << 32 | count`.
-#[derive(Debug, Default)]
-struct Counter(AtomicU64);
-
-/// The epoch as a counter stores it.
-#[inline]
-fn tag(epoch: u64) -> u64 {
-    epoch & 0xFFFF_FFFF
-}
-
-/// What a counter holding `v` counts for `epoch`: its count when it is that epoch's, 0 when
-/// it is an older one's, `None` when it already belongs to a newer epoch (the caller's window
-/// is gone).
-#[inline]
-fn count_for(v: u64, epoch: u64) -> Option<u64> {
-    let stored = v >> 32;
-    if stored == tag(epoch) {
-        Some(v & 0xFFFF_FFFF)
-    } else if (stored.wrapping_sub(tag(epoch)) as u32 as i32) > 0 {
-        None
-    } else {
-        Some(0)
-    }
-}
-
-impl Counter {
-    /// The count for `epoch` (0 when the counter holds another epoch's).
-    #[inline]
-    fn get(&self, epoch: u64) -> u64 {
-        count_for(self.0.load(Relaxed), epoch).unwrap_or(0)
-    }
-
-    /// Add one for `epoch` when `allow(count so far)` says so; false when it does not, or when
-    /// the counter already belongs to a newer epoch.
-    #[inline]
-    fn add_if(&self, epoch: u64, allow: impl Fn(u64) -> bool) -> bool {
-        let mut v = self.0.load(Relaxed);
-        loop {
-            let Some(count) = count_for(v, epoch) else {
-                return false;
-            };
-            if !allow(count) {
-                return false;
-            }
-            let next = (tag(epoch) << 32) | (count + 1).min(0xFFFF_FFFF);
-            match self.0.compare_exchange_weak(v, next, Relaxed, Relaxed) {
-                Ok(_) => return true,
-                Err(now) => v = now,
-            }
-        }
-    }
-}
+/// A slot's count with its epoch (`crate::tagged`): 32 bits of each.
+type Counter = Tagged<32>;
 
 impl Default for RetryBudget {
     /// 10 s window, 10 retries per second always allowed, plus 20 % of the requests (linkerd's
@@ -133,7 +84,9 @@ impl RetryBudget {
     #[inline]
     pub fn deposit(&self, now: Timestamp) {
         let epoch = self.epoch(now);
-        self.slot(epoch).deposits.add_if(epoch, |_| true);
+        self.slot(epoch)
+            .deposits
+            .add_if(epoch, 1, Relaxed, |_| true);
     }
 
     /// Take one retry at `now`; `false` when the budget is spent.
@@ -142,13 +95,13 @@ impl RetryBudget {
         let (deposits, mut withdrawals) = (self.sum(current, |s| &s.deposits), 0);
         for (epoch, slot) in self.window(current) {
             if epoch != current {
-                withdrawals += slot.withdrawals.get(epoch);
+                withdrawals += slot.withdrawals.get(epoch, Relaxed);
             }
         }
         let allowance = self.reserve + self.ratio * deposits as f64 - withdrawals as f64;
         self.slot(current)
             .withdrawals
-            .add_if(current, |taken| allowance - taken as f64 >= 1.0)
+            .add_if(current, 1, Relaxed, |taken| allowance - taken as f64 >= 1.0)
     }
 
     /// Retries available at `now` (rounded down).
@@ -178,7 +131,7 @@ impl RetryBudget {
 
     fn sum(&self, current: u64, counter: impl Fn(&Slot) -> &Counter) -> u64 {
         self.window(current)
-            .map(|(epoch, slot)| counter(slot).get(epoch))
+            .map(|(epoch, slot)| counter(slot).get(epoch, Relaxed))
             .sum()
     }
 }

@@ -148,7 +148,7 @@ impl EndpointSpec {
 /// Immutable except for its [`EndpointStats`], which are shared atomics that survive snapshot
 /// swaps for as long as the key stays in the set.
 #[derive(Clone)]
-pub struct Endpoint(Arc<EndpointInner>);
+pub struct Endpoint(crate::sync::Arc<EndpointInner>);
 
 struct EndpointInner {
     // Immutable after construction.
@@ -177,7 +177,7 @@ impl Endpoint {
             (Some(_), None) => DEFAULT_WARMUP,
             (None, None) => Duration::ZERO,
         };
-        Endpoint(Arc::new(EndpointInner {
+        Endpoint(crate::sync::Arc::new(EndpointInner {
             key_hash: key_hash(&spec.key),
             key: spec.key,
             address: Arc::from(spec.address),

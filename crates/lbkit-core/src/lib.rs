@@ -61,6 +61,7 @@ mod stats;
 mod strategy;
 #[doc(hidden)]
 pub mod sync;
+mod tagged;
 mod time;
 
 pub use attempt::{

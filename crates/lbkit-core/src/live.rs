@@ -22,18 +22,30 @@
 // dropped, never by a pick or a call.
 #![allow(clippy::disallowed_types)]
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
-use std::sync::{Mutex, PoisonError};
+use std::sync::PoisonError;
 use std::time::Duration;
 
+use crate::sync::{AtomicU32, AtomicU64, Ordering::Relaxed};
 use crate::time::{duration_nanos, Timestamp};
 
 /// Lines per slab chunk (64 KiB).
+#[cfg(not(lbkit_loom))]
 const CHUNK: usize = 1024;
+/// Under loom, chunks of two lines: a model reaches a second chunk and reuses lines.
+#[cfg(lbkit_loom)]
+const CHUNK: usize = 2;
 
 /// Free lines of the process-wide slab (a stack: the next line handed out is the last freed,
 /// and a fresh chunk's lines come out in address order).
-static FREE: Mutex<Vec<&'static LiveStats>> = Mutex::new(Vec::new());
+#[cfg(not(lbkit_loom))]
+static FREE: std::sync::Mutex<Vec<&'static LiveStats>> = std::sync::Mutex::new(Vec::new());
+
+// Under loom, one free list per model execution (loom's statics are reset between them; the
+// lines an execution leaked are never seen again).
+#[cfg(lbkit_loom)]
+loom::lazy_static! {
+    static ref FREE: loom::sync::Mutex<Vec<&'static LiveStats>> = loom::sync::Mutex::new(Vec::new());
+}
 
 /// Add `v` to `sum`, staying at `u64::MAX` instead of wrapping (latency sums).
 pub(crate) fn add_saturating(sum: &AtomicU64, v: u64) {
@@ -76,6 +88,7 @@ pub struct LiveStats {
     ewma: PeakEwma,
 }
 
+#[cfg(not(lbkit_loom))]
 const _: () = assert!(std::mem::size_of::<LiveStats>() == 64);
 
 // === impl LiveStats ===
@@ -328,7 +341,7 @@ impl PeakEwma {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(lbkit_loom)))]
 mod tests {
     use super::*;
     use proptest::prelude::*;
