@@ -8,6 +8,7 @@
 #                                 address to $LBKIT_ZK_DIR/addr and target/zk.addr
 #   scripts/zookeeper.sh restart  stop, then start again on the same port with the same data dir
 #                                 (sessions and ephemeral nodes survive, as after a real restart)
+#   scripts/zookeeper.sh install  only install Debian's `zookeeper` if missing
 #   scripts/zookeeper.sh stop     stop the server by pid (SIGTERM, then SIGKILL after 10 s)
 #   scripts/zookeeper.sh status   print the address and exit 0 when it answers, exit 1 otherwise
 #
@@ -158,11 +159,12 @@ status() {
 
 case "${1:-}" in
 start) start ;;
+install) install ;;
 restart) restart ;;
 stop) stop ;;
 status) status ;;
 *)
-    echo "usage: $0 start|restart|stop|status" >&2
+    echo "usage: $0 start|install|restart|stop|status" >&2
     exit 2
     ;;
 esac

@@ -176,6 +176,19 @@ mod tests {
     }
 
     #[test]
+    fn wall_clock_times_count() {
+        // Wall-clock epochs (here 100 ms slots of a 1 s window, in 2031) have tags in the
+        // upper half of 32 bits half the time: deposits on fresh counters must count there.
+        let b = RetryBudget::new(Duration::from_secs(1), 0, 1.0);
+        let now = Timestamp::from_millis(1_932_735_283_200);
+        assert!(((now.as_nanos() / 100_000_000 + 1) & 0xFFFF_FFFF) >= 1 << 31);
+        b.deposit(now);
+        b.deposit(now);
+        assert_eq!(b.balance(now), 2);
+        assert!(b.withdraw(now));
+    }
+
+    #[test]
     fn concurrent_use_never_overspends_much() {
         let b = std::sync::Arc::new(RetryBudget::new(Duration::from_secs(10), 0, 0.2));
         let taken: usize = std::thread::scope(|s| {

@@ -550,6 +550,17 @@ mod tests {
     }
 
     #[test]
+    fn windowed_mean_at_wall_clock_times() {
+        // Epochs of today's wall clock are far above the 20-bit tags: they wrap, and still match.
+        let s = EndpointStats::default();
+        let now = Timestamp::from_millis(1_796_150_109_569);
+        s.record(Duration::from_millis(400), now, Outcome::Success);
+        let w = Duration::from_secs(30);
+        assert_eq!(s.avg_response_at(now, w), Some(Duration::from_millis(400)));
+        assert_eq!(s.window_sum_at(now, w), (1, 400_000_000));
+    }
+
+    #[test]
     fn windowed_mean_forgets_old_slots() {
         let s = EndpointStats::default();
         let w = Duration::from_secs(30);

@@ -27,10 +27,18 @@ impl<const TAG_BITS: u32> Tagged<TAG_BITS> {
     }
 
     /// What a word holding `v` counts for `epoch`: its value when it is that epoch's, 0 when
-    /// it is an older one's, `None` when it already belongs to a newer epoch (the caller's
-    /// window is gone).
+    /// it is an older one's or empty, `None` when it already belongs to a newer epoch (the
+    /// caller's window is gone).
+    ///
+    /// An empty word (value 0) belongs to no epoch: a fresh word reads as tag 0, which the
+    /// wrap-around comparison would take for *newer* than every epoch in the upper half of the
+    /// tag space, refusing all writes to it (today's wall-clock epochs land there half the
+    /// time).
     #[inline]
     pub(crate) fn value_for(v: u64, epoch: u64) -> Option<u64> {
+        if v & Self::MAX == 0 {
+            return Some(0);
+        }
         let ahead = (v >> Self::VALUE_BITS).wrapping_sub(Self::tag(epoch)) & Self::TAG_MASK;
         if ahead == 0 {
             Some(v & Self::MAX)
@@ -112,6 +120,26 @@ mod tests {
             Some(7),
             "2^TAG_BITS apart look alike"
         );
+        assert_eq!(
+            T::value_for(word(0, 0), 12),
+            Some(0),
+            "an empty word is no epoch's"
+        );
+        assert_eq!(
+            T::value_for(word(13, 0), 12),
+            Some(0),
+            "not even a newer one's"
+        );
+    }
+
+    #[test]
+    fn a_fresh_word_takes_epochs_in_the_upper_half_of_the_tags() {
+        // Epoch 2^19 + 5 has a tag in the upper half: the fresh word's tag 0 looked newer than
+        // it, and every write was refused.
+        let t = Tagged::<20>::default();
+        let epoch = (1 << 19) + 5;
+        assert!(t.add_if(epoch, 3, Relaxed, |_| true));
+        assert_eq!(t.get(epoch, Relaxed), 3);
     }
 
     #[test]

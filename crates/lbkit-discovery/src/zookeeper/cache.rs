@@ -109,22 +109,40 @@ pub(super) fn spawn_writer(
 ) -> watch::Sender<Arc<Vec<EndpointSpec>>> {
     let (tx, mut rx) = watch::channel(Arc::new(Vec::new()));
     tokio::spawn(async move {
-        // Coalesces bursts: only the latest set is written. Ends with the consumer task.
+        // Coalesces bursts: only the latest set is written. Ends with the consumer task. A
+        // failing disk is one error line per run of failures, not one per change: serving
+        // goes on from memory, and the file is written again at the next change that works.
+        let mut failing = false;
         while rx.changed().await.is_ok() {
             let specs = rx.borrow_and_update().clone();
             let n = specs.len();
             let p = path.clone();
-            let written = tokio::task::spawn_blocking(move || write_cache(&p, &specs)).await;
+            let written = tokio::task::spawn_blocking(move || write_cache(&p, &specs))
+                .await
+                .unwrap_or_else(|e| Err(cache_err(&path, format!("writer task failed: {e}"))));
             match written {
-                Ok(Ok(())) => status.send_modify(|s| {
-                    s.cache_writes += 1;
-                    s.cached = n;
-                }),
-                Ok(Err(e)) => {
-                    tracing::warn!(error = %e, "registry cache not written");
-                    status.send_modify(|s| s.last_error = Some(e.to_string()));
+                Ok(()) => {
+                    if std::mem::take(&mut failing) {
+                        tracing::info!(path = %path.display(), "registry cache written again");
+                    }
+                    status.send_modify(|s| {
+                        s.cache_writes += 1;
+                        s.cached = n;
+                    });
                 }
-                Err(e) => tracing::warn!(error = %e, "registry cache writer failed"),
+                Err(e) => {
+                    if !std::mem::replace(&mut failing, true) {
+                        tracing::error!(
+                            error = %e,
+                            "registry cache not written; serving goes on from memory, \
+                             later failures are counted (cache_failures), not logged"
+                        );
+                    }
+                    status.send_modify(|s| {
+                        s.cache_failures += 1;
+                        s.last_error = Some(e.to_string());
+                    });
+                }
             }
         }
     });

@@ -40,6 +40,9 @@ pub struct ZkStatus {
     pub cache_writes: u64,
     /// Providers in the last set written to the cache file.
     pub cached: usize,
+    /// Cache file writes that failed (a read-only or full disk). The first failure of a run is
+    /// logged as an error naming the file; the next success is logged once too.
+    pub cache_failures: u64,
     /// Whether the consumer watches with one-shot watches (the server has no persistent
     /// recursive watches, ZooKeeper < 3.6, or [`WatchMode::OneShot`] asked for them).
     pub one_shot_watches: bool,
