@@ -3,6 +3,8 @@
 //! A provider registers `URL.encode(url.toFullString())`, for example
 //! `dubbo%3A%2F%2F10.0.0.1%3A20880%2Fcom.acme.Greeter%3Fweight%3D200%26timestamp%3D1700000000000`,
 //! which decodes to `dubbo://10.0.0.1:20880/com.acme.Greeter?weight=200&timestamp=1700000000000`.
+//! Both Java's encoding (`URLEncoder`: a space as `+`, `~` as `%7E`) and Python's (`quote`:
+//! `%20`, bare `~`), as the official Python implementation writes it, decode alike.
 //! Parsing follows Dubbo's `URL.valueOf`: `protocol://[user[:password]@]host:port/path?k=v&…`,
 //! query values taken verbatim. The consumer reads `weight` (default 100), `timestamp` (epoch ms,
 //! for warm-up) and `warmup` (ms, default 10 min) as `AbstractLoadBalance.getWeight` does;
@@ -49,7 +51,11 @@ impl ProviderUrl {
         let decoded = if text.contains("://") {
             text.to_owned()
         } else {
-            percent_decode_str(text)
+            // Java's `URLEncoder` (what Dubbo's `URL.encode` calls) writes a space as `+` and
+            // a literal `+` as `%2B`; Python's `quote` writes `%20` and `%2B`: `+` is a space
+            // either way. `~` comes bare or as `%7E`, which decoding takes alike.
+            let spaced = text.replace('+', " ");
+            percent_decode_str(&spaced)
                 .decode_utf8()
                 .map_err(|_| err(text, "percent-encoding does not decode to UTF-8"))?
                 .into_owned()
@@ -161,6 +167,19 @@ fn parse_plain(url: &str) -> Result<ProviderUrl, UrlError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn java_and_python_encodings_decode_alike() {
+        let plain = "dubbo://10.0.0.1:20880/com.acme.Greeter?application=my app&tag=~grey&k=a+b";
+        let java = "dubbo%3A%2F%2F10.0.0.1%3A20880%2Fcom.acme.Greeter%3Fapplication%3Dmy+app%26tag%3D%7Egrey%26k%3Da%2Bb";
+        let python = "dubbo%3A%2F%2F10.0.0.1%3A20880%2Fcom.acme.Greeter%3Fapplication%3Dmy%20app%26tag%3D~grey%26k%3Da%2Bb";
+        let want = ProviderUrl::parse(plain).unwrap();
+        assert_eq!(want.params["application"], "my app");
+        assert_eq!(want.params["k"], "a+b", "a plain URL is taken verbatim");
+        for encoded in [java, python] {
+            assert_eq!(ProviderUrl::parse(encoded).unwrap(), want, "{encoded}");
+        }
+    }
 
     #[test]
     fn reads_weight_timestamp_warmup_and_state() {

@@ -370,5 +370,12 @@ fn upstream_request(
     } else {
         parts.headers.clone()
     };
+    if h2c {
+        // HTTP/2 names the target in `:authority` (here the endpoint's address, which the pool
+        // connects to). A `Host` naming another entity makes the request malformed (RFC 9113
+        // §8.3.1; strict stacks such as Python's `h2` refuse it), so it is not sent: the
+        // client's host travels in `Forwarded: host=`.
+        req.headers_mut().remove(http::header::HOST);
+    }
     Some(req)
 }

@@ -276,6 +276,22 @@ async fn worker_threads_share_the_listener_and_drain_on_shutdown() {
 async fn h2c_upstreams_are_spoken_to_in_http2() {
     let a = Backend::start("a").await;
     let proxy = start(&config_text(&[&a], "round-robin", "h2c = true")).await;
-    let (status, body, _) = get(&client(), proxy.listeners()[0], "/", &[]).await;
+    let (status, body, headers) = get(&client(), proxy.listeners()[0], "/", &[]).await;
     assert_eq!((status, body.as_str()), (StatusCode::OK, "a"));
+    // RFC 9113 §8.3.1: no `Host` beside an `:authority` naming another entity (strict HTTP/2
+    // stacks refuse such a request); the client's host goes in `Forwarded`.
+    let seen = |h: &str| {
+        headers
+            .get(h)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    assert_eq!(seen("x-seen-authority"), Some(a.addr.to_string()));
+    assert_eq!(seen("x-seen-host"), None, "a Host beside :authority");
+    let forwarded = seen("x-seen-forwarded").unwrap_or_default();
+    let host = proxy.listeners()[0].to_string();
+    assert!(
+        forwarded.contains(&format!("host=\"{host}\"")),
+        "{forwarded}"
+    );
 }

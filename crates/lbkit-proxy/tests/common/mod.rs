@@ -106,7 +106,14 @@ fn answer(req: &Request<hyper::body::Incoming>, body: Bytes) -> Response<Full<By
         body
     };
     let mut resp = Response::new(Full::new(body));
+    // What named the target: `:authority` (HTTP/2; the URI's authority) and `Host`.
+    if let Some(a) = req.uri().authority() {
+        if let Ok(v) = http::HeaderValue::from_str(a.as_str()) {
+            resp.headers_mut().insert("x-seen-authority", v);
+        }
+    }
     for (from, to) in [
+        ("host", "x-seen-host"),
         ("x-forwarded-for", "x-seen-xff"),
         ("forwarded", "x-seen-forwarded"),
         ("connection", "x-seen-connection"),
