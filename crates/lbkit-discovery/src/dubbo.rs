@@ -94,11 +94,19 @@ impl ProviderUrl {
         }
         spec.metadata
             .insert("protocol".into(), self.protocol.clone());
-        spec.metadata.insert("interface".into(), self.path.clone());
         for (k, v) in &self.params {
             if !matches!(k.as_str(), "weight" | "timestamp" | "warmup" | "zone") {
                 spec.metadata.insert(k.clone(), v.clone());
             }
+        }
+        // The interface: the `interface` parameter (Java Dubbo writes it), else the path, else
+        // the `service` parameter (the official Python implementation registers
+        // `tri://127.0.0.1:50051?service=NAME`, with neither of the other two).
+        if !spec.metadata.contains_key("interface") {
+            let from_path = Some(self.path.as_str()).filter(|p| !p.is_empty());
+            let interface = from_path.or(self.params.get("service").map(String::as_str));
+            spec.metadata
+                .insert("interface".into(), interface.unwrap_or_default().to_owned());
         }
         Ok(spec)
     }
@@ -167,6 +175,37 @@ fn parse_plain(url: &str) -> Result<ProviderUrl, UrlError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_minimal_python_registration() {
+        // What apache-dubbo (Python) 3.0.0b1 names its provider node: no path, `interface`,
+        // `weight` or `timestamp`.
+        let u = ProviderUrl::parse(
+            "tri%3A%2F%2F127.0.0.1%3A50051%3Fservice%3Dorg.apache.dubbo.samples.data.Greeter",
+        )
+        .unwrap();
+        let s = u.to_spec().unwrap();
+        assert_eq!(
+            (u.protocol.as_str(), s.address.as_str()),
+            ("tri", "127.0.0.1:50051")
+        );
+        assert_eq!(
+            s.metadata["interface"],
+            "org.apache.dubbo.samples.data.Greeter"
+        );
+        assert_eq!(
+            (s.weight, s.registered_at),
+            (lbkit_core::DEFAULT_WEIGHT, None)
+        );
+        // Java Dubbo's `interface` parameter wins over the path.
+        let java = ProviderUrl::parse(
+            "dubbo://10.0.0.1:20880/com.acme.Greeter2?interface=com.acme.Greeter",
+        )
+        .unwrap()
+        .to_spec()
+        .unwrap();
+        assert_eq!(java.metadata["interface"], "com.acme.Greeter");
+    }
 
     #[test]
     fn java_and_python_encodings_decode_alike() {
