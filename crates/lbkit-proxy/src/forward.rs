@@ -5,9 +5,10 @@
 //! [`Attempts`] (its module docs have the table); the fast path (`h1/`) and the TCP relay
 //! drive the same state machine.
 //!
-//! * A request body is replayable when it is empty or, for an idempotent method, announced at
-//!   most [`MAX_REPLAY_BODY`] bytes (then it is buffered, within the route's timeout); any
-//!   other body is streamed once, watched ([`ClientBody`]).
+//! * A request body is replayable when it is empty or announced at most [`MAX_REPLAY_BODY`]
+//!   bytes, whatever the method (then it is buffered, within the route's timeout, as the fast
+//!   path does): a connect failure is retried for every method, since nothing reached the
+//!   upstream. Any other body is streamed once, watched ([`ClientBody`]), and not retried.
 //! * A failure the client caused is the client's: a body that breaks (malformed framing, an
 //!   aborted upload) is answered 400, one still uploading when the attempt times out 408, and
 //!   the call is a cancellation, never the endpoint's failure (so a slow or broken client
@@ -179,7 +180,7 @@ impl Outgoing {
         }
         let idempotent = is_idempotent_method(parts.method.as_str().as_bytes());
         let limit = envelope.route().policy.overall.unwrap_or(Duration::MAX);
-        let (body, upload) = replayable(body, idempotent, limit).await?;
+        let (body, upload) = replayable(body, limit).await?;
         Ok(Outgoing {
             parts,
             body,
@@ -297,12 +298,11 @@ pub(crate) fn local(status: StatusCode, text: &str) -> Response<ProxyBody> {
     resp
 }
 
-/// The body as a replayable buffer when it is empty or small enough (and worth it), read
-/// within `limit`; else the stream as it came, watched. `Err`: the client's answer (400 for a
-/// broken body, 408 for one slower than `limit`).
+/// The body as a replayable buffer when it is empty or announced small enough, read within
+/// `limit`; else the stream as it came, watched. `Err`: the client's answer (400 for a broken
+/// body, 408 for one slower than `limit`).
 async fn replayable(
     body: Incoming,
-    idempotent: bool,
     limit: Duration,
 ) -> Result<(UpstreamBody, Option<UploadState>), Response<ProxyBody>> {
     if body.is_end_stream() {
@@ -312,7 +312,7 @@ async fn replayable(
         .size_hint()
         .upper()
         .is_some_and(|n| n <= MAX_REPLAY_BODY);
-    if !(idempotent && small) {
+    if !small {
         let (body, upload) = ClientBody::new(body);
         return Ok((Either::Right(body), Some(upload)));
     }
