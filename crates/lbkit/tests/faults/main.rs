@@ -507,14 +507,13 @@ async fn cache(plan: Plan, dir: &Path, r: &mut Report) -> Result<()> {
     const NOT_WRITTEN: &str = "registry cache not written";
     // Read-only: two changes (a provider comes and goes), no cache write can land.
     let ro = procs::read_only(&cache_dir, true)?;
-    let extra = procs::register(&zk.addr, INTERFACE, &backends[3], dir).await?;
+    let mut extra = procs::register(&zk.addr, INTERFACE, &backends[3], dir).await?;
     let t = traffic.now();
     traffic
         .until("4 providers", WAIT, |v| v.at > t && v.endpoints.len() == 4)
         .await?;
     tokio::time::sleep(plan.phase / 2).await;
     let served_extra_from = traffic.now();
-    let mut extra = extra;
     extra.stop().await;
     let t = traffic.now();
     traffic
