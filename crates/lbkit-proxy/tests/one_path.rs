@@ -135,10 +135,7 @@ async fn endpoints(
     (SocketAddr, Arc<AtomicUsize>),
 ) {
     let first = if fault == Fault::Refused {
-        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = l.local_addr().expect("addr");
-        drop(l); // nothing listens there now
-        (addr, Arc::new(AtomicUsize::new(0)))
+        (lbkit_testkit::refused_addr(), Arc::new(AtomicUsize::new(0)))
     } else {
         upstream(Some(fault)).await
     };

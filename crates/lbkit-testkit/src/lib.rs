@@ -27,6 +27,24 @@ pub fn snapshot(endpoints: &[(&str, u32)]) -> Arc<Snapshot> {
     ))
 }
 
+/// A loopback address whose connections are refused, for as long as the process runs: a
+/// socket is bound there and never listens (and is never closed), so no other socket of the
+/// test binary — a backend another test starts meanwhile — can get the port. (Binding a port
+/// and closing it again leaves it free for the next `bind(0)`: a concurrent test's backend then
+/// answers where a refusal was expected.)
+///
+/// # Panics
+/// When no loopback socket can be bound.
+pub fn refused_addr() -> std::net::SocketAddr {
+    let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+    socket
+        .bind(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
+        .expect("bind a loopback port");
+    let addr = socket.local_addr().expect("its address");
+    std::mem::forget(socket); // held, not listening, until the process exits
+    addr
+}
+
 /// The ZooKeeper server for tests, from `LBKIT_ZK` (set by `eval "$(scripts/zookeeper.sh start)"`
 /// or `scripts/test.sh`). Unset: a test failure in CI (`CI=true`), a skip with a printed reason
 /// elsewhere — ZooKeeper tests never pass silently without a server in CI.

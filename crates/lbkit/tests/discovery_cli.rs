@@ -90,11 +90,8 @@ fn bad_arguments_exit_2() {
 
 #[test]
 fn unreachable_registry_exits_1_within_the_timeout() {
-    // A port nothing listens on: bind, note it, release it.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port();
+    // A port whose connections are refused.
+    let port = lbkit_testkit::refused_addr().port();
     let zk = format!("127.0.0.1:{port}");
     let out = lbkit(&[
         "watch",

@@ -259,12 +259,10 @@ impl HttpServer {
     }
 }
 
-/// A loopback address nobody listens on: bind a port, then drop the listener.
+/// A loopback address whose connections are refused (`lbkit_testkit::refused_addr`: held, so
+/// a concurrent test's backend cannot get the port).
 pub async fn refused_addr() -> SocketAddr {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    drop(l);
-    addr
+    lbkit_testkit::refused_addr()
 }
 
 pub type Client = hyper_util::client::legacy::Client<
