@@ -111,7 +111,7 @@ fn post(path: &str) -> http::Request<Full<Bytes>> {
 #[tokio::test]
 async fn failover_when_an_endpoint_refuses_connections() {
     let live = HttpServer::start("live", Reply::Ok).await;
-    let dead = refused_addr().await;
+    let dead = lbkit_testkit::refused_addr();
     let pool = http_pool(&[dead, live.addr], false);
     let mut svc = BalanceLayer::http().seed(SEED).layer(pool.clone());
     within(async {

@@ -4,6 +4,9 @@
 //! them, and `lbkit proxy` (h2c upstreams, a load-aware strategy) calls them, also while one is
 //! killed. Both variables unset: skipped locally, a failure in CI.
 
+#[path = "faults/load.rs"]
+#[allow(dead_code)] // the fault run's load and admin sampler; this test uses the sampler
+mod load;
 #[path = "faults/procs.rs"]
 #[allow(dead_code)] // the fault run's process handling; this test uses part of it
 mod procs;
@@ -18,6 +21,7 @@ use hyper::client::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use procs::{free_port, Proc, Proxy, WAIT};
 use tokio::process::Command;
+use tokio::sync::watch;
 
 fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/dubbo_provider.py")
@@ -81,55 +85,48 @@ async fn greet(
     Ok((text, grpc_status))
 }
 
-/// Endpoints of service `api` as the admin API lists them.
-async fn endpoints(admin: std::net::SocketAddr) -> Vec<String> {
-    let Ok(stream) = tokio::net::TcpStream::connect(admin).await else {
-        return Vec::new();
-    };
-    let Ok((mut sender, conn)) =
-        hyper::client::conn::http1::handshake::<_, Full<Bytes>>(TokioIo::new(stream)).await
-    else {
-        return Vec::new();
-    };
-    tokio::spawn(conn);
-    let req = hyper::Request::get("/endpoints")
-        .header("host", "admin")
-        .body(Full::new(Bytes::new()))
-        .expect("a request");
-    let Ok(resp) = sender.send_request(req).await else {
-        return Vec::new();
-    };
-    let body = resp
-        .into_body()
-        .collect()
-        .await
-        .map(|c| c.to_bytes())
-        .unwrap_or_default();
-    let json: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
-    json["services"]["api"]["endpoints"]
-        .as_array()
-        .map(|l| {
-            l.iter()
-                .filter_map(|e| e["address"].as_str().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default()
+/// The proxy's admin API, read every 20 ms (the fault run's sampler) while the test runs.
+struct Admin {
+    latest: watch::Receiver<Option<load::View>>,
+    _stop: watch::Sender<bool>,
 }
 
-/// Wait (bounded) until the proxy serves exactly `n` endpoints. The admin API is the event
-/// source: it is read every 50 ms.
-async fn until_endpoints(admin: std::net::SocketAddr, n: usize) -> Vec<String> {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let list = endpoints(admin).await;
-        if list.len() == n {
-            return list;
+impl Admin {
+    fn watch(admin: std::net::SocketAddr) -> Admin {
+        let (stop, rx) = watch::channel(false);
+        let (tx, latest) = watch::channel(None);
+        tokio::spawn(load::sample_admin(
+            admin,
+            "api".to_owned(),
+            Duration::from_millis(20),
+            tokio::time::Instant::now(),
+            rx,
+            tx,
+        ));
+        Admin {
+            latest,
+            _stop: stop,
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the proxy never served {n} endpoints within {WAIT:?}: {list:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    /// Wait (bounded) until the proxy serves exactly `n` endpoints; their addresses.
+    async fn until_endpoints(&self, n: usize) -> Vec<String> {
+        let mut rx = self.latest.clone();
+        let seen = tokio::time::timeout(
+            WAIT,
+            rx.wait_for(|v| v.as_ref().is_some_and(|v| v.endpoints.len() == n)),
+        )
+        .await;
+        match seen {
+            Ok(Ok(v)) => v
+                .iter()
+                .flat_map(|v| v.endpoints.iter().map(|(a, _)| a.clone()))
+                .collect(),
+            _ => panic!(
+                "the proxy never served {n} endpoints within {WAIT:?}: {:?}",
+                self.latest.borrow().as_ref().map(|v| &v.endpoints)
+            ),
+        }
     }
 }
 
@@ -181,7 +178,8 @@ retries = 2
     let path = dir.join("proxy.toml");
     std::fs::write(&path, config).expect("write the config");
     let mut proxy = Proxy::start(&path, &dir).await.expect("the proxy starts");
-    until_endpoints(proxy.admin, 3).await;
+    let admin = Admin::watch(proxy.admin);
+    admin.until_endpoints(3).await;
     let stream = tokio::net::TcpStream::connect(proxy.listen)
         .await
         .expect("connect");
@@ -219,7 +217,7 @@ retries = 2
         !after.contains_key("p0"),
         "a killed provider answered: {after:?}"
     );
-    let left = until_endpoints(proxy.admin, 2).await;
+    let left = admin.until_endpoints(2).await;
     assert!(
         !left.contains(&format!("127.0.0.1:{}", providers[0].1)),
         "{left:?}"

@@ -259,12 +259,6 @@ impl HttpServer {
     }
 }
 
-/// A loopback address whose connections are refused (`lbkit_testkit::refused_addr`: held, so
-/// a concurrent test's backend cannot get the port).
-pub async fn refused_addr() -> SocketAddr {
-    lbkit_testkit::refused_addr()
-}
-
 pub type Client = hyper_util::client::legacy::Client<
     hyper_util::client::legacy::connect::HttpConnector,
     Full<Bytes>,

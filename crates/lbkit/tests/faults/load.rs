@@ -71,7 +71,8 @@ impl Conn {
     }
 }
 
-/// `connections` connections each send a GET every `every` until `stop` turns true.
+/// `connections` connections each send a GET every `every` until `stop` turns true; `done`
+/// counts the requests finished so far (answered or not), for waits on the traffic itself.
 pub async fn run(
     proxy: SocketAddr,
     connections: usize,
@@ -79,10 +80,11 @@ pub async fn run(
     start: Instant,
     names: Arc<Vec<String>>,
     stop: watch::Receiver<bool>,
+    done: Arc<watch::Sender<u64>>,
 ) -> Vec<Sample> {
     let mut tasks = tokio::task::JoinSet::new();
     for c in 0..connections {
-        let (names, mut stop) = (names.clone(), stop.clone());
+        let (names, mut stop, done) = (names.clone(), stop.clone(), done.clone());
         tasks.spawn(async move {
             let mut conn = Conn {
                 addr: proxy,
@@ -114,6 +116,7 @@ pub async fn run(
                     status,
                     backend,
                 });
+                done.send_modify(|n| *n += 1);
             }
             samples
         });

@@ -103,10 +103,32 @@ impl Report {
 /// Traffic through the proxy and the admin sampler, from `start` until `finish`.
 struct Traffic {
     start: Instant,
+    plan: Plan,
     stop: watch::Sender<bool>,
     load: tokio::task::JoinHandle<Vec<Sample>>,
     admin: tokio::task::JoinHandle<Vec<View>>,
     latest: watch::Receiver<Option<View>>,
+    done: watch::Receiver<u64>,
+}
+
+/// Wait (bounded) until the admin API shows `what`; when it first did.
+async fn until(
+    latest: &watch::Receiver<Option<View>>,
+    what: &str,
+    bound: Duration,
+    f: impl Fn(&View) -> bool,
+) -> Result<Duration> {
+    let mut rx = latest.clone();
+    let seen = tokio::time::timeout(bound, rx.wait_for(|v| v.as_ref().is_some_and(&f)))
+        .await
+        .map(|r| r.map(|v| v.as_ref().map(|v| v.at)));
+    match seen {
+        Ok(Ok(Some(at))) => Ok(at),
+        _ => Err(format!(
+            "the admin API never showed {what} within {bound:?}; last: {:?}",
+            latest.borrow().as_ref().map(|v| &v.endpoints)
+        )),
+    }
 }
 
 impl Traffic {
@@ -128,23 +150,26 @@ impl Traffic {
             rx.clone(),
             tx,
         ));
-        let mut traffic = Traffic {
-            start,
-            stop,
-            load: tokio::spawn(async { Vec::new() }),
-            admin,
-            latest,
-        };
-        traffic.until("the proxy ready", WAIT, ready).await?;
-        traffic.load = tokio::spawn(load::run(
+        until(&latest, "the proxy ready", WAIT, ready).await?;
+        let (done_tx, done) = watch::channel(0);
+        let load = tokio::spawn(load::run(
             proxy.listen,
             plan.connections,
             plan.every,
             start,
             Arc::new(names.to_vec()),
             rx,
+            Arc::new(done_tx),
         ));
-        Ok(traffic)
+        Ok(Traffic {
+            start,
+            plan,
+            stop,
+            load,
+            admin,
+            latest,
+            done,
+        })
     }
 
     fn now(&self) -> Duration {
@@ -158,15 +183,25 @@ impl Traffic {
         bound: Duration,
         f: impl Fn(&View) -> bool,
     ) -> Result<Duration> {
-        let mut rx = self.latest.clone();
-        let seen = tokio::time::timeout(bound, rx.wait_for(|v| v.as_ref().is_some_and(&f)))
+        until(&self.latest, what, bound, f).await
+    }
+
+    /// Wait until the load has finished the requests it sends in `d` at its pace (so at least
+    /// `d` passes: the load never runs ahead of its pace); bounded by four times that plus
+    /// [`WAIT`]. Phases of a scenario are measured in traffic, not slept through.
+    async fn serve(&self, d: Duration) -> Result<()> {
+        let per_conn = (d.as_nanos() / self.plan.every.as_nanos().max(1)) as u64;
+        let target = *self.done.borrow() + per_conn * self.plan.connections as u64;
+        let bound = d * 4 + WAIT;
+        let mut rx = self.done.clone();
+        let reached = tokio::time::timeout(bound, rx.wait_for(|&n| n >= target))
             .await
-            .map(|r| r.map(|v| v.as_ref().map_or(self.now(), |v| v.at)));
-        match seen {
-            Ok(Ok(at)) => Ok(at),
-            _ => Err(format!(
-                "the admin API never showed {what} within {bound:?}; last: {:?}",
-                self.latest.borrow().as_ref().map(|v| &v.endpoints)
+            .is_ok_and(|r| r.is_ok());
+        match reached {
+            true => Ok(()),
+            false => Err(format!(
+                "the load did not finish {target} requests within {bound:?} (at {})",
+                *self.done.borrow()
             )),
         }
     }
@@ -303,14 +338,14 @@ async fn sigkill(plan: Plan, dir: &Path, r: &mut Report) -> Result<()> {
     let (proxy, _) = static_proxy(dir, &backends).await?;
     let traffic =
         Traffic::start(&proxy, &names(&backends), plan, |v| v.endpoints.len() == 3).await?;
-    tokio::time::sleep(plan.warm).await; // traffic before the fault (a duration, not a wait)
+    traffic.serve(plan.warm).await?; // traffic before the fault
     let victim = backends[0].addr.to_string();
     let killed = traffic.now();
     backends[0].proc.kill().await;
     let ejected_at = traffic
         .until("b0 ejected", WAIT, |v| ejected(v, &victim))
         .await?;
-    tokio::time::sleep(plan.phase).await;
+    traffic.serve(plan.phase).await?;
     let (samples, _) = traffic.finish().await;
     let after = between(&samples, killed, Duration::MAX);
     r.requests(&samples);
@@ -325,7 +360,7 @@ async fn sigstop(plan: Plan, dir: &Path, r: &mut Report) -> Result<()> {
     let (proxy, _) = static_proxy(dir, &backends).await?;
     let traffic =
         Traffic::start(&proxy, &names(&backends), plan, |v| v.endpoints.len() == 3).await?;
-    tokio::time::sleep(plan.warm).await;
+    traffic.serve(plan.warm).await?;
     let victim = backends[1].addr.to_string();
     let stopped = traffic.now();
     backends[1].proc.signal("STOP")?;
@@ -333,7 +368,7 @@ async fn sigstop(plan: Plan, dir: &Path, r: &mut Report) -> Result<()> {
         .until("b1 ejected", WAIT, |v| ejected(v, &victim))
         .await?;
     // Hung for less than its first ejection (3 s), so it comes back when that ends.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    traffic.serve(Duration::from_secs(2)).await?;
     let resumed = traffic.now();
     backends[1].proc.signal("CONT")?;
     let readmitted = traffic
@@ -341,7 +376,9 @@ async fn sigstop(plan: Plan, dir: &Path, r: &mut Report) -> Result<()> {
             v.at > resumed && !ejected(v, &victim)
         })
         .await?;
-    tokio::time::sleep(plan.phase.min(Duration::from_secs(3))).await;
+    traffic
+        .serve(plan.phase.min(Duration::from_secs(3)))
+        .await?;
     let (samples, _) = traffic.finish().await;
     let hung = between(&samples, stopped, resumed);
     let back = samples
@@ -424,11 +461,11 @@ async fn zookeeper(plan: Plan, dir: &Path, r: &mut Report) -> Result<()> {
     traffic
         .until("3 providers", WAIT, |v| v.endpoints.len() == 3)
         .await?;
-    tokio::time::sleep(plan.warm).await;
+    traffic.serve(plan.warm).await?;
     // Paused past the session timeout (6 s, the consumer's and `lbkit register`'s).
     let paused = traffic.now();
     procs::signal(zk.pid()?, "STOP")?;
-    tokio::time::sleep(Duration::from_secs(8)).await;
+    traffic.serve(Duration::from_secs(8)).await?;
     procs::signal(zk.pid()?, "CONT")?;
     let resumed = traffic.now();
     traffic
@@ -436,7 +473,7 @@ async fn zookeeper(plan: Plan, dir: &Path, r: &mut Report) -> Result<()> {
             v.at > resumed && v.endpoints.len() == 3
         })
         .await?;
-    tokio::time::sleep(plan.phase).await;
+    traffic.serve(plan.phase).await?;
     let restarted = traffic.now();
     let dir_zk = dir.join("zk");
     tokio::task::spawn_blocking(move || procs::zk_restart(&dir_zk))
@@ -448,7 +485,7 @@ async fn zookeeper(plan: Plan, dir: &Path, r: &mut Report) -> Result<()> {
             v.at > back && v.endpoints.len() == 3
         })
         .await?;
-    tokio::time::sleep(plan.phase).await;
+    traffic.serve(plan.phase).await?;
     let (samples, views) = traffic.finish().await;
     let in_zk = listed(&zk.addr).await?;
     let during: Vec<_> = views.iter().filter(|v| v.at >= paused).collect();
@@ -500,7 +537,7 @@ async fn cache(plan: Plan, dir: &Path, r: &mut Report) -> Result<()> {
     traffic
         .until("3 providers", WAIT, |v| v.endpoints.len() == 3)
         .await?;
-    tokio::time::sleep(plan.warm).await;
+    traffic.serve(plan.warm).await?;
     let cached = |n: usize| {
         std::fs::read_to_string(&cache_file).is_ok_and(|t| t.matches("\"address\"").count() == n)
     };
@@ -512,7 +549,7 @@ async fn cache(plan: Plan, dir: &Path, r: &mut Report) -> Result<()> {
     traffic
         .until("4 providers", WAIT, |v| v.at > t && v.endpoints.len() == 4)
         .await?;
-    tokio::time::sleep(plan.phase / 2).await;
+    traffic.serve(plan.phase / 2).await?;
     let served_extra_from = traffic.now();
     extra.stop().await;
     let t = traffic.now();
@@ -552,7 +589,7 @@ async fn cache(plan: Plan, dir: &Path, r: &mut Report) -> Result<()> {
             None
         }
     };
-    tokio::time::sleep(plan.phase / 2).await;
+    traffic.serve(plan.phase / 2).await?;
     let (samples, _) = traffic.finish().await;
     let extra_served = samples
         .iter()
@@ -588,7 +625,7 @@ async fn reload(plan: Plan, dir: &Path, r: &mut Report) -> Result<()> {
     let text = std::fs::read_to_string(&path).map_err(|e| e.to_string())?;
     let traffic =
         Traffic::start(&proxy, &names(&backends), plan, |v| v.endpoints.len() == 3).await?;
-    tokio::time::sleep(plan.warm).await;
+    traffic.serve(plan.warm).await?;
     let from = traffic.now();
     let before = proxy.proc.count("configuration reloaded");
     let mut sent = 0;
@@ -616,7 +653,7 @@ async fn reload(plan: Plan, dir: &Path, r: &mut Report) -> Result<()> {
         .proc
         .nth_line("configuration reloaded", before + sent)
         .await?;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    traffic.serve(Duration::from_millis(500)).await?;
     let (samples, _) = traffic.finish().await;
     let applied = proxy.proc.count("configuration reloaded") - before;
     let rejected = proxy.proc.count("configuration rejected");

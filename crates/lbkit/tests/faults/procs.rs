@@ -209,10 +209,6 @@ pub struct ZooKeeper {
 }
 
 impl ZooKeeper {
-    fn script(&self, cmd: &str) -> Result<String> {
-        zk_script(&self.dir, cmd)
-    }
-
     pub fn start(dir: &Path) -> Result<ZooKeeper> {
         let out = zk_script(dir, "start")?;
         let addr = out
@@ -240,7 +236,7 @@ impl Drop for ZooKeeper {
         if let Ok(pid) = self.pid() {
             let _ = signal(pid, "CONT");
         }
-        let _ = self.script("stop");
+        let _ = zk_script(&self.dir, "stop");
     }
 }
 
