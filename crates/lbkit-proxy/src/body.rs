@@ -15,6 +15,8 @@ use lbkit_tower::http::{CompleteAt, TrackBody};
 use lbkit_tower::policy::GrpcCodes;
 use lbkit_tower::Completion;
 
+use crate::envelope::MAX_REPLAY_BODY;
+
 /// A response body: proxy-made or streamed from an upstream.
 #[derive(Debug)]
 pub struct ProxyBody(Inner);
@@ -80,13 +82,41 @@ impl Body for ProxyBody {
     }
 }
 
-/// A client's request body streamed upstream, noting how it ended, so that a failure the
-/// client caused (a malformed or aborted upload, one too slow for the call's deadline) is
-/// answered 400/408 and never recorded against the endpoint.
+/// A client's request body streamed upstream (one without a length, or too long to buffer
+/// before sending), noting how it ended, so that a failure the client caused (a malformed or
+/// aborted upload, one too slow for the call's deadline) is answered 400/408 and never recorded
+/// against the endpoint.
+///
+/// What it sends is kept, up to [`MAX_REPLAY_BODY`], as Envoy's retry buffer does: when the
+/// attempt fails, the body (the bytes sent so far, and the rest of the client's stream) comes
+/// back through [`Reclaim`] once the attempt lets go of it, and the next attempt sends the kept
+/// bytes again, then the rest. gRPC clients send their requests without a length, so this is
+/// what lets a unary gRPC call be retried after a refused connection. A body that outgrew the
+/// bound comes back as nothing: that request is not retried.
 #[derive(Debug)]
 pub struct ClientBody {
-    inner: Incoming,
+    tee: Tee,
     state: std::sync::Arc<std::sync::atomic::AtomicU8>,
+    back: Option<tokio::sync::oneshot::Sender<Option<Tee>>>,
+}
+
+/// The client's stream and what was read from it.
+#[derive(Debug)]
+struct Tee {
+    /// The client's stream; `None` once it ended.
+    source: Option<Incoming>,
+    /// The data read so far, in order (emptied when it outgrows the bound).
+    kept: Vec<Bytes>,
+    /// The trailers, once read.
+    trailers: Option<http::HeaderMap>,
+    /// Bytes read so far.
+    read: u64,
+    /// More than [`MAX_REPLAY_BODY`] was read: nothing is kept.
+    overflowed: bool,
+    /// The next of `kept` this attempt sends (equal to its length once caught up).
+    next: usize,
+    /// Whether this attempt has sent the trailers.
+    trailers_sent: bool,
 }
 
 /// How far a [`ClientBody`] got.
@@ -100,16 +130,75 @@ pub(crate) enum Upload {
     Broken,
 }
 
+/// The body of a failed attempt, handed back when the attempt drops it.
+#[derive(Debug)]
+pub(crate) struct Reclaim(tokio::sync::oneshot::Receiver<Option<Tee>>);
+
+impl Reclaim {
+    /// The body again, for the next attempt, waiting at most `bound` for the failed attempt to
+    /// let go of it; `None` when it outgrew the replay bound, or was not let go of in time.
+    pub(crate) async fn body(
+        self,
+        bound: std::time::Duration,
+        state: &UploadState,
+    ) -> Option<(ClientBody, Reclaim)> {
+        let mut tee = tokio::time::timeout(bound, self.0).await.ok()?.ok()??;
+        tee.next = 0;
+        tee.trailers_sent = false;
+        Some(ClientBody::with(tee, state.0.clone()))
+    }
+}
+
 impl ClientBody {
-    /// `inner` as it streams, and a handle that tells how far it got.
-    pub(crate) fn new(inner: Incoming) -> (Self, UploadState) {
+    /// `inner` as it streams, a handle that tells how far it got, and the way to get it back
+    /// after a failed attempt.
+    pub(crate) fn new(inner: Incoming) -> (Self, UploadState, Reclaim) {
         let state = std::sync::Arc::new(std::sync::atomic::AtomicU8::new(0));
-        let handle = UploadState(state.clone());
-        (ClientBody { inner, state }, handle)
+        let tee = Tee {
+            source: Some(inner),
+            kept: Vec::new(),
+            trailers: None,
+            read: 0,
+            overflowed: false,
+            next: 0,
+            trailers_sent: false,
+        };
+        let (body, reclaim) = ClientBody::with(tee, state.clone());
+        (body, UploadState(state), reclaim)
+    }
+
+    fn with(tee: Tee, state: std::sync::Arc<std::sync::atomic::AtomicU8>) -> (Self, Reclaim) {
+        let (back, reclaim) = tokio::sync::oneshot::channel();
+        let body = ClientBody {
+            tee,
+            state,
+            back: Some(back),
+        };
+        (body, Reclaim(reclaim))
     }
 
     fn set(&self, to: u8) {
         self.state.store(to, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Drop for ClientBody {
+    fn drop(&mut self) {
+        if let Some(back) = self.back.take() {
+            let tee = std::mem::replace(
+                &mut self.tee,
+                Tee {
+                    source: None,
+                    kept: Vec::new(),
+                    trailers: None,
+                    read: 0,
+                    overflowed: true,
+                    next: 0,
+                    trailers_sent: false,
+                },
+            );
+            let _ = back.send((!tee.overflowed).then_some(tee));
+        }
     }
 }
 
@@ -136,21 +225,74 @@ impl Body for ClientBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let this = self.get_mut();
-        let polled = ready!(Pin::new(&mut this.inner).poll_frame(cx));
+        let tee = &mut this.tee;
+        // A retry first sends again what an earlier attempt read.
+        if let Some(data) = tee.kept.get(tee.next) {
+            tee.next += 1;
+            return Poll::Ready(Some(Ok(Frame::data(data.clone()))));
+        }
+        let Some(source) = tee.source.as_mut() else {
+            return Poll::Ready(match tee.trailers.as_ref() {
+                Some(t) if !std::mem::replace(&mut tee.trailers_sent, true) => {
+                    Some(Ok(Frame::trailers(t.clone())))
+                }
+                _ => None,
+            });
+        };
+        let polled = ready!(Pin::new(&mut *source).poll_frame(cx));
+        let ended = source.is_end_stream();
         match &polled {
-            None => this.set(1),
+            None => {
+                tee.source = None;
+                this.set(1);
+            }
             Some(Err(_)) => this.set(2),
-            Some(Ok(_)) if this.inner.is_end_stream() => this.set(1),
-            Some(Ok(_)) => {}
+            Some(Ok(frame)) => {
+                if let Some(data) = frame.data_ref() {
+                    tee.read += data.len() as u64;
+                    if tee.read > MAX_REPLAY_BODY {
+                        tee.overflowed = true;
+                        tee.kept = Vec::new();
+                        tee.next = 0;
+                    } else if !tee.overflowed {
+                        tee.kept.push(data.clone());
+                        tee.next += 1;
+                    }
+                } else if let Some(trailers) = frame.trailers_ref() {
+                    tee.trailers = Some(trailers.clone());
+                    tee.trailers_sent = true;
+                }
+                if ended {
+                    tee.source = None;
+                    this.set(1);
+                }
+            }
         }
         Poll::Ready(polled)
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        let tee = &self.tee;
+        tee.next >= tee.kept.len()
+            && tee.source.as_ref().is_none_or(Body::is_end_stream)
+            && (tee.trailers.is_none() || tee.trailers_sent || tee.source.is_some())
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        let tee = &self.tee;
+        let again: u64 = tee.kept[tee.next.min(tee.kept.len())..]
+            .iter()
+            .map(|b| b.len() as u64)
+            .sum();
+        let rest = tee
+            .source
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint);
+        let mut hint = SizeHint::new();
+        hint.set_lower(again + rest.lower());
+        if let Some(upper) = rest.upper() {
+            hint.set_upper(again + upper);
+        }
+        hint
     }
 }

@@ -5,10 +5,13 @@
 //! [`Attempts`] (its module docs have the table); the fast path (`h1/`) and the TCP relay
 //! drive the same state machine.
 //!
-//! * A request body is replayable when it is empty or announced at most [`MAX_REPLAY_BODY`]
-//!   bytes, whatever the method (then it is buffered, within the route's timeout, as the fast
-//!   path does): a connect failure is retried for every method, since nothing reached the
-//!   upstream. Any other body is streamed once, watched ([`ClientBody`]), and not retried.
+//! * A request body announced at most [`MAX_REPLAY_BODY`] bytes is buffered before the first
+//!   attempt (within the route's timeout, as the fast path does). Any other body (one without
+//!   a length, as gRPC clients send, or a longer one) streams to the first attempt, watched
+//!   and kept up to the same bound ([`ClientBody`], Envoy's retry buffer): a failed attempt
+//!   hands it back, and the next attempt sends the kept bytes again, then the rest. A body
+//!   that outgrew the bound is not retried. A connect failure is retried for every method,
+//!   since nothing reached the upstream.
 //! * A failure the client caused is the client's: a body that breaks (malformed framing, an
 //!   aborted upload) is answered 400, one still uploading when the attempt times out 408, and
 //!   the call is a cancellation, never the endpoint's failure (so a slow or broken client
@@ -28,11 +31,11 @@ use http_body::Body as _;
 use http_body_util::{BodyExt, Either, Full};
 use hyper::body::Incoming;
 use lbkit_core::http::is_idempotent_method;
-use lbkit_core::{Attempts, CallGuard, Clock, FastRng, Observed, Outcome, Stop};
+use lbkit_core::{Attempts, CallGuard, Clock, FastRng, Observed, Outcome, RetryWhen, Stop};
 use lbkit_strategy::KeyExtractor;
 use lbkit_tower::http::{HttpKeySource, SourceAddr};
 
-use crate::body::{ClientBody, ProxyBody, Upload, UploadState};
+use crate::body::{ClientBody, ProxyBody, Reclaim, Upload, UploadState};
 use crate::envelope::{failure_answer, Envelope, MAX_BUFFERED_RESPONSE, MAX_REPLAY_BODY};
 use crate::headers;
 use crate::service::{Service, UpstreamBody};
@@ -54,8 +57,8 @@ pub(crate) async fn forward(
         Err(resp) => return resp,
     };
     let (policy, started) = (envelope.route().policy, envelope.started());
-    let replay = out.replayable();
-    let mut attempts = Attempts::start(policy, service.budget(), out.idempotent, replay, started);
+    // A streamed body is replayable until it outgrows the bound (checked before each retry).
+    let mut attempts = Attempts::start(policy, service.budget(), out.idempotent, true, started);
     let mut rng = FastRng::from_entropy();
     let mut guard = match service.pick(&mut attempts, started, out.key(), &mut rng) {
         Ok(g) => g,
@@ -82,6 +85,16 @@ pub(crate) async fn forward(
             Err(observed) => *observed,
         }
         .classify();
+        let retry = match c.retry {
+            RetryWhen::Never => false,
+            RetryWhen::Idempotent => out.idempotent,
+            RetryWhen::Always => true,
+        };
+        if retry && out.reclaim.is_some() {
+            let left = attempts.timeout(service.clock().now());
+            let back = out.reclaim(left.map_or(RECLAIM_WAIT, |l| l.min(RECLAIM_WAIT)));
+            attempts.set_replayable(back.await);
+        }
         match service.retry(&mut attempts, c, out.key(), &mut rng) {
             Ok((next, at)) => {
                 guard.finish_at(c.outcome, at);
@@ -133,6 +146,10 @@ fn client_fault(tried: &Tried, upload: Option<&UploadState>) -> Option<Response<
     }
 }
 
+/// How long a retry waits for the failed attempt to let go of a streamed body (a refused
+/// connection drops it at once; a reset stream as soon as hyper's send task sees the reset).
+const RECLAIM_WAIT: Duration = Duration::from_secs(1);
+
 /// One attempt: `upstream` on the service's pooled client, within `limit`.
 async fn send(
     service: &Service,
@@ -156,6 +173,8 @@ struct Outgoing {
     body: UpstreamBody,
     /// How far a streamed body got (`None` for a buffered one).
     upload: Option<UploadState>,
+    /// A streamed body, once the attempt sending it has failed (`None` for a buffered one).
+    reclaim: Option<Reclaim>,
     key: Option<Vec<u8>>,
     upgrade: Option<tunnel::Ask>,
     idempotent: bool,
@@ -180,11 +199,12 @@ impl Outgoing {
         }
         let idempotent = is_idempotent_method(parts.method.as_str().as_bytes());
         let limit = envelope.route().policy.overall.unwrap_or(Duration::MAX);
-        let (body, upload) = replayable(body, limit).await?;
+        let (body, upload, reclaim) = replayable(body, limit).await?;
         Ok(Outgoing {
             parts,
             body,
             upload,
+            reclaim,
             key,
             upgrade,
             idempotent,
@@ -196,19 +216,30 @@ impl Outgoing {
         self.key.as_deref()
     }
 
-    /// Whether every attempt can send the body (it is buffered).
-    fn replayable(&self) -> bool {
-        matches!(self.body, Either::Left(_))
+    /// Take back a streamed body from the attempt that failed, for the next one, waiting at
+    /// most `bound`: whether it can be sent again.
+    async fn reclaim(&mut self, bound: Duration) -> bool {
+        let (Some(reclaim), Some(upload)) = (self.reclaim.take(), self.upload.as_ref()) else {
+            return false;
+        };
+        match reclaim.body(bound, upload).await {
+            Some((body, reclaim)) => {
+                self.body = Either::Right(body);
+                self.reclaim = Some(reclaim);
+                true
+            }
+            None => false,
+        }
     }
 
     /// The request for one attempt to `address`: a buffered body is sent again each time, a
-    /// streamed one once; the head is moved into the `last` attempt (earlier ones send a copy).
+    /// streamed one is handed to this attempt (a retry takes it back: [`Outgoing::reclaim`]);
+    /// the head is moved into the `last` attempt (earlier ones send a copy).
     fn request(&mut self, address: &str, last: bool) -> Option<Request<UpstreamBody>> {
         let body = match &mut self.body {
             Either::Left(full) => Either::Left(full.clone()),
             streamed => std::mem::replace(streamed, Either::Left(Full::new(Bytes::new()))),
         };
-        let last = last || !self.replayable();
         upstream_request(&mut self.parts, address, body, self.h2c, last)
     }
 }
@@ -298,26 +329,27 @@ pub(crate) fn local(status: StatusCode, text: &str) -> Response<ProxyBody> {
     resp
 }
 
+/// A request body as it goes upstream: the body, how far a streamed one got, and how to take a
+/// streamed one back after a failed attempt.
+type Read = (UpstreamBody, Option<UploadState>, Option<Reclaim>);
+
 /// The body as a replayable buffer when it is empty or announced small enough, read within
-/// `limit`; else the stream as it came, watched. `Err`: the client's answer (400 for a broken
-/// body, 408 for one slower than `limit`).
-async fn replayable(
-    body: Incoming,
-    limit: Duration,
-) -> Result<(UpstreamBody, Option<UploadState>), Response<ProxyBody>> {
+/// `limit`; else the stream as it came, watched and kept ([`ClientBody`]). `Err`: the client's
+/// answer (400 for a broken body, 408 for one slower than `limit`).
+async fn replayable(body: Incoming, limit: Duration) -> Result<Read, Response<ProxyBody>> {
     if body.is_end_stream() {
-        return Ok((Either::Left(Full::new(Bytes::new())), None));
+        return Ok((Either::Left(Full::new(Bytes::new())), None, None));
     }
     let small = body
         .size_hint()
         .upper()
         .is_some_and(|n| n <= MAX_REPLAY_BODY);
     if !small {
-        let (body, upload) = ClientBody::new(body);
-        return Ok((Either::Right(body), Some(upload)));
+        let (body, upload, reclaim) = ClientBody::new(body);
+        return Ok((Either::Right(body), Some(upload), Some(reclaim)));
     }
     match tokio::time::timeout(limit, body.collect()).await {
-        Ok(Ok(collected)) => Ok((Either::Left(Full::new(collected.to_bytes())), None)),
+        Ok(Ok(collected)) => Ok((Either::Left(Full::new(collected.to_bytes())), None, None)),
         Ok(Err(_)) => Err(local(StatusCode::BAD_REQUEST, "bad request body\n")),
         Err(_) => Err(local(
             StatusCode::REQUEST_TIMEOUT,

@@ -295,3 +295,148 @@ async fn h2c_upstreams_are_spoken_to_in_http2() {
         "{forwarded}"
     );
 }
+
+/// An HTTP/2 (prior knowledge) client connection to `to`.
+async fn h2c_connection<B>(to: std::net::SocketAddr) -> hyper::client::conn::http2::SendRequest<B>
+where
+    B: http_body::Body + Send + Unpin + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let stream = TcpStream::connect(to).await.expect("connect");
+    let (send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .expect("h2c");
+    tokio::spawn(conn);
+    send
+}
+
+/// gRPC clients (tonic, grpc-go, Python's Dubbo) send request bodies without a length. Such a
+/// body is kept (up to the replay bound) while the first attempt is sent, so a refused
+/// connection is retried on another endpoint with the same bytes; and the calls after it on the
+/// same client connection are not held up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uploads_without_a_length_are_retried_after_a_refused_connection() {
+    use http_body_util::{BodyExt, StreamBody};
+    use hyper::body::Frame;
+
+    let (a, b) = (Backend::start("a").await, Backend::start("b").await);
+    let refused = lbkit_testkit::refused_addr();
+    let proxy = start(&config_for(
+        &[refused, a.addr, b.addr],
+        "round-robin",
+        "h2c = true\nretries = 2",
+    ))
+    .await;
+    let mut send = h2c_connection(proxy.listeners()[0]).await;
+    let mut answered = HashMap::<String, usize>::new();
+    for i in 0..9 {
+        let frames = vec![Ok::<_, std::convert::Infallible>(Frame::data(
+            bytes::Bytes::from(format!("call {i}")),
+        ))];
+        let body = StreamBody::new(futures_util::stream::iter(frames));
+        let req = http::Request::post("http://svc.test/greet")
+            .body(body)
+            .expect("a request");
+        send.ready().await.expect("the connection is open");
+        let resp = tokio::time::timeout(WAIT, send.send_request(req))
+            .await
+            .unwrap_or_else(|_| panic!("call {i} answered within {WAIT:?}"))
+            .expect("a response");
+        let status = resp.status();
+        let body = resp.into_body().collect().await.expect("a body").to_bytes();
+        let body = String::from_utf8_lossy(&body).into_owned();
+        assert_eq!(status, StatusCode::OK, "call {i}: {body}");
+        *answered.entry(body).or_default() += 1;
+    }
+    assert_eq!(answered.values().sum::<usize>(), 9, "{answered:?}");
+}
+
+/// A backend that reads each request's whole body and answers `status` with it.
+async fn body_server(status: u16) -> std::net::SocketAddr {
+    use http_body_util::{BodyExt, Full};
+    let (addr, _) = counting_server(move |stream| async move {
+        let svc = hyper::service::service_fn(
+            move |req: http::Request<hyper::body::Incoming>| async move {
+                let body = req.into_body().collect().await.map(|b| b.to_bytes());
+                let mut resp = http::Response::new(Full::new(body.unwrap_or_default()));
+                *resp.status_mut() = StatusCode::from_u16(status).expect("a status");
+                Ok::<_, std::convert::Infallible>(resp)
+            },
+        );
+        let _ = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+            .await;
+    })
+    .await;
+    addr
+}
+
+/// A streamed upload the first attempts read (a refused connection, then a 503 from an endpoint
+/// that read it whole) reaches the third endpoint byte for byte; one larger than the replay
+/// bound is not sent again once read, and its 503 is relayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_upload_is_sent_again_byte_for_byte_and_only_within_the_bound() {
+    use http_body_util::{BodyExt, StreamBody};
+    use hyper::body::Frame;
+
+    let refused = lbkit_testkit::refused_addr();
+    let (failing, echo) = (body_server(503).await, body_server(200).await);
+    let proxy = start(&config_for(
+        &[refused, failing, echo],
+        "round-robin",
+        "h2c = true\nretries = 2",
+    ))
+    .await;
+    let mut send = h2c_connection(proxy.listeners()[0]).await;
+    let mut call = async |chunks: Vec<Vec<u8>>| {
+        let frames: Vec<_> = chunks
+            .into_iter()
+            .map(|c| Ok::<_, std::convert::Infallible>(Frame::data(bytes::Bytes::from(c))))
+            .collect();
+        let req = http::Request::put("http://svc.test/upload")
+            .body(StreamBody::new(futures_util::stream::iter(frames)))
+            .expect("a request");
+        send.ready().await.expect("the connection is open");
+        let resp = tokio::time::timeout(WAIT, send.send_request(req))
+            .await
+            .expect("answered in time")
+            .expect("a response");
+        let status = resp.status();
+        (
+            status,
+            resp.into_body().collect().await.expect("a body").to_bytes(),
+        )
+    };
+    for i in 0..3u8 {
+        let chunks = vec![vec![i; 1000], vec![b'-'; 10], vec![i + 1; 20_000]];
+        let whole: Vec<u8> = chunks.concat();
+        let (status, body) = call(chunks).await;
+        // Whichever endpoint round robin starts at, the echo answers last or first.
+        assert_eq!(status, StatusCode::OK, "call {i}");
+        assert_eq!(
+            body.as_ref(),
+            whole.as_slice(),
+            "call {i}: the bytes the echo got"
+        );
+    }
+    // 80 KB > the 64 KiB bound: once read, nothing is kept, so the 503 of the endpoint that read
+    // it is the answer; a refused connection read none of it, so that is still retried.
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        let (status, body) = call(vec![vec![b'x'; 40_000], vec![b'y'; 40_000]]).await;
+        if status == StatusCode::OK {
+            assert_eq!(body.len(), 80_000);
+        }
+        statuses.push(status.as_u16());
+    }
+    // Round robin over three endpoints: some call reaches the failing one.
+    assert!(statuses.contains(&503), "{statuses:?}");
+    assert!(
+        !statuses.contains(&502),
+        "a refusal is retried: {statuses:?}"
+    );
+}
