@@ -1,8 +1,16 @@
 //! Interop with the official Dubbo implementation for Python (`apache-dubbo`, in the tests'
-//! virtual environment: `scripts/python.sh`): its providers register in a real ZooKeeper
-//! (`LBKIT_ZK`) in Dubbo's layout and serve Triple (gRPC on HTTP/2); `lbkit watch --once` lists
-//! them, and `lbkit proxy` (h2c upstreams, a load-aware strategy) calls them, also while one is
-//! killed. Both variables unset: skipped locally, a failure in CI.
+//! virtual environment: `scripts/python.sh`), over a real ZooKeeper (`LBKIT_ZK`):
+//!
+//! * Python providers register in Dubbo's layout and serve Triple (gRPC on HTTP/2):
+//!   `lbkit watch --once` lists them; `lbkit proxy` (h2c upstreams, a load-aware strategy)
+//!   calls them, for a hand-made HTTP/2 client and for an `apache-dubbo` consumer, also while
+//!   one is killed; a tonic client behind `lbkit-tower` (ZooKeeper discovery, peak EWMA)
+//!   calls them, keeps a slow one's share small, and loses no call when one is killed.
+//! * Rust tonic servers registered by `lbkit register` and by the library's
+//!   [`ZkRegistration`] are discovered and called by an `apache-dubbo` consumer, and an
+//!   independent ZooKeeper client (kazoo) checks the exact nodes they write.
+//!
+//! Both variables unset: skipped locally, a failure in CI.
 
 #[path = "faults/load.rs"]
 #[allow(dead_code)] // the fault run's load and admin sampler; this test uses the sampler
@@ -11,31 +19,121 @@ mod load;
 #[allow(dead_code)] // the fault run's process handling; this test uses part of it
 mod procs;
 
+#[path = "../../lbkit-tower/examples/echo_server.rs"]
+#[allow(dead_code)] // its `main` is the example's
+mod echo_server;
+
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
+use http::uri::PathAndQuery;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use lbkit_core::Endpoint;
+use lbkit_discovery::zookeeper::{
+    Layout, Provider, ServicePath, ZkConfig, ZkRegistration, ZkSource,
+};
+use lbkit_strategy::catalog::{build, Params};
+use lbkit_tower::http::{BufferRequestLayer, Idempotent};
+use lbkit_tower::{BalanceLayer, BoxError, PoolBuilder, TryMake};
 use procs::{free_port, Proc, Proxy, WAIT};
 use tokio::process::Command;
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
+use tonic::Status;
+use tower::ServiceBuilder;
 
-fn script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/dubbo_provider.py")
+fn script(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../scripts")
+        .join(name)
 }
 
-/// One Python provider of `service` on a free port, once it says it is exported.
-async fn provider(python: &str, service: &str, zk: &str, name: &str, dir: &Path) -> (Proc, u16) {
+/// A fresh directory for one test's logs and files.
+fn test_dir(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a test directory");
+    dir
+}
+
+/// One Python provider of `service` on a free port, once it says it is exported; it answers
+/// after `delay_ms`.
+async fn provider(
+    python: &str,
+    service: &str,
+    zk: &str,
+    (name, delay_ms): (&str, u32),
+    dir: &Path,
+) -> (Proc, u16) {
     let port = free_port().expect("a port");
     let mut cmd = Command::new(python);
-    cmd.arg(script())
-        .args([service, &port.to_string(), zk, name]);
+    cmd.arg(script("dubbo_provider.py")).args([
+        service,
+        &port.to_string(),
+        zk,
+        name,
+        &delay_ms.to_string(),
+    ]);
     let proc = Proc::spawn(name, cmd, &dir.join(format!("{name}.log"))).expect("start provider");
     proc.line("serving").await.expect("the provider starts");
     (proc, port)
+}
+
+/// Run a Python script to completion (bounded; its stderr goes to `dir/log`): whether it
+/// succeeded, and its stdout lines.
+async fn run_python(python: &str, args: &[&str], dir: &Path, log: &str) -> (bool, Vec<String>) {
+    let run = Command::new(python).args(args).kill_on_drop(true).output();
+    let out = tokio::time::timeout(WAIT, run)
+        .await
+        .unwrap_or_else(|_| panic!("{args:?} ended within {WAIT:?}"))
+        .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+    std::fs::write(dir.join(log), &out.stderr).expect("write the log");
+    let lines = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    (out.status.success(), lines)
+}
+
+/// Calls made by an `apache-dubbo` consumer (`scripts/dubbo_consumer.py ARGS`): how many
+/// each server answered (the text before `: ` in each reply). Any failed call fails the test.
+async fn python_consumer(python: &str, args: &[&str], dir: &Path) -> BTreeMap<String, usize> {
+    let script = script("dubbo_consumer.py");
+    let mut all = vec![script.to_str().expect("a UTF-8 path")];
+    all.extend_from_slice(args);
+    let (ok, lines) = run_python(python, &all, dir, "consumer.log").await;
+    let mut by = BTreeMap::new();
+    for line in &lines {
+        let who = line
+            .strip_prefix("ok ")
+            .and_then(|reply| reply.split_once(": "))
+            .map(|(who, _)| who.to_owned());
+        match who {
+            Some(who) => *by.entry(who).or_default() += 1,
+            None => panic!("the Python consumer failed a call: {line}; all: {lines:?}"),
+        }
+    }
+    assert!(
+        ok,
+        "the Python consumer failed ({}): {lines:?}",
+        dir.join("consumer.log").display()
+    );
+    by
+}
+
+/// The children of `path` as kazoo sees them (`scripts/zk_nodes.py`), one JSON object each.
+async fn kazoo_nodes(python: &str, zk: &str, path: &str, dir: &Path) -> Vec<serde_json::Value> {
+    let script = script("zk_nodes.py");
+    let args = [script.to_str().expect("a UTF-8 path"), zk, path];
+    let (ok, lines) = run_python(python, &args, dir, "zk_nodes.log").await;
+    assert!(ok, "zk_nodes.py {path} failed: {lines:?}");
+    lines
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+        .collect()
 }
 
 /// A gRPC message: flag 0 (uncompressed), big-endian length, bytes.
@@ -135,13 +233,11 @@ async fn python_dubbo_providers_are_discovered_and_called_through_the_proxy() {
     let (Some(zk), Some(python)) = (lbkit_testkit::zookeeper(), lbkit_testkit::python()) else {
         return;
     };
-    let dir =
-        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("dubbo-python-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("a test directory");
+    let dir = test_dir("dubbo-python");
     let service = format!("org.lbkit.interop{}.Greeter", std::process::id());
     let mut providers = Vec::new();
     for name in ["p0", "p1", "p2"] {
-        providers.push(provider(&python, &service, &zk, name, &dir).await);
+        providers.push(provider(&python, &service, &zk, (name, 0), &dir).await);
     }
 
     // `lbkit watch --once` reads their minimal registrations.
@@ -200,14 +296,42 @@ retries = 2
     }
     assert_eq!(answered.len(), 3, "every provider answered: {answered:?}");
 
+    // An `apache-dubbo` consumer pointed at the proxy's listener: every call answered, by
+    // more than one provider (the proxy balances requests, not connections).
+    let url = format!("tri://{}", proxy.listen);
+    let by = python_consumer(
+        &python,
+        &[
+            "--url",
+            &url,
+            "--service",
+            &service,
+            "--method",
+            "greet",
+            "--calls",
+            "30",
+        ],
+        &dir,
+    )
+    .await;
+    assert_eq!(by.values().sum::<usize>(), 30, "{by:?}");
+    assert!(by.len() >= 2, "one connection, several providers: {by:?}");
+
     // One provider killed: no call fails (connect refused is retried), and once its session
     // ends its node goes and the proxy follows.
     providers[0].0.kill().await;
     let mut after: BTreeMap<String, usize> = BTreeMap::new();
     for i in 0..30 {
+        let t0 = tokio::time::Instant::now();
         let (text, status) = greet(&mut sender, &service, "after")
             .await
-            .unwrap_or_else(|e| panic!("call {i} after the kill: {e}"));
+            .unwrap_or_else(|e| {
+                panic!(
+                    "call {i} after the kill: {e} after {:?}; the proxy's endpoints: {:?}",
+                    t0.elapsed(),
+                    admin.latest.borrow().as_ref().map(|v| &v.endpoints)
+                )
+            });
         assert_eq!(status, "0");
         *after
             .entry(text.split(':').next().unwrap_or_default().to_owned())
@@ -226,5 +350,330 @@ retries = 2
     for (p, _) in &mut providers {
         p.stop().await;
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// gRPC messages as they are: bytes in, bytes out (the Python provider's `greet` has no
+/// serialisation).
+#[derive(Clone, Copy, Debug, Default)]
+struct RawCodec;
+
+impl tonic::codec::Codec for RawCodec {
+    type Encode = Bytes;
+    type Decode = Bytes;
+    type Encoder = RawCodec;
+    type Decoder = RawCodec;
+
+    fn encoder(&mut self) -> RawCodec {
+        RawCodec
+    }
+
+    fn decoder(&mut self) -> RawCodec {
+        RawCodec
+    }
+}
+
+impl tonic::codec::Encoder for RawCodec {
+    type Item = Bytes;
+    type Error = Status;
+
+    fn encode(&mut self, item: Bytes, dst: &mut tonic::codec::EncodeBuf<'_>) -> Result<(), Status> {
+        dst.put(item);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Decoder for RawCodec {
+    type Item = Bytes;
+    type Error = Status;
+
+    fn decode(&mut self, src: &mut tonic::codec::DecodeBuf<'_>) -> Result<Option<Bytes>, Status> {
+        Ok(Some(src.copy_to_bytes(src.remaining())))
+    }
+}
+
+/// One idempotent unary `greet` through a tonic client: the reply's text.
+async fn tonic_greet<T>(
+    grpc: &mut tonic::client::Grpc<T>,
+    path: &PathAndQuery,
+    msg: &str,
+) -> Result<String, Status>
+where
+    T: tonic::client::GrpcService<tonic::body::Body>,
+    T::Error: Into<BoxError>,
+    T::ResponseBody: http_body::Body<Data = Bytes> + Send + 'static,
+    <T::ResponseBody as http_body::Body>::Error: Into<BoxError> + Send,
+{
+    grpc.ready()
+        .await
+        .map_err(|e| Status::unavailable(e.into().to_string()))?;
+    let mut request = tonic::Request::new(Bytes::copy_from_slice(msg.as_bytes()));
+    request.extensions_mut().insert(Idempotent);
+    let reply = grpc.unary(request, path.clone(), RawCodec).await?;
+    Ok(String::from_utf8_lossy(&reply.into_inner()).into_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tonic_client_behind_lbkit_tower_balances_python_providers() {
+    let (Some(zk), Some(python)) = (lbkit_testkit::zookeeper(), lbkit_testkit::python()) else {
+        return;
+    };
+    let dir = test_dir("dubbo-tower");
+    let service = format!("org.lbkit.interop{}.Tower", std::process::id());
+    let mut providers = Vec::new();
+    for who in [("fast0", 0), ("fast1", 0), ("slow", 60)] {
+        providers.push(provider(&python, &service, &zk, who, &dir).await);
+    }
+
+    // ZooKeeper discovery → a pool of lazily connected tonic channels → peak EWMA with
+    // failover, exactly as an application would build it.
+    let path = ServicePath::new("dubbo", &service, Layout::Dubbo).expect("a service path");
+    let (updates, _zk_status) = ZkSource::new(ZkConfig::new(zk.clone()), path).spawn();
+    let make = TryMake(|ep: &Endpoint| {
+        let channel = tonic::transport::Channel::from_shared(format!("http://{}", ep.address()))?
+            .connect_lazy();
+        Ok::<_, BoxError>(tower::ServiceExt::map_request(
+            channel,
+            |r: http::Request<Full<Bytes>>| r.map(tonic::body::Body::new),
+        ))
+    });
+    let strategy = build("p2c-ewma", Params::new()).expect("p2c-ewma");
+    let pool = PoolBuilder::new(strategy)
+        .name("greeter")
+        .spawn(updates, make);
+    let status = pool.status();
+    let until_endpoints = |n: usize| {
+        let mut status = status.clone();
+        async move {
+            let seen = tokio::time::timeout(WAIT, status.wait_for(|s| s.endpoints == n))
+                .await
+                .is_ok_and(|r| r.is_ok());
+            assert!(
+                seen,
+                "the pool never had {n} endpoints within {WAIT:?}: {:?}",
+                *status.borrow()
+            );
+        }
+    };
+    until_endpoints(3).await;
+    let stack = ServiceBuilder::new()
+        .layer(BufferRequestLayer::default())
+        .layer(
+            BalanceLayer::http()
+                .failover(2)
+                .timeout(Duration::from_secs(5)),
+        )
+        .service(pool.clone());
+    let mut grpc = tonic::client::Grpc::new(stack);
+    let greet = PathAndQuery::try_from(format!("/{service}/greet")).expect("a gRPC path");
+
+    let mut answered: BTreeMap<String, usize> = BTreeMap::new();
+    for i in 0..90 {
+        let text = tonic_greet(&mut grpc, &greet, &format!("call {i}"))
+            .await
+            .unwrap_or_else(|e| panic!("call {i}: {e}"));
+        let (who, rest) = text.split_once(": ").expect("NAME: message");
+        assert_eq!(rest, format!("call {i}"));
+        *answered.entry(who.to_owned()).or_default() += 1;
+    }
+    // Peak EWMA: the provider 60 ms slower gets less than either fast one.
+    let share = |who: &str| answered.get(who).copied().unwrap_or(0);
+    assert!(
+        share("fast0") > 0
+            && share("fast1") > 0
+            && share("slow") < share("fast0").min(share("fast1")),
+        "{answered:?}"
+    );
+
+    // One fast provider killed: its node stays until its session times out, so calls still
+    // pick it; failover retries them elsewhere and none fails.
+    providers[0].0.kill().await;
+    let mut after: BTreeMap<String, usize> = BTreeMap::new();
+    for i in 0..30 {
+        let text = tonic_greet(&mut grpc, &greet, "after")
+            .await
+            .unwrap_or_else(|e| panic!("call {i} after the kill: {e}"));
+        *after
+            .entry(text.split(':').next().unwrap_or_default().to_owned())
+            .or_default() += 1;
+    }
+    assert!(
+        !after.contains_key("fast0"),
+        "a killed provider answered: {after:?}"
+    );
+    until_endpoints(2).await;
+    for (p, _) in &mut providers {
+        p.stop().await;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// lbkit-tower's `echo_server` example as `name` on a free loopback port; it stops when the
+/// sender fires or is dropped.
+async fn echo_server(name: &'static str) -> (SocketAddr, oneshot::Sender<()>) {
+    let (stop, stopped) = oneshot::channel::<()>();
+    let any = SocketAddr::from(([127, 0, 0, 1], 0));
+    let addr = echo_server::serve(any, name, stopped)
+        .await
+        .expect("a loopback port");
+    (addr, stop)
+}
+
+/// What Java Dubbo and the Python registry read from a provider node lbkit wrote.
+fn check_provider_node(node: &serde_json::Value, addr: SocketAddr, weight: &str, app: &str) {
+    let name = node["name"].as_str().expect("a name");
+    // Java's URLEncoder: letters, digits and `.-*_` stay; everything else is %XX, upper-case.
+    let mut chars = name.chars();
+    while let Some(c) = chars.next() {
+        if c == '%' {
+            let hex: String = chars.by_ref().take(2).collect();
+            assert!(
+                hex.len() == 2
+                    && hex
+                        .chars()
+                        .all(|h| h.is_ascii_digit() || h.is_ascii_uppercase()),
+                "{name}: %{hex}"
+            );
+        } else {
+            assert!(
+                c.is_ascii_alphanumeric() || ".-*_".contains(c),
+                "{name}: {c:?}"
+            );
+        }
+    }
+    assert_eq!(node["ephemeral"], true, "{node}");
+    let url = &node["url"];
+    assert_eq!(url["scheme"], "tri", "{node}");
+    assert_eq!(url["host"], addr.ip().to_string(), "{node}");
+    assert_eq!(url["port"], addr.port(), "{node}");
+    assert_eq!(url["path"], "echo.Echo", "{node}");
+    let params = &url["params"];
+    for (k, v) in [
+        ("interface", "echo.Echo"),
+        ("side", "provider"),
+        ("dynamic", "true"),
+        ("anyhost", "false"),
+        ("weight", weight),
+        ("application", app),
+    ] {
+        assert_eq!(params[k], v, "{k} of {node}");
+    }
+    let timestamp: u64 = params["timestamp"]
+        .as_str()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("a numeric timestamp: {node}"));
+    // Dubbo's timestamp is wall-clock milliseconds, as lbkit's system clock reads them.
+    let now = lbkit_core::Clock::System.now().as_millis();
+    assert!(
+        timestamp <= now && now - timestamp < 600_000,
+        "timestamp {timestamp} is the registration time (now {now})"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rust_providers_registered_by_lbkit_are_called_by_a_python_consumer() {
+    let (Some(zk), Some(python)) = (lbkit_testkit::zookeeper(), lbkit_testkit::python()) else {
+        return;
+    };
+    let dir = test_dir("dubbo-register");
+    // A root of its own: the tonic service's name (`echo.Echo`) is fixed.
+    let root = format!("lbkit-interop-{}", std::process::id());
+    let providers = format!("/{root}/echo.Echo/providers");
+    let (a, _stop_a) = echo_server("rust-a").await;
+    let (b, _stop_b) = echo_server("rust-b").await;
+
+    // `lbkit register` announces rust-a.
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_lbkit"));
+    cmd.args([
+        "register",
+        "--zk",
+        &zk,
+        "--root",
+        &root,
+        "--interface",
+        "echo.Echo",
+    ])
+    .args([
+        "--protocol",
+        "tri",
+        "--weight",
+        "150",
+        "--application",
+        "interop",
+    ])
+    .args(["--meta", "owner=team-a", "--address", &a.to_string()]);
+    let mut register =
+        Proc::spawn("register", cmd, &dir.join("register.log")).expect("start lbkit register");
+    let line = register.line("registered ").await.expect("registered");
+    let node_path = line.trim_start_matches("registered ").trim();
+
+    // kazoo sees exactly the node lbkit says it wrote, with the fields Dubbo reads.
+    let nodes = kazoo_nodes(&python, &zk, &providers, &dir).await;
+    assert_eq!(nodes.len(), 1, "{nodes:?}");
+    assert_eq!(
+        format!(
+            "{providers}/{}",
+            nodes[0]["name"].as_str().unwrap_or_default()
+        ),
+        node_path
+    );
+    check_provider_node(&nodes[0], a, "150", "interop");
+    assert_eq!(nodes[0]["url"]["params"]["owner"], "team-a");
+
+    // An `apache-dubbo` consumer finds it in ZooKeeper and calls it over Triple.
+    let echo_calls = |n: &'static str| {
+        [
+            "--zk",
+            zk.as_str(),
+            "--root",
+            root.as_str(),
+            "--service",
+            "echo.Echo",
+            "--method",
+            "Say",
+            "--codec",
+            "echo",
+            "--calls",
+            n,
+        ]
+    };
+    let by = python_consumer(&python, &echo_calls("10"), &dir).await;
+    assert_eq!(by, BTreeMap::from([("rust-a".to_owned(), 10)]));
+
+    // The library's registration announces rust-b beside it.
+    let path = ServicePath::new(&root, "echo.Echo", Layout::Dubbo).expect("a service path");
+    let provider = Provider {
+        protocol: "tri".into(),
+        ..Provider::new(b.to_string())
+    };
+    let registration =
+        ZkRegistration::spawn(ZkConfig::new(zk.clone()), path, provider).expect("valid");
+    let mut reg_status = registration.status();
+    tokio::time::timeout(WAIT, reg_status.wait_for(|s| s.registered))
+        .await
+        .expect("the library registers within the bound");
+    let nodes = kazoo_nodes(&python, &zk, &providers, &dir).await;
+    assert_eq!(nodes.len(), 2, "{nodes:?}");
+    let lib_node = nodes
+        .iter()
+        .find(|n| n["url"]["port"] == b.port())
+        .expect("the library's node");
+    check_provider_node(lib_node, b, "100", "lbkit");
+    let by = python_consumer(&python, &echo_calls("40"), &dir).await;
+    assert_eq!(by.values().sum::<usize>(), 40, "{by:?}");
+    assert_eq!(by.len(), 2, "Dubbo's random balance reached both: {by:?}");
+
+    // SIGTERM: `lbkit register` deletes its node and exits 0; then the library deregisters.
+    let exit = register.stop().await;
+    assert!(
+        exit.is_some_and(|s| s.success()),
+        "lbkit register exit: {exit:?}"
+    );
+    let nodes = kazoo_nodes(&python, &zk, &providers, &dir).await;
+    assert_eq!(nodes.len(), 1, "{nodes:?}");
+    assert_eq!(nodes[0]["url"]["port"], b.port());
+    registration.deregister().await;
+    let nodes = kazoo_nodes(&python, &zk, &providers, &dir).await;
+    assert!(nodes.is_empty(), "{nodes:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }

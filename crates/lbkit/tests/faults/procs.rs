@@ -112,11 +112,16 @@ impl Proc {
         let _ = self.child.kill().await;
     }
 
-    /// SIGTERM, then wait for the exit (bounded; SIGKILL after).
-    pub async fn stop(&mut self) {
+    /// SIGTERM, then wait for the exit (bounded; SIGKILL after): the exit status, or `None`
+    /// when it had to be killed.
+    pub async fn stop(&mut self) -> Option<std::process::ExitStatus> {
         let _ = self.signal("TERM");
-        if tokio::time::timeout(WAIT, self.child.wait()).await.is_err() {
-            self.kill().await;
+        match tokio::time::timeout(WAIT, self.child.wait()).await {
+            Ok(status) => status.ok(),
+            Err(_) => {
+                self.kill().await;
+                None
+            }
         }
     }
 

@@ -1,0 +1,63 @@
+"""The children of one znode as an independent ZooKeeper client (kazoo) sees them.
+
+    python scripts/zk_nodes.py ZK_HOST:PORT PATH
+
+Prints one JSON object per line, one per child of PATH, sorted by name:
+  name        the child's node name as stored
+  ephemeral   whether the node is ephemeral (its owner session is not 0)
+  data        the node's data, as text
+  url         for a Dubbo provider node, the name percent-decoded as Java's
+              URLDecoder does ('+' is a space), then parsed: scheme, host, port, path,
+              params (a provider's query parameters)
+Prints nothing when PATH has no children; exits 1 when PATH does not exist.
+"""
+
+import json
+import sys
+from urllib.parse import parse_qsl, unquote_plus, urlsplit
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
+
+
+def main() -> int:
+    hosts, path = sys.argv[1], sys.argv[2]
+    zk = KazooClient(hosts=hosts, timeout=10)
+    zk.start(timeout=10)
+    try:
+        children = sorted(zk.get_children(path))
+        for name in children:
+            data, stat = zk.get(f"{path.rstrip('/')}/{name}")
+            decoded = unquote_plus(name)
+            parts = urlsplit(decoded)
+            url = None
+            if parts.scheme and parts.netloc:
+                url = {
+                    "scheme": parts.scheme,
+                    "host": parts.hostname,
+                    "port": parts.port,
+                    "path": parts.path.lstrip("/"),
+                    "params": dict(parse_qsl(parts.query, keep_blank_values=True)),
+                }
+            print(
+                json.dumps(
+                    {
+                        "name": name,
+                        "ephemeral": stat.ephemeralOwner != 0,
+                        "data": data.decode("utf-8", "replace"),
+                        "url": url,
+                    },
+                    sort_keys=True,
+                ),
+                flush=True,
+            )
+    except NoNodeError:
+        print(f"{path}: no such node", file=sys.stderr)
+        return 1
+    finally:
+        zk.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
