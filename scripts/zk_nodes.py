@@ -1,8 +1,14 @@
 """The children of one znode as an independent ZooKeeper client (kazoo) sees them.
 
-    python scripts/zk_nodes.py ZK_HOST:PORT PATH
+    python scripts/zk_nodes.py ZK_HOST:PORT PATH                 # list
+    python scripts/zk_nodes.py ZK_HOST:PORT PATH --create NAME   # a persistent child (parents made)
+    python scripts/zk_nodes.py ZK_HOST:PORT PATH --delete NAME
 
-Prints one JSON object per line, one per child of PATH, sorted by name:
+`--create` writes a node as dubbo-admin writes an override rule: NAME is the rule URL, stored
+URL-encoded as Java's URLEncoder encodes it (letters, digits and `.-*_` kept, a space as `+`,
+everything else %XX). `--delete` takes the same NAME.
+
+Listing prints one JSON object per line, one per child of PATH, sorted by name:
   name        the child's node name as stored
   ephemeral   whether the node is ephemeral (its owner session is not 0)
   data        the node's data, as text
@@ -14,16 +20,32 @@ Prints nothing when PATH has no children; exits 1 when PATH does not exist.
 
 import json
 import sys
-from urllib.parse import parse_qsl, unquote_plus, urlsplit
+from urllib.parse import parse_qsl, quote_plus, unquote_plus, urlsplit
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
+
+
+def java_url_encode(text: str) -> str:
+    """Java's URLEncoder.encode(text, "UTF-8")."""
+    return quote_plus(text, safe="*").replace("~", "%7E")
 
 
 def main() -> int:
     hosts, path = sys.argv[1], sys.argv[2]
     zk = KazooClient(hosts=hosts, timeout=10)
     zk.start(timeout=10)
+    if len(sys.argv) == 5 and sys.argv[3] in ("--create", "--delete"):
+        node = f"{path.rstrip('/')}/{java_url_encode(sys.argv[4])}"
+        try:
+            if sys.argv[3] == "--create":
+                zk.create(node, b"", makepath=True)
+            else:
+                zk.delete(node)
+            print(node, flush=True)
+        finally:
+            zk.stop()
+        return 0
     try:
         children = sorted(zk.get_children(path))
         for name in children:

@@ -47,20 +47,7 @@ impl ProviderUrl {
     /// assert_eq!(u.params["weight"], "200");
     /// ```
     pub fn parse(text: &str) -> Result<Self, UrlError> {
-        let text = text.trim();
-        let decoded = if text.contains("://") {
-            text.to_owned()
-        } else {
-            // Java's `URLEncoder` (what Dubbo's `URL.encode` calls) writes a space as `+` and
-            // a literal `+` as `%2B`; Python's `quote` writes `%20` and `%2B`: `+` is a space
-            // either way. `~` comes bare or as `%7E`, which decoding takes alike.
-            let spaced = text.replace('+', " ");
-            percent_decode_str(&spaced)
-                .decode_utf8()
-                .map_err(|_| err(text, "percent-encoding does not decode to UTF-8"))?
-                .into_owned()
-        };
-        parse_plain(&decoded)
+        parse_plain(&decode_url_text(text)?)
     }
 
     /// The endpoint this provider describes, with Dubbo's weight and warm-up parameters.
@@ -139,6 +126,23 @@ fn err(url: &str, reason: impl Into<String>) -> UrlError {
         url: url.to_owned(),
         reason: reason.into(),
     }
+}
+
+/// A URL as a registry node name stores it, decoded: plain text (it has `://`) is taken as it
+/// is, anything else is percent-decoded.
+pub(crate) fn decode_url_text(text: &str) -> Result<String, UrlError> {
+    let text = text.trim();
+    if text.contains("://") {
+        return Ok(text.to_owned());
+    }
+    // Java's `URLEncoder` (what Dubbo's `URL.encode` calls) writes a space as `+` and a literal
+    // `+` as `%2B`; Python's `quote` writes `%20` and `%2B`: `+` is a space either way. `~`
+    // comes bare or as `%7E`, which decoding takes alike.
+    let spaced = text.replace('+', " ");
+    Ok(percent_decode_str(&spaced)
+        .decode_utf8()
+        .map_err(|_| err(text, "percent-encoding does not decode to UTF-8"))?
+        .into_owned())
 }
 
 fn parse_plain(url: &str) -> Result<ProviderUrl, UrlError> {

@@ -40,6 +40,7 @@ mod controller;
 pub mod dubbo;
 mod error;
 pub mod file;
+pub mod governance;
 #[cfg(feature = "controller")]
 pub mod source;
 mod static_list;

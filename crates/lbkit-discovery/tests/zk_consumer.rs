@@ -6,6 +6,8 @@ mod common;
 
 use std::sync::Arc;
 
+use lbkit_core::Snapshot;
+
 use common::{entries, has, unique, wait_status, Pipeline};
 use lbkit_discovery::zookeeper::{
     Layout, Provider, ProviderFilter, ServicePath, WatchMode, ZkConfig, ZkRegistration, ZkSource,
@@ -351,4 +353,146 @@ async fn changes_after_a_connection_cut_are_seen() {
         ra.deregister().await;
         rb.deregister().await;
     }
+}
+
+/// An override rule as dubbo-admin writes it: a persistent node under `configurators` named by
+/// the URL-encoded rule (Java's `URLEncoder`). Returns the node's path.
+async fn write_rule(client: &Client, path: &ServicePath, rule: &str) -> String {
+    let encoded =
+        percent_encoding::utf8_percent_encode(rule, percent_encoding::NON_ALPHANUMERIC).to_string();
+    let dir = path.rules_dir().expect("the Dubbo layout has rules");
+    let persistent = CreateMode::Persistent.with_acls(Acls::anyone_all());
+    client.mkdir(&dir, &persistent).await.expect("mkdir");
+    let node = format!("{dir}/{encoded}");
+    client
+        .create(&node, &[], &persistent)
+        .await
+        .expect("create the rule");
+    node
+}
+
+fn weights(s: &Snapshot) -> Vec<u32> {
+    s.endpoints().iter().map(|e| e.weight()).collect()
+}
+
+/// Override rules written, changed and removed while the consumer watches: weight and disabled,
+/// for one provider and for all, scoped to an application, composed in Dubbo's order; a
+/// malformed rule is skipped and counted.
+async fn override_rules(mode: WatchMode) {
+    let zk = ZkConfig::new(require_zk!());
+    let client = Client::connect(&zk.servers).await.expect("connect");
+    let service = unique("governed");
+    let path = ServicePath::new("dubbo", &service, Layout::Dubbo).unwrap();
+    let mut regs = Vec::new();
+    for i in 1..=3 {
+        let mut p = provider(&format!("10.5.0.{i}:20880"), 100);
+        p.application = "shop".into();
+        regs.push(registered(&zk, &path, p).await);
+    }
+    let mut pipeline = Pipeline::start(
+        ZkSource::new(zk.clone(), path.clone())
+            .with_watch(mode)
+            .with_application("web"),
+        ControllerConfig::default(),
+    );
+    pipeline.until("three providers", |s| s.len() == 3).await;
+
+    // dubbo-admin's weight button: one provider doubled.
+    let double = write_rule(
+        &client,
+        &path,
+        &format!("override://10.5.0.1:20880/{service}?category=configurators&dynamic=false&enabled=true&weight=200"),
+    )
+    .await;
+    let s = pipeline
+        .until("10.5.0.1 doubled", |s| weights(s) == [200, 100, 100])
+        .await;
+    let rules = s.endpoints()[0].metadata()["dubbo.rules"].clone();
+    assert!(
+        rules.contains("override://10.5.0.1:20880/") && rules.ends_with("sets weight=200"),
+        "{rules}"
+    );
+    assert!(!s.endpoints()[1].metadata().contains_key("dubbo.rules"));
+    assert_eq!(pipeline.status.get().rules, 1);
+
+    // Every provider disabled (0.0.0.0): the specific rule sorts after it but does not enable.
+    let disable = write_rule(
+        &client,
+        &path,
+        &format!("override://0.0.0.0/{service}?category=configurators&disabled=true&dynamic=false&enabled=true"),
+    )
+    .await;
+    pipeline
+        .until("all disabled", |s| weights(s) == [0, 0, 0])
+        .await;
+    client.delete(&disable, None).await.expect("delete");
+    pipeline
+        .until("the disable rule gone", |s| weights(s) == [200, 100, 100])
+        .await;
+
+    // A malformed rule is skipped and counted; the others stay in force.
+    write_rule(
+        &client,
+        &path,
+        &format!("override://0.0.0.0/{service}?weight=heavy"),
+    )
+    .await;
+    wait_status(&mut pipeline.status, "the bad rule counted", |st| {
+        st.rules_rejected == 1
+    })
+    .await;
+
+    // Scoped to an application: the consumer's (`web`@) applies, another one's does not; the
+    // rule for one provider still wins over the one for all.
+    write_rule(
+        &client,
+        &path,
+        &format!("override://web@0.0.0.0/{service}?weight=50"),
+    )
+    .await;
+    write_rule(
+        &client,
+        &path,
+        &format!("override://0.0.0.0/{service}?application=billing&weight=1"),
+    )
+    .await;
+    pipeline
+        .until("web's rule", |s| weights(s) == [200, 50, 50])
+        .await;
+    // The double, web's and billing's (which applies to no one).
+    wait_status(&mut pipeline.status, "three rules in force", |st| {
+        st.rules == 3
+    })
+    .await;
+
+    // The rule nodes removed: back to the registered weights.
+    client.delete(&double, None).await.expect("delete");
+    let dir = path.rules_dir().unwrap();
+    for child in client.list_children(&dir).await.expect("list") {
+        client
+            .delete(&format!("{dir}/{child}"), None)
+            .await
+            .expect("delete");
+    }
+    let s = pipeline
+        .until("no rules", |s| weights(s) == [100, 100, 100])
+        .await;
+    assert!(s
+        .endpoints()
+        .iter()
+        .all(|e| !e.metadata().contains_key("dubbo.rules")));
+    assert_eq!(pipeline.status.get().rules_rejected, 1, "counted once");
+    for r in regs {
+        r.deregister().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn override_rules_apply_while_they_change() {
+    override_rules(WatchMode::Auto).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn override_rules_apply_with_one_shot_watches() {
+    override_rules(WatchMode::OneShot).await;
 }

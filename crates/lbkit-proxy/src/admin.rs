@@ -167,8 +167,15 @@ pub(crate) fn endpoints_json<'a>(
             .enumerate()
             .map(|(i, e)| {
                 let idx = lbkit_core::EndpointIdx::new(i);
+                // The registry's override rules that changed it (`RULE sets k=v; …`), if any.
+                let rules: Vec<&str> = e
+                    .metadata()
+                    .get(lbkit_discovery::governance::RULES_METADATA)
+                    .map(|r| r.split("; ").collect())
+                    .unwrap_or_default();
                 json!({
                     "address": e.address(),
+                    "rules": rules,
                     "weight": e.weight(),
                     "effective_weight": snapshot.effective_weight(idx, now),
                     "eligible": snapshot.is_eligible(idx),

@@ -89,7 +89,12 @@ fn open_source(service: &Service) -> Result<UpdateStream, ProxyError> {
             use lbkit_discovery::zookeeper::{WatchMode, ZkConfig, ZkSource};
             // Checked by the config's validation.
             let watch = WatchMode::parse(&zk.watch).unwrap_or_default();
-            let mut source = ZkSource::new(ZkConfig::new(zk.zk.clone()), path).with_watch(watch);
+            let mut source = ZkSource::new(ZkConfig::new(zk.zk.clone()), path)
+                .with_watch(watch)
+                .with_governance(zk.rules);
+            if let Some(app) = &zk.application {
+                source = source.with_application(app);
+            }
             if let Some(cache) = &zk.cache {
                 source = source.with_cache(cache);
             }

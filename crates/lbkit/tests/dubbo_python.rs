@@ -82,6 +82,21 @@ async fn provider(
     (proc, port)
 }
 
+/// Python providers of `service`, one per `(name, delay_ms)`, each once it is exported.
+async fn providers(
+    python: &str,
+    service: &str,
+    zk: &str,
+    who: &[(&str, u32)],
+    dir: &Path,
+) -> Vec<(Proc, u16)> {
+    let mut started = Vec::new();
+    for &one in who {
+        started.push(provider(python, service, zk, one, dir).await);
+    }
+    started
+}
+
 /// Run a Python script to completion (bounded; its stderr goes to `dir/log`): whether it
 /// succeeded, and its stdout lines.
 async fn run_python(python: &str, args: &[&str], dir: &Path, log: &str) -> (bool, Vec<String>) {
@@ -183,6 +198,34 @@ async fn greet(
     Ok((text, grpc_status))
 }
 
+/// `lbkit proxy` with one h2c service `api` (`zookeeper = ZOOKEEPER` and `service_lines`),
+/// once it serves `endpoints` endpoints; its admin view, and an h2c connection to it.
+async fn h2c_proxy(
+    zookeeper: &str,
+    service_lines: &str,
+    endpoints: usize,
+    dir: &Path,
+) -> (Proxy, Admin, http2::SendRequest<Full<Bytes>>) {
+    let (listen, admin) = (free_port().expect("port"), free_port().expect("port"));
+    let config = format!(
+        "[admin]\nbind = \"127.0.0.1:{admin}\"\n\n[[listener]]\nbind = \"127.0.0.1:{listen}\"\n\n\
+         [[route]]\nservice = \"api\"\n\n[service.api]\nzookeeper = {zookeeper}\nh2c = true\n{service_lines}\n"
+    );
+    let path = dir.join("proxy.toml");
+    std::fs::write(&path, config).expect("write the config");
+    let proxy = Proxy::start(&path, dir).await.expect("the proxy starts");
+    let admin = Admin::watch(proxy.admin);
+    admin.until_endpoints(endpoints).await;
+    let stream = tokio::net::TcpStream::connect(proxy.listen)
+        .await
+        .expect("connect");
+    let (sender, conn) = http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+        .await
+        .expect("an h2c connection");
+    tokio::spawn(conn);
+    (proxy, admin, sender)
+}
+
 /// The proxy's admin API, read every 20 ms (the fault run's sampler) while the test runs.
 struct Admin {
     latest: watch::Receiver<Option<load::View>>,
@@ -204,6 +247,21 @@ impl Admin {
         Admin {
             latest,
             _stop: stop,
+        }
+    }
+
+    /// Wait (bounded) until the proxy's view of its endpoints satisfies `pred`; that view.
+    async fn until(&self, what: &str, pred: impl Fn(&load::View) -> bool) -> load::View {
+        let mut rx = self.latest.clone();
+        let seen = tokio::time::timeout(WAIT, rx.wait_for(|v| v.as_ref().is_some_and(&pred))).await;
+        match seen {
+            Ok(Ok(v)) => v
+                .clone()
+                .unwrap_or_else(|| unreachable!("checked by the predicate")),
+            _ => panic!(
+                "the proxy never showed {what} within {WAIT:?}: {:?}",
+                self.latest.borrow().as_ref().map(|v| &v.weights)
+            ),
         }
     }
 
@@ -235,10 +293,14 @@ async fn python_dubbo_providers_are_discovered_and_called_through_the_proxy() {
     };
     let dir = test_dir("dubbo-python");
     let service = format!("org.lbkit.interop{}.Greeter", std::process::id());
-    let mut providers = Vec::new();
-    for name in ["p0", "p1", "p2"] {
-        providers.push(provider(&python, &service, &zk, (name, 0), &dir).await);
-    }
+    let mut providers = providers(
+        &python,
+        &service,
+        &zk,
+        &[("p0", 0), ("p1", 0), ("p2", 0)],
+        &dir,
+    )
+    .await;
 
     // `lbkit watch --once` reads their minimal registrations.
     let out = Command::new(env!("CARGO_BIN_EXE_lbkit"))
@@ -253,36 +315,9 @@ async fn python_dubbo_providers_are_discovered_and_called_through_the_proxy() {
     }
 
     // The proxy calls them over h2c (Python's strict `h2` refuses a Host beside :authority).
-    let (listen, admin) = (free_port().expect("port"), free_port().expect("port"));
-    let config = format!(
-        r#"[admin]
-bind = "127.0.0.1:{admin}"
-
-[[listener]]
-bind = "127.0.0.1:{listen}"
-
-[[route]]
-service = "api"
-
-[service.api]
-zookeeper = {{ zk = "{zk}", interface = "{service}" }}
-strategy = "least-request"
-h2c = true
-retries = 2
-"#
-    );
-    let path = dir.join("proxy.toml");
-    std::fs::write(&path, config).expect("write the config");
-    let mut proxy = Proxy::start(&path, &dir).await.expect("the proxy starts");
-    let admin = Admin::watch(proxy.admin);
-    admin.until_endpoints(3).await;
-    let stream = tokio::net::TcpStream::connect(proxy.listen)
-        .await
-        .expect("connect");
-    let (mut sender, conn) = http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
-        .await
-        .expect("an h2c connection");
-    tokio::spawn(conn);
+    let zookeeper = format!(r#"{{ zk = "{zk}", interface = "{service}" }}"#);
+    let service_lines = "strategy = \"least-request\"\nretries = 2";
+    let (mut proxy, admin, mut sender) = h2c_proxy(&zookeeper, service_lines, 3, &dir).await;
 
     let mut answered: BTreeMap<String, usize> = BTreeMap::new();
     for i in 0..60 {
@@ -420,10 +455,14 @@ async fn a_tonic_client_behind_lbkit_tower_balances_python_providers() {
     };
     let dir = test_dir("dubbo-tower");
     let service = format!("org.lbkit.interop{}.Tower", std::process::id());
-    let mut providers = Vec::new();
-    for who in [("fast0", 0), ("fast1", 0), ("slow", 60)] {
-        providers.push(provider(&python, &service, &zk, who, &dir).await);
-    }
+    let mut providers = providers(
+        &python,
+        &service,
+        &zk,
+        &[("fast0", 0), ("fast1", 0), ("slow", 60)],
+        &dir,
+    )
+    .await;
 
     // ZooKeeper discovery → a pool of lazily connected tonic channels → peak EWMA with
     // failover, exactly as an application would build it.
@@ -675,5 +714,139 @@ async fn rust_providers_registered_by_lbkit_are_called_by_a_python_consumer() {
     registration.deregister().await;
     let nodes = kazoo_nodes(&python, &zk, &providers, &dir).await;
     assert!(nodes.is_empty(), "{nodes:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Who answered `n` calls through `sender`.
+async fn answered_by(
+    sender: &mut http2::SendRequest<Full<Bytes>>,
+    service: &str,
+    n: usize,
+) -> BTreeMap<String, usize> {
+    let mut by = BTreeMap::new();
+    for i in 0..n {
+        let (text, status) = greet(sender, service, "ruled")
+            .await
+            .unwrap_or_else(|e| panic!("call {i}: {e}"));
+        assert_eq!(status, "0");
+        *by.entry(text.split(':').next().unwrap_or_default().to_owned())
+            .or_default() += 1;
+    }
+    by
+}
+
+/// dubbo-admin's rules, written by an independent client (kazoo) while calls flow: the proxy
+/// and `lbkit watch` obey them (a provider disabled, then weighted), show which rule did what,
+/// and forget them when the nodes go; a malformed rule is skipped and counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn override_rules_written_as_dubbo_admin_writes_them_steer_the_proxy() {
+    let (Some(zk), Some(python)) = (lbkit_testkit::zookeeper(), lbkit_testkit::python()) else {
+        return;
+    };
+    let dir = test_dir("dubbo-rules");
+    let service = format!("org.lbkit.interop{}.Ruled", std::process::id());
+    let mut providers = providers(&python, &service, &zk, &[("r0", 0), ("r1", 0)], &dir).await;
+    let r0 = format!("127.0.0.1:{}", providers[0].1);
+    let cache = dir.join("registry-cache.json");
+    let zookeeper = format!(
+        r#"{{ zk = "{zk}", interface = "{service}", cache = "{}", application = "web" }}"#,
+        cache.display()
+    );
+    let (mut proxy, admin, mut sender) =
+        h2c_proxy(&zookeeper, "strategy = \"round-robin\"", 2, &dir).await;
+    assert_eq!(answered_by(&mut sender, &service, 10).await.len(), 2);
+
+    let rules = format!("/dubbo/{service}/configurators");
+    let kazoo = |action: &'static str, rule: String| {
+        let (python, zk, rules, dir) = (python.clone(), zk.clone(), rules.clone(), dir.clone());
+        async move {
+            let script = script("zk_nodes.py");
+            let args = [script.to_str().expect("UTF-8"), &zk, &rules, action, &rule];
+            let (ok, out) = run_python(&python, &args, &dir, "kazoo.log").await;
+            assert!(ok, "zk_nodes.py {action} {rule}: {out:?}");
+        }
+    };
+
+    // dubbo-admin's "disable" on r0: no call reaches it; watch and the admin API say why.
+    let disable = format!(
+        "override://{r0}/{service}?category=configurators&disabled=true&dynamic=false&enabled=true"
+    );
+    kazoo("--create", disable.clone()).await;
+    let view = admin
+        .until("r0 disabled", |v| {
+            v.weights.iter().any(|(a, w, _)| *a == r0 && *w == 0)
+        })
+        .await;
+    let (_, _, why) = view.weights.iter().find(|(a, _, _)| *a == r0).expect("r0");
+    assert_eq!(why, &[format!("{disable} sets disabled=true")]);
+    let by = answered_by(&mut sender, &service, 20).await;
+    assert_eq!(by, BTreeMap::from([("r1".to_owned(), 20)]));
+    let out = Command::new(env!("CARGO_BIN_EXE_lbkit"))
+        .args(["watch", "--once", "--zk", &zk, "--interface", &service])
+        .output()
+        .await
+        .expect("lbkit watch");
+    let listed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        listed.contains(&format!("  rule {disable} sets disabled=true")),
+        "{listed}"
+    );
+    // The registry cache keeps the rules' result, and `lbkit pick --explain` shows them.
+    let explained = Command::new(env!("CARGO_BIN_EXE_lbkit"))
+        .args(["pick", "-s", "round-robin", "-n", "1", "--explain", "-f"])
+        .arg(&cache)
+        .output()
+        .await
+        .expect("lbkit pick");
+    let text = String::from_utf8_lossy(&explained.stdout);
+    assert!(explained.status.success(), "{text}");
+    assert!(
+        text.contains(&format!("rule {disable} sets disabled=true")),
+        "{text}"
+    );
+
+    // A malformed rule beside it changes nothing (skipped, logged, counted); a weight rule for
+    // every provider, scoped to the proxy's application, composes with the disable.
+    kazoo(
+        "--create",
+        format!("override://0.0.0.0/{service}?weight=heavy"),
+    )
+    .await;
+    let all =
+        format!("override://web@0.0.0.0/{service}?category=configurators&dynamic=false&weight=300");
+    kazoo("--create", all.clone()).await;
+    admin
+        .until("r1 at 300", |v| {
+            v.weights.iter().any(|(a, w, _)| *a != r0 && *w == 300)
+        })
+        .await;
+    assert_eq!(
+        answered_by(&mut sender, &service, 10).await,
+        BTreeMap::from([("r1".to_owned(), 10)])
+    );
+    let logged = proxy.proc.line("malformed override rule skipped").await;
+    assert!(
+        logged.is_ok_and(|l| l.contains("heavy")),
+        "the bad rule is logged, naming it"
+    );
+
+    // The disable removed: r0 serves again, at the rule's weight like r1.
+    kazoo("--delete", disable).await;
+    admin
+        .until("both at 300", |v| {
+            v.weights.iter().all(|(_, w, _)| *w == 300)
+        })
+        .await;
+    let by = answered_by(&mut sender, &service, 20).await;
+    assert_eq!(by.len(), 2, "{by:?}");
+    assert_eq!(
+        proxy.proc.count("malformed override rule skipped"),
+        1,
+        "logged once while it exists"
+    );
+    proxy.proc.stop().await;
+    for (p, _) in &mut providers {
+        p.stop().await;
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -10,13 +10,16 @@ use futures_util::{FutureExt, StreamExt};
 use lbkit_core::{EndpointKey, EndpointSpec, Update};
 use tokio::sync::{mpsc, watch};
 use zookeeper_client::{
-    AddWatchMode, Client, Error as ZkError, EventType, OneshotWatcher, SessionState, StateWatcher,
+    AddWatchMode, Client, Error as ZkError, EventType, OneshotWatcher, PersistentWatcher,
+    SessionState, StateWatcher, WatchedEvent,
 };
 
 use super::node::{decode, Decoded, Layout, ProviderFilter, ServicePath};
 use super::{cache, connect, registry_err, Backoff, ZkConfig};
 use crate::controller::error_chain;
+use crate::dubbo::ProviderUrl;
 use crate::error::DiscoveryError;
+use crate::governance::{Overrides, RuleNode, RULES_METADATA};
 use crate::source::{ChannelStream, SourceItem, Status, UpdateStream, SOURCE_QUEUE};
 
 /// State and counters of a [`ZkSource`].
@@ -31,7 +34,12 @@ pub struct ZkStatus {
     /// Watch events handled.
     pub events: u64,
     /// Malformed nodes skipped (`discovery_rejected_total`); each counted once while it exists.
+    /// Malformed override rules count here too.
     pub rejected: u64,
+    /// Override rules in force (Dubbo layout: the nodes under `configurators`).
+    pub rules: usize,
+    /// Malformed override rules skipped; each counted once while it exists.
+    pub rules_rejected: u64,
     /// Providers in the last set sent.
     pub providers: usize,
     /// Whether the last set sent came from the cache file (registry unreachable at start-up).
@@ -101,6 +109,8 @@ pub struct ZkSource {
     filter: ProviderFilter,
     cache: Option<PathBuf>,
     watch: WatchMode,
+    governance: bool,
+    application: Option<String>,
 }
 
 // === impl ZkSource ===
@@ -114,7 +124,25 @@ impl ZkSource {
             filter: ProviderFilter::default(),
             cache: None,
             watch: WatchMode::Auto,
+            governance: true,
+            application: None,
         }
+    }
+
+    /// Whether to obey the service's override rules (Dubbo layout; default on): each
+    /// provider's URL is rewritten by the rules under `configurators` that apply to it
+    /// ([`governance`](crate::governance)) before its weight is read, and the endpoint's
+    /// metadata `dubbo.rules` names the rules that did it.
+    pub fn with_governance(mut self, on: bool) -> Self {
+        self.governance = on;
+        self
+    }
+
+    /// The consumer's Dubbo application, for rules scoped to an application (a rule applies
+    /// when it names this application or the provider's own).
+    pub fn with_application(mut self, application: impl Into<String>) -> Self {
+        self.application = Some(application.into());
+        self
     }
 
     /// Watch the directory as `mode` says (default [`WatchMode::Auto`]).
@@ -151,8 +179,12 @@ impl ZkSource {
             .clone()
             .map(|p| cache::spawn_writer(p, status.clone()));
         let one_shot = self.watch == WatchMode::OneShot;
+        let rules_dir = self.path.rules_dir().filter(|_| self.governance);
         let task = Consumer {
             dir: self.path.dir(),
+            rules_dir,
+            rules: BTreeMap::new(),
+            overrides: Overrides::default(),
             source: self,
             tx,
             status,
@@ -178,6 +210,12 @@ enum End {
 struct Consumer {
     source: ZkSource,
     dir: String,
+    /// Where the override rules are, when the consumer obeys them.
+    rules_dir: Option<String>,
+    /// Rule nodes by name: the rule, or `None` (malformed: logged and counted once).
+    rules: BTreeMap<String, Option<RuleNode>>,
+    /// The rules in force, from `rules`.
+    overrides: Overrides,
     tx: mpsc::Sender<SourceItem>,
     status: Arc<watch::Sender<ZkStatus>>,
     /// Provider nodes by name: the endpoint, or `None` (filtered out or malformed).
@@ -294,7 +332,12 @@ impl Consumer {
             }
             Err(e) => return End::Lost(registry_err(&self.dir, e)),
         };
+        let mut rules_watcher = match self.watch_rules(client).await {
+            Ok(w) => w,
+            Err(e) => return End::Lost(e),
+        };
         let (mut relist, mut rewatch) = (true, false);
+        let mut relist_rules = self.rules_dir.is_some();
         loop {
             if rewatch {
                 // zookeeper-client 0.11 does not set persistent watches again on a new
@@ -313,6 +356,18 @@ impl Consumer {
                     // Lost again: the next reconnection asks for it.
                     Err(e) => tracing::debug!(error = %e, "watch not set again yet"),
                 }
+                match self.watch_rules(client).await {
+                    Ok(Some(w)) => rules_watcher = Some(w),
+                    Ok(None) => {}
+                    Err(e) => return End::Lost(e),
+                }
+            }
+            if relist_rules {
+                match self.relist_rules(client).await {
+                    Ok(()) => relist_rules = false,
+                    Err(e) if ends_session(&e) => return End::Lost(registry_err(&self.dir, e)),
+                    Err(e) => tracing::debug!(error = %e, "rules listing interrupted"),
+                }
             }
             if relist {
                 match self.relist(client).await {
@@ -327,6 +382,22 @@ impl Consumer {
             }
             let mut event = tokio::select! {
                 ev = watcher.changed() => ev,
+                ev = rules_event(&mut rules_watcher) => {
+                    self.status.send_modify(|s| s.events += 1);
+                    match (ev.event_type, ev.session_state) {
+                        // The providers' watcher follows the session; a terminal state ends
+                        // this watcher too (never poll it again).
+                        (EventType::Session, SessionState::Disconnected
+                            | SessionState::SyncConnected
+                            | SessionState::ConnectedReadOnly) => {}
+                        (EventType::Session, state) => {
+                            let dir = self.rules_dir.clone().unwrap_or_default();
+                            return End::Lost(registry_err(&dir, state_error(state)));
+                        }
+                        _ => relist_rules = true,
+                    }
+                    continue;
+                }
                 () = self.tx.closed() => return End::Gone,
             };
             // Handle what is already queued before sending: a burst becomes one update.
@@ -340,6 +411,7 @@ impl Consumer {
                         SessionState::SyncConnected | SessionState::ConnectedReadOnly => {
                             self.status.send_modify(|s| s.connected = true);
                             (relist, rewatch) = (true, true);
+                            relist_rules = self.rules_dir.is_some();
                         }
                         // Terminal (expired, closed, auth failed): the watcher is done; never
                         // poll it again.
@@ -432,21 +504,113 @@ impl Consumer {
     /// List the directory setting one-shot watches: on its children (on its existence while
     /// it does not exist) and, in the plain layout, on every node's data.
     async fn list_watching(&mut self, client: &Client) -> Result<Vec<OneshotWatcher>, ZkError> {
-        let (children, dir_watch) = loop {
-            match client.list_and_watch_children(&self.dir).await {
-                Ok(listed) => break listed,
-                Err(ZkError::NoNode) => {}
-                Err(e) => return Err(e),
-            }
-            // Made in between (`Some`): list it.
-            if let (None, watch) = client.check_and_watch_stat(&self.dir).await? {
-                break (Vec::new(), watch);
-            }
-        };
+        let (children, dir_watch) = list_and_watch(client, &self.dir).await?;
         let (nodes, mut watchers) = self.read_nodes(client, children, true).await?;
         watchers.push(dir_watch);
         self.listed(nodes);
+        if let Some(dir) = self.rules_dir.clone() {
+            let (children, rules_watch) = list_and_watch(client, &dir).await?;
+            self.rules_listed(children);
+            watchers.push(rules_watch);
+        }
         Ok(watchers)
+    }
+
+    /// A persistent recursive watch on the rules directory, when the consumer obeys rules.
+    async fn watch_rules(
+        &self,
+        client: &Client,
+    ) -> Result<Option<PersistentWatcher>, DiscoveryError> {
+        let Some(dir) = self.rules_dir.as_deref() else {
+            return Ok(None);
+        };
+        client
+            .watch(dir, AddWatchMode::PersistentRecursive)
+            .await
+            .map(Some)
+            .map_err(|e| registry_err(dir, e))
+    }
+
+    /// List the rules directory (absent: no rules).
+    async fn relist_rules(&mut self, client: &Client) -> Result<(), ZkError> {
+        let Some(dir) = self.rules_dir.as_deref() else {
+            return Ok(());
+        };
+        let children = match client.list_children(dir).await {
+            Ok(c) => c,
+            Err(ZkError::NoNode) => Vec::new(),
+            Err(e) => return Err(e),
+        };
+        self.rules_listed(children);
+        Ok(())
+    }
+
+    /// A full listing of the rules directory replaces the rules; a malformed rule is logged
+    /// and counted once while it exists.
+    fn rules_listed(&mut self, children: Vec<String>) {
+        let mut rules = BTreeMap::new();
+        for name in children {
+            let node = match self.rules.remove(&name) {
+                Some(known) => known,
+                None => match RuleNode::parse(&name) {
+                    Ok(rule) => Some(rule),
+                    Err(e) => {
+                        tracing::warn!(dir = ?self.rules_dir, node = %name, reason = %e.reason, "malformed override rule skipped");
+                        self.status.send_modify(|s| {
+                            s.rules_rejected += 1;
+                            s.rejected += 1;
+                        });
+                        None
+                    }
+                },
+            };
+            rules.insert(name, node);
+        }
+        self.rules = rules;
+        let overrides = Overrides::new(self.rules.values().flatten().cloned());
+        if overrides != self.overrides {
+            tracing::info!(dir = ?self.rules_dir, rules = overrides.len(), "override rules changed");
+            self.status.send_modify(|s| s.rules = overrides.len());
+            self.overrides = overrides;
+        }
+    }
+
+    /// `spec` (of node `name`) as the override rules make it: its URL rewritten by the rules
+    /// that apply, and metadata `dubbo.rules` naming them and what they set.
+    fn governed(&self, name: &str, spec: &EndpointSpec) -> EndpointSpec {
+        if self.overrides.is_empty() {
+            return spec.clone();
+        }
+        let Ok(url) = ProviderUrl::parse(name) else {
+            return spec.clone();
+        };
+        let (rewritten, applied) = self
+            .overrides
+            .apply(&url, self.source.application.as_deref());
+        let applied: Vec<String> = applied
+            .iter()
+            .filter(|(_, sets)| !sets.is_empty())
+            .map(|(rule, sets)| {
+                let sets: Vec<String> = sets.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                format!("{} sets {}", rule.text, sets.join(","))
+            })
+            .collect();
+        if applied.is_empty() {
+            return spec.clone();
+        }
+        match rewritten.to_spec() {
+            Ok(mut governed) => {
+                governed.key = spec.key.clone();
+                governed
+                    .metadata
+                    .insert(RULES_METADATA.to_owned(), applied.join("; "));
+                governed
+            }
+            Err(e) => {
+                tracing::debug!(node = name, reason = %e.reason, "override rules left an unusable URL; ignored");
+                spec.clone()
+            }
+        }
     }
 
     /// Creation, data change or deletion of a node under the directory.
@@ -582,7 +746,7 @@ impl Consumer {
                 tracing::debug!(node = %name, key = %spec.key, "duplicate provider; the first node (by name) wins");
                 continue;
             }
-            by_key.insert(spec.key.clone(), spec.clone());
+            by_key.insert(spec.key.clone(), self.governed(name, spec));
         }
         let specs: Vec<EndpointSpec> = by_key.into_values().collect();
         if self.sent.as_ref() == Some(&specs) {
@@ -600,6 +764,33 @@ impl Consumer {
         }
         self.sent = Some(specs.clone());
         self.tx.send(Ok(Update::Reset(specs))).await.is_ok()
+    }
+}
+
+/// The next event of the rules watcher; never, without one.
+async fn rules_event(watcher: &mut Option<PersistentWatcher>) -> WatchedEvent {
+    match watcher {
+        Some(w) => w.changed().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// List `dir`'s children with a one-shot watch on them (on its existence while it does not
+/// exist).
+async fn list_and_watch(
+    client: &Client,
+    dir: &str,
+) -> Result<(Vec<String>, OneshotWatcher), ZkError> {
+    loop {
+        match client.list_and_watch_children(dir).await {
+            Ok(listed) => return Ok(listed),
+            Err(ZkError::NoNode) => {}
+            Err(e) => return Err(e),
+        }
+        // Made in between (`Some`): list it.
+        if let (None, watch) = client.check_and_watch_stat(dir).await? {
+            return Ok((Vec::new(), watch));
+        }
     }
 }
 

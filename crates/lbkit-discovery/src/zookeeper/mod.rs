@@ -48,6 +48,7 @@ mod consumer;
 mod node;
 mod provider;
 
+pub use crate::governance::RULES_METADATA;
 pub use cache::{read_cache, write_cache};
 pub use consumer::{WatchMode, ZkSource, ZkStatus};
 pub use node::{decode_node, Layout, Provider, ProviderFilter, ServicePath, KNOWN_PROTOCOLS};

@@ -114,6 +114,16 @@ impl ServicePath {
             Layout::Plain => format!("/{}/{}", self.root, self.service),
         }
     }
+
+    /// The znode whose children are the service's override rules (Dubbo layout:
+    /// `/ROOT/INTERFACE/configurators`, see [`governance`](crate::governance)); the plain
+    /// layout has none.
+    pub fn rules_dir(&self) -> Option<String> {
+        match self.layout {
+            Layout::Dubbo => Some(format!("/{}/{}/configurators", self.root, self.service)),
+            Layout::Plain => None,
+        }
+    }
 }
 
 pub(crate) fn config_err(field: &'static str, reason: impl Into<String>) -> DiscoveryError {

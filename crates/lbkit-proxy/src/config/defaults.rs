@@ -96,3 +96,6 @@ pub(super) fn default_rise() -> u32 {
 pub(super) fn default_fall() -> u32 {
     3
 }
+pub(super) fn default_true() -> bool {
+    true
+}

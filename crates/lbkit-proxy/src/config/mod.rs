@@ -34,7 +34,8 @@
 //! [service.api]
 //! endpoints = ["127.0.0.1:8081=100", "127.0.0.1:8082"]   # exactly one of endpoints, file, zookeeper
 //! # file = "endpoints.toml"                                # an endpoint file, watched (TOML, JSON, Dubbo URLs)
-//! # zookeeper = { zk = "127.0.0.1:2181", interface = "com.acme.Api", root = "dubbo", layout = "dubbo", cache = "api.cache.json", watch = "auto" }
+//! # zookeeper = { zk = "127.0.0.1:2181", interface = "com.acme.Api", root = "dubbo", layout = "dubbo", cache = "api.cache.json", watch = "auto", rules = true, application = "web" }
+//! #   rules: obey the override rules under /ROOT/INTERFACE/configurators (weight, disabled; default true); application: the consumer's, for rules scoped to one
 //! strategy = "round-robin"              # default "round-robin"; any name of `lbkit pick --list`
 //! params = { }                          # default {}: the strategy's parameters
 //! retries = 2                           # default 2, at most 15: further attempts, each on an endpoint not tried yet (lbkit-core's attempt table decides which failures are retried)
@@ -298,6 +299,13 @@ pub struct ZooKeeper {
     /// 3.6), `persistent` or `one-shot`.
     #[serde(default = "default_zk_watch")]
     pub watch: String,
+    /// Obey the service's override rules (Dubbo layout: `configurators`, as dubbo-admin writes
+    /// them; `lbkit_discovery::governance`). Default true.
+    #[serde(default = "default_true")]
+    pub rules: bool,
+    /// The consumer's Dubbo application, for rules scoped to one. Default none.
+    #[serde(default)]
+    pub application: Option<String>,
 }
 
 /// `availability = { .. }`.

@@ -4,6 +4,7 @@ use std::io::Write;
 
 use lbkit::health::EjectionRule;
 use lbkit::{Endpoint, EndpointIdx, Picker, Snapshot, Strategy, Timestamp, Unavailable};
+use lbkit_discovery::governance::RULES_METADATA;
 use serde_json::{json, Value};
 
 use super::pick::Run;
@@ -31,6 +32,8 @@ struct Row {
     failures: u64,
     consecutive_failures: u32,
     note: Option<String>,
+    /// The registry's override rules that changed the endpoint (`RULE sets k=v`), in order.
+    rules: Vec<String>,
 }
 
 struct Warmup {
@@ -71,6 +74,11 @@ impl Report {
                     ewma_ms: e.stats().ewma_at(now).map(ms),
                     failures: e.stats().failures(),
                     consecutive_failures: e.stats().consecutive_failures(),
+                    rules: e
+                        .metadata()
+                        .get(RULES_METADATA)
+                        .map(|r| r.split("; ").map(str::to_owned).collect())
+                        .unwrap_or_default(),
                     note: e
                         .is_eligible()
                         .then(|| prepared.picker().explain(EndpointIdx::new(i), now))
@@ -174,6 +182,9 @@ pub(crate) fn text(out: &mut impl Write, r: &Report, picks: &[String]) -> std::i
             "  {:width$}  weight {} -> effective {}  {}{zone}",
             x.address, x.weight, x.effective, x.state
         )?;
+        for rule in &x.rules {
+            writeln!(out, "      rule {rule}")?;
+        }
         if let Some(w) = &x.warmup {
             let phase = if w.uptime_ms < 0 {
                 "registered in the future: weight 1".to_owned()
@@ -232,6 +243,7 @@ pub(crate) fn json(out: &mut impl Write, r: &Report, picks: &[String]) -> std::i
                 "failures": x.failures,
                 "consecutive_failures": x.consecutive_failures,
                 "strategy_note": x.note,
+                "rules": x.rules,
             })
         })
         .collect();

@@ -10,7 +10,7 @@ use anyhow::Context as _;
 use clap::{Args, ValueEnum};
 use futures_util::StreamExt;
 use lbkit::discovery::zookeeper::{
-    Layout, ProviderFilter, ServicePath, WatchMode, ZkConfig, ZkSource,
+    Layout, ProviderFilter, ServicePath, WatchMode, ZkConfig, ZkSource, RULES_METADATA,
 };
 use lbkit::discovery::{Controller, ControllerConfig, DiscoveryError};
 use lbkit::{Clock, EndpointIdx, Snapshot};
@@ -68,7 +68,9 @@ impl RegistryArgs {
 #[command(
     disable_version_flag = true,
     after_help = "Prints the providers (address, configured and effective weight), then one \
-line per change: + added, - removed, ~ changed.\n\
+line per change: + added, - removed, ~ changed. Under a provider that override rules (the \
+service's configurators, as dubbo-admin writes them) changed: one `  rule RULE sets K=V` line \
+per rule, in the order they applied.\n\
 Exit status: 0 ok, 1 ZooKeeper unreachable within --timeout-ms, 2 bad input.\n\
 Logs (malformed nodes, outages) go to stderr; LBKIT_LOG=info|debug shows more."
 )]
@@ -91,6 +93,13 @@ pub(crate) struct WatchArgs {
     /// ZooKeeper is unreachable at start-up (not with --once).
     #[arg(long, value_name = "FILE", conflicts_with = "once")]
     cache: Option<PathBuf>,
+    /// The consumer's Dubbo application, for override rules scoped to one (a rule applies
+    /// when it names this application or the provider's own).
+    #[arg(long, value_name = "NAME")]
+    application: Option<String>,
+    /// Ignore the service's override rules (show providers as registered).
+    #[arg(long)]
+    no_rules: bool,
     /// How to watch: auto (persistent recursive watches; one-shot watches on servers older
     /// than ZooKeeper 3.6), persistent, one-shot.
     #[arg(long, value_name = "MODE", default_value = "auto", value_parser = WatchMode::parse)]
@@ -137,7 +146,11 @@ async fn watch(
     let dir = path.dir();
     let mut source = ZkSource::new(zk, path)
         .with_filter(filter)
-        .with_watch(args.watch);
+        .with_watch(args.watch)
+        .with_governance(!args.no_rules);
+    if let Some(app) = &args.application {
+        source = source.with_application(app);
+    }
     if let Some(cache) = &args.cache {
         source = source.with_cache(cache);
     }
@@ -233,6 +246,14 @@ impl Printer {
                 )
             })
             .collect();
+        // The override rules that changed a provider, one line each, under its row.
+        let rules = |i: usize| -> Vec<&str> {
+            let e = snapshot.endpoint(EndpointIdx::new(i));
+            e.metadata()
+                .get(RULES_METADATA)
+                .map(|r| r.split("; ").collect())
+                .unwrap_or_default()
+        };
         let mut out = io::stdout().lock();
         match &self.last {
             None => {
@@ -243,19 +264,25 @@ impl Printer {
                     "{:<width$}  {:>9}  {:>9}",
                     "address", "weight", "effective"
                 )?;
-                for (_, addr, w, eff) in &rows {
+                for (i, (_, addr, w, eff)) in rows.iter().enumerate() {
                     writeln!(out, "{addr:<width$}  {w:>9}  {eff:>9}")?;
+                    for rule in rules(i) {
+                        writeln!(out, "  rule {rule}")?;
+                    }
                 }
             }
             Some(last) => {
                 writeln!(out, "# change: {} providers", rows.len())?;
-                for (key, addr, w, eff) in &rows {
+                for (i, (key, addr, w, eff)) in rows.iter().enumerate() {
                     match last.get(key) {
                         None => writeln!(out, "+ {addr}  weight {w}  effective {eff}")?,
                         Some(&(old, _)) if old != *w => {
                             writeln!(out, "~ {addr}  weight {old} -> {w}  effective {eff}")?;
                         }
-                        Some(_) => {}
+                        Some(_) => continue,
+                    }
+                    for rule in rules(i) {
+                        writeln!(out, "  rule {rule}")?;
                     }
                 }
                 let now_keys: HashMap<&str, ()> = rows.iter().map(|r| (r.0.as_str(), ())).collect();

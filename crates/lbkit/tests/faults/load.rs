@@ -34,6 +34,10 @@ pub struct View {
     pub at: Duration,
     /// (address, ejected) per endpoint of the service.
     pub endpoints: Vec<(String, bool)>,
+    /// (address, weight, the registry's rules that changed it) per endpoint (the Dubbo interop
+    /// test reads them; the fault run does not).
+    #[allow(dead_code)]
+    pub weights: Vec<(String, u64, Vec<String>)>,
 }
 
 /// A GET over one connection; reconnects after an error. `None` on a connection error.
@@ -158,8 +162,26 @@ pub async fn sample_admin(
         let Ok(json) = serde_json::from_slice::<serde_json::Value>(&body) else {
             continue;
         };
-        let endpoints = json["services"][&service]["endpoints"]
-            .as_array()
+        let list = json["services"][&service]["endpoints"].as_array();
+        let weights = list
+            .map(|list| {
+                list.iter()
+                    .map(|e| {
+                        let rules = e["rules"].as_array().map(|r| {
+                            r.iter()
+                                .map(|x| x.as_str().unwrap_or_default().to_owned())
+                                .collect()
+                        });
+                        (
+                            e["address"].as_str().unwrap_or_default().to_owned(),
+                            e["weight"].as_u64().unwrap_or(0),
+                            rules.unwrap_or_default(),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let endpoints = list
             .map(|list| {
                 list.iter()
                     .map(|e| {
@@ -171,7 +193,11 @@ pub async fn sample_admin(
                     .collect()
             })
             .unwrap_or_default();
-        let view = View { at, endpoints };
+        let view = View {
+            at,
+            endpoints,
+            weights,
+        };
         latest.send_replace(Some(view.clone()));
         views.push(view);
     }

@@ -1,0 +1,130 @@
+use super::*;
+
+fn url(text: &str) -> ProviderUrl {
+    ProviderUrl::parse(text).unwrap()
+}
+
+fn rule(text: &str) -> RuleNode {
+    RuleNode::parse(text).unwrap_or_else(|e| panic!("{text}: {e}"))
+}
+
+fn weight_after(rules: &[&str], provider: &str, app: Option<&str>) -> u32 {
+    let rules = Overrides::new(rules.iter().map(|r| rule(r)));
+    rules.apply(&url(provider), app).0.to_spec().unwrap().weight
+}
+
+const P10: &str =
+    "dubbo://10.20.153.10:20880/com.foo.BarService?application=foo&side=provider&weight=100";
+const P11: &str =
+    "dubbo://10.20.153.11:20880/com.foo.BarService?application=bar&side=provider&weight=100";
+
+/// Dubbo's own tests (`OverrideConfiguratorTest`, `AbsentConfiguratorTest`) as vectors.
+#[test]
+fn dubbo_configurator_test_vectors() {
+    // testOverride_Application: `foo@0.0.0.0` is scoped to application foo.
+    let app = Overrides::new([rule(
+        "override://foo@0.0.0.0/com.foo.BarService?timeout=200",
+    )]);
+    assert_eq!(app.apply(&url(P10), None).0.params["timeout"], "200");
+    assert!(!app.apply(&url(P11), None).0.params.contains_key("timeout"));
+    // ... or to the consumer's application.
+    assert_eq!(app.apply(&url(P11), Some("foo")).0.params["timeout"], "200");
+
+    // testOverrideForVersion27, the provider rule: host and port, side and app match.
+    let v27 = "override://172.24.160.179:21880/com.foo.BarService?side=provider&configVersion=2.7&application=foo&weight=200";
+    let provider =
+        "dubbo://172.24.160.179:21880/com.foo.BarService?application=foo&side=provider&weight=100";
+    assert_eq!(weight_after(&[v27], provider, None), 200);
+
+    // AbsentConfigurator: only what the URL lacks.
+    let absent = Overrides::new([rule("absent://0.0.0.0/com.foo.BarService?timeout=200")]);
+    let with = url("dubbo://10.20.153.10:20880/com.foo.BarService?timeout=1000");
+    assert_eq!(absent.apply(&with, None).0.params["timeout"], "1000");
+    assert_eq!(absent.apply(&url(P10), None).0.params["timeout"], "200");
+}
+
+/// The rules dubbo-admin writes, and Dubbo's documentation's examples.
+#[test]
+fn dubbo_admin_weight_and_disable_rules() {
+    // dubbo-admin's weight and disable buttons: one provider, by address (URL-encoded node).
+    let double = "override%3A%2F%2F10.20.153.10%3A20880%2Fcom.foo.BarService%3Fcategory%3Dconfigurators%26dynamic%3Dfalse%26enabled%3Dtrue%26weight%3D200";
+    assert_eq!(weight_after(&[double], P10, None), 200);
+    assert_eq!(weight_after(&[double], P11, None), 100, "another host");
+    let disable = "override://10.20.153.10:20880/com.foo.BarService?category=configurators&disabled=true&dynamic=false&enabled=true";
+    assert_eq!(weight_after(&[disable], P10, None), 0);
+    // The documentation's "every provider": 0.0.0.0 without a port.
+    let all =
+        "override://0.0.0.0/com.foo.BarService?category=configurators&dynamic=false&disabled=true";
+    assert_eq!(weight_after(&[all], P11, None), 0);
+    // A host without a port names a consumer (Dubbo's reading): not applied to providers.
+    let consumer = "override://10.20.153.10/com.foo.BarService?category=configurators&dynamic=false&weight=200";
+    let rules = Overrides::new([rule(consumer)]);
+    assert_eq!(
+        rules.rules()[0].explain(&url(P10), None),
+        Explained::Skipped("names a consumer address (a host without a port)")
+    );
+    // enabled=false switches the rule off; the condition keys are never copied.
+    let off = "override://0.0.0.0/com.foo.BarService?enabled=false&weight=7";
+    assert_eq!(weight_after(&[off], P10, None), 100);
+    let doubled = Overrides::new([rule(double)]);
+    let (out, applied) = doubled.apply(&url(P10), None);
+    assert_eq!(applied[0].1, vec![("weight".to_owned(), "200".to_owned())]);
+    assert!(!out.params.contains_key("category") && !out.params.contains_key("dynamic"));
+}
+
+#[test]
+fn conditions_providers_and_tilde_keys() {
+    let listed = "override://0.0.0.0/com.foo.BarService?providers=10.20.153.11:20880&weight=5";
+    assert_eq!(weight_after(&[listed], P10, None), 100);
+    assert_eq!(weight_after(&[listed], P11, None), 5);
+    let tilde = "override://0.0.0.0/com.foo.BarService?~application=bar&weight=9";
+    assert_eq!(weight_after(&[tilde], P10, None), 100);
+    assert_eq!(weight_after(&[tilde], P11, None), 9);
+    // Any host on one port.
+    let port = "override://0.0.0.0:20880/com.foo.BarService?weight=3";
+    assert_eq!(weight_after(&[port], P11, None), 3);
+    let other = "override://0.0.0.0:20881/com.foo.BarService?weight=3";
+    assert_eq!(weight_after(&[other], P11, None), 100);
+}
+
+#[test]
+fn rules_compose_in_dubbos_order() {
+    // The rule for one provider wins over the one for all, whatever the node order.
+    let all = "override://0.0.0.0/com.foo.BarService?weight=50";
+    let one = "override://10.20.153.10:20880/com.foo.BarService?weight=300";
+    assert_eq!(weight_after(&[one, all], P10, None), 300);
+    assert_eq!(weight_after(&[all, one], P10, None), 300);
+    assert_eq!(weight_after(&[one, all], P11, None), 50);
+    // Same host: by priority, the higher applying last.
+    let low = "override://0.0.0.0/com.foo.BarService?weight=10&priority=1";
+    let high = "override://0.0.0.0/com.foo.BarService?weight=20&priority=5";
+    assert_eq!(weight_after(&[high, low], P10, None), 20);
+    // A disable and a weight compose: disabled wins (weight 0), enabling again restores it.
+    let enable = "override://10.20.153.10:20880/com.foo.BarService?disabled=false";
+    let disable_all = "override://0.0.0.0/com.foo.BarService?disabled=true";
+    assert_eq!(weight_after(&[disable_all, one], P10, None), 0);
+    assert_eq!(weight_after(&[disable_all, one, enable], P10, None), 300);
+    // empty:// clears everything.
+    assert_eq!(
+        weight_after(&[one, "empty://0.0.0.0/com.foo.BarService"], P10, None),
+        100
+    );
+}
+
+#[test]
+fn malformed_rules_are_errors() {
+    for (bad, why) in [
+        ("route://0.0.0.0/x?weight=1", "not a rule protocol"),
+        ("0.0.0.0/x?weight=1", "no protocol"),
+        ("override:///x?weight=1", "no host"),
+        ("override://0.0.0.0:http/x", "port"),
+        ("override://0.0.0.0/x?weight=-1", "weight"),
+        ("override://0.0.0.0/x?weight=2x", "weight"),
+        ("override://0.0.0.0/x?priority=high", "priority"),
+        ("override://0.0.0.0/x?=1", "has no name"),
+        ("override%3A%2F%2F%FF", "UTF-8"),
+    ] {
+        let e = RuleNode::parse(bad).unwrap_err().to_string();
+        assert!(e.contains(why), "{bad}: {e}");
+    }
+}
