@@ -13,6 +13,7 @@
 //! | `pick` | a JSON endpoint file with observed statistics, then every strategy of the catalog (`lbkit pick`'s path) | each pick is an endpoint of the snapshot or an error, and finishing its call never panics |
 //! | `dubbo_url` | Dubbo provider URLs | printing a parsed URL (without reserved characters) and parsing it again gives it back |
 //! | `zk_node` | ZooKeeper child names and data, both layouts | a decoded provider's address is valid |
+//! | `override_rule` | Dubbo override rules (configurators nodes), applied to a provider | the rewritten provider still gives an endpoint; only parameters change, each to the value the last applied rule set |
 //! | `service_config` | lbkit's service config | every service and method resolves |
 //! | `proxy_config` | the proxy's config | — |
 //! | `scenario` | simulator scenarios | a parsed scenario is within every documented limit |
@@ -45,6 +46,7 @@ pub const TARGETS: &[(&str, Check)] = &[
     ("pick", pick),
     ("dubbo_url", dubbo_url),
     ("zk_node", zk_node),
+    ("override_rule", override_rule),
     ("service_config", service_config),
     ("proxy_config", proxy_config),
     ("scenario", scenario),
@@ -189,6 +191,49 @@ pub fn zk_node(data: &[u8]) {
             );
         }
     }
+}
+
+/// Override rules: each line of the input a configurators node name, applied together to a
+/// provider URL (the first line, when it parses as one; else a fixed one).
+pub fn override_rule(data: &[u8]) {
+    use lbkit_discovery::governance::{Overrides, RuleNode};
+    let Some(text) = text(data) else { return };
+    let mut lines = text.lines();
+    let fixed = "dubbo://10.0.0.1:20880/com.acme.Greeter?application=shop&weight=100";
+    let provider = lines
+        .clone()
+        .next()
+        .and_then(|l| ProviderUrl::parse(l).ok())
+        .filter(|u| u.to_spec().is_ok());
+    let provider = match provider {
+        Some(u) => {
+            lines.next();
+            u
+        }
+        None => ProviderUrl::parse(fixed).expect("a fixed provider"),
+    };
+    let rules = Overrides::new(lines.filter_map(|l| RuleNode::parse(l).ok()));
+    let (out, applied) = rules.apply(&provider, Some("web"));
+    assert!(
+        out.to_spec().is_ok(),
+        "rules {:?} made {provider} unusable: {out}",
+        rules.rules()
+    );
+    // Every parameter that changed is one an applied rule set, to the last value set.
+    for (k, v) in &out.params {
+        if provider.params.get(k) != Some(v) {
+            let last = applied
+                .iter()
+                .flat_map(|(_, sets)| sets.iter())
+                .rfind(|(key, _)| key == k);
+            assert_eq!(last.map(|(_, val)| val), Some(v), "{k} changed by no rule");
+        }
+    }
+    assert_eq!(
+        (&out.protocol, &out.address, &out.path),
+        (&provider.protocol, &provider.address, &provider.path),
+        "rules change parameters only"
+    );
 }
 
 /// lbkit's service configuration (`lbkit.toml`).
