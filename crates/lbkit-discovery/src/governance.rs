@@ -16,8 +16,8 @@
 //! * **Whom a rule targets.** A host and port: that provider (the host may be `0.0.0.0`: any
 //!   host with that port). `0.0.0.0` without a port: every provider. A host without a port
 //!   names a *consumer* (Dubbo's reading): it is not applied here, and [`Explained`] says so.
-//! * **Conditions** (each must hold): `providers=a:1,b:2` (the provider's address is listed, or
-//!   `0.0.0.0` is); `application=NAME`, or `NAME@` before the host (the consumer's
+//! * **Conditions** (each must hold): `providerAddresses=a:1,b:2` (the provider's address is
+//!   listed, or `0.0.0.0` is); `application=NAME`, or `NAME@` before the host (the consumer's
 //!   application, or the provider's own; `*` = any); `~key=value` (the provider's URL has `key=value`). `enabled=false` switches
 //!   the rule off.
 //! * **Effect.** `override://` sets each of its other parameters on the provider's URL,
@@ -25,7 +25,8 @@
 //!   (no traffic) from the result, as from any provider URL ([`ProviderUrl::to_spec`]).
 //!   Parameters that only place or describe the rule (`category`, `dynamic`, `enabled`,
 //!   `check`, `group`, `version`, `application`, `side`, `configVersion`, `compatible_config`,
-//!   `interfaces`, `providers`, `priority`, `anyhost`, the `~` conditions) are not copied.
+//!   `interfaces`, `providerAddresses`, `priority`, `anyhost`, the `~` conditions) are not
+//!   copied.
 //! * **Order.** Rules apply in Dubbo's order (`Configurator.compareTo`): by host text (so
 //!   `0.0.0.0` before any address, and a rule for one provider wins over one for all), then by
 //!   `priority` (default 0), later ones winning. Ties keep the nodes' name order.
@@ -34,6 +35,18 @@
 //!
 //! A node that is not such a URL (another protocol, an undecodable name, a `weight` that is not
 //! a non-negative integer) is a [`UrlError`]: the ZooKeeper consumer skips, logs and counts it.
+//!
+//! Dubbo 3 keeps the same rules as YAML documents in its config center
+//! (`/dubbo/config/dubbo/<interface>.configurators`, and `<application>.configurators` for an
+//! application's): [`parse_yaml_configurators`] turns one into override rules exactly as
+//! Dubbo's `ConfigParser` does, and the ZooKeeper consumer obeys them beside the URL nodes. A
+//! document that does not parse is skipped, logged and counted, and the last good rules of
+//! that node stay in force. Dubbo also reads `side`: its providers apply provider-side rules to
+//! themselves and register again, its consumers apply consumer-side ones. lbkit, a consumer,
+//! applies both kinds to the providers they name, so providers that do not re-register
+//! (Python's, Rust's) are steered too; weight and disabled are set, not added, so a Java
+//! provider that re-registered gives the same result. Dubbo 3.1's `match` conditions are not
+//! read.
 //!
 //! ```
 //! use lbkit_discovery::dubbo::ProviderUrl;
@@ -71,7 +84,7 @@ const CONDITION_KEYS: &[&str] = &[
     "group",
     "interfaces",
     "priority",
-    "providers",
+    "providerAddresses",
     "side",
     "version",
 ];
@@ -220,13 +233,17 @@ impl OverrideRule {
             }
             _ => {}
         }
-        if let Some(list) = self.params.get("providers").filter(|l| !l.is_empty()) {
+        if let Some(list) = self
+            .params
+            .get("providerAddresses")
+            .filter(|l| !l.is_empty())
+        {
             let listed = list
                 .split(',')
                 .map(str::trim)
                 .any(|a| a == provider.address || a == ANY_HOST);
             if !listed {
-                return Explained::Skipped("provider not in providers=");
+                return Explained::Skipped("provider not in providerAddresses=");
             }
         }
         if let Some(app) = self.params.get("application").filter(|a| *a != "*") {
@@ -329,6 +346,188 @@ impl Overrides {
         }
         (url, applied)
     }
+}
+
+/// Where Dubbo 3 keeps a service's YAML configurators in ZooKeeper (its config center):
+/// `/ROOT/config/ROOT/KEY.configurators`, KEY the interface (or, for application-scoped
+/// rules, the application).
+pub fn yaml_configurators_path(root: &str, key: &str) -> String {
+    format!("/{root}/config/{root}/{key}.configurators")
+}
+
+/// A Dubbo 3 YAML configurator (dubbo-admin's "dynamic config", `ConfiguratorConfig`).
+#[derive(Debug, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct YamlConfig {
+    #[serde(default)]
+    config_version: Option<String>,
+    #[serde(default)]
+    scope: Option<String>,
+    key: String,
+    #[serde(default = "yes")]
+    enabled: bool,
+    #[serde(default)]
+    configs: Vec<YamlItem>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct YamlItem {
+    #[serde(default, rename = "type")]
+    kind: Option<String>,
+    #[serde(default)]
+    enabled: Option<bool>,
+    #[serde(default)]
+    addresses: Vec<String>,
+    #[serde(default)]
+    provider_addresses: Vec<String>,
+    #[serde(default)]
+    services: Vec<String>,
+    #[serde(default)]
+    applications: Vec<String>,
+    #[serde(default)]
+    parameters: std::collections::BTreeMap<String, serde_norway::Value>,
+    #[serde(default)]
+    side: Option<String>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// The override rules of a Dubbo 3 configurator document (YAML, or the older JSON array of
+/// override URLs), as Dubbo's `ConfigParser.parseConfigurators` makes them: one
+/// `override://ADDRESS/SERVICE?category=dynamicconfigurators&…` rule per address (default
+/// `0.0.0.0`) and application of each item, its `parameters` set, `providerAddresses` as the
+/// providers condition (a provider-side item's addresses when it names none), `enabled` from
+/// the item (typed items) or the document. Only the rules for `interface` (or for `*`, in an
+/// application-scoped document) are returned. `match` conditions (Dubbo 3.1) are not read:
+/// such an item applies unconditionally, which the `lbkit watch` line shows.
+///
+/// # Errors
+/// Text that is neither form, a document without `key`, an item without parameters, a
+/// parameter that is not a scalar, or a rule that does not parse.
+///
+/// ```
+/// use lbkit_discovery::governance::parse_yaml_configurators;
+/// let yaml = "configVersion: v3.0\nscope: service\nkey: com.acme.Greeter\nenabled: true\nconfigs:\n  - addresses: [\"10.0.0.1:20880\"]\n    side: provider\n    parameters:\n      weight: 200\n";
+/// let rules = parse_yaml_configurators(yaml, "com.acme.Greeter").unwrap();
+/// assert_eq!(rules.len(), 1);
+/// ```
+pub fn parse_yaml_configurators(text: &str, interface: &str) -> Result<Vec<RuleNode>, String> {
+    if let Ok(urls) = serde_json::from_str::<Vec<String>>(text) {
+        return urls
+            .iter()
+            .map(|u| RuleNode::parse(u).map_err(|e| e.to_string()))
+            .collect();
+    }
+    let config: YamlConfig =
+        serde_norway::from_str(text).map_err(|e| format!("not a configurator document: {e}"))?;
+    if config.key.is_empty() {
+        return Err("the document has no key".into());
+    }
+    let application_scope = config.scope.as_deref() == Some("application");
+    let version = config.config_version.as_deref().unwrap_or("v2.7");
+    let mut rules = Vec::new();
+    for (n, item) in config.configs.iter().enumerate() {
+        let params = item_parameters(item).map_err(|e| format!("configs[{n}]: {e}"))?;
+        let enabled = match item.kind.as_deref() {
+            None | Some("general") => config.enabled,
+            Some(_) => item.enabled.unwrap_or(true),
+        };
+        let addresses: Vec<&str> = if item.addresses.is_empty() {
+            vec![ANY_HOST]
+        } else {
+            item.addresses.iter().map(String::as_str).collect()
+        };
+        let services: Vec<&str> = if !application_scope {
+            vec![config.key.as_str()]
+        } else if item.services.is_empty() {
+            vec!["*"]
+        } else {
+            item.services.iter().map(String::as_str).collect()
+        };
+        for addr in &addresses {
+            for service in &services {
+                let (path, placed) = service_key(service);
+                if path != interface && path != "*" {
+                    continue;
+                }
+                let mut url =
+                    format!("override://{addr}/{path}?{placed}category=dynamicconfigurators");
+                if let Some(side) = &item.side {
+                    url += &format!("&side={side}");
+                }
+                url += &params;
+                let providers = if !item.provider_addresses.is_empty() {
+                    item.provider_addresses.join(",")
+                } else if item.side.as_deref() == Some("provider") {
+                    addresses.join(",")
+                } else {
+                    String::new()
+                };
+                if !providers.is_empty() {
+                    url += &format!("&providerAddresses={providers}");
+                }
+                url += &format!("&enabled={enabled}&configVersion={version}");
+                let apps: Vec<&str> = if application_scope {
+                    vec![config.key.as_str()]
+                } else {
+                    item.applications.iter().map(String::as_str).collect()
+                };
+                if apps.is_empty() {
+                    rules.push(parse_rule(&url)?);
+                }
+                for app in apps {
+                    rules.push(parse_rule(&format!("{url}&application={app}"))?);
+                }
+            }
+        }
+    }
+    Ok(rules)
+}
+
+fn parse_rule(url: &str) -> Result<RuleNode, String> {
+    RuleNode::parse(url).map_err(|e| e.to_string())
+}
+
+/// `&k=v` for each of an item's parameters (at least one).
+fn item_parameters(item: &YamlItem) -> Result<String, String> {
+    if item.parameters.is_empty() {
+        return Err("no parameters: a rule must change something".into());
+    }
+    let mut out = String::new();
+    for (k, v) in &item.parameters {
+        let v = match v {
+            serde_norway::Value::String(s) => s.clone(),
+            serde_norway::Value::Number(n) => n.to_string(),
+            serde_norway::Value::Bool(b) => b.to_string(),
+            other => return Err(format!("parameter {k}: {other:?} is not a scalar")),
+        };
+        out += &format!("&{k}={v}");
+    }
+    Ok(out)
+}
+
+/// A service key `group/interface:version` as Dubbo's `appendService` splits it: the
+/// interface, and `group=…&version=…&` for the query.
+fn service_key(key: &str) -> (&str, String) {
+    let (group, rest) = match key.split_once('/') {
+        Some((g, rest)) if !g.is_empty() => (Some(g), rest),
+        _ => (None, key),
+    };
+    let (interface, version) = match rest.split_once(':') {
+        Some((i, v)) if !i.is_empty() => (i, Some(v)),
+        _ => (rest, None),
+    };
+    let mut placed = String::new();
+    if let Some(g) = group {
+        placed += &format!("group={g}&");
+    }
+    if let Some(v) = version {
+        placed += &format!("version={v}&");
+    }
+    (interface, placed)
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use lbkit_core::Snapshot;
 
 use common::{entries, has, unique, wait_status, Pipeline};
+use lbkit_discovery::governance::yaml_configurators_path;
 use lbkit_discovery::zookeeper::{
     Layout, Provider, ProviderFilter, ServicePath, WatchMode, ZkConfig, ZkRegistration, ZkSource,
 };
@@ -495,4 +496,98 @@ async fn override_rules_apply_while_they_change() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn override_rules_apply_with_one_shot_watches() {
     override_rules(WatchMode::OneShot).await;
+}
+
+/// Dubbo 3's YAML configurators, as dubbo-admin writes them to the config center
+/// (`/dubbo/config/dubbo/<interface>.configurators`, and the consumer application's): created,
+/// changed, made malformed, deleted while the consumer watches.
+async fn yaml_rules(mode: WatchMode) {
+    let zk = ZkConfig::new(require_zk!());
+    let client = Client::connect(&zk.servers).await.expect("connect");
+    let service = unique("yaml");
+    let path = ServicePath::new("dubbo", &service, Layout::Dubbo).unwrap();
+    let mut regs = Vec::new();
+    for i in 1..=2 {
+        regs.push(registered(&zk, &path, provider(&format!("10.6.0.{i}:20880"), 100)).await);
+    }
+    let app = unique("web");
+    let mut pipeline = Pipeline::start(
+        ZkSource::new(zk.clone(), path.clone())
+            .with_watch(mode)
+            .with_application(app.clone()),
+        ControllerConfig::default(),
+    );
+    pipeline.until("two providers", |s| s.len() == 2).await;
+    let persistent = CreateMode::Persistent.with_acls(Acls::anyone_all());
+    let node = yaml_configurators_path("dubbo", &service);
+    client
+        .mkdir("/dubbo/config/dubbo", &persistent)
+        .await
+        .expect("mkdir");
+    let weight = |w: u32| {
+        format!("configVersion: v2.7\nscope: service\nkey: {service}\nenabled: true\nconfigs:\n- addresses: [10.6.0.1:20880]\n  side: provider\n  parameters:\n    weight: {w}\n")
+    };
+    client
+        .create(&node, weight(200).as_bytes(), &persistent)
+        .await
+        .expect("create");
+    let s = pipeline
+        .until("10.6.0.1 at 200", |s| weights(s) == [200, 100])
+        .await;
+    assert!(s.endpoints()[0].metadata()["dubbo.rules"].contains("dynamicconfigurators"));
+    client
+        .set_data(&node, weight(50).as_bytes(), None)
+        .await
+        .expect("set");
+    pipeline
+        .until("10.6.0.1 at 50", |s| weights(s) == [50, 100])
+        .await;
+
+    // The consumer application's document: every provider of every service disabled.
+    let app_node = yaml_configurators_path("dubbo", &app);
+    let off = format!("configVersion: v2.7\nscope: application\nkey: {app}\nenabled: true\nconfigs:\n- side: consumer\n  parameters:\n    disabled: true\n");
+    client
+        .create(&app_node, off.as_bytes(), &persistent)
+        .await
+        .expect("create");
+    pipeline.until("all off", |s| weights(s) == [0, 0]).await;
+    client.delete(&app_node, None).await.expect("delete");
+    pipeline
+        .until("on again", |s| weights(s) == [50, 100])
+        .await;
+
+    // Malformed: skipped and counted; the node's last good rules stay in force.
+    client
+        .set_data(&node, b"configs: [", None)
+        .await
+        .expect("set");
+    wait_status(&mut pipeline.status, "the bad document counted", |st| {
+        st.rules_rejected == 1
+    })
+    .await;
+    assert_eq!(weights(&pipeline.balancer.snapshot()), [50, 100]);
+    client
+        .set_data(&node, weight(300).as_bytes(), None)
+        .await
+        .expect("set");
+    pipeline
+        .until("10.6.0.1 at 300", |s| weights(s) == [300, 100])
+        .await;
+    client.delete(&node, None).await.expect("delete");
+    pipeline
+        .until("no rules", |s| weights(s) == [100, 100])
+        .await;
+    for r in regs {
+        r.deregister().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn yaml_configurators_apply_while_they_change() {
+    yaml_rules(WatchMode::Auto).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn yaml_configurators_apply_with_one_shot_watches() {
+    yaml_rules(WatchMode::OneShot).await;
 }

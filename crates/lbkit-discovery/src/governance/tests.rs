@@ -74,7 +74,8 @@ fn dubbo_admin_weight_and_disable_rules() {
 
 #[test]
 fn conditions_providers_and_tilde_keys() {
-    let listed = "override://0.0.0.0/com.foo.BarService?providers=10.20.153.11:20880&weight=5";
+    let listed =
+        "override://0.0.0.0/com.foo.BarService?providerAddresses=10.20.153.11:20880&weight=5";
     assert_eq!(weight_after(&[listed], P10, None), 100);
     assert_eq!(weight_after(&[listed], P11, None), 5);
     let tilde = "override://0.0.0.0/com.foo.BarService?~application=bar&weight=9";
@@ -126,5 +127,85 @@ fn malformed_rules_are_errors() {
     ] {
         let e = RuleNode::parse(bad).unwrap_err().to_string();
         assert!(e.contains(why), "{bad}: {e}");
+    }
+}
+
+fn yaml_weight(yaml: &str, interface: &str, provider: &str, app: Option<&str>) -> u32 {
+    let rules = Overrides::new(parse_yaml_configurators(yaml, interface).unwrap());
+    rules.apply(&url(provider), app).0.to_spec().unwrap().weight
+}
+
+/// The examples of Dubbo's documentation ("configuration rules", v2.7 and v3.0 formats).
+#[test]
+fn dubbo_yaml_configurators() {
+    let iface = "org.apache.dubbo.samples.governance.api.DemoService";
+    let weight = "configVersion: v2.7\nscope: service\nkey: org.apache.dubbo.samples.governance.api.DemoService\nenabled: true\nconfigs:\n- addresses: [192.168.0.1:20880]\n  side: provider\n  parameters:\n    weight: 200\n";
+    let p1 = format!("dubbo://192.168.0.1:20880/{iface}?application=demo-provider&weight=100");
+    let p2 = format!("dubbo://192.168.0.2:20880/{iface}?application=demo-provider&weight=100");
+    assert_eq!(yaml_weight(weight, iface, &p1, None), 200);
+    assert_eq!(yaml_weight(weight, iface, &p2, None), 100);
+    let rules = parse_yaml_configurators(weight, iface).unwrap();
+    let RuleNode::Rule(r) = &rules[0] else {
+        panic!("a rule")
+    };
+    assert_eq!(
+        r.params["providerAddresses"], "192.168.0.1:20880",
+        "a provider-side item's addresses"
+    );
+    assert_eq!(r.params["category"], "dynamicconfigurators");
+
+    // Application scope: the key is the application; every service of it ("*").
+    let disable = "configVersion: v2.7\nscope: application\nkey: demo-provider\nenabled: true\nconfigs:\n- addresses: [\"192.168.0.1:20880\"]\n  side: provider\n  parameters:\n    disabled: true\n";
+    assert_eq!(yaml_weight(disable, iface, &p1, None), 0);
+    assert_eq!(yaml_weight(disable, iface, &p2, None), 100);
+    let other_app = format!("dubbo://192.168.0.1:20880/{iface}?application=shop&weight=100");
+    assert_eq!(yaml_weight(disable, iface, &other_app, None), 100);
+
+    // A consumer-side rule for every provider, scoped to applications; the document off.
+    let consumer = format!("configVersion: v3.0\nscope: service\nkey: {iface}\nconfigs:\n- side: consumer\n  addresses: [0.0.0.0]\n  applications: [web, api]\n  parameters:\n    weight: 30\n");
+    assert_eq!(parse_yaml_configurators(&consumer, iface).unwrap().len(), 2);
+    assert_eq!(yaml_weight(&consumer, iface, &p2, Some("web")), 30);
+    assert_eq!(yaml_weight(&consumer, iface, &p2, Some("batch")), 100);
+    let off = consumer.replace("configs:", "enabled: false\nconfigs:");
+    assert_eq!(yaml_weight(&off, iface, &p2, Some("web")), 100);
+    // Another service's document gives no rule for this one; group and version go in the query.
+    assert!(parse_yaml_configurators(&consumer, "other.Service")
+        .unwrap()
+        .is_empty());
+    let keyed = consumer.replace(&format!("key: {iface}"), &format!("key: g1/{iface}:1.0"));
+    let RuleNode::Rule(r) = &parse_yaml_configurators(&keyed, iface).unwrap()[0] else {
+        panic!("a rule")
+    };
+    assert_eq!(
+        (r.params["group"].as_str(), r.params["version"].as_str()),
+        ("g1", "1.0")
+    );
+
+    // The older form: a JSON array of override URLs.
+    let json = format!("[\"override://0.0.0.0/{iface}?weight=7\"]");
+    assert_eq!(yaml_weight(&json, iface, &p1, None), 7);
+}
+
+#[test]
+fn malformed_yaml_configurators_are_errors() {
+    for (bad, why) in [
+        ("configs: [", "not a configurator document"),
+        ("scope: service\nconfigs: []\n", "key"),
+        (
+            "key: a.B\nconfigs:\n- addresses: [0.0.0.0]\n",
+            "no parameters",
+        ),
+        (
+            "key: a.B\nconfigs:\n- parameters:\n    weight: [1, 2]\n",
+            "not a scalar",
+        ),
+        (
+            "key: a.B\nconfigs:\n- parameters:\n    weight: heavy\n",
+            "weight",
+        ),
+        ("[\"route://0.0.0.0/a.B?x=1\"]", "not a rule protocol"),
+    ] {
+        let e = parse_yaml_configurators(bad, "a.B").unwrap_err();
+        assert!(e.contains(why), "{bad:?}: {e}");
     }
 }

@@ -19,7 +19,9 @@ use super::{cache, connect, registry_err, Backoff, ZkConfig};
 use crate::controller::error_chain;
 use crate::dubbo::ProviderUrl;
 use crate::error::DiscoveryError;
-use crate::governance::{Overrides, RuleNode, RULES_METADATA};
+use crate::governance::{
+    parse_yaml_configurators, yaml_configurators_path, Overrides, RuleNode, RULES_METADATA,
+};
 use crate::source::{ChannelStream, SourceItem, Status, UpdateStream, SOURCE_QUEUE};
 
 /// State and counters of a [`ZkSource`].
@@ -180,9 +182,19 @@ impl ZkSource {
             .map(|p| cache::spawn_writer(p, status.clone()));
         let one_shot = self.watch == WatchMode::OneShot;
         let rules_dir = self.path.rules_dir().filter(|_| self.governance);
+        // Dubbo 3's YAML configurators: the service's, and the consumer application's.
+        let rules_yaml: Vec<String> = if rules_dir.is_some() {
+            let keys = std::iter::once(self.path.service()).chain(self.application.as_deref());
+            keys.map(|k| yaml_configurators_path(self.path.root(), k))
+                .collect()
+        } else {
+            Vec::new()
+        };
         let task = Consumer {
             dir: self.path.dir(),
             rules_dir,
+            rules_yaml,
+            yaml: BTreeMap::new(),
             rules: BTreeMap::new(),
             overrides: Overrides::default(),
             source: self,
@@ -212,6 +224,11 @@ struct Consumer {
     dir: String,
     /// Where the override rules are, when the consumer obeys them.
     rules_dir: Option<String>,
+    /// Dubbo 3's YAML configurator nodes to obey (their data is the document).
+    rules_yaml: Vec<String>,
+    /// Each YAML node's last data and its rules (none when malformed: logged and counted once
+    /// per content).
+    yaml: BTreeMap<String, (Vec<u8>, Vec<RuleNode>)>,
     /// Rule nodes by name: the rule, or `None` (malformed: logged and counted once).
     rules: BTreeMap<String, Option<RuleNode>>,
     /// The rules in force, from `rules`.
@@ -332,7 +349,7 @@ impl Consumer {
             }
             Err(e) => return End::Lost(registry_err(&self.dir, e)),
         };
-        let mut rules_watcher = match self.watch_rules(client).await {
+        let mut rules_watchers = match self.watch_rules(client).await {
             Ok(w) => w,
             Err(e) => return End::Lost(e),
         };
@@ -357,8 +374,7 @@ impl Consumer {
                     Err(e) => tracing::debug!(error = %e, "watch not set again yet"),
                 }
                 match self.watch_rules(client).await {
-                    Ok(Some(w)) => rules_watcher = Some(w),
-                    Ok(None) => {}
+                    Ok(w) => rules_watchers = w,
                     Err(e) => return End::Lost(e),
                 }
             }
@@ -382,7 +398,7 @@ impl Consumer {
             }
             let mut event = tokio::select! {
                 ev = watcher.changed() => ev,
-                ev = rules_event(&mut rules_watcher) => {
+                ev = rules_event(&mut rules_watchers) => {
                     self.status.send_modify(|s| s.events += 1);
                     match (ev.event_type, ev.session_state) {
                         // The providers' watcher follows the session; a terminal state ends
@@ -513,36 +529,80 @@ impl Consumer {
             self.rules_listed(children);
             watchers.push(rules_watch);
         }
+        for path in self.rules_yaml.clone() {
+            let (data, watch) = read_and_watch(client, &path).await?;
+            self.yaml_read(&path, data);
+            watchers.push(watch);
+        }
+        self.rules_changed();
         Ok(watchers)
     }
 
-    /// A persistent recursive watch on the rules directory, when the consumer obeys rules.
-    async fn watch_rules(
-        &self,
-        client: &Client,
-    ) -> Result<Option<PersistentWatcher>, DiscoveryError> {
-        let Some(dir) = self.rules_dir.as_deref() else {
-            return Ok(None);
-        };
-        client
-            .watch(dir, AddWatchMode::PersistentRecursive)
-            .await
-            .map(Some)
-            .map_err(|e| registry_err(dir, e))
+    /// Persistent recursive watches on the rules directory and the YAML configurator nodes,
+    /// when the consumer obeys rules (a watch on a node that does not exist yet reports its
+    /// creation).
+    async fn watch_rules(&self, client: &Client) -> Result<Vec<PersistentWatcher>, DiscoveryError> {
+        let mut watchers = Vec::new();
+        for path in self.rules_dir.iter().chain(&self.rules_yaml) {
+            let w = client
+                .watch(path, AddWatchMode::PersistentRecursive)
+                .await
+                .map_err(|e| registry_err(path, e))?;
+            watchers.push(w);
+        }
+        Ok(watchers)
     }
 
-    /// List the rules directory (absent: no rules).
+    /// List the rules directory and read the YAML configurators (absent: no rules).
     async fn relist_rules(&mut self, client: &Client) -> Result<(), ZkError> {
-        let Some(dir) = self.rules_dir.as_deref() else {
-            return Ok(());
-        };
-        let children = match client.list_children(dir).await {
-            Ok(c) => c,
-            Err(ZkError::NoNode) => Vec::new(),
-            Err(e) => return Err(e),
-        };
-        self.rules_listed(children);
+        if let Some(dir) = self.rules_dir.clone() {
+            let children = match client.list_children(&dir).await {
+                Ok(c) => c,
+                Err(ZkError::NoNode) => Vec::new(),
+                Err(e) => return Err(e),
+            };
+            self.rules_listed(children);
+        }
+        for path in self.rules_yaml.clone() {
+            let data = match client.get_data(&path).await {
+                Ok((data, _)) => Some(data),
+                Err(ZkError::NoNode) => None,
+                Err(e) => return Err(e),
+            };
+            self.yaml_read(&path, data);
+        }
+        self.rules_changed();
         Ok(())
+    }
+
+    /// A YAML configurator node's data (`None`: no such node): its rules. A malformed document
+    /// is logged and counted once per content, and the node's last good rules stay in force
+    /// (as Dubbo's configuration listener keeps its configurators when a push does not parse:
+    /// an operator's typo does not undo a disable).
+    fn yaml_read(&mut self, path: &str, data: Option<Vec<u8>>) {
+        let Some(data) = data.filter(|d| !d.iter().all(u8::is_ascii_whitespace)) else {
+            self.yaml.remove(path);
+            return;
+        };
+        if self.yaml.get(path).is_some_and(|(known, _)| *known == data) {
+            return;
+        }
+        let text = String::from_utf8_lossy(&data);
+        let rules = match parse_yaml_configurators(&text, self.source.path.service()) {
+            Ok(rules) => rules,
+            Err(reason) => {
+                tracing::warn!(node = %path, %reason, "malformed override rule skipped; the last good rules stay");
+                self.status.send_modify(|s| {
+                    s.rules_rejected += 1;
+                    s.rejected += 1;
+                });
+                self.yaml
+                    .get(path)
+                    .map(|(_, last)| last.clone())
+                    .unwrap_or_default()
+            }
+        };
+        self.yaml.insert(path.to_owned(), (data, rules));
     }
 
     /// A full listing of the rules directory replaces the rules; a malformed rule is logged
@@ -567,9 +627,15 @@ impl Consumer {
             rules.insert(name, node);
         }
         self.rules = rules;
-        let overrides = Overrides::new(self.rules.values().flatten().cloned());
+    }
+
+    /// The rules in force, from the directory's nodes (in name order) and the YAML documents.
+    fn rules_changed(&mut self) {
+        let from_dir = self.rules.values().flatten().cloned();
+        let from_yaml = self.yaml.values().flat_map(|(_, r)| r.iter().cloned());
+        let overrides = Overrides::new(from_dir.chain(from_yaml));
         if overrides != self.overrides {
-            tracing::info!(dir = ?self.rules_dir, rules = overrides.len(), "override rules changed");
+            tracing::info!(service = %self.source.path.service(), rules = overrides.len(), "override rules changed");
             self.status.send_modify(|s| s.rules = overrides.len());
             self.overrides = overrides;
         }
@@ -767,11 +833,31 @@ impl Consumer {
     }
 }
 
-/// The next event of the rules watcher; never, without one.
-async fn rules_event(watcher: &mut Option<PersistentWatcher>) -> WatchedEvent {
-    match watcher {
-        Some(w) => w.changed().await,
-        None => std::future::pending().await,
+/// The next event of any rules watcher; never, without one.
+async fn rules_event(watchers: &mut [PersistentWatcher]) -> WatchedEvent {
+    if watchers.is_empty() {
+        return std::future::pending().await;
+    }
+    let changed = watchers.iter_mut().map(|w| Box::pin(w.changed()));
+    futures_util::future::select_all(changed).await.0
+}
+
+/// Read `path`'s data with a one-shot watch on it (on its existence while it does not exist:
+/// `None`).
+async fn read_and_watch(
+    client: &Client,
+    path: &str,
+) -> Result<(Option<Vec<u8>>, OneshotWatcher), ZkError> {
+    loop {
+        match client.get_and_watch_data(path).await {
+            Ok((data, _, watch)) => return Ok((Some(data), watch)),
+            Err(ZkError::NoNode) => {}
+            Err(e) => return Err(e),
+        }
+        // Made in between (`Some`): read it.
+        if let (None, watch) = client.check_and_watch_stat(path).await? {
+            return Ok((None, watch));
+        }
     }
 }
 
