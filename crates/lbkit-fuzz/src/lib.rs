@@ -13,7 +13,7 @@
 //! | `pick` | a JSON endpoint file with observed statistics, then every strategy of the catalog (`lbkit pick`'s path) | each pick is an endpoint of the snapshot or an error, and finishing its call never panics |
 //! | `dubbo_url` | Dubbo provider URLs | printing a parsed URL (without reserved characters) and parsing it again gives it back |
 //! | `zk_node` | ZooKeeper child names and data, both layouts | a decoded provider's address is valid |
-//! | `override_rule` | Dubbo override rules (configurators nodes), applied to a provider | the rewritten provider still gives an endpoint; only parameters change, each to the value the last applied rule set |
+//! | `override_rule` | Dubbo override rules (configurators nodes, and the input as a YAML configurator), applied to a provider | the rewritten provider still gives an endpoint; only parameters change, each to the value the last applied rule set |
 //! | `service_config` | lbkit's service config | every service and method resolves |
 //! | `proxy_config` | the proxy's config | — |
 //! | `scenario` | simulator scenarios | a parsed scenario is within every documented limit |
@@ -196,7 +196,7 @@ pub fn zk_node(data: &[u8]) {
 /// Override rules: each line of the input a configurators node name, applied together to a
 /// provider URL (the first line, when it parses as one; else a fixed one).
 pub fn override_rule(data: &[u8]) {
-    use lbkit_discovery::governance::{Overrides, RuleNode};
+    use lbkit_discovery::governance::{parse_yaml_configurators, Overrides, RuleNode};
     let Some(text) = text(data) else { return };
     let mut lines = text.lines();
     let fixed = "dubbo://10.0.0.1:20880/com.acme.Greeter?application=shop&weight=100";
@@ -213,7 +213,16 @@ pub fn override_rule(data: &[u8]) {
         None => ProviderUrl::parse(fixed).expect("a fixed provider"),
     };
     let rules = Overrides::new(lines.filter_map(|l| RuleNode::parse(l).ok()));
-    let (out, applied) = rules.apply(&provider, Some("web"));
+    check_rules(&rules, &provider);
+    // The whole input as a Dubbo 3 YAML configurator, too.
+    if let Ok(nodes) = parse_yaml_configurators(text, "com.acme.Greeter") {
+        check_rules(&Overrides::new(nodes), &provider);
+    }
+}
+
+/// Properties of `rules` applied to `provider`.
+fn check_rules(rules: &lbkit_discovery::governance::Overrides, provider: &ProviderUrl) {
+    let (out, applied) = rules.apply(provider, Some("web"));
     assert!(
         out.to_spec().is_ok(),
         "rules {:?} made {provider} unusable: {out}",
