@@ -130,8 +130,9 @@ impl RuleNode {
     /// Parse a configurators node name (URL-encoded, as dubbo-admin writes it, or plain).
     ///
     /// # Errors
-    /// Another protocol than `override`, `absent` or `empty`; no host; a port, `priority` or
-    /// `weight` that is not a number; undecodable text.
+    /// Another protocol than `override`, `absent` or `empty`; no host, or one with other
+    /// characters than a host name's or address's; a port, `priority`, `weight`, `warmup` or
+    /// `timestamp` that is not a number; undecodable text.
     pub fn parse(name: &str) -> Result<RuleNode, UrlError> {
         let text = decode_url_text(name)?;
         let err = |reason: String| UrlError {
@@ -170,6 +171,13 @@ impl RuleNode {
         if host.is_empty() {
             return Err(err("no host (0.0.0.0 = every provider)".into()));
         }
+        let bare = host.trim_start_matches('[').trim_end_matches(']');
+        let host_ok = bare
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':'));
+        if !host_ok {
+            return Err(err(format!("{host:?} is not a host name or address")));
+        }
         let mut params = std::collections::BTreeMap::new();
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
@@ -189,9 +197,16 @@ impl RuleNode {
                 .map_err(|_| err(format!("priority={p:?} is not an integer")))?,
             None => 0,
         };
+        // What a consumer reads as numbers from the rewritten URL must be numbers: a rule
+        // that would make a provider unusable is malformed itself.
         if let Some(w) = params.get("weight") {
             if w.parse::<u32>().is_err() {
                 return Err(err(format!("weight={w:?} is not a non-negative integer")));
+            }
+        }
+        for key in ["warmup", "timestamp"] {
+            if let Some(v) = params.get(key).filter(|v| v.parse::<u64>().is_err()) {
+                return Err(err(format!("{key}={v:?} is not a non-negative integer")));
             }
         }
         Ok(RuleNode::Rule(OverrideRule {

@@ -123,6 +123,14 @@ fn malformed_rules_are_errors() {
         ("override://0.0.0.0/x?weight=2x", "weight"),
         ("override://0.0.0.0/x?priority=high", "priority"),
         ("override://0.0.0.0/x?=1", "has no name"),
+        // Found by fuzzing: a rule that would leave the provider's URL unusable.
+        (
+            "override://10.0.0.1:20880/x?warmup=600000%2\u{4}weight=200",
+            "warmup",
+        ),
+        ("override://0.0.0.0/x?timestamp=soon", "timestamp"),
+        ("override://10.0.0lication=shop&timeout=5", "not a host"),
+        ("override://a b/x?weight=1", "not a host"),
         ("override%3A%2F%2F%FF", "UTF-8"),
     ] {
         let e = RuleNode::parse(bad).unwrap_err().to_string();
