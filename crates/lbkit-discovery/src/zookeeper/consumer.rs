@@ -351,7 +351,7 @@ impl Consumer {
         };
         let mut rules_watchers = match self.watch_rules(client).await {
             Ok(w) => w,
-            Err(e) => return End::Lost(e),
+            Err(e) => return End::Lost(registry_err(&self.dir, e)),
         };
         let (mut relist, mut rewatch) = (true, false);
         let mut relist_rules = self.rules_dir.is_some();
@@ -361,21 +361,21 @@ impl Consumer {
                 // connection (its `resend_watches` sends only the one-shot kinds), so after a
                 // cut the server would stop sending events: add the watch again. The new
                 // watcher is in place before the old one drops, so the path stays watched.
-                match client
+                let again = match client
                     .watch(&self.dir, AddWatchMode::PersistentRecursive)
                     .await
                 {
-                    Ok(w) => {
-                        watcher = w;
+                    Ok(w) => self.watch_rules(client).await.map(|r| (w, r)),
+                    Err(e) => Err(e),
+                };
+                match again {
+                    Ok((w, r)) => {
+                        (watcher, rules_watchers) = (w, r);
                         rewatch = false;
                     }
                     Err(e) if ends_session(&e) => return End::Lost(registry_err(&self.dir, e)),
-                    // Lost again: the next reconnection asks for it.
+                    // Lost again: the next reconnection asks for them.
                     Err(e) => tracing::debug!(error = %e, "watch not set again yet"),
-                }
-                match self.watch_rules(client).await {
-                    Ok(w) => rules_watchers = w,
-                    Err(e) => return End::Lost(e),
                 }
             }
             if relist_rules {
@@ -541,14 +541,14 @@ impl Consumer {
     /// Persistent recursive watches on the rules directory and the YAML configurator nodes,
     /// when the consumer obeys rules (a watch on a node that does not exist yet reports its
     /// creation).
-    async fn watch_rules(&self, client: &Client) -> Result<Vec<PersistentWatcher>, DiscoveryError> {
+    async fn watch_rules(&self, client: &Client) -> Result<Vec<PersistentWatcher>, ZkError> {
         let mut watchers = Vec::new();
         for path in self.rules_dir.iter().chain(&self.rules_yaml) {
-            let w = client
-                .watch(path, AddWatchMode::PersistentRecursive)
-                .await
-                .map_err(|e| registry_err(path, e))?;
-            watchers.push(w);
+            watchers.push(
+                client
+                    .watch(path, AddWatchMode::PersistentRecursive)
+                    .await?,
+            );
         }
         Ok(watchers)
     }
