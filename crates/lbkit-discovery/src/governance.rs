@@ -68,6 +68,16 @@ use crate::error::UrlError;
 /// `RULE sets k=v,k=v; RULE sets …`, in the order they applied (the ZooKeeper consumer sets it).
 pub const RULES_METADATA: &str = "dubbo.rules";
 
+/// The rules named in an endpoint's [`RULES_METADATA`], one `RULE sets k=v` each, in the order
+/// they applied (none when no rule changed it): what `lbkit watch`, `pick --explain` and the
+/// proxy's admin API show.
+pub fn applied_rules(metadata: &lbkit_core::Metadata) -> Vec<&str> {
+    metadata
+        .get(RULES_METADATA)
+        .map(|r| r.split("; ").collect())
+        .unwrap_or_default()
+}
+
 /// The host that means "any".
 pub const ANY_HOST: &str = "0.0.0.0";
 

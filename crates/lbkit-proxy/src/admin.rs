@@ -168,11 +168,7 @@ pub(crate) fn endpoints_json<'a>(
             .map(|(i, e)| {
                 let idx = lbkit_core::EndpointIdx::new(i);
                 // The registry's override rules that changed it (`RULE sets k=v; …`), if any.
-                let rules: Vec<&str> = e
-                    .metadata()
-                    .get(lbkit_discovery::governance::RULES_METADATA)
-                    .map(|r| r.split("; ").collect())
-                    .unwrap_or_default();
+                let rules = lbkit_discovery::governance::applied_rules(e.metadata());
                 json!({
                     "address": e.address(),
                     "rules": rules,

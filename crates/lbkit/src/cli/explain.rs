@@ -4,7 +4,7 @@ use std::io::Write;
 
 use lbkit::health::EjectionRule;
 use lbkit::{Endpoint, EndpointIdx, Picker, Snapshot, Strategy, Timestamp, Unavailable};
-use lbkit_discovery::governance::RULES_METADATA;
+use lbkit_discovery::governance::applied_rules;
 use serde_json::{json, Value};
 
 use super::pick::Run;
@@ -74,11 +74,10 @@ impl Report {
                     ewma_ms: e.stats().ewma_at(now).map(ms),
                     failures: e.stats().failures(),
                     consecutive_failures: e.stats().consecutive_failures(),
-                    rules: e
-                        .metadata()
-                        .get(RULES_METADATA)
-                        .map(|r| r.split("; ").map(str::to_owned).collect())
-                        .unwrap_or_default(),
+                    rules: applied_rules(e.metadata())
+                        .into_iter()
+                        .map(str::to_owned)
+                        .collect(),
                     note: e
                         .is_eligible()
                         .then(|| prepared.picker().explain(EndpointIdx::new(i), now))

@@ -10,10 +10,11 @@ use anyhow::Context as _;
 use clap::{Args, ValueEnum};
 use futures_util::StreamExt;
 use lbkit::discovery::zookeeper::{
-    Layout, ProviderFilter, ServicePath, WatchMode, ZkConfig, ZkSource, RULES_METADATA,
+    Layout, ProviderFilter, ServicePath, WatchMode, ZkConfig, ZkSource,
 };
 use lbkit::discovery::{Controller, ControllerConfig, DiscoveryError};
 use lbkit::{Clock, EndpointIdx, Snapshot};
+use lbkit::discovery::governance::applied_rules;
 use tracing::level_filters::LevelFilter;
 
 use super::bad;
@@ -249,10 +250,7 @@ impl Printer {
         // The override rules that changed a provider, one line each, under its row.
         let rules = |i: usize| -> Vec<&str> {
             let e = snapshot.endpoint(EndpointIdx::new(i));
-            e.metadata()
-                .get(RULES_METADATA)
-                .map(|r| r.split("; ").collect())
-                .unwrap_or_default()
+            applied_rules(e.metadata())
         };
         let mut out = io::stdout().lock();
         match &self.last {
