@@ -9,12 +9,12 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::{Args, ValueEnum};
 use futures_util::StreamExt;
+use lbkit::discovery::governance::applied_rules;
 use lbkit::discovery::zookeeper::{
     Layout, ProviderFilter, ServicePath, WatchMode, ZkConfig, ZkSource,
 };
 use lbkit::discovery::{Controller, ControllerConfig, DiscoveryError};
 use lbkit::{Clock, EndpointIdx, Snapshot};
-use lbkit::discovery::governance::applied_rules;
 use tracing::level_filters::LevelFilter;
 
 use super::bad;
