@@ -47,6 +47,7 @@ use crate::balancer::{Balancer, CallGuard};
 use crate::budget::RetryBudget;
 use crate::error::PickError;
 use crate::rng::FastRng;
+use crate::route::Route;
 use crate::stats::{FailureKind, Outcome};
 use crate::strategy::{PickContext, Strategy, TriedSet};
 use crate::time::{duration_nanos, Clock, Timestamp};
@@ -254,12 +255,12 @@ pub enum Stop {
 /// let mut call = Attempts::start(policy, &budget, true, true, now);
 /// let mut rng = FastRng::seed_from_u64(7);
 ///
-/// let first = call.pick(&balancer, now, None, &mut rng).unwrap();
+/// let first = call.pick(&balancer, now, Route::default(), &mut rng).unwrap();
 /// let c = Observed::Status(503).classify();
 /// first.finish_at(c.outcome, now);
 /// assert_eq!(call.after(c, &budget, &clock), Next::Retry);
 ///
-/// let second = call.pick(&balancer, now, None, &mut rng).unwrap();
+/// let second = call.pick(&balancer, now, Route::default(), &mut rng).unwrap();
 /// assert_ne!(second.endpoint().key(), balancer.snapshot().endpoints()[0].key());
 /// let c = Observed::Status(200).classify();
 /// second.finish_at(c.outcome, now);
@@ -375,7 +376,7 @@ impl Attempts {
     }
 
     /// Pick the next attempt's endpoint with `balancer` (an endpoint not tried yet) and begin
-    /// the attempt; `key` is the request's hash key.
+    /// the attempt; `route` has the request's hash key and tag.
     ///
     /// # Errors
     /// The balancer's [`PickError`]; [`PickError::AllTried`] when only tried endpoints are left.
@@ -384,14 +385,11 @@ impl Attempts {
         &mut self,
         balancer: &Balancer<S>,
         now: Timestamp,
-        key: Option<&[u8]>,
+        route: Route<'_>,
         rng: &mut FastRng,
     ) -> Result<CallGuard, PickError> {
         let guard = {
-            let mut cx = self.context(now, rng);
-            if let Some(k) = key {
-                cx = cx.with_key(k);
-            }
+            let mut cx = self.context(now, rng).with_route(route);
             balancer.pick_untried(&mut cx)?
         };
         self.begin(guard.endpoint());
@@ -456,10 +454,10 @@ impl Attempts {
     /// let policy = AttemptPolicy { retries: 2, per_try: None, overall: None };
     /// let mut call = Attempts::start(policy, &budget, true, true, now);
     /// let mut rng = FastRng::seed_from_u64(7);
-    /// let first = call.pick(&balancer, now, None, &mut rng).unwrap();
+    /// let first = call.pick(&balancer, now, Route::default(), &mut rng).unwrap();
     /// let c = Observed::ConnectFailed.classify();
     /// // One endpoint only: the retry has nowhere to go.
-    /// let next = call.retry(c, &budget, &balancer, &clock, None, &mut rng);
+    /// let next = call.retry(c, &budget, &balancer, &clock, Route::default(), &mut rng);
     /// assert_eq!(next.err(), Some(Stop::AllTried));
     /// first.finish(c.outcome);
     /// ```
@@ -473,11 +471,11 @@ impl Attempts {
         budget: &B,
         balancer: &Balancer<S>,
         clock: &Clock,
-        key: Option<&[u8]>,
+        route: Route<'_>,
         rng: &mut FastRng,
     ) -> Result<(CallGuard, Timestamp), Stop> {
         let now = self.decide(c, budget, clock)?;
-        match self.pick(balancer, now, key, rng) {
+        match self.pick(balancer, now, route, rng) {
             Ok(guard) => Ok((guard, now)),
             Err(_) => Err(Stop::AllTried),
         }

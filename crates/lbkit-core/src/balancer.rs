@@ -8,6 +8,7 @@ use std::time::Duration;
 use crate::availability::Availability;
 use crate::endpoint::Endpoint;
 use crate::error::PickError;
+use crate::route::{self, Lead, RequestTag, Routed, TagTable};
 use crate::snapshot::{EndpointIdx, Snapshot};
 use crate::stats::Outcome;
 use crate::strategy::{BoxStrategy, PickContext, Picker, Strategy};
@@ -22,12 +23,20 @@ pub const WARMUP_REFRESH: Duration = Duration::from_secs(1);
 /// (Ribbon's `AvailabilityFilteringRule` tries 10 times).
 pub const MAX_PROBES: u32 = 10;
 
-/// A snapshot and the picker prepared for it. Immutable; replaced as a whole.
+/// A snapshot and the picker prepared for it (and, when its endpoints carry tags, one picker
+/// per tag set: see [`route`](crate::route)). Immutable; replaced as a whole.
 pub struct Prepared<P> {
     snapshot: Arc<Snapshot>,
     picker: P,
+    tags: Option<Box<Tagged<P>>>,
     prepared_at: Timestamp,
     refresh_at: Option<Timestamp>,
+}
+
+/// The tag table of a snapshot and the pickers of its subsets.
+struct Tagged<P> {
+    table: TagTable,
+    pickers: Box<[P]>,
 }
 
 // === impl Prepared ===
@@ -79,18 +88,51 @@ impl<P: Picker> Prepared<P> {
         cx: &mut PickContext<'_>,
         filter: &Availability,
     ) -> Result<EndpointIdx, PickError> {
-        let eligible = self.snapshot.eligible();
-        match eligible {
-            [] => return Err(self.snapshot.empty_error()),
-            [only] => return Ok(*only),
-            _ => {}
-        }
-        cx.probe = 0;
-        let first = self.checked_pick(cx)?;
-        if self.acceptable(first, cx, filter) {
-            return Ok(first);
-        }
-        self.reselect(first, cx, filter)
+        self.set(cx.tag)?.1.select(cx, filter)
+    }
+
+    /// The set a request with `tag` is routed to (all of the snapshot without tags, or one
+    /// tag's, or the untagged providers), as [`select`](Self::select) routes it: a restriction of
+    /// [`snapshot`](Self::snapshot) whose indices stay valid in it.
+    ///
+    /// # Errors
+    /// [`PickError::NoTagMatch`], [`PickError::AllTagged`]: see [`route`](crate::route).
+    pub fn routed(
+        &self,
+        tag: Option<RequestTag<'_>>,
+    ) -> Result<(Routed, &Arc<Snapshot>), PickError> {
+        self.set(tag).map(|(routed, set)| (routed, set.snapshot))
+    }
+
+    /// The set a request with `tag` picks in, and its picker.
+    #[inline]
+    fn set(&self, tag: Option<RequestTag<'_>>) -> Result<(Routed, Set<'_, P>), PickError> {
+        let main = Set {
+            snapshot: &self.snapshot,
+            picker: &self.picker,
+        };
+        let Some(tagged) = &self.tags else {
+            return route::untabled(tag).map(|(_, routed)| (routed, main));
+        };
+        let (lead, routed) = tagged.table.lead(tag)?;
+        let set = match lead {
+            Lead::Subset(i) => Set {
+                snapshot: &tagged.table.subsets[i as usize],
+                picker: &tagged.pickers[i as usize],
+            },
+            Lead::Main | Lead::Nothing => main,
+        };
+        Ok((routed, set))
+    }
+
+    /// How many subsets were prepared beside the whole snapshot for its tags.
+    pub fn tag_sets(&self) -> usize {
+        self.tags.as_ref().map_or(0, |t| t.pickers.len())
+    }
+
+    /// The key of the tag rule the snapshot's endpoints carry, if any.
+    pub fn tag_rule(&self) -> Option<&str> {
+        self.tags.as_ref().and_then(|t| t.table.rule())
     }
 
     /// [`select`](Self::select), but [`PickError::AllTried`] when the choice was already tried
@@ -109,6 +151,34 @@ impl<P: Picker> Prepared<P> {
             return Err(PickError::AllTried);
         }
         Ok(idx)
+    }
+}
+
+/// One set of a snapshot (all of it or a tag's) and its picker: what a pick chooses in.
+struct Set<'p, P> {
+    snapshot: &'p Arc<Snapshot>,
+    picker: &'p P,
+}
+
+impl<P: Picker> Set<'_, P> {
+    #[inline]
+    fn select(
+        &self,
+        cx: &mut PickContext<'_>,
+        filter: &Availability,
+    ) -> Result<EndpointIdx, PickError> {
+        let eligible = self.snapshot.eligible();
+        match eligible {
+            [] => return Err(self.snapshot.empty_error()),
+            [only] => return Ok(*only),
+            _ => {}
+        }
+        cx.probe = 0;
+        let first = self.checked_pick(cx)?;
+        if self.acceptable(first, cx, filter) {
+            return Ok(first);
+        }
+        self.reselect(first, cx, filter)
     }
 
     #[cold]
@@ -335,6 +405,14 @@ fn prepare<S: Strategy>(
     now: Timestamp,
 ) -> Prepared<S::Picker> {
     let picker = strategy.prepare(&snapshot, now);
+    let tags = TagTable::of(&snapshot).map(|table| {
+        let pickers = table
+            .subsets
+            .iter()
+            .map(|s| strategy.prepare(s, now))
+            .collect();
+        Box::new(Tagged { table, pickers })
+    });
     let periodic = strategy.refresh_interval().map(|d| now.saturating_add(d));
     let warming = snapshot
         .eligible()
@@ -348,6 +426,7 @@ fn prepare<S: Strategy>(
     Prepared {
         snapshot,
         picker,
+        tags,
         prepared_at: now,
         refresh_at,
     }

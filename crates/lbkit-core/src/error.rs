@@ -20,6 +20,13 @@ pub enum PickError {
     /// A retry found only endpoints this call already tried.
     #[error("every eligible endpoint was already tried")]
     AllTried,
+    /// The request's tag matches no eligible provider and it may not fall back to untagged
+    /// ones (`dubbo.force.tag`, or the tag rule's `force`).
+    #[error("no eligible endpoint carries the request's tag, and the tag is forced")]
+    NoTagMatch,
+    /// The request has no tag and every eligible endpoint is reserved for a tag.
+    #[error("every eligible endpoint is tagged, and the request has no tag")]
+    AllTagged,
     /// A user-defined picker refused to choose.
     #[error("the strategy declined to pick: {0}")]
     Declined(&'static str),

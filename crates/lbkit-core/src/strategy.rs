@@ -11,6 +11,7 @@ use std::time::Duration;
 use crate::endpoint::Endpoint;
 use crate::error::PickError;
 use crate::rng::FastRng;
+use crate::route::{RequestTag, Route};
 use crate::snapshot::{EndpointIdx, Snapshot};
 use crate::time::Timestamp;
 
@@ -89,6 +90,9 @@ pub struct PickContext<'a> {
     pub tried: &'a TriedSet,
     /// The caller's random source.
     pub rng: &'a mut FastRng,
+    /// The tag the request asks for (Dubbo's tag routing: see [`route`](crate::route)); the
+    /// balancer picks among that tag's providers.
+    pub tag: Option<RequestTag<'a>>,
 }
 
 static NOTHING_TRIED: TriedSet = TriedSet::new();
@@ -107,6 +111,7 @@ impl<'a> PickContext<'a> {
             probe: 0,
             tried: &NOTHING_TRIED,
             rng,
+            tag: None,
         }
     }
 
@@ -120,6 +125,19 @@ impl<'a> PickContext<'a> {
     /// [`key_hash`]; no hash is computed here, so keyed picks pay only for the hash they use.
     pub fn with_key(mut self, key: &'a [u8]) -> Self {
         self.key = Some(key);
+        self
+    }
+
+    /// Set the tag the request asks for.
+    pub fn with_tag(mut self, tag: RequestTag<'a>) -> Self {
+        self.tag = Some(tag);
+        self
+    }
+
+    /// Set the request's hash key and tag.
+    pub fn with_route(mut self, route: Route<'a>) -> Self {
+        self.key = route.key;
+        self.tag = route.tag;
         self
     }
 

@@ -557,3 +557,5 @@ fn service_key(key: &str) -> (&str, String) {
 
 #[cfg(test)]
 mod tests;
+
+pub mod tag;

@@ -591,3 +591,159 @@ async fn yaml_configurators_apply_while_they_change() {
 async fn yaml_configurators_apply_with_one_shot_watches() {
     yaml_rules(WatchMode::OneShot).await;
 }
+
+/// Every address a request with `tag` reaches in the pipeline's balancer (seeded picks), or the
+/// pick's error.
+fn reach(
+    pipeline: &Pipeline,
+    tag: Option<lbkit_core::RequestTag<'_>>,
+) -> Result<Vec<String>, lbkit_core::PickError> {
+    let mut rng = lbkit_core::FastRng::seed_from_u64(5);
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..60 {
+        let mut cx = lbkit_core::PickContext::new(lbkit_core::Timestamp::ZERO, &mut rng);
+        cx.tag = tag;
+        let g = pipeline.balancer.pick(&mut cx)?;
+        seen.insert(g.endpoint().address().to_owned());
+        g.finish(lbkit_core::Outcome::Success);
+    }
+    Ok(seen.into_iter().collect())
+}
+
+/// Tag routing from the registry: a provider's own `dubbo.tag`, then Dubbo 3's YAML tag rule
+/// for the providers' application (`/dubbo/config/dubbo/<application>.tag-router`) created,
+/// changed, made malformed and deleted while the consumer watches.
+async fn tag_rules(mode: WatchMode) {
+    use lbkit_core::RequestTag;
+    let zk = ZkConfig::new(require_zk!());
+    let client = Client::connect(&zk.servers).await.expect("connect");
+    let service = unique("tagged");
+    let app = unique("shop");
+    let path = ServicePath::new("dubbo", &service, Layout::Dubbo).unwrap();
+    let mut regs = Vec::new();
+    for i in 1..=3 {
+        let mut p = provider(&format!("10.7.0.{i}:20880"), 100);
+        p.application = app.clone();
+        if i == 3 {
+            p.metadata.insert("dubbo.tag".into(), "blue".into());
+        }
+        regs.push(registered(&zk, &path, p).await);
+    }
+    let mut pipeline = Pipeline::start(
+        ZkSource::new(zk.clone(), path.clone()).with_watch(mode),
+        ControllerConfig::default(),
+    );
+    pipeline.until("three providers", |s| s.len() == 3).await;
+    let (one, two, three) = ("10.7.0.1:20880", "10.7.0.2:20880", "10.7.0.3:20880");
+    let owned = |v: &[&str]| Ok(v.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+    // The provider's own tag: blue requests go to it, the rest avoid it.
+    assert_eq!(
+        reach(&pipeline, Some(RequestTag::new(b"blue"))),
+        owned(&[three])
+    );
+    assert_eq!(reach(&pipeline, None), owned(&[one, two]));
+    assert_eq!(
+        reach(&pipeline, Some(RequestTag::new(b"gray"))),
+        owned(&[one, two])
+    );
+    assert_eq!(
+        reach(&pipeline, Some(RequestTag::forced(b"gray"))),
+        Err(lbkit_core::PickError::NoTagMatch)
+    );
+
+    // dubbo-admin's tag rule: gray is 10.7.0.1.
+    let persistent = CreateMode::Persistent.with_acls(Acls::anyone_all());
+    client
+        .mkdir("/dubbo/config/dubbo", &persistent)
+        .await
+        .expect("mkdir");
+    let node = lbkit_discovery::governance::tag::tag_rule_path("dubbo", &app);
+    let rule = |addr: &str| {
+        format!("force: false\nruntime: true\nenabled: true\nkey: {app}\ntags:\n  - name: gray\n    addresses: [\"{addr}\"]\n")
+    };
+    client
+        .create(&node, rule(one).as_bytes(), &persistent)
+        .await
+        .expect("create");
+    let s = pipeline
+        .until("the rule on every provider", |s| {
+            s.endpoints()
+                .iter()
+                .all(|e| e.metadata().contains_key("dubbo.tag.rule"))
+        })
+        .await;
+    assert_eq!(s.endpoints()[0].metadata()["dubbo.tag.groups"], "gray");
+    assert_eq!(
+        pipeline.status.get().tag_rule.as_deref(),
+        Some(node.as_str())
+    );
+    assert_eq!(
+        reach(&pipeline, Some(RequestTag::new(b"gray"))),
+        owned(&[one])
+    );
+    assert_eq!(reach(&pipeline, None), owned(&[two, three]));
+    // Blue is not a rule tag: still the provider's own.
+    assert_eq!(
+        reach(&pipeline, Some(RequestTag::new(b"blue"))),
+        owned(&[three])
+    );
+
+    // Moved to 10.7.0.2 while it applies.
+    client
+        .set_data(&node, rule(two).as_bytes(), None)
+        .await
+        .expect("set");
+    pipeline
+        .until("gray moved", |s| {
+            s.endpoints()[1]
+                .metadata()
+                .get("dubbo.tag.groups")
+                .map(String::as_str)
+                == Some("gray")
+        })
+        .await;
+    assert_eq!(
+        reach(&pipeline, Some(RequestTag::new(b"gray"))),
+        owned(&[two])
+    );
+
+    // Malformed: skipped and counted; the last good rule stays.
+    let before = pipeline.status.get().rules_rejected;
+    client.set_data(&node, b"tags: [", None).await.expect("set");
+    wait_status(&mut pipeline.status, "the bad rule counted", |st| {
+        st.rules_rejected == before + 1
+    })
+    .await;
+    assert_eq!(
+        reach(&pipeline, Some(RequestTag::new(b"gray"))),
+        owned(&[two])
+    );
+
+    // Deleted: the providers' own tags again.
+    client.delete(&node, None).await.expect("delete");
+    pipeline
+        .until("no rule", |s| {
+            !s.endpoints()
+                .iter()
+                .any(|e| e.metadata().contains_key("dubbo.tag.rule"))
+        })
+        .await;
+    assert_eq!(pipeline.status.get().tag_rule, None);
+    assert_eq!(
+        reach(&pipeline, Some(RequestTag::new(b"gray"))),
+        owned(&[one, two])
+    );
+    for r in regs {
+        r.deregister().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tag_rules_route_while_they_change() {
+    tag_rules(WatchMode::Auto).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tag_rules_route_with_one_shot_watches() {
+    tag_rules(WatchMode::OneShot).await;
+}

@@ -31,7 +31,9 @@ use http_body::Body as _;
 use http_body_util::{BodyExt, Either, Full};
 use hyper::body::Incoming;
 use lbkit_core::http::is_idempotent_method;
-use lbkit_core::{Attempts, CallGuard, Clock, FastRng, Observed, Outcome, RetryWhen, Stop};
+use lbkit_core::{
+    Attempts, CallGuard, Clock, FastRng, Observed, Outcome, RequestTagBuf, RetryWhen, Route, Stop,
+};
 use lbkit_strategy::KeyExtractor;
 use lbkit_tower::http::{HttpKeySource, SourceAddr};
 
@@ -60,7 +62,7 @@ pub(crate) async fn forward(
     // A streamed body is replayable until it outgrows the bound (checked before each retry).
     let mut attempts = Attempts::start(policy, service.budget(), out.idempotent, true, started);
     let mut rng = FastRng::from_entropy();
-    let mut guard = match service.pick(&mut attempts, started, out.key(), &mut rng) {
+    let mut guard = match service.pick(&mut attempts, started, out.route(), &mut rng) {
         Ok(g) => g,
         Err(e) => return local(StatusCode::SERVICE_UNAVAILABLE, &format!("{e}\n")),
     };
@@ -95,7 +97,7 @@ pub(crate) async fn forward(
             let back = out.reclaim(left.map_or(RECLAIM_WAIT, |l| l.min(RECLAIM_WAIT)));
             attempts.set_replayable(back.await);
         }
-        match service.retry(&mut attempts, c, out.key(), &mut rng) {
+        match service.retry(&mut attempts, c, out.route(), &mut rng) {
             Ok((next, at)) => {
                 guard.finish_at(c.outcome, at);
                 guard = next;
@@ -176,6 +178,8 @@ struct Outgoing {
     /// A streamed body, once the attempt sending it has failed (`None` for a buffered one).
     reclaim: Option<Reclaim>,
     key: Option<Vec<u8>>,
+    /// The request's routing tag.
+    tag: Option<RequestTagBuf>,
     upgrade: Option<tunnel::Ask>,
     idempotent: bool,
     h2c: bool,
@@ -192,6 +196,10 @@ impl Outgoing {
         let h2c = service.config().h2c;
         let upgrade = (!h2c).then(|| tunnel::asked(&mut req)).flatten();
         let key = hash_key(&mut req, envelope.route().hash_key.as_ref(), client);
+        let tag = service
+            .tags()
+            .read(&HttpKeySource::new(&req))
+            .map(RequestTagBuf::from);
         let (mut parts, body) = req.into_parts();
         prepare_headers(&mut parts, client);
         if let Some(u) = &upgrade {
@@ -206,14 +214,19 @@ impl Outgoing {
             upload,
             reclaim,
             key,
+            tag,
             upgrade,
             idempotent,
             h2c,
         })
     }
 
-    fn key(&self) -> Option<&[u8]> {
-        self.key.as_deref()
+    /// The request's hash key and routing tag.
+    fn route(&self) -> Route<'_> {
+        Route {
+            key: self.key.as_deref(),
+            tag: self.tag.as_ref().map(RequestTagBuf::get),
+        }
     }
 
     /// Take back a streamed body from the attempt that failed, for the next one, waiting at

@@ -13,10 +13,11 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use lbkit_core::{
     Attempts, Availability, Balancer, BoxStrategy, CallGuard, CircuitBreaker, Classified, Clock,
-    EndpointKey, FastRng, PickError, RetryBudget, Snapshot, Stop, Timestamp,
+    EndpointKey, FastRng, PickError, RetryBudget, Route, Snapshot, Stop, Timestamp,
 };
 use lbkit_discovery::ControllerMetrics;
 use lbkit_strategy::catalog::{self, ParamError, Params};
+use lbkit_strategy::TagHeaders;
 
 use crate::body::ClientBody;
 use crate::config;
@@ -64,6 +65,8 @@ pub struct Service {
     ejections: ArcSwap<HashMap<EndpointKey, u64>>,
     // Set once by the service's task when its discovery controller starts; read by /metrics.
     discovery: std::sync::OnceLock<Arc<ControllerMetrics>>,
+    /// Where requests carry their routing tag (`tags`).
+    tags: TagHeaders,
 }
 
 // === impl Service ===
@@ -106,6 +109,7 @@ impl Service {
             clock,
             ejections: ArcSwap::default(),
             discovery: std::sync::OnceLock::new(),
+            tags: config.tags.headers(),
             config: config.clone(),
         })
     }
@@ -118,6 +122,12 @@ impl Service {
     /// The configuration it was built from.
     pub fn config(&self) -> &config::ServiceConfig {
         &self.config
+    }
+
+    /// Where requests carry their routing tag.
+    #[inline]
+    pub fn tags(&self) -> &TagHeaders {
+        &self.tags
     }
 
     /// The current balancer and strategy name.
@@ -143,10 +153,10 @@ impl Service {
         &self,
         attempts: &mut Attempts,
         now: Timestamp,
-        key: Option<&[u8]>,
+        route: Route<'_>,
         rng: &mut FastRng,
     ) -> Result<CallGuard, PickError> {
-        attempts.pick(&self.active().balancer, now, key, rng)
+        attempts.pick(&self.active().balancer, now, route, rng)
     }
 
     /// After an attempt classified as `c`: the next attempt (`Attempts::retry` with this
@@ -157,11 +167,11 @@ impl Service {
         &self,
         attempts: &mut Attempts,
         c: Classified,
-        key: Option<&[u8]>,
+        route: Route<'_>,
         rng: &mut FastRng,
     ) -> Result<(CallGuard, Timestamp), Stop> {
         let balancer = &self.active().balancer;
-        let next = attempts.retry(c, &self.budget, balancer, &self.clock, key, rng);
+        let next = attempts.retry(c, &self.budget, balancer, &self.clock, route, rng);
         match next {
             Ok(_) => self.metrics.retried(),
             Err(Stop::BudgetExhausted) => self.metrics.retry_refused(),

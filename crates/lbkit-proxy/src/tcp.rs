@@ -9,7 +9,7 @@
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
-use lbkit_core::{AttemptPolicy, Attempts, CallGuard, FastRng, Observed};
+use lbkit_core::{AttemptPolicy, Attempts, CallGuard, FastRng, Observed, Route};
 use tokio::net::TcpStream;
 
 use crate::idle::{quiet_for, Counted};
@@ -28,7 +28,7 @@ pub(crate) async fn relay(client: TcpStream, service: &Service, idle: Duration) 
     let mut now = service.clock().now();
     // A connection's bytes are not kept: only a connect that failed may go elsewhere.
     let mut attempts = Attempts::start(policy, service.budget(), false, true, now);
-    let Ok(mut guard) = service.pick(&mut attempts, now, None, &mut rng) else {
+    let Ok(mut guard) = service.pick(&mut attempts, now, Route::default(), &mut rng) else {
         return;
     };
     loop {
@@ -39,7 +39,7 @@ pub(crate) async fn relay(client: TcpStream, service: &Service, idle: Duration) 
         }
         // A connect timeout is a connect failure: nothing was sent.
         let c = Observed::ConnectFailed.classify();
-        match service.retry(&mut attempts, c, None, &mut rng) {
+        match service.retry(&mut attempts, c, Route::default(), &mut rng) {
             Ok((next, at)) => {
                 guard.finish_at(c.outcome, at);
                 (guard, now) = (next, at);

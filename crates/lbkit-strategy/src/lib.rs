@@ -58,6 +58,7 @@ mod response_time;
 mod round_robin;
 mod smooth_weighted;
 mod sticky;
+pub mod tag;
 mod weighted_random;
 
 pub use hash::split_target;
@@ -78,4 +79,5 @@ pub use smooth_weighted::{
     SmoothWeightedPicker, SmoothWeightedRoundRobin, MAX_CYCLE, MAX_CYCLE_WORK,
 };
 pub use sticky::{StickyPicker, StickyRoundRobin, DEFAULT_STICKY_RUN};
+pub use tag::TagHeaders;
 pub use weighted_random::{WeightedRandom, WeightedRandomPicker};

@@ -165,7 +165,9 @@ fn retries_need_attempts_a_copy_idempotency_time_and_budget() {
     let mut call = Attempts::start(policy(2), &budget, true, true, t(0));
     let mut seen = Vec::new();
     loop {
-        let g = call.pick(&balancer, t(0), None, &mut rng).expect("pick");
+        let g = call
+            .pick(&balancer, t(0), Route::default(), &mut rng)
+            .expect("pick");
         seen.push(g.endpoint().address().to_owned());
         g.finish_at(fail.outcome, t(0));
         match call.after(fail, &budget, &clock) {
@@ -181,7 +183,9 @@ fn retries_need_attempts_a_copy_idempotency_time_and_budget() {
 
     // Not idempotent: a 503 is final, a refused connection is retried.
     let mut call = Attempts::start(policy(2), &budget, false, true, t(0));
-    let g = call.pick(&balancer, t(0), None, &mut rng).expect("pick");
+    let g = call
+        .pick(&balancer, t(0), Route::default(), &mut rng)
+        .expect("pick");
     g.finish_at(fail.outcome, t(0));
     assert_eq!(call.after(fail, &budget, &clock), Next::Answer(Stop::Final));
     let refused = Observed::ConnectFailed.classify();
@@ -189,7 +193,9 @@ fn retries_need_attempts_a_copy_idempotency_time_and_budget() {
 
     // No copy of the request.
     let mut call = Attempts::start(policy(2), &budget, true, false, t(0));
-    let g = call.pick(&balancer, t(0), None, &mut rng).expect("pick");
+    let g = call
+        .pick(&balancer, t(0), Route::default(), &mut rng)
+        .expect("pick");
     g.finish_at(fail.outcome, t(0));
     assert_eq!(
         call.after(fail, &budget, &clock),
@@ -199,7 +205,9 @@ fn retries_need_attempts_a_copy_idempotency_time_and_budget() {
     // The budget is spent.
     let empty = Counting::allowing(0);
     let mut call = Attempts::start(policy(2), &empty, true, true, t(0));
-    let g = call.pick(&balancer, t(0), None, &mut rng).expect("pick");
+    let g = call
+        .pick(&balancer, t(0), Route::default(), &mut rng)
+        .expect("pick");
     g.finish_at(fail.outcome, t(0));
     assert_eq!(
         call.after(fail, &empty, &clock),
@@ -219,12 +227,16 @@ fn a_retry_goes_to_an_untried_endpoint_or_nowhere() {
     let mut rng = FastRng::seed_from_u64(1);
     let mut call = Attempts::start(policy(5), &budget, true, true, t(0));
     for want in ["a:1", "b:1"] {
-        let g = call.pick(&balancer, t(0), None, &mut rng).expect("pick");
+        let g = call
+            .pick(&balancer, t(0), Route::default(), &mut rng)
+            .expect("pick");
         assert_eq!(g.endpoint().address(), want);
         g.finish_at(Outcome::Success, t(0));
     }
     assert_eq!(call.next_attempt(), 2);
-    let err = call.pick(&balancer, t(0), None, &mut rng).unwrap_err();
+    let err = call
+        .pick(&balancer, t(0), Route::default(), &mut rng)
+        .unwrap_err();
     assert_eq!(err, PickError::AllTried);
     assert_eq!(call.begun(), 2, "a refused pick begins nothing");
     for e in balancer.snapshot().endpoints() {
@@ -247,28 +259,34 @@ fn retry_decides_as_after_does_then_picks_at_the_decision_time() {
     let budget = Counting::allowing(100);
     let mut rng = FastRng::seed_from_u64(1);
     let mut call = Attempts::start(policy(5), &budget, true, true, t(0));
-    let first = call.pick(&balancer, t(0), None, &mut rng).expect("pick");
+    let first = call
+        .pick(&balancer, t(0), Route::default(), &mut rng)
+        .expect("pick");
     let fail = Observed::Status(503).classify();
     let (second, at) = call
-        .retry(fail, &budget, &balancer, &clock, None, &mut rng)
+        .retry(fail, &budget, &balancer, &clock, Route::default(), &mut rng)
         .expect("a retry");
     assert_eq!((second.endpoint().address(), at), ("b:1", t(5)));
     first.finish_at(fail.outcome, at);
-    let again = call.retry(fail, &budget, &balancer, &clock, None, &mut rng);
+    let again = call.retry(fail, &budget, &balancer, &clock, Route::default(), &mut rng);
     assert_eq!(again.err(), Some(Stop::AllTried));
     second.finish_at(fail.outcome, at);
     // Not retried: the same reasons as `after`.
     let ok = Observed::Status(200).classify();
     let mut fresh = Attempts::start(policy(5), &budget, true, true, t(0));
-    let g = fresh.pick(&balancer, t(0), None, &mut rng).expect("pick");
-    let got = fresh.retry(ok, &budget, &balancer, &clock, None, &mut rng);
+    let g = fresh
+        .pick(&balancer, t(0), Route::default(), &mut rng)
+        .expect("pick");
+    let got = fresh.retry(ok, &budget, &balancer, &clock, Route::default(), &mut rng);
     assert_eq!(got.err(), Some(Stop::Final));
     assert_eq!(fresh.after(ok, &budget, &clock), Next::Answer(Stop::Final));
     g.finish_at(ok.outcome, t(0));
     let spent = Counting::allowing(0);
     let mut poor = Attempts::start(policy(5), &spent, true, true, t(0));
-    let g = poor.pick(&balancer, t(0), None, &mut rng).expect("pick");
-    let got = poor.retry(fail, &spent, &balancer, &clock, None, &mut rng);
+    let g = poor
+        .pick(&balancer, t(0), Route::default(), &mut rng)
+        .expect("pick");
+    let got = poor.retry(fail, &spent, &balancer, &clock, Route::default(), &mut rng);
     assert_eq!(got.err(), Some(Stop::BudgetExhausted));
     assert_eq!(poor.begun(), 1, "a refused retry begins nothing");
     g.finish_at(fail.outcome, t(0));
@@ -317,7 +335,9 @@ fn a_timeout_is_retried_only_while_the_overall_deadline_has_time_left() {
     let mut rng = FastRng::seed_from_u64(1);
     let timeout = Observed::Timeout.classify();
     let mut call = Attempts::start(p, &budget, true, true, t(0));
-    let g = call.pick(&balancer, t(0), None, &mut rng).expect("pick");
+    let g = call
+        .pick(&balancer, t(0), Route::default(), &mut rng)
+        .expect("pick");
     manual.set(t(300));
     g.finish_at(timeout.outcome, t(300));
     assert_eq!(
@@ -325,7 +345,9 @@ fn a_timeout_is_retried_only_while_the_overall_deadline_has_time_left() {
         Next::Retry,
         "per-try timeout"
     );
-    let g = call.pick(&balancer, t(300), None, &mut rng).expect("pick");
+    let g = call
+        .pick(&balancer, t(300), Route::default(), &mut rng)
+        .expect("pick");
     manual.set(t(1_000));
     g.finish_at(timeout.outcome, t(1_000));
     assert_eq!(
@@ -334,7 +356,9 @@ fn a_timeout_is_retried_only_while_the_overall_deadline_has_time_left() {
     );
     // A timeout of a request that is not idempotent is final.
     let mut call = Attempts::start(p, &budget, false, true, t(0));
-    let g = call.pick(&balancer, t(0), None, &mut rng).expect("pick");
+    let g = call
+        .pick(&balancer, t(0), Route::default(), &mut rng)
+        .expect("pick");
     g.finish_at(timeout.outcome, t(0));
     assert_eq!(
         call.after(timeout, &budget, &clock),

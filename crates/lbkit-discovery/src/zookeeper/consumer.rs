@@ -19,6 +19,7 @@ use super::{cache, connect, registry_err, Backoff, ZkConfig};
 use crate::controller::error_chain;
 use crate::dubbo::ProviderUrl;
 use crate::error::DiscoveryError;
+use crate::governance::tag::{parse_tag_rule, tag_rule_path, TagRule};
 use crate::governance::{
     parse_yaml_configurators, yaml_configurators_path, Overrides, RuleNode, RULES_METADATA,
 };
@@ -40,8 +41,12 @@ pub struct ZkStatus {
     pub rejected: u64,
     /// Override rules in force (Dubbo layout: the nodes under `configurators`).
     pub rules: usize,
-    /// Malformed override rules skipped; each counted once while it exists.
+    /// Malformed override rules skipped; each counted once while it exists. Malformed tag
+    /// rules (and their addresses that do not parse) count here too.
     pub rules_rejected: u64,
+    /// The tag rule in force (Dubbo 3's `/dubbo/config/dubbo/<application>.tag-router`, for
+    /// the providers' application): its node's path.
+    pub tag_rule: Option<String>,
     /// Providers in the last set sent.
     pub providers: usize,
     /// Whether the last set sent came from the cache file (registry unreachable at start-up).
@@ -195,6 +200,8 @@ impl ZkSource {
             rules_dir,
             rules_yaml,
             yaml: BTreeMap::new(),
+            tag_path: None,
+            tag_doc: None,
             rules: BTreeMap::new(),
             overrides: Overrides::default(),
             source: self,
@@ -229,6 +236,12 @@ struct Consumer {
     /// Each YAML node's last data and its rules (none when malformed: logged and counted once
     /// per content).
     yaml: BTreeMap<String, (Vec<u8>, Vec<RuleNode>)>,
+    /// The tag rule node of the providers' application (Dubbo's `TagStateRouter` follows the
+    /// first provider's `application`), when the consumer obeys rules.
+    tag_path: Option<String>,
+    /// Its last data and rule (none when malformed or not valid; a malformed one keeps the
+    /// last good rule).
+    tag_doc: Option<(Vec<u8>, Option<TagRule>)>,
     /// Rule nodes by name: the rule, or `None` (malformed: logged and counted once).
     rules: BTreeMap<String, Option<RuleNode>>,
     /// The rules in force, from `rules`.
@@ -356,6 +369,10 @@ impl Consumer {
         let (mut relist, mut rewatch) = (true, false);
         let mut relist_rules = self.rules_dir.is_some();
         loop {
+            if self.retarget_tag() {
+                // Another application's tag rule: watch its node instead.
+                (rewatch, relist_rules) = (true, true);
+            }
             if rewatch {
                 // zookeeper-client 0.11 does not set persistent watches again on a new
                 // connection (its `resend_watches` sends only the one-shot kinds), so after a
@@ -391,6 +408,11 @@ impl Consumer {
                     Err(e) if ends_session(&e) => return End::Lost(registry_err(&self.dir, e)),
                     // Connection loss: the reconnection event triggers the next listing.
                     Err(e) => tracing::debug!(error = %e, "listing interrupted"),
+                }
+                if self.retarget_tag() {
+                    // The listing named another application: read its tag rule first.
+                    (rewatch, relist_rules) = (true, true);
+                    continue;
                 }
             }
             if !self.flush().await {
@@ -524,6 +546,12 @@ impl Consumer {
         let (nodes, mut watchers) = self.read_nodes(client, children, true).await?;
         watchers.push(dir_watch);
         self.listed(nodes);
+        self.retarget_tag();
+        if let Some(path) = self.tag_path.clone() {
+            let (data, watch) = read_and_watch(client, &path).await?;
+            self.tag_read(&path, data);
+            watchers.push(watch);
+        }
         if let Some(dir) = self.rules_dir.clone() {
             let (children, rules_watch) = list_and_watch(client, &dir).await?;
             self.rules_listed(children);
@@ -543,7 +571,8 @@ impl Consumer {
     /// creation).
     async fn watch_rules(&self, client: &Client) -> Result<Vec<PersistentWatcher>, ZkError> {
         let mut watchers = Vec::new();
-        for path in self.rules_dir.iter().chain(&self.rules_yaml) {
+        let paths = self.rules_dir.iter().chain(&self.rules_yaml);
+        for path in paths.chain(&self.tag_path) {
             watchers.push(
                 client
                     .watch(path, AddWatchMode::PersistentRecursive)
@@ -571,8 +600,85 @@ impl Consumer {
             };
             self.yaml_read(&path, data);
         }
+        if let Some(path) = self.tag_path.clone() {
+            let data = match client.get_data(&path).await {
+                Ok((data, _)) => Some(data),
+                Err(ZkError::NoNode) => None,
+                Err(e) => return Err(e),
+            };
+            self.tag_read(&path, data);
+        }
         self.rules_changed();
         Ok(())
+    }
+
+    /// Follow the providers' application: the tag rule node to obey is its
+    /// `<application>.tag-router` (as Dubbo's `TagStateRouter.notify` takes the first
+    /// provider's). Returns whether it changed (the old application's rule no longer applies).
+    fn retarget_tag(&mut self) -> bool {
+        let wanted = self.rules_dir.as_ref().and_then(|_| {
+            let app = self
+                .nodes
+                .values()
+                .flatten()
+                .find_map(|s| s.metadata.get("application").filter(|a| !a.is_empty()))?;
+            Some(tag_rule_path(self.source.path.root(), app))
+        });
+        if wanted == self.tag_path {
+            return false;
+        }
+        tracing::debug!(service = %self.source.path.service(), node = ?wanted, "following the providers' tag rule node");
+        self.tag_path = wanted;
+        self.tag_doc = None;
+        self.status.send_modify(|s| s.tag_rule = None);
+        true
+    }
+
+    /// The tag rule node's data (`None`: no such node). A malformed document is logged and
+    /// counted once per content and the last good rule stays (Dubbo's `TagStateRouter.process`
+    /// keeps its rule when a push does not parse); a deleted node ends the rule.
+    fn tag_read(&mut self, path: &str, data: Option<Vec<u8>>) {
+        let Some(data) = data.filter(|d| !d.iter().all(u8::is_ascii_whitespace)) else {
+            if self.tag_doc.take().is_some_and(|(_, r)| r.is_some()) {
+                tracing::info!(node = %path, "tag rule removed");
+            }
+            self.status.send_modify(|s| s.tag_rule = None);
+            return;
+        };
+        if self
+            .tag_doc
+            .as_ref()
+            .is_some_and(|(known, _)| *known == data)
+        {
+            return;
+        }
+        let reject = |status: &watch::Sender<ZkStatus>| {
+            status.send_modify(|s| {
+                s.rules_rejected += 1;
+                s.rejected += 1;
+            });
+        };
+        let rule = match parse_tag_rule(&String::from_utf8_lossy(&data)) {
+            Ok(parsed) => {
+                for bad in &parsed.bad_addresses {
+                    tracing::warn!(node = %path, address = %bad, "tag rule address skipped: it matches no provider");
+                    reject(&self.status);
+                }
+                if parsed.rule.is_none() {
+                    tracing::warn!(node = %path, "tag rule has no tags: not valid, providers' own tags route");
+                }
+                parsed.rule
+            }
+            Err(reason) => {
+                tracing::warn!(node = %path, %reason, "malformed tag rule skipped; the last good rule stays");
+                reject(&self.status);
+                self.tag_doc.as_ref().and_then(|(_, last)| last.clone())
+            }
+        };
+        let in_force = rule.as_ref().filter(|r| r.enabled).map(|_| path.to_owned());
+        tracing::info!(node = %path, in_force = in_force.is_some(), "tag rule read");
+        self.status.send_modify(|s| s.tag_rule = in_force);
+        self.tag_doc = Some((data, rule));
     }
 
     /// A YAML configurator node's data (`None`: no such node): its rules. A malformed document
@@ -812,7 +918,11 @@ impl Consumer {
                 tracing::debug!(node = %name, key = %spec.key, "duplicate provider; the first node (by name) wins");
                 continue;
             }
-            by_key.insert(spec.key.clone(), self.governed(name, spec));
+            let mut governed = self.governed(name, spec);
+            if let Some(rule) = self.tag_doc.as_ref().and_then(|(_, r)| r.as_ref()) {
+                rule.annotate(&mut governed);
+            }
+            by_key.insert(spec.key.clone(), governed);
         }
         let specs: Vec<EndpointSpec> = by_key.into_values().collect();
         if self.sent.as_ref() == Some(&specs) {

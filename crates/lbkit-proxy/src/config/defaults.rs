@@ -99,3 +99,11 @@ pub(super) fn default_fall() -> u32 {
 pub(super) fn default_true() -> bool {
     true
 }
+
+pub(super) fn default_tag_header() -> String {
+    lbkit_core::route::TAG_KEY.to_owned()
+}
+
+pub(super) fn default_force_tag_header() -> String {
+    lbkit_core::route::FORCE_TAG_KEY.to_owned()
+}

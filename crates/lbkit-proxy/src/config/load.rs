@@ -210,6 +210,14 @@ impl ServiceConfig {
         if self.outlier_detection.interval_ms == 0 {
             return Err(err("outlier_detection.interval_ms", "must be > 0".into()));
         }
+        for (field, name) in [
+            ("tags.header", &self.tags.header),
+            ("tags.force_header", &self.tags.force_header),
+        ] {
+            if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                return Err(err(field, format!("{name:?} is not a header name")));
+            }
+        }
         if let Some(hc) = &self.health_check {
             if hc.interval_ms == 0 || hc.timeout_ms == 0 || hc.rise == 0 || hc.fall == 0 {
                 return Err(err(

@@ -47,6 +47,8 @@
 //! availability = { max_in_flight = 0 }  # default 0 = unlimited; plus `circuit_breaker` (default false)
 //! outlier_detection = { enabled = true, interval_ms = 10000, consecutive_failures = 5, base_ejection_ms = 30000, max_ejection_percent = 10 }
 //! health_check = { kind = "http", path = "/healthz", expect_status = 200, interval_ms = 5000, timeout_ms = 1000, rise = 2, fall = 3 }
+//! tags = { header = "dubbo.tag", force_header = "dubbo.force.tag", default = "gray", force = false }
+//! #   tag routing as Dubbo's TagRouter: a request's tag (header, or gRPC metadata, default none) picks the providers with that `dubbo.tag` (or the registry's tag rule); none → untagged providers; `force_header: true` → no fall back
 //! ```
 //!
 //! * `zookeeper`: `zk` servers (required), `interface` (required), `root` (default `dubbo`),
@@ -275,6 +277,47 @@ pub struct ServiceConfig {
     /// Active health check. Default none.
     #[serde(default)]
     pub health_check: Option<HealthCheck>,
+    /// Tag routing (Dubbo's `dubbo.tag`): where requests carry their tag.
+    #[serde(default)]
+    pub tags: TagConfig,
+}
+
+/// `tags = { .. }`: where a request's routing tag is read (see `lbkit_core::route`).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TagConfig {
+    /// The header (gRPC metadata key) with the tag. Default `dubbo.tag`.
+    #[serde(default = "default_tag_header")]
+    pub header: String,
+    /// The header that forces it (`true`: no fall back to untagged providers). Default
+    /// `dubbo.force.tag`.
+    #[serde(default = "default_force_tag_header")]
+    pub force_header: String,
+    /// The tag of requests without one. Default none.
+    #[serde(default)]
+    pub default: Option<String>,
+    /// Whether the default tag is forced. Default false.
+    #[serde(default)]
+    pub force: bool,
+}
+
+impl Default for TagConfig {
+    fn default() -> Self {
+        TagConfig {
+            header: default_tag_header(),
+            force_header: default_force_tag_header(),
+            default: None,
+            force: false,
+        }
+    }
+}
+
+impl TagConfig {
+    /// The reader the request paths use.
+    pub fn headers(&self) -> lbkit_strategy::TagHeaders {
+        lbkit_strategy::TagHeaders::new(&self.header, &self.force_header)
+            .with_default(self.default.clone(), self.force)
+    }
 }
 
 /// `zookeeper = { .. }`.

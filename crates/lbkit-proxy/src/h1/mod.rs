@@ -28,7 +28,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use lbkit_core::http::is_idempotent_method;
 use lbkit_core::{
-    AttemptPolicy, Attempts, CallGuard, Clock, FastRng, Observed, Outcome, Timestamp,
+    AttemptPolicy, Attempts, CallGuard, Clock, FastRng, Observed, Outcome, RequestTagBuf, Route,
+    Timestamp,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -285,13 +286,17 @@ impl Conn<'_> {
         }
         let envelope = Envelope::open(route);
         let key = self.hash_key(route, head);
+        let tag = self.tag(route, head);
         self.b.upstream.clear();
         let (input, hdrs) = (&self.input, &self.req_headers);
         wire::write_request(&mut self.b.upstream, input, head, hdrs, &self.client);
         let method = &self.input[head.method.clone()];
         let call = Call {
             service: envelope.service(),
-            key: key.as_deref(),
+            route: Route {
+                key: key.as_deref(),
+                tag: tag.as_ref().map(RequestTagBuf::get),
+            },
             idempotent: is_idempotent_method(method),
             head_request: method == b"HEAD",
             closing,
@@ -320,6 +325,17 @@ impl Conn<'_> {
         Some(key.into_owned())
     }
 
+    /// The request's routing tag, read as the tower layer reads it.
+    fn tag(&self, route: &RouteEntry, head: &ReqHead) -> Option<RequestTagBuf> {
+        let source = wire::Source {
+            buf: &self.input,
+            hdrs: &self.req_headers,
+            target: &self.input[head.target.clone()],
+            ip: self.peer.ip(),
+        };
+        route.service.tags().read(&source).map(RequestTagBuf::from)
+    }
+
     /// The attempts of one request under lbkit-core's [`Attempts`]: pick, exchange, retry on an
     /// endpoint not tried yet.
     async fn call(&mut self, c: Call<'_>) -> Ended {
@@ -328,7 +344,7 @@ impl Conn<'_> {
         let mut attempts =
             Attempts::start(c.policy, service.budget(), c.idempotent, true, c.started);
         // One clock read per request on the way in: the first pick uses the start.
-        let mut guard = match service.pick(&mut attempts, c.started, c.key, &mut self.rng) {
+        let mut guard = match service.pick(&mut attempts, c.started, c.route, &mut self.rng) {
             Ok(g) => g,
             Err(e) => return self.refuse(503, &format!("{e}\n"), c.closing).await,
         };
@@ -350,7 +366,7 @@ impl Conn<'_> {
                 Step::Retried { next, at, outcome } => (next, at, outcome),
                 Step::Failed(observed) => {
                     let cl = observed.classify();
-                    match service.retry(&mut attempts, cl, c.key, &mut self.rng) {
+                    match service.retry(&mut attempts, cl, c.route, &mut self.rng) {
                         Ok((next, at)) => (next, at, cl.outcome),
                         Err(stop) => {
                             guard.finish(cl.outcome);
@@ -383,7 +399,7 @@ impl Conn<'_> {
         let cl = Observed::Status(head.code).classify();
         // Only a failure may be retried: an answer's head costs no decision.
         if cl.is_failure() {
-            if let Ok((next, at)) = c.service.retry(attempts, cl, c.key, &mut self.rng) {
+            if let Ok((next, at)) = c.service.retry(attempts, cl, c.route, &mut self.rng) {
                 let outcome = cl.outcome;
                 return Step::Retried { next, at, outcome };
             }
@@ -606,7 +622,8 @@ impl Conn<'_> {
 /// One request's call.
 struct Call<'a> {
     service: &'a Arc<Service>,
-    key: Option<&'a [u8]>,
+    /// Its hash key and routing tag.
+    route: Route<'a>,
     idempotent: bool,
     head_request: bool,
     /// The client connection closes after this request.

@@ -1,0 +1,342 @@
+//! Tag routing, as Dubbo's `TagRouter` (2.7) and `TagStateRouter` (3.0, 3.1) do it: providers
+//! carry a tag (`dubbo.tag` in their metadata, or a tag rule's addresses), a request asks for
+//! one, and the request goes to that tag's providers.
+//!
+//! | request | goes to |
+//! |---|---|
+//! | no tag (or an empty one) | the untagged providers (with a rule: those in none of its address lists whose own tag the rule does not name) |
+//! | tag `T` | the providers tagged `T`: by the rule's addresses for `T` when it lists some, else by their own `dubbo.tag` |
+//! | tag `T`, none has it | the untagged providers (with a rule: those in none of its address lists and without a tag of their own) |
+//! | tag `T`, none has it, `dubbo.force.tag=true` | nothing: [`PickError::NoTagMatch`] |
+//! | tag `T`, the rule lists addresses for `T` but none is here, the rule says `force: true` | nothing |
+//!
+//! The sets are the snapshot's *eligible* endpoints (lbkit's health, ejection and `disabled`
+//! come first, as Dubbo's routers see only the invokers left by the ones before them), so a
+//! tagged provider that is down sends a tag's requests back to the untagged ones unless the
+//! request forces its tag.
+//!
+//! Where the tags come from is the endpoint source's business: the ZooKeeper consumer copies a
+//! provider's `dubbo.tag` URL parameter and resolves Dubbo 3's YAML tag rule
+//! (`/dubbo/config/dubbo/<application>.tag-router`) into the `dubbo.tag.rule*` and
+//! [`TAG_GROUPS_KEY`] metadata below, written alike on every endpoint while the rule applies; a
+//! static or file source can set `dubbo.tag` by hand.
+//!
+//! Each distinct set gets its own picker, prepared with the others once per snapshot change
+//! ([`Prepared`](crate::Prepared)), so a tagged pick costs the strategy's pick plus a binary
+//! search of the tag table, and failover retries stay within the request's set.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::error::PickError;
+use crate::snapshot::{EndpointIdx, Snapshot};
+
+/// A provider's own tag (Dubbo's `TAG_KEY`), and the request attachment that asks for one.
+pub const TAG_KEY: &str = "dubbo.tag";
+/// The request attachment that forbids the fall back to untagged providers (Dubbo's
+/// `FORCE_USE_TAG`).
+pub const FORCE_TAG_KEY: &str = "dubbo.force.tag";
+/// Present on every endpoint while a tag rule applies: the rule's key (the providers'
+/// application).
+pub const TAG_RULE_KEY: &str = "dubbo.tag.rule";
+/// `true` when the rule forces its address lists (`force: true`).
+pub const TAG_RULE_FORCE_KEY: &str = "dubbo.tag.rule.force";
+/// Every tag the rule names, comma-separated.
+pub const TAG_RULE_NAMES_KEY: &str = "dubbo.tag.rule.names";
+/// The tags the rule gives addresses to, comma-separated.
+pub const TAG_RULE_LISTED_KEY: &str = "dubbo.tag.rule.listed";
+/// The tags whose rule addresses match this endpoint, comma-separated.
+pub const TAG_GROUPS_KEY: &str = "dubbo.tag.groups";
+
+/// The tag a request asks for.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct RequestTag<'a> {
+    /// The tag (`dubbo.tag`); empty means none.
+    pub name: &'a [u8],
+    /// No fall back to untagged providers (`dubbo.force.tag=true`).
+    pub force: bool,
+}
+
+impl<'a> RequestTag<'a> {
+    /// A tag that falls back to untagged providers when none has it.
+    pub fn new(name: &'a [u8]) -> Self {
+        RequestTag { name, force: false }
+    }
+
+    /// A tag that does not fall back.
+    pub fn forced(name: &'a [u8]) -> Self {
+        RequestTag { name, force: true }
+    }
+}
+
+/// A [`RequestTag`] that owns its name (read from a request the caller does not keep).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RequestTagBuf {
+    /// The tag.
+    pub name: Box<[u8]>,
+    /// No fall back to untagged providers.
+    pub force: bool,
+}
+
+impl RequestTagBuf {
+    /// The tag, borrowed.
+    #[inline]
+    pub fn get(&self) -> RequestTag<'_> {
+        RequestTag {
+            name: &self.name,
+            force: self.force,
+        }
+    }
+}
+
+impl From<RequestTag<'_>> for RequestTagBuf {
+    fn from(t: RequestTag<'_>) -> Self {
+        RequestTagBuf {
+            name: t.name.into(),
+            force: t.force,
+        }
+    }
+}
+
+/// What a request says about where it may go: its consistent-hash key and its tag.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct Route<'a> {
+    /// The request's hash key.
+    pub key: Option<&'a [u8]>,
+    /// The tag it asks for.
+    pub tag: Option<RequestTag<'a>>,
+}
+
+impl<'a> Route<'a> {
+    /// A route with only a hash key.
+    pub fn key(key: Option<&'a [u8]>) -> Self {
+        Route { key, tag: None }
+    }
+}
+
+/// Which of a snapshot's sets a request was routed to.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Routed {
+    /// Every eligible endpoint (no tags in the snapshot, or the set holds them all).
+    All,
+    /// The providers of the request's tag.
+    Tagged,
+    /// The untagged providers, for a request without a tag.
+    Untagged,
+    /// The untagged providers, for a tag no provider has.
+    Fallback,
+}
+
+/// A set of the snapshot: all of it, one prepared subset, or nothing.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Lead {
+    Main,
+    Subset(u32),
+    Nothing,
+}
+
+/// One tag's entry: its providers, and whether an empty set is final (the rule's `force`).
+#[derive(Clone, Debug)]
+struct TagEntry {
+    name: Box<[u8]>,
+    lead: Lead,
+    final_when_empty: bool,
+}
+
+/// The tag table of one snapshot: the sets, as restricted snapshots to prepare pickers on, and
+/// where each kind of request leads.
+#[derive(Debug)]
+pub(crate) struct TagTable {
+    /// The distinct proper subsets, each a restriction of the snapshot.
+    pub(crate) subsets: Vec<Arc<Snapshot>>,
+    untagged: Lead,
+    fallback: Lead,
+    /// Sorted by name.
+    tags: Box<[TagEntry]>,
+    /// The rule's key, when a rule applies.
+    rule: Option<Box<str>>,
+}
+
+/// The rule, as the endpoint source wrote it on the endpoints.
+struct Rule<'s> {
+    key: &'s str,
+    force: bool,
+    names: Vec<&'s str>,
+    listed: Vec<&'s str>,
+}
+
+fn list(v: Option<&String>) -> Vec<&str> {
+    v.map_or_else(Vec::new, |s| {
+        s.split(',').filter(|t| !t.is_empty()).collect()
+    })
+}
+
+// === impl TagTable ===
+
+impl TagTable {
+    /// The table of `snapshot`, or `None` when nothing in it is tagged and no rule applies (then
+    /// every request but a forced tag goes to all of it).
+    pub(crate) fn of(snapshot: &Snapshot) -> Option<TagTable> {
+        let rule = snapshot.endpoints().iter().find_map(|e| {
+            let m = e.metadata();
+            m.get(TAG_RULE_KEY).map(|key| Rule {
+                key,
+                force: m.get(TAG_RULE_FORCE_KEY).is_some_and(|f| f == "true"),
+                names: list(m.get(TAG_RULE_NAMES_KEY)),
+                listed: list(m.get(TAG_RULE_LISTED_KEY)),
+            })
+        });
+        let eligible = snapshot.eligible();
+        let own = |i: EndpointIdx| {
+            snapshot
+                .endpoint(i)
+                .metadata()
+                .get(TAG_KEY)
+                .map(String::as_str)
+                .filter(|t| !t.is_empty())
+        };
+        let groups = |i: EndpointIdx| list(snapshot.endpoint(i).metadata().get(TAG_GROUPS_KEY));
+        let mut own_tags: Vec<&str> = eligible.iter().filter_map(|&i| own(i)).collect();
+        own_tags.sort_unstable();
+        own_tags.dedup();
+        if rule.is_none() && own_tags.is_empty() {
+            return None;
+        }
+        let mut sets = Sets::new(snapshot);
+        let mut tags: Vec<TagEntry> = Vec::new();
+        let (untagged, fallback) = match &rule {
+            None => {
+                for &t in &own_tags {
+                    let lead = sets.lead(|i| own(i) == Some(t));
+                    tags.push(TagEntry::new(t, lead, false));
+                }
+                let untagged = sets.lead(|i| own(i).is_none());
+                (untagged, untagged)
+            }
+            Some(rule) => {
+                for &t in &rule.listed {
+                    let lead = sets.lead(|i| groups(i).contains(&t));
+                    tags.push(TagEntry::new(t, lead, rule.force));
+                }
+                for &t in own_tags.iter().filter(|t| !rule.listed.contains(t)) {
+                    let lead = sets.lead(|i| own(i) == Some(t));
+                    tags.push(TagEntry::new(t, lead, false));
+                }
+                let fallback = sets.lead(|i| groups(i).is_empty() && own(i).is_none());
+                let untagged = sets.lead(|i| {
+                    groups(i).is_empty() && own(i).is_none_or(|t| !rule.names.contains(&t))
+                });
+                (untagged, fallback)
+            }
+        };
+        tags.sort_by(|a, b| a.name.cmp(&b.name));
+        tags.dedup_by(|a, b| a.name == b.name);
+        Some(TagTable {
+            subsets: sets.subsets,
+            untagged,
+            fallback,
+            tags: tags.into_boxed_slice(),
+            rule: rule.map(|r| r.key.into()),
+        })
+    }
+
+    /// Where a request with `tag` goes.
+    ///
+    /// # Errors
+    /// [`PickError::NoTagMatch`] when no provider has a forced tag (or the rule forces it);
+    /// [`PickError::AllTagged`] when every eligible endpoint is reserved for a tag.
+    #[inline]
+    pub(crate) fn lead(&self, tag: Option<RequestTag<'_>>) -> Result<(Lead, Routed), PickError> {
+        let Some(tag) = tag.filter(|t| !t.name.is_empty()) else {
+            return match self.untagged {
+                Lead::Nothing => Err(PickError::AllTagged),
+                lead => Ok((lead, Routed::Untagged)),
+            };
+        };
+        let found = self
+            .tags
+            .binary_search_by(|e| (*e.name).cmp(tag.name))
+            .ok()
+            .map(|i| &self.tags[i]);
+        match found {
+            Some(e) if e.lead != Lead::Nothing => Ok((e.lead, Routed::Tagged)),
+            Some(e) if e.final_when_empty => Err(PickError::NoTagMatch),
+            _ if tag.force => Err(PickError::NoTagMatch),
+            _ => match self.fallback {
+                Lead::Nothing => Err(PickError::NoTagMatch),
+                lead => Ok((lead, Routed::Fallback)),
+            },
+        }
+    }
+
+    /// The rule's key, when a rule applies.
+    pub(crate) fn rule(&self) -> Option<&str> {
+        self.rule.as_deref()
+    }
+}
+
+/// Where a request with `tag` goes in a snapshot without a tag table: everywhere, unless it
+/// forces a tag (then nowhere: nothing is tagged).
+#[inline]
+pub(crate) fn untabled(tag: Option<RequestTag<'_>>) -> Result<(Lead, Routed), PickError> {
+    match tag {
+        Some(t) if t.force && !t.name.is_empty() => Err(PickError::NoTagMatch),
+        _ => Ok((Lead::Main, Routed::All)),
+    }
+}
+
+impl TagEntry {
+    fn new(name: &str, lead: Lead, final_when_empty: bool) -> Self {
+        TagEntry {
+            name: name.as_bytes().into(),
+            lead,
+            final_when_empty,
+        }
+    }
+}
+
+/// The distinct subsets found so far, each once.
+struct Sets<'s> {
+    snapshot: &'s Snapshot,
+    seen: HashMap<Vec<u32>, u32>,
+    subsets: Vec<Arc<Snapshot>>,
+}
+
+impl<'s> Sets<'s> {
+    fn new(snapshot: &'s Snapshot) -> Self {
+        Sets {
+            snapshot,
+            seen: HashMap::new(),
+            subsets: Vec::new(),
+        }
+    }
+
+    /// The set of eligible endpoints for which `keep` holds.
+    fn lead(&mut self, keep: impl Fn(EndpointIdx) -> bool) -> Lead {
+        let eligible = self.snapshot.eligible();
+        let members: Vec<u32> = eligible
+            .iter()
+            .filter(|&&i| keep(i))
+            .map(|i| u32::try_from(i.get()).unwrap_or(u32::MAX))
+            .collect();
+        if members.is_empty() {
+            return Lead::Nothing;
+        }
+        if members.len() == eligible.len() {
+            return Lead::Main;
+        }
+        if let Some(&at) = self.seen.get(&members) {
+            return Lead::Subset(at);
+        }
+        let at = u32::try_from(self.subsets.len()).unwrap_or(u32::MAX);
+        let set: std::collections::HashSet<u32> = members.iter().copied().collect();
+        let u = |i: EndpointIdx| u32::try_from(i.get()).unwrap_or(u32::MAX);
+        self.subsets
+            .push(Arc::new(self.snapshot.restrict(|i| set.contains(&u(i)))));
+        self.seen.insert(members, at);
+        Lead::Subset(at)
+    }
+}
+
+#[cfg(test)]
+mod tests;
