@@ -3,10 +3,13 @@
     python scripts/zk_nodes.py ZK_HOST:PORT PATH                 # list
     python scripts/zk_nodes.py ZK_HOST:PORT PATH --create NAME   # a persistent child (parents made)
     python scripts/zk_nodes.py ZK_HOST:PORT PATH --delete NAME
+    python scripts/zk_nodes.py ZK_HOST:PORT PATH --put DATA      # PATH itself holds DATA (made, or set)
+    python scripts/zk_nodes.py ZK_HOST:PORT PATH --remove        # PATH itself deleted
 
 `--create` writes a node as dubbo-admin writes an override rule: NAME is the rule URL, stored
 URL-encoded as Java's URLEncoder encodes it (letters, digits and `.-*_` kept, a space as `+`,
-everything else %XX). `--delete` takes the same NAME.
+everything else %XX). `--delete` takes the same NAME. `--put` writes a config-center node as
+dubbo-admin writes a Dubbo 3 rule (a YAML tag rule or configurator document as PATH's data).
 
 Listing prints one JSON object per line, one per child of PATH, sorted by name:
   name        the child's node name as stored
@@ -35,6 +38,18 @@ def main() -> int:
     hosts, path = sys.argv[1], sys.argv[2]
     zk = KazooClient(hosts=hosts, timeout=10)
     zk.start(timeout=10)
+    if len(sys.argv) in (4, 5) and sys.argv[3] in ("--put", "--remove"):
+        try:
+            if sys.argv[3] == "--remove":
+                zk.delete(path)
+            elif zk.exists(path):
+                zk.set(path, sys.argv[4].encode())
+            else:
+                zk.create(path, sys.argv[4].encode(), makepath=True)
+            print(path, flush=True)
+        finally:
+            zk.stop()
+        return 0
     if len(sys.argv) == 5 and sys.argv[3] in ("--create", "--delete"):
         node = f"{path.rstrip('/')}/{java_url_encode(sys.argv[4])}"
         try:

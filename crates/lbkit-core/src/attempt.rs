@@ -10,7 +10,7 @@
 //! ```text
 //! let mut call = Attempts::start(policy, budget, idempotent, replayable, now);
 //! loop {
-//!     let guard = call.pick(&balancer, now, key, rng)?;      // an untried endpoint
+//!     let guard = call.pick(&balancer, now, route, rng)?;    // an untried endpoint (route: hash key, tag)
 //!     let result = do_io(guard.endpoint(), call.timeout(now)).await;
 //!     let c = Observed::from(result).classify();             // the table below
 //!     guard.finish(c.outcome);

@@ -169,9 +169,12 @@ pub(crate) fn endpoints_json<'a>(
                 let idx = lbkit_core::EndpointIdx::new(i);
                 // The registry's override rules that changed it (`RULE sets k=v; …`), if any.
                 let rules = lbkit_discovery::governance::applied_rules(e.metadata());
+                // Its tags (own `dubbo.tag`, the registry's tag rule), for tag routing.
+                let tags = lbkit_discovery::governance::tag::describe_tags(e.metadata());
                 json!({
                     "address": e.address(),
                     "rules": rules,
+                    "tags": tags,
                     "weight": e.weight(),
                     "effective_weight": snapshot.effective_weight(idx, now),
                     "eligible": snapshot.is_eligible(idx),

@@ -558,6 +558,15 @@ async fn echo_server(name: &'static str) -> (SocketAddr, oneshot::Sender<()>) {
     (addr, stop)
 }
 
+/// `lbkit register` for the `echo.Echo` Triple service under `root`, with `more` arguments.
+fn register_echo(zk: &str, root: &str, more: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_lbkit"));
+    cmd.args(["register", "--zk", zk, "--root", root])
+        .args(["--interface", "echo.Echo", "--protocol", "tri"])
+        .args(more);
+    cmd
+}
+
 /// What Java Dubbo and the Python registry read from a provider node lbkit wrote.
 fn check_provider_node(node: &serde_json::Value, addr: SocketAddr, weight: &str, app: &str) {
     let name = node["name"].as_str().expect("a name");
@@ -622,25 +631,21 @@ async fn rust_providers_registered_by_lbkit_are_called_by_a_python_consumer() {
     let (b, _stop_b) = echo_server("rust-b").await;
 
     // `lbkit register` announces rust-a.
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_lbkit"));
-    cmd.args([
-        "register",
-        "--zk",
+    let a_addr = a.to_string();
+    let cmd = register_echo(
         &zk,
-        "--root",
         &root,
-        "--interface",
-        "echo.Echo",
-    ])
-    .args([
-        "--protocol",
-        "tri",
-        "--weight",
-        "150",
-        "--application",
-        "interop",
-    ])
-    .args(["--meta", "owner=team-a", "--address", &a.to_string()]);
+        &[
+            "--weight",
+            "150",
+            "--application",
+            "interop",
+            "--meta",
+            "owner=team-a",
+            "--address",
+            &a_addr,
+        ],
+    );
     let mut register =
         Proc::spawn("register", cmd, &dir.join("register.log")).expect("start lbkit register");
     let line = register.line("registered ").await.expect("registered");
@@ -847,6 +852,231 @@ async fn override_rules_written_as_dubbo_admin_writes_them_steer_the_proxy() {
     proxy.proc.stop().await;
     for (p, _) in &mut providers {
         p.stop().await;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// One `echo.Echo/Say` call through the proxy with `headers` (the tag's): the server that
+/// answered, or why none did.
+async fn say(
+    sender: &mut http2::SendRequest<Full<Bytes>>,
+    headers: &[(&str, &str)],
+) -> Result<String, String> {
+    // SayRequest { message: "hi" } by hand: field 1, length-delimited.
+    let mut b = http::Request::post("http://lbkit.test/echo.Echo/Say")
+        .header("content-type", "application/grpc")
+        .header("te", "trailers");
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    let req = b
+        .body(Full::new(grpc_frame(b"\x0a\x02hi")))
+        .map_err(|e| e.to_string())?;
+    sender.ready().await.map_err(|e| e.to_string())?;
+    let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
+    let status = resp.status();
+    let mut body = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes();
+    if status != 200 || body.len() < 5 {
+        return Err(format!("{status}: {}", String::from_utf8_lossy(&body)));
+    }
+    body.advance(5);
+    // SayReply { message = 1, server = 2 }: both length-delimited strings.
+    while body.len() >= 2 {
+        let (field, len) = (body.get_u8() >> 3, usize::from(body.get_u8()));
+        let value = body.split_to(len.min(body.len()));
+        if field == 2 {
+            return Ok(String::from_utf8_lossy(&value).into_owned());
+        }
+    }
+    Err("no server in the reply".into())
+}
+
+/// Who answered `n` calls with `headers`.
+async fn said_by(
+    sender: &mut http2::SendRequest<Full<Bytes>>,
+    headers: &[(&str, &str)],
+    n: usize,
+) -> BTreeMap<String, usize> {
+    let mut by = BTreeMap::new();
+    for i in 0..n {
+        let server = say(sender, headers)
+            .await
+            .unwrap_or_else(|e| panic!("call {i} with {headers:?}: {e}"));
+        *by.entry(server).or_default() += 1;
+    }
+    by
+}
+
+/// Tag routing end to end: Rust providers registered with `lbkit register` (one with its own
+/// `dubbo.tag`) and by the library, a tag rule written by kazoo as dubbo-admin writes it to the
+/// config center, and calls through the proxy carrying the tag as gRPC metadata (`dubbo.tag`,
+/// `dubbo.force.tag`), as Dubbo's Triple consumers send their attachments.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tag_routing_follows_provider_tags_and_the_registrys_tag_rule() {
+    let (Some(zk), Some(python)) = (lbkit_testkit::zookeeper(), lbkit_testkit::python()) else {
+        return;
+    };
+    let dir = test_dir("dubbo-tags");
+    let root = format!("lbkit-tags-{}", std::process::id());
+    let (a, _stop_a) = echo_server("rust-a").await;
+    let (b, _stop_b) = echo_server("rust-b").await;
+    let (c, _stop_c) = echo_server("rust-c").await;
+    // rust-c: `lbkit register` with its own tag (a grey release).
+    let c_addr = c.to_string();
+    let cmd = register_echo(
+        &zk,
+        &root,
+        &[
+            "--application",
+            "shop",
+            "--meta",
+            "dubbo.tag=blue",
+            "--address",
+            &c_addr,
+        ],
+    );
+    let mut register =
+        Proc::spawn("register", cmd, &dir.join("register.log")).expect("start lbkit register");
+    register.line("registered ").await.expect("registered");
+    let path = ServicePath::new(&root, "echo.Echo", Layout::Dubbo).expect("a service path");
+    let mut registrations = Vec::new();
+    for addr in [a, b] {
+        let provider = Provider {
+            protocol: "tri".into(),
+            application: "shop".into(),
+            ..Provider::new(addr.to_string())
+        };
+        registrations.push(
+            ZkRegistration::spawn(ZkConfig::new(zk.clone()), path.clone(), provider)
+                .expect("valid"),
+        );
+    }
+    let zookeeper = format!(r#"{{ zk = "{zk}", root = "{root}", interface = "echo.Echo" }}"#);
+    let (mut proxy, admin, mut sender) =
+        h2c_proxy(&zookeeper, "strategy = \"round-robin\"", 3, &dir).await;
+    let (ra, rb, rc) = (a.to_string(), b.to_string(), c.to_string());
+
+    // Its own tag: blue calls reach rust-c only; untagged and unknown tags never do.
+    let blue = [("dubbo.tag", "blue")];
+    assert_eq!(
+        said_by(&mut sender, &blue, 10).await,
+        BTreeMap::from([("rust-c".to_owned(), 10)])
+    );
+    let plain = said_by(&mut sender, &[], 20).await;
+    assert_eq!(
+        plain,
+        BTreeMap::from([("rust-a".to_owned(), 10), ("rust-b".to_owned(), 10)])
+    );
+    let unknown = said_by(&mut sender, &[("dubbo.tag", "red")], 20).await;
+    assert_eq!(
+        unknown, plain,
+        "an unknown tag falls back to the untagged providers"
+    );
+    let forced = say(
+        &mut sender,
+        &[("dubbo.tag", "red"), ("dubbo.force.tag", "true")],
+    )
+    .await;
+    let err = forced.expect_err("a forced unknown tag has no provider");
+    assert!(err.starts_with("503") && err.contains("tag"), "{err}");
+
+    // dubbo-admin's tag rule for the providers' application: gray is rust-a.
+    let node = format!("/{root}/config/{root}/shop.tag-router");
+    let rule = format!(
+        "force: false\nruntime: true\nenabled: true\nkey: shop\ntags:\n  - name: gray\n    addresses: [\"{ra}\"]\n"
+    );
+    let kazoo = |args: Vec<String>| {
+        let (python, zk, node, dir) = (python.clone(), zk.clone(), node.clone(), dir.clone());
+        async move {
+            let script = script("zk_nodes.py");
+            let mut all = vec![script.to_str().expect("UTF-8").to_owned(), zk, node];
+            all.extend(args);
+            let all: Vec<&str> = all.iter().map(String::as_str).collect();
+            let (ok, out) = run_python(&python, &all, &dir, "kazoo.log").await;
+            assert!(ok, "zk_nodes.py {all:?}: {out:?}");
+        }
+    };
+    kazoo(vec!["--put".into(), rule]).await;
+    admin
+        .until("rust-a in gray", |v| {
+            v.tags
+                .iter()
+                .any(|(addr, t)| *addr == ra && t.contains(&"gray (rule shop)".to_owned()))
+        })
+        .await;
+    let gray = [("dubbo.tag", "gray")];
+    assert_eq!(
+        said_by(&mut sender, &gray, 10).await,
+        BTreeMap::from([("rust-a".to_owned(), 10)])
+    );
+    // Untagged calls now avoid rust-a. As Dubbo 3's TagStateRouter does, with a rule in force
+    // a provider's own tag reserves it only when the rule names that tag: blue is not a rule
+    // tag, so rust-c takes untagged calls too (and still all blue ones).
+    let untagged = said_by(&mut sender, &[], 10).await;
+    assert_eq!(
+        untagged,
+        BTreeMap::from([("rust-b".to_owned(), 5), ("rust-c".to_owned(), 5)])
+    );
+    assert_eq!(
+        said_by(&mut sender, &blue, 5).await,
+        BTreeMap::from([("rust-c".to_owned(), 5)])
+    );
+    // `lbkit watch` shows each provider's tags and where they come from.
+    let out = Command::new(env!("CARGO_BIN_EXE_lbkit"))
+        .args([
+            "watch",
+            "--once",
+            "--zk",
+            &zk,
+            "--root",
+            &root,
+            "--interface",
+            "echo.Echo",
+        ])
+        .output()
+        .await
+        .expect("lbkit watch");
+    let listed = String::from_utf8_lossy(&out.stdout);
+    assert!(listed.contains("  tag gray (rule shop)"), "{listed}");
+    assert!(listed.contains("  tag blue (own)"), "{listed}");
+
+    // A malformed rule: logged and skipped, gray stays on rust-a.
+    kazoo(vec!["--put".into(), "tags: [".into()]).await;
+    let logged = proxy.proc.line("malformed tag rule skipped").await;
+    assert!(
+        logged.is_ok_and(|l| l.contains("tag-router")),
+        "the bad rule is logged, naming its node"
+    );
+    assert_eq!(
+        said_by(&mut sender, &gray, 5).await,
+        BTreeMap::from([("rust-a".to_owned(), 5)])
+    );
+
+    // The rule deleted: gray has no provider again, untagged calls reach rust-a again.
+    kazoo(vec!["--remove".into()]).await;
+    admin
+        .until("no rule", |v| {
+            v.tags
+                .iter()
+                .all(|(_, t)| !t.iter().any(|x| x.contains("rule")))
+        })
+        .await;
+    let back = said_by(&mut sender, &gray, 20).await;
+    assert_eq!(
+        back,
+        BTreeMap::from([("rust-a".to_owned(), 10), ("rust-b".to_owned(), 10)])
+    );
+    let _ = (rb, rc);
+
+    proxy.proc.stop().await;
+    register.stop().await;
+    for r in registrations {
+        r.deregister().await;
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -195,6 +195,45 @@ impl TagRule {
     }
 }
 
+/// The tags an endpoint carries, for people (`lbkit watch`, `pick --explain`, the proxy's
+/// `/endpoints`): `NAME (rule KEY)` for each tag the rule gives its address, then
+/// `NAME (own)` for its own `dubbo.tag` (`NAME (own, overridden by the rule)` when the rule
+/// lists addresses for that name, so its own tag no longer counts).
+///
+/// ```
+/// use lbkit_core::EndpointSpec;
+/// use lbkit_discovery::governance::tag::describe_tags;
+/// let spec = EndpointSpec::new("10.0.0.1:80").with_meta("dubbo.tag", "blue");
+/// assert_eq!(describe_tags(&spec.metadata), ["blue (own)"]);
+/// ```
+pub fn describe_tags(metadata: &lbkit_core::Metadata) -> Vec<String> {
+    let list = |k: &str| -> Vec<&str> {
+        metadata
+            .get(k)
+            .map(|v| v.split(',').filter(|t| !t.is_empty()).collect())
+            .unwrap_or_default()
+    };
+    let mut out = Vec::new();
+    let rule = metadata.get(TAG_RULE_KEY);
+    if let Some(key) = rule {
+        for g in list(TAG_GROUPS_KEY) {
+            out.push(format!("{g} (rule {key})"));
+        }
+    }
+    if let Some(own) = metadata
+        .get(lbkit_core::route::TAG_KEY)
+        .filter(|t| !t.is_empty())
+    {
+        let overridden = rule.is_some() && list(TAG_RULE_LISTED_KEY).contains(&own.as_str());
+        out.push(if overridden {
+            format!("{own} (own, overridden by the rule)")
+        } else {
+            format!("{own} (own)")
+        });
+    }
+    out
+}
+
 /// `host:port` (or `[v6]:port`) split; `None` without a port.
 fn split_host_port(address: &str) -> Option<(&str, u16)> {
     let (host, port) = address.rsplit_once(':')?;

@@ -139,7 +139,10 @@ impl ZkSource {
     /// Whether to obey the service's override rules (Dubbo layout; default on): each
     /// provider's URL is rewritten by the rules under `configurators` that apply to it
     /// ([`governance`](crate::governance)) before its weight is read, and the endpoint's
-    /// metadata `dubbo.rules` names the rules that did it.
+    /// metadata `dubbo.rules` names the rules that did it. The same switch obeys Dubbo 3's YAML
+    /// configurators and the tag rule of the providers' application
+    /// ([`governance::tag`](crate::governance::tag)), written into the endpoints' metadata for
+    /// tag routing ([`lbkit_core::route`]).
     pub fn with_governance(mut self, on: bool) -> Self {
         self.governance = on;
         self

@@ -183,10 +183,10 @@ impl<Svc, Q, R, S: Strategy, F> Shared<Svc, Q, R, S, F> {
         Svc::Error: Into<BoxError>,
         Q: RequestPolicy<Req>,
     {
-        self.requests.with_hash_key(req, |key| {
+        self.requests.with_route(req, |route| {
             let input = PickInput {
                 now,
-                key,
+                route,
                 attempt,
                 tried,
             };

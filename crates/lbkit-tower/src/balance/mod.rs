@@ -282,10 +282,10 @@ where
             )
         };
         Attempts::deposit(&policy, &*shared.budget, now);
-        let first = shared.requests.with_hash_key(&req, |key| {
+        let first = shared.requests.with_route(&req, |route| {
             let input = crate::pool::PickInput {
                 now,
-                key,
+                route,
                 attempt: 0,
                 tried: &NOTHING_TRIED,
             };

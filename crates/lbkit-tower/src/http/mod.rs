@@ -20,8 +20,8 @@ use std::net::{IpAddr, SocketAddr};
 use bytes::Bytes;
 use http::{HeaderMap, Method, StatusCode};
 use http_body_util::{Empty, Full};
-use lbkit_core::{FailureKind, Outcome};
-use lbkit_strategy::{KeyExtractor, KeySource};
+use lbkit_core::{FailureKind, Outcome, Route};
+use lbkit_strategy::{KeyExtractor, KeySource, TagHeaders};
 
 use crate::completion::Completion;
 use crate::policy::{grpc_code_kind, GrpcCodes, RequestPolicy, ResponsePolicy};
@@ -92,6 +92,7 @@ pub fn replay_request<B: ReplayBody>(req: &http::Request<B>) -> Option<http::Req
 pub struct HttpRequests {
     key: Option<KeyExtractor>,
     by_method: bool,
+    tags: Option<TagHeaders>,
 }
 
 impl Default for HttpRequests {
@@ -99,6 +100,7 @@ impl Default for HttpRequests {
         HttpRequests {
             key: None,
             by_method: true,
+            tags: Some(TagHeaders::default()),
         }
     }
 }
@@ -124,6 +126,23 @@ impl HttpRequests {
         self.by_method = on;
         self
     }
+
+    /// Read the routing tag with `tags` (default: the `dubbo.tag` and `dubbo.force.tag`
+    /// headers, which tonic sends as gRPC metadata; `None` reads no tag, so every request is
+    /// untagged and avoids tagged providers). A request's tag picks among the providers with
+    /// that tag, as Dubbo's tag router does (`lbkit_core::route`).
+    ///
+    /// ```
+    /// use lbkit_strategy::TagHeaders;
+    /// use lbkit_tower::http::HttpRequests;
+    /// let requests = HttpRequests::new()
+    ///     .tags(Some(TagHeaders::new("x-canary", "x-canary-only").with_default(None, false)));
+    /// # let _ = requests;
+    /// ```
+    pub fn tags(mut self, tags: Option<TagHeaders>) -> Self {
+        self.tags = tags;
+        self
+    }
 }
 
 impl<B: ReplayBody + Send + 'static> RequestPolicy<http::Request<B>> for HttpRequests {
@@ -132,6 +151,12 @@ impl<B: ReplayBody + Send + 'static> RequestPolicy<http::Request<B>> for HttpReq
             None => pick(None),
             Some(k) => pick(k.extract(&HttpKeySource::new(req)).as_deref()),
         }
+    }
+
+    fn with_route<R>(&self, req: &http::Request<B>, pick: impl FnOnce(Route<'_>) -> R) -> R {
+        let source = HttpKeySource::new(req);
+        let tag = self.tags.as_ref().and_then(|t| t.read(&source));
+        self.with_hash_key(req, |key| pick(Route { key, tag }))
     }
 
     fn is_idempotent(&self, req: &http::Request<B>) -> bool {

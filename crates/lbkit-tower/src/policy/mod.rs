@@ -9,7 +9,7 @@
 
 mod classify;
 
-use lbkit_core::Outcome;
+use lbkit_core::{Outcome, Route};
 use lbkit_strategy::{KeyExtractor, KeySource};
 
 use crate::completion::Completion;
@@ -26,6 +26,13 @@ pub trait RequestPolicy<Req>: Send + Sync + 'static {
     fn with_hash_key<R>(&self, req: &Req, pick: impl FnOnce(Option<&[u8]>) -> R) -> R {
         let _ = req;
         pick(None)
+    }
+
+    /// Run `pick` with the request's [`Route`]: its hash key (by default
+    /// [`with_hash_key`](Self::with_hash_key)'s) and its routing tag (by default none; see
+    /// `lbkit_core::route`). What the balance calls.
+    fn with_route<R>(&self, req: &Req, pick: impl FnOnce(Route<'_>) -> R) -> R {
+        self.with_hash_key(req, |key| pick(Route::key(key)))
     }
 
     /// Whether the request may be sent again after it reached a server (failover retries only

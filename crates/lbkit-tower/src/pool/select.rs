@@ -41,7 +41,7 @@ impl<Svc> Default for Leftover<Svc> {
 /// Inputs of one pick.
 pub(crate) struct PickInput<'a> {
     pub(crate) now: Timestamp,
-    pub(crate) key: Option<&'a [u8]>,
+    pub(crate) route: lbkit_core::Route<'a>,
     pub(crate) attempt: u32,
     pub(crate) tried: &'a TriedSet,
 }
@@ -86,10 +86,9 @@ impl<Svc, S: Strategy> Pool<Svc, S> {
         tried: &TriedSet,
         rng: &mut FastRng,
     ) -> Result<EndpointIdx, Error> {
-        let mut cx = PickContext::new(input.now, rng).with_tried(input.attempt, tried);
-        if let Some(key) = input.key {
-            cx = cx.with_key(key);
-        }
+        let mut cx = PickContext::new(input.now, rng)
+            .with_tried(input.attempt, tried)
+            .with_route(input.route);
         prepared
             .select_untried(&mut cx, self.inner.balancer.availability())
             .map_err(Error::pick)
@@ -186,7 +185,7 @@ impl<Svc, S: Strategy> Pool<Svc, S> {
         let snapshot = prepared.snapshot();
         let input = PickInput {
             now,
-            key: None,
+            route: lbkit_core::Route::default(),
             attempt: 0,
             tried: &TriedSet::new(),
         };

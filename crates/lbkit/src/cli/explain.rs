@@ -4,7 +4,9 @@ use std::io::Write;
 
 use lbkit::health::EjectionRule;
 use lbkit::{Endpoint, EndpointIdx, Picker, Snapshot, Strategy, Timestamp, Unavailable};
+use lbkit::{RequestTag, Routed};
 use lbkit_discovery::governance::applied_rules;
+use lbkit_discovery::governance::tag::describe_tags;
 use serde_json::{json, Value};
 
 use super::pick::Run;
@@ -16,6 +18,18 @@ pub(crate) struct Report {
     rows: Vec<Row>,
     /// The panic threshold, when the snapshot is in panic.
     panic: Option<f64>,
+    /// Where the request's tag (or its lack) routes it, when the snapshot has tags.
+    routing: Option<Routing>,
+}
+
+/// The tag routing of the explained request.
+struct Routing {
+    /// The request's tag, and whether it is forced.
+    tag: Option<(String, bool)>,
+    /// The tag rule in force, if any.
+    rule: Option<String>,
+    /// Which set it goes to, or why none.
+    outcome: Result<Routed, String>,
 }
 
 struct Row {
@@ -34,6 +48,10 @@ struct Row {
     note: Option<String>,
     /// The registry's override rules that changed the endpoint (`RULE sets k=v`), in order.
     rules: Vec<String>,
+    /// Its tags, and where they come from.
+    tags: Vec<String>,
+    /// Whether the request's tag routing leaves it in the set picked from.
+    routed: bool,
 }
 
 struct Warmup {
@@ -46,10 +64,21 @@ struct Warmup {
 const AVG_WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl Report {
-    pub(crate) fn new(run: &Run) -> Self {
+    pub(crate) fn new(run: &Run, tag: Option<RequestTag<'_>>) -> Self {
         let prepared = run.balancer.current();
         let snapshot = prepared.snapshot();
         let now = run.now;
+        let routed = prepared.routed(tag);
+        let in_set = |idx: EndpointIdx| routed.as_ref().is_ok_and(|(_, set)| set.is_eligible(idx));
+        let tagged = snapshot
+            .endpoints()
+            .iter()
+            .any(|e| !describe_tags(e.metadata()).is_empty());
+        let routing = (tagged || prepared.tag_rule().is_some() || tag.is_some()).then(|| Routing {
+            tag: tag.map(|t| (String::from_utf8_lossy(t.name).into_owned(), t.force)),
+            rule: prepared.tag_rule().map(str::to_owned),
+            outcome: routed.as_ref().map(|(r, _)| *r).map_err(|e| e.to_string()),
+        });
         let rows = snapshot
             .endpoints()
             .iter()
@@ -78,6 +107,8 @@ impl Report {
                         .into_iter()
                         .map(str::to_owned)
                         .collect(),
+                    tags: describe_tags(e.metadata()),
+                    routed: in_set(idx),
                     note: e
                         .is_eligible()
                         .then(|| prepared.picker().explain(EndpointIdx::new(i), now))
@@ -92,7 +123,18 @@ impl Report {
             panic: snapshot
                 .in_panic()
                 .then(|| snapshot.policy().panic_threshold),
+            routing,
         }
+    }
+}
+
+/// How `--explain` names a tag set.
+fn routed_name(set: Routed) -> &'static str {
+    match set {
+        Routed::All => "all endpoints",
+        Routed::Tagged => "the tag's endpoints",
+        Routed::Untagged => "the untagged endpoints",
+        Routed::Fallback => "the untagged endpoints (no endpoint has the tag)",
     }
 }
 
@@ -169,6 +211,24 @@ pub(crate) fn text(out: &mut impl Write, r: &Report, picks: &[String]) -> std::i
             t * 100.0
         )?;
     }
+    if let Some(routing) = &r.routing {
+        let request = match &routing.tag {
+            Some((t, true)) => format!("tag {t} (forced)"),
+            Some((t, false)) => format!("tag {t}"),
+            None => "no tag".to_owned(),
+        };
+        let rule = routing
+            .rule
+            .as_deref()
+            .map(|k| format!(", tag rule {k}"))
+            .unwrap_or_default();
+        let routed = r.rows.iter().filter(|x| x.routed).count();
+        let to = match &routing.outcome {
+            Ok(set) => format!("{}: {routed} of {eligible} eligible", routed_name(*set)),
+            Err(e) => format!("no endpoint: {e}"),
+        };
+        writeln!(out, "tag routing: request with {request}{rule} -> {to}")?;
+    }
     let width = r.rows.iter().map(|x| x.address.len()).max().unwrap_or(0);
     for x in &r.rows {
         let zone = x
@@ -183,6 +243,15 @@ pub(crate) fn text(out: &mut impl Write, r: &Report, picks: &[String]) -> std::i
         )?;
         for rule in &x.rules {
             writeln!(out, "      rule {rule}")?;
+        }
+        if !x.tags.is_empty() || r.routing.is_some() {
+            let tags = if x.tags.is_empty() {
+                "untagged".to_owned()
+            } else {
+                format!("tag {}", x.tags.join(", "))
+            };
+            let set = if x.routed { "in" } else { "not in" };
+            writeln!(out, "      {tags}; {set} this request's set")?;
         }
         if let Some(w) = &x.warmup {
             let phase = if w.uptime_ms < 0 {
@@ -243,6 +312,8 @@ pub(crate) fn json(out: &mut impl Write, r: &Report, picks: &[String]) -> std::i
                 "consecutive_failures": x.consecutive_failures,
                 "strategy_note": x.note,
                 "rules": x.rules,
+                "tags": x.tags,
+                "routed": x.routed,
             })
         })
         .collect();
@@ -250,6 +321,13 @@ pub(crate) fn json(out: &mut impl Write, r: &Report, picks: &[String]) -> std::i
         "strategy": r.strategy,
         "now_ms": r.now.as_millis(),
         "panic": r.panic.is_some(),
+        "tag_routing": r.routing.as_ref().map(|t| json!({
+            "tag": t.tag.as_ref().map(|(n, _)| n),
+            "force": t.tag.as_ref().is_some_and(|(_, f)| *f),
+            "rule": t.rule,
+            "set": t.outcome.as_ref().ok().map(|s| routed_name(*s)),
+            "error": t.outcome.as_ref().err(),
+        })),
         "endpoints": endpoints,
         "picks": picks,
     });

@@ -16,7 +16,7 @@ use lbkit::strategy::catalog::{self, Params};
 use lbkit::strategy::ZoneAware;
 use lbkit::{
     Availability, Balancer, BoxStrategy, CallGuard, Clock, EndpointKey, FastRng, HealthOverlay,
-    PickContext, SlowStart, Snapshot, SnapshotPolicy, StatsSeed, Timestamp,
+    PickContext, RequestTag, SlowStart, Snapshot, SnapshotPolicy, StatsSeed, Timestamp,
 };
 
 use super::{bad, explain};
@@ -26,6 +26,7 @@ use super::{bad, explain};
     after_help = "Endpoints file formats (by extension): .toml ([[endpoint]] tables), .json (array of objects), \
 .txt (Dubbo provider URLs, one per line, plain or URL-encoded).\n\
 Picks are treated as calls still in flight, so load-aware strategies see each other's picks.\n\
+Tag routing follows Dubbo's TagRouter: --tag picks among that tag's endpoints (else the untagged ones, unless --force-tag); no --tag avoids tagged endpoints.\n\
 Exit status: 0 ok, 1 no endpoint could be picked, 2 bad input."
 )]
 pub(crate) struct PickArgs {
@@ -100,6 +101,14 @@ pub(crate) struct PickArgs {
         requires = "slow_start_ms"
     )]
     slow_start_min_percent: f64,
+    /// The request's tag (Dubbo's `dubbo.tag`): pick among the endpoints with that tag (their
+    /// `dubbo.tag` metadata, or the registry's tag rule), else the untagged ones. Without it,
+    /// a request avoids tagged endpoints.
+    #[arg(long, value_name = "TAG")]
+    tag: Option<String>,
+    /// No fall back to untagged endpoints when none has --tag (`dubbo.force.tag=true`).
+    #[arg(long, requires = "tag")]
+    force_tag: bool,
     /// Do not run passive outlier detection over the observed statistics.
     #[arg(long)]
     no_outlier: bool,
@@ -164,8 +173,12 @@ pub(crate) fn run(args: PickArgs) -> anyhow::Result<()> {
         .seed
         .map_or_else(FastRng::from_entropy, FastRng::seed_from_u64);
     // The report shows the inputs as given, before the picks add their own in-flight calls.
-    let report = args.explain.then(|| explain::Report::new(&run));
-    let picks = run.picks(count, &args.keys, &mut rng)?;
+    let tag = args.tag.as_deref().map(|t| RequestTag {
+        name: t.as_bytes(),
+        force: args.force_tag,
+    });
+    let report = args.explain.then(|| explain::Report::new(&run, tag));
+    let picks = run.picks(count, &args.keys, tag, &mut rng)?;
     match (args.format, report) {
         (OutputFormat::Text, None) => picks.iter().try_for_each(|p| writeln!(out, "{p}"))?,
         (OutputFormat::Json, None) => writeln!(out, "{}", serde_json::to_string(&picks)?)?,
@@ -327,11 +340,18 @@ impl Run {
         }
     }
 
-    fn picks(&self, count: u64, keys: &[String], rng: &mut FastRng) -> anyhow::Result<Vec<String>> {
+    fn picks(
+        &self,
+        count: u64,
+        keys: &[String],
+        tag: Option<RequestTag<'_>>,
+        rng: &mut FastRng,
+    ) -> anyhow::Result<Vec<String>> {
         let mut held: Vec<CallGuard> = Vec::new();
         let mut picks = Vec::new();
         for i in 0..count {
-            let cx = PickContext::new(self.now, rng);
+            let mut cx = PickContext::new(self.now, rng);
+            cx.tag = tag;
             let mut cx = match keys.get(i as usize) {
                 Some(k) => cx.with_key(k.as_bytes()),
                 None => cx,

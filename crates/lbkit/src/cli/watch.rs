@@ -10,6 +10,7 @@ use anyhow::Context as _;
 use clap::{Args, ValueEnum};
 use futures_util::StreamExt;
 use lbkit::discovery::governance::applied_rules;
+use lbkit::discovery::governance::tag::describe_tags;
 use lbkit::discovery::zookeeper::{
     Layout, ProviderFilter, ServicePath, WatchMode, ZkConfig, ZkSource,
 };
@@ -71,7 +72,9 @@ impl RegistryArgs {
     after_help = "Prints the providers (address, configured and effective weight), then one \
 line per change: + added, - removed, ~ changed. Under a provider that override rules (the \
 service's configurators, as dubbo-admin writes them) changed: one `  rule RULE sets K=V` line \
-per rule, in the order they applied.\n\
+per rule, in the order they applied; under a tagged provider: `  tag NAME (own)` (its \
+`dubbo.tag`) or `  tag NAME (rule APPLICATION)` (the application's tag rule). A provider \
+whose tags changed is a ~ line too.\n\
 Exit status: 0 ok, 1 ZooKeeper unreachable within --timeout-ms, 2 bad input.\n\
 Logs (malformed nodes, outages) go to stderr; LBKIT_LOG=info|debug shows more."
 )]
@@ -211,12 +214,15 @@ fn unreachable(
     }
 }
 
+/// What was shown of a provider: weight, effective weight, tags.
+type Shown = (u32, u32, Vec<String>);
+
 /// Prints the first set as a table and later ones as differences.
 struct Printer {
     dir: String,
     clock: Clock,
     /// Address, configured and effective weight of the last set shown, by key.
-    last: Option<HashMap<String, (u32, u32)>>,
+    last: Option<HashMap<String, Shown>>,
 }
 
 impl Printer {
@@ -234,7 +240,7 @@ impl Printer {
 
     fn print(&mut self, snapshot: &Snapshot) -> io::Result<()> {
         let now = self.clock.now();
-        let rows: Vec<(String, &str, u32, u32)> = (0..snapshot.len())
+        let rows: Vec<(String, &str, u32, u32, Vec<String>)> = (0..snapshot.len())
             .map(|i| {
                 let idx = EndpointIdx::new(i);
                 let e = snapshot.endpoint(idx);
@@ -244,9 +250,13 @@ impl Printer {
                     e.address(),
                     e.weight(),
                     snapshot.effective_weight(idx, now),
+                    describe_tags(e.metadata()),
                 )
             })
             .collect();
+        // Its tags (own `dubbo.tag`, the tag rule's), one line under its row.
+        let tag_line =
+            |tags: &[String]| (!tags.is_empty()).then(|| format!("  tag {}", tags.join(", ")));
         // The override rules that changed a provider, one line each, under its row.
         let rules = |i: usize| -> Vec<&str> {
             let e = snapshot.endpoint(EndpointIdx::new(i));
@@ -262,25 +272,37 @@ impl Printer {
                     "{:<width$}  {:>9}  {:>9}",
                     "address", "weight", "effective"
                 )?;
-                for (i, (_, addr, w, eff)) in rows.iter().enumerate() {
+                for (i, (_, addr, w, eff, tags)) in rows.iter().enumerate() {
                     writeln!(out, "{addr:<width$}  {w:>9}  {eff:>9}")?;
                     for rule in rules(i) {
                         writeln!(out, "  rule {rule}")?;
+                    }
+                    if let Some(line) = tag_line(tags) {
+                        writeln!(out, "{line}")?;
                     }
                 }
             }
             Some(last) => {
                 writeln!(out, "# change: {} providers", rows.len())?;
-                for (i, (key, addr, w, eff)) in rows.iter().enumerate() {
+                for (i, (key, addr, w, eff, tags)) in rows.iter().enumerate() {
                     match last.get(key) {
                         None => writeln!(out, "+ {addr}  weight {w}  effective {eff}")?,
-                        Some(&(old, _)) if old != *w => {
+                        Some((old, _, _)) if old != w => {
                             writeln!(out, "~ {addr}  weight {old} -> {w}  effective {eff}")?;
+                        }
+                        Some((_, _, old_tags)) if old_tags != tags => {
+                            writeln!(out, "~ {addr}  weight {w}  effective {eff}")?;
+                            if tags.is_empty() {
+                                writeln!(out, "  untagged")?;
+                            }
                         }
                         Some(_) => continue,
                     }
                     for rule in rules(i) {
                         writeln!(out, "  rule {rule}")?;
+                    }
+                    if let Some(line) = tag_line(tags) {
+                        writeln!(out, "{line}")?;
                     }
                 }
                 let now_keys: HashMap<&str, ()> = rows.iter().map(|r| (r.0.as_str(), ())).collect();
@@ -295,7 +317,11 @@ impl Printer {
             }
         }
         out.flush()?;
-        self.last = Some(rows.into_iter().map(|(k, _, w, e)| (k, (w, e))).collect());
+        self.last = Some(
+            rows.into_iter()
+                .map(|(k, _, w, e, t)| (k, (w, e, t)))
+                .collect(),
+        );
         Ok(())
     }
 }

@@ -38,6 +38,9 @@ pub struct View {
     /// test reads them; the fault run does not).
     #[allow(dead_code)]
     pub weights: Vec<(String, u64, Vec<String>)>,
+    /// (address, its tags as `/endpoints` describes them) per endpoint (the interop test).
+    #[allow(dead_code)]
+    pub tags: Vec<(String, Vec<String>)>,
 }
 
 /// A GET over one connection; reconnects after an error. `None` on a connection error.
@@ -181,6 +184,25 @@ pub async fn sample_admin(
                     .collect()
             })
             .unwrap_or_default();
+        let strings = |v: &serde_json::Value| -> Vec<String> {
+            v.as_array()
+                .map(|r| {
+                    r.iter()
+                        .map(|x| x.as_str().unwrap_or_default().to_owned())
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let tags = list
+            .map(|list| {
+                list.iter()
+                    .map(|e| {
+                        let address = e["address"].as_str().unwrap_or_default().to_owned();
+                        (address, strings(&e["tags"]))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
         let endpoints = list
             .map(|list| {
                 list.iter()
@@ -197,6 +219,7 @@ pub async fn sample_admin(
             at,
             endpoints,
             weights,
+            tags,
         };
         latest.send_replace(Some(view.clone()));
         views.push(view);
