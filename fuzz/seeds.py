@@ -102,3 +102,7 @@ put("h1_response", "head", bytes([1]) + resps["length"])
 for f in (corp / "endpoints_json").iterdir():
     put("pick", f.name, f.read_bytes())
 put("pick", "extreme", '[{"address":"a:1","weight":100,"utilization":1e308,"qps":1e308,"eps":1e308},{"address":"b:1","weight":1,"avg_response_ms":1e300,"ewma_ms":1e-300,"utilization":0,"qps":0,"eps":0}]')
+put("tag_rule", "documented", "force: false\nruntime: true\nenabled: true\nkey: governance-tagrouter-provider\ntags:\n  - name: tag1\n    addresses: [\"10.0.0.1:20880\"]\n  - name: tag2\n    addresses: [\"10.0.0.2:20880\"]\n")
+put("tag_rule", "dubbo_test", "---\nforce: false\nruntime: true\nenabled: false\npriority: 1\nkey: demo-provider\ntags:\n  - name: tag1\n    addresses: null\n  - name: tag2\n    addresses: [\"30.5.120.37:20880\"]\n  - name: tag3\n    addresses: []\n  - name: tag4\n    addresses: ~\n...")
+put("tag_rule", "patterns", "force: true\nkey: shop\ntags:\n  - name: gray\n    addresses: [\"10.0.0.*\", \"192.168.1.1-65:20880\", \"[::1]\", \"0.0.0.0:20880\"]\n  - name: blue\n    addresses: [\"10.0.0.0/8\", \"provider-1\"]\n")
+put("tag_rule", "lines", "*.*.*.*:90\n234e:0:4567:0:0:0:3d:*\n192.168.1.192/26:90\n[234e:0:4567::3d:ee]:8090\n10.0.0.1-2\n")

@@ -14,6 +14,7 @@
 //! | `dubbo_url` | Dubbo provider URLs | printing a parsed URL (without reserved characters) and parsing it again gives it back |
 //! | `zk_node` | ZooKeeper child names and data, both layouts | a decoded provider's address is valid |
 //! | `override_rule` | Dubbo override rules (configurators nodes, and the input as a YAML configurator), applied to a provider | the rewritten provider still gives an endpoint; only parameters change, each to the value the last applied rule set |
+//! | `tag_rule` | a Dubbo 3 tag rule (YAML), and each input line as a tag address | every tagged, untagged and forced pick over providers the rule annotated lands in the set the routing table gives (a tag's providers, the untagged ones) or fails with a tag error |
 //! | `service_config` | lbkit's service config | every service and method resolves |
 //! | `proxy_config` | the proxy's config | — |
 //! | `scenario` | simulator scenarios | a parsed scenario is within every documented limit |
@@ -47,6 +48,7 @@ pub const TARGETS: &[(&str, Check)] = &[
     ("dubbo_url", dubbo_url),
     ("zk_node", zk_node),
     ("override_rule", override_rule),
+    ("tag_rule", tag_rule),
     ("service_config", service_config),
     ("proxy_config", proxy_config),
     ("scenario", scenario),
@@ -243,6 +245,101 @@ fn check_rules(rules: &lbkit_discovery::governance::Overrides, provider: &Provid
         (&provider.protocol, &provider.address, &provider.path),
         "rules change parameters only"
     );
+}
+
+/// A tag rule: the input as a YAML tag rule, applied to fixed providers (some with their own
+/// `dubbo.tag`), then picks for every tag it names, an unknown one, forced or not, and none; and
+/// each input line as a tag address, matched against the providers.
+pub fn tag_rule(data: &[u8]) {
+    use lbkit::{Balancer, FastRng, PickContext, PickError, RequestTag, Routed, Snapshot};
+    use lbkit_discovery::governance::tag::{parse_tag_rule, AddressPattern};
+    let Some(text) = text(data) else { return };
+    let hosts = ["10.0.0.1", "10.0.0.2", "192.168.1.63", "::1", "provider-1"];
+    for line in text.lines() {
+        if let Ok(p) = AddressPattern::parse(line) {
+            for h in hosts {
+                let _ = p.matches(h, 20880);
+            }
+        }
+    }
+    let Ok(parsed) = parse_tag_rule(text) else {
+        return;
+    };
+    let mut specs: Vec<lbkit::EndpointSpec> = hosts
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            let addr = if h.contains(':') {
+                format!("[{h}]:20880")
+            } else {
+                format!("{h}:20880")
+            };
+            let spec = lbkit::EndpointSpec::new(addr);
+            match i % 3 {
+                0 => spec.with_meta("dubbo.tag", "blue"),
+                1 => spec.with_meta("dubbo.tag", "gray"),
+                _ => spec,
+            }
+        })
+        .collect();
+    let mut names = vec!["blue".to_owned(), "gray".to_owned(), "unknown".to_owned()];
+    if let Some(rule) = &parsed.rule {
+        for s in &mut specs {
+            rule.annotate(s);
+        }
+        names.extend(rule.tags.iter().map(|t| t.name.clone()));
+    }
+    let now = Timestamp::ZERO;
+    let strategy = lbkit::strategy::catalog::build("round-robin", Default::default())
+        .expect("round-robin builds");
+    let balancer = Balancer::new(
+        strategy,
+        std::sync::Arc::new(Snapshot::from_specs(specs, now)),
+        now,
+    );
+    let prepared = balancer.current();
+    let mut rng = FastRng::seed_from_u64(1);
+    let tags = names
+        .iter()
+        .flat_map(|n| {
+            [
+                RequestTag::new(n.as_bytes()),
+                RequestTag::forced(n.as_bytes()),
+            ]
+        })
+        .map(Some)
+        .chain([None]);
+    for tag in tags {
+        let routed = prepared.routed(tag);
+        for _ in 0..4 {
+            let mut cx = PickContext::new(now, &mut rng);
+            cx.tag = tag;
+            match (balancer.pick(&mut cx), &routed) {
+                (Ok(g), Ok((how, set))) => {
+                    let idx = set.find(g.endpoint().key()).expect("in the snapshot");
+                    assert!(set.is_eligible(idx), "{tag:?} picked outside its set");
+                    let own = g.endpoint().metadata().get("dubbo.tag").cloned();
+                    match how {
+                        Routed::Untagged | Routed::Fallback => assert!(
+                            *how == Routed::Untagged || own.is_none(),
+                            "{tag:?}: a fall back to a tagged provider"
+                        ),
+                        Routed::Tagged | Routed::All => {}
+                    }
+                    g.finish(lbkit::Outcome::Success);
+                }
+                (Err(e), Err(want)) => assert_eq!(e, *want),
+                (Err(PickError::NoTagMatch | PickError::AllTagged), _) => {
+                    panic!("{tag:?}: the pick failed but the table routes it")
+                }
+                (got, want) => panic!(
+                    "{tag:?}: pick {:?}, table {:?}",
+                    got.map(|g| g.endpoint().address().to_owned()),
+                    want.as_ref().map(|r| r.0)
+                ),
+            }
+        }
+    }
 }
 
 /// lbkit's service configuration (`lbkit.toml`).

@@ -372,3 +372,87 @@ async fn the_registry_cache_and_an_older_zookeeper_work_in_the_proxy() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Who answered `n` GETs with `headers` (the proxy's own answers as `STATUS BODY`).
+async fn answered(proxy: &Proxy, headers: &[(&str, &str)], n: usize) -> Vec<String> {
+    let client = client();
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..n {
+        let (status, body, _) = get(&client, proxy.listeners()[0], "/", headers).await;
+        seen.insert(if status == StatusCode::OK {
+            body
+        } else {
+            format!("{} {}", status.as_u16(), body.trim())
+        });
+    }
+    seen.into_iter().collect()
+}
+
+/// Tag routing through the proxy's HTTP/1.1 engine: the tag is read from the configured
+/// headers, a tagged request reaches its tag's endpoints, a forced unknown tag gets a 503
+/// naming why, a request without a tag avoids tagged endpoints, and the default tag applies
+/// to requests that carry none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tag_header_routes_requests_to_their_tags_endpoints() {
+    let (a, b, c) = (
+        Backend::start("a").await,
+        Backend::start("b").await,
+        Backend::start("c").await,
+    );
+    let dir = scratch("tags");
+    let path = dir.join("endpoints.json");
+    let entry = |bk: &Backend, tag: Option<&str>| match tag {
+        Some(t) => format!(
+            r#"{{"address": "{}", "metadata": {{"dubbo.tag": "{t}"}}}}"#,
+            bk.addr
+        ),
+        None => format!(r#"{{"address": "{}"}}"#, bk.addr),
+    };
+    write(
+        &path,
+        &format!(
+            "[{}, {}, {}]",
+            entry(&a, Some("gray")),
+            entry(&b, None),
+            entry(&c, None)
+        ),
+    );
+    let source = format!("file = {:?}", path.display().to_string());
+    let text = config_with_source(&format!(
+        "{source}\ntags = {{ header = \"X-Lane\", force_header = \"x-lane-only\" }}"
+    ));
+    let proxy = Proxy::start(parse(&text)).await.expect("proxy starts");
+    until_serving(&proxy, &["b", "c"], 4).await;
+    assert_eq!(answered(&proxy, &[("x-lane", "gray")], 10).await, ["a"]);
+    assert_eq!(answered(&proxy, &[], 10).await, ["b", "c"]);
+    // The default headers are not read when others are configured.
+    assert_eq!(
+        answered(&proxy, &[("dubbo.tag", "gray")], 10).await,
+        ["b", "c"]
+    );
+    assert_eq!(
+        answered(&proxy, &[("x-lane", "blue")], 10).await,
+        ["b", "c"]
+    );
+    let forced = answered(&proxy, &[("x-lane", "blue"), ("x-lane-only", "true")], 1).await;
+    assert_eq!(forced.len(), 1);
+    assert!(
+        forced[0].starts_with("503 ") && forced[0].contains("tag"),
+        "{forced:?}"
+    );
+    // The admin API lists each endpoint's tags.
+    let (_, endpoints) = admin(&client(), &proxy, "GET", "/endpoints", "").await;
+    assert!(endpoints.contains("gray (own)"), "{endpoints}");
+    proxy.shutdown(Duration::from_secs(2)).await;
+
+    // A default tag for requests without one.
+    let text = config_with_source(&format!("{source}\ntags = {{ default = \"gray\" }}"));
+    let proxy = Proxy::start(parse(&text)).await.expect("proxy starts");
+    until_serving(&proxy, &["a"], 4).await;
+    assert_eq!(
+        answered(&proxy, &[("dubbo.tag", "blue")], 10).await,
+        ["b", "c"]
+    );
+    proxy.shutdown(Duration::from_secs(2)).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -472,6 +472,28 @@ strategy = "p2c-ewma"
     }
 
     #[test]
+    fn tag_headers_default_to_dubbos_and_bad_names_are_rejected() {
+        let c = parse(OK).unwrap();
+        let tags = &c.services["api"].tags;
+        assert_eq!(
+            (tags.header.as_str(), tags.force_header.as_str()),
+            ("dubbo.tag", "dubbo.force.tag")
+        );
+        let text = OK.replace(
+            "strategy = ",
+            "tags = { header = \"bad header\" }\nstrategy = ",
+        );
+        let e = parse(&text).unwrap_err().to_string();
+        assert!(
+            e.contains("service.api.tags.header") && e.contains("not a header name"),
+            "{e}"
+        );
+        let text = OK.replace("strategy = ", "tags = { colour = \"x\" }\nstrategy = ");
+        let e = parse(&text).unwrap_err().to_string();
+        assert!(e.contains("colour"), "{e}");
+    }
+
+    #[test]
     fn zero_timeouts_are_rejected() {
         for field in ["connect_timeout_ms", "upstream_idle_timeout_ms"] {
             let text = OK.replace("strategy = ", &format!("{field} = 0\nstrategy = "));
