@@ -390,3 +390,58 @@ mod balancer {
         );
     }
 }
+
+/// Tag routing (`lbkit_core::route`) on the full balancer path: round robin pick + finish over
+/// a snapshot without tags, and over one where every tenth endpoint carries `dubbo.tag=gray`,
+/// for an untagged request (the untagged set) and a `gray` one (the tag's set).
+#[divan::bench_group(sample_size = 10_000)]
+mod tags {
+    use super::*;
+    use lbkit_bench::address;
+    use lbkit_core::{EndpointSpec, RequestTag};
+
+    const BN: [usize; 2] = [10, 100_000];
+
+    fn tagged(n: usize) -> Arc<Snapshot> {
+        let specs = (0..n)
+            .map(|i| {
+                let s = EndpointSpec::new(address(i));
+                if i % 10 == 0 {
+                    s.with_meta("dubbo.tag", "gray")
+                } else {
+                    s
+                }
+            })
+            .collect();
+        Arc::new(Snapshot::from_specs(specs, Timestamp::ZERO))
+    }
+
+    fn bench_tag(b: Bencher<'_, '_>, snap: Arc<Snapshot>, tag: Option<RequestTag<'static>>) {
+        let now = Timestamp::ZERO;
+        let balancer = Balancer::new(RoundRobin::new(), snap, now).with_availability(Availability::OFF);
+        let mut rng = FastRng::seed_from_u64(1);
+        b.bench_local(|| {
+            let mut cx = PickContext::new(now, &mut rng);
+            cx.tag = black_box(tag);
+            let guard = black_box(&balancer)
+                .pick(&mut cx)
+                .expect("endpoints are eligible");
+            guard.finish_at(Outcome::Success, now);
+        });
+    }
+
+    #[divan::bench(args = BN)]
+    fn no_tags_in_snapshot(b: Bencher, n: usize) {
+        bench_tag(b, snapshot(n, Weights::Uniform), None);
+    }
+
+    #[divan::bench(args = BN)]
+    fn untagged_request(b: Bencher, n: usize) {
+        bench_tag(b, tagged(n), None);
+    }
+
+    #[divan::bench(args = BN)]
+    fn gray_request(b: Bencher, n: usize) {
+        bench_tag(b, tagged(n), Some(RequestTag::new(b"gray")));
+    }
+}

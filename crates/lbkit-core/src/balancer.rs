@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::availability::Availability;
 use crate::endpoint::Endpoint;
 use crate::error::PickError;
-use crate::route::{self, Lead, RequestTag, Routed, TagTable};
+use crate::route::{self, Lead, RequestTag, Routed, RoutedSet, TagTable};
 use crate::snapshot::{EndpointIdx, Snapshot};
 use crate::stats::Outcome;
 use crate::strategy::{BoxStrategy, PickContext, Picker, Strategy};
@@ -92,16 +92,22 @@ impl<P: Picker> Prepared<P> {
     }
 
     /// The set a request with `tag` is routed to (all of the snapshot without tags, or one
-    /// tag's, or the untagged providers), as [`select`](Self::select) routes it: a restriction of
-    /// [`snapshot`](Self::snapshot) whose indices stay valid in it.
+    /// tag's, or the untagged providers), as [`select`](Self::select) routes it; indices are
+    /// [`snapshot`](Self::snapshot)'s.
     ///
     /// # Errors
     /// [`PickError::NoTagMatch`], [`PickError::AllTagged`]: see [`route`](crate::route).
     pub fn routed(
         &self,
         tag: Option<RequestTag<'_>>,
-    ) -> Result<(Routed, &Arc<Snapshot>), PickError> {
-        self.set(tag).map(|(routed, set)| (routed, set.snapshot))
+    ) -> Result<(Routed, RoutedSet<'_>), PickError> {
+        self.set(tag).map(|(routed, set)| {
+            let members = match set.how {
+                How::Members(m) => Some(m),
+                How::Picker(_) => None,
+            };
+            (routed, RoutedSet::new(set.snapshot, members))
+        })
     }
 
     /// The set a request with `tag` picks in, and its picker.
@@ -109,7 +115,7 @@ impl<P: Picker> Prepared<P> {
     fn set(&self, tag: Option<RequestTag<'_>>) -> Result<(Routed, Set<'_, P>), PickError> {
         let main = Set {
             snapshot: &self.snapshot,
-            picker: &self.picker,
+            how: How::Picker(&self.picker),
         };
         let Some(tagged) = &self.tags else {
             return route::untabled(tag).map(|(_, routed)| (routed, main));
@@ -118,7 +124,11 @@ impl<P: Picker> Prepared<P> {
         let set = match lead {
             Lead::Subset(i) => Set {
                 snapshot: &tagged.table.subsets[i as usize],
-                picker: &tagged.pickers[i as usize],
+                how: How::Picker(&tagged.pickers[i as usize]),
+            },
+            Lead::Members(i) => Set {
+                snapshot: &self.snapshot,
+                how: How::Members(&tagged.table.members[i as usize]),
             },
             Lead::Main | Lead::Nothing => main,
         };
@@ -154,10 +164,18 @@ impl<P: Picker> Prepared<P> {
     }
 }
 
-/// One set of a snapshot (all of it or a tag's) and its picker: what a pick chooses in.
+/// One set of a snapshot (all of it or a tag's) and how it is picked from: what a pick
+/// chooses in.
 struct Set<'p, P> {
     snapshot: &'p Arc<Snapshot>,
-    picker: &'p P,
+    how: How<'p, P>,
+}
+
+/// The set's picker, or (a tag set beyond [`route::MAX_TAG_SETS`]) its members to pick from at
+/// random.
+enum How<'p, P> {
+    Picker(&'p P),
+    Members(&'p [EndpointIdx]),
 }
 
 impl<P: Picker> Set<'_, P> {
@@ -167,6 +185,9 @@ impl<P: Picker> Set<'_, P> {
         cx: &mut PickContext<'_>,
         filter: &Availability,
     ) -> Result<EndpointIdx, PickError> {
+        if let How::Members(members) = self.how {
+            return Ok(self.member(members, cx, filter));
+        }
         let eligible = self.snapshot.eligible();
         match eligible {
             [] => return Err(self.snapshot.empty_error()),
@@ -205,9 +226,30 @@ impl<P: Picker> Set<'_, P> {
         Ok(ring().find(untried).unwrap_or(first))
     }
 
+    /// A member at random: the first acceptable one from a random start, else the first
+    /// untried one, else the one at the start (as [`reselect`](Self::reselect) falls back).
+    #[cold]
+    fn member(
+        &self,
+        members: &[EndpointIdx],
+        cx: &mut PickContext<'_>,
+        filter: &Availability,
+    ) -> EndpointIdx {
+        let start = cx.rng.index(members.len());
+        let ring = || members[start..].iter().chain(&members[..start]).copied();
+        if let Some(idx) = ring().find(|&i| self.acceptable(i, cx, filter)) {
+            return idx;
+        }
+        let untried = |&i: &EndpointIdx| !cx.tried.contains(self.snapshot.endpoint(i));
+        ring().find(untried).unwrap_or(members[start])
+    }
+
     #[inline]
     fn checked_pick(&self, cx: &mut PickContext<'_>) -> Result<EndpointIdx, PickError> {
-        let idx = self.picker.pick(cx)?;
+        let How::Picker(picker) = self.how else {
+            return Err(PickError::Declined("a member list has no picker"));
+        };
+        let idx = picker.pick(cx)?;
         if idx.get() < self.snapshot.len() {
             Ok(idx)
         } else {

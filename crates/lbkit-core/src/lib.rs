@@ -78,7 +78,7 @@ pub use error::PickError;
 pub use live::LiveStats;
 pub use policy::{HealthOverlay, SlowStart, SnapshotPolicy, DEFAULT_PANIC_THRESHOLD};
 pub use rng::FastRng;
-pub use route::{RequestTag, RequestTagBuf, Route, Routed};
+pub use route::{RequestTag, RequestTagBuf, Route, Routed, RoutedSet};
 pub use snapshot::{EndpointIdx, Snapshot, SnapshotBuilder, Update};
 pub use stats::{
     EndpointStats, FailureKind, LatencyHistogram, LoadReport, Outcome, StatsSeed,

@@ -23,7 +23,10 @@
 //!
 //! Each distinct set gets its own picker, prepared with the others once per snapshot change
 //! ([`Prepared`](crate::Prepared)), so a tagged pick costs the strategy's pick plus a binary
-//! search of the tag table, and failover retries stay within the request's set.
+//! search of the tag table, and failover retries stay within the request's set. Only the
+//! [`MAX_TAG_SETS`] largest sets get a picker: requests for the others (a fleet that tags every
+//! provider apart, say) pick at random among the set's members, passing over those the
+//! availability filter or the call's earlier attempts rule out.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -127,11 +130,50 @@ pub enum Routed {
     Fallback,
 }
 
-/// A set of the snapshot: all of it, one prepared subset, or nothing.
+/// Most tag sets a snapshot prepares a picker for (the largest ones); requests for the others
+/// pick at random among their members, so a fleet with a tag per provider costs memory in
+/// proportion to its providers, not to providers × tags.
+pub const MAX_TAG_SETS: usize = 32;
+
+/// The endpoints a request may be sent to, as [`Prepared::routed`](crate::Prepared::routed)
+/// finds them.
+#[derive(Clone, Copy, Debug)]
+pub struct RoutedSet<'a> {
+    snapshot: &'a Snapshot,
+    members: Option<&'a [EndpointIdx]>,
+}
+
+impl<'a> RoutedSet<'a> {
+    pub(crate) fn new(snapshot: &'a Snapshot, members: Option<&'a [EndpointIdx]>) -> Self {
+        RoutedSet { snapshot, members }
+    }
+
+    /// Whether the endpoint at `idx` (of the prepared snapshot) is in the set.
+    pub fn contains(&self, idx: EndpointIdx) -> bool {
+        match self.members {
+            None => self.snapshot.is_eligible(idx),
+            Some(m) => m.contains(&idx),
+        }
+    }
+
+    /// How many endpoints the set has.
+    pub fn len(&self) -> usize {
+        self.members
+            .map_or(self.snapshot.eligible().len(), <[_]>::len)
+    }
+
+    /// Whether it has none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A set of the snapshot: all of it, one prepared subset, a member list, or nothing.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Lead {
     Main,
     Subset(u32),
+    Members(u32),
     Nothing,
 }
 
@@ -147,8 +189,10 @@ struct TagEntry {
 /// where each kind of request leads.
 #[derive(Debug)]
 pub(crate) struct TagTable {
-    /// The distinct proper subsets, each a restriction of the snapshot.
+    /// The distinct proper subsets with a picker, each a restriction of the snapshot.
     pub(crate) subsets: Vec<Arc<Snapshot>>,
+    /// The other distinct proper subsets (beyond [`MAX_TAG_SETS`]): their members.
+    pub(crate) members: Vec<Box<[EndpointIdx]>>,
     untagged: Lead,
     fallback: Lead,
     /// Sorted by name.
@@ -231,10 +275,15 @@ impl TagTable {
         };
         tags.sort_by(|a, b| a.name.cmp(&b.name));
         tags.dedup_by(|a, b| a.name == b.name);
+        let (subsets, members, remap) = sets.finish();
+        for t in &mut tags {
+            t.lead = remap(t.lead);
+        }
         Some(TagTable {
-            subsets: sets.subsets,
-            untagged,
-            fallback,
+            subsets,
+            members,
+            untagged: remap(untagged),
+            fallback: remap(fallback),
             tags: tags.into_boxed_slice(),
             rule: rule.map(|r| r.key.into()),
         })
@@ -295,11 +344,11 @@ impl TagEntry {
     }
 }
 
-/// The distinct subsets found so far, each once.
+/// The distinct subsets found so far, each once (as member lists until [`Sets::finish`]).
 struct Sets<'s> {
     snapshot: &'s Snapshot,
     seen: HashMap<Vec<u32>, u32>,
-    subsets: Vec<Arc<Snapshot>>,
+    found: Vec<Vec<u32>>,
 }
 
 impl<'s> Sets<'s> {
@@ -307,11 +356,11 @@ impl<'s> Sets<'s> {
         Sets {
             snapshot,
             seen: HashMap::new(),
-            subsets: Vec::new(),
+            found: Vec::new(),
         }
     }
 
-    /// The set of eligible endpoints for which `keep` holds.
+    /// The set of eligible endpoints for which `keep` holds (`Subset(i)`: the `i`th found).
     fn lead(&mut self, keep: impl Fn(EndpointIdx) -> bool) -> Lead {
         let eligible = self.snapshot.eligible();
         let members: Vec<u32> = eligible
@@ -328,13 +377,49 @@ impl<'s> Sets<'s> {
         if let Some(&at) = self.seen.get(&members) {
             return Lead::Subset(at);
         }
-        let at = u32::try_from(self.subsets.len()).unwrap_or(u32::MAX);
-        let set: std::collections::HashSet<u32> = members.iter().copied().collect();
-        let u = |i: EndpointIdx| u32::try_from(i.get()).unwrap_or(u32::MAX);
-        self.subsets
-            .push(Arc::new(self.snapshot.restrict(|i| set.contains(&u(i)))));
+        let at = u32::try_from(self.found.len()).unwrap_or(u32::MAX);
+        self.found.push(members.clone());
         self.seen.insert(members, at);
         Lead::Subset(at)
+    }
+
+    /// The largest [`MAX_TAG_SETS`] sets as restrictions of the snapshot (to prepare pickers
+    /// on), the others as member lists, and how a lead found meanwhile maps onto them.
+    #[allow(clippy::type_complexity)]
+    fn finish(
+        self,
+    ) -> (
+        Vec<Arc<Snapshot>>,
+        Vec<Box<[EndpointIdx]>>,
+        impl Fn(Lead) -> Lead,
+    ) {
+        let mut order: Vec<usize> = (0..self.found.len()).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(self.found[i].len()));
+        let mut place = vec![Lead::Nothing; self.found.len()];
+        let (mut subsets, mut members) = (Vec::new(), Vec::new());
+        let mut keep = vec![false; self.snapshot.len()];
+        for i in order {
+            let set = &self.found[i];
+            let at = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
+            if subsets.len() < MAX_TAG_SETS {
+                for &m in set {
+                    keep[m as usize] = true;
+                }
+                subsets.push(Arc::new(self.snapshot.restrict(|e| keep[e.get()])));
+                for &m in set {
+                    keep[m as usize] = false;
+                }
+                place[i] = Lead::Subset(at(subsets.len() - 1));
+            } else {
+                members.push(set.iter().map(|&m| EndpointIdx::new(m as usize)).collect());
+                place[i] = Lead::Members(at(members.len() - 1));
+            }
+        }
+        let remap = move |lead: Lead| match lead {
+            Lead::Subset(i) => place[i as usize],
+            other => other,
+        };
+        (subsets, members, remap)
     }
 }
 

@@ -53,16 +53,18 @@ impl EndpointIdx {
 #[derive(Debug)]
 pub struct Snapshot {
     version: u64,
-    endpoints: Box<[Endpoint]>,
+    // Shared (with the restrictions of this snapshot a tag table prepares): a restriction
+    // copies only its eligibility.
+    endpoints: Arc<[Endpoint]>,
     eligible: Box<[EndpointIdx]>,
     // Per endpoint, indexed like `endpoints`. Each line belongs to the endpoint's stats, which
     // `endpoints` keeps alive: a dense index so a pick reads no `Endpoint` at all.
-    live: Box<[&'static LiveStats]>,
+    live: Arc<[&'static LiveStats]>,
     // Per endpoint, indexed like `endpoints`; immutable.
     is_eligible: Box<[bool]>,
-    ejected_until: Box<[Option<Timestamp>]>,
+    ejected_until: Arc<[Option<Timestamp>]>,
     /// Start of each endpoint's slow-start ramp (present only with a slow-start policy).
-    ramp_from: Option<Box<[Timestamp]>>,
+    ramp_from: Option<Arc<[Timestamp]>>,
     policy: SnapshotPolicy,
     panic: bool,
     unhealthy: u32,
@@ -92,7 +94,7 @@ impl Snapshot {
         policy: &SnapshotPolicy,
         overlay: &HealthOverlay,
     ) -> Self {
-        let ejected_until: Box<[Option<Timestamp>]> = endpoints
+        let ejected_until: Arc<[Option<Timestamp>]> = endpoints
             .iter()
             .map(|e| overlay.ejected.get(e.key()).copied())
             .collect();
@@ -135,7 +137,7 @@ impl Snapshot {
             drained: count(&|i| endpoints[i].is_healthy() && endpoints[i].weight() == 0),
             ejected: count(&|i| ejected_until[i].is_some()),
             live: endpoints.iter().map(|e| e.stats().live_line()).collect(),
-            endpoints: endpoints.into_boxed_slice(),
+            endpoints: Arc::from(endpoints),
             eligible,
             is_eligible,
             ejected_until,

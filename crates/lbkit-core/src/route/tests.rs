@@ -258,7 +258,7 @@ fn retries_stay_within_the_tag_and_sets_are_prepared_once() {
     // gray, the untagged (also the fall back): two subsets.
     assert_eq!(prepared.tag_sets(), 2);
     let (routed, s) = prepared.routed(tag("gray")).expect("routed");
-    assert_eq!((routed, s.eligible().len()), (Routed::Tagged, 2));
+    assert_eq!((routed, s.len()), (Routed::Tagged, 2));
     assert_eq!(
         prepared.routed(tag("nope")).map(|r| r.0),
         Ok(Routed::Fallback)
@@ -278,5 +278,49 @@ fn retries_stay_within_the_tag_and_sets_are_prepared_once() {
     let mut cx = PickContext::new(now, &mut rng)
         .with_tried(2, &tried)
         .with_tag(RequestTag::new(b"gray"));
+    assert_eq!(b.pick_untried(&mut cx).err(), Some(PickError::AllTried));
+}
+
+#[test]
+fn beyond_the_prepared_sets_tags_pick_among_their_members() {
+    // 40 tags of one provider and one of two (the largest set gets a picker first), plus four
+    // untagged providers.
+    let mut specs: Vec<EndpointSpec> = (0..40)
+        .map(|i| spec(&format!("10.0.0.{i}:1"), Some(&format!("t{i}"))))
+        .collect();
+    specs.push(spec("10.0.1.1:1", Some("pair")));
+    specs.push(spec("10.0.1.2:1", Some("pair")));
+    specs.extend((0..4).map(|i| spec(&format!("10.0.2.{i}:1"), None)));
+    let now = Timestamp::ZERO;
+    let b = Balancer::new(
+        Turns,
+        Arc::new(Snapshot::from_specs(specs.clone(), now)),
+        now,
+    );
+    assert_eq!(b.current().tag_sets(), MAX_TAG_SETS);
+    for i in 0..40 {
+        let name = format!("t{i}");
+        assert_eq!(
+            reach(specs.clone(), tag(&name)),
+            set(&[&format!("10.0.0.{i}:1")])
+        );
+    }
+    assert_eq!(
+        reach(specs.clone(), tag("pair")),
+        set(&["10.0.1.1:1", "10.0.1.2:1"])
+    );
+    let untagged: Vec<String> = (0..4).map(|i| format!("10.0.2.{i}:1")).collect();
+    let untagged: Vec<&str> = untagged.iter().map(String::as_str).collect();
+    assert_eq!(reach(specs.clone(), None), set(&untagged));
+    // A member-list tag: the retry finds nothing untried within it.
+    let mut rng = FastRng::seed_from_u64(2);
+    let mut tried = TriedSet::new();
+    let mut cx = PickContext::new(now, &mut rng).with_tag(RequestTag::new(b"t39"));
+    let g = b.pick_untried(&mut cx).expect("t39's provider");
+    tried.insert(g.endpoint());
+    g.finish(crate::Outcome::Success);
+    let mut cx = PickContext::new(now, &mut rng)
+        .with_tried(1, &tried)
+        .with_tag(RequestTag::new(b"t39"));
     assert_eq!(b.pick_untried(&mut cx).err(), Some(PickError::AllTried));
 }

@@ -371,10 +371,20 @@ impl Consumer {
         };
         let (mut relist, mut rewatch) = (true, false);
         let mut relist_rules = self.rules_dir.is_some();
+        let mut tag_watcher: Option<PersistentWatcher> = None;
         loop {
             if self.retarget_tag() {
-                // Another application's tag rule: watch its node instead.
-                (rewatch, relist_rules) = (true, true);
+                // Another application's tag rule: watch its node instead (a watch of its own:
+                // the other watches stay as they are).
+                tag_watcher = None;
+                relist_rules = true;
+            }
+            if let (Some(path), None) = (&self.tag_path, &tag_watcher) {
+                match client.watch(path, AddWatchMode::PersistentRecursive).await {
+                    Ok(w) => tag_watcher = Some(w),
+                    Err(e) if ends_session(&e) => return End::Lost(registry_err(path, e)),
+                    Err(e) => tracing::debug!(error = %e, "tag rule watch not set yet"),
+                }
             }
             if rewatch {
                 // zookeeper-client 0.11 does not set persistent watches again on a new
@@ -392,6 +402,8 @@ impl Consumer {
                     Ok((w, r)) => {
                         (watcher, rules_watchers) = (w, r);
                         rewatch = false;
+                        // Set again at the top of the next turn, as the others were here.
+                        tag_watcher = None;
                     }
                     Err(e) if ends_session(&e) => return End::Lost(registry_err(&self.dir, e)),
                     // Lost again: the next reconnection asks for them.
@@ -412,9 +424,9 @@ impl Consumer {
                     // Connection loss: the reconnection event triggers the next listing.
                     Err(e) => tracing::debug!(error = %e, "listing interrupted"),
                 }
-                if self.retarget_tag() {
-                    // The listing named another application: read its tag rule first.
-                    (rewatch, relist_rules) = (true, true);
+                if self.tag_path != self.wanted_tag_path() {
+                    // The listing named another application: watch and read its tag rule
+                    // before sending.
                     continue;
                 }
             }
@@ -423,7 +435,7 @@ impl Consumer {
             }
             let mut event = tokio::select! {
                 ev = watcher.changed() => ev,
-                ev = rules_event(&mut rules_watchers) => {
+                ev = rules_event(&mut rules_watchers, tag_watcher.as_mut()) => {
                     self.status.send_modify(|s| s.events += 1);
                     match (ev.event_type, ev.session_state) {
                         // The providers' watcher follows the session; a terminal state ends
@@ -574,8 +586,7 @@ impl Consumer {
     /// creation).
     async fn watch_rules(&self, client: &Client) -> Result<Vec<PersistentWatcher>, ZkError> {
         let mut watchers = Vec::new();
-        let paths = self.rules_dir.iter().chain(&self.rules_yaml);
-        for path in paths.chain(&self.tag_path) {
+        for path in self.rules_dir.iter().chain(&self.rules_yaml) {
             watchers.push(
                 client
                     .watch(path, AddWatchMode::PersistentRecursive)
@@ -619,14 +630,7 @@ impl Consumer {
     /// `<application>.tag-router` (as Dubbo's `TagStateRouter.notify` takes the first
     /// provider's). Returns whether it changed (the old application's rule no longer applies).
     fn retarget_tag(&mut self) -> bool {
-        let wanted = self.rules_dir.as_ref().and_then(|_| {
-            let app = self
-                .nodes
-                .values()
-                .flatten()
-                .find_map(|s| s.metadata.get("application").filter(|a| !a.is_empty()))?;
-            Some(tag_rule_path(self.source.path.root(), app))
-        });
+        let wanted = self.wanted_tag_path();
         if wanted == self.tag_path {
             return false;
         }
@@ -635,6 +639,18 @@ impl Consumer {
         self.tag_doc = None;
         self.status.send_modify(|s| s.tag_rule = None);
         true
+    }
+
+    /// The tag rule node of the providers' application (the first provider's, by node name)
+    /// when the consumer obeys rules.
+    fn wanted_tag_path(&self) -> Option<String> {
+        self.rules_dir.as_ref()?;
+        let app = self
+            .nodes
+            .values()
+            .flatten()
+            .find_map(|s| s.metadata.get("application").filter(|a| !a.is_empty()))?;
+        Some(tag_rule_path(self.source.path.root(), app))
     }
 
     /// The tag rule node's data (`None`: no such node). A malformed document is logged and
@@ -946,12 +962,19 @@ impl Consumer {
     }
 }
 
-/// The next event of any rules watcher; never, without one.
-async fn rules_event(watchers: &mut [PersistentWatcher]) -> WatchedEvent {
-    if watchers.is_empty() {
+/// The next event of any rules watcher (the tag rule's among them); never, without one.
+async fn rules_event(
+    watchers: &mut [PersistentWatcher],
+    tag: Option<&mut PersistentWatcher>,
+) -> WatchedEvent {
+    let changed: Vec<_> = watchers
+        .iter_mut()
+        .chain(tag)
+        .map(|w| Box::pin(w.changed()))
+        .collect();
+    if changed.is_empty() {
         return std::future::pending().await;
     }
-    let changed = watchers.iter_mut().map(|w| Box::pin(w.changed()));
     futures_util::future::select_all(changed).await.0
 }
 

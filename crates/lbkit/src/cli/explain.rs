@@ -69,7 +69,7 @@ impl Report {
         let snapshot = prepared.snapshot();
         let now = run.now;
         let routed = prepared.routed(tag);
-        let in_set = |idx: EndpointIdx| routed.as_ref().is_ok_and(|(_, set)| set.is_eligible(idx));
+        let in_set = |idx: EndpointIdx| routed.as_ref().is_ok_and(|(_, set)| set.contains(idx));
         let tagged = snapshot
             .endpoints()
             .iter()
