@@ -418,7 +418,8 @@ mod tags {
 
     fn bench_tag(b: Bencher<'_, '_>, snap: Arc<Snapshot>, tag: Option<RequestTag<'static>>) {
         let now = Timestamp::ZERO;
-        let balancer = Balancer::new(RoundRobin::new(), snap, now).with_availability(Availability::OFF);
+        let balancer =
+            Balancer::new(RoundRobin::new(), snap, now).with_availability(Availability::OFF);
         let mut rng = FastRng::seed_from_u64(1);
         b.bench_local(|| {
             let mut cx = PickContext::new(now, &mut rng);
