@@ -17,7 +17,8 @@ use crate::hash::KeySource;
 ///         (name == "dubbo.tag").then_some(b"gray".as_slice())
 ///     }
 /// }
-/// let tag = TagHeaders::default().read(&Headers).unwrap();
+/// let headers = TagHeaders::default();
+/// let tag = headers.read(&Headers).unwrap();
 /// assert_eq!((tag.name, tag.force), (b"gray".as_slice(), false));
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
