@@ -28,7 +28,7 @@
 //! provider apart, say) pick at random among the set's members, passing over those the
 //! availability filter or the call's earlier attempts rule out.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use crate::error::PickError;
@@ -205,7 +205,7 @@ pub(crate) struct TagTable {
 struct Rule<'s> {
     key: &'s str,
     force: bool,
-    names: Vec<&'s str>,
+    names: HashSet<&'s str>,
     listed: Vec<&'s str>,
 }
 
@@ -213,6 +213,12 @@ fn list(v: Option<&String>) -> Vec<&str> {
     v.map_or_else(Vec::new, |s| {
         s.split(',').filter(|t| !t.is_empty()).collect()
     })
+}
+
+/// The tags listed (comma-separated) under `key` of `metadata`: how [`TAG_RULE_NAMES_KEY`],
+/// [`TAG_RULE_LISTED_KEY`] and [`TAG_GROUPS_KEY`] are read.
+pub fn listed_tags<'m>(metadata: &'m crate::Metadata, key: &str) -> Vec<&'m str> {
+    list(metadata.get(key))
 }
 
 // === impl TagTable ===
@@ -226,49 +232,72 @@ impl TagTable {
             m.get(TAG_RULE_KEY).map(|key| Rule {
                 key,
                 force: m.get(TAG_RULE_FORCE_KEY).is_some_and(|f| f == "true"),
-                names: list(m.get(TAG_RULE_NAMES_KEY)),
+                names: list(m.get(TAG_RULE_NAMES_KEY)).into_iter().collect(),
                 listed: list(m.get(TAG_RULE_LISTED_KEY)),
             })
         });
         let eligible = snapshot.eligible();
-        let own = |i: EndpointIdx| {
-            snapshot
-                .endpoint(i)
-                .metadata()
-                .get(TAG_KEY)
-                .map(String::as_str)
-                .filter(|t| !t.is_empty())
-        };
-        let groups = |i: EndpointIdx| list(snapshot.endpoint(i).metadata().get(TAG_GROUPS_KEY));
-        let mut own_tags: Vec<&str> = eligible.iter().filter_map(|&i| own(i)).collect();
-        own_tags.sort_unstable();
-        own_tags.dedup();
-        if rule.is_none() && own_tags.is_empty() {
+        // Each eligible endpoint's own tag and rule groups, read once (by position in
+        // `eligible`); then each tag's members in one pass, so the table costs
+        // O(endpoints + memberships), not O(endpoints × tags).
+        let meta = |i: EndpointIdx| snapshot.endpoint(i).metadata();
+        let own: Vec<Option<&str>> = eligible
+            .iter()
+            .map(|&i| {
+                meta(i)
+                    .get(TAG_KEY)
+                    .map(String::as_str)
+                    .filter(|t| !t.is_empty())
+            })
+            .collect();
+        let groups: Vec<Vec<&str>> = eligible
+            .iter()
+            .map(|&i| match rule {
+                Some(_) => {
+                    let mut g = list(meta(i).get(TAG_GROUPS_KEY));
+                    g.sort_unstable();
+                    g.dedup();
+                    g
+                }
+                None => Vec::new(),
+            })
+            .collect();
+        let mut by_own: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
+        let mut by_group: HashMap<&str, Vec<u32>> = HashMap::new();
+        for (k, &i) in eligible.iter().enumerate() {
+            let at = u32::try_from(i.get()).unwrap_or(u32::MAX);
+            if let Some(t) = own[k] {
+                by_own.entry(t).or_default().push(at);
+            }
+            for &g in &groups[k] {
+                by_group.entry(g).or_default().push(at);
+            }
+        }
+        if rule.is_none() && by_own.is_empty() {
             return None;
         }
         let mut sets = Sets::new(snapshot);
         let mut tags: Vec<TagEntry> = Vec::new();
         let (untagged, fallback) = match &rule {
             None => {
-                for &t in &own_tags {
-                    let lead = sets.lead(|i| own(i) == Some(t));
-                    tags.push(TagEntry::new(t, lead, false));
+                for (&t, members) in &by_own {
+                    tags.push(TagEntry::new(t, sets.lead_of(members.clone()), false));
                 }
-                let untagged = sets.lead(|i| own(i).is_none());
+                let untagged = sets.lead(|k| own[k].is_none());
                 (untagged, untagged)
             }
             Some(rule) => {
                 for &t in &rule.listed {
-                    let lead = sets.lead(|i| groups(i).contains(&t));
-                    tags.push(TagEntry::new(t, lead, rule.force));
+                    let members = by_group.remove(t).unwrap_or_default();
+                    tags.push(TagEntry::new(t, sets.lead_of(members), rule.force));
                 }
-                for &t in own_tags.iter().filter(|t| !rule.listed.contains(t)) {
-                    let lead = sets.lead(|i| own(i) == Some(t));
-                    tags.push(TagEntry::new(t, lead, false));
+                let listed: HashSet<&str> = rule.listed.iter().copied().collect();
+                for (&t, members) in by_own.iter().filter(|(t, _)| !listed.contains(*t)) {
+                    tags.push(TagEntry::new(t, sets.lead_of(members.clone()), false));
                 }
-                let fallback = sets.lead(|i| groups(i).is_empty() && own(i).is_none());
-                let untagged = sets.lead(|i| {
-                    groups(i).is_empty() && own(i).is_none_or(|t| !rule.names.contains(&t))
+                let fallback = sets.lead(|k| groups[k].is_empty() && own[k].is_none());
+                let untagged = sets.lead(|k| {
+                    groups[k].is_empty() && own[k].is_none_or(|t| !rule.names.contains(t))
                 });
                 (untagged, fallback)
             }
@@ -360,18 +389,22 @@ impl<'s> Sets<'s> {
         }
     }
 
-    /// The set of eligible endpoints for which `keep` holds (`Subset(i)`: the `i`th found).
-    fn lead(&mut self, keep: impl Fn(EndpointIdx) -> bool) -> Lead {
+    /// The set of the eligible endpoints whose position in `eligible` `keep` accepts.
+    fn lead(&mut self, keep: impl Fn(usize) -> bool) -> Lead {
         let eligible = self.snapshot.eligible();
-        let members: Vec<u32> = eligible
-            .iter()
-            .filter(|&&i| keep(i))
-            .map(|i| u32::try_from(i.get()).unwrap_or(u32::MAX))
+        let members: Vec<u32> = (0..eligible.len())
+            .filter(|&k| keep(k))
+            .map(|k| u32::try_from(eligible[k].get()).unwrap_or(u32::MAX))
             .collect();
+        self.lead_of(members)
+    }
+
+    /// The set of `members` (indices, in `eligible`'s order) (`Subset(i)`: the `i`th found).
+    fn lead_of(&mut self, members: Vec<u32>) -> Lead {
         if members.is_empty() {
             return Lead::Nothing;
         }
-        if members.len() == eligible.len() {
+        if members.len() == self.snapshot.eligible().len() {
             return Lead::Main;
         }
         if let Some(&at) = self.seen.get(&members) {

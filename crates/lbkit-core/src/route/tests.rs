@@ -9,24 +9,24 @@ use crate::{
     Balancer, EndpointSpec, FastRng, PickContext, PickError, Picker, Strategy, Timestamp, TriedSet,
 };
 
-/// Picks the eligible endpoints in turn (a counter in the context's attempt number).
-struct Turns;
-struct TurnsPicker(Arc<Snapshot>);
+/// Picks an eligible endpoint at random (the context's seeded source).
+struct Uniform;
+struct UniformPicker(Arc<Snapshot>);
 
-impl Picker for TurnsPicker {
+impl Picker for UniformPicker {
     fn pick(&self, cx: &mut PickContext<'_>) -> Result<EndpointIdx, PickError> {
         let e = self.0.eligible();
         Ok(e[cx.rng.index(e.len())])
     }
 }
 
-impl Strategy for Turns {
-    type Picker = TurnsPicker;
+impl Strategy for Uniform {
+    type Picker = UniformPicker;
     fn name(&self) -> &str {
-        "turns"
+        "uniform"
     }
-    fn prepare(&self, s: &Arc<Snapshot>, _: Timestamp) -> TurnsPicker {
-        TurnsPicker(s.clone())
+    fn prepare(&self, s: &Arc<Snapshot>, _: Timestamp) -> UniformPicker {
+        UniformPicker(s.clone())
     }
 }
 
@@ -69,7 +69,7 @@ fn reach(
     tag: Option<RequestTag<'_>>,
 ) -> Result<BTreeSet<String>, PickError> {
     let now = Timestamp::ZERO;
-    let b = Balancer::new(Turns, Arc::new(Snapshot::from_specs(specs, now)), now);
+    let b = Balancer::new(Uniform, Arc::new(Snapshot::from_specs(specs, now)), now);
     let mut rng = FastRng::seed_from_u64(3);
     let mut seen = BTreeSet::new();
     for _ in 0..200 {
@@ -253,7 +253,7 @@ fn retries_stay_within_the_tag_and_sets_are_prepared_once() {
         spec("c:1", None),
         spec("d:1", None),
     ];
-    let b = Balancer::new(Turns, Arc::new(Snapshot::from_specs(specs, now)), now);
+    let b = Balancer::new(Uniform, Arc::new(Snapshot::from_specs(specs, now)), now);
     let prepared = b.current();
     // gray, the untagged (also the fall back): two subsets.
     assert_eq!(prepared.tag_sets(), 2);
@@ -293,7 +293,7 @@ fn beyond_the_prepared_sets_tags_pick_among_their_members() {
     specs.extend((0..4).map(|i| spec(&format!("10.0.2.{i}:1"), None)));
     let now = Timestamp::ZERO;
     let b = Balancer::new(
-        Turns,
+        Uniform,
         Arc::new(Snapshot::from_specs(specs.clone(), now)),
         now,
     );

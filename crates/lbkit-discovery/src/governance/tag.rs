@@ -207,12 +207,7 @@ impl TagRule {
 /// assert_eq!(describe_tags(&spec.metadata), ["blue (own)"]);
 /// ```
 pub fn describe_tags(metadata: &lbkit_core::Metadata) -> Vec<String> {
-    let list = |k: &str| -> Vec<&str> {
-        metadata
-            .get(k)
-            .map(|v| v.split(',').filter(|t| !t.is_empty()).collect())
-            .unwrap_or_default()
-    };
+    let list = |k: &str| lbkit_core::route::listed_tags(metadata, k);
     let mut out = Vec::new();
     let rule = metadata.get(TAG_RULE_KEY);
     if let Some(key) = rule {
