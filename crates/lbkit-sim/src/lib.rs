@@ -10,7 +10,8 @@
 //! Poisson or bursty arrivals, or closed loops with think time; keys uniform or Zipf; timeouts
 //! and failover retries). [`run`] simulates it once per strategy and returns a [`Report`] with
 //! throughput, latency percentiles, error and timeout rates, each server's share and largest
-//! queue, and an oracle join-shortest-queue baseline that sees true queue lengths.
+//! queue, and the best-known baseline `oracle-sed` (shortest expected delay with true queues and
+//! service rates).
 //!
 //! ```
 //! use lbkit_sim::{run, RunOptions, Scenario};

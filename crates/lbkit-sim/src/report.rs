@@ -1,10 +1,10 @@
 //! Running strategies over a scenario, and the report: aligned text, JSON, a conclusion.
 
 use std::fmt::Write as _;
-use std::sync::atomic::AtomicU32;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
-use lbkit_core::BoxStrategy;
+use lbkit_core::{BoxStrategy, Strategy as _};
 use lbkit_strategy::catalog::{self, Params};
 use serde::Serialize;
 
@@ -14,8 +14,9 @@ use crate::metrics::StrategyResult;
 use crate::oracle::{Oracle, Queues};
 use crate::scenario::Scenario;
 
-/// Label of the oracle join-shortest-queue baseline, present in every report.
-pub const ORACLE: &str = "oracle-jsq";
+/// Label of the oracle baseline, present in every report: shortest expected delay, which sees
+/// every server's true queue and service rate (the best-known policy no real client can run).
+pub const ORACLE: &str = "oracle-sed";
 
 /// What to run.
 #[derive(Debug, Clone, Default)]
@@ -27,7 +28,7 @@ pub struct RunOptions {
     /// Strategies as `name` or `name:param=value:...` (default: the scenario's list, else every
     /// built-in strategy). The oracle baseline is added unless `skip_oracle`.
     pub strategies: Vec<String>,
-    /// Leave out the oracle join-shortest-queue baseline (benchmarks).
+    /// Leave out the oracle baseline (benchmarks).
     pub skip_oracle: bool,
 }
 
@@ -46,6 +47,69 @@ pub struct Report {
     pub watched: String,
     /// One entry per strategy, in the order run, the oracle last.
     pub results: Vec<StrategyResult>,
+    /// Warnings about the comparison: strategies whose learning timer fired too few times in
+    /// the run to compare them fairly.
+    pub notes: Vec<String>,
+}
+
+/// Strategies that learn on a timer, and the parameters [`Scenario::refresh_ms`] sets for them.
+const TIMERS: &[(&str, &[&str])] = &[
+    ("weighted-response-time", &["interval_ms"]),
+    ("adaptive", &["period_ms", "blackout_ms"]),
+];
+
+/// Fewer timer periods than this in a run, and the report says the strategy had no fair run.
+const FAIR_PERIODS: f64 = 10.0;
+
+/// `label` with the scenario's `refresh_ms` added for each timer parameter it does not set.
+fn with_refresh(label: &str, refresh_ms: Option<f64>) -> String {
+    let Some(ms) = refresh_ms else {
+        return label.to_owned();
+    };
+    let name = label.split(':').next().unwrap_or_default().trim();
+    let Some((_, params)) = TIMERS.iter().find(|(n, _)| *n == name) else {
+        return label.to_owned();
+    };
+    let given: Vec<&str> = label
+        .split(':')
+        .skip(1)
+        .filter_map(|p| p.split_once('=').map(|(k, _)| k.trim()))
+        .collect();
+    let mut out = label.to_owned();
+    for p in params.iter().filter(|p| !given.contains(p)) {
+        let _ = write!(out, ":{p}={}", ms.round() as u64);
+    }
+    out
+}
+
+/// A warning for each timer-driven strategy whose timer fired fewer than [`FAIR_PERIODS`]
+/// times in its run.
+fn fairness_notes(results: &[StrategyResult], parsed: &[(String, Params)]) -> Vec<String> {
+    let mut notes = Vec::new();
+    for (r, (name, params)) in results.iter().zip(parsed) {
+        let Some((_, timer_params)) = TIMERS.iter().find(|(n, _)| n == name) else {
+            continue;
+        };
+        let Some(period) = catalog::build(name, params.clone())
+            .ok()
+            .and_then(|s| s.refresh_interval())
+        else {
+            continue;
+        };
+        let periods = r.duration_s / period.as_secs_f64().max(1e-9);
+        if periods < FAIR_PERIODS {
+            notes.push(format!(
+                "{} learns every {:.1} s: {:.0} time(s) in this {:.0} s run, too few for a fair \
+                 run; set refresh_ms in the scenario (or {}) to compare it fairly",
+                r.strategy,
+                period.as_secs_f64(),
+                periods.floor(),
+                r.duration_s,
+                timer_params.join(", ")
+            ));
+        }
+    }
+    notes
 }
 
 /// A strategy label parsed into something buildable.
@@ -85,6 +149,10 @@ pub fn run(
     } else {
         catalog::strategies().map(|s| s.name.to_owned()).collect()
     };
+    let labels: Vec<String> = labels
+        .iter()
+        .map(|l| with_refresh(l, scenario.refresh_ms))
+        .collect();
     let parsed = labels
         .iter()
         .map(|l| parse_label(l))
@@ -98,7 +166,7 @@ pub fn run(
         )?);
     }
     let queues = Arc::new(Queues {
-        len: addresses.iter().map(|_| AtomicU32::new(0)).collect(),
+        delay: addresses.iter().map(|_| AtomicU64::new(0)).collect(),
         by_address: addresses
             .iter()
             .enumerate()
@@ -117,6 +185,7 @@ pub fn run(
             progress,
         )?);
     }
+    let notes = fairness_notes(&results, &parsed);
     let names = scenario.server_names();
     let watched = match &scenario.watch {
         Some(w) => w.clone(),
@@ -133,6 +202,7 @@ pub fn run(
         requests,
         watched,
         results,
+        notes,
     })
 }
 
@@ -213,6 +283,13 @@ impl Report {
                 s.max_queue
             );
         }
+        if self.results.iter().any(|r| r.strategy == ORACLE) {
+            let _ = writeln!(
+                out,
+                "({ORACLE}: shortest expected delay, seeing every server's true queue and service \
+                 rate — the best-known baseline, which no real client can run)"
+            );
+        }
         let n = self.results.first().map_or(0, |r| r.servers.len());
         if n <= 16 {
             let _ = writeln!(out, "\nshare of requests per server, %");
@@ -240,6 +317,9 @@ impl Report {
                 let _ = writeln!(out, "{:w$}  {}", r.strategy, cells.join(" "));
             }
         }
+        for note in &self.notes {
+            let _ = writeln!(out, "\nnote: {note}");
+        }
         out
     }
 
@@ -264,6 +344,16 @@ impl Report {
             best.p99_ms,
             (best.error_rate + best.timeout_rate) * 100.0
         );
+        if let Some(oracle) = self.results.iter().find(|r| r.strategy == ORACLE) {
+            let _ = write!(
+                out,
+                "\nThe best-known baseline ({ORACLE}, which no real client can run) reaches {:.1} ms: \
+                 {} is {:.0}% above it.",
+                oracle.p99_ms,
+                best.strategy,
+                (best.p99_ms / oracle.p99_ms.max(1e-9) - 1.0) * 100.0
+            );
+        }
         if let Some(rr) = real.iter().find(|r| r.strategy == "round-robin") {
             let ratio = rr.p99_ms / best.p99_ms.max(1e-9);
             let _ = write!(

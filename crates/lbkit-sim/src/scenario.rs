@@ -8,6 +8,10 @@
 //! seed = 1                     # default seed (the CLI's --seed wins)
 //! watch = "s10"                # server whose queue is plotted (default: the slowest)
 //! strategies = ["round-robin", "ketama:balance_factor=1.25"]  # default: all
+//! refresh_ms = 1000            # how fast timer-driven strategies learn here (default: their own)
+//!   # weighted-response-time: interval_ms (Ribbon's 30 s); adaptive: period_ms and blackout_ms
+//!   # (gRPC's 1 s and 10 s). A strategy label that sets the parameter wins. The report warns
+//!   # when a timer fires fewer than 10 times in the run: such a strategy never got a fair run.
 //!
 //! [workload]
 //! kind = "open"                # open (arrivals at `rate`) | closed (clients wait, think, repeat)
@@ -112,6 +116,11 @@ pub struct Scenario {
     /// Strategies to compare by default (`name` or `name:param=value:...`); empty = all.
     #[serde(default)]
     pub strategies: Vec<String>,
+    /// How fast timer-driven strategies learn in this scenario, ms: `weighted-response-time`'s
+    /// `interval_ms` and `adaptive`'s `period_ms` and `blackout_ms`, unless a strategy label
+    /// sets them (default: each strategy's own).
+    #[serde(default)]
+    pub refresh_ms: Option<f64>,
     /// The clients.
     #[serde(default)]
     pub workload: Workload,
@@ -504,6 +513,12 @@ impl Scenario {
     fn validate(&self) -> Result<(), String> {
         let w = &self.workload;
         positive("requests", self.requests as f64)?;
+        if let Some(r) = self.refresh_ms {
+            positive("refresh_ms", r)?;
+            if r > 3_600_000.0 {
+                return Err(format!("refresh_ms is {r}: at most 3600000 (an hour)"));
+            }
+        }
         self.within_limits()?;
         if w.kind == WorkloadKind::Open {
             positive("workload.rate", w.rate)?;

@@ -101,13 +101,31 @@ impl Server {
 
     /// Draw the service time of an attempt starting at `now`.
     pub(crate) fn service_time(&self, rng: &mut FastRng, now: u64) -> u64 {
-        let cold = if self.cold_len > 0.0 {
+        (self.service.sample(rng) * self.slow * self.cold(now)).max(1.0) as u64
+    }
+
+    /// The cold-start multiplier at `now`.
+    fn cold(&self, now: u64) -> f64 {
+        if self.cold_len > 0.0 {
             let age = now.saturating_sub(self.joined_at) as f64;
             1.0 + (self.cold_factor - 1.0) * (1.0 - age / self.cold_len).max(0.0)
         } else {
             1.0
-        };
-        (self.service.sample(rng) * self.slow * cold).max(1.0) as u64
+        }
+    }
+
+    /// Expected time for a call arriving at `now` to be served, ns (the oracle's view; see
+    /// `oracle.rs`): `m + max(0, q + 1 - c) * m / c` plus the rest of a pause, where `m` is the
+    /// current mean service time. `u64::MAX` for a crashed server or a full waiting room.
+    pub(crate) fn expected_delay(&self, now: u64) -> u64 {
+        if self.crashed || (!self.has_free_worker() && self.queue_full()) {
+            return u64::MAX;
+        }
+        let m = self.service.mean() * self.slow * self.cold(now);
+        let c = f64::from(self.concurrency);
+        let ahead = (self.outstanding() as f64 + 1.0 - c).max(0.0);
+        let pause = self.paused_until.saturating_sub(now) as f64;
+        (m + ahead * m / c + pause).min(u64::MAX as f64 / 2.0) as u64
     }
 
     pub(crate) fn draws_error(&self, rng: &mut FastRng) -> bool {

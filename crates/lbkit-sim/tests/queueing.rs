@@ -318,3 +318,110 @@ fn a_crash_fails_calls_until_recovery_and_failover_hides_it() {
     let failover = one(&text(1), "round-robin", 8_000);
     assert!(failover.error_rate < 0.001, "{}", failover.error_rate);
 }
+
+/// Issue 17's fair demo: in the demo's scenario every timer-driven strategy re-weighs often
+/// enough to adapt (weighted-response-time no longer equals round robin), and the baseline is
+/// shortest expected delay, which beats every real strategy on the median and the tail.
+#[test]
+fn the_demo_gives_adaptive_strategies_a_fair_run_and_its_baseline_is_best() {
+    let s = Scenario::named("slow-provider").unwrap();
+    assert_eq!(s.refresh_ms, Some(1000.0));
+    let opts = RunOptions {
+        requests: Some(60_000),
+        strategies: vec![
+            "round-robin".into(),
+            "weighted-response-time".into(),
+            "adaptive".into(),
+            "p2c-ewma".into(),
+            "shortest-response".into(),
+            "least-active".into(),
+        ],
+        ..RunOptions::default()
+    };
+    let r = run(&s, &opts, &mut |_, _| {}).unwrap();
+    let labels: Vec<&str> = r.results.iter().map(|x| x.strategy.as_str()).collect();
+    assert_eq!(
+        labels[1..3],
+        [
+            "weighted-response-time:interval_ms=1000",
+            "adaptive:period_ms=1000:blackout_ms=1000"
+        ],
+        "the scenario's refresh_ms is applied and shown"
+    );
+    assert_eq!(labels.last(), Some(&lbkit_sim::ORACLE));
+    assert!(r.notes.is_empty(), "{:?}", r.notes);
+    let slow = r.watched_index();
+    let share = |i: usize| r.results[i].servers[slow].share;
+    assert!(
+        share(1) < share(0) - 0.015,
+        "weighted-response-time re-weighs: {} vs round robin's {}",
+        share(1),
+        share(0)
+    );
+    assert!(
+        share(2) < 0.03,
+        "adaptive learns the slow server: {}",
+        share(2)
+    );
+    let oracle = r.results.last().unwrap();
+    assert!(
+        oracle.servers[slow].share < 0.005,
+        "{}",
+        oracle.servers[slow].share
+    );
+    for real in &r.results[..r.results.len() - 1] {
+        assert!(
+            oracle.p50_ms <= real.p50_ms && oracle.p99_ms <= real.p99_ms * 1.01,
+            "{} (p50 {}, p99 {}) vs {ORACLE} (p50 {}, p99 {})",
+            real.strategy,
+            real.p50_ms,
+            real.p99_ms,
+            oracle.p50_ms,
+            oracle.p99_ms,
+            ORACLE = lbkit_sim::ORACLE
+        );
+    }
+    assert!(
+        r.conclusion().contains("best-known baseline"),
+        "{}",
+        r.conclusion()
+    );
+}
+
+/// Without `refresh_ms`, a strategy whose timer fires fewer than 10 times in the run is named
+/// in the report's notes, with the parameter that fixes it.
+#[test]
+fn a_timer_that_barely_fires_is_reported() {
+    let text = r#"
+name = "short"
+requests = 20000
+[workload]
+rate = 2000.0
+[[server]]
+count = 3
+"#;
+    let s = Scenario::parse(text, "short").unwrap();
+    let opts = RunOptions {
+        strategies: vec![
+            "weighted-response-time".into(),
+            "weighted-response-time:interval_ms=500".into(),
+            "round-robin".into(),
+        ],
+        skip_oracle: true,
+        ..RunOptions::default()
+    };
+    let r = run(&s, &opts, &mut |_, _| {}).unwrap();
+    assert_eq!(r.notes.len(), 1, "{:?}", r.notes);
+    assert!(
+        r.notes[0].starts_with("weighted-response-time learns every 30.0 s")
+            && r.notes[0].contains("interval_ms"),
+        "{}",
+        r.notes[0]
+    );
+    assert!(r.to_table().contains("note: weighted-response-time"));
+    let bad = Scenario::parse("name = \"x\"\nrefresh_ms = 0\n[[server]]\n", "x").unwrap_err();
+    assert!(
+        bad.to_string().contains("refresh_ms must be positive"),
+        "{bad}"
+    );
+}

@@ -95,7 +95,8 @@ impl Params {
         }
     }
 
-    fn get(&self, name: &str) -> Option<&str> {
+    /// The value given for `name` (the last one given), if any.
+    pub fn get(&self, name: &str) -> Option<&str> {
         self.pairs
             .iter()
             .rev()

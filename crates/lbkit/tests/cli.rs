@@ -661,7 +661,7 @@ fn sim_lists_scenarios_and_reports_json_deterministically() {
         .iter()
         .map(|r| r["strategy"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["round-robin", "least-active", "oracle-jsq"]);
+    assert_eq!(names, ["round-robin", "least-active", "oracle-sed"]);
     for f in ["latency-cdf.svg", "watched-share.svg", "watched-queue.svg"] {
         let text = std::fs::read_to_string(dir.join(f)).unwrap();
         roxmltree::Document::parse(&text).unwrap();
@@ -719,7 +719,7 @@ fn demo_names_a_winner() {
         out.contains("Best p99: ") && out.contains("Round robin's p99 is"),
         "{out}"
     );
-    assert!(out.contains("oracle-jsq"), "{out}");
+    assert!(out.contains("oracle-sed"), "{out}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -44,6 +44,7 @@ impl Engine<'_> {
         s.joined_at = self.now;
         let spec = self.spec_of(i);
         self.publish(Update::Add(vec![spec]));
+        self.touched(i);
     }
 
     pub(super) fn change(&mut self, index: usize) {
@@ -69,6 +70,7 @@ impl Engine<'_> {
             }
             Action::Join => self.join(i),
         }
+        self.touched(i);
     }
 
     /// The server dies: everything on it fails now (connection reset); it refuses new calls.
@@ -91,6 +93,7 @@ impl Engine<'_> {
     pub(super) fn stall(&mut self, i: usize) {
         let now = self.now;
         self.servers[i].pause(now);
+        self.touched(i);
         if let Some(dt) = self.servers[i].next_stall(&mut self.rng) {
             let next = self.servers[i].paused_until.max(now) + dt;
             self.at(next, Ev::Stall(i as u32));

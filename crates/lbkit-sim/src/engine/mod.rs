@@ -241,11 +241,11 @@ impl<'a> Engine<'a> {
         self.watch
     }
 
-    /// Tell the oracle the true queue length of `server`.
-    fn touched(&self, server: usize) {
+    /// Tell the oracle the expected delay of `server` after a change on it.
+    pub(super) fn touched(&self, server: usize) {
         if let Some(q) = &self.oracle {
-            let len = u32::try_from(self.servers[server].outstanding()).unwrap_or(u32::MAX);
-            q.len[server].store(len, std::sync::atomic::Ordering::Relaxed);
+            let delay = self.servers[server].expected_delay(self.now);
+            q.delay[server].store(delay, std::sync::atomic::Ordering::Relaxed);
         }
     }
 

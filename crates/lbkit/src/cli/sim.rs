@@ -53,9 +53,9 @@ pub(crate) struct DemoArgs {
     /// Folder for the SVG plots [default: lbkit-sim-out/demo].
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
-    /// Client requests per strategy.
-    #[arg(long, short = 'n', value_name = "N", default_value_t = 60_000)]
-    requests: u64,
+    /// Client requests per strategy [default: the scenario's, 240000: two minutes].
+    #[arg(long, short = 'n', value_name = "N")]
+    requests: Option<u64>,
 }
 
 pub(crate) fn run(args: SimArgs) -> anyhow::Result<()> {
@@ -98,19 +98,20 @@ pub(crate) fn run(args: SimArgs) -> anyhow::Result<()> {
 }
 
 pub(crate) fn demo(args: DemoArgs) -> anyhow::Result<()> {
-    if args.requests == 0 || args.requests > MAX_REQUESTS {
+    let scenario = Scenario::named("slow-provider")?;
+    let requests = args.requests.unwrap_or(scenario.requests);
+    if requests == 0 || requests > MAX_REQUESTS {
         return Err(bad(format!("--requests must be within 1..={MAX_REQUESTS}")));
     }
-    let scenario = Scenario::named("slow-provider")?;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     writeln!(
         out,
         "lbkit demo: {} — {} requests per strategy at {:.0}/s, simulated with the production pickers.\n",
-        scenario.description, args.requests, scenario.workload.rate
+        scenario.description, requests, scenario.workload.rate
     )?;
     let options = RunOptions {
-        requests: Some(args.requests),
+        requests: Some(requests),
         ..RunOptions::default()
     };
     let report = run_with_progress(&scenario, &options, true)?;
