@@ -446,3 +446,58 @@ mod tags {
         bench_tag(b, tagged(n), Some(RequestTag::new(b"gray")));
     }
 }
+
+/// Issue 17: what recording a trace adds to the pick a user pays for (round robin, pick +
+/// finish), with nothing sampled, 1 % and every request, into a real recorder and file.
+mod trace {
+    use super::*;
+    use lbkit_trace::{Recorder, TraceConfig};
+
+    fn bench_trace(b: Bencher<'_, '_>, rate: Option<f64>) {
+        let now = Timestamp::ZERO;
+        let dir = std::env::temp_dir().join(format!("lbkit-bench-trace-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let recorder = rate.map(|r| {
+            let config = TraceConfig::new(dir.join("bench.lbkt"))
+                .with_sample_rate(r)
+                .with_max_bytes(64 << 20);
+            Recorder::open(&config).expect("trace file")
+        });
+        let balancer = Balancer::new(RoundRobin::new(), snapshot(10, Weights::Uniform), now)
+            .with_availability(Availability::OFF);
+        let balancer = match &recorder {
+            Some(r) => r.attach(balancer, "bench"),
+            None => balancer,
+        };
+        let mut rng = FastRng::seed_from_u64(1);
+        b.bench_local(|| {
+            let guard = black_box(&balancer)
+                .pick(&mut PickContext::new(now, &mut rng))
+                .expect("endpoints are eligible");
+            guard.finish_at(Outcome::Success, now);
+        });
+        if let Some(r) = &recorder {
+            r.flush();
+            let s = r.stats();
+            eprintln!(
+                "trace: {} written, {} dropped (queue full)",
+                s.written, s.dropped
+            );
+        }
+    }
+
+    #[divan::bench(sample_count = 100, sample_size = 3200)]
+    fn no_tracer(b: Bencher) {
+        bench_trace(b, None);
+    }
+
+    #[divan::bench(sample_count = 100, sample_size = 3200)]
+    fn sample_1_percent(b: Bencher) {
+        bench_trace(b, Some(0.01));
+    }
+
+    #[divan::bench(sample_count = 100, sample_size = 3200)]
+    fn sample_every_request(b: Bencher) {
+        bench_trace(b, Some(1.0));
+    }
+}

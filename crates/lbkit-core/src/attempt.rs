@@ -51,6 +51,7 @@ use crate::route::Route;
 use crate::stats::{FailureKind, Outcome};
 use crate::strategy::{PickContext, Strategy, TriedSet};
 use crate::time::{duration_nanos, Clock, Timestamp};
+use crate::trace::TraceId;
 
 /// A retry budget as the call path sees it: every call that may be retried deposits once,
 /// every retry withdraws.
@@ -275,6 +276,8 @@ pub struct Attempts {
     idempotent: bool,
     replayable: bool,
     started: Timestamp,
+    /// The request's tracing decision, from its first attempt's guard.
+    trace: TraceId,
 }
 
 // === impl Attempts ===
@@ -321,7 +324,21 @@ impl Attempts {
             idempotent,
             replayable,
             started,
+            trace: TraceId::UNDECIDED,
         }
+    }
+
+    /// Carry the tracing decision of the request's first attempt (a driver that made that
+    /// attempt before building this state: [`resume`](Self::resume)).
+    #[inline]
+    pub fn with_trace(mut self, trace: TraceId) -> Self {
+        self.trace = trace;
+        self
+    }
+
+    /// The request's tracing decision.
+    pub fn trace(&self) -> TraceId {
+        self.trace
     }
 
     /// The policy.
@@ -364,7 +381,9 @@ impl Attempts {
     /// A pick context for the next attempt: its index and the endpoints to avoid.
     #[inline]
     pub fn context<'a>(&'a self, now: Timestamp, rng: &'a mut FastRng) -> PickContext<'a> {
-        PickContext::new(now, rng).with_tried(self.begun, &self.tried)
+        PickContext::new(now, rng)
+            .with_tried(self.begun, &self.tried)
+            .with_trace(self.trace)
     }
 
     /// Record that the next attempt goes to `endpoint` (after a pick made with
@@ -392,6 +411,7 @@ impl Attempts {
             let mut cx = self.context(now, rng).with_route(route);
             balancer.pick_untried(&mut cx)?
         };
+        self.trace = guard.trace_id();
         self.begin(guard.endpoint());
         Ok(guard)
     }

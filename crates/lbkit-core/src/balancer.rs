@@ -9,11 +9,13 @@ use crate::availability::Availability;
 use crate::endpoint::Endpoint;
 use crate::error::PickError;
 use crate::route::{self, Lead, RequestTag, Routed, RoutedSet, TagTable};
+use crate::shadow::Shadow;
 use crate::snapshot::{EndpointIdx, Snapshot};
 use crate::stats::Outcome;
 use crate::strategy::{BoxStrategy, PickContext, Picker, Strategy};
 use crate::sync::{ArcCell, AtomicBool, Ordering};
 use crate::time::{Clock, Timestamp};
+use crate::trace::{Tap, TraceId, TraceSink, Tracer};
 
 /// How often the balancer re-prepares while some endpoint is inside its warm-up or slow-start
 /// window, so weights follow the curve in steps of at most this length.
@@ -313,6 +315,12 @@ pub struct Balancer<S: Strategy = BoxStrategy> {
     current: ArcCell<Prepared<S::Picker>>,
     /// Set while one thread re-prepares in `tick`, so at most one does.
     refreshing: AtomicBool,
+    /// Samples requests into a trace, when set.
+    tracer: Option<Arc<Tracer>>,
+    /// A candidate strategy observing first attempts ([`crate::shadow`]); `shadowing` says
+    /// whether one is set, so a balancer without one pays a relaxed load per pick.
+    shadow: ArcCell<Option<Arc<Shadow>>>,
+    shadowing: AtomicBool,
 }
 
 // === impl Balancer ===
@@ -328,7 +336,62 @@ impl<S: Strategy> Balancer<S> {
             clock: Clock::System,
             current: ArcCell::from_pointee(prepared),
             refreshing: AtomicBool::new(false),
+            tracer: None,
+            shadow: ArcCell::from_pointee(None),
+            shadowing: AtomicBool::new(false),
         }
+    }
+
+    /// Run `strategy` as a shadow beside this balancer's (see [`crate::shadow`]), labelled
+    /// `label`, from this balancer's current snapshot and filter; replaces a running one.
+    pub fn start_shadow(
+        &self,
+        label: impl Into<String>,
+        strategy: BoxStrategy,
+        now: Timestamp,
+    ) -> Arc<Shadow> {
+        let shadow = Arc::new(Shadow::new(
+            label,
+            strategy,
+            &self.snapshot(),
+            self.availability,
+            now,
+        ));
+        self.set_shadow(Some(shadow.clone()), now);
+        shadow
+    }
+
+    /// Attach `shadow` (a running one, carried over from another balancer of the same
+    /// service, keeps its counters), or stop shadowing with `None`.
+    pub fn set_shadow(&self, shadow: Option<Arc<Shadow>>, now: Timestamp) {
+        if let Some(s) = &shadow {
+            s.publish(self.snapshot(), now);
+        }
+        self.shadowing.store(shadow.is_some(), Ordering::Release);
+        self.shadow.store(Arc::new(shadow));
+    }
+
+    /// The running shadow, if any.
+    pub fn shadow(&self) -> Option<Arc<Shadow>> {
+        self.shadow.load().as_ref().clone()
+    }
+
+    /// Record `sample_rate` of the requests to `service` into `sink` (see [`trace`](crate::trace)):
+    /// every attempt of a sampled request, with the strategy's name.
+    pub fn with_tracer(
+        mut self,
+        sink: Arc<dyn TraceSink>,
+        service: &str,
+        sample_rate: f64,
+    ) -> Self {
+        let tracer = Tracer::new(sink, service, self.strategy.name(), sample_rate);
+        self.tracer = Some(Arc::new(tracer));
+        self
+    }
+
+    /// The tracer, if requests are sampled.
+    pub fn tracer(&self) -> Option<&Arc<Tracer>> {
+        self.tracer.as_ref()
     }
 
     /// Use `availability` as the pick-time filter.
@@ -380,6 +443,11 @@ impl<S: Strategy> Balancer<S> {
     /// owner of the endpoint source); picks running meanwhile see the old or the new state,
     /// never a mix.
     pub fn publish(&self, snapshot: Arc<Snapshot>, now: Timestamp) {
+        if self.shadowing.load(Ordering::Acquire) {
+            if let Some(s) = self.shadow.load().as_ref() {
+                s.publish(snapshot.clone(), now);
+            }
+        }
         self.current
             .store(Arc::new(prepare(&self.strategy, snapshot, now)));
     }
@@ -393,6 +461,11 @@ impl<S: Strategy> Balancer<S> {
     /// refresh is prepared once, however many threads tick; a `publish` that lands meanwhile
     /// wins. Returns whether a new picker was published.
     pub fn tick(&self, now: Timestamp) -> bool {
+        if self.shadowing.load(Ordering::Acquire) {
+            if let Some(s) = self.shadow.load().as_ref() {
+                s.tick(now);
+            }
+        }
         if !self.refresh_due(now) {
             return false;
         }
@@ -424,7 +497,7 @@ impl<S: Strategy> Balancer<S> {
         let prepared = self.current.load();
         let idx = prepared.select(cx, &self.availability)?;
         let endpoint = prepared.snapshot.endpoint(idx).clone();
-        Ok(CallGuard::new(endpoint, cx.now, self.clock.clone()))
+        Ok(self.start_call(endpoint, cx))
     }
 
     /// [`pick`](Self::pick), but only an endpoint not in `cx.tried` (see
@@ -437,7 +510,44 @@ impl<S: Strategy> Balancer<S> {
         let prepared = self.current.load();
         let idx = prepared.select_untried(cx, &self.availability)?;
         let endpoint = prepared.snapshot.endpoint(idx).clone();
-        Ok(CallGuard::new(endpoint, cx.now, self.clock.clone()))
+        Ok(self.start_call(endpoint, cx))
+    }
+
+    /// Let the shadow pick for the request of `cx`, whose first attempt goes to `live`.
+    #[cold]
+    #[inline(never)]
+    fn observe(&self, live: &Endpoint, cx: &mut PickContext<'_>) {
+        if let Some(s) = self.shadow.load().as_ref() {
+            s.observe(live, cx);
+        }
+    }
+
+    /// Start tracking the call to `endpoint`, tapped for the trace when its request is sampled
+    /// (deciding it when `cx.trace` is undecided): what [`pick`](Self::pick) does after it
+    /// selects. For drivers that select with [`Prepared::select`] themselves (the tower pool's
+    /// readiness pass-over).
+    #[inline]
+    pub fn start_call(&self, endpoint: Endpoint, cx: &mut PickContext<'_>) -> CallGuard {
+        if self.shadowing.load(Ordering::Relaxed) && cx.attempt == 0 && !cx.hedge {
+            self.observe(&endpoint, cx);
+        }
+        let Some(tracer) = &self.tracer else {
+            return CallGuard::new(endpoint, cx.now, self.clock.clone());
+        };
+        let trace = tracer.decide(cx);
+        let in_flight = endpoint.stats().in_flight();
+        let mut guard = CallGuard::new(endpoint, cx.now, self.clock.clone());
+        guard.trace = trace;
+        if let Some(request) = trace.request() {
+            guard.tap = Some(Tap {
+                tracer: tracer.clone(),
+                request,
+                in_flight,
+                attempt: cx.attempt,
+                hedge: cx.hedge,
+            });
+        }
+        guard
     }
 }
 
@@ -493,6 +603,8 @@ pub struct CallGuard {
     started: Timestamp,
     clock: Clock,
     done: bool,
+    trace: TraceId,
+    tap: Option<Tap>,
 }
 
 // === impl CallGuard ===
@@ -507,7 +619,16 @@ impl CallGuard {
             started,
             clock,
             done: false,
+            trace: TraceId::UNDECIDED,
+            tap: None,
         }
+    }
+
+    /// The request's tracing decision (carry it to the request's retries with
+    /// [`PickContext::with_trace`]; [`Attempts`](crate::Attempts) does).
+    #[inline]
+    pub fn trace_id(&self) -> TraceId {
+        self.trace
     }
 
     /// The endpoint picked.
@@ -530,6 +651,9 @@ impl CallGuard {
     pub fn finish_at(mut self, outcome: Outcome, now: Timestamp) {
         self.done = true;
         self.endpoint.stats().finish(self.started, now, outcome);
+        if let Some(tap) = self.tap.take() {
+            tap.record(&self.endpoint, self.started, now, outcome);
+        }
     }
 }
 
@@ -540,6 +664,9 @@ impl Drop for CallGuard {
             self.endpoint
                 .stats()
                 .finish(self.started, now, Outcome::Cancelled);
+            if let Some(tap) = self.tap.take() {
+                tap.record(&self.endpoint, self.started, now, Outcome::Cancelled);
+            }
         }
     }
 }

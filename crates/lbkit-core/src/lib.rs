@@ -57,6 +57,7 @@ mod live;
 mod policy;
 mod rng;
 pub mod route;
+pub mod shadow;
 mod snapshot;
 mod stats;
 mod strategy;
@@ -64,6 +65,7 @@ mod strategy;
 pub mod sync;
 mod tagged;
 mod time;
+pub mod trace;
 
 pub use attempt::{
     status_failure, AttemptPolicy, Attempts, Budget, Classified, Next, Observed, RetryWhen, Stop,

@@ -220,6 +220,10 @@ pub struct EndpointStats {
     load_eps: AtomicU64,
     load_at_ns: AtomicU64,    // 0 = never reported
     load_since_ns: AtomicU64, // start of the current run of reports
+    // Shadow mode (crate::shadow): first attempts the live strategy sent here, and those the
+    // candidate would have sent, since the shadow started.
+    shadow_live: AtomicU64,
+    shadow_candidate: AtomicU64,
 }
 
 impl Drop for EndpointStats {
@@ -252,7 +256,33 @@ impl EndpointStats {
             load_eps: AtomicU64::new(0),
             load_at_ns: AtomicU64::new(0),
             load_since_ns: AtomicU64::new(0),
+            shadow_live: AtomicU64::new(0),
+            shadow_candidate: AtomicU64::new(0),
         }
+    }
+
+    /// Shadow mode: first attempts the live strategy sent to this endpoint and those the
+    /// candidate would have sent, since the shadow started ([`crate::shadow`]).
+    pub fn shadow_counts(&self) -> (u64, u64) {
+        (
+            self.shadow_live.load(Relaxed),
+            self.shadow_candidate.load(Relaxed),
+        )
+    }
+
+    #[inline]
+    pub(crate) fn count_shadow(&self, live: bool) {
+        let c = if live {
+            &self.shadow_live
+        } else {
+            &self.shadow_candidate
+        };
+        c.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn reset_shadow(&self) {
+        self.shadow_live.store(0, Relaxed);
+        self.shadow_candidate.store(0, Relaxed);
     }
 
     /// Record a load report from the server at `now`. Non-finite or negative values count as 0.

@@ -14,6 +14,7 @@ use crate::rng::FastRng;
 use crate::route::{RequestTag, Route};
 use crate::snapshot::{EndpointIdx, Snapshot};
 use crate::time::Timestamp;
+use crate::trace::TraceId;
 
 /// Builds per-snapshot state (tables, cycles, cumulative weights). Never on the hot path.
 ///
@@ -93,6 +94,12 @@ pub struct PickContext<'a> {
     /// The tag the request asks for (Dubbo's tag routing: see [`route`](crate::route)); the
     /// balancer picks among that tag's providers.
     pub tag: Option<RequestTag<'a>>,
+    /// The request's tracing decision ([`trace`](crate::trace)): undecided at a first attempt;
+    /// a balancer with a tracer decides and writes it here, and retries carry it.
+    pub trace: TraceId,
+    /// The attempt is sent while an earlier one of the same request is still open (a hedge or
+    /// a fork); traces mark it.
+    pub hedge: bool,
 }
 
 static NOTHING_TRIED: TriedSet = TriedSet::new();
@@ -112,6 +119,8 @@ impl<'a> PickContext<'a> {
             tried: &NOTHING_TRIED,
             rng,
             tag: None,
+            trace: TraceId::UNDECIDED,
+            hedge: false,
         }
     }
 
@@ -138,6 +147,18 @@ impl<'a> PickContext<'a> {
     pub fn with_route(mut self, route: Route<'a>) -> Self {
         self.key = route.key;
         self.tag = route.tag;
+        self
+    }
+
+    /// Carry the request's tracing decision (from its first attempt's guard).
+    pub fn with_trace(mut self, trace: TraceId) -> Self {
+        self.trace = trace;
+        self
+    }
+
+    /// Mark the attempt as sent while an earlier one is still open (a hedge or a fork).
+    pub fn as_hedge(mut self) -> Self {
+        self.hedge = true;
         self
     }
 

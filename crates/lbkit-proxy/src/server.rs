@@ -140,6 +140,11 @@ impl Proxy {
         &self.listeners
     }
 
+    /// The running service `name` (its balancer, metrics, trace recorder).
+    pub fn service(&self, name: &str) -> Option<Arc<crate::Service>> {
+        self.hub.state.load().service(name).cloned()
+    }
+
     /// The bound address of the admin listener.
     pub fn admin_addr(&self) -> SocketAddr {
         self.admin

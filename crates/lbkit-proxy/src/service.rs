@@ -67,6 +67,8 @@ pub struct Service {
     discovery: std::sync::OnceLock<Arc<ControllerMetrics>>,
     /// Where requests carry their routing tag (`tags`).
     tags: TagHeaders,
+    /// The trace recorder (`trace`), attached to every balancer the service builds.
+    trace: Option<Arc<lbkit_trace::Recorder>>,
 }
 
 // === impl Service ===
@@ -83,12 +85,28 @@ impl Service {
         config: &config::ServiceConfig,
         workers: usize,
     ) -> Result<Self, ParamError> {
+        Service::with_trace(name, config, workers, None)
+    }
+
+    /// [`new`](Self::new), recording into `trace` (the proxy opens it from `[service.NAME.trace]`
+    /// and hands a reloaded service its predecessor's when the table is unchanged).
+    ///
+    /// # Errors
+    /// As [`new`](Self::new).
+    pub fn with_trace(
+        name: &str,
+        config: &config::ServiceConfig,
+        workers: usize,
+        trace: Option<Arc<lbkit_trace::Recorder>>,
+    ) -> Result<Self, ParamError> {
         let clock = Clock::System;
         let strategy = catalog::build(&config.strategy, config.strategy_params())?;
         let balancer = balancer(
             strategy,
             Arc::new(Snapshot::new(0, Vec::new())),
+            name,
             config,
+            trace.as_deref(),
             &clock,
         );
         Ok(Service {
@@ -111,7 +129,13 @@ impl Service {
             discovery: std::sync::OnceLock::new(),
             tags: config.tags.headers(),
             config: config.clone(),
+            trace,
         })
+    }
+
+    /// The trace recorder, when the service records one.
+    pub fn trace(&self) -> Option<&Arc<lbkit_trace::Recorder>> {
+        self.trace.as_ref()
     }
 
     /// The name.
@@ -227,7 +251,14 @@ impl Service {
         let strategy = catalog::build(name, params)?;
         let _order = self.publish_lock.lock();
         let snapshot = self.active.load().balancer.snapshot();
-        let balancer = balancer(strategy, snapshot, &self.config, &self.clock);
+        let balancer = balancer(
+            strategy,
+            snapshot,
+            &self.name,
+            &self.config,
+            self.trace.as_deref(),
+            &self.clock,
+        );
         self.active.store(Arc::new(Active {
             strategy: name.to_owned(),
             balancer,
@@ -240,7 +271,9 @@ impl Service {
 fn balancer(
     strategy: BoxStrategy,
     snapshot: Arc<Snapshot>,
+    name: &str,
     config: &config::ServiceConfig,
+    trace: Option<&lbkit_trace::Recorder>,
     clock: &Clock,
 ) -> Balancer<BoxStrategy> {
     let availability = Availability {
@@ -251,9 +284,13 @@ fn balancer(
         max_in_flight: (config.availability.max_in_flight > 0)
             .then_some(config.availability.max_in_flight),
     };
-    Balancer::new(strategy, snapshot, clock.now())
+    let balancer = Balancer::new(strategy, snapshot, clock.now())
         .with_availability(availability)
-        .with_clock(clock.clone())
+        .with_clock(clock.clone());
+    match trace {
+        Some(recorder) => recorder.attach(balancer, name),
+        None => balancer,
+    }
 }
 
 fn client(config: &config::ServiceConfig) -> UpstreamClient {

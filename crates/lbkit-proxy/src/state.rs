@@ -136,7 +136,24 @@ fn start_service(
     workers: usize,
     predecessor: Option<&Arc<Service>>,
 ) -> Result<Running, ProxyError> {
-    let service = Service::new(name, cfg, workers).map_err(|e| {
+    // A reloaded service keeps its predecessor's recorder when the trace table is unchanged
+    // (two recorders on one file would rotate it under each other).
+    let trace = match &cfg.trace {
+        None => None,
+        Some(t) => match predecessor.filter(|old| old.config().trace.as_ref() == Some(t)) {
+            Some(old) => old.trace().cloned(),
+            None => Some(Arc::new(lbkit_trace::Recorder::open(&t.config()).map_err(
+                |e| {
+                    ConfigError::new(
+                        std::path::Path::new("-"),
+                        format!("service.{name}.trace"),
+                        e.to_string(),
+                    )
+                },
+            )?)),
+        },
+    };
+    let service = Service::with_trace(name, cfg, workers, trace).map_err(|e| {
         ConfigError::new(
             std::path::Path::new("-"),
             format!("service.{name}.strategy"),

@@ -5,6 +5,7 @@ mod common;
 
 use std::collections::HashSet;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
@@ -455,4 +456,104 @@ async fn the_tag_header_routes_requests_to_their_tags_endpoints() {
     );
     proxy.shutdown(Duration::from_secs(2)).await;
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 17: `[service.NAME.trace]` records every attempt of the sampled requests (here all):
+/// the refused connection to a dead endpoint and its retry are one request; a reload that
+/// keeps the table keeps recording into the same file; bad fields are config errors by name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trace_table_records_every_attempt_of_sampled_requests() {
+    let (a, b) = (Backend::start("a").await, Backend::start("b").await);
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead_addr = dead.local_addr().unwrap();
+    drop(dead);
+    let dir = scratch("trace");
+    let path = dir.join("svc.lbkt");
+    let text = format!(
+        "{}[service.svc.trace]\npath = {:?}\nsample_rate = 1.0\nmax_bytes = 1048576\n",
+        config_with_source(&format!(
+            "endpoints = [\"{}\", \"{}\", \"{dead_addr}\"]",
+            a.addr, b.addr
+        )),
+        path.display().to_string()
+    );
+    let proxy = Proxy::start(parse(&text)).await.expect("proxy starts");
+    let answers = answered(&proxy, &[], 30).await;
+    assert_eq!(
+        answers,
+        ["a", "b"],
+        "the dead endpoint's requests are retried"
+    );
+    let recorder = proxy.service("svc").unwrap().trace().unwrap().clone();
+    // Each flush returns once the writer has written what was queued: wait on that, bounded
+    // (a response's last byte can reach the client just before its attempt is recorded).
+    let mut trace = None;
+    for _ in 0..100 {
+        recorder.flush();
+        let t = lbkit_trace::read(&path).unwrap();
+        let requests: HashSet<u64> = t.records.iter().map(|r| r.request).collect();
+        if requests.len() >= 30 {
+            trace = Some(t);
+            break;
+        }
+    }
+    let trace = trace.expect("30 requests in the trace");
+    let dead_text = dead_addr.to_string();
+    let refused: Vec<_> = trace
+        .records
+        .iter()
+        .filter(|r| *r.endpoint == *dead_text)
+        .collect();
+    assert!(!refused.is_empty());
+    for r in &refused {
+        assert_eq!(r.outcome, lbkit_trace::TraceOutcome::Connect);
+        let retry = trace
+            .records
+            .iter()
+            .find(|x| x.request == r.request && x.attempt == r.attempt + 1)
+            .expect("the refused attempt's retry is in the trace");
+        assert!(retry.retry && retry.outcome == lbkit_trace::TraceOutcome::Success);
+    }
+    assert!(trace
+        .records
+        .iter()
+        .all(|r| &*r.service == "svc" && &*r.strategy == "round-robin"));
+
+    // A reload with the same table keeps the recorder (and the file's segment).
+    proxy
+        .reload(parse(
+            &text.replace("timeout_ms = 5000", "timeout_ms = 4000"),
+        ))
+        .expect("reload");
+    let _ = answered(&proxy, &[], 5).await;
+    let again = proxy.service("svc").unwrap();
+    assert!(
+        Arc::ptr_eq(again.trace().unwrap(), &recorder),
+        "the recorder is kept"
+    );
+    proxy.shutdown(Duration::from_secs(2)).await;
+    assert!(
+        !lbkit_trace::previous_segment(&path).exists(),
+        "one recorder: the file was not rotated by a second one"
+    );
+
+    for (good, bad, field) in [
+        (
+            "sample_rate = 1.0",
+            "sample_rate = 0.0",
+            "service.svc.trace.sample_rate",
+        ),
+        (
+            "max_bytes = 1048576",
+            "max_bytes = 10",
+            "service.svc.trace.max_bytes",
+        ),
+        ("sample_rate = 1.0", "colour = 1", "unknown field `colour`"),
+    ] {
+        let t = text.replace(good, bad);
+        let e = lbkit_proxy::Config::parse(&t, std::path::Path::new("t.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(field), "{bad}: {e}");
+    }
 }

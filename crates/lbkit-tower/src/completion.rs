@@ -52,6 +52,13 @@ impl Completion {
         }
     }
 
+    /// The request's tracing decision (see `lbkit_core::trace`).
+    pub fn trace_id(&self) -> lbkit_core::trace::TraceId {
+        self.guard
+            .as_ref()
+            .map_or(lbkit_core::trace::TraceId::UNDECIDED, CallGuard::trace_id)
+    }
+
     /// The attempt this call is (0 = the first try of the request).
     pub fn attempt(&self) -> u32 {
         self.attempt

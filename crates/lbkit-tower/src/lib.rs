@@ -72,6 +72,8 @@ pub use balance::{
 };
 pub use completion::Completion;
 pub use error::{find_cause, is_caused_by, kind_name, BoxError, Error, ErrorKind};
+/// Sampled call traces ([`PoolBuilder::trace`]): the recorder, its config and the reader.
+pub use lbkit_trace as trace;
 pub use policy::{
     AnyResponse, CloneRequests, KeyedRequests, NoReplay, RequestPolicy, ResponsePolicy,
 };

@@ -791,3 +791,68 @@ fn service_config_policies_apply_to_pick() {
     let out = ok(&[&base[..], &["--explain"]].concat());
     assert!(!out.contains("PANIC"), "{out}");
 }
+
+/// `lbkit trace print` and `summary` over a trace recorded by a real balancer; bad files exit
+/// with status 2 naming the problem.
+#[test]
+fn trace_print_gives_json_lines_and_summary_counts() {
+    use lbkit_core::{Balancer, EndpointSpec, FastRng, Outcome, PickContext, Snapshot, Timestamp};
+    let dir = std::env::temp_dir().join(format!("lbkit-cli-trace-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("calls.lbkt");
+    {
+        let config = lbkit_trace::TraceConfig::new(&path).with_sample_rate(1.0);
+        let recorder = lbkit_trace::Recorder::open(&config).unwrap();
+        let now = Timestamp::from_millis(1_700_000_000_000);
+        let specs = vec![
+            EndpointSpec::new("10.0.0.1:80"),
+            EndpointSpec::new("10.0.0.2:80"),
+        ];
+        let strategy = lbkit_strategy::catalog::build("round-robin", Default::default()).unwrap();
+        let lb = recorder.attach(
+            Balancer::new(
+                strategy,
+                std::sync::Arc::new(Snapshot::from_specs(specs, now)),
+                now,
+            ),
+            "shop",
+        );
+        let mut rng = FastRng::seed_from_u64(1);
+        for i in 0..3u64 {
+            let g = lb.pick(&mut PickContext::new(now, &mut rng)).unwrap();
+            g.finish_at(
+                Outcome::Success,
+                Timestamp::from_nanos(now.as_nanos() + i * 1_000_000),
+            );
+        }
+    }
+    let p = path.to_str().unwrap();
+    let printed = lines(&["trace", "print", p]);
+    assert_eq!(printed.len(), 3, "{printed:?}");
+    let first: serde_json::Value = serde_json::from_str(&printed[0]).unwrap();
+    assert_eq!(first["service"], "shop");
+    assert_eq!(first["strategy"], "round-robin");
+    assert_eq!(first["outcome"], "success");
+    assert_eq!(first["attempt"], 0);
+    assert_eq!(first["picked_at_ns"], 1_700_000_000_000_000_000u64);
+    assert_eq!(lines(&["trace", "print", p, "--limit", "1"]).len(), 1);
+    let summary = ok(&["trace", "summary", p]);
+    assert!(
+        summary.contains("shop (round-robin): 3 requests, 3 attempts (0 retries, 0 hedges), 0 failed, 2 endpoints"),
+        "{summary}"
+    );
+    let junk = TempFile::new("junk.lbkt", "not a trace at all, no");
+    for (args, want) in [
+        (vec!["trace", "print", junk.path()], "not an lbkit trace"),
+        (
+            vec!["trace", "summary", "/nonexistent/t.lbkt"],
+            "/nonexistent/t.lbkt",
+        ),
+    ] {
+        let out = lbkit(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(want), "{args:?}: {stderr}");
+    }
+}

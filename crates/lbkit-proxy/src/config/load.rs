@@ -39,7 +39,8 @@ impl Config {
         let dir = path.parent().unwrap_or(Path::new("."));
         for svc in config.services.values_mut() {
             let cache = svc.zookeeper.as_mut().and_then(|zk| zk.cache.as_mut());
-            for file in [svc.file.as_mut(), cache].into_iter().flatten() {
+            let trace = svc.trace.as_mut().map(|t| &mut t.path);
+            for file in [svc.file.as_mut(), cache, trace].into_iter().flatten() {
                 if file.is_relative() {
                     *file = dir.join(&*file);
                 }
@@ -216,6 +217,11 @@ impl ServiceConfig {
         ] {
             if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
                 return Err(err(field, format!("{name:?} is not a header name")));
+            }
+        }
+        if let Some(t) = &self.trace {
+            if let Err(lbkit_trace::TraceError::Config { field, reason }) = t.config().validate() {
+                return Err(err(&format!("trace.{field}"), reason));
             }
         }
         if let Some(hc) = &self.health_check {

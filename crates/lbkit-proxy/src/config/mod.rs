@@ -48,6 +48,8 @@
 //! outlier_detection = { enabled = true, interval_ms = 10000, consecutive_failures = 5, base_ejection_ms = 30000, max_ejection_percent = 10 }
 //! health_check = { kind = "http", path = "/healthz", expect_status = 200, interval_ms = 5000, timeout_ms = 1000, rise = 2, fall = 3 }
 //! tags = { header = "dubbo.tag", force_header = "dubbo.force.tag", default = "gray", force = false }
+//! trace = { path = "api.lbkt", sample_rate = 0.01, max_bytes = 67108864 }
+//! #   default none: record every attempt of sample_rate (default 0.01) of the requests into path (relative to this file; its older segment is path.1), at most max_bytes (default 64 MiB, at least 65536) over both; `lbkit trace print`, `lbkit sim --trace` read it
 //! #   tag routing as Dubbo's TagRouter: a request's tag (header, or gRPC metadata, default none) picks the providers with that `dubbo.tag` (or the registry's tag rule); none → untagged providers; `force_header: true` → no fall back
 //! ```
 //!
@@ -280,6 +282,40 @@ pub struct ServiceConfig {
     /// Tag routing (Dubbo's `dubbo.tag`): where requests carry their tag.
     #[serde(default)]
     pub tags: TagConfig,
+    /// A sampled trace of the calls (`[service.NAME.trace]`). Default none.
+    #[serde(default)]
+    pub trace: Option<TraceTable>,
+}
+
+/// `[service.NAME.trace]`: record a sampled trace of the service's calls (lbkit-trace).
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TraceTable {
+    /// The trace file (relative to the configuration file).
+    pub path: PathBuf,
+    /// Share of requests recorded, in `(0, 1]`. Default 0.01.
+    #[serde(default = "default_sample_rate")]
+    pub sample_rate: f64,
+    /// Most bytes over the trace's two files. Default 64 MiB.
+    #[serde(default = "default_trace_bytes")]
+    pub max_bytes: u64,
+}
+
+impl TraceTable {
+    /// The recorder's configuration.
+    pub fn config(&self) -> lbkit_trace::TraceConfig {
+        lbkit_trace::TraceConfig::new(&self.path)
+            .with_sample_rate(self.sample_rate)
+            .with_max_bytes(self.max_bytes)
+    }
+}
+
+fn default_sample_rate() -> f64 {
+    0.01
+}
+
+fn default_trace_bytes() -> u64 {
+    64 << 20
 }
 
 /// `tags = { .. }`: where a request's routing tag is read (see `lbkit_core::route`).

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use futures_util::stream::{FuturesOrdered, FuturesUnordered};
 use futures_util::{StreamExt, TryFutureExt};
+use lbkit_core::trace::TraceId;
 use lbkit_core::{Attempts, FastRng, Next, Stop, Strategy, Timestamp, TriedSet};
 use tower::Service;
 
@@ -95,6 +96,7 @@ where
     let s = &*shared;
     let response = response.map_err(Into::into);
     let timeout = first.policy.first_timeout();
+    let trace = call.trace_id();
     let sent = settle(response, call, timeout, span, &s.responses).await;
     if sent.classified().retry == lbkit_core::RetryWhen::Never {
         return sent.finish(&s.responses);
@@ -104,7 +106,8 @@ where
         first.idempotent,
         spare.is_some(),
         first.started,
-    );
+    )
+    .with_trace(trace);
     attempts.begin(sent.endpoint());
     Box::pin(failover(s, sent, spare, attempts)).await
 }
@@ -174,8 +177,7 @@ impl<Svc, Q, R, S: Strategy, F> Shared<Svc, Q, R, S, F> {
         &self,
         req: &Req,
         now: Timestamp,
-        attempt: u32,
-        tried: &TriedSet,
+        again: Again<'_>,
         rng: &mut FastRng,
     ) -> Result<Selected<Svc>, Error>
     where
@@ -187,12 +189,23 @@ impl<Svc, Q, R, S: Strategy, F> Shared<Svc, Q, R, S, F> {
             let input = PickInput {
                 now,
                 route,
-                attempt,
-                tried,
+                attempt: again.attempt,
+                tried: again.tried,
+                trace: again.trace,
+                hedge: again.hedge,
             };
             self.pool.select(&input, rng)
         })
     }
+}
+
+/// Another attempt of a request: its index, the endpoints tried, its tracing decision, and
+/// whether it is sent while an earlier attempt is open (a fork).
+pub(crate) struct Again<'a> {
+    pub(crate) attempt: u32,
+    pub(crate) tried: &'a TriedSet,
+    pub(crate) trace: TraceId,
+    pub(crate) hedge: bool,
 }
 
 /// After an attempt: answer with it, or (boxed: the rare path) send the request again on an
@@ -265,8 +278,12 @@ where
         let next = match s.repick(
             &req,
             now,
-            attempts.next_attempt(),
-            attempts.tried(),
+            Again {
+                attempt: attempts.next_attempt(),
+                tried: attempts.tried(),
+                trace: attempts.trace(),
+                hedge: false,
+            },
             &mut rng,
         ) {
             Ok(next) => next,
@@ -314,6 +331,7 @@ where
     let forks = (forks as usize).min(eligible.max(1));
     let mut tried = TriedSet::new();
     tried.insert(first.call.endpoint());
+    let trace = first.call.trace_id();
     let mut copies = Vec::with_capacity(forks);
     let now = attempts.started();
     let timeout = attempts.timeout(now);
@@ -326,7 +344,13 @@ where
             crate::telemetry::inc(&s.pool.inner.metrics.budget_exhausted);
             break;
         }
-        let Ok(sel) = s.repick(&copy, now, 0, &tried, &mut rng) else {
+        let again = Again {
+            attempt: 0,
+            tried: &tried,
+            trace,
+            hedge: true,
+        };
+        let Ok(sel) = s.repick(&copy, now, again, &mut rng) else {
             break;
         };
         if tried.contains(sel.call.endpoint()) {
@@ -371,7 +395,8 @@ where
     R: ResponsePolicy<Svc::Response>,
 {
     let s = &*shared;
-    let targets = s.pool.targets::<Req>(now);
+    let mut rng = FastRng::seed_from_u64(now.as_nanos() ^ s.next_seed());
+    let targets = s.pool.targets::<Req>(now, &mut rng);
     if targets.is_empty() {
         return Err(Box::new(Error::pick(s.pool.snapshot().empty_error())));
     }

@@ -93,7 +93,18 @@ where
             .then(|| s.requests.replay(&req))
             .flatten();
         let now = s.clock().now();
-        if let Ok(sel) = s.repick(&req, now, attempt, &TriedSet::new(), &mut rng) {
+        if let Ok(sel) = s.repick(
+            &req,
+            now,
+            super::cluster::Again {
+                attempt,
+                tried: &TriedSet::new(),
+                // A background retry is sampled apart from the call it retries.
+                trace: lbkit_core::trace::TraceId::UNDECIDED,
+                hedge: false,
+            },
+            &mut rng,
+        ) {
             let sent = s.send(sel, req, s.policy.per_try).await;
             let ok = !sent.is_failure();
             sent.discard();

@@ -288,6 +288,8 @@ where
                 route,
                 attempt: 0,
                 tried: &NOTHING_TRIED,
+                trace: lbkit_core::trace::TraceId::UNDECIDED,
+                hedge: false,
             };
             shared.pool.select(&input, &mut self.rng)
         });
@@ -315,6 +317,7 @@ where
             (first, _) => {
                 let mut attempts = Attempts::resume(policy, idempotent, spare.is_some(), now);
                 if let Ok(sel) = &first {
+                    attempts = attempts.with_trace(sel.call.trace_id());
                     attempts.begin(sel.call.endpoint());
                 }
                 Box::pin(cluster::dispatch(shared, first, req, spare, attempts))

@@ -36,6 +36,10 @@ where
     let balancer = Balancer::new(config.strategy, Arc::new(Snapshot::new(0, Vec::new())), now)
         .with_availability(config.availability)
         .with_clock(config.clock.clone());
+    let balancer = match &config.trace {
+        Some(recorder) => recorder.attach(balancer, &config.name),
+        None => balancer,
+    };
     let (status, _) = watch::channel(PoolStatus::default());
     let mut controller = Controller::new(ControllerConfig {
         policy: config.policy,
@@ -53,6 +57,7 @@ where
         services: arc_swap::ArcSwap::from_pointee(ServiceMap::default()),
         probes: config.probes,
         status,
+        trace: config.trace,
     });
     #[cfg(feature = "health-checks")]
     if let Some(hc) = config.health {

@@ -130,6 +130,8 @@ pub(crate) struct PoolInner<Svc, S: Strategy> {
     pub(crate) ejections: ArcSwap<HashMap<EndpointKey, u64>>,
     /// The control loop's counters.
     pub(crate) discovery: Arc<lbkit_discovery::ControllerMetrics>,
+    /// The trace recorder, kept alive with the pool.
+    pub(crate) trace: Option<Arc<lbkit_trace::Recorder>>,
 }
 
 impl<Svc: Send + Sync + 'static, S: Strategy> PoolView for PoolInner<Svc, S> {
@@ -204,6 +206,11 @@ impl<Svc, S: Strategy> Pool<Svc, S> {
         self.inner.balancer.snapshot()
     }
 
+    /// The trace recorder, when the pool records one ([`PoolBuilder::trace`]).
+    pub fn trace(&self) -> Option<&Arc<lbkit_trace::Recorder>> {
+        self.inner.trace.as_ref()
+    }
+
     /// What the pool task has done; wait on a condition with `wait_for` under a timeout.
     pub fn status(&self) -> watch::Receiver<PoolStatus> {
         self.inner.status.subscribe()
@@ -253,6 +260,7 @@ pub struct PoolBuilder<S = BoxStrategy> {
     outlier: Option<OutlierConfig>,
     #[cfg(feature = "health-checks")]
     health: Option<HealthChecks>,
+    trace: Option<Arc<lbkit_trace::Recorder>>,
 }
 
 /// Active checks of a pool: the probe and its thresholds.
@@ -321,7 +329,26 @@ impl<S: Strategy> PoolBuilder<S> {
             outlier: None,
             #[cfg(feature = "health-checks")]
             health: None,
+            trace: None,
         }
+    }
+
+    /// Record a sampled trace of the pool's calls (every attempt of `config.sample_rate` of
+    /// the requests, into `config.path`, within `config.max_bytes`: see lbkit-trace), for
+    /// `lbkit sim --trace`. The trace's service name is the pool's [`name`](Self::name). The
+    /// file is created now.
+    ///
+    /// # Errors
+    /// An invalid config, or the file cannot be created.
+    pub fn trace(self, config: &lbkit_trace::TraceConfig) -> Result<Self, lbkit_trace::TraceError> {
+        let recorder = lbkit_trace::Recorder::open(config)?;
+        Ok(self.trace_recorder(Arc::new(recorder)))
+    }
+
+    /// Record into `recorder`, shared with other pools (one file for several services).
+    pub fn trace_recorder(mut self, recorder: Arc<lbkit_trace::Recorder>) -> Self {
+        self.trace = Some(recorder);
+        self
     }
 
     /// Pick with `strategy` instead (e.g. one from `lbkit_strategy::catalog::build`).
@@ -337,6 +364,7 @@ impl<S: Strategy> PoolBuilder<S> {
             outlier: self.outlier,
             #[cfg(feature = "health-checks")]
             health: self.health,
+            trace: self.trace,
         }
     }
 

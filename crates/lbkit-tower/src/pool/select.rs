@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use futures_util::FutureExt;
+use lbkit_core::trace::TraceId;
 use lbkit_core::{
     CallGuard, Endpoint, EndpointIdx, FailureKind, FastRng, Outcome, PickContext, PickError,
     Prepared, Strategy, Timestamp, TriedSet,
@@ -44,6 +45,10 @@ pub(crate) struct PickInput<'a> {
     pub(crate) route: lbkit_core::Route<'a>,
     pub(crate) attempt: u32,
     pub(crate) tried: &'a TriedSet,
+    /// The request's tracing decision (undecided at its first pick).
+    pub(crate) trace: TraceId,
+    /// Sent while an earlier attempt is open (a fork).
+    pub(crate) hedge: bool,
 }
 
 // === impl Pool (selection) ===
@@ -71,7 +76,7 @@ impl<Svc, S: Strategy> Pool<Svc, S> {
         if let Some(entry) = lookup(&services, endpoint) {
             let mut svc = entry.svc.clone();
             match svc.ready().now_or_never().map(|r| r.map(drop)) {
-                Some(Ok(_)) => return Ok(self.selected(endpoint, svc, true, input)),
+                Some(Ok(_)) => return Ok(self.selected(endpoint, svc, true, input, rng)),
                 other => self.note(&mut left, endpoint, svc, other, input),
             }
         }
@@ -156,7 +161,7 @@ impl<Svc, S: Strategy> Pool<Svc, S> {
             if let Some(entry) = lookup(services, endpoint) {
                 let mut svc = entry.svc.clone();
                 match svc.ready().now_or_never().map(|r| r.map(drop)) {
-                    Some(Ok(_)) => return Ok(self.selected(endpoint, svc, true, input)),
+                    Some(Ok(_)) => return Ok(self.selected(endpoint, svc, true, input, rng)),
                     other => self.note(&mut left, endpoint, svc, other, input),
                 }
             }
@@ -166,7 +171,7 @@ impl<Svc, S: Strategy> Pool<Svc, S> {
             Leftover {
                 waiting: Some((endpoint, svc)),
                 ..
-            } => Ok(self.selected(&endpoint, svc, false, input)),
+            } => Ok(self.selected(&endpoint, svc, false, input, rng)),
             Leftover {
                 failed: Some(err), ..
             } => Err(err),
@@ -176,18 +181,25 @@ impl<Svc, S: Strategy> Pool<Svc, S> {
 
     /// Every eligible endpoint of the current snapshot with its service (not yet polled for
     /// readiness), for broadcast.
-    pub(crate) fn targets<Req>(&self, now: Timestamp) -> Vec<Result<Selected<Svc>, Error>>
+    pub(crate) fn targets<Req>(
+        &self,
+        now: Timestamp,
+        rng: &mut FastRng,
+    ) -> Vec<Result<Selected<Svc>, Error>>
     where
         Svc: Service<Req> + Clone,
     {
         let prepared = self.inner.balancer.current();
         let services = self.inner.services.load();
         let snapshot = prepared.snapshot();
-        let input = PickInput {
+        let no_tries = TriedSet::new();
+        let mut input = PickInput {
             now,
             route: lbkit_core::Route::default(),
             attempt: 0,
-            tried: &TriedSet::new(),
+            tried: &no_tries,
+            trace: TraceId::UNDECIDED,
+            hedge: false,
         };
         snapshot
             .eligible()
@@ -195,7 +207,12 @@ impl<Svc, S: Strategy> Pool<Svc, S> {
             .map(|&i| {
                 let endpoint = snapshot.endpoint(i);
                 match lookup(&services, endpoint) {
-                    Some(entry) => Ok(self.selected(endpoint, entry.svc.clone(), false, &input)),
+                    Some(entry) => {
+                        let sel = self.selected(endpoint, entry.svc.clone(), false, &input, rng);
+                        // One request: every copy shares the first's tracing decision.
+                        input.trace = sel.call.trace_id();
+                        Ok(sel)
+                    }
                     None => Err(Error::new(ErrorKind::NoService).at(endpoint.key(), 0)),
                 }
             })
@@ -208,9 +225,14 @@ impl<Svc, S: Strategy> Pool<Svc, S> {
         svc: Svc,
         ready: bool,
         input: &PickInput<'_>,
+        rng: &mut FastRng,
     ) -> Selected<Svc> {
         let clock = self.inner.balancer.clock().clone();
-        let guard = CallGuard::new(endpoint.clone(), input.now, clock.clone());
+        let mut cx = PickContext::new(input.now, rng)
+            .with_tried(input.attempt, input.tried)
+            .with_trace(input.trace);
+        cx.hedge = input.hedge;
+        let guard = self.inner.balancer.start_call(endpoint.clone(), &mut cx);
         Selected {
             call: Completion::new(guard, self.inner.metrics.clone(), clock, input.attempt),
             svc,

@@ -5,6 +5,7 @@ mod pick;
 mod proxy;
 mod register;
 mod sim;
+mod trace;
 mod watch;
 
 use std::fmt;
@@ -34,6 +35,8 @@ enum Command {
     Register(register::RegisterArgs),
     /// Run the sidecar proxy (HTTP/1.1, h2c, TCP) from a config file, or --check one.
     Proxy(proxy::ProxyArgs),
+    /// Read a recorded call trace: print it as JSON lines, or summarise it.
+    Trace(trace::TraceArgs),
 }
 
 /// Run the parsed command line.
@@ -45,6 +48,7 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Watch(args) => watch::run(args),
         Command::Register(args) => register::run(args),
         Command::Proxy(args) => proxy::run(args),
+        Command::Trace(args) => trace::run(args),
     }
 }
 
