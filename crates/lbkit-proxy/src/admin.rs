@@ -6,6 +6,9 @@
 //! | `GET /endpoints` | JSON: per service, its strategy and each endpoint's address, weight, effective weight, eligible, healthy, ejected, in_flight, ewma_ms, requests, failures |
 //! | `GET /metrics` | OpenMetrics text (Prometheus reads it; every family with `# HELP` and `# TYPE`): per service `lbkit_proxy_requests_total`, `lbkit_proxy_failures_total`, `lbkit_proxy_in_flight`, `lbkit_proxy_request_duration_seconds`; the families a tower pool writes too (`lbkit_tower::telemetry`): retries and refused retries, discovery (snapshots published, source errors, empty pushes held), per endpoint calls, failures by kind, cancellations, in-flight, ejections, eligibility, call latency histogram; client connections open (`lbkit_proxy_client_connections`, upgraded tunnels included) and their limit |
 //! | `PUT /services/{name}/strategy` | body `{"strategy": "p2c-ewma", "params": {"default_rtt_ms": 20}}`: switch at run time |
+//! | `PUT /services/{name}/shadow` | the same body: run that strategy as a shadow beside the live one (it picks for every first attempt too, nothing is sent; it survives strategy switches, not reloads) |
+//! | `GET /services/{name}/shadow` | JSON: the candidate, first attempts observed, disagreements (and how many it could not pick), and per endpoint the live and candidate counts and shares; 404 when no shadow runs. `/metrics` has the same as `lbkit_shadow_*` |
+//! | `DELETE /services/{name}/shadow` | stop it |
 //!
 //! With `admin.token` set, every request needs `Authorization: Bearer TOKEN` (else 401; the
 //! token is compared in constant time). Without a token the admin listener must bind a
@@ -108,17 +111,37 @@ async fn handle(hub: &Hub, req: Request<Incoming>) -> AdminResponse {
             let body = crate::exposition::document(services, hub.client_connections());
             reply(StatusCode::OK, crate::exposition::CONTENT_TYPE, body)
         }
-        (Method::PUT, p) => match p
-            .strip_prefix("/services/")
-            .and_then(|r| r.strip_suffix("/strategy"))
-        {
-            Some(name) => match state.service(name) {
-                Some(service) => set_strategy(service, req).await,
-                None => text(StatusCode::NOT_FOUND, "no such service\n"),
-            },
-            None => text(StatusCode::NOT_FOUND, "not found\n"),
-        },
-        _ => text(StatusCode::NOT_FOUND, "not found\n"),
+        (method, p) => {
+            let Some((name, what)) = p
+                .strip_prefix("/services/")
+                .and_then(|r| r.rsplit_once('/'))
+            else {
+                return text(StatusCode::NOT_FOUND, "not found\n");
+            };
+            let Some(service) = state.service(name) else {
+                return text(StatusCode::NOT_FOUND, "no such service\n");
+            };
+            match (method, what) {
+                (Method::PUT, "strategy") => set_strategy(service, req, false).await,
+                (Method::PUT, "shadow") => set_strategy(service, req, true).await,
+                (Method::GET, "shadow") => match service.shadow_report() {
+                    Some(r) => reply(
+                        StatusCode::OK,
+                        "application/json",
+                        shadow_json(&r).to_string(),
+                    ),
+                    None => text(StatusCode::NOT_FOUND, "no shadow runs\n"),
+                },
+                (Method::DELETE, "shadow") => {
+                    if service.stop_shadow() {
+                        text(StatusCode::OK, "ok\n")
+                    } else {
+                        text(StatusCode::NOT_FOUND, "no shadow runs\n")
+                    }
+                }
+                _ => text(StatusCode::NOT_FOUND, "not found\n"),
+            }
+        }
     }
 }
 
@@ -131,7 +154,8 @@ struct StrategyChange {
     params: BTreeMap<String, serde_json::Value>,
 }
 
-async fn set_strategy(service: &Service, req: Request<Incoming>) -> AdminResponse {
+/// `PUT /services/{name}/strategy`, or with `shadow` `PUT /services/{name}/shadow`.
+async fn set_strategy(service: &Service, req: Request<Incoming>, shadow: bool) -> AdminResponse {
     let Ok(body) = Limited::new(req.into_body(), MAX_BODY).collect().await else {
         return text(StatusCode::BAD_REQUEST, "unreadable body\n");
     };
@@ -146,10 +170,40 @@ async fn set_strategy(service: &Service, req: Request<Incoming>) -> AdminRespons
         };
         (k.clone(), text)
     }));
-    match service.set_strategy(&change.strategy, params).await {
+    let done = if shadow {
+        service.start_shadow(&change.strategy, params)
+    } else {
+        service.set_strategy(&change.strategy, params).await
+    };
+    match done {
         Ok(()) => text(StatusCode::OK, "ok\n"),
         Err(e) => text(StatusCode::BAD_REQUEST, &format!("{e}\n")),
     }
+}
+
+/// The `GET /services/{name}/shadow` document.
+fn shadow_json(r: &lbkit_core::shadow::ShadowReport) -> serde_json::Value {
+    let endpoints: Vec<_> = r
+        .endpoints
+        .iter()
+        .map(|e| {
+            json!({
+                "address": e.address,
+                "live": e.live,
+                "candidate": e.candidate,
+                "live_share": e.live_share,
+                "candidate_share": e.candidate_share,
+            })
+        })
+        .collect();
+    json!({
+        "candidate": r.candidate,
+        "picks": r.picks,
+        "disagreements": r.disagreements,
+        "disagreement_rate": if r.picks == 0 { 0.0 } else { r.disagreements as f64 / r.picks as f64 },
+        "unpicked": r.unpicked,
+        "endpoints": endpoints,
+    })
 }
 
 /// The `/endpoints` document.

@@ -12,7 +12,8 @@ use std::sync::Arc;
 
 use lbkit_core::Snapshot;
 use lbkit_tower::telemetry::{
-    encode_endpoints, encode_services, histogram, EndpointRows, ServiceRow,
+    encode_endpoints, encode_services, encode_shadows, histogram, EndpointRows, ServiceRow,
+    ShadowRow,
 };
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -59,6 +60,16 @@ impl Collector for Scrape {
     fn encode(&self, mut enc: DescriptorEncoder<'_>) -> fmt::Result {
         self.service_families(&mut enc)?;
         self.endpoint_families(&mut enc)?;
+        let shadows: Vec<_> = self
+            .services
+            .iter()
+            .filter_map(|(name, s, _)| s.shadow_report().map(|r| (name, r)))
+            .collect();
+        let rows: Vec<ShadowRow<'_>> = shadows
+            .iter()
+            .map(|(service, report)| ShadowRow { service, report })
+            .collect();
+        encode_shadows(&mut enc, &rows)?;
         let (open, max) = self.connections;
         for (name, help, value) in [
             (

@@ -133,6 +133,41 @@ impl Service {
         })
     }
 
+    /// Run the strategy `name` with `params` as a shadow beside the live one (see
+    /// `lbkit_core::shadow`), replacing a running shadow; it stays across strategy switches.
+    ///
+    /// # Errors
+    /// An unknown strategy or a bad parameter.
+    pub fn start_shadow(&self, name: &str, params: Params) -> Result<(), ParamError> {
+        let label = std::iter::once(name.to_owned())
+            .chain(params.pairs().map(|(k, v)| format!("{k}={v}")))
+            .collect::<Vec<_>>()
+            .join(":");
+        let strategy = catalog::build(name, params)?;
+        let _order = self.publish_lock.lock();
+        self.active()
+            .balancer
+            .start_shadow(label.clone(), strategy, self.clock.now());
+        tracing::info!(service = %self.name, candidate = %label, "shadow started");
+        Ok(())
+    }
+
+    /// Stop the shadow; `false` when none ran.
+    pub fn stop_shadow(&self) -> bool {
+        let _order = self.publish_lock.lock();
+        let active = self.active();
+        let running = active.balancer.shadow().is_some();
+        active.balancer.set_shadow(None, self.clock.now());
+        running
+    }
+
+    /// What the running shadow saw, per endpoint of the current snapshot.
+    pub fn shadow_report(&self) -> Option<lbkit_core::shadow::ShadowReport> {
+        let active = self.active();
+        let shadow = active.balancer.shadow()?;
+        Some(shadow.report(&active.balancer.snapshot()))
+    }
+
     /// The trace recorder, when the service records one.
     pub fn trace(&self) -> Option<&Arc<lbkit_trace::Recorder>> {
         self.trace.as_ref()
@@ -259,6 +294,8 @@ impl Service {
             self.trace.as_deref(),
             &self.clock,
         );
+        // A running shadow goes on observing beside the new strategy, its counters kept.
+        balancer.set_shadow(self.active.load().balancer.shadow(), self.clock.now());
         self.active.store(Arc::new(Active {
             strategy: name.to_owned(),
             balancer,

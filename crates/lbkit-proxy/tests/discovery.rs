@@ -557,3 +557,97 @@ async fn a_trace_table_records_every_attempt_of_sampled_requests() {
         assert!(e.contains(field), "{bad}: {e}");
     }
 }
+
+/// Issue 17: shadow mode through the admin API. A candidate (ketama on the route's hash key)
+/// picks beside the live round robin for every request; nothing goes to its choices; the
+/// report and `/metrics` say how often it disagrees and where it would have sent the traffic;
+/// it survives a strategy switch and stops on DELETE.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shadow_strategy_reports_where_it_would_have_sent_requests() {
+    let (a, b) = (Backend::start("a").await, Backend::start("b").await);
+    let text = config_with_source(&format!("endpoints = [\"{}\", \"{}\"]", a.addr, b.addr))
+        .replace(
+            "timeout_ms = 5000",
+            "timeout_ms = 5000\nhash_key = \"header:x-user\"",
+        );
+    let proxy = Proxy::start(parse(&text)).await.expect("proxy starts");
+    until_serving(&proxy, &["a", "b"], 4).await;
+    let c = client();
+    let (status, body) = admin(&c, &proxy, "GET", "/services/svc/shadow", "").await;
+    assert_eq!(
+        (status, body.trim()),
+        (StatusCode::NOT_FOUND, "no shadow runs")
+    );
+    let (status, body) = admin(
+        &c,
+        &proxy,
+        "PUT",
+        "/services/svc/shadow",
+        r#"{"strategy": "nope"}"#,
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let (status, _) = admin(
+        &c,
+        &proxy,
+        "PUT",
+        "/services/svc/shadow",
+        r#"{"strategy": "ketama"}"#,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let answers = answered(&proxy, &[("x-user", "alice")], 20).await;
+    assert_eq!(
+        answers,
+        ["a", "b"],
+        "the live round robin still sends to both"
+    );
+    let (status, body) = admin(&c, &proxy, "GET", "/services/svc/shadow", "").await;
+    assert_eq!(status, StatusCode::OK);
+    let r: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(r["candidate"], "ketama");
+    assert_eq!(r["picks"], 20);
+    assert_eq!(r["disagreements"], 10, "{r}");
+    let shares: Vec<f64> = r["endpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["candidate_share"].as_f64().unwrap())
+        .collect();
+    let mut sorted = shares.clone();
+    sorted.sort_by(f64::total_cmp);
+    assert_eq!(sorted, [0.0, 1.0], "one key, one endpoint: {r}");
+    assert!(r["endpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|e| e["live_share"] == 0.5));
+    let (_, metrics) = admin(&c, &proxy, "GET", "/metrics", "").await;
+    assert!(
+        metrics.contains("lbkit_shadow_picks_total{service=\"svc\",candidate=\"ketama\"} 20"),
+        "{metrics}"
+    );
+
+    // A strategy switch keeps the shadow and its counters.
+    let (status, _) = admin(
+        &c,
+        &proxy,
+        "PUT",
+        "/services/svc/strategy",
+        r#"{"strategy": "random"}"#,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let _ = answered(&proxy, &[("x-user", "alice")], 4).await;
+    let (_, body) = admin(&c, &proxy, "GET", "/services/svc/shadow", "").await;
+    let r: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(r["picks"], 24, "{r}");
+
+    let (status, _) = admin(&c, &proxy, "DELETE", "/services/svc/shadow", "").await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _) = admin(&c, &proxy, "GET", "/services/svc/shadow", "").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (_, metrics) = admin(&c, &proxy, "GET", "/metrics", "").await;
+    assert!(!metrics.contains("lbkit_shadow"), "{metrics}");
+    proxy.shutdown(Duration::from_secs(2)).await;
+}

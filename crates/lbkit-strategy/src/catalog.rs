@@ -95,6 +95,11 @@ impl Params {
         }
     }
 
+    /// Every pair, in the order given.
+    pub fn pairs(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.pairs.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+
     /// The value given for `name` (the last one given), if any.
     pub fn get(&self, name: &str) -> Option<&str> {
         self.pairs

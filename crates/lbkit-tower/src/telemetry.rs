@@ -34,6 +34,9 @@
 //! | `lbkit_pass_over_total` | counter | `service` | candidates passed over (service not ready or missing) |
 //! | `lbkit_failback_total` | counter | `service`, `result` | failback retries: `scheduled`, `succeeded`, `dropped`, `exhausted` |
 //! | `lbkit_endpoints` | gauge | `service` | endpoints with a client service |
+//! | `lbkit_shadow_picks_total` | counter | `service`, `candidate` | first attempts a shadow candidate observed ([`lbkit_core::shadow`]) |
+//! | `lbkit_shadow_disagreements_total` | counter | `service`, `candidate` | of those, where the candidate would have picked another endpoint (or none) |
+//! | `lbkit_shadow_endpoint_picks_total` | counter | `service`, `candidate`, `endpoint`, `by` | first attempts per endpoint, `by` the `live` strategy or the `candidate` |
 
 use std::collections::HashMap;
 use std::fmt;
@@ -262,6 +265,70 @@ pub(crate) trait PoolView: Send + Sync + 'static {
     fn ejections(&self) -> Arc<HashMap<EndpointKey, u64>>;
     fn discovery(&self) -> Option<Arc<ControllerMetrics>>;
     fn services(&self) -> usize;
+    fn shadow(&self) -> Option<lbkit_core::shadow::ShadowReport>;
+}
+
+/// One service's shadow, for [`encode_shadows`].
+#[derive(Debug)]
+pub struct ShadowRow<'a> {
+    /// The `service` label.
+    pub service: &'a str,
+    /// What the shadow saw.
+    pub report: &'a lbkit_core::shadow::ShadowReport,
+}
+
+/// The shadow families of the table above, for every service that runs a shadow (nothing when
+/// none does).
+///
+/// # Errors
+/// The encoder's.
+pub fn encode_shadows(enc: &mut DescriptorEncoder<'_>, rows: &[ShadowRow<'_>]) -> fmt::Result {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    type Value = fn(&lbkit_core::shadow::ShadowReport) -> u64;
+    let counters: [(&str, &str, Value); 2] = [
+        (
+            "lbkit_shadow_picks",
+            "First attempts a shadow candidate strategy observed.",
+            |r| r.picks,
+        ),
+        (
+            "lbkit_shadow_disagreements",
+            "First attempts the shadow candidate would have sent to another endpoint (or to none).",
+            |r| r.disagreements,
+        ),
+    ];
+    for (name, help, value) in counters {
+        let mut f = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
+        for row in rows {
+            let labels = [
+                ("service", row.service),
+                ("candidate", row.report.candidate.as_str()),
+            ];
+            ConstCounter::new(value(row.report)).encode(f.encode_family(&labels)?)?;
+        }
+    }
+    let mut f = enc.encode_descriptor(
+        "lbkit_shadow_endpoint_picks",
+        "First attempts per endpoint, by the live strategy or the shadow candidate.",
+        None,
+        MetricType::Counter,
+    )?;
+    for row in rows {
+        for e in &row.report.endpoints {
+            for (by, n) in [("live", e.live), ("candidate", e.candidate)] {
+                let labels = [
+                    ("service", row.service),
+                    ("candidate", row.report.candidate.as_str()),
+                    ("endpoint", e.address.as_str()),
+                    ("by", by),
+                ];
+                ConstCounter::new(n).encode(f.encode_family(&labels)?)?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A pool's families, for a `prometheus_client` registry; see
@@ -296,6 +363,15 @@ impl prometheus_client::collector::Collector for PoolCollector {
             discovery: discovery.as_deref(),
         };
         encode_services(&mut enc, &[row])?;
+        if let Some(report) = p.shadow() {
+            encode_shadows(
+                &mut enc,
+                &[ShadowRow {
+                    service: name,
+                    report: &report,
+                }],
+            )?;
+        }
         let service = [("service", name)];
         for (family, help, counter) in [
             (

@@ -40,6 +40,9 @@ where
         Some(recorder) => recorder.attach(balancer, &config.name),
         None => balancer,
     };
+    if let Some((label, strategy)) = config.shadow {
+        balancer.start_shadow(label, strategy, now);
+    }
     let (status, _) = watch::channel(PoolStatus::default());
     let mut controller = Controller::new(ControllerConfig {
         policy: config.policy,

@@ -153,6 +153,10 @@ impl<Svc: Send + Sync + 'static, S: Strategy> PoolView for PoolInner<Svc, S> {
     fn services(&self) -> usize {
         self.services.load().len()
     }
+    fn shadow(&self) -> Option<lbkit_core::shadow::ShadowReport> {
+        let shadow = self.balancer.shadow()?;
+        Some(shadow.report(&self.balancer.snapshot()))
+    }
 }
 
 /// The endpoints, one client service per endpoint, and the [`Balancer`] that picks among them,
@@ -204,6 +208,27 @@ impl<Svc, S: Strategy> Pool<Svc, S> {
     /// The current snapshot.
     pub fn snapshot(&self) -> Arc<Snapshot> {
         self.inner.balancer.snapshot()
+    }
+
+    /// Run `strategy` as a shadow beside the pool's own (see `lbkit_core::shadow`): it picks for
+    /// every first attempt too, nothing is sent, and [`shadow_report`](Self::shadow_report)
+    /// and the `lbkit_shadow_*` metric families say how often it disagrees and where it would
+    /// have sent the traffic. Replaces a running shadow.
+    pub fn start_shadow(&self, label: impl Into<String>, strategy: BoxStrategy) {
+        let now = self.inner.balancer.clock().now();
+        self.inner.balancer.start_shadow(label, strategy, now);
+    }
+
+    /// Stop the shadow.
+    pub fn stop_shadow(&self) {
+        let now = self.inner.balancer.clock().now();
+        self.inner.balancer.set_shadow(None, now);
+    }
+
+    /// What the running shadow saw, per endpoint of the current snapshot.
+    pub fn shadow_report(&self) -> Option<lbkit_core::shadow::ShadowReport> {
+        let shadow = self.inner.balancer.shadow()?;
+        Some(shadow.report(&self.inner.balancer.snapshot()))
     }
 
     /// The trace recorder, when the pool records one ([`PoolBuilder::trace`]).
@@ -261,6 +286,7 @@ pub struct PoolBuilder<S = BoxStrategy> {
     #[cfg(feature = "health-checks")]
     health: Option<HealthChecks>,
     trace: Option<Arc<lbkit_trace::Recorder>>,
+    shadow: Option<(String, BoxStrategy)>,
 }
 
 /// Active checks of a pool: the probe and its thresholds.
@@ -330,7 +356,15 @@ impl<S: Strategy> PoolBuilder<S> {
             #[cfg(feature = "health-checks")]
             health: None,
             trace: None,
+            shadow: None,
         }
+    }
+
+    /// Start the pool with `strategy` running as a shadow, labelled `label` (see
+    /// [`Pool::start_shadow`]).
+    pub fn shadow(mut self, label: impl Into<String>, strategy: BoxStrategy) -> Self {
+        self.shadow = Some((label.into(), strategy));
+        self
     }
 
     /// Record a sampled trace of the pool's calls (every attempt of `config.sample_rate` of
@@ -365,6 +399,7 @@ impl<S: Strategy> PoolBuilder<S> {
             #[cfg(feature = "health-checks")]
             health: self.health,
             trace: self.trace,
+            shadow: self.shadow,
         }
     }
 

@@ -209,8 +209,10 @@ impl<Svc, S: Strategy> Pool<Svc, S> {
                 match lookup(&services, endpoint) {
                     Some(entry) => {
                         let sel = self.selected(endpoint, entry.svc.clone(), false, &input, rng);
-                        // One request: every copy shares the first's tracing decision.
+                        // One request: every copy shares the first's tracing decision, and
+                        // the copies after the first are sent beside it.
                         input.trace = sel.call.trace_id();
+                        input.hedge = true;
                         Ok(sel)
                     }
                     None => Err(Error::new(ErrorKind::NoService).at(endpoint.key(), 0)),
@@ -230,6 +232,7 @@ impl<Svc, S: Strategy> Pool<Svc, S> {
         let clock = self.inner.balancer.clock().clone();
         let mut cx = PickContext::new(input.now, rng)
             .with_tried(input.attempt, input.tried)
+            .with_route(input.route)
             .with_trace(input.trace);
         cx.hedge = input.hedge;
         let guard = self.inner.balancer.start_call(endpoint.clone(), &mut cx);
