@@ -22,7 +22,7 @@
 //! #[derive(Default)]
 //! struct Keep(Mutex<Vec<(u64, u32)>>);
 //! impl TraceSink for Keep {
-//!     fn register(&self, _service: &str, _strategy: &str) -> u32 { 7 }
+//!     fn register(&self, _service: &str, _strategy: &str, _sample_rate: f64) -> u32 { 7 }
 //!     fn record(&self, r: AttemptRecord) { self.0.lock().unwrap().push((r.request, r.stream)); }
 //! }
 //! # struct First; struct FirstPicker(EndpointIdx);
@@ -103,9 +103,9 @@ pub struct AttemptRecord {
 /// Where sampled attempts go. `record` is called on the call path: it must not block, lock or
 /// do I/O (hand the record to another thread, or drop it).
 pub trait TraceSink: Send + Sync + 'static {
-    /// A service and the strategy balancing it start recording: the id their records carry.
-    /// Called once per [`Tracer`], at setup.
-    fn register(&self, service: &str, strategy: &str) -> u32;
+    /// A service and the strategy balancing it start recording `sample_rate` of the requests:
+    /// the id their records carry. Called once per [`Tracer`], at setup.
+    fn register(&self, service: &str, strategy: &str, sample_rate: f64) -> u32;
     /// One finished attempt.
     fn record(&self, record: AttemptRecord);
 }
@@ -124,12 +124,12 @@ impl Tracer {
     /// Sample `sample_rate` of the requests to `service` (clamped to `0..=1`), balanced by
     /// `strategy`, into `sink`.
     pub fn new(sink: Arc<dyn TraceSink>, service: &str, strategy: &str, sample_rate: f64) -> Self {
-        let stream = sink.register(service, strategy);
         let rate = if sample_rate.is_nan() {
             0.0
         } else {
             sample_rate.clamp(0.0, 1.0)
         };
+        let stream = sink.register(service, strategy, rate);
         let threshold = if rate >= 1.0 {
             u64::MAX
         } else {

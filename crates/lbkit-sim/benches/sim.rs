@@ -32,6 +32,7 @@ fn simulate_200k_requests(strategy: &str) -> usize {
         strategies: vec![strategy.to_owned()],
         seed: Some(1),
         skip_oracle: true,
+        ..RunOptions::default()
     };
     run(&scenario, &opts, &mut |_, _| {})
         .expect("runs")

@@ -10,12 +10,99 @@ use crate::scenario::ServiceSpec;
 pub(crate) enum ServiceTime {
     Constant(f64),
     Exponential(f64),
-    Lognormal { mu: f64, sigma: f64 },
-    Pareto { scale: f64, shape: f64 },
+    Lognormal {
+        mu: f64,
+        sigma: f64,
+    },
+    Pareto {
+        scale: f64,
+        shape: f64,
+    },
     Empirical(Box<[f64]>),
+    /// Latencies recorded at each load (calls in flight on the server when the call began).
+    ByLoad(Box<LoadTable>),
 }
 
 const MS: f64 = 1e6;
+
+/// Fewest samples a load bin keeps on its own; smaller bins join the bin below.
+const MIN_BIN: usize = 20;
+
+/// Recorded latencies by load: bins of in-flight levels, each with its samples.
+#[derive(Debug, Clone)]
+pub(crate) struct LoadTable {
+    /// `(lowest load of the bin, its samples in ns)`, by load.
+    bins: Vec<(u32, Box<[f64]>)>,
+    /// The highest load recorded.
+    top: u32,
+}
+
+impl LoadTable {
+    /// Bins over `rows` of `(load, latency ns)`: one per load up to 32, then each ×1.25 wider
+    /// (32, 40, 50, 62, …); a bin of fewer than [`MIN_BIN`] samples takes the next ones in.
+    fn new(mut rows: Vec<(u32, f64)>) -> Option<LoadTable> {
+        if rows.is_empty() {
+            return None;
+        }
+        rows.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)));
+        let top = rows.last().map_or(0, |r| r.0);
+        let bound_of = |load: u32| -> u32 {
+            let mut lo = 0u32;
+            let mut next = 1u32;
+            while next <= load {
+                lo = next;
+                next = if next < 32 { next + 1 } else { next + next / 4 };
+            }
+            lo
+        };
+        let mut bins: Vec<(u32, Vec<f64>)> = Vec::new();
+        for (load, ns) in rows {
+            let lo = bound_of(load);
+            match bins.last_mut() {
+                Some((b, v)) if *b == lo || v.len() < MIN_BIN => v.push(ns),
+                _ => bins.push((lo, vec![ns])),
+            }
+        }
+        // A last bin too small joins the one before it.
+        if bins.len() > 1 && bins.last().is_some_and(|b| b.1.len() < MIN_BIN) {
+            if let Some((_, v)) = bins.pop() {
+                if let Some(prev) = bins.last_mut() {
+                    prev.1.extend(v);
+                }
+            }
+        }
+        Some(LoadTable {
+            bins: bins
+                .into_iter()
+                .map(|(lo, v)| (lo, v.into_boxed_slice()))
+                .collect(),
+            top,
+        })
+    }
+
+    /// A latency for a call that begins with `load` calls on the server. Past the highest load
+    /// recorded, the top bin's samples are scaled by `(load + 1) / (top + 1)`: latency grows
+    /// with the load it was never seen at, as a queue's would.
+    fn sample(&self, rng: &mut FastRng, load: u32) -> f64 {
+        let i = self.bins.partition_point(|b| b.0 <= load).saturating_sub(1);
+        let samples = &self.bins[i].1;
+        let v = samples[rng.index(samples.len())];
+        if load > self.top {
+            v * f64::from(load + 1) / f64::from(self.top + 1)
+        } else {
+            v
+        }
+    }
+
+    fn mean(&self) -> f64 {
+        let (sum, n) = self
+            .bins
+            .iter()
+            .flat_map(|b| b.1.iter())
+            .fold((0.0, 0usize), |(s, n), v| (s + v, n + 1));
+        sum / n.max(1) as f64
+    }
+}
 
 impl ServiceTime {
     /// Check a spec without reading files.
@@ -41,6 +128,8 @@ impl ServiceTime {
                 Err("service.file is empty".into())
             }
             ServiceSpec::Empirical { .. } => Ok(()),
+            ServiceSpec::ByLoad { file } if file.is_empty() => Err("service.file is empty".into()),
+            ServiceSpec::ByLoad { .. } => Ok(()),
         }
     }
 
@@ -59,6 +148,10 @@ impl ServiceTime {
                 shape: *shape,
             },
             ServiceSpec::Empirical { file } => ServiceTime::Empirical(read_samples(file)?),
+            ServiceSpec::ByLoad { file } => ServiceTime::ByLoad(Box::new(
+                LoadTable::new(read_load_samples(file)?)
+                    .ok_or_else(|| format!("{file}: no latencies"))?,
+            )),
         })
     }
 
@@ -70,7 +163,24 @@ impl ServiceTime {
             ServiceTime::Pareto { scale, shape } if *shape > 1.0 => scale * shape / (shape - 1.0),
             ServiceTime::Pareto { .. } => f64::INFINITY,
             ServiceTime::Empirical(s) => s.iter().sum::<f64>() / s.len() as f64,
+            ServiceTime::ByLoad(t) => t.mean(),
         }
+    }
+
+    /// A service time for a call that begins with `load` other calls on the server (only
+    /// load-conditioned distributions look at it).
+    #[inline]
+    pub(crate) fn sample_at(&self, rng: &mut FastRng, load: u32) -> f64 {
+        match self {
+            ServiceTime::ByLoad(t) => t.sample(rng, load),
+            other => other.sample(rng),
+        }
+    }
+
+    /// Whether service times depend on the load (a server with such a distribution models
+    /// its own queueing: it serves every call at once).
+    pub(crate) fn by_load(&self) -> bool {
+        matches!(self, ServiceTime::ByLoad(_))
     }
 
     #[inline]
@@ -81,8 +191,58 @@ impl ServiceTime {
             ServiceTime::Lognormal { mu, sigma } => (mu + sigma * normal(rng)).exp(),
             ServiceTime::Pareto { scale, shape } => scale / open01(rng).powf(1.0 / shape),
             ServiceTime::Empirical(s) => s[rng.index(s.len())],
+            ServiceTime::ByLoad(t) => t.sample(rng, 0),
         }
     }
+}
+
+/// Rows `in_flight,latency_ms` (a header line is skipped).
+fn read_load_samples(file: &str) -> Result<Vec<(u32, f64)>, String> {
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| format!("service.file {file}: cannot read: {e}"))?;
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let mut fields = line.split(',').map(str::trim);
+        let (load, ms) = (fields.next().unwrap_or(""), fields.next().unwrap_or(""));
+        match (load.parse::<u32>(), ms.parse::<f64>()) {
+            (Ok(l), Ok(v)) if v >= 0.0 && v.is_finite() => out.push((l, v * MS)),
+            _ if i == 0 => continue, // a header
+            _ => {
+                return Err(format!(
+                    "{file}:{}: {line:?} is not `in_flight,latency_ms`",
+                    i + 1
+                ))
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Arrival offsets in ms, one per line (a header is skipped), as ns from the first, sorted.
+pub(crate) fn read_arrivals(file: &str) -> Result<Box<[u64]>, String> {
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| format!("workload.arrivals {file}: cannot read: {e}"))?;
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let field = line.split(',').next().unwrap_or("").trim();
+        if field.is_empty() || field.starts_with('#') {
+            continue;
+        }
+        match field.parse::<f64>() {
+            Ok(v) if v >= 0.0 && v.is_finite() => out.push((v * MS) as u64),
+            Err(_) if i == 0 => continue,
+            _ => return Err(format!("{file}:{}: {field:?} is not a time in ms", i + 1)),
+        }
+    }
+    if out.is_empty() {
+        return Err(format!("{file}: no arrivals"));
+    }
+    out.sort_unstable();
+    Ok(out.into_boxed_slice())
 }
 
 fn read_samples(file: &str) -> Result<Box<[f64]>, String> {

@@ -34,6 +34,7 @@
 mod dist;
 mod engine;
 mod error;
+pub mod fit;
 mod metrics;
 mod oracle;
 pub mod plot;

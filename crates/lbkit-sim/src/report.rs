@@ -30,6 +30,9 @@ pub struct RunOptions {
     pub strategies: Vec<String>,
     /// Leave out the oracle baseline (benchmarks).
     pub skip_oracle: bool,
+    /// Record the run of the first strategy into this trace, in virtual time, as a proxy or a
+    /// pool would (`lbkit sim --record`); open it with `TraceConfig::with_lossless(true)`.
+    pub record: Option<Arc<lbkit_trace::Recorder>>,
 }
 
 /// The results of every strategy on one scenario.
@@ -159,10 +162,11 @@ pub fn run(
         .collect::<Result<Vec<_>, _>>()?;
     let addresses = Engine::addresses(scenario);
     let mut results = Vec::new();
-    for (label, (name, params)) in labels.iter().zip(&parsed) {
+    for (i, (label, (name, params))) in labels.iter().zip(&parsed).enumerate() {
         let make = || catalog::build(name, params.clone()).expect("validated above");
+        let record = options.record.as_deref().filter(|_| i == 0);
         results.push(simulate(
-            scenario, label, &make, None, requests, seed, progress,
+            scenario, label, &make, None, record, requests, seed, progress,
         )?);
     }
     let queues = Arc::new(Queues {
@@ -180,6 +184,7 @@ pub fn run(
             ORACLE,
             &oracle,
             Some(queues.clone()),
+            None,
             requests,
             seed,
             progress,
@@ -190,7 +195,7 @@ pub fn run(
     let watched = match &scenario.watch {
         Some(w) => w.clone(),
         None => {
-            let probe = Engine::new(scenario, &oracle, None, 1, seed)
+            let probe = Engine::new(scenario, &oracle, None, None, 1, seed)
                 .map_err(|e| SimError::input(&scenario.name, e))?;
             names[probe.watched()].clone()
         }
@@ -206,16 +211,18 @@ pub fn run(
     })
 }
 
+#[allow(clippy::too_many_arguments)] // one internal call site per kind of run
 fn simulate(
     scenario: &Scenario,
     label: &str,
     make: &dyn Fn() -> BoxStrategy,
     oracle: Option<Arc<Queues>>,
+    record: Option<&lbkit_trace::Recorder>,
     requests: u64,
     seed: u64,
     progress: &mut dyn FnMut(&str, f64),
 ) -> Result<StrategyResult, SimError> {
-    let engine = Engine::new(scenario, make, oracle, requests, seed)
+    let engine = Engine::new(scenario, make, oracle, record, requests, seed)
         .map_err(|e| SimError::input(&scenario.name, e))?;
     progress(label, 0.0);
     let result = engine.run(label.to_owned(), &mut |done| {

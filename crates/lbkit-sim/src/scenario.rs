@@ -17,6 +17,7 @@
 //! kind = "open"                # open (arrivals at `rate`) | closed (clients wait, think, repeat)
 //! rate = 2000.0                # open: requests per second over all clients
 //! pattern = "poisson"          # open: poisson | bursty
+//! arrivals = "arrivals.csv"    # open: replay these arrival times (ms, one per line) instead of `rate`
 //! burst_on_ms = 1000.0         # bursty: mean length of an on period (exponential)
 //! burst_off_ms = 1000.0        # bursty: mean length of an off period (no arrivals)
 //! clients = 4                  # clients (closed: concurrent callers; open: arrivals spread over them)
@@ -41,6 +42,7 @@
 //! service = { dist = "exponential", mean_ms = 10.0 }
 //!   # constant{mean_ms} | exponential{mean_ms} | lognormal{median_ms, sigma}
 //!   # | pareto{scale_ms, shape} | empirical{file (CSV, one latency in ms per line)}
+//!   # | by-load{file (CSV rows in_flight,latency_ms: latency drawn by the server's load)}
 //! slow_factor = 1.0            # service times x this
 //! error_rate = 0.0             # probability that a served request fails
 //! stall_every_ms = 0.0         # mean time between GC-like pauses (exponential; 0 = none)
@@ -197,6 +199,10 @@ pub struct Workload {
     /// Open: arrival pattern.
     #[serde(default)]
     pub pattern: Pattern,
+    /// Open: a file of arrival times (ms from the start, one per line) to replay instead of
+    /// drawing arrivals at `rate`; at most its number of requests are simulated.
+    #[serde(default)]
+    pub arrivals: Option<String>,
     /// Bursty: mean on period, ms.
     #[serde(default = "default_burst")]
     pub burst_on_ms: f64,
@@ -291,6 +297,14 @@ pub enum ServiceSpec {
     },
     /// Recorded latencies: a CSV file with one latency in ms per line (a header is skipped).
     Empirical {
+        /// Path, relative to the scenario file.
+        file: String,
+    },
+    /// Recorded latencies by load: a CSV file of `in_flight,latency_ms` rows, each the calls
+    /// already on the server when a call began and how long that call took (what `lbkit sim
+    /// --fit` writes from a trace). A server with it serves every call at once: its recorded
+    /// latencies already hold its queueing, and a call draws from the rows of its load.
+    ByLoad {
         /// Path, relative to the scenario file.
         file: String,
     },
@@ -467,9 +481,14 @@ impl Scenario {
         let mut s = Scenario::parse(&text, &origin)?;
         let base = path.parent().unwrap_or(Path::new("."));
         for server in &mut s.servers {
-            if let ServiceSpec::Empirical { file } = &mut server.service {
+            if let ServiceSpec::Empirical { file } | ServiceSpec::ByLoad { file } =
+                &mut server.service
+            {
                 *file = base.join(&*file).display().to_string();
             }
+        }
+        if let Some(file) = &mut s.workload.arrivals {
+            *file = base.join(&*file).display().to_string();
         }
         Ok(s)
     }
@@ -520,8 +539,13 @@ impl Scenario {
             }
         }
         self.within_limits()?;
-        if w.kind == WorkloadKind::Open {
+        if w.kind == WorkloadKind::Open && w.arrivals.is_none() {
             positive("workload.rate", w.rate)?;
+        }
+        if w.arrivals.is_some() && (w.kind != WorkloadKind::Open || w.pattern != Pattern::Poisson) {
+            return Err(
+                "workload.arrivals: only with kind = \"open\" and pattern = \"poisson\"".into(),
+            );
         }
         positive("workload.clients", f64::from(w.clients))?;
         non_negative("workload.think_ms", w.think_ms)?;

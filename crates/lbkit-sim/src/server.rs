@@ -46,13 +46,20 @@ pub(crate) struct Server {
 
 impl Server {
     pub(crate) fn new(spec: &ServerSpec, name: String, index: usize) -> Result<Server, String> {
+        let service = ServiceTime::new(&spec.service)?;
+        // Recorded latencies by load hold the server's queueing already: serve every call.
+        let concurrency = if service.by_load() {
+            u32::MAX
+        } else {
+            spec.concurrency
+        };
         Ok(Server {
             address: Server::address_of(index),
             name,
             weight: spec.weight,
             zone: spec.zone.clone(),
-            service: ServiceTime::new(&spec.service)?,
-            concurrency: spec.concurrency,
+            service,
+            concurrency,
             queue_cap: spec.queue as usize,
             slow: spec.slow_factor,
             error_rate: spec.error_rate,
@@ -101,7 +108,9 @@ impl Server {
 
     /// Draw the service time of an attempt starting at `now`.
     pub(crate) fn service_time(&self, rng: &mut FastRng, now: u64) -> u64 {
-        (self.service.sample(rng) * self.slow * self.cold(now)).max(1.0) as u64
+        // The calls on the server besides this one (already counted among those served).
+        let load = u32::try_from(self.outstanding().saturating_sub(1)).unwrap_or(u32::MAX);
+        (self.service.sample_at(rng, load) * self.slow * self.cold(now)).max(1.0) as u64
     }
 
     /// The cold-start multiplier at `now`.

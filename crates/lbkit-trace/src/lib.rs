@@ -24,7 +24,7 @@
 //! | part | bytes |
 //! |---|---|
 //! | header | `LBKTRACE` (8), version `u16` = 1, 6 zero bytes (16 in all) |
-//! | stream definition | kind `u8` = 1, id `u32`, service (`u16` length + UTF-8), strategy (`u16` length + UTF-8) |
+//! | stream definition | kind `u8` = 1, id `u32`, service (`u16` length + UTF-8), strategy (`u16` length + UTF-8), sample rate `f64` (the share of requests recorded) |
 //! | endpoint definition | kind `u8` = 2, id `u32`, address (`u16` length + UTF-8) |
 //! | attempt | kind `u8` = 3, picked at `u64` (ns since the Unix epoch), latency `u64` (ns), request `u64`, stream `u32`, endpoint `u32`, in flight at pick `u32`, attempt `u16` (0 = first), outcome `u8`, flags `u8` (41 in all) |
 //!

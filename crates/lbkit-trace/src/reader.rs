@@ -27,6 +27,8 @@ pub struct Record {
     pub strategy: Arc<str>,
     /// The endpoint's address.
     pub endpoint: Arc<str>,
+    /// The share of requests the recorder sampled (1 in `1 / sample_rate` requests is here).
+    pub sample_rate: f64,
     /// Calls in flight on the endpoint when it was picked, this one not counted.
     pub in_flight: u32,
     /// 0 for the first attempt.
@@ -108,7 +110,7 @@ struct SegmentReader<'a> {
     path: PathBuf,
     bytes: &'a [u8],
     at: usize,
-    streams: HashMap<u32, (Arc<str>, Arc<str>)>,
+    streams: HashMap<u32, (Arc<str>, Arc<str>, f64)>,
     endpoints: HashMap<u32, Arc<str>>,
     /// A malformed record ended the segment.
     pending_error: Option<TraceError>,
@@ -171,9 +173,13 @@ impl SegmentReader<'_> {
                     let id = self.u32()?;
                     let service = self.text()?;
                     let strategy = self.text()?;
+                    let b = self.take(8)?;
+                    let mut rate = [0u8; 8];
+                    rate.copy_from_slice(b);
+                    let rate = f64::from_le_bytes(rate);
                     match (service, strategy) {
                         (Ok(a), Ok(b)) => {
-                            self.streams.insert(id, (a, b));
+                            self.streams.insert(id, (a, b, rate));
                         }
                         (Err(e), _) | (_, Err(e)) => return self.fail(e),
                     }
@@ -192,7 +198,9 @@ impl SegmentReader<'_> {
                     let mut fixed = [0u8; ATTEMPT_LEN - 1];
                     fixed.copy_from_slice(b);
                     let raw = RawAttempt::get(&fixed);
-                    let Some((service, strategy)) = self.streams.get(&raw.stream).cloned() else {
+                    let Some((service, strategy, sample_rate)) =
+                        self.streams.get(&raw.stream).cloned()
+                    else {
                         return self.fail(format!(
                             "byte {start}: attempt of stream {} before its definition",
                             raw.stream
@@ -214,6 +222,7 @@ impl SegmentReader<'_> {
                         service,
                         strategy,
                         endpoint,
+                        sample_rate,
                         in_flight: raw.in_flight,
                         attempt: raw.attempt,
                         outcome,

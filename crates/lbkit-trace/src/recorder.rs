@@ -40,6 +40,10 @@ pub struct TraceConfig {
     pub sample_rate: f64,
     /// Most bytes on disk over both segments, at least [`MIN_MAX_BYTES`] (default 64 MiB).
     pub max_bytes: u64,
+    /// Wait for room when the queue is full instead of dropping the record: for offline
+    /// producers that must not lose a record (the simulator's `--record`), never for a call
+    /// path. Default false.
+    pub lossless: bool,
 }
 
 // === impl TraceConfig ===
@@ -51,7 +55,14 @@ impl TraceConfig {
             path: path.into(),
             sample_rate: 0.01,
             max_bytes: 64 << 20,
+            lossless: false,
         }
+    }
+
+    /// Wait for room instead of dropping records (see [`lossless`](Self::lossless)).
+    pub fn with_lossless(mut self, lossless: bool) -> Self {
+        self.lossless = lossless;
+        self
     }
 
     /// Set the share of requests recorded.
@@ -117,6 +128,7 @@ enum Control {
         id: u32,
         service: String,
         strategy: String,
+        sample_rate: f64,
     },
     Flush(Sender<()>),
     Stop,
@@ -131,10 +143,11 @@ struct Shared {
     lost: AtomicU64,
     bytes: AtomicU64,
     rotations: AtomicU64,
+    lossless: bool,
 }
 
 impl TraceSink for Shared {
-    fn register(&self, service: &str, strategy: &str) -> u32 {
+    fn register(&self, service: &str, strategy: &str, sample_rate: f64) -> u32 {
         let id = self.next_stream.fetch_add(1, Relaxed);
         // Sent before any record of the stream can be pushed: the writer, having popped such a
         // record, finds the definition in the channel.
@@ -142,14 +155,23 @@ impl TraceSink for Shared {
             id,
             service: service.to_owned(),
             strategy: strategy.to_owned(),
+            sample_rate,
         });
         id
     }
 
     #[inline]
     fn record(&self, record: AttemptRecord) {
-        if self.queue.push(record).is_err() {
+        let Err(mut back) = self.queue.push(record) else {
+            return;
+        };
+        if !self.lossless {
             self.dropped.fetch_add(1, Relaxed);
+            return;
+        }
+        while let Err(r) = self.queue.push(back) {
+            back = r;
+            std::thread::yield_now();
         }
     }
 }
@@ -184,6 +206,7 @@ impl Recorder {
             lost: AtomicU64::new(0),
             bytes: AtomicU64::new(HEADER_LEN as u64),
             rotations: AtomicU64::new(0),
+            lossless: config.lossless,
         });
         let mut writer = Writer {
             shared: shared.clone(),
@@ -303,7 +326,7 @@ struct Writer {
     /// Most bytes in one segment.
     limit: u64,
     segment: Option<Segment>,
-    streams: HashMap<u32, (String, String)>,
+    streams: HashMap<u32, (String, String, f64)>,
     /// Streams defined in the current segment.
     defined_streams: Vec<u32>,
     /// Endpoint ids of the current segment, by address.
@@ -324,8 +347,9 @@ impl Writer {
                     id,
                     service,
                     strategy,
+                    sample_rate,
                 }) => {
-                    self.streams.insert(id, (service, strategy));
+                    self.streams.insert(id, (service, strategy, sample_rate));
                 }
                 Ok(Control::Flush(a)) => self.acks.push(a),
                 Ok(Control::Stop) | Err(RecvTimeoutError::Disconnected) => self.stopping = true,
@@ -363,8 +387,9 @@ impl Writer {
                     id,
                     service,
                     strategy,
+                    sample_rate,
                 } => {
-                    self.streams.insert(id, (service, strategy));
+                    self.streams.insert(id, (service, strategy, sample_rate));
                 }
                 Control::Flush(ack) => self.acks.push(ack),
                 Control::Stop => self.stopping = true,
@@ -400,14 +425,15 @@ impl Writer {
     fn encode(&mut self, r: &AttemptRecord) {
         self.buf.clear();
         if !self.defined_streams.contains(&r.stream) {
-            let (service, strategy) = self
+            let (service, strategy, rate) = self
                 .streams
                 .get(&r.stream)
-                .map_or(("?", "?"), |(a, b)| (a.as_str(), b.as_str()));
+                .map_or(("?", "?", 0.0), |(a, b, c)| (a.as_str(), b.as_str(), *c));
             self.buf.push(KIND_STREAM);
             self.buf.extend_from_slice(&r.stream.to_le_bytes());
             put_str(&mut self.buf, service);
             put_str(&mut self.buf, strategy);
+            self.buf.extend_from_slice(&rate.to_le_bytes());
             self.defined_streams.push(r.stream);
         }
         let address = r.endpoint.address();

@@ -856,3 +856,88 @@ fn trace_print_gives_json_lines_and_summary_counts() {
         assert!(stderr.contains(want), "{args:?}: {stderr}");
     }
 }
+
+/// Record → fit → replay from the command line: `sim --record`, `sim --fit`, `sim --trace`
+/// (the fit check comes before any candidate), and bad traces exit with status 2.
+#[test]
+fn sim_records_fits_and_replays_a_trace() {
+    let truth = TempFile::new(
+        "truth.toml",
+        "name = \"truth\"\nrequests = 4000\n[workload]\nrate = 200.0\nclients = 1\nbalancer = \"shared\"\n[[server]]\nname = \"fast\"\ncount = 3\nconcurrency = 2\nservice = { dist = \"exponential\", mean_ms = 10.0 }\n[[server]]\nname = \"slow\"\nconcurrency = 2\nservice = { dist = \"exponential\", mean_ms = 10.0 }\nslow_factor = 3.0\n",
+    );
+    let dir = std::env::temp_dir().join(format!("lbkit-cli-replay-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("calls.lbkt");
+    let (t, d) = (trace.to_str().unwrap(), dir.to_str().unwrap());
+    let plots = dir.join("plots");
+    ok(&[
+        "sim",
+        "-s",
+        truth.path(),
+        "--strategies",
+        "round-robin",
+        "--record",
+        t,
+        "--out",
+        plots.to_str().unwrap(),
+    ]);
+    let summary = ok(&["trace", "summary", t]);
+    assert!(
+        summary.contains("truth (round-robin): 4000 requests"),
+        "{summary}"
+    );
+    let scenario = dir.join("fitted").join("scenario.toml");
+    let fitted = ok(&["sim", "--fit", t, "--out", scenario.to_str().unwrap()]);
+    assert!(
+        fitted.contains("4000 recorded requests of truth"),
+        "{fitted}"
+    );
+    assert!(scenario.is_file() && dir.join("fitted").join("arrivals.csv").is_file());
+    let rerun = ok(&[
+        "sim",
+        "--scenario",
+        scenario.to_str().unwrap(),
+        "--strategies",
+        "round-robin",
+        "--out",
+        plots.to_str().unwrap(),
+    ]);
+    assert!(rerun.contains("trace-truth"), "{rerun}");
+    let replay_dir = dir.join("replay");
+    let replay = ok(&[
+        "sim",
+        "--trace",
+        t,
+        "--strategies",
+        "p2c-ewma",
+        "--out",
+        replay_dir.to_str().unwrap(),
+    ]);
+    let check = replay
+        .find("fit check: replaying round-robin")
+        .expect("a fit check");
+    let table = replay.find("\nstrategy ").expect("a table");
+    assert!(check < table, "the fit check comes first:\n{replay}");
+    assert!(replay.contains("\np2c-ewma "), "{replay}");
+    assert!(replay_dir.join("scenario.toml").is_file());
+
+    let junk = TempFile::new("junk-trace.lbkt", "nope");
+    for (args, want) in [
+        (vec!["sim", "--trace", junk.path()], "not an lbkit trace"),
+        (vec!["sim", "--fit", t], "--out"),
+        (
+            vec!["sim", "--trace", t, "--service", "nope", "--out", d],
+            "\"nope\" is not in the trace",
+        ),
+        (
+            vec!["sim", "--trace", t, "--scenario", "crash"],
+            "cannot be used with",
+        ),
+    ] {
+        let out = lbkit(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(want), "{args:?}: {stderr}");
+    }
+}

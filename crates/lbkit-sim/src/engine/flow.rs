@@ -34,6 +34,14 @@ impl Engine<'_> {
         let c = self.next_client % clients;
         self.next_client = self.next_client.wrapping_add(1);
         self.new_request(c);
+        if let Some(arrivals) = &self.arrivals {
+            if let Some(&next) = arrivals.get(self.issued as usize) {
+                if self.issued < self.total {
+                    self.at(next.max(self.now), Ev::Arrival);
+                }
+            }
+            return;
+        }
         let w = &self.scenario.workload;
         if self.issued < self.total && (w.pattern == Pattern::Poisson || self.burst_on) {
             let rate = if w.pattern == Pattern::Bursty {

@@ -123,6 +123,8 @@ pub(crate) struct Engine<'a> {
     watch: usize,
     sample_every: u64,
     oracle: Option<Arc<crate::oracle::Queues>>,
+    /// Recorded arrival times to replay (ns from the start), instead of drawing them.
+    pub(super) arrivals: Option<Box<[u64]>>,
     pub(crate) metrics: Collector,
 }
 
@@ -131,6 +133,7 @@ impl<'a> Engine<'a> {
         scenario: &'a Scenario,
         make: &dyn Fn() -> BoxStrategy,
         oracle: Option<Arc<crate::oracle::Queues>>,
+        record: Option<&lbkit_trace::Recorder>,
         requests: u64,
         seed: u64,
     ) -> Result<Engine<'a>, String> {
@@ -167,9 +170,13 @@ impl<'a> Engine<'a> {
             .map(|_| {
                 let mut builder = SnapshotBuilder::new();
                 let snap = builder.apply(Update::Reset(Vec::new()), Timestamp::ZERO);
+                let balancer =
+                    Balancer::new(make(), snap, Timestamp::ZERO).with_availability(availability);
                 Lb {
-                    balancer: Balancer::new(make(), snap, Timestamp::ZERO)
-                        .with_availability(availability),
+                    balancer: match record {
+                        Some(r) => r.attach(balancer, &scenario.name),
+                        None => balancer,
+                    },
                     builder,
                     detector: w
                         .outlier_detection
@@ -196,9 +203,17 @@ impl<'a> Engine<'a> {
         let keys = (0..w.key_count).map(|k| format!("key-{k}")).collect();
         let zipf = (w.key_count > 0 && w.key_distribution == KeyDistribution::Zipf)
             .then(|| Zipf::new(w.key_count, w.zipf_exponent));
-        let expected_ns = match w.kind {
-            WorkloadKind::Open => requests as f64 / w.rate * 1e9,
-            WorkloadKind::Closed => requests as f64 * 20e6 / f64::from(w.clients),
+        let arrivals = match &w.arrivals {
+            Some(file) => Some(crate::dist::read_arrivals(file)?),
+            None => None,
+        };
+        let requests = arrivals
+            .as_ref()
+            .map_or(requests, |a| requests.min(a.len() as u64));
+        let expected_ns = match (&arrivals, w.kind) {
+            (Some(a), _) => a.last().copied().unwrap_or(0) as f64 + 1e9,
+            (None, WorkloadKind::Open) => requests as f64 / w.rate * 1e9,
+            (None, WorkloadKind::Closed) => requests as f64 * 20e6 / f64::from(w.clients),
         };
         Ok(Engine {
             scenario,
@@ -225,6 +240,7 @@ impl<'a> Engine<'a> {
             watch,
             sample_every: ((expected_ns / 200.0) as u64).max(1_000_000),
             oracle,
+            arrivals,
         })
     }
 
@@ -321,6 +337,10 @@ impl<'a> Engine<'a> {
         }
         let w = &self.scenario.workload;
         match w.kind {
+            WorkloadKind::Open if self.arrivals.is_some() => {
+                let first = self.arrivals.as_ref().and_then(|a| a.first()).copied();
+                self.at(first.unwrap_or(0).max(1), Ev::Arrival);
+            }
             WorkloadKind::Open => {
                 self.at(1, Ev::Arrival);
                 if w.pattern == Pattern::Bursty {

@@ -40,6 +40,28 @@ pub(crate) struct SimArgs {
     /// List the built-in scenarios.
     #[arg(long, exclusive = true)]
     list: bool,
+    /// Replay a recorded trace (lbkit-trace: `[service.NAME.trace]`, `PoolBuilder::trace`):
+    /// fit a scenario to it, check the fit by replaying the strategy that ran, then compare
+    /// the strategies. The fitted scenario is written into --out (default
+    /// lbkit-sim-out/trace-SERVICE).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["scenario", "fit"])]
+    trace: Option<PathBuf>,
+    /// Fit a scenario to a recorded trace and write it to --out (a .toml path; its files go
+    /// beside it), to edit and rerun with --scenario.
+    #[arg(
+        long,
+        value_name = "FILE",
+        conflicts_with = "scenario",
+        requires = "out"
+    )]
+    fit: Option<PathBuf>,
+    /// With --trace or --fit: the service to fit [default: the one with the most records].
+    #[arg(long, value_name = "NAME")]
+    service: Option<String>,
+    /// Record the first strategy's run into this trace (every request, in virtual time), as
+    /// `lbkit proxy` would record real traffic: input for --trace and --fit.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["trace", "fit"])]
+    record: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -67,6 +89,32 @@ pub(crate) fn run(args: SimArgs) -> anyhow::Result<()> {
         }
         return Ok(());
     }
+    if let Some(file) = &args.fit {
+        let fit = fit_trace(file, args.service.as_deref())?;
+        let path = args.out.as_deref().unwrap_or(Path::new("scenario.toml"));
+        fit.write(path).map_err(bad)?;
+        writeln!(
+            out,
+            "wrote {} ({} file(s) beside it): {} recorded requests of {} ({:.1} % sampled), strategy {}, recorded p50 {:.2} ms, p99 {:.2} ms, {:.2} % failed",
+            path.display(),
+            fit.files.len(),
+            fit.requests,
+            fit.service,
+            fit.sample_rate * 100.0,
+            fit.strategy,
+            fit.p50_ms,
+            fit.p99_ms,
+            fit.error_rate * 100.0
+        )?;
+        for note in &fit.notes {
+            writeln!(out, "note: {note}")?;
+        }
+        writeln!(out, "next: lbkit sim --scenario {}", path.display())?;
+        return Ok(());
+    }
+    if let Some(file) = &args.trace {
+        return replay(&args, file, &mut out);
+    }
     let scenario = load_scenario(args.scenario.as_deref().unwrap_or("slow-provider"))?;
     if let Some(n) = args.requests {
         if n == 0 || n > MAX_REQUESTS {
@@ -78,9 +126,30 @@ pub(crate) fn run(args: SimArgs) -> anyhow::Result<()> {
         seed: args.seed,
         strategies: args.strategies,
         skip_oracle: false,
+        record: match &args.record {
+            Some(path) => {
+                let config = lbkit_trace::TraceConfig::new(path)
+                    .with_sample_rate(1.0)
+                    .with_max_bytes(lbkit_trace::MAX_MAX_BYTES)
+                    .with_lossless(true);
+                Some(std::sync::Arc::new(
+                    lbkit_trace::Recorder::open(&config).map_err(bad)?,
+                ))
+            }
+            None => None,
+        },
     };
     let show_progress = args.format == SimFormat::Table;
     let report = run_with_progress(&scenario, &options, show_progress)?;
+    if let (Some(recorder), Some(path)) = (&options.record, &args.record) {
+        recorder.flush();
+        eprintln!(
+            "recorded {} attempts of {} into {}",
+            recorder.stats().written,
+            report.results.first().map_or("", |r| r.strategy.as_str()),
+            path.display()
+        );
+    }
     let dir = args.out.unwrap_or_else(|| default_out(&report));
     let plots = plot::write_plots(&report, &dir)?;
     match args.format {
@@ -93,6 +162,74 @@ pub(crate) fn run(args: SimArgs) -> anyhow::Result<()> {
     }
     if args.format == SimFormat::Json {
         eprintln!("plots: {}", list_paths(&plots));
+    }
+    Ok(())
+}
+
+fn fit_trace(file: &Path, service: Option<&str>) -> anyhow::Result<lbkit_sim::fit::Fit> {
+    let trace = lbkit_trace::read(file).map_err(bad)?;
+    lbkit_sim::fit::fit(&trace, service).map_err(bad)
+}
+
+/// `lbkit sim --trace FILE`: fit, check the fit, compare.
+fn replay(args: &SimArgs, file: &Path, out: &mut impl Write) -> anyhow::Result<()> {
+    let fit = fit_trace(file, args.service.as_deref())?;
+    let dir = args
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("lbkit-sim-out").join(format!("trace-{}", fit.service)));
+    let path = dir.join("scenario.toml");
+    fit.write(&path).map_err(bad)?;
+    let scenario = Scenario::load(&path).map_err(bad)?;
+    if lbkit_strategy::catalog::build(&fit.strategy, Default::default()).is_err() {
+        return Err(bad(format!(
+            "the trace's strategy {:?} is not a built-in one: the fit cannot be checked by replaying it",
+            fit.strategy
+        )));
+    }
+    writeln!(
+        out,
+        "lbkit sim --trace: {} recorded requests of {} ({:.1} % sampled), strategy {}; fitted scenario: {}",
+        fit.requests,
+        fit.service,
+        fit.sample_rate * 100.0,
+        fit.strategy,
+        path.display()
+    )?;
+    for note in &fit.notes {
+        writeln!(out, "note: {note}")?;
+    }
+    let check = fit.validate(&scenario).map_err(bad)?;
+    writeln!(out, "\n{}\n", check.describe(&fit.strategy))?;
+    let mut strategies = vec![fit.strategy.clone()];
+    strategies.extend(
+        args.strategies
+            .iter()
+            .filter(|s| **s != fit.strategy)
+            .cloned(),
+    );
+    if args.strategies.is_empty() {
+        strategies.extend(
+            lbkit_strategy::catalog::strategies()
+                .map(|s| s.name.to_owned())
+                .filter(|s| *s != fit.strategy),
+        );
+    }
+    let options = RunOptions {
+        requests: args.requests,
+        seed: args.seed,
+        strategies,
+        ..RunOptions::default()
+    };
+    let report = run_with_progress(&scenario, &options, args.format == SimFormat::Table)?;
+    let plots = plot::write_plots(&report, &dir)?;
+    match args.format {
+        SimFormat::Json => writeln!(out, "{}", report.to_json())?,
+        SimFormat::Table => {
+            write!(out, "{}", report.to_table())?;
+            writeln!(out, "\n{}", report.conclusion())?;
+            writeln!(out, "\nplots: {}", list_paths(&plots))?;
+        }
     }
     Ok(())
 }
