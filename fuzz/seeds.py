@@ -106,3 +106,25 @@ put("tag_rule", "documented", "force: false\nruntime: true\nenabled: true\nkey: 
 put("tag_rule", "dubbo_test", "---\nforce: false\nruntime: true\nenabled: false\npriority: 1\nkey: demo-provider\ntags:\n  - name: tag1\n    addresses: null\n  - name: tag2\n    addresses: [\"30.5.120.37:20880\"]\n  - name: tag3\n    addresses: []\n  - name: tag4\n    addresses: ~\n...")
 put("tag_rule", "patterns", "force: true\nkey: shop\ntags:\n  - name: gray\n    addresses: [\"10.0.0.*\", \"192.168.1.1-65:20880\", \"[::1]\", \"0.0.0.0:20880\"]\n  - name: blue\n    addresses: [\"10.0.0.0/8\", \"provider-1\"]\n")
 put("tag_rule", "lines", "*.*.*.*:90\n234e:0:4567:0:0:0:3d:*\n192.168.1.192/26:90\n[234e:0:4567::3d:ee]:8090\n10.0.0.1-2\n")
+
+# trace: lbkit-trace's format, version 1 (the table in crates/lbkit-trace/src/lib.rs).
+import struct
+def tstr(s):
+    b = s.encode()
+    return struct.pack("<H", len(b)) + b
+def trace(streams, endpoints, attempts, version=1):
+    out = b"LBKTRACE" + struct.pack("<H", version) + bytes(6)
+    for sid, service, strategy, rate in streams:
+        out += b"\x01" + struct.pack("<I", sid) + tstr(service) + tstr(strategy) + struct.pack("<d", rate)
+    for eid, address in endpoints:
+        out += b"\x02" + struct.pack("<I", eid) + tstr(address)
+    for (at, lat, req, sid, eid, inflight, attempt, outcome) in attempts:
+        flags = 1 if attempt > 0 else 0
+        out += b"\x03" + struct.pack("<QQQIIIHBB", at, lat, req, sid, eid, inflight, attempt, outcome, flags)
+    return out
+t0 = 1_700_000_000_000_000_000
+put("trace", "failover", trace([(0, "shop", "round-robin", 1.0)], [(0, "10.0.0.1:80"), (1, "10.0.0.2:80")],
+    [(t0, 5_000_000, 7, 0, 0, 0, 0, 3), (t0 + 5_000_000, 7_000_000, 7, 0, 1, 1, 1, 0), (t0 + 1_000_000, 2_000_000, 9, 0, 1, 0, 0, 0)]))
+put("trace", "sampled", trace([(0, "cart\n\"x", "p2c-ewma\"]", 0.01)], [(0, "a\nb:1")],
+    [(t0 + i * 1_000_000, 1_000_000 + i, i + 2, 0, 0, i % 5, 0, i % 6) for i in range(40)]))
+put("trace", "cut", trace([(0, "shop", "round-robin", 1.0)], [(0, "10.0.0.1:80")], [(t0, 1, 2, 0, 0, 0, 0, 0)])[:-5])

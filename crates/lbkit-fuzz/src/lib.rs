@@ -14,6 +14,7 @@
 //! | `dubbo_url` | Dubbo provider URLs | printing a parsed URL (without reserved characters) and parsing it again gives it back |
 //! | `zk_node` | ZooKeeper child names and data, both layouts | a decoded provider's address is valid |
 //! | `override_rule` | Dubbo override rules (configurators nodes, and the input as a YAML configurator), applied to a provider | the rewritten provider still gives an endpoint; only parameters change, each to the value the last applied rule set |
+//! | `trace` | a trace segment (lbkit-trace's format) | parsing never panics; every record it keeps is consistent (a retry is an attempt past the first); a trace with records fits a scenario (lbkit-sim's `fit`) that parses and validates, whatever names and numbers the trace holds |
 //! | `tag_rule` | a Dubbo 3 tag rule (YAML), and each input line as a tag address | every tagged, untagged and forced pick over providers the rule annotated lands in the set the routing table gives (a tag's providers, the untagged ones) or fails with a tag error |
 //! | `service_config` | lbkit's service config | every service and method resolves |
 //! | `proxy_config` | the proxy's config | — |
@@ -49,6 +50,7 @@ pub const TARGETS: &[(&str, Check)] = &[
     ("zk_node", zk_node),
     ("override_rule", override_rule),
     ("tag_rule", tag_rule),
+    ("trace", trace),
     ("service_config", service_config),
     ("proxy_config", proxy_config),
     ("scenario", scenario),
@@ -552,4 +554,21 @@ pub fn h1_differential(data: &[u8]) {
         Ok((host, None)),
         "hyper's engine admits {data:?} otherwise"
     );
+}
+
+/// The `trace` target: see the table in the crate docs.
+pub fn trace(data: &[u8]) {
+    let Ok(trace) = lbkit_trace::parse_segment(data, std::path::Path::new("fuzz")) else {
+        return;
+    };
+    for r in &trace.records {
+        assert_eq!(r.retry, r.attempt > 0, "{r:?}");
+    }
+    if trace.records.is_empty() {
+        return;
+    }
+    let fit = lbkit_sim::fit::fit(&trace, None).expect("a trace with records fits");
+    if let Err(e) = lbkit_sim::Scenario::parse(&fit.scenario, "fitted") {
+        panic!("the fitted scenario does not parse: {e}\n{}", fit.scenario);
+    }
 }

@@ -193,7 +193,15 @@ pub fn fit(trace: &Trace, service: Option<&str>) -> Result<Fit, SimError> {
             strategies.len()
         ));
     }
-    let sample_rate = records.first().map_or(1.0, |r| r.sample_rate);
+    let recorded_rate = records.first().map_or(1.0, |r| r.sample_rate);
+    let sample_rate = if recorded_rate > 0.0 && recorded_rate <= 1.0 {
+        recorded_rate
+    } else {
+        notes.push(format!(
+            "the trace's sample rate {recorded_rate} is not within (0, 1]: taken as 1"
+        ));
+        1.0
+    };
 
     // Requests.
     let mut reqs: HashMap<u64, Req> = HashMap::new();
@@ -283,12 +291,18 @@ pub fn fit(trace: &Trace, service: Option<&str>) -> Result<Fit, SimError> {
         ("arrivals = \"arrivals.csv\"".to_owned(), n)
     } else {
         let rate = (n as f64 / span_s.max(1e-3)) / sample_rate.max(1e-9);
+        // Written whole (`{rate}`: a rate of 1e-8/s must not round to 0), and positive.
+        let rate = if rate.is_finite() && rate > 0.0 {
+            rate
+        } else {
+            1.0
+        };
         notes.push(format!(
             "{:.1} % of requests were recorded: arrivals are Poisson at {rate:.1}/s (the recorded rate / the sample rate), not the recorded times",
             sample_rate * 100.0
         ));
         (
-            format!("rate = {rate:.3}"),
+            format!("rate = {rate}"),
             ((n as f64 / sample_rate) as u64).clamp(1, crate::MAX_REQUESTS),
         )
     };
@@ -296,12 +310,12 @@ pub fn fit(trace: &Trace, service: Option<&str>) -> Result<Fit, SimError> {
         "weights, zones, warm-up and the strategy's parameters are not in a trace: the fit uses the defaults".to_owned(),
     );
     let scenario = format!(
-        "# Fitted by `lbkit sim --fit` to {n} requests of service {chosen:?} ({} attempts, {:.1} s; strategy {strategy:?}, {:.1} % sampled).\n\
+        "# Fitted by `lbkit sim --fit` to {n} requests of service {} ({} attempts, {:.1} s; strategy {}, {:.1} % sampled).\n\
          # Edit and rerun with `lbkit sim --scenario THIS_FILE`.\n\
-         name = \"trace-{chosen}\"\n\
-         description = \"{n} recorded requests of {chosen}, replayed\"\n\
+         name = {}\n\
+         description = {}\n\
          requests = {requests}\n\
-         strategies = [\"{strategy}\"]\n\n\
+         strategies = [{}]\n\n\
          [workload]\n\
          kind = \"open\"\n\
          {arrivals}\n\
@@ -311,9 +325,14 @@ pub fn fit(trace: &Trace, service: Option<&str>) -> Result<Fit, SimError> {
          retries = {retries}\n\
          panic_threshold = 0.0\n\
          {servers}",
+        comment(&chosen),
         records.len(),
         span_s,
+        comment(&strategy),
         sample_rate * 100.0,
+        quoted(&format!("trace-{chosen}")),
+        quoted(&format!("{n} recorded requests of {chosen}, replayed")),
+        quoted(&strategy),
     );
     Ok(Fit {
         service: chosen,
@@ -328,6 +347,19 @@ pub fn fit(trace: &Trace, service: Option<&str>) -> Result<Fit, SimError> {
         files,
         notes,
     })
+}
+
+/// `text` as a TOML string (quoted and escaped: names come from the trace).
+fn quoted(text: &str) -> String {
+    toml::Value::String(text.to_owned()).to_string()
+}
+
+/// `text` fit for a TOML comment: control characters (a newline would end the comment) as
+/// `?`.
+fn comment(text: &str) -> String {
+    text.chars()
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect()
 }
 
 /// A bin of latencies at one load counts from this many samples.
@@ -356,7 +388,8 @@ fn fit_server(
             "{address} ({name}) never answered in the trace: modelled as failing in 1 ms"
         ));
         let server = format!(
-            "\n[[server]]\nname = \"{name}\"   # {address}\nconcurrency = 1000000\nservice = {{ dist = \"empirical\", file = \"{name}.csv\" }}\nerror_rate = 1.0\n"
+            "\n[[server]]\nname = \"{name}\"   # {}\nconcurrency = 1000000\nservice = {{ dist = \"empirical\", file = \"{name}.csv\" }}\nerror_rate = 1.0\n",
+            comment(address)
         );
         return (server, "latency_ms\n1.0\n".to_owned());
     }
@@ -382,7 +415,8 @@ fn fit_server(
                 let _ = writeln!(csv, "{:.6}", ms(r));
             }
             let server = format!(
-                "\n[[server]]\nname = \"{name}\"   # {address}: latency rises from {c} calls in flight, so {c} worker(s) and a queue\nconcurrency = {c}\nqueue = 1000000\nservice = {{ dist = \"empirical\", file = \"{name}.csv\" }}\nerror_rate = {:.6}\n",
+                "\n[[server]]\nname = \"{name}\"   # {}: latency rises from {c} calls in flight, so {c} worker(s) and a queue\nconcurrency = {c}\nqueue = 1000000\nservice = {{ dist = \"empirical\", file = \"{name}.csv\" }}\nerror_rate = {:.6}\n",
+                comment(address),
                 error_rate.min(1.0)
             );
             (server, csv)
@@ -393,7 +427,8 @@ fn fit_server(
                 let _ = writeln!(csv, "{},{:.6}", r.in_flight, ms(r));
             }
             let server = format!(
-                "\n[[server]]\nname = \"{name}\"   # {address}: no queueing seen, latencies by load\nservice = {{ dist = \"by-load\", file = \"{name}.csv\" }}\nerror_rate = {:.6}\n",
+                "\n[[server]]\nname = \"{name}\"   # {}: no queueing seen, latencies by load\nservice = {{ dist = \"by-load\", file = \"{name}.csv\" }}\nerror_rate = {:.6}\n",
+                comment(address),
                 error_rate.min(1.0)
             );
             (server, csv)

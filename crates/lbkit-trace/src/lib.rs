@@ -76,7 +76,7 @@ mod reader;
 mod recorder;
 
 pub use format::{TraceOutcome, FORMAT_VERSION, MAGIC};
-pub use reader::{read, read_segment, Record, Trace};
+pub use reader::{parse_segment, read, read_segment, Record, Trace};
 pub use recorder::{
     Recorder, RecorderStats, TraceConfig, DRAIN_PERIOD, MAX_MAX_BYTES, MIN_MAX_BYTES,
     QUEUE_CAPACITY,

@@ -79,11 +79,25 @@ pub fn read_segment(path: &Path) -> Result<Trace, TraceError> {
     Ok(trace)
 }
 
+/// Parse one segment's bytes; `name` names it in errors.
+///
+/// # Errors
+/// As [`read`], except I/O.
+pub fn parse_segment(bytes: &[u8], name: &Path) -> Result<Trace, TraceError> {
+    let mut trace = Trace::default();
+    parse_into(bytes, name, &mut trace)?;
+    Ok(trace)
+}
+
 fn read_into(path: &Path, trace: &mut Trace) -> Result<(), TraceError> {
     let bytes = std::fs::read(path).map_err(|e| TraceError::io(path, e))?;
+    parse_into(&bytes, path, trace)
+}
+
+fn parse_into(bytes: &[u8], path: &Path, trace: &mut Trace) -> Result<(), TraceError> {
     let mut seg = SegmentReader {
         path: path.to_owned(),
-        bytes: &bytes,
+        bytes,
         at: 0,
         streams: HashMap::new(),
         endpoints: HashMap::new(),
