@@ -224,52 +224,40 @@ fn read_load_samples(file: &str) -> Result<Vec<(u32, f64)>, String> {
 
 /// Arrival offsets in ms, one per line (a header is skipped), as ns from the first, sorted.
 pub(crate) fn read_arrivals(file: &str) -> Result<Box<[u64]>, String> {
-    let text = std::fs::read_to_string(file)
-        .map_err(|e| format!("workload.arrivals {file}: cannot read: {e}"))?;
-    let mut out = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        let field = line.split(',').next().unwrap_or("").trim();
-        if field.is_empty() || field.starts_with('#') {
-            continue;
-        }
-        match field.parse::<f64>() {
-            Ok(v) if v >= 0.0 && v.is_finite() => out.push((v * MS) as u64),
-            Err(_) if i == 0 => continue,
-            _ => return Err(format!("{file}:{}: {field:?} is not a time in ms", i + 1)),
-        }
-    }
-    if out.is_empty() {
-        return Err(format!("{file}: no arrivals"));
-    }
+    let mut out: Vec<u64> = read_ms_column(file, "workload.arrivals", "a time", "arrivals")?
+        .into_iter()
+        .map(|ns| ns as u64)
+        .collect();
     out.sort_unstable();
     Ok(out.into_boxed_slice())
 }
 
 fn read_samples(file: &str) -> Result<Box<[f64]>, String> {
-    let text = std::fs::read_to_string(file)
-        .map_err(|e| format!("service.file {file}: cannot read: {e}"))?;
+    read_ms_column(file, "service.file", "a latency", "latencies").map(Vec::into_boxed_slice)
+}
+
+/// The first column of a CSV file as milliseconds, 0 or more, in ns (a header line is
+/// skipped, `#` lines too); `field` and `what` name the file and its values in errors.
+fn read_ms_column(file: &str, field: &str, what: &str, plural: &str) -> Result<Vec<f64>, String> {
+    let text =
+        std::fs::read_to_string(file).map_err(|e| format!("{field} {file}: cannot read: {e}"))?;
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {
-        let field = line.split(',').next().unwrap_or("").trim();
-        if field.is_empty() || field.starts_with('#') {
+        let cell = line.split(',').next().unwrap_or("").trim();
+        if cell.is_empty() || cell.starts_with('#') {
             continue;
         }
-        match field.parse::<f64>() {
+        match cell.parse::<f64>() {
             Ok(v) if v >= 0.0 && v.is_finite() => out.push(v * MS),
-            Ok(v) => return Err(format!("{file}:{}: latency {v} is not 0 or more", i + 1)),
+            Ok(v) => return Err(format!("{file}:{}: {what} {v} is not 0 or more", i + 1)),
             Err(_) if i == 0 => continue, // a header
-            Err(_) => {
-                return Err(format!(
-                    "{file}:{}: {field:?} is not a latency in ms",
-                    i + 1
-                ))
-            }
+            Err(_) => return Err(format!("{file}:{}: {cell:?} is not {what} in ms", i + 1)),
         }
     }
     if out.is_empty() {
-        return Err(format!("{file}: no latencies"));
+        return Err(format!("{file}: no {plural}"));
     }
-    Ok(out.into_boxed_slice())
+    Ok(out)
 }
 
 /// A uniform draw in (0, 1].

@@ -151,15 +151,7 @@ pub(crate) fn run(args: SimArgs) -> anyhow::Result<()> {
         );
     }
     let dir = args.out.unwrap_or_else(|| default_out(&report));
-    let plots = plot::write_plots(&report, &dir)?;
-    match args.format {
-        SimFormat::Json => writeln!(out, "{}", report.to_json())?,
-        SimFormat::Table => {
-            write!(out, "{}", report.to_table())?;
-            writeln!(out, "\n{}", report.conclusion())?;
-            writeln!(out, "\nplots: {}", list_paths(&plots))?;
-        }
-    }
+    let plots = print_report(&mut out, &report, &dir, args.format)?;
     if args.format == SimFormat::Json {
         eprintln!("plots: {}", list_paths(&plots));
     }
@@ -222,8 +214,20 @@ fn replay(args: &SimArgs, file: &Path, out: &mut impl Write) -> anyhow::Result<(
         ..RunOptions::default()
     };
     let report = run_with_progress(&scenario, &options, args.format == SimFormat::Table)?;
-    let plots = plot::write_plots(&report, &dir)?;
-    match args.format {
+    print_report(out, &report, &dir, args.format)?;
+    Ok(())
+}
+
+/// Write the plots into `dir` and print the report in `format` (the table with its verdict
+/// and the plots' paths, or JSON); the plots' paths.
+fn print_report(
+    out: &mut impl Write,
+    report: &Report,
+    dir: &Path,
+    format: SimFormat,
+) -> anyhow::Result<Vec<PathBuf>> {
+    let plots = plot::write_plots(report, dir)?;
+    match format {
         SimFormat::Json => writeln!(out, "{}", report.to_json())?,
         SimFormat::Table => {
             write!(out, "{}", report.to_table())?;
@@ -231,7 +235,7 @@ fn replay(args: &SimArgs, file: &Path, out: &mut impl Write) -> anyhow::Result<(
             writeln!(out, "\nplots: {}", list_paths(&plots))?;
         }
     }
-    Ok(())
+    Ok(plots)
 }
 
 pub(crate) fn demo(args: DemoArgs) -> anyhow::Result<()> {
