@@ -513,8 +513,8 @@ impl<S: Strategy> Balancer<S> {
         Ok(self.start_call(endpoint, cx))
     }
 
-    /// Let the shadow pick for the request of `cx`, whose first attempt goes to `live`.
-    #[cold]
+    /// Let the shadow pick for the request of `cx`, whose first attempt goes to `live` (out
+    /// of line: only balancers with a shadow pay for its code in the pick path).
     #[inline(never)]
     fn observe(&self, live: &Endpoint, cx: &mut PickContext<'_>) {
         if let Some(s) = self.shadow.load().as_ref() {

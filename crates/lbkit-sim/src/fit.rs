@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::path::Path;
 
-use lbkit_trace::{Trace, TraceOutcome};
+use lbkit_trace::{Record, Trace, TraceOutcome};
 
 use crate::error::SimError;
 use crate::metrics::StrategyResult;
@@ -147,10 +147,7 @@ struct Req {
 /// # Errors
 /// No records (for that service); a service name not in the trace.
 pub fn fit(trace: &Trace, service: Option<&str>) -> Result<Fit, SimError> {
-    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
-    for r in &trace.records {
-        *counts.entry(&r.service).or_default() += 1;
-    }
+    let counts = tally(trace.records.iter().map(|r| &*r.service));
     let chosen = match service {
         Some(s) if counts.contains_key(s) => s.to_owned(),
         Some(s) => {
@@ -160,11 +157,7 @@ pub fn fit(trace: &Trace, service: Option<&str>) -> Result<Fit, SimError> {
                 format!("{s:?} is not in the trace (it has: {})", known.join(", ")),
             ));
         }
-        None => counts
-            .iter()
-            .max_by_key(|(_, n)| **n)
-            .map(|(s, _)| (*s).to_owned())
-            .ok_or_else(|| SimError::input("trace", "no records"))?,
+        None => most(&counts).ok_or_else(|| SimError::input("trace", "no records"))?,
     };
     let mut notes = Vec::new();
     if service.is_none() && counts.len() > 1 {
@@ -173,20 +166,13 @@ pub fn fit(trace: &Trace, service: Option<&str>) -> Result<Fit, SimError> {
             counts.len()
         ));
     }
-    let records: Vec<_> = trace
+    let records: Vec<&Record> = trace
         .records
         .iter()
         .filter(|r| *r.service == *chosen)
         .collect();
-    let mut strategies: BTreeMap<&str, usize> = BTreeMap::new();
-    for r in &records {
-        *strategies.entry(&r.strategy).or_default() += 1;
-    }
-    let strategy = strategies
-        .iter()
-        .max_by_key(|(_, n)| **n)
-        .map(|(s, _)| (*s).to_owned())
-        .unwrap_or_default();
+    let strategies = tally(records.iter().map(|r| &*r.strategy));
+    let strategy = most(&strategies).unwrap_or_default();
     if strategies.len() > 1 {
         notes.push(format!(
             "the service ran {} strategies while recording; the fit replays {strategy:?}, the one with the most attempts",
@@ -240,8 +226,8 @@ pub fn fit(trace: &Trace, service: Option<&str>) -> Result<Fit, SimError> {
     let n = reqs.len() as u64;
 
     // Endpoints.
-    let mut by_endpoint: BTreeMap<&str, Vec<&&lbkit_trace::Record>> = BTreeMap::new();
-    for r in &records {
+    let mut by_endpoint: BTreeMap<&str, Vec<&Record>> = BTreeMap::new();
+    for &r in &records {
         by_endpoint.entry(&r.endpoint).or_default().push(r);
     }
     let endpoints: Vec<String> = by_endpoint.keys().map(|e| (*e).to_owned()).collect();
@@ -249,8 +235,9 @@ pub fn fit(trace: &Trace, service: Option<&str>) -> Result<Fit, SimError> {
     let mut servers = String::new();
     for (i, (address, rs)) in by_endpoint.iter().enumerate() {
         let name = format!("e{}", i + 1);
-        let answered: Vec<_> = rs
+        let answered: Vec<&Record> = rs
             .iter()
+            .copied()
             .filter(|r| matches!(r.outcome, TraceOutcome::Success | TraceOutcome::Server))
             .collect();
         let ended = rs
@@ -349,6 +336,23 @@ pub fn fit(trace: &Trace, service: Option<&str>) -> Result<Fit, SimError> {
     })
 }
 
+/// How many times each name occurs.
+fn tally<'a>(names: impl Iterator<Item = &'a str>) -> BTreeMap<&'a str, usize> {
+    let mut counts = BTreeMap::new();
+    for n in names {
+        *counts.entry(n).or_default() += 1;
+    }
+    counts
+}
+
+/// The name that occurs most (the first of equals, by name).
+fn most(counts: &BTreeMap<&str, usize>) -> Option<String> {
+    counts
+        .iter()
+        .max_by_key(|(_, n)| **n)
+        .map(|(s, _)| (*s).to_owned())
+}
+
 /// `text` as a TOML string (quoted and escaped: names come from the trace).
 fn quoted(text: &str) -> String {
     toml::Value::String(text.to_owned()).to_string()
@@ -378,7 +382,7 @@ const QUEUED: f64 = 1.3;
 fn fit_server(
     name: &str,
     address: &str,
-    answered: &[&&&lbkit_trace::Record],
+    answered: &[&Record],
     error_rate: f64,
     notes: &mut Vec<String>,
 ) -> (String, String) {

@@ -226,9 +226,11 @@ impl<Svc, S: Strategy> Pool<Svc, S> {
     }
 
     /// What the running shadow saw, per endpoint of the current snapshot.
-    pub fn shadow_report(&self) -> Option<lbkit_core::shadow::ShadowReport> {
-        let shadow = self.inner.balancer.shadow()?;
-        Some(shadow.report(&self.inner.balancer.snapshot()))
+    pub fn shadow_report(&self) -> Option<lbkit_core::shadow::ShadowReport>
+    where
+        Svc: Send + Sync + 'static,
+    {
+        PoolView::shadow(&*self.inner)
     }
 
     /// The trace recorder, when the pool records one ([`PoolBuilder::trace`]).
