@@ -167,3 +167,48 @@ fn a_sampled_trace_fits_poisson_arrivals_at_the_scaled_rate() {
         "{e}"
     );
 }
+
+/// A simulated request that times out and fails over is one request in the trace, its attempts
+/// numbered 0 and 1 (the retry carries its first attempt's tracing decision, as `Attempts`
+/// does in the tower layer and the proxy), and the fit counts requests, not attempts.
+#[test]
+fn a_retried_request_keeps_one_id_across_its_attempts() {
+    let d = dir("retries");
+    let path = d.join("calls.lbkt");
+    let text = TRUTH
+        .replace("requests = 60000", "requests = 3000")
+        .replace("timeout_ms = 2000.0", "timeout_ms = 40.0\nretries = 1");
+    let truth = Scenario::parse(&text, "truth").unwrap();
+    let config = TraceConfig::new(&path)
+        .with_sample_rate(1.0)
+        .with_lossless(true);
+    let recorder = Arc::new(Recorder::open(&config).unwrap());
+    let report = run(
+        &truth,
+        &RunOptions {
+            strategies: vec!["round-robin".into()],
+            skip_oracle: true,
+            record: Some(recorder.clone()),
+            ..RunOptions::default()
+        },
+        &mut |_, _| {},
+    )
+    .unwrap();
+    recorder.flush();
+    let trace = read(&path).unwrap();
+    let retries: Vec<_> = trace.records.iter().filter(|r| r.retry).collect();
+    assert!(!retries.is_empty(), "the slow server's calls time out");
+    let attempts = |id: u64| trace.records.iter().filter(|r| r.request == id).count();
+    for r in &retries {
+        assert_eq!(r.attempt, 1);
+        assert_eq!(
+            attempts(r.request),
+            2,
+            "request {} has both attempts",
+            r.request
+        );
+    }
+    let ids: std::collections::HashSet<u64> = trace.records.iter().map(|r| r.request).collect();
+    assert_eq!(ids.len() as u64, report.results[0].requests);
+    assert_eq!(fit(&trace, None).unwrap().requests, 3_000);
+}

@@ -1,5 +1,6 @@
 //! Requests and attempts: pick, queue, serve, answer, time out, fail over.
 
+use lbkit_core::trace::TraceId;
 use lbkit_core::{FailureKind, Outcome, PickContext, Timestamp, TriedSet};
 
 use super::{Attempt, Engine, Ev, Request, REFUSED, REJECTED};
@@ -88,6 +89,7 @@ impl Engine<'_> {
             key,
             tries: 0,
             tried: TriedSet::new(),
+            trace: TraceId::UNDECIDED,
         });
         self.metrics.request_started(self.now);
         self.try_request(id);
@@ -105,7 +107,8 @@ impl Engine<'_> {
         let no_tries = TriedSet::new();
         let tried = if tries > 1 { &req.tried } else { &no_tries };
         let mut cx = PickContext::new(Timestamp::from_nanos(now), &mut self.rng)
-            .with_tried(tries - 1, tried);
+            .with_tried(tries - 1, tried)
+            .with_trace(req.trace);
         if !self.keys.is_empty() {
             cx = cx.with_key(self.keys[key as usize].as_bytes());
         }
@@ -117,6 +120,7 @@ impl Engine<'_> {
         if self.scenario.workload.retries > 0 {
             if let Some(req) = self.requests.get_mut(id) {
                 req.tried.insert(guard.endpoint());
+                req.trace = guard.trace_id();
             }
         }
         let attempt = self.attempts.insert(Attempt {

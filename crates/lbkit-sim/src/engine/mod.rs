@@ -11,6 +11,8 @@ use lbkit_core::{
 };
 use lbkit_health::{OutlierConfig, OutlierDetector};
 
+use lbkit_core::trace::TraceId;
+
 use crate::dist::{exponential, Zipf};
 use crate::metrics::{Collector, StrategyResult};
 use crate::scenario::{BalancerMode, KeyDistribution, Pattern, Scenario, WorkloadKind};
@@ -71,6 +73,9 @@ struct Request {
     key: u32,
     tries: u32,
     tried: TriedSet,
+    /// The first attempt's tracing decision, carried to the retries so that a recorded
+    /// request keeps all its attempts under one id.
+    trace: TraceId,
 }
 
 struct Attempt {
