@@ -38,14 +38,14 @@ const INFOS: &[StrategyInfo] = &[
         name: "weighted-response-time",
         summary: "weight = sum of averages - own average response time (Ribbon WeightedResponseTimeRule, degenerate cases fixed)",
         params: &[
-            ParamInfo { name: "interval_ms", default: "30000", doc: "how often weights are recomputed, ms" },
-            ParamInfo { name: "window_ms", default: "30000", doc: "response-time averaging window, ms (at most 60000)" },
+            ParamInfo { name: "interval_ms", default: "30000", doc: "how often weights are recomputed, ms", tune: &["1000", "5000", "30000"] },
+            ParamInfo { name: "window_ms", default: "30000", doc: "response-time averaging window, ms (at most 60000)", tune: &["5000", "30000"] },
         ],
     },
     StrategyInfo {
         name: "sticky-round-robin",
         summary: "each endpoint gets n consecutive calls, then the next (the seed framework's custom rule, thread-safe)",
-        params: &[ParamInfo { name: "n", default: "3", doc: "consecutive calls per endpoint (>= 1)" }],
+        params: &[ParamInfo { name: "n", default: "3", doc: "consecutive calls per endpoint (>= 1)", tune: &[] }],
     },
 ];
 

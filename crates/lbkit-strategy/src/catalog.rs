@@ -19,6 +19,9 @@ pub struct ParamInfo {
     pub default: &'static str,
     /// What it means, with its unit.
     pub doc: &'static str,
+    /// Values `lbkit tune` tries for it, the default among them; empty when searching it
+    /// cannot lower latency or errors (a table size, an expiry).
+    pub tune: &'static [&'static str],
 }
 
 /// One built-in strategy.
@@ -218,6 +221,12 @@ pub fn info(name: &str) -> Option<&'static StrategyInfo> {
     strategies().find(|s| s.name == name)
 }
 
+/// Whether the strategy called `name` routes by request key (the consistent-hashing family):
+/// a service that needs key affinity can only switch among these.
+pub fn is_keyed(name: &str) -> bool {
+    crate::hash::FAMILY.infos.iter().any(|s| s.name == name)
+}
+
 /// Build the strategy called `name` with `params`.
 ///
 /// # Errors
@@ -303,6 +312,27 @@ mod tests {
             build(s.name, defaults)
                 .unwrap_or_else(|e| panic!("{}: documented defaults rejected: {e}", s.name));
         }
+    }
+
+    #[test]
+    fn every_tuning_value_builds_and_the_default_is_among_them() {
+        for s in strategies() {
+            for p in s.params.iter().filter(|p| !p.tune.is_empty()) {
+                assert!(
+                    p.tune.contains(&p.default),
+                    "{}.{}: tune values {:?} leave out the default {}",
+                    s.name,
+                    p.name,
+                    p.tune,
+                    p.default
+                );
+                for v in p.tune {
+                    build(s.name, Params::from_pairs([(p.name, *v)]))
+                        .unwrap_or_else(|e| panic!("{}.{}={v}: {e}", s.name, p.name));
+                }
+            }
+        }
+        assert!(is_keyed("ketama") && is_keyed("maglev") && !is_keyed("p2c-ewma"));
     }
 
     #[test]

@@ -86,6 +86,7 @@ const BALANCE_FACTOR: ParamInfo = ParamInfo {
     name: "balance_factor",
     default: "off",
     doc: "bounded loads: pass over endpoints whose in-flight calls would exceed ceil(factor x weighted average); a number >= 1.0 (e.g. 1.25), or off",
+    tune: &["off", "1.1", "1.25", "1.5", "2.0"],
 };
 
 const INFOS: &[StrategyInfo] = &[
@@ -97,6 +98,7 @@ const INFOS: &[StrategyInfo] = &[
                 name: "nodes",
                 default: "160",
                 doc: "virtual nodes per endpoint (Dubbo hash.nodes), rounded down to a multiple of 4; 4..=65536",
+                tune: &[],
             },
             BALANCE_FACTOR,
         ],
@@ -114,6 +116,7 @@ const INFOS: &[StrategyInfo] = &[
                 name: "table_size",
                 default: "65537",
                 doc: "lookup table entries; a prime up to 5000011, ideally > 100 x endpoints",
+                tune: &[],
             },
             BALANCE_FACTOR,
         ],

@@ -40,8 +40,8 @@ const INFOS: &[StrategyInfo] = &[
         name: "least-request",
         summary: "Envoy least request: best of N choices; with weights, weight / (in_flight + 1)^bias",
         params: &[
-            ParamInfo { name: "choice_count", default: "2", doc: "random candidates compared when weights are equal (1-100)" },
-            ParamInfo { name: "active_request_bias", default: "1.0", doc: "exponent of (in_flight + 1) with unequal weights (0-10; 0 = weighted round robin)" },
+            ParamInfo { name: "choice_count", default: "2", doc: "random candidates compared when weights are equal (1-100)", tune: &["2", "3", "5"] },
+            ParamInfo { name: "active_request_bias", default: "1.0", doc: "exponent of (in_flight + 1) with unequal weights (0-10; 0 = weighted round robin)", tune: &["0.5", "1.0", "2.0"] },
         ],
     },
     StrategyInfo {
@@ -52,12 +52,12 @@ const INFOS: &[StrategyInfo] = &[
     StrategyInfo {
         name: "p2c-ewma",
         summary: "power of two choices on peak-EWMA latency x (in_flight + 1) (Finagle, linkerd)",
-        params: &[ParamInfo { name: "default_rtt_ms", default: "30", doc: "cost of an endpoint without latency samples, ms" }],
+        params: &[ParamInfo { name: "default_rtt_ms", default: "30", doc: "cost of an endpoint without latency samples, ms", tune: &["1", "30", "100"] }],
     },
     StrategyInfo {
         name: "shortest-response",
         summary: "lowest average response x (in_flight + 1), ties by weight (Dubbo ShortestResponseLoadBalance)",
-        params: &[ParamInfo { name: "window_ms", default: "30000", doc: "sliding window of response times, ms (at most 60000)" }],
+        params: &[ParamInfo { name: "window_ms", default: "30000", doc: "sliding window of response times, ms (at most 60000)", tune: &["1000", "5000", "30000"] }],
     },
     StrategyInfo {
         name: "best-available",
@@ -68,10 +68,10 @@ const INFOS: &[StrategyInfo] = &[
         name: "adaptive",
         summary: "weights from server-reported load: qps / (utilization + eps/qps x penalty) (gRPC WRR / ORCA)",
         params: &[
-            ParamInfo { name: "blackout_ms", default: "10000", doc: "reports count after flowing this long, ms" },
-            ParamInfo { name: "expiry_ms", default: "180000", doc: "reports older than this are ignored, ms" },
-            ParamInfo { name: "penalty", default: "1.0", doc: "error utilization penalty (0-100)" },
-            ParamInfo { name: "period_ms", default: "1000", doc: "weight recomputation period, ms" },
+            ParamInfo { name: "blackout_ms", default: "10000", doc: "reports count after flowing this long, ms", tune: &["1000", "10000"] },
+            ParamInfo { name: "expiry_ms", default: "180000", doc: "reports older than this are ignored, ms", tune: &[] },
+            ParamInfo { name: "penalty", default: "1.0", doc: "error utilization penalty (0-100)", tune: &["0.5", "1.0", "2.0"] },
+            ParamInfo { name: "period_ms", default: "1000", doc: "weight recomputation period, ms", tune: &[] },
         ],
     },
 ];
