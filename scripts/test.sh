@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every test, as CI runs them: starts a standalone ZooKeeper on loopback for the discovery tests
 # (scripts/zookeeper.sh installs Debian's `zookeeper` package when missing), makes the Python
-# virtual environment of the metrics format test (scripts/python.sh, pinned packages), runs
+# virtual environment of the metrics format test (scripts/python.sh, pinned packages), finds or
+# installs Chromium for the HTML reports' browser check (scripts/chromium.sh), runs
 # `cargo test --workspace` with any extra arguments, and stops ZooKeeper on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,4 +18,5 @@ on_exit() {
 trap on_exit EXIT
 eval "$(scripts/zookeeper.sh start)" # exports LBKIT_ZK
 eval "$(scripts/python.sh)"          # exports LBKIT_PYTHON (a venv with scripts/requirements.txt)
+eval "$(scripts/chromium.sh)"        # exports LBKIT_CHROMIUM (Debian's chromium, installed if missing)
 cargo test --workspace "$@"

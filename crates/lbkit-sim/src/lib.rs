@@ -35,6 +35,7 @@ mod dist;
 mod engine;
 mod error;
 pub mod fit;
+pub mod html;
 mod metrics;
 mod oracle;
 pub mod plot;
@@ -42,6 +43,7 @@ mod report;
 mod scenario;
 mod server;
 mod slab;
+pub mod tune;
 
 pub use error::SimError;
 pub use metrics::{Little, Series, ServerResult, StrategyResult};

@@ -56,7 +56,7 @@ pub struct Report {
 }
 
 /// Strategies that learn on a timer, and the parameters [`Scenario::refresh_ms`] sets for them.
-const TIMERS: &[(&str, &[&str])] = &[
+pub(crate) const TIMERS: &[(&str, &[&str])] = &[
     ("weighted-response-time", &["interval_ms"]),
     ("adaptive", &["period_ms", "blackout_ms"]),
 ];
@@ -65,7 +65,7 @@ const TIMERS: &[(&str, &[&str])] = &[
 const FAIR_PERIODS: f64 = 10.0;
 
 /// `label` with the scenario's `refresh_ms` added for each timer parameter it does not set.
-fn with_refresh(label: &str, refresh_ms: Option<f64>) -> String {
+pub(crate) fn with_refresh(label: &str, refresh_ms: Option<f64>) -> String {
     let Some(ms) = refresh_ms else {
         return label.to_owned();
     };
@@ -116,7 +116,7 @@ fn fairness_notes(results: &[StrategyResult], parsed: &[(String, Params)]) -> Ve
 }
 
 /// A strategy label parsed into something buildable.
-fn parse_label(label: &str) -> Result<(String, Params), SimError> {
+pub(crate) fn parse_label(label: &str) -> Result<(String, Params), SimError> {
     let mut parts = label.split(':');
     let name = parts.next().unwrap_or_default().trim().to_owned();
     let mut params = Params::new();
@@ -211,6 +211,28 @@ pub fn run(
     })
 }
 
+/// One run of the strategy `label` (as given: the scenario's `refresh_ms` is not added), no
+/// oracle, no recording: what a parameter search repeats.
+pub(crate) fn run_one(
+    scenario: &Scenario,
+    label: &str,
+    requests: u64,
+    seed: u64,
+) -> Result<StrategyResult, SimError> {
+    let (name, params) = parse_label(label)?;
+    let make = || catalog::build(&name, params.clone()).expect("validated above");
+    simulate(
+        scenario,
+        label,
+        &make,
+        None,
+        None,
+        requests,
+        seed,
+        &mut |_, _| {},
+    )
+}
+
 #[allow(clippy::too_many_arguments)] // one internal call site per kind of run
 fn simulate(
     scenario: &Scenario,
@@ -241,6 +263,33 @@ impl Report {
             .first()
             .and_then(|r| r.servers.iter().position(|s| s.name == self.watched))
             .unwrap_or(0)
+    }
+
+    /// Strategies whose runs came out identical (same latencies, failures and shares: on equal
+    /// weights, round robin and weighted round robin make the same picks), as groups of indices
+    /// into `results` in the order of their first member. The plots and the HTML report draw a
+    /// group once.
+    pub fn groups(&self) -> Vec<Vec<usize>> {
+        let mut groups: Vec<Vec<usize>> = Vec::new();
+        for (i, r) in self.results.iter().enumerate() {
+            match groups
+                .iter_mut()
+                .find(|g| same_outcome(&self.results[g[0]], r))
+            {
+                Some(g) => g.push(i),
+                None => groups.push(vec![i]),
+            }
+        }
+        groups
+    }
+
+    /// A group's name: its members joined by " = ".
+    pub fn group_label(&self, group: &[usize]) -> String {
+        group
+            .iter()
+            .map(|&i| self.results[i].strategy.as_str())
+            .collect::<Vec<_>>()
+            .join(" = ")
     }
 
     /// Aligned text tables: one row per strategy, then each server's share of requests.
@@ -379,8 +428,34 @@ impl Report {
     }
 }
 
+/// Whether two runs came out the same, their labels aside (exact: a run is deterministic, so
+/// the same picks give the same bits).
+fn same_outcome(a: &StrategyResult, b: &StrategyResult) -> bool {
+    let key = |r: &StrategyResult| {
+        [
+            r.requests as f64,
+            r.duration_s,
+            r.mean_ms,
+            r.p50_ms,
+            r.p90_ms,
+            r.p99_ms,
+            r.p999_ms,
+            r.error_rate,
+            r.timeout_rate,
+            r.attempts_per_request,
+        ]
+        .map(f64::to_bits)
+    };
+    key(a) == key(b)
+        && a.servers.len() == b.servers.len()
+        && a.servers
+            .iter()
+            .zip(&b.servers)
+            .all(|(x, y)| x.share.to_bits() == y.share.to_bits() && x.max_queue == y.max_queue)
+}
+
 /// Ranking key for the conclusion: p99, with failed requests counted as worse than any latency.
-fn score(r: &StrategyResult) -> f64 {
+pub(crate) fn score(r: &StrategyResult) -> f64 {
     r.p99_ms * (1.0 + 10.0 * (r.error_rate + r.timeout_rate))
 }
 

@@ -132,6 +132,9 @@ pub struct Scenario {
     /// Changes over time.
     #[serde(default, rename = "event")]
     pub events: Vec<EventSpec>,
+    /// The TOML text it was parsed from, shown in the HTML report.
+    #[serde(skip)]
+    pub source: String,
 }
 
 fn default_requests() -> u64 {
@@ -499,7 +502,7 @@ impl Scenario {
     /// TOML error, invalid field, or a size past its limit ([`MAX_REQUESTS`], [`MAX_CLIENTS`],
     /// [`MAX_SERVERS`], [`MAX_CLIENT_ENDPOINTS`], [`MAX_KEYS`], [`MAX_EVENTS`]).
     pub fn parse(text: &str, origin: &str) -> Result<Scenario, SimError> {
-        let s: Scenario = toml::from_str(text).map_err(|e| {
+        let mut s: Scenario = toml::from_str(text).map_err(|e| {
             let line = e
                 .span()
                 .map(|sp| text[..sp.start.min(text.len())].lines().count().max(1));
@@ -510,6 +513,7 @@ impl Scenario {
         })?;
         s.validate()
             .map_err(|reason| SimError::input(origin, reason))?;
+        s.source = text.to_owned();
         Ok(s)
     }
 

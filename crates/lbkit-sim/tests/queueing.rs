@@ -151,9 +151,19 @@ fn plots_are_well_formed_svg() {
     let r = run(&s, &opts, &mut |_, _| {}).unwrap();
     let dir = std::env::temp_dir().join(format!("lbkit-sim-plots-{}", std::process::id()));
     let files = plot::write_plots(&r, &dir).unwrap();
-    assert_eq!(files.len(), 3);
-    for f in files {
-        let text = std::fs::read_to_string(&f).unwrap();
+    assert_eq!(files.len(), 4);
+    let ranked = std::fs::read_to_string(&files[0]).unwrap();
+    let doc = roxmltree::Document::parse(&ranked).unwrap();
+    assert_eq!(
+        doc.descendants()
+            .filter(|n| n.tag_name().name() == "rect")
+            .count(),
+        1 + 3,
+        "the background and a bar per strategy and the oracle"
+    );
+    assert!(ranked.contains("least-active") && ranked.contains("oracle-sed"));
+    for f in &files[1..] {
+        let text = std::fs::read_to_string(f).unwrap();
         let doc =
             roxmltree::Document::parse(&text).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
         assert_eq!(doc.root_element().tag_name().name(), "svg");

@@ -62,6 +62,13 @@ pub fn python() -> Option<String> {
     from_env("LBKIT_PYTHON", "scripts/python.sh")
 }
 
+/// Debian's Chromium (`LBKIT_CHROMIUM`, exported by `eval "$(scripts/chromium.sh)"`, which
+/// `scripts/test.sh` runs), for checking pages in a real browser. `None` (the test skips) when
+/// unset locally; a panic in CI.
+pub fn chromium() -> Option<String> {
+    from_env("LBKIT_CHROMIUM", "scripts/chromium.sh")
+}
+
 fn from_env(var: &str, script: &str) -> Option<String> {
     match std::env::var(var) {
         Ok(v) if !v.trim().is_empty() => Some(v.trim().to_owned()),

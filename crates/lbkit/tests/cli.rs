@@ -662,7 +662,12 @@ fn sim_lists_scenarios_and_reports_json_deterministically() {
         .map(|r| r["strategy"].as_str().unwrap())
         .collect();
     assert_eq!(names, ["round-robin", "least-active", "oracle-sed"]);
-    for f in ["latency-cdf.svg", "watched-share.svg", "watched-queue.svg"] {
+    for f in [
+        "ranked-p99.svg",
+        "latency-cdf.svg",
+        "watched-share.svg",
+        "watched-queue.svg",
+    ] {
         let text = std::fs::read_to_string(dir.join(f)).unwrap();
         roxmltree::Document::parse(&text).unwrap();
     }
@@ -682,7 +687,13 @@ fn sim_lists_scenarios_and_reports_json_deterministically() {
         "{table}"
     );
     assert!(
-        table.contains(&format!("plots: {out}/latency-cdf.svg")),
+        table.contains(&format!(
+            "plots: {out}/ranked-p99.svg, {out}/latency-cdf.svg"
+        )),
+        "{table}"
+    );
+    assert!(
+        table.contains(&format!("report: {out}/index.html (open it in a browser)")),
         "{table}"
     );
     std::fs::remove_dir_all(&dir).unwrap();
@@ -922,9 +933,30 @@ fn sim_records_fits_and_replays_a_trace() {
     assert!(replay.contains("\np2c-ewma "), "{replay}");
     assert!(replay_dir.join("scenario.toml").is_file());
 
+    let tuned_dir = dir.join("tuned");
+    let tuned = ok(&[
+        "tune",
+        "--trace",
+        t,
+        "--strategies",
+        "p2c-ewma,least-active",
+        "-n",
+        "3000",
+        "--out",
+        tuned_dir.to_str().unwrap(),
+    ]);
+    let check = tuned
+        .find("fit check: replaying round-robin")
+        .expect("a fit check");
+    let search = tuned.find("current setting round-robin").expect("a search");
+    assert!(check < search, "the fit check comes first:\n{tuned}");
+    assert!(tuned.contains("lbkit tune --trace: 4000 recorded requests of truth"));
+    assert!(tuned_dir.join("index.html").is_file());
+
     let junk = TempFile::new("junk-trace.lbkt", "nope");
     for (args, want) in [
         (vec!["sim", "--trace", junk.path()], "not an lbkit trace"),
+        (vec!["tune", "--trace", junk.path()], "not an lbkit trace"),
         (vec!["sim", "--fit", t], "--out"),
         (
             vec!["sim", "--trace", t, "--service", "nope", "--out", d],
@@ -939,5 +971,162 @@ fn sim_records_fits_and_replays_a_trace() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
         assert!(stderr.contains(want), "{args:?}: {stderr}");
+    }
+}
+
+/// `lbkit tune`: the winner, the config that applies it (which `lbkit pick --config` accepts as
+/// written), the page, JSON for scripts.
+#[test]
+fn tune_prints_a_winner_and_the_config_that_applies_it() {
+    let dir = std::env::temp_dir().join(format!("lbkit-cli-tune-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = dir.to_str().unwrap();
+    let args = [
+        "tune",
+        "-s",
+        "slow-provider",
+        "--strategies",
+        "p2c-ewma:default_rtt_ms=100,least-active,random",
+        "-n",
+        "3000",
+        "--service",
+        "shop",
+        "--out",
+        out,
+    ];
+    let text = ok(&args);
+    assert!(
+        text.contains("current setting round-robin; 3 candidates, 3000 requests per run"),
+        "{text}"
+    );
+    assert!(
+        text.contains("Winner p2c-ewma:default_rtt_ms=100: "),
+        "{text}"
+    );
+    assert!(text.contains("<- current"), "{text}");
+    assert!(
+        text.contains(&format!("report: {out}/index.html")),
+        "{text}"
+    );
+    assert!(dir.join("index.html").is_file() && dir.join("tune-ranked.svg").is_file());
+    // The config as printed, used as a service config.
+    let start = text.find("# proxy.toml").expect("a config");
+    let end = start + text[start..].find("\n\n").unwrap();
+    let config = TempFile::new("tuned-service.toml", &text[start..end]);
+    let picks = lines(&[
+        "pick",
+        "--config",
+        config.path(),
+        "--service",
+        "shop",
+        "--endpoints",
+        "10.0.0.1:80,10.0.0.2:80",
+        "--count",
+        "2",
+    ]);
+    assert_eq!(picks.len(), 2);
+    assert!(
+        text.contains(r#"curl -X PUT localhost:9901/services/shop/strategy -d '{"strategy": "p2c-ewma", "params": {"default_rtt_ms": 100}}'"#),
+        "{text}"
+    );
+
+    let json_args: Vec<&str> = args.iter().copied().chain(["--format", "json"]).collect();
+    let json = ok(&json_args);
+    assert_eq!(json, ok(&json_args), "same seed, same bytes");
+    let doc: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(doc["winner"], "p2c-ewma:default_rtt_ms=100");
+    assert_eq!(doc["objective"], "p99");
+    assert_eq!(doc["ranking"].as_array().unwrap().len(), 4);
+    assert!(doc["gain"]["high"].as_f64().unwrap() < 0.0);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `--budget` sizes the runs from the simulator's speed: a scenario of 2 000 requests is run
+/// whole whatever the machine (the smallest size a budget may pick), so the output is fixed.
+#[test]
+fn tune_sizes_runs_by_budget_and_keeps_a_setting_nothing_beats() {
+    let f = TempFile::new(
+        "tune-tiny.toml",
+        "name = \"tiny\"\nrequests = 2000\n[workload]\nrate = 100.0\n[[server]]\ncount = 2\n[[server]]\nname = \"slow\"\nslow_factor = 5.0\n",
+    );
+    let dir = std::env::temp_dir().join(format!("lbkit-cli-tune-tiny-{}", std::process::id()));
+    let text = ok(&[
+        "tune",
+        "-s",
+        f.path(),
+        "--budget",
+        "5",
+        "--current",
+        "p2c-ewma",
+        "--strategies",
+        "round-robin,random",
+        "--objective",
+        "mean",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(text.contains("2000 requests per run"), "{text}");
+    assert!(
+        text.contains("Keep p2c-ewma: none of the 2 candidates beat it on mean"),
+        "{text}"
+    );
+    assert!(!text.contains("[service."), "nothing to apply: {text}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn tune_bad_input_exits_2() {
+    for (args, want) in [
+        (vec!["tune"], "--scenario <FILE|NAME>"),
+        (
+            vec!["tune", "-s", "crash", "--trace", "x"],
+            "cannot be used with",
+        ),
+        (vec!["tune", "-s", "nope"], "unknown scenario"),
+        (
+            vec!["tune", "-s", "crash", "--objective", "p95"],
+            "unknown objective \"p95\"",
+        ),
+        (
+            vec!["tune", "-s", "crash", "--budget", "0"],
+            "--budget must be",
+        ),
+        (
+            vec!["tune", "-s", "crash", "--budget", "nan"],
+            "--budget must be",
+        ),
+        (
+            vec!["tune", "-s", "crash", "-n", "0"],
+            "--requests must be within",
+        ),
+        (
+            vec!["tune", "-s", "crash", "--threads", "0"],
+            "--threads must be",
+        ),
+        (
+            vec!["tune", "-s", "crash", "--strategies", "fastest"],
+            "unknown strategy \"fastest\"",
+        ),
+        (
+            vec!["tune", "-s", "crash", "--current", "p2c-ewma:x=1"],
+            "has no parameter \"x\"",
+        ),
+        (
+            vec!["tune", "-s", "crash", "--strategies", "round-robin"],
+            "none besides the current setting",
+        ),
+        (
+            vec!["tune", "--trace", "/nonexistent.lbkt"],
+            "/nonexistent.lbkt",
+        ),
+    ] {
+        let out = lbkit(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(want),
+            "{args:?}: wanted {want:?} in {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{args:?}");
     }
 }

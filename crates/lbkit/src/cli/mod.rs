@@ -6,6 +6,7 @@ mod proxy;
 mod register;
 mod sim;
 mod trace;
+mod tune;
 mod watch;
 
 use std::fmt;
@@ -27,6 +28,9 @@ enum Command {
     Pick(pick::PickArgs),
     /// Simulate a scenario with every strategy: tables, JSON and SVG plots.
     Sim(sim::SimArgs),
+    /// Search strategies and parameters by simulation (a scenario or a trace): the winner, its
+    /// gain with an interval, and the config to apply.
+    Tune(tune::TuneArgs),
     /// The slow-provider scenario over every strategy, with a conclusion: start here.
     Demo(sim::DemoArgs),
     /// Show a service's providers in ZooKeeper (Dubbo or plain layout), then every change.
@@ -44,6 +48,7 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Pick(args) => pick::run(args),
         Command::Sim(args) => sim::run(args),
+        Command::Tune(args) => tune::run(args),
         Command::Demo(args) => sim::demo(args),
         Command::Watch(args) => watch::run(args),
         Command::Register(args) => register::run(args),

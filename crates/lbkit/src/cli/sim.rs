@@ -8,7 +8,7 @@ use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 // MAX_REQUESTS: most requests per strategy one run takes (keeps a typo from running for hours);
 // scenario files have the same limit.
-use lbkit_sim::{plot, run as simulate, Report, RunOptions, Scenario, MAX_REQUESTS};
+use lbkit_sim::{html, run as simulate, Report, RunOptions, Scenario, MAX_REQUESTS};
 
 use super::bad;
 
@@ -31,7 +31,7 @@ pub(crate) struct SimArgs {
     /// Seed [default: the scenario's, 1 for the built-in ones].
     #[arg(long, value_name = "S")]
     seed: Option<u64>,
-    /// Folder for the SVG plots [default: lbkit-sim-out/SCENARIO-seedS].
+    /// Folder for index.html and the SVG plots [default: lbkit-sim-out/SCENARIO-seedS].
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
     /// Output format.
@@ -72,7 +72,7 @@ pub(crate) enum SimFormat {
 
 #[derive(Debug, Args)]
 pub(crate) struct DemoArgs {
-    /// Folder for the SVG plots [default: lbkit-sim-out/demo].
+    /// Folder for index.html and the SVG plots [default: lbkit-sim-out/demo].
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
     /// Client requests per strategy [default: the scenario's, 240000: two minutes].
@@ -151,25 +151,45 @@ pub(crate) fn run(args: SimArgs) -> anyhow::Result<()> {
         );
     }
     let dir = args.out.unwrap_or_else(|| default_out(&report));
-    let plots = print_report(&mut out, &report, &dir, args.format)?;
+    let written = print_report(&mut out, &report, &scenario, &dir, args.format)?;
     if args.format == SimFormat::Json {
-        eprintln!("plots: {}", list_paths(&plots));
+        eprintln!(
+            "plots: {}\nreport: {}",
+            list_paths(&written.plots),
+            written.page.display()
+        );
     }
     Ok(())
 }
 
-fn fit_trace(file: &Path, service: Option<&str>) -> anyhow::Result<lbkit_sim::fit::Fit> {
+pub(super) fn fit_trace(file: &Path, service: Option<&str>) -> anyhow::Result<lbkit_sim::fit::Fit> {
     let trace = lbkit_trace::read(file).map_err(bad)?;
     lbkit_sim::fit::fit(&trace, service).map_err(bad)
 }
 
-/// `lbkit sim --trace FILE`: fit, check the fit, compare.
-fn replay(args: &SimArgs, file: &Path, out: &mut impl Write) -> anyhow::Result<()> {
-    let fit = fit_trace(file, args.service.as_deref())?;
-    let dir = args
-        .out
-        .clone()
-        .unwrap_or_else(|| PathBuf::from("lbkit-sim-out").join(format!("trace-{}", fit.service)));
+/// What a trace's fit gives a command: the fit, the fitted scenario (loaded back) and the
+/// folder it was written into.
+pub(super) struct Fitted {
+    pub(super) fit: lbkit_sim::fit::Fit,
+    pub(super) scenario: Scenario,
+    pub(super) dir: PathBuf,
+}
+
+/// Fit a scenario to one service of a trace and write it into `dir` (`scenario.toml` and its
+/// files; default `ROOT/trace-SERVICE`), then print what was recorded and how well a replay of
+/// the recorded strategy matches it.
+pub(super) fn fit_and_check(
+    file: &Path,
+    service: Option<&str>,
+    dir: Option<&Path>,
+    (command, root): (&str, &str),
+    out: &mut impl Write,
+) -> anyhow::Result<Fitted> {
+    let fit = fit_trace(file, service)?;
+    let dir = dir.map_or_else(
+        || PathBuf::from(root).join(format!("trace-{}", fit.service)),
+        Path::to_path_buf,
+    );
     let path = dir.join("scenario.toml");
     fit.write(&path).map_err(bad)?;
     let scenario = Scenario::load(&path).map_err(bad)?;
@@ -181,7 +201,7 @@ fn replay(args: &SimArgs, file: &Path, out: &mut impl Write) -> anyhow::Result<(
     }
     writeln!(
         out,
-        "lbkit sim --trace: {} recorded requests of {} ({:.1} % sampled), strategy {}; fitted scenario: {}",
+        "{command}: {} recorded requests of {} ({:.1} % sampled), strategy {}; fitted scenario: {}",
         fit.requests,
         fit.service,
         fit.sample_rate * 100.0,
@@ -193,6 +213,18 @@ fn replay(args: &SimArgs, file: &Path, out: &mut impl Write) -> anyhow::Result<(
     }
     let check = fit.validate(&scenario).map_err(bad)?;
     writeln!(out, "\n{}\n", check.describe(&fit.strategy))?;
+    Ok(Fitted { fit, scenario, dir })
+}
+
+/// `lbkit sim --trace FILE`: fit, check the fit, compare.
+fn replay(args: &SimArgs, file: &Path, out: &mut impl Write) -> anyhow::Result<()> {
+    let Fitted { fit, scenario, dir } = fit_and_check(
+        file,
+        args.service.as_deref(),
+        args.out.as_deref(),
+        ("lbkit sim --trace", "lbkit-sim-out"),
+        out,
+    )?;
     let mut strategies = vec![fit.strategy.clone()];
     strategies.extend(
         args.strategies
@@ -214,28 +246,42 @@ fn replay(args: &SimArgs, file: &Path, out: &mut impl Write) -> anyhow::Result<(
         ..RunOptions::default()
     };
     let report = run_with_progress(&scenario, &options, args.format == SimFormat::Table)?;
-    print_report(out, &report, &dir, args.format)?;
+    print_report(out, &report, &scenario, &dir, args.format)?;
     Ok(())
 }
 
-/// Write the plots into `dir` and print the report in `format` (the table with its verdict
-/// and the plots' paths, or JSON); the plots' paths.
+/// Write the plots and the HTML page into `dir` and print the report in `format` (the table
+/// with its verdict and the files' paths, or JSON).
 fn print_report(
     out: &mut impl Write,
     report: &Report,
+    scenario: &Scenario,
     dir: &Path,
     format: SimFormat,
-) -> anyhow::Result<Vec<PathBuf>> {
-    let plots = plot::write_plots(report, dir)?;
+) -> anyhow::Result<html::Written> {
+    let written = html::write_report(report, scenario, dir)?;
     match format {
         SimFormat::Json => writeln!(out, "{}", report.to_json())?,
-        SimFormat::Table => {
-            write!(out, "{}", report.to_table())?;
-            writeln!(out, "\n{}", report.conclusion())?;
-            writeln!(out, "\nplots: {}", list_paths(&plots))?;
-        }
+        SimFormat::Table => print_table(out, report, &written)?,
     }
-    Ok(plots)
+    Ok(written)
+}
+
+/// The table, its verdict and where the plots and the page are.
+fn print_table(
+    out: &mut impl Write,
+    report: &Report,
+    written: &html::Written,
+) -> anyhow::Result<()> {
+    write!(out, "{}", report.to_table())?;
+    writeln!(out, "\n{}", report.conclusion())?;
+    writeln!(out, "\nplots: {}", list_paths(&written.plots))?;
+    writeln!(
+        out,
+        "report: {} (open it in a browser)",
+        written.page.display()
+    )?;
+    Ok(())
 }
 
 pub(crate) fn demo(args: DemoArgs) -> anyhow::Result<()> {
@@ -259,15 +305,13 @@ pub(crate) fn demo(args: DemoArgs) -> anyhow::Result<()> {
     let dir = args
         .out
         .unwrap_or_else(|| PathBuf::from("lbkit-sim-out").join("demo"));
-    let plots = plot::write_plots(&report, &dir)?;
-    write!(out, "{}", report.to_table())?;
-    writeln!(out, "\n{}", report.conclusion())?;
-    writeln!(out, "\nplots: {}", list_paths(&plots))?;
+    let written = html::write_report(&report, &scenario, &dir)?;
+    print_table(&mut out, &report, &written)?;
     writeln!(out, "next: `lbkit sim --list` for other scenarios, `lbkit pick --help` to try a strategy on your endpoints.")?;
     Ok(())
 }
 
-fn load_scenario(arg: &str) -> anyhow::Result<Scenario> {
+pub(super) fn load_scenario(arg: &str) -> anyhow::Result<Scenario> {
     let path = Path::new(arg);
     let as_file = arg.ends_with(".toml") || path.is_file();
     let scenario = if as_file {
@@ -282,7 +326,7 @@ fn default_out(report: &Report) -> PathBuf {
     PathBuf::from("lbkit-sim-out").join(format!("{}-seed{}", report.scenario, report.seed))
 }
 
-fn list_paths(paths: &[PathBuf]) -> String {
+pub(super) fn list_paths(paths: &[PathBuf]) -> String {
     paths
         .iter()
         .map(|p| p.display().to_string())
