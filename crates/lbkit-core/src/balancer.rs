@@ -321,6 +321,9 @@ pub struct Balancer<S: Strategy = BoxStrategy> {
     /// whether one is set, so a balancer without one pays a relaxed load per pick.
     shadow: ArcCell<Option<Arc<Shadow>>>,
     shadowing: AtomicBool,
+    /// Whether this balancer's strategy sets the endpoints' EWMA decay
+    /// ([`Strategy::ewma_decay`]): not for a shadow's candidate.
+    owns_statistics: bool,
 }
 
 // === impl Balancer ===
@@ -329,6 +332,13 @@ impl<S: Strategy> Balancer<S> {
     /// A balancer over `snapshot`, prepared at `now`, with the default [`Availability`] filter
     /// and the system clock.
     pub fn new(strategy: S, snapshot: Arc<Snapshot>, now: Timestamp) -> Self {
+        apply_decay(&strategy, &snapshot);
+        Self::observing(strategy, snapshot, now).owning_statistics()
+    }
+
+    /// A balancer that reads the endpoints' statistics without setting them up for its
+    /// strategy: a shadow's candidate.
+    pub(crate) fn observing(strategy: S, snapshot: Arc<Snapshot>, now: Timestamp) -> Self {
         let prepared = prepare(&strategy, snapshot, now);
         Balancer {
             strategy,
@@ -339,7 +349,13 @@ impl<S: Strategy> Balancer<S> {
             tracer: None,
             shadow: ArcCell::from_pointee(None),
             shadowing: AtomicBool::new(false),
+            owns_statistics: false,
         }
+    }
+
+    fn owning_statistics(mut self) -> Self {
+        self.owns_statistics = true;
+        self
     }
 
     /// Run `strategy` as a shadow beside this balancer's (see [`crate::shadow`]), labelled
@@ -448,6 +464,9 @@ impl<S: Strategy> Balancer<S> {
                 s.publish(snapshot.clone(), now);
             }
         }
+        if self.owns_statistics {
+            apply_decay(&self.strategy, &snapshot);
+        }
         self.current
             .store(Arc::new(prepare(&self.strategy, snapshot, now)));
     }
@@ -548,6 +567,15 @@ impl<S: Strategy> Balancer<S> {
             });
         }
         guard
+    }
+}
+
+/// Give every endpoint of `snapshot` the EWMA decay `strategy` asks for, if it asks.
+fn apply_decay<S: Strategy>(strategy: &S, snapshot: &Snapshot) {
+    if let Some(decay) = strategy.ewma_decay() {
+        for e in snapshot.endpoints() {
+            e.stats().set_ewma_decay(decay);
+        }
     }
 }
 

@@ -119,6 +119,11 @@ impl LiveStats {
             .push(line);
     }
 
+    /// Change the peak EWMA's time constant, keeping its estimate.
+    pub(crate) fn set_ewma_decay(&self, decay: Duration) {
+        self.ewma.set_decay(decay);
+    }
+
     fn reset(&self, ewma_decay: Duration) {
         self.in_flight.store(0, Relaxed);
         self.consecutive_failures.store(0, Relaxed);
@@ -254,7 +259,9 @@ impl std::fmt::Debug for LiveStats {
 
 /// Peak-sensitive EWMA (linkerd's `PeakEwma`), stored as f64 bits plus the time of the last
 /// update. Atomics, Relaxed: the estimate and its time may be one update apart. The decay is an
-/// atomic only because slab lines are reused; it is set once per endpoint.
+/// atomic because slab lines are reused and because a strategy may ask for its own
+/// ([`Strategy::ewma_decay`](crate::Strategy::ewma_decay)): set when an endpoint is made and
+/// when a balancer with such a strategy publishes it, never per call.
 #[derive(Debug)]
 struct PeakEwma {
     per_ns: AtomicU64, // f64 bits of 1 / decay in ns: a multiply on reads, not a divide
@@ -276,10 +283,19 @@ impl PeakEwma {
     }
 
     fn reset(&self, decay: Duration) {
-        let decay_ns = (duration_nanos(decay) as f64).max(1.0);
-        self.per_ns.store((1.0 / decay_ns).to_bits(), Relaxed);
+        self.set_decay(decay);
         self.estimate_bits.store(NO_SAMPLE, Relaxed);
         self.at_ns.store(0, Relaxed);
+    }
+
+    /// Store the time constant, unless it is already this one (a publish sets it on every
+    /// endpoint: unchanged lines are only read, not written).
+    fn set_decay(&self, decay: Duration) {
+        let decay_ns = (duration_nanos(decay) as f64).max(1.0);
+        let bits = (1.0 / decay_ns).to_bits();
+        if self.per_ns.load(Relaxed) != bits {
+            self.per_ns.store(bits, Relaxed);
+        }
     }
 
     /// 1 / the time constant in nanoseconds.

@@ -103,7 +103,7 @@ impl Shadow {
         }
         Shadow {
             label: label.into(),
-            candidate: Balancer::new(strategy, snapshot.clone(), now)
+            candidate: Balancer::observing(strategy, snapshot.clone(), now)
                 .with_availability(availability),
             picks: AtomicU64::new(0),
             disagreements: AtomicU64::new(0),

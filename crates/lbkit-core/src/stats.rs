@@ -394,6 +394,13 @@ impl EndpointStats {
         }
     }
 
+    /// Change the peak EWMA's time constant (the estimate is kept). A
+    /// [`Balancer`](crate::Balancer) does this for a strategy that names its own
+    /// ([`Strategy::ewma_decay`](crate::Strategy::ewma_decay)).
+    pub fn set_ewma_decay(&self, decay: Duration) {
+        self.live.set_ewma_decay(decay);
+    }
+
     /// Peak-EWMA latency projected to `now`, or `None` before the first sample.
     #[inline]
     pub fn ewma_at(&self, now: Timestamp) -> Option<Duration> {

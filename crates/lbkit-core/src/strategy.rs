@@ -38,6 +38,16 @@ pub trait Strategy: Send + Sync + 'static {
     fn refresh_interval(&self) -> Option<Duration> {
         None
     }
+
+    /// `Some(decay)`: the time constant this strategy wants for the endpoints' peak-EWMA latency
+    /// (linkerd's and Finagle's `decay`). A [`Balancer`](crate::Balancer) running the strategy
+    /// sets it on every endpoint it publishes ([`EndpointStats::set_ewma_decay`]); a shadow
+    /// does not (it reads the live strategy's statistics). `None` leaves the statistics' own
+    /// ([`SnapshotBuilder::with_ewma_decay`](crate::SnapshotBuilder::with_ewma_decay), default
+    /// [`DEFAULT_EWMA_DECAY`](crate::DEFAULT_EWMA_DECAY)).
+    fn ewma_decay(&self) -> Option<Duration> {
+        None
+    }
 }
 
 /// Chooses one endpoint. Object-safe, `&self`, called concurrently from many threads:
@@ -269,6 +279,7 @@ trait DynStrategy: Send + Sync + 'static {
     fn name(&self) -> &str;
     fn prepare_boxed(&self, snapshot: &Arc<Snapshot>, now: Timestamp) -> Box<dyn Picker>;
     fn refresh_interval(&self) -> Option<Duration>;
+    fn ewma_decay(&self) -> Option<Duration>;
 }
 
 impl<S: Strategy> DynStrategy for S {
@@ -280,6 +291,9 @@ impl<S: Strategy> DynStrategy for S {
     }
     fn refresh_interval(&self) -> Option<Duration> {
         Strategy::refresh_interval(self)
+    }
+    fn ewma_decay(&self) -> Option<Duration> {
+        Strategy::ewma_decay(self)
     }
 }
 
@@ -305,6 +319,10 @@ impl Strategy for BoxStrategy {
 
     fn refresh_interval(&self) -> Option<Duration> {
         self.0.refresh_interval()
+    }
+
+    fn ewma_decay(&self) -> Option<Duration> {
+        self.0.ewma_decay()
     }
 }
 

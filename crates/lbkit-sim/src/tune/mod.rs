@@ -3,9 +3,10 @@
 //!
 //! # The search
 //! 1. **Candidates** ([`search_space`]): every built-in strategy with each combination of the
-//!    values its catalog entry lists for tuning ([`ParamInfo::tune`]): choice count and
-//!    active-request bias, default RTT, response-time windows and intervals, the adaptive
-//!    penalty and blackout, the bounded-load balance factor. A service on a consistent-hashing
+//!    values its catalog entry lists for tuning
+//!    ([`ParamInfo::tune`](lbkit_strategy::catalog::ParamInfo::tune)): choice count and
+//!    active-request bias, default RTT and peak-EWMA decay, response-time windows and
+//!    intervals, the adaptive penalty and blackout, the bounded-load balance factor. A service on a consistent-hashing
 //!    strategy needs its keys' affinity, so its candidates are the hashing strategies; any other
 //!    service's are the rest.
 //! 2. **Successive halving over seeds** (the racing of Jamieson and Talwalkar, *Non-stochastic
@@ -40,8 +41,7 @@
 //! assert!(tuning.gain.high < 0.0, "the winner's p99 is lower on every reading");
 //! ```
 //!
-//! Not searched (they do not exist yet): the peak EWMA's decay (a property of the endpoints'
-//! statistics, not of a strategy), aperture sizes, hedging delays.
+//! Not searched, because lbkit has neither yet: aperture sizes, hedging delays.
 
 use std::sync::atomic::AtomicU64;
 

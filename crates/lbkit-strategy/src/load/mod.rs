@@ -21,7 +21,7 @@ pub use zone::{ZoneAware, ZonePicker};
 
 use std::time::Duration;
 
-use lbkit_core::BoxStrategy;
+use lbkit_core::{BoxStrategy, DEFAULT_EWMA_DECAY};
 
 use crate::catalog::{Family, ParamError, ParamInfo, Params, StrategyInfo};
 
@@ -52,7 +52,10 @@ const INFOS: &[StrategyInfo] = &[
     StrategyInfo {
         name: "p2c-ewma",
         summary: "power of two choices on peak-EWMA latency x (in_flight + 1) (Finagle, linkerd)",
-        params: &[ParamInfo { name: "default_rtt_ms", default: "30", doc: "cost of an endpoint without latency samples, ms", tune: &["1", "30", "100"] }],
+        params: &[
+            ParamInfo { name: "default_rtt_ms", default: "30", doc: "cost of an endpoint without latency samples, ms", tune: &["1", "30", "100"] },
+            ParamInfo { name: "decay_ms", default: "10000", doc: "time constant of the endpoints' peak EWMA, ms (linkerd's decay)", tune: &["1000", "3000", "10000", "30000"] },
+        ],
     },
     StrategyInfo {
         name: "shortest-response",
@@ -86,7 +89,13 @@ fn build(name: &str, p: &Params) -> Option<Result<BoxStrategy, ParamError>> {
             )),
             "p2c-least-loaded" => BoxStrategy::new(P2cLeastLoaded),
             "p2c-ewma" => {
-                BoxStrategy::new(P2cEwma::new(p.ms(name, "default_rtt_ms", DEFAULT_RTT)?))
+                let s = P2cEwma::new(p.ms(name, "default_rtt_ms", DEFAULT_RTT)?);
+                // Given only when set: else the statistics keep their own (the same 10 s unless
+                // a SnapshotBuilder says otherwise).
+                BoxStrategy::new(match p.get("decay_ms") {
+                    Some(_) => s.with_decay(p.ms(name, "decay_ms", DEFAULT_EWMA_DECAY)?),
+                    None => s,
+                })
             }
             "shortest-response" => BoxStrategy::new(ShortestResponse::new(p.ms(
                 name,

@@ -3,8 +3,9 @@
 //! * **Algorithm**: draw two distinct endpoints uniformly at random and take the cheaper one.
 //!   `p2c-least-loaded` costs an endpoint `in_flight + 1`; `p2c-ewma` costs it
 //!   `peak_ewma_latency × (in_flight + 1)`, where the peak EWMA jumps to any new peak, decays
-//!   toward new samples and toward zero while idle (time constant 10 s, a property of the
-//!   endpoint's statistics), and an endpoint without samples costs `default_rtt` (30 ms).
+//!   toward new samples and toward zero while idle (time constant `decay`: by default the
+//!   statistics' own, 10 s; [`P2cEwma::with_decay`] sets it on every endpoint the strategy's
+//!   balancer publishes), and an endpoint without samples costs `default_rtt` (30 ms).
 //! * **Origin**: Mitzenmacher's power of two choices; Finagle's `P2CLeastLoaded` and
 //!   `P2CPeakEwma`, linkerd's and tower's `p2c` + `PeakEwma` (the 30 ms default RTT is
 //!   linkerd's; the 10 s decay Finagle's).
@@ -50,6 +51,7 @@ pub struct P2cLeastLoaded;
 #[derive(Debug, Clone, Copy)]
 pub struct P2cEwma {
     default_rtt_ns: f64,
+    decay: Option<Duration>,
 }
 
 impl Default for P2cEwma {
@@ -63,7 +65,16 @@ impl P2cEwma {
     pub fn new(default_rtt: Duration) -> Self {
         P2cEwma {
             default_rtt_ns: default_rtt.as_nanos() as f64,
+            decay: None,
         }
+    }
+
+    /// Give the endpoints' peak EWMA the time constant `decay` (linkerd's `decay`): shorter
+    /// forgets a slow spell sooner and probes a recovered endpoint sooner; longer remembers a
+    /// spike longer. Default: the statistics' own ([`lbkit_core::DEFAULT_EWMA_DECAY`], 10 s).
+    pub fn with_decay(mut self, decay: Duration) -> Self {
+        self.decay = Some(decay);
+        self
     }
 }
 
@@ -99,6 +110,10 @@ impl Strategy for P2cEwma {
                 default_rtt_ns: self.default_rtt_ns,
             },
         )
+    }
+
+    fn ewma_decay(&self) -> Option<Duration> {
+        self.decay
     }
 }
 

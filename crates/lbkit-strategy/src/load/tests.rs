@@ -380,3 +380,49 @@ fn adaptive_through_a_balancer_follows_reports() {
     // 100/0.25 = 400 vs 100/0.75 = 133: 3 to 1 (scaled to 1 000 : 333).
     assert!((c[0] as f64 / c[1] as f64 - 3.0).abs() < 0.01, "{c:?}");
 }
+
+/// `p2c-ewma:decay_ms=…` gives every endpoint its balancer publishes that time constant: one
+/// decay later an idle endpoint's estimate is 1/e of its last sample. A shadow running the same
+/// strategy reads the statistics and leaves their decay alone.
+#[test]
+fn p2c_ewma_sets_its_decay_on_what_its_balancer_publishes_and_a_shadow_does_not() {
+    let s = snap(&[100, 100]);
+    fn stats(s: &Snapshot, i: usize) -> &lbkit_core::EndpointStats {
+        s.endpoints()[i].stats()
+    }
+    stats(&s, 0).record(Duration::from_millis(100), T, Outcome::Success);
+    let after = |d: Duration| T.saturating_add(d);
+    let ms = |s: &Snapshot, d: Duration| stats(s, 0).ewma_at(after(d)).unwrap().as_secs_f64() * 1e3;
+    let default_decay = ms(&s, Duration::from_secs(10));
+    assert!(
+        (default_decay - 100.0 / std::f64::consts::E).abs() < 0.5,
+        "{default_decay}"
+    );
+
+    let shadowed = Balancer::new(LeastActive, s.clone(), T);
+    let one_second = crate::catalog::build(
+        "p2c-ewma",
+        crate::catalog::Params::from_pairs([("decay_ms", "1000")]),
+    )
+    .unwrap();
+    assert_eq!(one_second.ewma_decay(), Some(Duration::from_secs(1)));
+    shadowed.start_shadow("p2c-ewma:decay_ms=1000", one_second.clone(), T);
+    assert!(
+        (ms(&s, Duration::from_secs(10)) - default_decay).abs() < 1e-9,
+        "a shadow leaves the decay alone"
+    );
+
+    let b = Balancer::new(one_second, s.clone(), T);
+    let got = ms(&s, Duration::from_secs(1));
+    assert!((got - 100.0 / std::f64::consts::E).abs() < 0.5, "{got}");
+    // An endpoint that joins later gets it when the balancer publishes it.
+    let grown = snap(&[100, 100, 100]);
+    stats(&grown, 2).record(Duration::from_millis(100), T, Outcome::Success);
+    b.publish(grown.clone(), T);
+    let later = stats(&grown, 2)
+        .ewma_at(after(Duration::from_secs(1)))
+        .unwrap();
+    assert!((later.as_secs_f64() * 1e3 - 100.0 / std::f64::consts::E).abs() < 0.5);
+    // Without the parameter the strategy asks for nothing.
+    assert_eq!(P2cEwma::default().ewma_decay(), None);
+}

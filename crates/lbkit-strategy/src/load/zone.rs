@@ -107,6 +107,10 @@ impl<S: Strategy> Strategy for ZoneAware<S> {
         self.inner.name()
     }
 
+    fn ewma_decay(&self) -> Option<Duration> {
+        self.inner.ewma_decay()
+    }
+
     fn prepare(&self, snapshot: &Arc<Snapshot>, now: Timestamp) -> ZonePicker<S::Picker> {
         let state = self.assess(snapshot);
         let picker = match state.spill {
