@@ -218,3 +218,29 @@ fn the_html_pages_are_self_contained_and_grouped() {
         assert!(!page.contains(attr), "the page fetches something: {attr}");
     }
 }
+
+/// A scenario's text is input: names and descriptions with markup stay text on the page and in
+/// the inlined plots.
+#[test]
+fn markup_in_a_scenario_stays_text() {
+    let s = Scenario::parse(
+        "name = \"x</title><script>alert(1)</script>\"\ndescription = \"<img src=x onerror=alert(2)> & co\"\nrequests = 500\n[[server]]\ncount = 2\n",
+        "hostile",
+    )
+    .unwrap();
+    let report = run(
+        &s,
+        &RunOptions {
+            strategies: vec!["round-robin".into()],
+            ..RunOptions::default()
+        },
+        &mut |_, _| {},
+    )
+    .unwrap();
+    let dir = scratch("hostile");
+    let page = std::fs::read_to_string(write_report(&report, &s, &dir).unwrap().page).unwrap();
+    assert!(!page.contains("<script>alert"), "{page}");
+    assert!(!page.contains("<img"), "{page}");
+    assert!(page.contains("x&lt;/title&gt;&lt;script&gt;alert(1)&lt;/script&gt;"));
+    assert_eq!(page.matches("<script>").count(), 1, "only the page's own script");
+}
