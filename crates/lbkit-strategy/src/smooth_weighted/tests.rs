@@ -135,4 +135,58 @@ proptest! {
         }
         prop_assert_eq!(counts, weights);
     }
+
+    /// The fast paths (Barrett remainders, multiply-shift buckets, packed entries) pick exactly
+    /// the endpoint that owns point `(k · step) mod total`, computed the slow way, for totals
+    /// on both sides of 2³² and counters anywhere in the 64-bit range.
+    #[test]
+    fn golden_stride_owns_the_reference_point(
+        weights in proptest::collection::vec(1u64..u64::from(u32::MAX), 1..60),
+        scale in prop_oneof![Just(1u64), Just(1_000), Just(1u64 << 20)],
+        ks in proptest::collection::vec(any::<u64>(), 1..50),
+    ) {
+        let items: Vec<(EndpointIdx, u64)> = weights
+            .iter()
+            .enumerate()
+            .map(|(i, &w)| (EndpointIdx::new(i), (w / scale).max(1)))
+            .collect();
+        let s = GoldenStride::new(&items);
+        let ends: Vec<u64> = items.iter().scan(0, |a, &(_, w)| { *a += w; Some(*a) }).collect();
+        let total = *ends.last().unwrap();
+        for k in ks.into_iter().chain([0, 1, total - 1, total, u64::MAX]) {
+            let point = (u128::from(k % total) * u128::from(s.step) % u128::from(total)) as u64;
+            let owner = ends.partition_point(|&e| e <= point);
+            prop_assert_eq!(s.at(k).get(), owner, "k {} point {} total {}", k, point, total);
+        }
+    }
+}
+
+#[test]
+fn barrett_matches_the_remainder() {
+    for d in [
+        1u64,
+        2,
+        3,
+        7,
+        1000,
+        65_537,
+        (1 << 32) - 5,
+        u64::MAX / 3,
+        u64::MAX,
+    ] {
+        let m = u64::MAX / d;
+        for x in [
+            0u64,
+            1,
+            d - 1,
+            d,
+            d.saturating_add(1),
+            d.min(u64::MAX / 2) * 2,
+            u64::MAX - 1,
+            u64::MAX,
+            0x1234_5678_9abc_def0,
+        ] {
+            assert_eq!(barrett(x, d, m), x % d, "{x} mod {d}");
+        }
+    }
 }
