@@ -348,7 +348,14 @@ impl PeakEwma {
                 Err(seen) => bits = seen,
             }
         }
-        self.at_ns.fetch_max(now.as_nanos(), Relaxed);
+        // The estimate's time only moves forward. Not a fetch_max: a plain store when it moves
+        // (none when calls end within the same nanosecond), so a racing writer may leave it a
+        // little early, and the decay is then projected from a little before the update: a
+        // reader sees the estimate a hair lower, never a NaN or a jump.
+        let now_ns = now.as_nanos();
+        if self.at_ns.load(Relaxed) < now_ns {
+            self.at_ns.store(now_ns, Relaxed);
+        }
     }
 
     fn set(&self, now: Timestamp, value_ns: f64) {

@@ -211,9 +211,11 @@ pub struct EndpointStats {
     by_kind: [AtomicU64; 4],
     cancellations: AtomicU64,
     window: WindowedMean,
-    // Latency histogram of finished calls (not cancellations); counts per bucket and the sum.
+    // Latency histogram of finished calls (not cancellations): counts per bucket; its sum is
+    // the successes' (kept in the live line for the strategies) plus the failures' here, so a
+    // success costs no third latency sum.
     buckets: [AtomicU64; LATENCY_BUCKETS.len() + 1],
-    latency_sum_ns: AtomicU64,
+    failure_nanos: AtomicU64,
     // Server-reported load; f64 bits. Written by whoever receives reports.
     load_utilization: AtomicU64,
     load_qps: AtomicU64,
@@ -250,7 +252,7 @@ impl EndpointStats {
             cancellations: AtomicU64::new(0),
             window: WindowedMean::default(),
             buckets: Default::default(),
-            latency_sum_ns: AtomicU64::new(0),
+            failure_nanos: AtomicU64::new(0),
             load_utilization: AtomicU64::new(0),
             load_qps: AtomicU64::new(0),
             load_eps: AtomicU64::new(0),
@@ -390,7 +392,11 @@ impl EndpointStats {
     pub fn latency_histogram(&self) -> LatencyHistogram {
         LatencyHistogram {
             counts: std::array::from_fn(|i| self.buckets[i].load(Relaxed)),
-            sum: Duration::from_nanos(self.latency_sum_ns.load(Relaxed)),
+            sum: Duration::from_nanos(
+                self.live
+                    .success_nanos()
+                    .saturating_add(self.failure_nanos.load(Relaxed)),
+            ),
         }
     }
 
@@ -441,7 +447,6 @@ impl EndpointStats {
         if outcome != Outcome::Cancelled {
             let bucket = BUCKET_NS.partition_point(|&b| b < ns);
             self.buckets[bucket].fetch_add(1, Relaxed);
-            add_saturating(&self.latency_sum_ns, ns);
         }
         match outcome {
             Outcome::Success => {
@@ -449,6 +454,7 @@ impl EndpointStats {
                 self.window.record(now, ns);
             }
             Outcome::Failure(kind) => {
+                add_saturating(&self.failure_nanos, ns);
                 self.failures.fetch_add(1, Relaxed);
                 self.by_kind[kind.index()].fetch_add(1, Relaxed);
                 self.live.failure(now);
