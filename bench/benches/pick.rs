@@ -360,6 +360,48 @@ mod balancer {
         );
     }
 
+    /// The floor of a round-robin pick and its successful outcome: the atomic read-modify-writes
+    /// no implementation can skip, on the same kind of layout (a padded shared counter; per
+    /// endpoint, a reference count keeping its statistics alive while the call is out and one
+    /// 64-byte line of counters). Eight: the strategy's counter; the reference count up and
+    /// down; calls in flight up and down; successes, their latency sum and the latency
+    /// histogram's bucket; plus the peak EWMA's store (a plain store when uncontended).
+    #[divan::bench(args = BN)]
+    fn floor_pick_and_outcome(b: Bencher, n: usize) {
+        #[repr(align(64))]
+        struct Line {
+            in_flight: AtomicU64,
+            successes: AtomicU64,
+            success_nanos: AtomicU64,
+            bucket: AtomicU64,
+            ewma: AtomicU64,
+        }
+        let lines: Vec<Arc<Line>> = (0..n)
+            .map(|_| {
+                Arc::new(Line {
+                    in_flight: AtomicU64::new(0),
+                    successes: AtomicU64::new(0),
+                    success_nanos: AtomicU64::new(0),
+                    bucket: AtomicU64::new(0),
+                    ewma: AtomicU64::new(0),
+                })
+            })
+            .collect();
+        let counter = super::floor::Padded(AtomicUsize::new(0));
+        b.bench_local(|| {
+            let i = black_box(&counter).0.fetch_add(1, Relaxed) % n;
+            let line = black_box(&lines)[i].clone();
+            line.in_flight.fetch_add(1, Relaxed);
+            // ... the call ...
+            line.in_flight.fetch_sub(1, Relaxed);
+            line.successes.fetch_add(1, Relaxed);
+            line.success_nanos.fetch_add(black_box(1_000), Relaxed);
+            line.bucket.fetch_add(1, Relaxed);
+            line.ewma.store(black_box(1_000), Relaxed);
+            drop(line);
+        });
+    }
+
     #[divan::bench(args = BN)]
     fn round_robin_breaker_on(b: Bencher, n: usize) {
         bench_balancer(

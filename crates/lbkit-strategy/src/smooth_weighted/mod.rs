@@ -12,10 +12,12 @@
 //! * **Complexity**: pick O(1) (one atomic add, one table read) in cycle mode. When the cycle
 //!   would exceed [`MAX_CYCLE`] entries or [`MAX_CYCLE_WORK`] steps (many distinct weights
 //!   over a large fleet), it switches to a *golden-ratio stride*: pick k maps to point
-//!   `k · a mod Σw` (a ≈ Σw/φ, coprime with Σw) and the endpoint owning that point is found via
-//!   a bucket index over the cumulative weights — O(1) typical, O(log n) worst. Each span of
-//!   Σw consecutive picks still holds exactly wᵢ picks of endpoint i, spread evenly, but not in
-//!   nginx's order.
+//!   `k · a mod Σw` (a ≈ Σw/φ, coprime with Σw; the shared counter advances by a) and the
+//!   endpoint owning that point is found via a bucket index over the cumulative weights — O(1)
+//!   typical (no division: a Barrett reduction and a multiply-shift), O(log n) worst. Each span
+//!   of Σw consecutive picks still holds exactly wᵢ picks of endpoint i, spread evenly, but not
+//!   in nginx's order (and once per 2³² picks or more, when the 64-bit counter wraps, a span is
+//!   off by about one pick).
 //! * **Behaviour under trouble**: blind to load; warming endpoints follow Dubbo's curve (the cycle
 //!   is rebuilt every second during warm-up).
 //! * **Differences from the origin**: Dubbo 2.5 ran an O(maxWeight · n) loop per pick and nginx
@@ -150,11 +152,13 @@ impl SmoothWeightedPicker {
 impl Picker for SmoothWeightedPicker {
     #[inline]
     fn pick(&self, _cx: &mut PickContext<'_>) -> Result<EndpointIdx, PickError> {
-        let k = self.counter.fetch_add(1, Relaxed);
         match &self.order {
             Order::Cycle(c) if c.is_empty() => Err(PickError::NoEndpoints),
-            Order::Cycle(c) => Ok(c[(k % c.len() as u64) as usize]),
-            Order::Stride(s) => Ok(s.at(k)),
+            Order::Cycle(c) => {
+                Ok(c[(self.counter.fetch_add(1, Relaxed) % c.len() as u64) as usize])
+            }
+            // The counter walks the point line itself: one add of the step per pick.
+            Order::Stride(s) => Ok(s.owner(self.counter.fetch_add(s.step, Relaxed))),
         }
     }
 
@@ -224,18 +228,23 @@ fn nginx_cycle(weights: &[(EndpointIdx, u64)], g: u64) -> Box<[EndpointIdx]> {
     cycle.into_boxed_slice()
 }
 
-/// Exact shares without a stored cycle: pick k lands on point `(k · step) mod total` of the
-/// cumulative weight line. `step` is coprime with the total, so Σw consecutive picks visit every
-/// point once (exact shares); `step ≈ total / φ` spreads consecutive picks evenly (three-distance
-/// theorem).
+/// Exact shares without a stored cycle: the shared counter advances by `step` per pick, and a
+/// pick takes the endpoint owning point `counter mod total` of the cumulative weight line.
+/// `step` is coprime with the total, so Σw consecutive picks visit every point once (exact
+/// shares); `step ≈ total / φ` spreads consecutive picks evenly (three-distance theorem). The
+/// one exception: when the 64-bit counter wraps — once per 2⁶⁴ / step ≥ 2³² picks — the walk
+/// jumps by `2⁶⁴ mod total` points, and the span across the wrap is off by a pick or so.
 ///
-/// A pick is the shared counter's `fetch_add`, two modular reductions, a multiply-shift to a
-/// bucket and one or two table reads; no division. While the total is below 2³² (any weight
-/// set of up to 65 536 endpoints of Dubbo-sized weights, and far beyond) the reductions are
-/// Barrett's in 64 bits — a 64×64→128 multiply, a subtraction and at most two corrections —
-/// instead of the `u128` remainders of the first version, which cost 50–100 ns on hosts without
-/// a fast 128-bit divide; larger totals keep the `u128` arithmetic. Each endpoint's cumulative
-/// end and index share one 8-byte word, so the answer is one cache line away from its bucket.
+/// A pick is the counter's `fetch_add`, one modular reduction, a multiply-shift to a bucket and
+/// usually one table read; no division. While the total is below 2³² (any weight set of up to
+/// 65 536 endpoints of Dubbo-sized weights, and far beyond) the reduction is Barrett's in 64
+/// bits — a 64×64→128 multiply, a subtraction and at most two corrections — instead of the two
+/// `u128` remainders of the first version, which cost 50–100 ns on hosts without a fast 128-bit
+/// divide; larger totals keep `u128` arithmetic. Each bucket holds its first entry's end and
+/// index in one word, so a point inside that entry (most points: a bucket spans half an
+/// average weight) costs one read; the others scan on from it. (A layout half the size — 4-byte
+/// ends and a bucket table of entry numbers, two dependent reads per pick — measured slower at
+/// both 1 000 and 100 000 endpoints: BENCHMARKS.md, issue 18.)
 #[derive(Debug)]
 struct GoldenStride {
     total: u64,
@@ -244,8 +253,10 @@ struct GoldenStride {
     reciprocal: u64,
     /// `bucket(p) = (p · bucket_mul) >> 64`: monotone from `[0, total)` onto the buckets.
     bucket_mul: u64,
-    /// `buckets[b]` = the entry owning the first point of bucket b (its range reaches it).
-    buckets: Box<[u32]>,
+    /// Per bucket, the entry owning its first point: that entry's word (narrow mode: its end
+    /// and index) and its position, where a scan continues.
+    first_word: Box<[u64]>,
+    first: Box<[u32]>,
     entries: Entries,
 }
 
@@ -258,8 +269,17 @@ enum Entries {
     Wide(Box<[(u64, EndpointIdx)]>),
 }
 
-/// Totals below this take the 64-bit path (`k mod total` times the step fits in 64 bits).
+/// Totals below this take the 64-bit path.
 const NARROW: u64 = 1 << 32;
+
+/// Entries a pick scans past its bucket's first before it binary-searches the rest: typical
+/// weights put one or two entries in a bucket, and a pick stays O(log n) however skewed they
+/// are.
+const SCAN: usize = 4;
+
+/// Buckets per entry: two, so a bucket spans half an average weight and most points fall in
+/// their bucket's first entry.
+const BUCKETS_PER_ENTRY: u64 = 2;
 
 impl GoldenStride {
     fn new(weights: &[(EndpointIdx, u64)]) -> Self {
@@ -276,25 +296,24 @@ impl GoldenStride {
         while total > 1 && gcd(step, total) != 1 {
             step += 1;
         }
-        let nb = (weights.len() as u64).clamp(1, total);
+        let nb = (weights.len() as u64 * BUCKETS_PER_ENTRY).clamp(1, total);
         let bucket_mul =
             u64::try_from((u128::from(nb) << 64) / u128::from(total)).unwrap_or(u64::MAX);
         let bucket = |p: u64| ((u128::from(p) * u128::from(bucket_mul)) >> 64) as usize;
         // Walk the endpoints in order: the first one whose range reaches a bucket owns its
         // first point. Buckets past the last point's (the mapping may end short of nb) are
         // never looked up; they name the last endpoint.
-        let mut buckets = vec![0u32; nb as usize];
+        let mut first = vec![0u32; nb as usize];
         let mut next = 0;
         for (j, &end) in ends.iter().enumerate() {
-            let last = bucket(end - 1).min(buckets.len() - 1);
+            let last = bucket(end - 1).min(first.len() - 1);
             while next <= last {
-                buckets[next] = j as u32;
+                first[next] = j as u32;
                 next += 1;
             }
         }
-        let last_entry = ends.len().saturating_sub(1) as u32;
-        let filled = next.min(buckets.len());
-        buckets[filled..].fill(last_entry);
+        let filled = next.min(first.len());
+        first[filled..].fill(ends.len().saturating_sub(1) as u32);
         let entries = if total < NARROW {
             Entries::Narrow(
                 ends.iter()
@@ -310,50 +329,71 @@ impl GoldenStride {
                     .collect(),
             )
         };
+        let first_word = match &entries {
+            Entries::Narrow(words) => first.iter().map(|&j| words[j as usize]).collect(),
+            Entries::Wide(_) => Box::default(),
+        };
         GoldenStride {
             total,
             step,
             reciprocal: u64::MAX / total,
             bucket_mul,
-            buckets: buckets.into_boxed_slice(),
+            first_word,
+            first: first.into_boxed_slice(),
             entries,
         }
     }
 
-    /// The endpoint of pick `k`.
+    /// The endpoint owning point `counter mod total`.
     #[inline]
-    fn at(&self, k: u64) -> EndpointIdx {
+    fn owner(&self, counter: u64) -> EndpointIdx {
         match &self.entries {
             Entries::Narrow(entries) => {
-                let r = barrett(k, self.total, self.reciprocal);
-                // r < total < 2³² and step < total: the product fits in 64 bits.
-                let p = barrett(r * self.step, self.total, self.reciprocal);
-                let (lo, hi) = self.bucket_range(p, entries.len());
-                let j = lo + entries[lo..hi].partition_point(|&e| e >> 32 <= p);
+                let p = barrett(counter, self.total, self.reciprocal);
+                let b = self.bucket(p);
+                let word = self.first_word[b];
+                if word >> 32 > p {
+                    return EndpointIdx::new((word & 0xffff_ffff) as usize);
+                }
+                // Past the bucket's first entry: scan a few more (the last entry ends at the
+                // total, past any point, so the scan stops), then search the bucket's rest.
+                let mut j = self.first[b] as usize + 1;
+                for _ in 0..SCAN {
+                    let e = entries[j];
+                    if e >> 32 > p {
+                        return EndpointIdx::new((e & 0xffff_ffff) as usize);
+                    }
+                    j += 1;
+                }
+                let hi = self.bucket_end(b, entries.len()).max(j);
+                let j = j + entries[j..hi].partition_point(|&e| e >> 32 <= p);
                 EndpointIdx::new((entries[j.min(entries.len() - 1)] & 0xffff_ffff) as usize)
             }
             Entries::Wide(entries) => {
-                let total = u128::from(self.total);
-                let p = (u128::from(k % self.total) * u128::from(self.step) % total) as u64;
-                let (lo, hi) = self.bucket_range(p, entries.len());
+                let p = counter % self.total;
+                let b = self.bucket(p);
+                let lo = self.first[b] as usize;
+                let hi = self.bucket_end(b, entries.len());
                 let j = lo + entries[lo..hi].partition_point(|&(e, _)| e <= p);
                 entries[j.min(entries.len() - 1)].1
             }
         }
     }
 
-    /// The entries that may own point `p`: from its bucket's first to the next bucket's.
+    /// The bucket of point `p`.
     #[inline]
-    fn bucket_range(&self, p: u64, len: usize) -> (usize, usize) {
+    fn bucket(&self, p: u64) -> usize {
         let b = ((u128::from(p) * u128::from(self.bucket_mul)) >> 64) as usize;
-        let b = b.min(self.buckets.len() - 1);
-        let lo = self.buckets[b] as usize;
-        let hi = self
-            .buckets
+        b.min(self.first.len() - 1)
+    }
+
+    /// One past the last entry that may own a point of bucket `b`: the next bucket's first.
+    #[inline]
+    fn bucket_end(&self, b: usize, len: usize) -> usize {
+        self.first
             .get(b + 1)
             .map_or(len, |&h| h as usize + 1)
-            .min(len);
-        (lo, hi)
+            .min(len)
     }
 }
 

@@ -130,33 +130,36 @@ proptest! {
         let s = GoldenStride::new(&items);
         let total: u64 = items.iter().map(|&(_, w)| w).sum();
         let mut counts = vec![0u64; weights.len()];
+        // As the picker drives it: the counter advances by the step.
         for k in offset..offset + total {
-            counts[s.at(k).get()] += 1;
+            counts[s.owner(k.wrapping_mul(s.step)).get()] += 1;
         }
         prop_assert_eq!(counts, weights);
     }
 
-    /// The fast paths (Barrett remainders, multiply-shift buckets, packed entries) pick exactly
-    /// the endpoint that owns point `(k · step) mod total`, computed the slow way, for totals
-    /// on both sides of 2³² and counters anywhere in the 64-bit range.
+    /// The fast paths (a Barrett remainder, multiply-shift buckets, packed entries, the first-entry
+    /// word) pick exactly the endpoint that owns point `counter mod total`, computed the slow
+    /// way, for totals on both sides of 2³² and counters anywhere in the 64-bit range.
     #[test]
     fn golden_stride_owns_the_reference_point(
         weights in proptest::collection::vec(1u64..u64::from(u32::MAX), 1..60),
         scale in prop_oneof![Just(1u64), Just(1_000), Just(1u64 << 20)],
         ks in proptest::collection::vec(any::<u64>(), 1..50),
+        spread in 1usize..3,
     ) {
+        // spread 1: entry j is endpoint j (no index array); 2: every other endpoint.
         let items: Vec<(EndpointIdx, u64)> = weights
             .iter()
             .enumerate()
-            .map(|(i, &w)| (EndpointIdx::new(i), (w / scale).max(1)))
+            .map(|(i, &w)| (EndpointIdx::new(i * spread), (w / scale).max(1)))
             .collect();
         let s = GoldenStride::new(&items);
         let ends: Vec<u64> = items.iter().scan(0, |a, &(_, w)| { *a += w; Some(*a) }).collect();
         let total = *ends.last().unwrap();
-        for k in ks.into_iter().chain([0, 1, total - 1, total, u64::MAX]) {
-            let point = (u128::from(k % total) * u128::from(s.step) % u128::from(total)) as u64;
+        for c in ks.into_iter().chain([0, 1, total - 1, total, u64::MAX]) {
+            let point = c % total;
             let owner = ends.partition_point(|&e| e <= point);
-            prop_assert_eq!(s.at(k).get(), owner, "k {} point {} total {}", k, point, total);
+            prop_assert_eq!(s.owner(c).get(), owner * spread, "counter {} point {} total {}", c, point, total);
         }
     }
 }
