@@ -354,7 +354,11 @@ impl HttpConn {
                 req.extensions_mut().insert(hold.clone());
             }
             let busy = busy.begin();
-            let resp = handle(hub.clone(), peer, req);
+            // Boxed: the request's future is over 3 KB, and hyper and tokio move it several
+            // times before it first runs (into hyper's stream future, then into the spawned
+            // task); a box moves as a pointer. On h2c, where every request is a task, those
+            // copies were a sixth of the proxy's CPU (perf, BENCHMARKS.md, issue 18).
+            let resp = Box::pin(handle(hub.clone(), peer, req));
             async move { Ok::<_, Infallible>(resp.await.map(|body| BusyBody::new(body, busy))) }
         });
         let io = TokioIo::new(h1::Rewind::new(read, stream, stall, activity.clone()));
