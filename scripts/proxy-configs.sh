@@ -47,3 +47,62 @@ endpoints = ["127.0.0.1:$3", "127.0.0.1:$4", "127.0.0.1:$5"]
 strategy = "$6"
 CONF
 }
+
+# envoy_conf FRONT LB_POLICY H2 B...: a static listener and cluster (ROUND_ROBIN or
+# LEAST_REQUEST), circuit-breaker thresholds raised so that they never cap a benchmark (the
+# defaults allow 1024 connections and requests), codec AUTO (HTTP/1.1, or h2c by its preface);
+# H2 = 1 speaks HTTP/2 to the backends (gRPC). No access log.
+envoy_conf() {
+  local front=$1 policy=$2 h2=$3
+  shift 3
+  cat <<CONF
+static_resources:
+  listeners:
+  - name: front
+    address: { socket_address: { address: 127.0.0.1, port_value: $front } }
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: front
+          codec_type: AUTO
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes:
+              - match: { prefix: "/" }
+                route: { cluster: b, timeout: 30s }
+          http_filters:
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+  - name: b
+    type: STATIC
+    lb_policy: $policy
+    connect_timeout: 1s
+    circuit_breakers:
+      thresholds:
+      - { max_connections: 1000000, max_pending_requests: 1000000, max_requests: 1000000, max_retries: 1000000 }
+CONF
+  if [ "$h2" = 1 ]; then
+    cat <<CONF
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: { http2_protocol_options: {} }
+CONF
+  fi
+  cat <<CONF
+    load_assignment:
+      cluster_name: b
+      endpoints:
+      - lb_endpoints:
+CONF
+  local b
+  for b in "$@"; do
+    echo "        - endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: $b } } }"
+  done
+}

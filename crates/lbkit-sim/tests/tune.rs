@@ -242,5 +242,9 @@ fn markup_in_a_scenario_stays_text() {
     assert!(!page.contains("<script>alert"), "{page}");
     assert!(!page.contains("<img"), "{page}");
     assert!(page.contains("x&lt;/title&gt;&lt;script&gt;alert(1)&lt;/script&gt;"));
-    assert_eq!(page.matches("<script>").count(), 1, "only the page's own script");
+    assert_eq!(
+        page.matches("<script>").count(),
+        1,
+        "only the page's own script"
+    );
 }

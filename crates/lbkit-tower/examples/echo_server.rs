@@ -6,10 +6,14 @@
 //! ```
 //!
 //! Every `Say` is answered with the request's message and `NAME` as the server. It serves until
-//! Ctrl-C. `crates/lbkit/tests/dubbo_python.rs` runs [`serve`] and has Python Dubbo consumers
+//! Ctrl-C or SIGTERM, then prints `NAME served N calls` (the gRPC benchmark,
+//! `scripts/bench-grpc.sh`, reads each backend's share from it; `TOKIO_WORKER_THREADS` sets its
+//! threads). `crates/lbkit/tests/dubbo_python.rs` runs [`serve`] and has Python Dubbo consumers
 //! call it.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 
 use tokio::sync::oneshot;
 use tonic::{Request, Response, Status};
@@ -22,12 +26,13 @@ pub mod echo;
 use echo::echo_server::{Echo, EchoServer};
 use echo::{SayReply, SayRequest};
 
-/// The server: answers as `name`.
-struct Named(String);
+/// The server: answers as `name`, counting calls.
+struct Named(String, Arc<AtomicU64>);
 
 #[tonic::async_trait]
 impl Echo for Named {
     async fn say(&self, request: Request<SayRequest>) -> Result<Response<SayReply>, Status> {
+        self.1.fetch_add(1, Relaxed);
         Ok(Response::new(SayReply {
             message: request.into_inner().message,
             server: self.0.clone(),
@@ -45,12 +50,25 @@ pub async fn serve(
     name: &str,
     stop: oneshot::Receiver<()>,
 ) -> std::io::Result<SocketAddr> {
+    serve_counting(addr, name, stop, Arc::default()).await
+}
+
+/// [`serve`], adding each call to `calls`.
+///
+/// # Errors
+/// When `addr` cannot be bound.
+pub async fn serve_counting(
+    addr: SocketAddr,
+    name: &str,
+    stop: oneshot::Receiver<()>,
+    calls: Arc<AtomicU64>,
+) -> std::io::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let addr = listener.local_addr()?;
     let incoming = tonic::transport::server::TcpIncoming::from(listener);
     tokio::spawn(
         tonic::transport::Server::builder().serve_with_incoming_shutdown(
-            EchoServer::new(Named(name.to_owned())),
+            EchoServer::new(Named(name.to_owned(), calls)),
             incoming,
             async {
                 let _ = stop.await;
@@ -72,13 +90,20 @@ async fn main() {
         std::process::exit(2);
     };
     let (stop, stopped) = oneshot::channel();
-    match serve(addr, &name, stopped).await {
+    let calls = Arc::new(AtomicU64::new(0));
+    match serve_counting(addr, &name, stopped, calls.clone()).await {
         Ok(at) => println!("serving echo.Echo as {name} on {at}"),
         Err(e) => {
             eprintln!("echo_server: cannot listen on {addr}: {e}");
             std::process::exit(1);
         }
     }
-    let _ = tokio::signal::ctrl_c().await;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("a SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
     let _ = stop.send(());
+    println!("{name} served {} calls", calls.load(Relaxed));
 }
