@@ -96,12 +96,12 @@ start_backends() {
   for p in $B1 $B2 $B3; do wait_port "$p"; done
 }
 
-stop_backends() { # prints the three call counts
+stop_backends() { # prints the three call counts ("?" for a backend that printed none)
   local pid p
   for pid in "${BACKENDS[@]}"; do kill -TERM "$pid"; done
   for pid in "${BACKENDS[@]}"; do wait "$pid" 2>/dev/null || true; done
   for p in $B1 $B2 $B3; do
-    awk '/ served / {print $3}' "$WORK/echo-$p.log"
+    awk '/ served / {n = $3} END {print (n == "" ? "?" : n)}' "$WORK/echo-$p.log"
   done | tr '\n' ' '
 }
 
@@ -200,7 +200,9 @@ for w in $WORKERS; do
       rps=$(awk '/^finished in/ {print $4}' "$WORK/h2load.txt")
       failed=$(awk '/^requests:/ {for (i = 1; i < NF; i++) if ($(i+1) ~ /^(failed|errored),?$/) s = s $i " " $(i+1) " "} END {print s}' "$WORK/h2load.txt")
       mean=$(awk '/^time for request:/ {print $6}' "$WORK/h2load.txt")
-      skew=$(echo "$counts" | awk '{ t = $1 + $2 + $3; m = 0
+      # A backend without a count (it died, or printed nothing) makes the skew unknown, not 1/3.
+      skew=$(echo "$counts" | awk '{ for (i = 1; i <= 3; i++) if ($i !~ /^[0-9]+$/) { print "n/a"; exit }
+        t = $1 + $2 + $3; m = 0
         for (i = 1; i <= 3; i++) { d = $i / (t ? t : 1) - 1 / 3; if (d < 0) d = -d; if (d > m) m = d }
         printf "%.3f", m }')
       printf "%-9s %-7s %-6s %10.0f %9s %8s %8d kB %8d kB  %s %s\n" \
@@ -217,8 +219,10 @@ if [ "$ROUNDS" -gt 1 ]; then
   echo "in that row; skew = largest deviation of a backend's share from even, median)"
   printf "%-10s %-7s %-6s %10s %8s %8s %-10s\n" proxy workers shape "req/s" skew "x best" best
   awk '
-    function median(list,   n, a, i, j, t) {
-      n = split(list, a, " ")
+    function median(list,   n, a, i, j, t, all, m) {
+      all = split(list, a, " "); n = 0
+      for (i = 1; i <= all; i++) if (a[i] != "n/a") a[++n] = a[i]
+      if (n == 0) return "n/a"
       for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j-1] + 0 > a[j] + 0; j--) { t = a[j]; a[j] = a[j-1]; a[j-1] = t }
       return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
     }
@@ -231,7 +235,8 @@ if [ "$ROUNDS" -gt 1 ]; then
       }
       for (i = 1; i <= k; i++) {
         split(order[i], f, " "); row = f[1] " " f[2]; r = median(rps[order[i]])
-        printf "%-10s %-7s %-6s %10.0f %8.3f %8.2f %-10s\n", f[3], f[1], f[2], r, median(skew[order[i]]), r / best[row], bestname[row]
+        m = median(skew[order[i]]); if (m != "n/a") m = sprintf("%.3f", m)
+        printf "%-10s %-7s %-6s %10.0f %8s %8.2f %-10s\n", f[3], f[1], f[2], r, m, r / best[row], bestname[row]
       }
     }' "$ALL"
 fi
