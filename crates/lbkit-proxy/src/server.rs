@@ -11,6 +11,7 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
+use lbkit_core::{Clock, Timestamp};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -157,15 +158,17 @@ impl Proxy {
     /// # Errors
     /// A source that cannot start; the running configuration stays.
     pub fn reload(&self, config: Config) -> Result<(), ProxyError> {
-        let current = self.hub.state.load_full();
-        let (old, new) = (&current.config, &config);
-        if old.listeners != new.listeners || old.limits != new.limits || old.admin != new.admin {
-            tracing::warn!("listener, admin and limit changes take effect at the next restart");
+        self.reloader()
+            .reload_since(config, Clock::System.now())
+            .map(drop)
+    }
+
+    /// What a reload needs of this proxy, for another thread.
+    pub(crate) fn reloader(&self) -> Reloader {
+        Reloader {
+            hub: self.hub.clone(),
+            workers: self.workers,
         }
-        let next = State::build(config, Some(&current), self.workers)?;
-        self.hub.state.store(Arc::new(next));
-        tracing::info!("configuration reloaded");
-        Ok(())
     }
 
     /// Stop accepting, let connections finish their requests, and wait for them at most
@@ -257,6 +260,54 @@ fn local_addr(listener: &TcpListener, addr: SocketAddr) -> Result<SocketAddr, Pr
 }
 
 /// Listen on `addr` (with `SO_REUSEPORT` when several workers share it).
+/// Applies configurations to a running proxy from any thread: the supervisor reloads on a
+/// blocking thread, never on one that serves connections (with one worker, the main thread
+/// does), since reading a large file and starting its services takes tens to hundreds of
+/// milliseconds (BENCHMARKS.md, scale of configuration).
+#[derive(Clone, Debug)]
+pub(crate) struct Reloader {
+    hub: Arc<Hub>,
+    workers: usize,
+}
+
+impl Reloader {
+    /// Switch to `config` ([`Proxy::reload`]), logging the time since `began` (when the file
+    /// began to be read) and how many services started anew. Returns the configuration it
+    /// replaced, for the caller to let go of off the serving threads.
+    pub(crate) fn reload_since(
+        &self,
+        config: Config,
+        began: Timestamp,
+    ) -> Result<Arc<State>, ProxyError> {
+        let current = self.hub.state.load_full();
+        let (old, new) = (&current.config, &config);
+        if old.listeners != new.listeners || old.limits != new.limits || old.admin != new.admin {
+            tracing::warn!("listener, admin and limit changes take effect at the next restart");
+        }
+        let next = State::build(config, Some(&current), self.workers)?;
+        let started = next
+            .services
+            .iter()
+            .filter(|(name, r)| {
+                current
+                    .services
+                    .get(*name)
+                    .is_none_or(|c| !Arc::ptr_eq(c, r))
+            })
+            .count();
+        let services = next.services.len();
+        self.hub.state.store(Arc::new(next));
+        let took = Clock::System.now().saturating_duration_since(began);
+        tracing::info!(
+            services,
+            started,
+            took_ms = took.as_secs_f64() * 1e3,
+            "configuration reloaded"
+        );
+        Ok(current)
+    }
+}
+
 fn bind(addr: SocketAddr, reuse_port: bool) -> Result<TcpListener, ProxyError> {
     let err = |source| ProxyError::Bind { addr, source };
     let socket = if addr.is_ipv4() {

@@ -4,8 +4,10 @@
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
+use lbkit_core::Clock;
 use lbkit_discovery::file::WatchedPath;
 use notify::{RecursiveMode, Watcher};
 use tokio::signal::unix::{signal, SignalKind};
@@ -13,7 +15,8 @@ use tokio::sync::{mpsc, watch};
 
 use crate::config::Config;
 use crate::error::ProxyError;
-use crate::server::Proxy;
+use crate::server::{Proxy, Reloader};
+use crate::state::State;
 
 /// After a file event, wait this long for the writer to finish (editors write in several
 /// steps) before reading the file once.
@@ -36,7 +39,7 @@ pub struct Supervisor {
     proxy: Proxy,
     path: PathBuf,
     drain: Duration,
-    counts: watch::Sender<ReloadCount>,
+    counts: Arc<watch::Sender<ReloadCount>>,
 }
 
 // === impl Supervisor ===
@@ -48,7 +51,7 @@ impl Supervisor {
             proxy,
             path: path.into(),
             drain,
-            counts: watch::channel(ReloadCount::default()).0,
+            counts: Arc::new(watch::channel(ReloadCount::default()).0),
         }
     }
 
@@ -67,17 +70,20 @@ impl Supervisor {
     /// # Errors
     /// The reason the file was rejected.
     pub fn reload(&self) -> Result<(), ProxyError> {
-        let result = Config::load(&self.path)
-            .map_err(ProxyError::from)
-            .and_then(|c| self.proxy.reload(c));
-        match &result {
-            Ok(()) => self.counts.send_modify(|c| c.applied += 1),
-            Err(e) => {
-                tracing::error!("configuration rejected, keeping the running one: {e}");
-                self.counts.send_modify(|c| c.rejected += 1);
-            }
+        reload_file(&self.path, &self.proxy.reloader(), &self.counts, self.drain)
+    }
+
+    /// [`Supervisor::reload`] on a blocking thread: reading a large file and starting its
+    /// services takes tens to hundreds of milliseconds (1 000 services), and this task's
+    /// thread may serve connections too (with one worker it is the only one).
+    async fn reload_off_thread(&self) {
+        let (path, reloader) = (self.path.clone(), self.proxy.reloader());
+        let (counts, drain) = (self.counts.clone(), self.drain);
+        let job =
+            tokio::task::spawn_blocking(move || reload_file(&path, &reloader, &counts, drain));
+        if let Err(e) = job.await {
+            tracing::error!(error = %e, "the reload stopped before it finished");
         }
-        result
     }
 
     /// Serve until `stop` completes or SIGTERM/SIGINT arrives, then drain. Returns whether the
@@ -95,11 +101,11 @@ impl Supervisor {
         tokio::pin!(stop);
         loop {
             tokio::select! {
-                _ = hup.recv() => { let _ = self.reload(); }
+                _ = hup.recv() => self.reload_off_thread().await,
                 Some(()) = changes.recv() => {
                     tokio::time::sleep(RELOAD_DEBOUNCE).await;
                     while changes.try_recv().is_ok() {}
-                    let _ = self.reload();
+                    self.reload_off_thread().await;
                 }
                 _ = term.recv() => break,
                 _ = int.recv() => break,
@@ -108,6 +114,55 @@ impl Supervisor {
         }
         tracing::info!(drain = ?self.drain, "shutting down: draining connections");
         Ok(self.proxy.shutdown(self.drain).await)
+    }
+}
+
+/// Read the configuration file at `path` and apply it, or keep the running one; count either.
+fn reload_file(
+    path: &Path,
+    reloader: &Reloader,
+    counts: &watch::Sender<ReloadCount>,
+    drain: Duration,
+) -> Result<(), ProxyError> {
+    let began = Clock::System.now();
+    let result = Config::load(path)
+        .map_err(ProxyError::from)
+        .and_then(|c| reloader.reload_since(c, began));
+    match result {
+        Ok(replaced) => {
+            counts.send_modify(|c| c.applied += 1);
+            retire(replaced, drain);
+            Ok(())
+        }
+        Err(e) => {
+            tracing::error!("configuration rejected, keeping the running one: {e}");
+            counts.send_modify(|c| c.rejected += 1);
+            Err(e)
+        }
+    }
+}
+
+/// How often a replaced configuration's thread looks whether requests still use it.
+const RETIRE_POLL: Duration = Duration::from_millis(5);
+
+/// Let go of a replaced configuration on a thread of its own. Whichever thread drops the last
+/// reference frees it (with 1 000 services of 100 endpoints, tens of milliseconds of frees),
+/// and requests that began before the swap hold one: wait for them, at most `drain`, so that
+/// the frees happen here and not on a worker between two requests.
+fn retire(replaced: Arc<State>, drain: Duration) {
+    let spawned = std::thread::Builder::new()
+        .name("lbkit-retire".into())
+        .spawn(move || {
+            let mut waited = Duration::ZERO;
+            while Arc::strong_count(&replaced) > 1 && waited < drain {
+                std::thread::sleep(RETIRE_POLL);
+                waited += RETIRE_POLL;
+            }
+            drop(replaced);
+        });
+    if let Err(e) = spawned {
+        // The configuration was dropped with the closure: freed here, on this thread.
+        tracing::debug!(error = %e, "no thread to retire the replaced configuration");
     }
 }
 

@@ -595,3 +595,147 @@ async fn idle_and_stuck_http2_connections_are_closed() {
         drop(held);
     }
 }
+
+/// Writes `text` into the FIFO at `path` for every reader that opens it, until `stop`: each
+/// open for writing is non-blocking (it fails while nobody reads), so the loop never blocks.
+#[cfg(target_os = "linux")]
+fn feed_fifo(path: &std::path::Path, text: &str, stop: &std::sync::atomic::AtomicBool) {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    const O_NONBLOCK: i32 = 0o4000; // Linux
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(O_NONBLOCK)
+            .open(path)
+        {
+            Ok(mut f) => {
+                let _ = f.write_all(text.as_bytes());
+            }
+            // ENXIO: no reader yet. Nothing to wait on but the next look.
+            Err(_) => std::thread::sleep(Duration::from_millis(5)),
+        }
+    }
+}
+
+// With one worker the supervisor shares its thread with the connections: a reload that takes
+// long (a configuration of 1 000 services takes hundreds of milliseconds to read and start)
+// must not stall them. The configuration file is made a FIFO, so the reload's read holds
+// until the test writes it: requests are answered in the meantime.
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "current_thread")]
+async fn a_slow_reload_does_not_stall_requests_on_the_supervisors_thread() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let (a, b) = (Backend::start("a").await, Backend::start("b").await);
+    let dir = std::env::temp_dir().join(format!("lbkit-proxy-slow-reload-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("proxy.toml");
+    let good = config_text(&[&a, &b], "round-robin", "");
+    let next = good.replace("round-robin", "weighted-random");
+    std::fs::write(&path, &good).unwrap();
+    let proxy = Proxy::start(lbkit_proxy::Config::load(&path).unwrap())
+        .await
+        .unwrap();
+    let addr = proxy.listeners()[0];
+    let supervisor = Supervisor::new(proxy, &path, Duration::from_secs(2));
+    let mut reloads = supervisor.reloads();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(supervisor.run(async move {
+        let _ = stop_rx.await;
+    }));
+    tokio::time::timeout(WAIT, reloads.wait_for(|c| c.watching))
+        .await
+        .unwrap()
+        .unwrap();
+
+    // The FIFO gets a second name, through which the test writes (events on it are not the
+    // configuration file's), then replaces the file: the watcher reloads, the read holds.
+    let (fifo, keep) = (dir.join("held.fifo"), dir.join("keep.fifo"));
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success(), "mkfifo");
+    std::fs::hard_link(&fifo, &keep).unwrap();
+    std::fs::rename(&fifo, &path).unwrap();
+    // A thread holds the reader: it opens the FIFO for writing once the reload reads it, and
+    // lets go when the test says so — or after 10 s, when the reload stalled this thread.
+    let held = Arc::new(AtomicBool::new(false));
+    let timed_out = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let (feed_tx, feed_rx) = std::sync::mpsc::channel::<()>();
+    let holder = {
+        let (keep, next) = (keep.clone(), next.clone());
+        let (held, timed_out, stop) = (held.clone(), timed_out.clone(), stop.clone());
+        std::thread::spawn(move || {
+            use std::io::Write as _;
+            use std::os::unix::fs::OpenOptionsExt as _;
+            let mut writer = None;
+            for _ in 0..2000 {
+                match std::fs::OpenOptions::new()
+                    .write(true)
+                    .custom_flags(0o4000) // O_NONBLOCK: fails while nobody reads
+                    .open(&keep)
+                {
+                    Ok(f) => {
+                        writer = Some(f);
+                        break;
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+            let mut writer = writer.expect("the reload opened the configuration within 10 s");
+            held.store(true, Ordering::SeqCst);
+            if release_rx.recv_timeout(Duration::from_secs(10)).is_err() {
+                timed_out.store(true, Ordering::SeqCst);
+            }
+            writer.write_all(next.as_bytes()).unwrap();
+            drop(writer);
+            // The write above is a change too: a reload may open the FIFO again before the
+            // test replaces it. Feed such readers (once the first reload is in, so that no
+            // reader gets two copies) until the proxy has stopped.
+            if feed_rx.recv_timeout(WAIT).is_ok() {
+                feed_fifo(&keep, &next, &stop);
+            }
+        })
+    };
+    tokio::time::timeout(WAIT, async {
+        while !held.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the reload began");
+    let client = client();
+    for _ in 0..5 {
+        assert_eq!(get(&client, addr, "/", &[]).await.0, StatusCode::OK);
+    }
+    assert!(
+        !timed_out.load(Ordering::SeqCst),
+        "requests waited for the reload"
+    );
+    assert_eq!(reloads.borrow().applied, 0, "the reload is still reading");
+    release_tx.send(()).unwrap();
+    let applied = tokio::time::timeout(WAIT, reloads.wait_for(|c| c.applied >= 1))
+        .await
+        .is_ok();
+    assert!(applied, "reloads: {:?}", *reloads.borrow());
+    let file = dir.join("proxy.toml.new");
+    std::fs::write(&file, &next).unwrap();
+    std::fs::rename(&file, &path).unwrap();
+    feed_tx.send(()).unwrap();
+    assert_eq!(get(&client, addr, "/", &[]).await.0, StatusCode::OK);
+
+    let _ = stop_tx.send(());
+    let drained = tokio::time::timeout(WAIT, run)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(drained);
+    stop.store(true, Ordering::Relaxed);
+    holder.join().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}

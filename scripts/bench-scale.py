@@ -1,0 +1,527 @@
+#!/usr/bin/env python3
+"""Scale of configuration (issue 18, part 5): run by scripts/bench-scale.sh, which builds the
+binaries, makes the Python environment (psutil, kazoo) and starts ZooKeeper.
+
+proxy  `lbkit proxy` with SERVICES x ENDPOINTS (default 1 000 x 100): for each size in
+       --sizes, start-up time (process start until a request routed by the LAST route is
+       answered), RSS and CPU idle, memory per endpoint (RSS over the one-service size, per
+       endpoint);
+       at the largest size: reload time (SIGHUP; the proxy logs the time from reading the
+       file to the swap) when one service changes and when every service changes, throughput
+       and p99 (wrk) through the first and the last route (routes are matched in file order),
+       and the effect of reloads on in-flight requests: wrk while a reload happens every
+       --reload-every seconds, errors and non-2xx answers counted.
+       Services s0 and the last one have the three real backends (the backend example); every
+       other service has ENDPOINTS addresses that nothing serves (never called: a reload's and
+       the memory's cost do not depend on it).
+zk     `lbkit watch` following PROVIDERS Dubbo providers (ephemeral nodes under
+       /dubbo/com.acme.Scale/providers, as Dubbo writes them) while --churn of them change per
+       second (half removed, half added, evenly spread): time to the first full listing, then
+       each change's latency from the write being sent to `lbkit watch` printing it (p50, p99,
+       max, lost), and the watcher's CPU and RSS during the churn.
+
+Every wait is bounded; everything listens on 127.0.0.1.
+"""
+import argparse
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+import http.client
+
+import psutil
+
+
+def rss_mb(proc):
+    p = psutil.Process(proc.pid)
+    total = p.memory_info().rss
+    for c in p.children(recursive=True):
+        total += c.memory_info().rss
+    return total / 2**20
+
+
+def median(xs):
+    s = sorted(xs)
+    n = len(s)
+    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+
+def quantile(xs, q):
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+class Lines:
+    """A child's output, read by a thread: every line with the monotonic time it arrived."""
+
+    def __init__(self, stream):
+        self.lines = []
+        self.cond = threading.Condition()
+        self.thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self.thread.start()
+
+    def _read(self, stream):
+        for raw in stream:
+            now = time.monotonic()
+            with self.cond:
+                self.lines.append((now, raw.decode(errors="replace").rstrip("\n")))
+                self.cond.notify_all()
+
+    def wait_for(self, pred, start, timeout):
+        """The first line from index `start` on for which pred(line) holds: (index, time, line)."""
+        deadline = time.monotonic() + timeout
+        i = start
+        with self.cond:
+            while True:
+                while i < len(self.lines):
+                    t, line = self.lines[i]
+                    if pred(line):
+                        return i, t, line
+                    i += 1
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no matching line within {timeout} s")
+                self.cond.wait(left)
+
+    def count(self):
+        with self.cond:
+            return len(self.lines)
+
+
+# === proxy ===
+
+
+def proxy_config(front, admin, services, endpoints, backends, variant):
+    """The configuration: `variant` changes the last service (1) or every service (2)."""
+    out = [
+        "[admin]",
+        f'bind = "127.0.0.1:{admin}"',
+        "[limits]",
+        "max_connections = 4096",
+        "[[listener]]",
+        f'bind = "127.0.0.1:{front}"',
+    ]
+    for s in range(services):
+        out += ["[[route]]", f'path_prefix = "/s{s}/"', f'service = "s{s}"']
+    real = ", ".join(f'"127.0.0.1:{b}"' for b in backends)
+    for s in range(services):
+        out.append(f"[service.s{s}]")
+        if s == 0 or s == services - 1:
+            out.append(f"endpoints = [{real}]")
+        else:
+            # Addresses nothing serves, one per endpoint: 10.S.x.y:20880 (never called).
+            first = 1 if (variant == 1 and s == services - 2) else 0
+            addrs = ", ".join(
+                f'"10.{s // 250}.{s % 250}.{e + first}:20880"' for e in range(endpoints)
+            )
+            out.append(f"endpoints = [{addrs}]")
+        out.append(f"retries = {3 if variant == 2 else 2}")
+    return "\n".join(out) + "\n"
+
+
+def write_atomically(path, text):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def get(port, path, timeout=1.0):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        c.request("GET", path)
+        r = c.getresponse()
+        r.read()
+        return r.status
+    finally:
+        c.close()
+
+
+def wait_answer(port, path, proc, timeout=180.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the proxy exited with status {proc.returncode}")
+        try:
+            if get(port, path, 0.5) == 200:
+                return time.monotonic()
+        except OSError:
+            pass
+        time.sleep(0.005)
+    raise TimeoutError(f"no 200 from :{port}{path} within {timeout} s")
+
+
+def wrk(args, port, path, seconds, conns):
+    out = subprocess.run(
+        [args.wrk, "-t1", f"-c{conns}", f"-d{seconds}s", "--latency", f"http://127.0.0.1:{port}{path}"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+    p99 = re.search(r"^\s+99%\s+([\d.]+)(us|ms|s)\s*$", out, re.M)
+    unit = {"us": 1e-3, "ms": 1.0, "s": 1e3}[p99.group(2)]
+    errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    total = int(re.search(r"(\d+) requests in", out).group(1))
+    return {
+        "rps": rps,
+        "p99_ms": float(p99.group(1)) * unit,
+        "errors": sum(int(x) for x in errors.groups()) if errors else 0,
+        "non2xx": int(non2xx.group(1)) if non2xx else 0,
+        "requests": total,
+    }
+
+
+def start_proxy(args, path, workers):
+    env = dict(os.environ, LBKIT_LOG="info", NO_COLOR="1")
+    proc = subprocess.Popen(
+        [args.lbkit, "proxy", "--threads", str(workers), "--config", path],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    return proc, Lines(proc.stderr)
+
+
+def stop(proc):
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+RELOADED = re.compile(r"configuration reloaded.*services=(\d+) started=(\d+) took_ms=([\d.]+)")
+
+
+def reload_once(proc, log, path, text):
+    """Write `text`, send SIGHUP, and return (took_ms, started) from the proxy's log line.
+    The file watcher reloads the same file again 100 ms later (its debounce); that second
+    reload starts nothing and is waited for too, so the next measurement starts clean."""
+    start = log.count()
+    write_atomically(path, text)
+    proc.send_signal(signal.SIGHUP)
+    i, _, line = log.wait_for(lambda l: "configuration reloaded" in l or "rejected" in l, start, 120)
+    m = RELOADED.search(line)
+    if not m:
+        raise RuntimeError(f"reload failed: {line}")
+    try:  # the watcher's reload of the same content (a no-op), when it comes
+        log.wait_for(lambda l: "configuration reloaded" in l, i + 1, 2)
+    except TimeoutError:
+        pass
+    return float(m.group(3)), int(m.group(2))
+
+
+def reloads_during_load(args, proc, log, path, texts, every, seconds, port, route):
+    """wrk on `route` for `seconds` while the configuration alternates between `texts` every
+    `every` seconds; returns wrk's figures and the number of reloads applied."""
+    stop_flag = threading.Event()
+    applied = [0]
+
+    def reloader():
+        k = 0
+        while not stop_flag.wait(every):
+            k += 1
+            before = log.count()
+            write_atomically(path, texts[k % 2])
+            proc.send_signal(signal.SIGHUP)
+            try:
+                log.wait_for(lambda l: "configuration reloaded" in l, before, 60)
+                applied[0] += 1
+            except TimeoutError:
+                pass
+
+    t = threading.Thread(target=reloader, daemon=True)
+    t.start()
+    result = wrk(args, port, route, seconds, args.conns)
+    stop_flag.set()
+    t.join()
+    result["reloads"] = applied[0]
+    return result
+
+
+def proxy_bench(args):
+    work = tempfile.mkdtemp(prefix="bench-scale.")
+    base = args.base_port
+    backends = [base + 1, base + 2, base + 3]
+    front, admin = base + 10, base + 11
+    procs = [
+        subprocess.Popen([args.backend, str(b), "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for b in backends
+    ]
+    try:
+        for b in backends:
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    get(b, "/")
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
+        sizes = [int(s) for s in args.sizes.split(",")]
+        print(f"# lbkit proxy: services x {args.endpoints} endpoints (s0 and the last: 3 real backends)")
+        print(f"{'workers':>7} {'services':>8} {'endpoints':>9} {'start-up s':>10} {'idle RSS MB':>11} {'KiB/endpoint':>12} {'idle CPU %':>10}")
+        results = {}
+        for workers in [int(w) for w in args.workers.split(",")]:
+            base_rss = None
+            for n in sizes:
+                path = os.path.join(work, f"proxy-{n}.toml")
+                text = proxy_config(front, admin, n, args.endpoints, backends, 0)
+                write_atomically(path, text)
+                endpoints = sum(3 if s in (0, n - 1) else args.endpoints for s in range(n))
+                runs = []
+                for _ in range(args.rounds):
+                    t0 = time.monotonic()
+                    proc, log = start_proxy(args, path, workers)
+                    try:
+                        ready = wait_answer(front, f"/s{n - 1}/", proc)
+                        time.sleep(1.0)
+                        ps = psutil.Process(proc.pid)
+                        c0 = ps.cpu_times()
+                        time.sleep(3.0)
+                        c1 = ps.cpu_times()
+                        idle_cpu = ((c1.user + c1.system) - (c0.user + c0.system)) / 3.0 * 100
+                        runs.append((ready - t0, rss_mb(proc), idle_cpu))
+                        if n == sizes[-1] and workers == int(args.workers.split(",")[-1]) and not results:
+                            results = large_size(args, proc, log, path, n, backends, front)
+                    finally:
+                        stop(proc)
+                startup = median([r[0] for r in runs])
+                rss = median([r[1] for r in runs])
+                cpu = median([r[2] for r in runs])
+                if base_rss is None:
+                    base_rss, base_eps = rss, endpoints
+                    per = ""
+                else:
+                    per = f"{(rss - base_rss) * 1024 / (endpoints - base_eps):.2f}"
+                print(f"{workers:>7} {n:>8} {endpoints:>9} {startup:>10.3f} {rss:>11.1f} {per:>12} {cpu:>10.1f}")
+        print_large(args, results)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def large_size(args, proc, log, path, n, backends, front):
+    front_port = front
+    base_text = proxy_config(front_port, args.base_port + 11, n, args.endpoints, backends, 0)
+    one = proxy_config(front_port, args.base_port + 11, n, args.endpoints, backends, 1)
+    every = proxy_config(front_port, args.base_port + 11, n, args.endpoints, backends, 2)
+    out = {"services": n}
+    # Reload: alternate so that each reload changes something.
+    for name, changed in (("one", one), ("every", every)):
+        took, started = [], []
+        for _ in range(args.reloads):
+            for text in (changed, base_text):
+                ms, st = reload_once(proc, log, path, text)
+                took.append(ms)
+                started.append(st)
+        out[f"reload_{name}"] = (median(took), max(took), median(started))
+    out["rss_after_reloads"] = rss_mb(proc)
+    # Throughput through the first and the last route, then with reloads going on.
+    for name, route in (("first", "/s0/"), ("last", f"/s{n - 1}/")):
+        out[f"route_{name}"] = [wrk(args, front_port, route, args.seconds, args.conns) for _ in range(args.rounds)]
+    out["load_rss"] = rss_mb(proc)
+    for name, text in (("one", one), ("every", every)):
+        out[f"during_{name}"] = [
+            reloads_during_load(args, proc, log, path, (base_text, text), args.reload_every, args.seconds, front_port, "/s0/")
+            for _ in range(args.rounds)
+        ]
+    write_atomically(path, base_text)
+    return out
+
+
+def print_large(args, r):
+    if not r:
+        return
+    n = r["services"]
+    print()
+    print(f"# {n} services: reloads (median of {2 * args.reloads}; the proxy's own log: file read to swap)")
+    for name, what in (("one", "one service changed"), ("every", "every service changed")):
+        med, worst, started = r[f"reload_{name}"]
+        print(f"reload, {what:<22} {med:8.1f} ms median {worst:8.1f} ms worst, {started:.0f} services started")
+    print(f"RSS after the reloads {r['rss_after_reloads']:.1f} MB, after the load runs {r['load_rss']:.1f} MB")
+    print()
+    print(f"# wrk -t1 -c{args.conns} -d{args.seconds}s, {args.rounds} rounds: median (each round)")
+    print(f"{'what':<34} {'req/s':>9} {'p99 ms':>8} {'errors':>7} {'non-2xx':>8} {'reloads':>8}")
+    rows = [
+        ("route 1 of %d (/s0/)" % n, r["route_first"]),
+        ("route %d of %d (/s%d/)" % (n, n, n - 1), r["route_last"]),
+        ("/s0/, a reload (one service) every %gs" % args.reload_every, r["during_one"]),
+        ("/s0/, a reload (every service) every %gs" % args.reload_every, r["during_every"]),
+    ]
+    for what, runs in rows:
+        rps = median([x["rps"] for x in runs])
+        p99 = median([x["p99_ms"] for x in runs])
+        errors = sum(x["errors"] for x in runs)
+        non2xx = sum(x["non2xx"] for x in runs)
+        reloads = sum(x.get("reloads", 0) for x in runs)
+        each = " ".join(f"{x['rps']:.0f}" for x in runs)
+        print(f"{what:<34} {rps:>9.0f} {p99:>8.2f} {errors:>7} {non2xx:>8} {reloads:>8}   ({each})")
+
+
+# === zk ===
+
+
+def provider_node(i, now_ms):
+    host = f"10.{(i >> 16) & 255}.{(i >> 8) & 255}.{i & 255}"
+    url = (
+        f"dubbo://{host}:20880/com.acme.Scale?anyhost=true&application=scale-provider"
+        f"&deprecated=false&dubbo=2.0.2&dynamic=true&generic=false&interface=com.acme.Scale"
+        f"&methods=say,hello&pid={1000 + i}&release=3.2.0&side=provider&timestamp={now_ms}"
+    )
+    return f"{host}:20880", urllib.parse.quote(url, safe="")
+
+
+def zk_bench(args):
+    from kazoo.client import KazooClient
+
+    zk = KazooClient(hosts=args.zk, timeout=30)
+    zk.start(timeout=30)
+    providers = "/dubbo/com.acme.Scale/providers"
+    if zk.exists("/dubbo/com.acme.Scale"):
+        zk.delete("/dubbo/com.acme.Scale", recursive=True)
+    zk.ensure_path(providers)
+    print(f"# lbkit watch following N Dubbo providers, {args.churn * 100:g} % of them changing per second "
+          f"for {args.seconds} s (half removed, half added)")
+    print(f"{'providers':>9} {'listing s':>9} {'changes':>7} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} "
+          f"{'lost':>5} {'CPU %':>6} {'idle CPU %':>10} {'RSS MB':>7}")
+    for n in [int(x) for x in args.providers.split(",")]:
+        zk_size(args, zk, providers, n)
+        zk.delete("/dubbo/com.acme.Scale", recursive=True)
+        zk.ensure_path(providers)
+    zk.stop()
+
+
+def zk_size(args, zk, providers, n):
+    now_ms = int(time.time() * 1000)
+    live = {}
+    batch = []
+    for i in range(n):
+        addr, node = provider_node(i, now_ms)
+        live[addr] = node
+        batch.append(zk.create_async(f"{providers}/{node}", ephemeral=True))
+        if len(batch) >= 500:
+            for b in batch:
+                b.get(timeout=30)
+            batch = []
+    for b in batch:
+        b.get(timeout=30)
+    t0 = time.monotonic()
+    proc = subprocess.Popen(
+        [args.lbkit, "watch", "--zk", args.zk, "--interface", "com.acme.Scale", "--timeout-ms", "30000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    out = Lines(proc.stdout)
+    try:
+        _, t_list, header = out.wait_for(lambda l: l.startswith("# ") and "providers" in l, 0, 120)
+        listing = t_list - t0
+        # The table's rows follow the header: wait for them all.
+        deadline = time.monotonic() + 60
+        while out.count() < n + 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        ps = psutil.Process(proc.pid)
+        time.sleep(2.0)
+        c0 = ps.cpu_times()
+        time.sleep(5.0)
+        c1 = ps.cpu_times()
+        idle_cpu = ((c1.user + c1.system) - (c0.user + c0.system)) / 5.0 * 100
+        # Churn: every 1/rate s one operation, alternately a removal and an addition.
+        rate = max(1.0, n * args.churn)
+        ops = int(rate * args.seconds)
+        sent = {}  # ("+" | "-", addr) -> time sent
+        next_i = n
+        pending = []
+        start_line = out.count()
+        c0 = ps.cpu_times()
+        w0 = time.monotonic()
+        addrs = list(live)
+        for k in range(ops):
+            due = w0 + k / rate
+            delay = due - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            if k % 2 == 0:
+                addr = addrs[(k // 2) % len(addrs)]
+                node = live.pop(addr)
+                sent[("-", addr)] = time.monotonic()
+                pending.append(zk.delete_async(f"{providers}/{node}"))
+            else:
+                addr, node = provider_node(next_i, int(time.time() * 1000))
+                next_i += 1
+                live[addr] = node
+                sent[("+", addr)] = time.monotonic()
+                pending.append(zk.create_async(f"{providers}/{node}", ephemeral=True))
+        for p in pending:
+            p.get(timeout=30)
+        # Wait (bounded) until every change is printed.
+        seen = {}
+        deadline = time.monotonic() + 30
+        i = start_line
+        while len(seen) < len(sent) and time.monotonic() < deadline:
+            with out.cond:
+                while i < len(out.lines):
+                    t, line = out.lines[i]
+                    i += 1
+                    if line[:2] in ("+ ", "- "):
+                        key = (line[0], line[2:].split()[0])
+                        if key in sent and key not in seen:
+                            seen[key] = t
+                if len(seen) < len(sent):
+                    out.cond.wait(0.2)
+        w1 = time.monotonic()
+        c1 = ps.cpu_times()
+        cpu = ((c1.user + c1.system) - (c0.user + c0.system)) / (w1 - w0) * 100
+        lat = [(seen[k] - sent[k]) * 1000 for k in seen]
+        lost = len(sent) - len(seen)
+        rss = ps.memory_info().rss / 2**20
+        print(f"{n:>9} {listing:>9.2f} {len(sent):>7} {quantile(lat, 0.5):>7.1f} {quantile(lat, 0.99):>7.1f} "
+              f"{max(lat):>7.1f} {lost:>5} {cpu:>6.1f} {idle_cpu:>10.1f} {rss:>7.1f}")
+        if args.verbose:
+            print(f"  header: {header}", file=sys.stderr)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("what", choices=["proxy", "zk"])
+    ap.add_argument("--lbkit", required=True)
+    ap.add_argument("--backend", help="the backend example (proxy)")
+    ap.add_argument("--wrk", default="wrk")
+    ap.add_argument("--zk", default=os.environ.get("LBKIT_ZK", "127.0.0.1:2181"))
+    ap.add_argument("--sizes", default="1,10,100,1000", help="services, comma-separated (proxy)")
+    ap.add_argument("--endpoints", type=int, default=100, help="endpoints per service (proxy)")
+    ap.add_argument("--workers", default="1", help="worker threads, comma-separated (proxy)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--reloads", type=int, default=5, help="reload pairs measured (proxy)")
+    ap.add_argument("--reload-every", type=float, default=1.0, help="seconds between reloads under load (proxy)")
+    ap.add_argument("--seconds", type=int, default=10, help="wrk run / churn length")
+    ap.add_argument("--conns", type=int, default=64, help="wrk connections (proxy)")
+    ap.add_argument("--providers", default="1000,10000", help="providers, comma-separated (zk)")
+    ap.add_argument("--churn", type=float, default=0.01, help="share of providers changing per second (zk)")
+    ap.add_argument("--base-port", type=int, default=27080)
+    ap.add_argument("--verbose", action="store_true")
+    args = ap.parse_args()
+    if args.what == "proxy":
+        if not args.backend:
+            ap.error("proxy needs --backend")
+        proxy_bench(args)
+    else:
+        zk_bench(args)
+
+
+if __name__ == "__main__":
+    main()
