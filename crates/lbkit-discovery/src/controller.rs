@@ -316,8 +316,16 @@ impl Controller {
     /// O(n + u) for n endpoints and u updated specs, plus one snapshot build.
     pub fn apply_batch(&mut self, updates: Vec<Update>) -> Option<Arc<Snapshot>> {
         self.metrics.batches.fetch_add(1, Relaxed);
-        for update in updates {
-            self.metrics.updates.fetch_add(1, Relaxed);
+        self.metrics
+            .updates
+            .fetch_add(u64::try_from(updates.len()).unwrap_or(u64::MAX), Relaxed);
+        // A reset replaces the whole set, so what came before the batch's last one is moot: a
+        // lagging consumer's queue of full listings costs one comparison, not one each.
+        let from = updates
+            .iter()
+            .rposition(|u| matches!(u, Update::Reset(_)))
+            .unwrap_or(0);
+        for update in updates.into_iter().skip(from) {
             self.dirty |= apply(&mut self.desired, update);
         }
         if !self.dirty && self.published {

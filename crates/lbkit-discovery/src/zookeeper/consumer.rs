@@ -213,6 +213,7 @@ impl ZkSource {
             nodes: BTreeMap::new(),
             logged: HashSet::new(),
             sent: None,
+            next_send: None,
             cache,
             one_shot,
         };
@@ -257,6 +258,8 @@ struct Consumer {
     logged: HashSet<String>,
     /// The set last sent.
     sent: Option<Vec<EndpointSpec>>,
+    /// No set is sent before this: see [`Consumer::flush`].
+    next_send: Option<tokio::time::Instant>,
     cache: Option<watch::Sender<Arc<Vec<EndpointSpec>>>>,
     /// Watch with one-shot watches (asked for, or the server has no persistent ones).
     one_shot: bool,
@@ -929,7 +932,17 @@ impl Consumer {
 
     /// Send the current set if it differs from the last one sent. False when the consumer is
     /// gone.
+    ///
+    /// Each set is whole, so sending one costs O(providers), and so does the consumer's taking
+    /// it: a directory of thousands of providers changing every few milliseconds would queue
+    /// sets faster than anyone uses them. So after a send that took `t` (building it, and
+    /// waiting for room in the channel while the consumer lags), the next one waits `t`; the
+    /// changes in between are coalesced into it (scale of configuration, BENCHMARKS.md).
     async fn flush(&mut self) -> bool {
+        if let Some(at) = self.next_send.take() {
+            tokio::time::sleep_until(at).await;
+        }
+        let began = tokio::time::Instant::now();
         let mut by_key: BTreeMap<EndpointKey, EndpointSpec> = BTreeMap::new();
         for (name, spec) in &self.nodes {
             let Some(spec) = spec else { continue };
@@ -958,7 +971,10 @@ impl Consumer {
             cache.send_replace(Arc::new(specs.clone()));
         }
         self.sent = Some(specs.clone());
-        self.tx.send(Ok(Update::Reset(specs))).await.is_ok()
+        let sent = self.tx.send(Ok(Update::Reset(specs))).await.is_ok();
+        let now = tokio::time::Instant::now();
+        self.next_send = Some(now + now.duration_since(began));
+        sent
     }
 }
 

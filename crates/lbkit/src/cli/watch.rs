@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Args, ValueEnum};
-use futures_util::StreamExt;
+use futures_util::{FutureExt as _, StreamExt};
 use lbkit::discovery::governance::applied_rules;
 use lbkit::discovery::governance::tag::describe_tags;
 use lbkit::discovery::zookeeper::{
@@ -158,7 +158,8 @@ async fn watch(
     if let Some(cache) = &args.cache {
         source = source.with_cache(cache);
     }
-    let (mut updates, status) = source.spawn();
+    let (updates, status) = source.spawn();
+    let mut updates = updates.peekable();
     // Registry contents are shown as they are: no empty-push protection here.
     let mut controller = Controller::new(ControllerConfig {
         empty_protection: false,
@@ -181,7 +182,17 @@ async fn watch(
                 if !printer.shown() && status.get().from_cache {
                     eprintln!("lbkit: ZooKeeper unreachable; showing the registry cache");
                 }
-                if let Some(snapshot) = controller.apply_batch(vec![update]) {
+                // Whatever else is queued already (the registry changes faster than the
+                // terminal shows it) is one change on screen: a queue of full listings is
+                // compared and printed once, not once each, so the lag cannot build up.
+                let mut batch = vec![update];
+                while let Some(Some(Ok(next))) = std::pin::Pin::new(&mut updates)
+                    .next_if(Result::is_ok)
+                    .now_or_never()
+                {
+                    batch.push(next);
+                }
+                if let Some(snapshot) = controller.apply_batch(batch) {
                     printer.print(&snapshot)?;
                 } else if !printer.shown() {
                     // The first listing equals the empty start: still show it.
