@@ -16,8 +16,91 @@ pub const DEFAULT_WEIGHT: u32 = 100;
 /// `warmup = 10 * 60 * 1000` ms).
 pub const DEFAULT_WARMUP: Duration = Duration::from_secs(10 * 60);
 
-/// Free-form metadata (version, group, tags). Opaque to the core.
-pub type Metadata = BTreeMap<String, String>;
+/// Free-form metadata (version, group, tags), ordered by key. Opaque to the core.
+///
+/// Read it as the map it is (`Deref` to `BTreeMap<String, String>`). Its clones share one map:
+/// a registry source hands over whole endpoint sets on every change, and a Dubbo provider
+/// carries a dozen URL parameters, so copying a set of 10 000 providers costs 10 000 reference
+/// counts instead of 250 000 allocations (scale of configuration, BENCHMARKS.md). A write to a
+/// shared map copies it first.
+///
+/// ```
+/// use lbkit_core::Metadata;
+/// let mut m = Metadata::new();
+/// m.insert("version", "1.2");
+/// let shared = m.clone();
+/// m.insert("group", "blue"); // copies: `shared` keeps one entry
+/// assert_eq!(shared.len(), 1);
+/// assert_eq!(m.get("group").map(String::as_str), Some("blue"));
+/// ```
+#[derive(Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Metadata(Arc<BTreeMap<String, String>>);
+
+// === impl Metadata ===
+
+impl Metadata {
+    /// No entries.
+    pub fn new() -> Self {
+        Metadata::default()
+    }
+
+    /// Set `key` to `value`; returns the value it had.
+    pub fn insert(&mut self, key: impl Into<String>, value: impl Into<String>) -> Option<String> {
+        self.to_mut().insert(key.into(), value.into())
+    }
+
+    /// Remove `key`; returns the value it had.
+    pub fn remove(&mut self, key: &str) -> Option<String> {
+        if !self.0.contains_key(key) {
+            return None; // no copy of a shared map for nothing
+        }
+        self.to_mut().remove(key)
+    }
+
+    /// The map, to change in place (copied first when shared).
+    pub fn to_mut(&mut self) -> &mut BTreeMap<String, String> {
+        Arc::make_mut(&mut self.0)
+    }
+}
+
+impl std::ops::Deref for Metadata {
+    type Target = BTreeMap<String, String>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Metadata {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl From<BTreeMap<String, String>> for Metadata {
+    fn from(map: BTreeMap<String, String>) -> Self {
+        Metadata(Arc::new(map))
+    }
+}
+
+impl<K: Into<String>, V: Into<String>> FromIterator<(K, V)> for Metadata {
+    fn from_iter<I: IntoIterator<Item = (K, V)>>(iter: I) -> Self {
+        Metadata::from(
+            iter.into_iter()
+                .map(|(k, v)| (k.into(), v.into()))
+                .collect::<BTreeMap<_, _>>(),
+        )
+    }
+}
+
+impl<'a> IntoIterator for &'a Metadata {
+    type Item = (&'a String, &'a String);
+    type IntoIter = std::collections::btree_map::Iter<'a, String, String>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
+}
 
 /// Stable identity of an endpoint across snapshots, e.g. `"10.0.0.7:20880"` or a registry id.
 ///
@@ -120,7 +203,7 @@ impl EndpointSpec {
 
     /// Add one metadata entry.
     pub fn with_meta(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
-        self.metadata.insert(key.into(), value.into());
+        self.metadata.insert(key, value);
         self
     }
 

@@ -84,7 +84,7 @@ fn node_name(i: usize, weight: u32) -> String {
     ));
     p.weight = weight;
     p.version = Some("1.0.0".into());
-    p.metadata.insert("methods".into(), "hello,bye".into());
+    p.metadata.insert("methods", "hello,bye");
     let path = ServicePath::new("dubbo", "com.acme.Greeter", Layout::Dubbo).unwrap();
     p.node(&path, 1_700_000_000_000).0
 }

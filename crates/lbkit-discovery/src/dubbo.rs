@@ -79,8 +79,7 @@ impl ProviderUrl {
         if let Some(zone) = self.params.get("zone") {
             spec.zone = Some(zone.clone());
         }
-        spec.metadata
-            .insert("protocol".into(), self.protocol.clone());
+        spec.metadata.insert("protocol", self.protocol.clone());
         for (k, v) in &self.params {
             if !matches!(k.as_str(), "weight" | "timestamp" | "warmup" | "zone") {
                 spec.metadata.insert(k.clone(), v.clone());
@@ -93,7 +92,7 @@ impl ProviderUrl {
             let from_path = Some(self.path.as_str()).filter(|p| !p.is_empty());
             let interface = from_path.or(self.params.get("service").map(String::as_str));
             spec.metadata
-                .insert("interface".into(), interface.unwrap_or_default().to_owned());
+                .insert("interface", interface.unwrap_or_default());
         }
         Ok(spec)
     }

@@ -38,7 +38,7 @@ async fn round_trip(layout: Layout) {
     );
     let mut b = provider("10.1.0.2:20880", 300);
     b.zone = Some("eu-1".into());
-    b.metadata.insert("tag".into(), "blue".into());
+    b.metadata.insert("tag", "blue");
     // Registered out of key order: the consumer sorts by key.
     let rb = registered(&zk, &path, b).await;
     let ra = registered(&zk, &path, provider("10.1.0.1:20880", 100)).await;
@@ -625,7 +625,7 @@ async fn tag_rules(mode: WatchMode) {
         let mut p = provider(&format!("10.7.0.{i}:20880"), 100);
         p.application = app.clone();
         if i == 3 {
-            p.metadata.insert("dubbo.tag".into(), "blue".into());
+            p.metadata.insert("dubbo.tag", "blue");
         }
         regs.push(registered(&zk, &path, p).await);
     }

@@ -203,7 +203,7 @@ fn entry(e: Entry, now: Timestamp) -> Result<FileEndpoint, String> {
     let mut spec = EndpointSpec::new(e.address);
     spec.weight = e.weight.unwrap_or(spec.weight);
     spec.zone = e.zone;
-    spec.metadata = e.metadata;
+    spec.metadata = e.metadata.into();
     spec.registered_at = e.registered_at_ms.map(Timestamp::from_millis);
     spec.warmup = e.warmup_ms.map(Duration::from_millis);
     spec.healthy = e.healthy.unwrap_or(true);

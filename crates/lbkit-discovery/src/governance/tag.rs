@@ -183,14 +183,14 @@ impl TagRule {
             .map(|(h, p)| self.groups(h, p))
             .unwrap_or_default();
         let m = &mut spec.metadata;
-        m.insert(TAG_RULE_KEY.into(), self.key.clone());
-        m.insert(TAG_RULE_FORCE_KEY.into(), self.force.to_string());
-        m.insert(TAG_RULE_NAMES_KEY.into(), names.join(","));
-        m.insert(TAG_RULE_LISTED_KEY.into(), listed.join(","));
+        m.insert(TAG_RULE_KEY, self.key.clone());
+        m.insert(TAG_RULE_FORCE_KEY, self.force.to_string());
+        m.insert(TAG_RULE_NAMES_KEY, names.join(","));
+        m.insert(TAG_RULE_LISTED_KEY, listed.join(","));
         if groups.is_empty() {
             m.remove(TAG_GROUPS_KEY);
         } else {
-            m.insert(TAG_GROUPS_KEY.into(), groups.join(","));
+            m.insert(TAG_GROUPS_KEY, groups.join(","));
         }
     }
 }

@@ -8,11 +8,12 @@
 //! `lbkit watch --cache FILE`). **Atomic**: written to a temporary file in the same directory,
 //! flushed, then renamed over the old one, so a crash never leaves half a file.
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use lbkit_core::{EndpointSpec, Metadata, Timestamp};
+use lbkit_core::{EndpointSpec, Timestamp};
 use serde::Serialize;
 use tokio::sync::watch;
 
@@ -32,8 +33,8 @@ struct Entry<'a> {
     warmup_ms: Option<u64>,
     #[serde(skip_serializing_if = "is_true")]
     healthy: bool,
-    #[serde(skip_serializing_if = "Metadata::is_empty")]
-    metadata: &'a Metadata,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    metadata: &'a BTreeMap<String, String>,
 }
 
 fn is_true(b: &bool) -> bool {

@@ -264,7 +264,7 @@ pub(crate) fn decode_plain(name: &str, data: &[u8]) -> Decoded {
     let mut spec = EndpointSpec::new(name);
     spec.weight = parsed.weight.unwrap_or(spec.weight);
     spec.zone = parsed.zone;
-    spec.metadata = parsed.metadata;
+    spec.metadata = parsed.metadata.into();
     Decoded::Endpoint(spec)
 }
 
@@ -339,7 +339,7 @@ impl Provider {
 
     /// The Dubbo provider URL registered for `service`, registered at `timestamp_ms`.
     pub fn dubbo_url(&self, service: &str, timestamp_ms: u64) -> ProviderUrl {
-        let mut params: BTreeMap<String, String> = self.metadata.clone();
+        let mut params: BTreeMap<String, String> = (*self.metadata).clone();
         let mut set = |k: &str, v: String| params.insert(k.to_owned(), v);
         set("anyhost", "false".into());
         set("application", self.application.clone());
@@ -379,7 +379,7 @@ impl Provider {
                 let data = PlainData {
                     weight: Some(self.weight),
                     zone: self.zone.clone(),
-                    metadata: self.metadata.clone(),
+                    metadata: (*self.metadata).clone(),
                 };
                 // Serializing a struct of strings and integers cannot fail.
                 let json = serde_json::to_vec(&data).unwrap_or_default();

@@ -111,7 +111,7 @@ fn provider_nodes_round_trip_in_both_layouts() {
     p.weight = 250;
     p.group = Some("g1".into());
     p.zone = Some("eu-1".into());
-    p.metadata.insert("tag".into(), "blue".into());
+    p.metadata.insert("tag", "blue");
     p.validate().unwrap();
     let dubbo = ServicePath::new("dubbo", "com.acme.Greeter", Layout::Dubbo).unwrap();
     let (name, data) = p.node(&dubbo, 1_700_000_000_000);
@@ -148,6 +148,6 @@ fn provider_validation() {
     let mut p = Provider::new("10.0.0.9");
     assert!(p.validate().is_err());
     p.address = "10.0.0.9:1".into();
-    p.metadata.insert("k".into(), "a&b".into());
+    p.metadata.insert("k", "a&b");
     assert!(p.validate().is_err());
 }
