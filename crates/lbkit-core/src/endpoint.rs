@@ -33,15 +33,18 @@ pub const DEFAULT_WARMUP: Duration = Duration::from_secs(10 * 60);
 /// assert_eq!(shared.len(), 1);
 /// assert_eq!(m.get("group").map(String::as_str), Some("blue"));
 /// ```
-#[derive(Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Metadata(Arc<BTreeMap<String, String>>);
+#[derive(Clone, Default)]
+pub struct Metadata(Option<Arc<BTreeMap<String, String>>>);
+
+/// What an endpoint without metadata reads (no allocation for the common case).
+static EMPTY: BTreeMap<String, String> = BTreeMap::new();
 
 // === impl Metadata ===
 
 impl Metadata {
-    /// No entries.
-    pub fn new() -> Self {
-        Metadata::default()
+    /// No entries (allocates nothing).
+    pub const fn new() -> Self {
+        Metadata(None)
     }
 
     /// Set `key` to `value`; returns the value it had.
@@ -51,7 +54,7 @@ impl Metadata {
 
     /// Remove `key`; returns the value it had.
     pub fn remove(&mut self, key: &str) -> Option<String> {
-        if !self.0.contains_key(key) {
+        if !self.contains_key(key) {
             return None; // no copy of a shared map for nothing
         }
         self.to_mut().remove(key)
@@ -59,7 +62,7 @@ impl Metadata {
 
     /// The map, to change in place (copied first when shared).
     pub fn to_mut(&mut self) -> &mut BTreeMap<String, String> {
-        Arc::make_mut(&mut self.0)
+        Arc::make_mut(self.0.get_or_insert_with(Arc::default))
     }
 }
 
@@ -67,19 +70,48 @@ impl std::ops::Deref for Metadata {
     type Target = BTreeMap<String, String>;
 
     fn deref(&self) -> &Self::Target {
-        &self.0
+        self.0.as_deref().unwrap_or(&EMPTY)
+    }
+}
+
+impl PartialEq for Metadata {
+    fn eq(&self, other: &Self) -> bool {
+        match (&self.0, &other.0) {
+            (Some(a), Some(b)) if Arc::ptr_eq(a, b) => true,
+            _ => **self == **other,
+        }
+    }
+}
+
+impl Eq for Metadata {}
+
+impl PartialOrd for Metadata {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Metadata {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (**self).cmp(&**other)
+    }
+}
+
+impl std::hash::Hash for Metadata {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        (**self).hash(state);
     }
 }
 
 impl fmt::Debug for Metadata {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
+        (**self).fmt(f)
     }
 }
 
 impl From<BTreeMap<String, String>> for Metadata {
     fn from(map: BTreeMap<String, String>) -> Self {
-        Metadata(Arc::new(map))
+        Metadata((!map.is_empty()).then(|| Arc::new(map)))
     }
 }
 
@@ -98,7 +130,7 @@ impl<'a> IntoIterator for &'a Metadata {
     type IntoIter = std::collections::btree_map::Iter<'a, String, String>;
 
     fn into_iter(self) -> Self::IntoIter {
-        self.0.iter()
+        (**self).iter()
     }
 }
 
@@ -447,6 +479,32 @@ mod tests {
     use proptest::prelude::*;
 
     const MIN: u64 = 60_000;
+
+    #[test]
+    fn metadata_compares_hashes_and_orders_by_its_entries_not_its_storage() {
+        use std::hash::{BuildHasher, RandomState};
+        let none = Metadata::new();
+        let mut emptied = Metadata::new();
+        emptied.insert("k", "v");
+        assert_eq!(emptied.remove("k").as_deref(), Some("v"));
+        let from_empty = Metadata::from(BTreeMap::new());
+        let hasher = RandomState::new();
+        for m in [&emptied, &from_empty] {
+            assert_eq!(m, &none);
+            assert_eq!(m.cmp(&none), std::cmp::Ordering::Equal);
+            assert_eq!(hasher.hash_one(m), hasher.hash_one(&none));
+            assert!(m.is_empty());
+        }
+        // A clone shares the map until one side writes.
+        let a: Metadata = [("version", "1.2")].into_iter().collect();
+        let mut b = a.clone();
+        assert_eq!(a, b);
+        b.insert("group", "blue");
+        assert_ne!(a, b);
+        assert_eq!(a.len(), 1);
+        assert_eq!(a.cmp(&b), (*a).cmp(&*b), "ordered as the maps are");
+        assert_eq!(format!("{a:?}"), r#"{"version": "1.2"}"#);
+    }
 
     fn ww(weight: u32, uptime_ms: i64, warmup_ms: u64) -> u32 {
         let reg = Timestamp::from_millis(1_000_000_000);
