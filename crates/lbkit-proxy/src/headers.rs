@@ -63,6 +63,12 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     if !headers.keys().any(|k| HOP_BY_HOP_NAMES.contains(k)) {
         return;
     }
+    // `TE: trailers` is the one TE an HTTP/2 request may carry (RFC 9113 §8.2.2) and gRPC asks
+    // for it end to end (Envoy keeps it, nginx's grpc_pass sends it): it goes on; any other TE
+    // does not.
+    let mut te = headers.get_all(header::TE).iter().peekable();
+    let trailers = te.peek().is_some()
+        && te.all(|v| v.as_bytes().trim_ascii().eq_ignore_ascii_case(b"trailers"));
     let listed: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -74,6 +80,9 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
     for name in &HOP_BY_HOP_NAMES {
         headers.remove(name);
+    }
+    if trailers {
+        headers.insert(header::TE, HeaderValue::from_static("trailers"));
     }
 }
 
@@ -122,6 +131,32 @@ mod tests {
     fn the_names_are_the_list() {
         for (name, text) in HOP_BY_HOP_NAMES.iter().zip(HOP_BY_HOP) {
             assert_eq!(name.as_str(), text);
+        }
+    }
+
+    #[test]
+    fn te_trailers_stays_and_other_te_goes() {
+        for (values, kept) in [
+            (&["trailers"][..], true),
+            (&[" Trailers "][..], true),
+            (&["trailers", "trailers"][..], true),
+            (&["gzip"][..], false),
+            (&["trailers, gzip"][..], false),
+            (&["trailers", "deflate"][..], false),
+        ] {
+            let mut h = HeaderMap::new();
+            for v in values {
+                h.append(header::TE, HeaderValue::from_static(v));
+            }
+            h.insert(header::CONNECTION, HeaderValue::from_static("te"));
+            strip_hop_by_hop(&mut h);
+            let te: Vec<_> = h.get_all(header::TE).iter().collect();
+            if kept {
+                assert_eq!(te, [HeaderValue::from_static("trailers")], "{values:?}");
+            } else {
+                assert!(te.is_empty(), "{values:?}");
+            }
+            assert!(h.get(header::CONNECTION).is_none());
         }
     }
 
