@@ -34,7 +34,20 @@ pub(crate) fn spawn(
     service: &Arc<Service>,
     initial: Option<Vec<EndpointSpec>>,
 ) -> Result<Vec<JoinHandle<()>>, ProxyError> {
-    let source = open_source(service)?;
+    let listed = static_list(service)?;
+    let source = open_source(service, listed.clone())?;
+    // A static list is known now: serve it from the first request, not from whenever the
+    // control loop first runs (a request that came first found no endpoints: a 503, or a TCP
+    // connection closed unanswered).
+    let initial = match (initial, listed) {
+        (Some(specs), _) => Some(specs),
+        (None, Some(specs)) => {
+            let now = service.clock().now();
+            service.publish(Arc::new(Snapshot::from_specs(specs.clone(), now)));
+            Some(specs)
+        }
+        (None, None) => None,
+    };
     let mut tasks = Vec::new();
     let (tx, rx) = mpsc::channel(64);
     tasks.extend(check::spawn(service, tx));
@@ -69,15 +82,30 @@ fn outlier_config(service: &Service) -> Option<OutlierConfig> {
     })
 }
 
-fn open_source(service: &Service) -> Result<UpdateStream, ProxyError> {
+/// The service's `endpoints` list, parsed (`None` when its endpoints come from elsewhere).
+fn static_list(service: &Service) -> Result<Option<Vec<EndpointSpec>>, ProxyError> {
+    let Some(list) = &service.config().endpoints else {
+        return Ok(None);
+    };
+    lbkit_discovery::parse_static_list(&list.join(","), "endpoints")
+        .map(Some)
+        .map_err(|e| ProxyError::Source {
+            service: service.name().to_owned(),
+            source: e.into(),
+        })
+}
+
+/// The service's source; `listed` is its static list, already parsed.
+fn open_source(
+    service: &Service,
+    listed: Option<Vec<EndpointSpec>>,
+) -> Result<UpdateStream, ProxyError> {
     let cfg = service.config();
     let err = |source| ProxyError::Source {
         service: service.name().to_owned(),
         source,
     };
-    if let Some(list) = &cfg.endpoints {
-        let specs = lbkit_discovery::parse_static_list(&list.join(","), "endpoints")
-            .map_err(|e| err(e.into()))?;
+    if let Some(specs) = listed {
         return Ok(source::static_source(specs));
     }
     if let Some(path) = &cfg.file {

@@ -440,3 +440,21 @@ async fn a_streamed_upload_is_sent_again_byte_for_byte_and_only_within_the_bound
         "a refusal is retried: {statuses:?}"
     );
 }
+
+// A static list is served from the first request: the proxy publishes it when the service
+// starts, not when its control loop first runs (on this one-thread runtime, that is only after
+// the test yields). A request that came first used to find no endpoints (503, or a TCP
+// connection closed unanswered: `tcp_listener_relays_and_skips_a_dead_endpoint` was flaky).
+#[tokio::test(flavor = "current_thread")]
+async fn a_static_list_is_served_before_the_control_loop_runs() {
+    let addrs: Vec<std::net::SocketAddr> = vec![
+        "127.0.0.1:9".parse().unwrap(),
+        "127.0.0.1:10".parse().unwrap(),
+    ];
+    let proxy = Proxy::start(parse(&config_for(&addrs, "round-robin", "")))
+        .await
+        .unwrap();
+    let service = proxy.service("svc").expect("the service runs");
+    // No await between the start and this look.
+    assert_eq!(service.active().balancer.snapshot().len(), 2);
+}
