@@ -25,6 +25,59 @@ async fn eligible(proxy: &Proxy, addr: std::net::SocketAddr) -> bool {
     ep["eligible"].as_bool().expect("eligible flag")
 }
 
+/// A proxy on the configuration file at `path`, under a [`Supervisor`] whose file watcher is in
+/// place (changes from now on are seen).
+struct Supervised {
+    addr: std::net::SocketAddr,
+    reloads: tokio::sync::watch::Receiver<lbkit_proxy::ReloadCount>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    run: tokio::task::JoinHandle<std::io::Result<bool>>,
+}
+
+impl Supervised {
+    async fn start(path: &std::path::Path) -> Supervised {
+        let proxy = Proxy::start(lbkit_proxy::Config::load(path).unwrap())
+            .await
+            .unwrap();
+        let addr = proxy.listeners()[0];
+        let supervisor = Supervisor::new(proxy, path, Duration::from_secs(2));
+        let mut reloads = supervisor.reloads();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let run = tokio::spawn(supervisor.run(async move {
+            let _ = stopped.await;
+        }));
+        // The supervisor task installs its file watcher when it first runs: wait for it, or a
+        // write can land before anything watches the file.
+        tokio::time::timeout(WAIT, reloads.wait_for(|c| c.watching))
+            .await
+            .unwrap()
+            .unwrap();
+        Supervised {
+            addr,
+            reloads,
+            stop,
+            run,
+        }
+    }
+
+    /// Wait until `applied` configurations were applied; false when WAIT passed first.
+    async fn applied(&mut self, applied: u64) -> bool {
+        tokio::time::timeout(WAIT, self.reloads.wait_for(|c| c.applied >= applied))
+            .await
+            .is_ok()
+    }
+
+    /// Stop and drain; whether the drain finished in time.
+    async fn stop(self) -> bool {
+        let _ = self.stop.send(());
+        tokio::time::timeout(WAIT, self.run)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap()
+    }
+}
+
 /// Send GETs until `done` holds after one of them; every GET must succeed.
 async fn load_until<F, Fut>(proxy: &Proxy, mut done: F) -> usize
 where
@@ -171,26 +224,13 @@ async fn reload_rejects_a_broken_file_and_applies_a_good_one() {
     let path = dir.join("proxy.toml");
     let good = config_text(&[&a, &b], "round-robin", "");
     std::fs::write(&path, &good).unwrap();
-    let config = lbkit_proxy::Config::load(&path).unwrap();
-    let proxy = Proxy::start(config).await.unwrap();
-    let addr = proxy.listeners()[0];
-    let supervisor = Supervisor::new(proxy, &path, Duration::from_secs(2));
-    let mut reloads = supervisor.reloads();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let run = tokio::spawn(supervisor.run(async move {
-        let _ = stop_rx.await;
-    }));
+    let mut proxy = Supervised::start(&path).await;
+    let addr = proxy.addr;
     let client = client();
     assert_eq!(get(&client, addr, "/", &[]).await.0, StatusCode::OK);
-    // The supervisor task installs its file watcher when it first runs: wait for it, or the
-    // write below can land before anything watches the file.
-    tokio::time::timeout(WAIT, reloads.wait_for(|c| c.watching))
-        .await
-        .unwrap()
-        .unwrap();
 
     std::fs::write(&path, good.replace("round-robin", "no-such-strategy")).unwrap();
-    tokio::time::timeout(WAIT, reloads.wait_for(|c| c.rejected >= 1))
+    tokio::time::timeout(WAIT, proxy.reloads.wait_for(|c| c.rejected >= 1))
         .await
         .unwrap()
         .unwrap();
@@ -199,20 +239,11 @@ async fn reload_rejects_a_broken_file_and_applies_a_good_one() {
     }
 
     std::fs::write(&path, good.replace("round-robin", "weighted-random")).unwrap();
-    tokio::time::timeout(WAIT, reloads.wait_for(|c| c.applied >= 1))
-        .await
-        .unwrap()
-        .unwrap();
+    assert!(proxy.applied(1).await);
     for _ in 0..10 {
         assert_eq!(get(&client, addr, "/", &[]).await.0, StatusCode::OK);
     }
-    let _ = stop_tx.send(());
-    let drained = tokio::time::timeout(WAIT, run)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-    assert!(drained);
+    assert!(proxy.stop().await);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -386,26 +417,10 @@ async fn a_kubernetes_configmap_swap_reloads_the_config() {
     swap("v1", &good);
     let path = dir.join("proxy.toml");
     std::os::unix::fs::symlink("..data/proxy.toml", &path).unwrap();
-    let proxy = Proxy::start(lbkit_proxy::Config::load(&path).unwrap())
-        .await
-        .unwrap();
-    let supervisor = Supervisor::new(proxy, &path, Duration::from_secs(2));
-    let mut reloads = supervisor.reloads();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let run = tokio::spawn(supervisor.run(async move {
-        let _ = stop_rx.await;
-    }));
-    tokio::time::timeout(WAIT, reloads.wait_for(|c| c.watching))
-        .await
-        .unwrap()
-        .unwrap();
+    let mut proxy = Supervised::start(&path).await;
     swap("v2", &good.replace("round-robin", "weighted-random"));
-    tokio::time::timeout(WAIT, reloads.wait_for(|c| c.applied >= 1))
-        .await
-        .expect("the swap was seen")
-        .unwrap();
-    let _ = stop_tx.send(());
-    let _ = tokio::time::timeout(WAIT, run).await;
+    assert!(proxy.applied(1).await, "the swap was seen");
+    proxy.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -634,20 +649,8 @@ async fn a_slow_reload_does_not_stall_requests_on_the_supervisors_thread() {
     let good = config_text(&[&a, &b], "round-robin", "");
     let next = good.replace("round-robin", "weighted-random");
     std::fs::write(&path, &good).unwrap();
-    let proxy = Proxy::start(lbkit_proxy::Config::load(&path).unwrap())
-        .await
-        .unwrap();
-    let addr = proxy.listeners()[0];
-    let supervisor = Supervisor::new(proxy, &path, Duration::from_secs(2));
-    let mut reloads = supervisor.reloads();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let run = tokio::spawn(supervisor.run(async move {
-        let _ = stop_rx.await;
-    }));
-    tokio::time::timeout(WAIT, reloads.wait_for(|c| c.watching))
-        .await
-        .unwrap()
-        .unwrap();
+    let mut proxy = Supervised::start(&path).await;
+    let addr = proxy.addr;
 
     // The FIFO gets a second name, through which the test writes (events on it are not the
     // configuration file's), then replaces the file: the watcher reloads, the read holds.
@@ -716,25 +719,21 @@ async fn a_slow_reload_does_not_stall_requests_on_the_supervisors_thread() {
         !timed_out.load(Ordering::SeqCst),
         "requests waited for the reload"
     );
-    assert_eq!(reloads.borrow().applied, 0, "the reload is still reading");
+    assert_eq!(
+        proxy.reloads.borrow().applied,
+        0,
+        "the reload is still reading"
+    );
     release_tx.send(()).unwrap();
-    let applied = tokio::time::timeout(WAIT, reloads.wait_for(|c| c.applied >= 1))
-        .await
-        .is_ok();
-    assert!(applied, "reloads: {:?}", *reloads.borrow());
+    let applied = proxy.applied(1).await;
+    assert!(applied, "reloads: {:?}", *proxy.reloads.borrow());
     let file = dir.join("proxy.toml.new");
     std::fs::write(&file, &next).unwrap();
     std::fs::rename(&file, &path).unwrap();
     feed_tx.send(()).unwrap();
     assert_eq!(get(&client, addr, "/", &[]).await.0, StatusCode::OK);
 
-    let _ = stop_tx.send(());
-    let drained = tokio::time::timeout(WAIT, run)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-    assert!(drained);
+    assert!(proxy.stop().await);
     stop.store(true, Ordering::Relaxed);
     holder.join().unwrap();
     let _ = std::fs::remove_dir_all(&dir);
