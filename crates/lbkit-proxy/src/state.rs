@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lbkit_core::{AttemptPolicy, EndpointSpec, Snapshot};
+use lbkit_core::AttemptPolicy;
 use lbkit_strategy::KeyExtractor;
 use tokio::task::JoinHandle;
 
@@ -163,10 +163,7 @@ fn start_service(
     let service = Arc::new(service);
     let initial = predecessor.map(|old| {
         let snapshot = old.active().balancer.snapshot();
-        let specs: Vec<EndpointSpec> = snapshot.endpoints().iter().map(|e| e.to_spec()).collect();
-        let now = service.clock().now();
-        service.publish(Arc::new(Snapshot::from_specs(specs.clone(), now)));
-        specs
+        snapshot.endpoints().iter().map(|e| e.to_spec()).collect()
     });
     let tasks = upkeep::spawn(&service, initial)?;
     Ok(Running { service, tasks })

@@ -25,8 +25,10 @@ use crate::service::Service;
 /// response-time weights, warm-up). 250 ms keeps warm-up curves smooth at negligible cost.
 pub const REFRESH_TICK: Duration = Duration::from_millis(250);
 
-/// Start the service's endpoint source, its health checks and its control loop; `initial`
-/// is served until the source speaks (a reload's predecessor's set).
+/// Start the service's endpoint source, its health checks and its control loop. The service
+/// serves its first set from now on, not from whenever the control loop first runs (a request
+/// that came first found no endpoints: a 503, or a TCP connection closed unanswered): `initial`
+/// (a reload's predecessor's set) or else its static list, until the source speaks.
 ///
 /// # Errors
 /// [`ProxyError::Source`] when the source cannot start (an unwatchable file directory).
@@ -36,18 +38,11 @@ pub(crate) fn spawn(
 ) -> Result<Vec<JoinHandle<()>>, ProxyError> {
     let listed = static_list(service)?;
     let source = open_source(service, listed.clone())?;
-    // A static list is known now: serve it from the first request, not from whenever the
-    // control loop first runs (a request that came first found no endpoints: a 503, or a TCP
-    // connection closed unanswered).
-    let initial = match (initial, listed) {
-        (Some(specs), _) => Some(specs),
-        (None, Some(specs)) => {
-            let now = service.clock().now();
-            service.publish(Arc::new(Snapshot::from_specs(specs.clone(), now)));
-            Some(specs)
-        }
-        (None, None) => None,
-    };
+    let initial = initial.or(listed);
+    if let Some(specs) = &initial {
+        let now = service.clock().now();
+        service.publish(Arc::new(Snapshot::from_specs(specs.clone(), now)));
+    }
     let mut tasks = Vec::new();
     let (tx, rx) = mpsc::channel(64);
     tasks.extend(check::spawn(service, tx));
