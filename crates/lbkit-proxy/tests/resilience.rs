@@ -611,26 +611,32 @@ async fn idle_and_stuck_http2_connections_are_closed() {
     }
 }
 
-/// Writes `text` into the FIFO at `path` for every reader that opens it, until `stop`: each
-/// open for writing is non-blocking (it fails while nobody reads), so the loop never blocks.
+/// Writes `text` into the FIFO at `path` for every reader that opens it, until `stop` (each
+/// open for writing waits for a reader: to end the loop, set `stop` and open the FIFO for
+/// reading without blocking, see [`release_fifo`]).
 #[cfg(target_os = "linux")]
 fn feed_fifo(path: &std::path::Path, text: &str, stop: &std::sync::atomic::AtomicBool) {
     use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    const O_NONBLOCK: i32 = 0o4000; // Linux
-    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-        match std::fs::OpenOptions::new()
-            .write(true)
-            .custom_flags(O_NONBLOCK)
-            .open(path)
-        {
+    while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+        match std::fs::OpenOptions::new().write(true).open(path) {
             Ok(mut f) => {
                 let _ = f.write_all(text.as_bytes());
             }
-            // ENXIO: no reader yet. Nothing to wait on but the next look.
-            Err(_) => std::thread::sleep(Duration::from_millis(5)),
+            Err(e) => panic!("cannot open {} for writing: {e}", path.display()),
         }
     }
+}
+
+/// A reader of the FIFO at `path` that never blocks: a writer waiting in `open` goes on.
+#[cfg(target_os = "linux")]
+fn release_fifo(path: &std::path::Path) -> std::fs::File {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    const O_NONBLOCK: i32 = 0o4000; // Linux
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(O_NONBLOCK)
+        .open(path)
+        .expect("with O_NONBLOCK, a FIFO opens for reading at once")
 }
 
 // With one worker the supervisor shares its thread with the connections: a reload that takes
@@ -662,35 +668,21 @@ async fn a_slow_reload_does_not_stall_requests_on_the_supervisors_thread() {
     assert!(made.success(), "mkfifo");
     std::fs::hard_link(&fifo, &keep).unwrap();
     std::fs::rename(&fifo, &path).unwrap();
-    // A thread holds the reader: it opens the FIFO for writing once the reload reads it, and
-    // lets go when the test says so — or after 10 s, when the reload stalled this thread.
-    let held = Arc::new(AtomicBool::new(false));
+    // A thread holds the reader: its open for writing returns once the reload opened the FIFO
+    // to read, and it lets go when the test says so — or after 10 s, when the reload stalled
+    // this thread.
     let timed_out = Arc::new(AtomicBool::new(false));
     let stop = Arc::new(AtomicBool::new(false));
+    let (held_tx, held_rx) = tokio::sync::oneshot::channel::<()>();
     let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
     let (feed_tx, feed_rx) = std::sync::mpsc::channel::<()>();
     let holder = {
         let (keep, next) = (keep.clone(), next.clone());
-        let (held, timed_out, stop) = (held.clone(), timed_out.clone(), stop.clone());
+        let (timed_out, stop) = (timed_out.clone(), stop.clone());
         std::thread::spawn(move || {
             use std::io::Write as _;
-            use std::os::unix::fs::OpenOptionsExt as _;
-            let mut writer = None;
-            for _ in 0..2000 {
-                match std::fs::OpenOptions::new()
-                    .write(true)
-                    .custom_flags(0o4000) // O_NONBLOCK: fails while nobody reads
-                    .open(&keep)
-                {
-                    Ok(f) => {
-                        writer = Some(f);
-                        break;
-                    }
-                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
-                }
-            }
-            let mut writer = writer.expect("the reload opened the configuration within 10 s");
-            held.store(true, Ordering::SeqCst);
+            let mut writer = std::fs::OpenOptions::new().write(true).open(&keep).unwrap();
+            let _ = held_tx.send(());
             if release_rx.recv_timeout(Duration::from_secs(10)).is_err() {
                 timed_out.store(true, Ordering::SeqCst);
             }
@@ -704,13 +696,10 @@ async fn a_slow_reload_does_not_stall_requests_on_the_supervisors_thread() {
             }
         })
     };
-    tokio::time::timeout(WAIT, async {
-        while !held.load(Ordering::SeqCst) {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await
-    .expect("the reload began");
+    tokio::time::timeout(WAIT, held_rx)
+        .await
+        .expect("the reload began")
+        .unwrap();
     let client = client();
     for _ in 0..5 {
         assert_eq!(get(&client, addr, "/", &[]).await.0, StatusCode::OK);
@@ -734,7 +723,9 @@ async fn a_slow_reload_does_not_stall_requests_on_the_supervisors_thread() {
     assert_eq!(get(&client, addr, "/", &[]).await.0, StatusCode::OK);
 
     assert!(proxy.stop().await);
-    stop.store(true, Ordering::Relaxed);
+    stop.store(true, Ordering::SeqCst);
+    let reader = release_fifo(&keep);
     holder.join().unwrap();
+    drop(reader);
     let _ = std::fs::remove_dir_all(&dir);
 }
