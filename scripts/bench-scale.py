@@ -313,10 +313,10 @@ def proxy_bench(args):
 
 
 def large_size(args, proc, log, path, n, backends, front):
-    front_port = front
-    base_text = proxy_config(front_port, args.base_port + 11, n, args.endpoints, backends, 0)
-    one = proxy_config(front_port, args.base_port + 11, n, args.endpoints, backends, 1)
-    every = proxy_config(front_port, args.base_port + 11, n, args.endpoints, backends, 2)
+    def config(variant):
+        return proxy_config(front, args.base_port + 11, n, args.endpoints, backends, variant)
+
+    base_text, one, every = config(0), config(1), config(2)
     out = {"services": n}
     # Reload: alternate so that each reload changes something.
     for name, changed in (("one", one), ("every", every)):
@@ -330,11 +330,11 @@ def large_size(args, proc, log, path, n, backends, front):
     out["rss_after_reloads"] = rss_mb(proc)
     # Throughput through the first and the last route, then with reloads going on.
     for name, route in (("first", "/s0/"), ("last", f"/s{n - 1}/")):
-        out[f"route_{name}"] = [wrk(args, front_port, route, args.seconds, args.conns) for _ in range(args.rounds)]
+        out[f"route_{name}"] = [wrk(args, front, route, args.seconds, args.conns) for _ in range(args.rounds)]
     out["load_rss"] = rss_mb(proc)
     for name, text in (("one", one), ("every", every)):
         out[f"during_{name}"] = [
-            reloads_during_load(args, proc, log, path, (base_text, text), args.reload_every, args.seconds, front_port, "/s0/")
+            reloads_during_load(args, proc, log, path, (base_text, text), args.reload_every, args.seconds, front, "/s0/")
             for _ in range(args.rounds)
         ]
     write_atomically(path, base_text)
@@ -427,10 +427,8 @@ def zk_size(args, zk, providers, n):
     try:
         _, t_list, header = out.wait_for(lambda l: l.startswith("# ") and "providers" in l, 0, 120)
         listing = t_list - t0
-        # The table's rows follow the header: wait for them all.
-        deadline = time.monotonic() + 60
-        while out.count() < n + 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        # The table's rows follow the header and its column line: wait for the last one.
+        out.wait_for(lambda _: True, n + 1, 60)
         ps = psutil.Process(proc.pid)
         time.sleep(2.0)
         c0 = ps.cpu_times()
