@@ -287,11 +287,7 @@ struct EndpointInner {
 impl Endpoint {
     /// Build an endpoint from a spec, with the given stats and first-seen time.
     pub fn new(spec: EndpointSpec, stats: Arc<EndpointStats>, added_at: Timestamp) -> Self {
-        let warmup = match (spec.registered_at, spec.warmup) {
-            (_, Some(w)) => w,
-            (Some(_), None) => DEFAULT_WARMUP,
-            (None, None) => Duration::ZERO,
-        };
+        let warmup = warmup_of(&spec);
         Endpoint(crate::sync::Arc::new(EndpointInner {
             key_hash: key_hash(&spec.key),
             key: spec.key,
@@ -305,6 +301,37 @@ impl Endpoint {
             added_at,
             stats,
         }))
+    }
+
+    /// Whether this endpoint is what `Endpoint::new(spec, ..)` would build (its statistics and
+    /// first-seen time aside): a snapshot builder keeps such an endpoint as it is instead of
+    /// building it again.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// use lbkit_core::{Endpoint, EndpointSpec, EndpointStats, Timestamp};
+    /// let spec = EndpointSpec::new("10.0.0.1:80").with_weight(7);
+    /// let e = Endpoint::new(spec.clone(), Arc::new(EndpointStats::default()), Timestamp::ZERO);
+    /// assert!(e.describes(&spec));
+    /// assert!(!e.describes(&spec.with_weight(8)));
+    /// ```
+    pub fn describes(&self, spec: &EndpointSpec) -> bool {
+        let e = &self.0;
+        e.key == spec.key
+            && *e.address == *spec.address
+            && e.weight == spec.weight
+            && e.zone.as_deref() == spec.zone.as_deref()
+            && e.registered_at == spec.registered_at
+            && e.warmup == warmup_of(spec)
+            && e.healthy == spec.healthy
+            && *e.metadata == spec.metadata
+    }
+
+    /// Whether `self` and `other` are the same endpoint object (as a snapshot builder keeps
+    /// an unchanged endpoint across snapshots): a cheap "unchanged" test for whoever compares
+    /// two snapshots.
+    pub fn ptr_eq(&self, other: &Endpoint) -> bool {
+        crate::sync::Arc::ptr_eq(&self.0, &other.0)
     }
 
     /// The spec this endpoint describes (its warm-up window made explicit): what a service that
@@ -410,6 +437,15 @@ impl Endpoint {
             Some(at) => self.0.weight > 0 && now < at.saturating_add(self.0.warmup),
             None => false,
         }
+    }
+}
+
+/// The warm-up window an endpoint built from `spec` has.
+fn warmup_of(spec: &EndpointSpec) -> Duration {
+    match (spec.registered_at, spec.warmup) {
+        (_, Some(w)) => w,
+        (Some(_), None) => DEFAULT_WARMUP,
+        (None, None) => Duration::ZERO,
     }
 }
 

@@ -2,6 +2,7 @@
 //! which turns source updates into snapshots while keeping the live statistics of endpoints that
 //! stay.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -318,7 +319,9 @@ pub enum Update {
 }
 
 /// Applies [`Update`]s and builds [`Snapshot`]s, keeping the [`EndpointStats`] and first-seen
-/// time of every endpoint whose key stays. Not on the hot path; owned by one task.
+/// time of every endpoint whose key stays, and the [`Endpoint`] itself when its spec is
+/// unchanged (no allocation for it; [`Endpoint::ptr_eq`] tells a comparer it is unchanged). Not
+/// on the hot path; owned by one task.
 ///
 /// ```
 /// use std::sync::Arc;
@@ -328,11 +331,16 @@ pub enum Update {
 /// let s2 = b.apply(Update::Add(vec![EndpointSpec::new("b:1")]), Timestamp::ZERO);
 /// assert_eq!(s2.version(), s1.version() + 1);
 /// assert!(Arc::ptr_eq(s1.endpoints()[0].stats_arc(), s2.endpoints()[0].stats_arc()));
+/// // An endpoint whose spec did not change is the same object.
+/// assert!(s1.endpoints()[0].ptr_eq(&s2.endpoints()[0]));
 /// ```
 #[derive(Debug)]
 pub struct SnapshotBuilder {
     version: u64,
     current: Vec<Endpoint>,
+    /// Whether `current` is in strictly ascending key order (then a set in that order too is
+    /// matched to it by a merge, not a hash map).
+    ascending: bool,
     ewma_decay: Duration,
 }
 
@@ -350,6 +358,7 @@ impl SnapshotBuilder {
         SnapshotBuilder {
             version: 0,
             current: Vec::new(),
+            ascending: true,
             ewma_decay: DEFAULT_EWMA_DECAY,
         }
     }
@@ -384,8 +393,65 @@ impl SnapshotBuilder {
             apply_to(&mut specs, update);
         }
         if changed_set {
-            self.current = self.rebuild(specs, now);
+            let ascending = ascending(specs.iter().map(|s| &s.key));
+            self.rebuild(specs.into_iter().map(Cow::Owned), ascending, now);
         }
+        self.next()
+    }
+
+    /// Build the next snapshot from the full set `specs` (as [`Update::Reset`] would, a later
+    /// spec with a key already listed replacing the earlier in place), borrowing them: only the
+    /// specs of new or changed endpoints are copied. For an owner that keeps the set it serves.
+    ///
+    /// ```
+    /// use std::borrow::Cow;
+    /// use lbkit_core::{EndpointSpec, SnapshotBuilder, Timestamp};
+    /// let serving = vec![EndpointSpec::new("a:1"), EndpointSpec::new("b:1")];
+    /// let mut b = SnapshotBuilder::new();
+    /// let s1 = b.reset_from(serving.iter().map(Cow::Borrowed), Timestamp::ZERO);
+    /// let s2 = b.reset_from(serving.iter().map(Cow::Borrowed), Timestamp::ZERO);
+    /// assert!(s1.endpoints()[1].ptr_eq(&s2.endpoints()[1]));
+    /// ```
+    pub fn reset_from<'a>(
+        &mut self,
+        specs: impl IntoIterator<Item = Cow<'a, EndpointSpec>>,
+        now: Timestamp,
+    ) -> Arc<Snapshot> {
+        let specs: Vec<Cow<'a, EndpointSpec>> = specs.into_iter().collect();
+        if ascending(specs.iter().map(|s| &s.key)) {
+            // Keys in ascending order are unique: nothing to replace (the common case: sources
+            // list in key order).
+            self.rebuild(specs.into_iter(), true, now);
+        } else {
+            let mut specs: Vec<Option<Cow<'a, EndpointSpec>>> =
+                specs.into_iter().map(Some).collect();
+            // Keys stay unique: a later spec takes the first one's place.
+            let mut first: FastMap<&EndpointKey, usize> = FastMap::default();
+            let mut moves = Vec::new();
+            for (i, spec) in specs.iter().enumerate() {
+                if let Some(spec) = spec {
+                    match first.entry(&spec.key) {
+                        std::collections::hash_map::Entry::Occupied(at) => {
+                            moves.push((*at.get(), i))
+                        }
+                        std::collections::hash_map::Entry::Vacant(v) => {
+                            v.insert(i);
+                        }
+                    }
+                }
+            }
+            drop(first);
+            for (to, from) in moves {
+                specs.swap(to, from);
+                specs[from] = None;
+            }
+            self.rebuild(specs.into_iter().flatten(), false, now);
+        }
+        self.next()
+    }
+
+    /// The next snapshot of the current endpoints.
+    fn next(&mut self) -> Arc<Snapshot> {
         self.version += 1;
         Arc::new(Snapshot::new(self.version, self.current.clone()))
     }
@@ -399,18 +465,76 @@ impl SnapshotBuilder {
         self.current.iter().map(spec_of).collect()
     }
 
-    fn rebuild(&self, specs: Vec<EndpointSpec>, now: Timestamp) -> Vec<Endpoint> {
-        let old: HashMap<&EndpointKey, &Endpoint> =
-            self.current.iter().map(|e| (e.key(), e)).collect();
+    /// Build the current endpoints from `specs` (unique keys; `ascending`: in strictly
+    /// ascending key order), keeping the statistics of staying keys and the endpoints of
+    /// unchanged specs.
+    fn rebuild<'a>(
+        &mut self,
+        specs: impl Iterator<Item = Cow<'a, EndpointSpec>>,
+        ascending: bool,
+        now: Timestamp,
+    ) {
+        let current = std::mem::take(&mut self.current);
+        self.current = if ascending && self.ascending {
+            // Both in key order: a merge finds each key's predecessor.
+            let mut at = 0;
+            self.build(
+                specs,
+                |key| {
+                    while current.get(at).is_some_and(|e| e.key() < key) {
+                        at += 1;
+                    }
+                    current.get(at).filter(|e| e.key() == key)
+                },
+                now,
+            )
+        } else {
+            let old: FastMap<&EndpointKey, &Endpoint> =
+                current.iter().map(|e| (e.key(), e)).collect();
+            self.build(specs, |key| old.get(key).copied(), now)
+        };
+        self.ascending = ascending;
+    }
+
+    fn build<'a, 'b>(
+        &self,
+        specs: impl Iterator<Item = Cow<'a, EndpointSpec>>,
+        mut previous: impl FnMut(&EndpointKey) -> Option<&'b Endpoint>,
+        now: Timestamp,
+    ) -> Vec<Endpoint> {
         specs
-            .into_iter()
-            .map(|spec| match old.get(&spec.key) {
-                Some(prev) => Endpoint::new(spec, prev.stats_arc().clone(), prev.added_at()),
-                None => Endpoint::new(spec, Arc::new(EndpointStats::new(self.ewma_decay)), now),
+            .map(|spec| match previous(&spec.key) {
+                // Unchanged: the same endpoint (no allocation; comparisons of two snapshots
+                // can tell it with `Endpoint::ptr_eq`).
+                Some(prev) if prev.describes(&spec) => prev.clone(),
+                Some(prev) => {
+                    Endpoint::new(spec.into_owned(), prev.stats_arc().clone(), prev.added_at())
+                }
+                None => Endpoint::new(
+                    spec.into_owned(),
+                    Arc::new(EndpointStats::new(self.ewma_decay)),
+                    now,
+                ),
             })
             .collect()
     }
 }
+
+/// Whether `keys` are in strictly ascending order (so unique).
+fn ascending<'a>(keys: impl Iterator<Item = &'a EndpointKey>) -> bool {
+    let mut last: Option<&EndpointKey> = None;
+    for key in keys {
+        if last.is_some_and(|l| l >= key) {
+            return false;
+        }
+        last = Some(key);
+    }
+    true
+}
+
+/// Maps keyed by endpoint keys: foldhash, several times faster than SipHash on keys this
+/// short (builds of 10 000-endpoint sets hash every key a few times), seeded per process.
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 /// Apply one update to an ordered list of specs. Keys stay unique: a later spec with a key
 /// already present replaces the earlier one in place.
@@ -426,11 +550,12 @@ fn apply_to(specs: &mut Vec<EndpointSpec>, update: Update) {
 }
 
 fn add_or_replace(specs: &mut Vec<EndpointSpec>, new: Vec<EndpointSpec>) {
-    let mut pos: HashMap<EndpointKey, usize> = specs
+    let mut pos: FastMap<EndpointKey, usize> = specs
         .iter()
         .enumerate()
         .map(|(i, s)| (s.key.clone(), i))
         .collect();
+    pos.reserve(new.len());
     for spec in new {
         match pos.get(&spec.key) {
             Some(&i) => specs[i] = spec,
@@ -653,25 +778,58 @@ mod tests {
     }
 
     proptest! {
-        /// Stateful run of random updates: keys stay unique, and every key present in two
-        /// consecutive snapshots shares one stats object.
+        /// `reset_from` (borrowed specs, in or out of key order, with duplicate keys) builds
+        /// what `apply(Update::Reset(..))` builds, and keeps the statistics of staying keys
+        /// whichever way the last set was matched (merge or hash map).
         #[test]
-        fn builder_invariants(ops in proptest::collection::vec((0u8..3, proptest::collection::vec(0u8..8, 0..5)), 1..30)) {
+        fn reset_from_builds_what_a_reset_builds(sets in proptest::collection::vec(proptest::collection::vec((0u8..12, 0u32..3), 0..10), 1..8), sort in proptest::collection::vec(any::<bool>(), 8)) {
+            let (mut borrowed, mut owned) = (SnapshotBuilder::new(), SnapshotBuilder::new());
+            let mut prev: Option<Arc<Snapshot>> = None;
+            for (set, sorted) in sets.into_iter().zip(sort) {
+                let mut specs: Vec<EndpointSpec> = set.iter().map(|(k, w)| spec(&format!("h{k:02}:1"), *w)).collect();
+                if sorted {
+                    specs.sort_by(|a, b| a.key.cmp(&b.key));
+                    specs.dedup_by(|a, b| a.key == b.key);
+                }
+                let a = borrowed.reset_from(specs.iter().map(Cow::Borrowed), Timestamp::ZERO);
+                let b = owned.apply(Update::Reset(specs), Timestamp::ZERO);
+                let shown = |s: &Snapshot| s.endpoints().iter().map(|e| (e.key().clone(), e.weight())).collect::<Vec<_>>();
+                prop_assert_eq!(shown(&a), shown(&b));
+                if let Some(prev) = &prev {
+                    for e in a.endpoints() {
+                        if let Some(i) = prev.find(e.key()) {
+                            prop_assert!(Arc::ptr_eq(prev.endpoint(i).stats_arc(), e.stats_arc()));
+                            prop_assert_eq!(prev.endpoint(i).ptr_eq(e), prev.endpoint(i).weight() == e.weight());
+                        }
+                    }
+                }
+                prev = Some(a);
+            }
+        }
+
+        /// Stateful run of random updates: keys stay unique, every key present in two
+        /// consecutive snapshots shares one stats object, and its endpoint is the same object
+        /// exactly when its spec (here: its weight) did not change.
+        #[test]
+        fn builder_invariants(ops in proptest::collection::vec((0u8..3, proptest::collection::vec((0u8..8, 0u32..3), 0..5)), 1..30)) {
             let mut b = SnapshotBuilder::new();
             let mut prev = b.apply(Update::Reset(vec![]), Timestamp::ZERO);
             for (kind, keys) in ops {
-                let specs: Vec<_> = keys.iter().map(|k| spec(&format!("h{k}:1"), u32::from(*k))).collect();
+                let specs: Vec<_> = keys.iter().map(|(k, w)| spec(&format!("h{k}:1"), *w)).collect();
                 let update = match kind {
                     0 => Update::Reset(specs),
                     1 => Update::Add(specs),
-                    _ => Update::Remove(keys.iter().map(|k| EndpointKey::from(format!("h{k}:1"))).collect()),
+                    _ => Update::Remove(keys.iter().map(|(k, _)| EndpointKey::from(format!("h{k}:1"))).collect()),
                 };
                 let next = b.apply(update, Timestamp::ZERO);
                 let mut seen = std::collections::HashSet::new();
                 for e in next.endpoints() {
                     prop_assert!(seen.insert(e.key().clone()), "duplicate key");
                     if let Some(i) = prev.find(e.key()) {
-                        prop_assert!(Arc::ptr_eq(prev.endpoint(i).stats_arc(), e.stats_arc()));
+                        let before = prev.endpoint(i);
+                        prop_assert!(Arc::ptr_eq(before.stats_arc(), e.stats_arc()));
+                        prop_assert_eq!(before.ptr_eq(e), before.weight() == e.weight());
+                        prop_assert_eq!(before.added_at(), e.added_at());
                     }
                 }
                 prop_assert!(next.version() > prev.version());

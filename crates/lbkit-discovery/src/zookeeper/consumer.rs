@@ -1,6 +1,6 @@
 //! The ZooKeeper consumer: watches one service's provider directory and sends its providers.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -15,6 +15,7 @@ use zookeeper_client::{
 };
 
 use super::node::{decode, Decoded, Layout, ProviderFilter, ServicePath};
+use super::nodes::Nodes;
 use super::{cache, connect, registry_err, Backoff, ZkConfig};
 use crate::controller::error_chain;
 use crate::dubbo::ProviderUrl;
@@ -210,7 +211,7 @@ impl ZkSource {
             source: self,
             tx,
             status,
-            nodes: BTreeMap::new(),
+            nodes: Nodes::default(),
             logged: HashSet::new(),
             sent: None,
             next_send: None,
@@ -252,12 +253,12 @@ struct Consumer {
     overrides: Overrides,
     tx: mpsc::Sender<SourceItem>,
     status: Arc<watch::Sender<ZkStatus>>,
-    /// Provider nodes by name: the endpoint, or `None` (filtered out or malformed).
-    nodes: BTreeMap<String, Option<EndpointSpec>>,
+    /// Provider nodes by name: the endpoint, or `None` (filtered out or malformed); and by key.
+    nodes: Nodes,
     /// Malformed nodes already logged and counted (pruned when they go away).
     logged: HashSet<String>,
-    /// The set last sent.
-    sent: Option<Vec<EndpointSpec>>,
+    /// The set last sent, by key.
+    sent: Option<BTreeMap<EndpointKey, EndpointSpec>>,
     /// No set is sent before this: see [`Consumer::flush`].
     next_send: Option<tokio::time::Instant>,
     cache: Option<watch::Sender<Arc<Vec<EndpointSpec>>>>,
@@ -326,7 +327,7 @@ impl Consumer {
                     s.from_cache = true;
                     s.providers = specs.len();
                 });
-                self.sent = Some(specs.clone());
+                self.sent = Some(specs.iter().map(|s| (s.key.clone(), s.clone())).collect());
                 self.tx.send(Ok(Update::Reset(specs))).await.is_ok()
             }
             Ok(Ok(None)) => true,
@@ -640,6 +641,7 @@ impl Consumer {
         tracing::debug!(service = %self.source.path.service(), node = ?wanted, "following the providers' tag rule node");
         self.tag_path = wanted;
         self.tag_doc = None;
+        self.nodes.touch_all();
         self.status.send_modify(|s| s.tag_rule = None);
         true
     }
@@ -650,9 +652,8 @@ impl Consumer {
         self.rules_dir.as_ref()?;
         let app = self
             .nodes
-            .values()
-            .flatten()
-            .find_map(|s| s.metadata.get("application").filter(|a| !a.is_empty()))?;
+            .specs()
+            .find_map(|(_, s)| s.metadata.get("application").filter(|a| !a.is_empty()))?;
         Some(tag_rule_path(self.source.path.root(), app))
     }
 
@@ -663,6 +664,7 @@ impl Consumer {
         let Some(data) = data.filter(|d| !d.iter().all(u8::is_ascii_whitespace)) else {
             if self.tag_doc.take().is_some_and(|(_, r)| r.is_some()) {
                 tracing::info!(node = %path, "tag rule removed");
+                self.nodes.touch_all();
             }
             self.status.send_modify(|s| s.tag_rule = None);
             return;
@@ -701,6 +703,7 @@ impl Consumer {
         tracing::info!(node = %path, in_force = in_force.is_some(), "tag rule read");
         self.status.send_modify(|s| s.tag_rule = in_force);
         self.tag_doc = Some((data, rule));
+        self.nodes.touch_all();
     }
 
     /// A YAML configurator node's data (`None`: no such node): its rules. A malformed document
@@ -766,6 +769,7 @@ impl Consumer {
             tracing::info!(service = %self.source.path.service(), rules = overrides.len(), "override rules changed");
             self.status.send_modify(|s| s.rules = overrides.len());
             self.overrides = overrides;
+            self.nodes.touch_all();
         }
     }
 
@@ -908,7 +912,7 @@ impl Consumer {
     /// A full listing replaces the nodes.
     fn listed(&mut self, nodes: BTreeMap<String, Option<EndpointSpec>>) {
         self.logged.retain(|n| nodes.contains_key(n));
-        self.nodes = nodes;
+        self.nodes.replace(nodes);
         self.status.send_modify(|s| s.listings += 1);
     }
 
@@ -930,39 +934,30 @@ impl Consumer {
         }
     }
 
-    /// Send the current set if it differs from the last one sent. False when the consumer is
-    /// gone.
+    /// Send the set, in key order, if it changed since the last send. False when the consumer
+    /// is gone.
     ///
-    /// Each set is whole, so sending one costs O(providers), and so does the consumer's taking
-    /// it: a directory of thousands of providers changing every few milliseconds would queue
-    /// sets faster than anyone uses them. So after a send that took `t` (building it, and
-    /// waiting for room in the channel while the consumer lags), the next one waits `t`; the
-    /// changes in between are coalesced into it (scale of configuration, BENCHMARKS.md).
+    /// After a listing or a rule change every provider is derived again; otherwise only those
+    /// of the keys whose nodes changed (O(log n) each), and the set sent is a copy of the one
+    /// kept. Still, a send costs O(providers), and so does the consumer's taking it (a snapshot
+    /// is rebuilt): a directory of thousands of providers changing every few milliseconds would
+    /// queue sets faster than anyone uses them. So after a send that took `t` (building it, and waiting for room in
+    /// the channel while the consumer lags), the next one waits `t`; the changes in between are
+    /// coalesced into it (scale of configuration, BENCHMARKS.md).
     async fn flush(&mut self) -> bool {
         if let Some(at) = self.next_send.take() {
             tokio::time::sleep_until(at).await;
         }
         let began = tokio::time::Instant::now();
-        let mut by_key: BTreeMap<EndpointKey, EndpointSpec> = BTreeMap::new();
-        for (name, spec) in &self.nodes {
-            let Some(spec) = spec else { continue };
-            if by_key.contains_key(&spec.key) {
-                tracing::debug!(node = %name, key = %spec.key, "duplicate provider; the first node (by name) wins");
-                continue;
-            }
-            let mut governed = self.governed(name, spec);
-            if let Some(rule) = self.tag_doc.as_ref().and_then(|(_, r)| r.as_ref()) {
-                rule.annotate(&mut governed);
-            }
-            by_key.insert(spec.key.clone(), governed);
-        }
-        let specs: Vec<EndpointSpec> = by_key.into_values().collect();
-        if self.sent.as_ref() == Some(&specs) {
-            // The registry confirmed the cached set.
-            self.status
-                .send_if_modified(|s| std::mem::replace(&mut s.from_cache, false));
+        let touched = self.nodes.take_touched();
+        let changed = match (touched, self.sent.is_some()) {
+            (Some(keys), true) => self.changes(keys),
+            _ => self.whole_set(),
+        };
+        let Some(sent) = self.sent.as_ref().filter(|_| changed) else {
             return true;
-        }
+        };
+        let specs: Vec<EndpointSpec> = sent.values().cloned().collect();
         self.status.send_modify(|s| {
             s.providers = specs.len();
             s.from_cache = false;
@@ -970,11 +965,68 @@ impl Consumer {
         if let Some(cache) = self.cache.as_ref().filter(|_| !specs.is_empty()) {
             cache.send_replace(Arc::new(specs.clone()));
         }
-        self.sent = Some(specs.clone());
         let sent = self.tx.send(Ok(Update::Reset(specs))).await.is_ok();
         let now = tokio::time::Instant::now();
         self.next_send = Some(now + now.duration_since(began));
         sent
+    }
+
+    /// The provider of `key` as sent: the first node (by name) decoding to it, under the rules.
+    fn provider(&self, key: &EndpointKey) -> Option<EndpointSpec> {
+        let (name, spec) = self.nodes.provider(key)?;
+        let mut governed = self.governed(name, spec);
+        if let Some(rule) = self.tag_doc.as_ref().and_then(|(_, r)| r.as_ref()) {
+            rule.annotate(&mut governed);
+        }
+        Some(governed)
+    }
+
+    /// Derive the whole set again; whether it differs from the set last sent (when it does
+    /// not, the registry confirmed the cached set, if that was it).
+    fn whole_set(&mut self) -> bool {
+        let mut set: BTreeMap<EndpointKey, EndpointSpec> = BTreeMap::new();
+        for (name, spec) in self.nodes.specs() {
+            if set.contains_key(&spec.key) {
+                tracing::debug!(node = %name, key = %spec.key, "duplicate provider; the first node (by name) wins");
+                continue;
+            }
+            if let Some(governed) = self.provider(&spec.key) {
+                set.insert(spec.key.clone(), governed);
+            }
+        }
+        if self.sent.as_ref() == Some(&set) {
+            self.status
+                .send_if_modified(|s| std::mem::replace(&mut s.from_cache, false));
+            return false;
+        }
+        self.sent = Some(set);
+        true
+    }
+
+    /// Derive the providers of `keys` again into the set last sent; whether any changed.
+    fn changes(&mut self, keys: BTreeSet<EndpointKey>) -> bool {
+        let now: Vec<(EndpointKey, Option<EndpointSpec>)> = keys
+            .into_iter()
+            .map(|key| {
+                let provider = self.provider(&key);
+                (key, provider)
+            })
+            .collect();
+        let Some(sent) = self.sent.as_mut() else {
+            return false;
+        };
+        let mut changed = false;
+        for (key, provider) in now {
+            changed |= match provider {
+                Some(spec) if sent.get(&key) != Some(&spec) => {
+                    sent.insert(key, spec);
+                    true
+                }
+                Some(_) => false,
+                None => sent.remove(&key).is_some(),
+            };
+        }
+        changed
     }
 }
 

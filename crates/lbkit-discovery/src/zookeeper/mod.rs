@@ -46,6 +46,7 @@ use crate::error::DiscoveryError;
 mod cache;
 mod consumer;
 mod node;
+mod nodes;
 mod provider;
 
 pub use crate::governance::RULES_METADATA;
