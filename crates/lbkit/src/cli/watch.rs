@@ -15,7 +15,7 @@ use lbkit::discovery::zookeeper::{
     Layout, ProviderFilter, ServicePath, WatchMode, ZkConfig, ZkSource,
 };
 use lbkit::discovery::{Controller, ControllerConfig, DiscoveryError};
-use lbkit::{Clock, EndpointIdx, Snapshot};
+use lbkit::{Clock, Endpoint, EndpointIdx, EndpointKey, Snapshot};
 use tracing::level_filters::LevelFilter;
 
 use super::bad;
@@ -168,7 +168,14 @@ async fn watch(
     let mut printer = Printer::new(dir);
     let deadline = tokio::time::Instant::now() + args.registry.timeout();
     let mut last_error: Option<DiscoveryError> = None;
+    // No change is taken before this: the last one's end plus what it cost to apply and print
+    // (as the controller paces its batches), so a registry changing faster than sets are built
+    // costs at most about half a core here and its changes are coalesced, not queued.
+    let mut next_change: Option<tokio::time::Instant> = None;
     loop {
+        if let Some(at) = next_change.take() {
+            tokio::time::sleep_until(at).await;
+        }
         let item = if printer.shown() {
             updates.next().await
         } else {
@@ -192,12 +199,15 @@ async fn watch(
                 {
                     batch.push(next);
                 }
+                let began = tokio::time::Instant::now();
                 if let Some(snapshot) = controller.apply_batch(batch) {
                     printer.print(&snapshot)?;
                 } else if !printer.shown() {
                     // The first listing equals the empty start: still show it.
                     printer.print(&Arc::new(Snapshot::new(0, vec![])))?;
                 }
+                let done = tokio::time::Instant::now();
+                next_change = Some(done + done.duration_since(began));
                 if args.once {
                     return Ok(());
                 }
@@ -225,15 +235,17 @@ fn unreachable(
     }
 }
 
-/// What was shown of a provider: weight, effective weight, tags.
-type Shown = (u32, u32, Vec<String>);
-
-/// Prints the first set as a table and later ones as differences.
+/// Printing a set costs O(changes), not O(providers), beyond one hash lookup per provider:
+/// the snapshot builder keeps an unchanged provider the same [`lbkit::Endpoint`], so the
+/// printer describes only those that are new or not the same object as last time.
 struct Printer {
     dir: String,
     clock: Clock,
-    /// Address, configured and effective weight of the last set shown, by key.
-    last: Option<HashMap<String, Shown>>,
+    /// The providers of the last set shown, by key, with the number of the set that last
+    /// held each (what the current set no longer holds is gone).
+    last: Option<HashMap<EndpointKey, (Endpoint, u64), foldhash::fast::RandomState>>,
+    /// The number of the set being shown.
+    shown: u64,
 }
 
 impl Printer {
@@ -242,6 +254,7 @@ impl Printer {
             dir,
             clock: Clock::System,
             last: None,
+            shown: 0,
         }
     }
 
@@ -250,89 +263,191 @@ impl Printer {
     }
 
     fn print(&mut self, snapshot: &Snapshot) -> io::Result<()> {
+        self.write(snapshot, &mut io::stdout().lock())
+    }
+
+    fn write<W: Write>(&mut self, snapshot: &Snapshot, mut out: W) -> io::Result<()> {
         let now = self.clock.now();
-        let rows: Vec<(String, &str, u32, u32, Vec<String>)> = (0..snapshot.len())
-            .map(|i| {
-                let idx = EndpointIdx::new(i);
-                let e = snapshot.endpoint(idx);
-                let key = e.key().to_string();
-                (
-                    key,
-                    e.address(),
-                    e.weight(),
-                    snapshot.effective_weight(idx, now),
-                    describe_tags(e.metadata()),
-                )
-            })
-            .collect();
-        // Its tags (own `dubbo.tag`, the tag rule's), one line under its row.
-        let tag_line =
-            |tags: &[String]| (!tags.is_empty()).then(|| format!("  tag {}", tags.join(", ")));
-        // The override rules that changed a provider, one line each, under its row.
-        let rules = |i: usize| -> Vec<&str> {
-            let e = snapshot.endpoint(EndpointIdx::new(i));
-            applied_rules(e.metadata())
-        };
-        let mut out = io::stdout().lock();
-        match &self.last {
-            None => {
-                writeln!(out, "# {}: {} providers", self.dir, rows.len())?;
-                let width = rows.iter().map(|r| r.1.len()).max().unwrap_or(7).max(7);
-                writeln!(
-                    out,
-                    "{:<width$}  {:>9}  {:>9}",
-                    "address", "weight", "effective"
-                )?;
-                for (i, (_, addr, w, eff, tags)) in rows.iter().enumerate() {
-                    writeln!(out, "{addr:<width$}  {w:>9}  {eff:>9}")?;
-                    for rule in rules(i) {
-                        writeln!(out, "  rule {rule}")?;
-                    }
-                    if let Some(line) = tag_line(tags) {
-                        writeln!(out, "{line}")?;
-                    }
-                }
+        self.shown += 1;
+        let set = self.shown;
+        // Under a provider's row: the override rules that changed it, one line each, then its
+        // tags (own `dubbo.tag`, the tag rule's).
+        let details = |out: &mut W, e: &Endpoint, tags: &[String]| {
+            for rule in applied_rules(e.metadata()) {
+                writeln!(out, "  rule {rule}")?;
             }
-            Some(last) => {
-                writeln!(out, "# change: {} providers", rows.len())?;
-                for (i, (key, addr, w, eff, tags)) in rows.iter().enumerate() {
-                    match last.get(key) {
-                        None => writeln!(out, "+ {addr}  weight {w}  effective {eff}")?,
-                        Some((old, _, _)) if old != w => {
-                            writeln!(out, "~ {addr}  weight {old} -> {w}  effective {eff}")?;
-                        }
-                        Some((_, _, old_tags)) if old_tags != tags => {
-                            writeln!(out, "~ {addr}  weight {w}  effective {eff}")?;
-                            if tags.is_empty() {
-                                writeln!(out, "  untagged")?;
-                            }
-                        }
-                        Some(_) => continue,
+            if !tags.is_empty() {
+                writeln!(out, "  tag {}", tags.join(", "))?;
+            }
+            io::Result::Ok(())
+        };
+        let Some(last) = &mut self.last else {
+            writeln!(out, "# {}: {} providers", self.dir, snapshot.len())?;
+            let width = snapshot
+                .endpoints()
+                .iter()
+                .map(|e| e.address().len())
+                .max()
+                .unwrap_or(7)
+                .max(7);
+            writeln!(
+                out,
+                "{:<width$}  {:>9}  {:>9}",
+                "address", "weight", "effective"
+            )?;
+            for (i, e) in snapshot.endpoints().iter().enumerate() {
+                let eff = snapshot.effective_weight(EndpointIdx::new(i), now);
+                writeln!(out, "{:<width$}  {:>9}  {eff:>9}", e.address(), e.weight())?;
+                details(&mut out, e, &describe_tags(e.metadata()))?;
+            }
+            out.flush()?;
+            self.last = Some(
+                snapshot
+                    .endpoints()
+                    .iter()
+                    .map(|e| (e.key().clone(), (e.clone(), set)))
+                    .collect(),
+            );
+            return Ok(());
+        };
+        writeln!(out, "# change: {} providers", snapshot.len())?;
+        for (i, e) in snapshot.endpoints().iter().enumerate() {
+            let old = match last.get_mut(e.key()) {
+                Some((old, seen)) => {
+                    *seen = set;
+                    if old.ptr_eq(e) {
+                        continue; // unchanged
                     }
-                    for rule in rules(i) {
-                        writeln!(out, "  rule {rule}")?;
-                    }
-                    if let Some(line) = tag_line(tags) {
-                        writeln!(out, "{line}")?;
+                    Some(std::mem::replace(old, e.clone()))
+                }
+                None => {
+                    last.insert(e.key().clone(), (e.clone(), set));
+                    None
+                }
+            };
+            let (w, eff) = (
+                e.weight(),
+                snapshot.effective_weight(EndpointIdx::new(i), now),
+            );
+            let tags = describe_tags(e.metadata());
+            match old {
+                None => writeln!(out, "+ {}  weight {w}  effective {eff}", e.address())?,
+                Some(old) if old.weight() != w => writeln!(
+                    out,
+                    "~ {}  weight {} -> {w}  effective {eff}",
+                    e.address(),
+                    old.weight()
+                )?,
+                Some(old) if describe_tags(old.metadata()) != tags => {
+                    writeln!(out, "~ {}  weight {w}  effective {eff}", e.address())?;
+                    if tags.is_empty() {
+                        writeln!(out, "  untagged")?;
                     }
                 }
-                let now_keys: HashMap<&str, ()> = rows.iter().map(|r| (r.0.as_str(), ())).collect();
-                let mut gone: Vec<&String> = last
-                    .keys()
-                    .filter(|k| !now_keys.contains_key(k.as_str()))
-                    .collect();
-                gone.sort();
-                for key in gone {
-                    writeln!(out, "- {key}")?;
+                Some(_) => continue,
+            }
+            details(&mut out, e, &tags)?;
+        }
+        // What the last set held and this one does not: every key of this set is in `last`
+        // now, marked with this set's number, so anything beyond them is gone.
+        if last.len() > snapshot.len() {
+            let mut gone: Vec<EndpointKey> = Vec::new();
+            last.retain(|k, (_, seen)| {
+                let stays = *seen == set;
+                if !stays {
+                    gone.push(k.clone());
                 }
+                stays
+            });
+            gone.sort();
+            for key in gone {
+                writeln!(out, "- {key}")?;
             }
         }
-        out.flush()?;
-        self.last = Some(
-            rows.into_iter()
-                .map(|(k, _, w, e, t)| (k, (w, e, t)))
-                .collect(),
+        out.flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use lbkit::{EndpointKey, EndpointSpec, SnapshotBuilder, Timestamp, Update};
+
+    use super::*;
+
+    fn spec(addr: &str, weight: u32) -> EndpointSpec {
+        EndpointSpec::new(addr).with_weight(weight)
+    }
+
+    fn shown(printer: &mut Printer, snapshot: &Snapshot) -> String {
+        let mut out = Vec::new();
+        printer.write(snapshot, &mut out).expect("written");
+        String::from_utf8(out).expect("UTF-8")
+    }
+
+    /// The first set in full, then per change only what changed: added, reweighted, retagged
+    /// and removed providers; unchanged ones (the same endpoint objects) print nothing.
+    #[test]
+    fn a_change_prints_only_the_providers_it_changed() {
+        let (clock, _) = Clock::manual(Timestamp::ZERO);
+        let mut printer = Printer::new("/dubbo/x/providers".into());
+        printer.clock = clock;
+        let mut builder = SnapshotBuilder::new();
+        let first = builder.apply(
+            Update::Reset(vec![
+                spec("a:1", 100),
+                spec("b:1", 100),
+                spec("c:1", 100),
+                spec("d:1", 100),
+            ]),
+            Timestamp::ZERO,
         );
-        Ok(())
+        let text = shown(&mut printer, &first);
+        assert_eq!(
+            text,
+            "# /dubbo/x/providers: 4 providers\n\
+             address     weight  effective\n\
+             a:1            100        100\n\
+             b:1            100        100\n\
+             c:1            100        100\n\
+             d:1            100        100\n"
+        );
+        let second = builder.apply_all(
+            [
+                Update::Add(vec![
+                    spec("b:1", 50),
+                    spec("c:1", 100).with_meta("dubbo.tag", "blue"),
+                    spec("e:1", 10),
+                ]),
+                Update::Remove(vec![EndpointKey::from("a:1")]),
+            ],
+            Timestamp::ZERO,
+        );
+        assert_eq!(
+            shown(&mut printer, &second),
+            "# change: 4 providers\n\
+             ~ b:1  weight 100 -> 50  effective 50\n\
+             ~ c:1  weight 100  effective 100\n  tag blue (own)\n\
+             + e:1  weight 10  effective 10\n\
+             - a:1\n"
+        );
+        // A spec sent again unchanged is no change; the tag going is.
+        let third = builder.apply(
+            Update::Add(vec![spec("c:1", 100), spec("d:1", 100)]),
+            Timestamp::ZERO,
+        );
+        assert_eq!(
+            shown(&mut printer, &third),
+            "# change: 4 providers\n~ c:1  weight 100  effective 100\n  untagged\n"
+        );
+        // A provider that went and came back is new again.
+        builder.apply(
+            Update::Remove(vec![EndpointKey::from("e:1")]),
+            Timestamp::ZERO,
+        );
+        let back = builder.apply(Update::Add(vec![spec("a:1", 100)]), Timestamp::ZERO);
+        assert_eq!(
+            shown(&mut printer, &back),
+            "# change: 4 providers\n+ a:1  weight 100  effective 100\n- e:1\n"
+        );
     }
 }
