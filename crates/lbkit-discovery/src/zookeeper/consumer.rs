@@ -941,9 +941,9 @@ impl Consumer {
     /// of the keys whose nodes changed (O(log n) each), and the set sent is a copy of the one
     /// kept. Still, a send costs O(providers), and so does the consumer's taking it (a snapshot
     /// is rebuilt): a directory of thousands of providers changing every few milliseconds would
-    /// queue sets faster than anyone uses them. So after a send that took `t` (building it, and waiting for room in
-    /// the channel while the consumer lags), the next one waits `t`; the changes in between are
-    /// coalesced into it (scale of configuration, BENCHMARKS.md).
+    /// queue sets faster than anyone uses them. So after a send that took `t` (building it, and
+    /// waiting for room in the channel while the consumer lags), the next one waits `t`; the
+    /// changes in between are coalesced into it (scale of configuration, BENCHMARKS.md).
     async fn flush(&mut self) -> bool {
         if let Some(at) = self.next_send.take() {
             tokio::time::sleep_until(at).await;
