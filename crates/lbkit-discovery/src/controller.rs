@@ -44,6 +44,7 @@ use tokio::sync::mpsc;
 use tokio::time::MissedTickBehavior;
 
 use crate::error::DiscoveryError;
+use crate::source::Pace;
 
 /// How a [`Controller`] turns updates into snapshots.
 #[derive(Clone, Debug)]
@@ -234,8 +235,8 @@ pub struct Controller {
     serving: Vec<EndpointSpec>,
     /// Whether `desired` changed since the last publish.
     dirty: bool,
-    /// No batch is applied before this: the last one's end plus its cost (see `batch_window`).
-    next_batch: Option<tokio::time::Instant>,
+    /// No batch is applied before the last one's end plus its cost (see `batch_window`).
+    pace: Pace,
     /// Whether anything was published yet.
     published: bool,
     /// Marked down by active health checks.
@@ -263,7 +264,7 @@ impl Controller {
             desired: Vec::new(),
             serving: Vec::new(),
             dirty: false,
-            next_batch: None,
+            pace: Pace::default(),
             published: false,
             down: HashSet::new(),
             base: Arc::new(Snapshot::new(0, Vec::new())),
@@ -545,7 +546,7 @@ impl Controller {
         self.take(first, &mut batch, target);
         let mut ended = false;
         let now = tokio::time::Instant::now();
-        let deadline = (now + self.config.batch_window).max(self.next_batch.unwrap_or(now));
+        let deadline = (now + self.config.batch_window).max(self.pace.ready_at().unwrap_or(now));
         while !ended {
             let next = if deadline <= now {
                 match source.next().now_or_never() {
@@ -566,8 +567,7 @@ impl Controller {
         if !batch.is_empty() {
             let began = tokio::time::Instant::now();
             self.apply_into(batch, target);
-            let done = tokio::time::Instant::now();
-            self.next_batch = Some(done + done.duration_since(began));
+            self.pace.done(began);
         }
         ended
     }

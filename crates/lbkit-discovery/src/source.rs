@@ -32,6 +32,55 @@ pub type UpdateStream = Pin<Box<dyn Stream<Item = SourceItem> + Send + 'static>>
 /// short queue is enough; a full queue makes the source wait (backpressure), never drop.
 pub const SOURCE_QUEUE: usize = 64;
 
+/// Holds the next piece of work back by what the last one cost: after work that took `t`, the
+/// next may start `t` after it ended. How the stages of a discovery pipeline (a registry source
+/// building whole sets, a [`Controller`](crate::Controller) applying batches, `lbkit watch`
+/// printing them) keep a source that changes faster than sets are built to about half a core
+/// each, coalescing the changes that arrive meanwhile instead of queueing them. Work that costs
+/// nothing (virtual time in tests, small sets) is never held back.
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap().block_on(async {
+/// use std::time::Duration;
+/// use lbkit_discovery::source::Pace;
+/// use tokio::time::Instant;
+/// let mut pace = Pace::default();
+/// assert_eq!(pace.ready_at(), None);
+/// let began = Instant::now();
+/// tokio::time::advance(Duration::from_millis(3)).await; // the work
+/// pace.done(began);
+/// assert_eq!(pace.ready_at(), Some(began + Duration::from_millis(6)));
+/// pace.wait().await;
+/// assert_eq!(Instant::now(), began + Duration::from_millis(6));
+/// # });
+/// ```
+#[derive(Debug, Default)]
+pub struct Pace {
+    next: Option<tokio::time::Instant>,
+}
+
+// === impl Pace ===
+
+impl Pace {
+    /// When the next piece of work may start (`None`: now).
+    pub fn ready_at(&self) -> Option<tokio::time::Instant> {
+        self.next
+    }
+
+    /// Wait until the next piece of work may start.
+    pub async fn wait(&mut self) {
+        if let Some(at) = self.next.take() {
+            tokio::time::sleep_until(at).await;
+        }
+    }
+
+    /// The work that began at `began` has just ended.
+    pub fn done(&mut self, began: tokio::time::Instant) {
+        let now = tokio::time::Instant::now();
+        self.next = Some(now + now.duration_since(began));
+    }
+}
+
 /// A [`Stream`] over the receiving half of a tokio channel: how source tasks hand updates to
 /// their consumer.
 pub struct ChannelStream(mpsc::Receiver<SourceItem>);

@@ -24,7 +24,7 @@ use crate::governance::tag::{parse_tag_rule, tag_rule_path, TagRule};
 use crate::governance::{
     parse_yaml_configurators, yaml_configurators_path, Overrides, RuleNode, RULES_METADATA,
 };
-use crate::source::{ChannelStream, SourceItem, Status, UpdateStream, SOURCE_QUEUE};
+use crate::source::{ChannelStream, Pace, SourceItem, Status, UpdateStream, SOURCE_QUEUE};
 
 /// State and counters of a [`ZkSource`].
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -214,7 +214,7 @@ impl ZkSource {
             nodes: Nodes::default(),
             logged: HashSet::new(),
             sent: None,
-            next_send: None,
+            pace: Pace::default(),
             cache,
             one_shot,
         };
@@ -259,8 +259,8 @@ struct Consumer {
     logged: HashSet<String>,
     /// The set last sent, by key.
     sent: Option<BTreeMap<EndpointKey, EndpointSpec>>,
-    /// No set is sent before this: see [`Consumer::flush`].
-    next_send: Option<tokio::time::Instant>,
+    /// No set is sent before the last send's end plus its cost: see [`Consumer::flush`].
+    pace: Pace,
     cache: Option<watch::Sender<Arc<Vec<EndpointSpec>>>>,
     /// Watch with one-shot watches (asked for, or the server has no persistent ones).
     one_shot: bool,
@@ -945,9 +945,7 @@ impl Consumer {
     /// waiting for room in the channel while the consumer lags), the next one waits `t`; the
     /// changes in between are coalesced into it (scale of configuration, BENCHMARKS.md).
     async fn flush(&mut self) -> bool {
-        if let Some(at) = self.next_send.take() {
-            tokio::time::sleep_until(at).await;
-        }
+        self.pace.wait().await;
         let began = tokio::time::Instant::now();
         let touched = self.nodes.take_touched();
         let changed = match (touched, self.sent.is_some()) {
@@ -966,19 +964,23 @@ impl Consumer {
             cache.send_replace(Arc::new(specs.clone()));
         }
         let sent = self.tx.send(Ok(Update::Reset(specs))).await.is_ok();
-        let now = tokio::time::Instant::now();
-        self.next_send = Some(now + now.duration_since(began));
+        self.pace.done(began);
         sent
     }
 
     /// The provider of `key` as sent: the first node (by name) decoding to it, under the rules.
     fn provider(&self, key: &EndpointKey) -> Option<EndpointSpec> {
         let (name, spec) = self.nodes.provider(key)?;
+        Some(self.derive(name, spec))
+    }
+
+    /// Node `name`'s `spec` as sent: under the override rules and the tag rule.
+    fn derive(&self, name: &str, spec: &EndpointSpec) -> EndpointSpec {
         let mut governed = self.governed(name, spec);
         if let Some(rule) = self.tag_doc.as_ref().and_then(|(_, r)| r.as_ref()) {
             rule.annotate(&mut governed);
         }
-        Some(governed)
+        governed
     }
 
     /// Derive the whole set again; whether it differs from the set last sent (when it does
@@ -990,9 +992,8 @@ impl Consumer {
                 tracing::debug!(node = %name, key = %spec.key, "duplicate provider; the first node (by name) wins");
                 continue;
             }
-            if let Some(governed) = self.provider(&spec.key) {
-                set.insert(spec.key.clone(), governed);
-            }
+            // In name order, the first node of a key is its provider.
+            set.insert(spec.key.clone(), self.derive(name, spec));
         }
         if self.sent.as_ref() == Some(&set) {
             self.status

@@ -11,6 +11,7 @@ use clap::{Args, ValueEnum};
 use futures_util::{FutureExt as _, StreamExt};
 use lbkit::discovery::governance::applied_rules;
 use lbkit::discovery::governance::tag::describe_tags;
+use lbkit::discovery::source::Pace;
 use lbkit::discovery::zookeeper::{
     Layout, ProviderFilter, ServicePath, WatchMode, ZkConfig, ZkSource,
 };
@@ -168,14 +169,12 @@ async fn watch(
     let mut printer = Printer::new(dir);
     let deadline = tokio::time::Instant::now() + args.registry.timeout();
     let mut last_error: Option<DiscoveryError> = None;
-    // No change is taken before this: the last one's end plus what it cost to apply and print
+    // No change is taken before the last one's end plus what it cost to apply and print
     // (as the controller paces its batches), so a registry changing faster than sets are built
     // costs at most about half a core here and its changes are coalesced, not queued.
-    let mut next_change: Option<tokio::time::Instant> = None;
+    let mut pace = Pace::default();
     loop {
-        if let Some(at) = next_change.take() {
-            tokio::time::sleep_until(at).await;
-        }
+        pace.wait().await;
         let item = if printer.shown() {
             updates.next().await
         } else {
@@ -206,8 +205,7 @@ async fn watch(
                     // The first listing equals the empty start: still show it.
                     printer.print(&Arc::new(Snapshot::new(0, vec![])))?;
                 }
-                let done = tokio::time::Instant::now();
-                next_change = Some(done + done.duration_since(began));
+                pace.done(began);
                 if args.once {
                     return Ok(());
                 }
