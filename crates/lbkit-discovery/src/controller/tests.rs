@@ -91,6 +91,46 @@ fn empty_push_is_held_and_counted_and_later_updates_apply_to_the_real_set() {
 }
 
 #[test]
+fn the_held_set_is_the_published_one_exactly() {
+    let mut c = Controller::new(ControllerConfig::default());
+    c.apply_batch(vec![Update::Reset(vec![spec("a:1", 1), spec("b:1", 1)])])
+        .expect("published");
+    // A batch that changes the set and then empties it holds the set published before it,
+    // not the unpublished state in between.
+    let keys = vec![EndpointKey::from("a:1"), EndpointKey::from("c:1")];
+    let batch = vec![
+        Update::Add(vec![spec("c:1", 1), spec("b:1", 9)]),
+        Update::Remove(vec![EndpointKey::from("b:1")]),
+        Update::Remove(keys),
+    ];
+    assert!(c.apply_batch(batch).is_none(), "held");
+    assert!(c.desired().is_empty());
+    let served: Vec<_> = c
+        .serving()
+        .iter()
+        .map(|s| (s.key.as_str(), s.weight))
+        .collect();
+    assert_eq!(served, [("a:1", 1), ("b:1", 1)]);
+    // A rejected endpoint leaves the held set too; rebuilding from it publishes the rest.
+    let rest = c
+        .reject(&[EndpointKey::from("a:1")])
+        .expect("the held set shrank");
+    assert_eq!(addrs(&rest), vec![("b:1", 1)]);
+    // Rejecting the last one leaves nothing to hold: the next empty push is published.
+    assert!(c.reject(&[EndpointKey::from("b:1")]).is_some());
+    assert!(c.serving().is_empty());
+    assert!(c
+        .apply_batch(vec![Update::Reset(vec![])])
+        .is_some_and(|s| s.is_empty()));
+    // Without a held set the serving set is the desired one.
+    let back = c
+        .apply_batch(vec![Update::Reset(vec![spec("d:1", 2)])])
+        .expect("published");
+    assert_eq!(addrs(&back), vec![("d:1", 2)]);
+    assert_eq!(c.serving(), c.desired());
+}
+
+#[test]
 fn empty_protection_can_be_turned_off_and_never_guards_an_empty_start() {
     let mut c = Controller::new(ControllerConfig::default());
     let first = c.apply_batch(vec![Update::Reset(vec![])]);
