@@ -237,6 +237,9 @@ pub struct Controller {
     held: Option<Vec<EndpointSpec>>,
     /// Whether `desired` changed since the last publish.
     dirty: bool,
+    /// Whether `desired` is in strictly ascending key order (as sources list it); updates
+    /// keep it so.
+    ordered: bool,
     /// No batch is applied before the last one's end plus its cost (see `batch_window`).
     pace: Pace,
     /// Whether anything was published yet.
@@ -266,6 +269,7 @@ impl Controller {
             desired: Vec::new(),
             held: None,
             dirty: false,
+            ordered: true,
             pace: Pace::default(),
             published: false,
             down: HashSet::new(),
@@ -293,6 +297,7 @@ impl Controller {
     /// service replaced by a reload keeps serving its predecessor's set until its own source
     /// speaks).
     pub fn with_initial(mut self, specs: Vec<EndpointSpec>) -> Self {
+        self.ordered = in_key_order(&specs);
         self.desired = specs;
         self.held = None;
         self.dirty = true;
@@ -353,7 +358,7 @@ impl Controller {
             }
         }
         for update in updates {
-            self.dirty |= apply(&mut self.desired, update);
+            self.dirty |= apply(&mut self.desired, &mut self.ordered, update);
         }
         if !self.dirty && self.published {
             self.metrics.unchanged.fetch_add(1, Relaxed);
@@ -629,15 +634,27 @@ pub fn error_chain(error: &dyn std::error::Error) -> String {
     text
 }
 
-/// Apply one update to an ordered spec list; keys stay unique, a replaced spec keeps its place.
-/// Returns whether the list changed. O(n + u); nothing is cloned.
-fn apply(specs: &mut Vec<EndpointSpec>, update: Update) -> bool {
+fn in_key_order(specs: &[EndpointSpec]) -> bool {
+    specs.windows(2).all(|w| w[0].key < w[1].key)
+}
+
+/// Updates of at most this many specs or keys go into a list in key order one binary search
+/// each (a move of the tail per insertion or removal); larger ones take one pass over it.
+const FEW: usize = 8;
+
+/// Apply one update to the spec list; keys stay unique, a replaced spec keeps its place.
+/// `ordered` says whether the list is in strictly ascending key order, which every update
+/// keeps (an added spec goes to its place); a reset out of order is taken in its own order,
+/// and later additions are appended. Returns whether the list changed. O(n + u), or
+/// O(u log n + u moves of the tail) for a few changes to an ordered list; nothing is cloned.
+fn apply(specs: &mut Vec<EndpointSpec>, ordered: &mut bool, update: Update) -> bool {
     match update {
         Update::Reset(new) => {
             if *specs == new {
                 return false;
             }
-            if new.windows(2).all(|w| w[0].key < w[1].key) {
+            *ordered = in_key_order(&new);
+            if *ordered {
                 // In key order, so unique (sources list so): taken as it is.
                 *specs = new;
             } else {
@@ -646,7 +663,34 @@ fn apply(specs: &mut Vec<EndpointSpec>, update: Update) -> bool {
             }
             true
         }
+        Update::Add(new) if *ordered && new.len() <= FEW => {
+            let mut changed = false;
+            for spec in new {
+                match specs.binary_search_by(|s| s.key.cmp(&spec.key)) {
+                    Ok(i) if specs[i] == spec => {}
+                    Ok(i) => {
+                        specs[i] = spec;
+                        changed = true;
+                    }
+                    Err(i) => {
+                        specs.insert(i, spec);
+                        changed = true;
+                    }
+                }
+            }
+            changed
+        }
+        Update::Add(new) if *ordered => merge_ordered(specs, new),
         Update::Add(new) => add_or_replace(specs, new),
+        Update::Remove(keys) if *ordered && keys.len() <= FEW => {
+            let before = specs.len();
+            for key in &keys {
+                if let Ok(i) = specs.binary_search_by(|s| s.key.cmp(key)) {
+                    specs.remove(i);
+                }
+            }
+            specs.len() != before
+        }
         Update::Remove(keys) => {
             let gone: HashSet<&EndpointKey, foldhash::fast::RandomState> = keys.iter().collect();
             let before = specs.len();
@@ -654,6 +698,32 @@ fn apply(specs: &mut Vec<EndpointSpec>, update: Update) -> bool {
             specs.len() != before
         }
     }
+}
+
+/// Add or replace `new` (later wins among its duplicates) in `specs`, which is in key order
+/// and stays so: one merge.
+fn merge_ordered(specs: &mut Vec<EndpointSpec>, mut new: Vec<EndpointSpec>) -> bool {
+    // Stable: of equal keys the later stays later, and is the one kept.
+    new.sort_by(|a, b| a.key.cmp(&b.key));
+    new.reverse();
+    new.dedup_by(|a, b| a.key == b.key);
+    new.reverse();
+    let mut old = std::mem::take(specs).into_iter().peekable();
+    let mut out = Vec::with_capacity(old.len() + new.len());
+    let mut changed = false;
+    for spec in new {
+        out.extend(std::iter::from_fn(|| old.next_if(|o| o.key < spec.key)));
+        match old.next_if(|o| o.key == spec.key) {
+            Some(o) if o == spec => out.push(o),
+            _ => {
+                out.push(spec);
+                changed = true;
+            }
+        }
+    }
+    out.extend(old);
+    *specs = out;
+    changed
 }
 
 /// Maps keyed by endpoint keys in per-batch diffs: foldhash, several times faster than SipHash

@@ -345,7 +345,80 @@ fn rejected_endpoints_stay_out_until_the_source_sends_them_again() {
     let s = c
         .apply_batch(vec![Update::Add(vec![spec("b:1", 2)])])
         .expect("published");
-    assert_eq!(addrs(&s), vec![("a:1", 1), ("c:1", 1), ("b:1", 2)]);
+    // Back at its place in key order.
+    assert_eq!(addrs(&s), vec![("a:1", 1), ("b:1", 2), ("c:1", 1)]);
+}
+
+/// The reference for `apply`: a map by key (later wins), listed in key order when the list was
+/// in key order, else in first-seen order with replacements in place.
+fn model(ops: &[(u8, Vec<u8>)]) -> Vec<(String, u32)> {
+    let mut list: Vec<(String, u32)> = Vec::new();
+    for (i, (kind, keys)) in ops.iter().enumerate() {
+        // Each spec's weight names its update and its place in it (later wins).
+        let w = |j: usize| (i * 100 + j) as u32;
+        match kind % 3 {
+            0 => {
+                list.clear();
+                let mut set: Vec<(String, u32)> = keys
+                    .iter()
+                    .enumerate()
+                    .map(|(j, k)| (format!("h{k}:1"), w(j)))
+                    .collect();
+                set.sort();
+                set.dedup_by(|a, b| a.0 == b.0);
+                list = set;
+            }
+            1 => {
+                for (j, k) in keys.iter().enumerate() {
+                    let key = format!("h{k}:1");
+                    match list.iter_mut().find(|(a, _)| *a == key) {
+                        Some(e) => e.1 = w(j),
+                        None => list.push((key, w(j))),
+                    }
+                }
+                list.sort();
+            }
+            _ => list.retain(|(a, _)| !keys.iter().any(|k| format!("h{k}:1") == *a)),
+        }
+    }
+    list
+}
+
+proptest::proptest! {
+    /// Sources in key order (resets sorted and unique), any mix of additions and removals, few
+    /// or many at a time: the list `apply` keeps is the model's, in key order.
+    #[test]
+    fn updates_keep_an_ordered_list_ordered(
+        ops in proptest::collection::vec(
+            (0u8..3, proptest::collection::vec(0u8..40, 0..24)),
+            1..12,
+        )
+    ) {
+        let mut specs = Vec::new();
+        let mut ordered = true;
+        for (i, (kind, keys)) in ops.iter().enumerate() {
+            let specs_of = || {
+                keys.iter()
+                    .enumerate()
+                    .map(|(j, k)| spec(&format!("h{k}:1"), (i * 100 + j) as u32))
+                    .collect::<Vec<_>>()
+            };
+            let update = match kind % 3 {
+                0 => {
+                    let mut v = specs_of();
+                    v.sort_by(|a, b| a.key.cmp(&b.key));
+                    v.dedup_by(|a, b| a.key == b.key);
+                    Update::Reset(v)
+                }
+                1 => Update::Add(specs_of()),
+                _ => Update::Remove(keys.iter().map(|k| EndpointKey::from(format!("h{k}:1").as_str())).collect()),
+            };
+            apply(&mut specs, &mut ordered, update);
+            proptest::prop_assert!(ordered);
+        }
+        let got: Vec<(String, u32)> = specs.iter().map(|s| (s.key.as_str().to_owned(), s.weight)).collect();
+        proptest::prop_assert_eq!(got, model(&ops));
+    }
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]

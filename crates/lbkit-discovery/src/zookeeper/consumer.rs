@@ -175,9 +175,10 @@ impl ZkSource {
         self
     }
 
-    /// Start watching on the current tokio runtime. The stream yields a `Reset` after every
-    /// listing and change, and an `Err` when the registry becomes unreachable or the session
-    /// is lost; the task ends when the stream is dropped.
+    /// Start watching on the current tokio runtime. The stream yields a `Reset` (the whole set,
+    /// in key order) after every listing, rule change and start from the cache, the changed
+    /// providers (`Add`, then `Remove`) after node changes, and an `Err` when the registry
+    /// becomes unreachable or the session is lost; the task ends when the stream is dropped.
     ///
     /// # Panics
     /// Outside a tokio runtime.
@@ -934,38 +935,45 @@ impl Consumer {
         }
     }
 
-    /// Send the set, in key order, if it changed since the last send. False when the consumer
-    /// is gone.
+    /// Send what changed since the last send, if anything did. False when the consumer is
+    /// gone.
     ///
-    /// After a listing or a rule change every provider is derived again; otherwise only those
-    /// of the keys whose nodes changed (O(log n) each), and the set sent is a copy of the one
-    /// kept. Still, a send costs O(providers), and so does the consumer's taking it (a snapshot
-    /// is rebuilt): a directory of thousands of providers changing every few milliseconds would
-    /// queue sets faster than anyone uses them. So after a send that took `t` (building it, and
-    /// waiting for room in the channel while the consumer lags), the next one waits `t`; the
-    /// changes in between are coalesced into it (scale of configuration, BENCHMARKS.md).
+    /// After a listing or a rule change every provider is derived again and the whole set is
+    /// sent, in key order (`Update::Reset`); otherwise only the providers of the keys whose
+    /// nodes changed are derived again (O(log n) each) and only they are sent: the new and
+    /// changed ones (`Update::Add`, in key order), then the keys gone (`Update::Remove`) —
+    /// additions first, so a consumer that takes the two apart never sees a set emptied
+    /// between them. Still, the consumer's taking a change costs O(providers) (a snapshot is
+    /// rebuilt): a directory of thousands of providers changing every few milliseconds would
+    /// queue changes faster than anyone uses them. So after a send that took `t` (building
+    /// it, and waiting for room in the channel while the consumer lags), the next one waits
+    /// `t`; the changes in between are coalesced into it (scale of configuration,
+    /// BENCHMARKS.md).
     async fn flush(&mut self) -> bool {
         self.pace.wait().await;
         let began = tokio::time::Instant::now();
         let touched = self.nodes.take_touched();
-        let changed = match (touched, self.sent.is_some()) {
+        let updates = match (touched, self.sent.is_some()) {
             (Some(keys), true) => self.changes(keys),
             _ => self.whole_set(),
         };
-        let Some(sent) = self.sent.as_ref().filter(|_| changed) else {
+        let Some(sent) = self.sent.as_ref().filter(|_| !updates.is_empty()) else {
             return true;
         };
-        let specs: Vec<EndpointSpec> = sent.values().cloned().collect();
         self.status.send_modify(|s| {
-            s.providers = specs.len();
+            s.providers = sent.len();
             s.from_cache = false;
         });
-        if let Some(cache) = self.cache.as_ref().filter(|_| !specs.is_empty()) {
-            cache.send_replace(Arc::new(specs.clone()));
+        if let Some(cache) = self.cache.as_ref().filter(|_| !sent.is_empty()) {
+            cache.send_replace(Arc::new(sent.values().cloned().collect()));
         }
-        let sent = self.tx.send(Ok(Update::Reset(specs))).await.is_ok();
+        for update in updates {
+            if self.tx.send(Ok(update)).await.is_err() {
+                return false;
+            }
+        }
         self.pace.done(began);
-        sent
+        true
     }
 
     /// The provider of `key` as sent: the first node (by name) decoding to it, under the rules.
@@ -983,9 +991,9 @@ impl Consumer {
         governed
     }
 
-    /// Derive the whole set again; whether it differs from the set last sent (when it does
-    /// not, the registry confirmed the cached set, if that was it).
-    fn whole_set(&mut self) -> bool {
+    /// Derive the whole set again: a reset to it when it differs from the set last sent, else
+    /// nothing (the registry confirmed the cached set, if that was it).
+    fn whole_set(&mut self) -> Vec<Update> {
         let mut set: BTreeMap<EndpointKey, EndpointSpec> = BTreeMap::new();
         for (name, spec) in self.nodes.specs() {
             if set.contains_key(&spec.key) {
@@ -998,14 +1006,16 @@ impl Consumer {
         if self.sent.as_ref() == Some(&set) {
             self.status
                 .send_if_modified(|s| std::mem::replace(&mut s.from_cache, false));
-            return false;
+            return Vec::new();
         }
+        let reset = Update::Reset(set.values().cloned().collect());
         self.sent = Some(set);
-        true
+        vec![reset]
     }
 
-    /// Derive the providers of `keys` again into the set last sent; whether any changed.
-    fn changes(&mut self, keys: BTreeSet<EndpointKey>) -> bool {
+    /// Derive the providers of `keys` again into the set last sent: the providers added or
+    /// changed and the keys gone, as updates (none when nothing changed).
+    fn changes(&mut self, keys: BTreeSet<EndpointKey>) -> Vec<Update> {
         let now: Vec<(EndpointKey, Option<EndpointSpec>)> = keys
             .into_iter()
             .map(|key| {
@@ -1014,20 +1024,26 @@ impl Consumer {
             })
             .collect();
         let Some(sent) = self.sent.as_mut() else {
-            return false;
+            return Vec::new();
         };
-        let mut changed = false;
+        let (mut added, mut gone) = (Vec::new(), Vec::new());
         for (key, provider) in now {
-            changed |= match provider {
+            match provider {
                 Some(spec) if sent.get(&key) != Some(&spec) => {
+                    added.push(spec.clone());
                     sent.insert(key, spec);
-                    true
                 }
-                Some(_) => false,
-                None => sent.remove(&key).is_some(),
-            };
+                Some(_) => {}
+                None => {
+                    if sent.remove(&key).is_some() {
+                        gone.push(key);
+                    }
+                }
+            }
         }
-        changed
+        let added = (!added.is_empty()).then_some(Update::Add(added));
+        let gone = (!gone.is_empty()).then_some(Update::Remove(gone));
+        added.into_iter().chain(gone).collect()
     }
 }
 

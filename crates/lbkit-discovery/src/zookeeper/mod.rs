@@ -9,8 +9,9 @@
 //!
 //! **Consumer.** One persistent recursive watch on the provider directory delivers every
 //! creation, deletion and data change (no polling); after a reconnection the directory is
-//! listed again, since events can be lost while disconnected (ZOOKEEPER-4698). Each change is
-//! sent as a full `Reset`, sorted by key (registry order is arbitrary). Servers older than 3.6
+//! listed again, since events can be lost while disconnected (ZOOKEEPER-4698). A listing or a
+//! rule change is sent as a full `Reset`, sorted by key (registry order is arbitrary); a node
+//! change as the providers it changed (`Add`, `Remove`). Servers older than 3.6
 //! have no persistent watches (they answer `UNIMPLEMENTED` and close the connection, as many
 //! Dubbo shops' 3.4 and 3.5 ensembles do): the consumer then watches with one-shot watches, as
 //! Dubbo's own Curator consumer does ([`WatchMode`]; [`ZkStatus::one_shot_watches`] says so). Malformed nodes are
