@@ -28,8 +28,9 @@ pub type SourceItem = Result<Update, DiscoveryError>;
 /// A boxed endpoint source.
 pub type UpdateStream = Pin<Box<dyn Stream<Item = SourceItem> + Send + 'static>>;
 
-/// Queue length between a source task and its consumer. Registry sources send whole sets, so a
-/// short queue is enough; a full queue makes the source wait (backpressure), never drop.
+/// Queue length between a source task and its consumer. Registry sources pace themselves and
+/// coalesce what changes meanwhile (see [`Pace`]), so a short queue is enough; a full queue
+/// makes the source wait (backpressure), never drop.
 pub const SOURCE_QUEUE: usize = 64;
 
 /// Holds the next piece of work back by what the last one cost: after work that took `t`, the
