@@ -345,15 +345,27 @@ impl Controller {
         updates.drain(..from);
         let serving = !self.serving().is_empty();
         // The set served so far is `desired` itself: kept aside only when this batch could
-        // empty it and empty-push protection would then hold it (an empty reset, a removal).
+        // empty it and empty-push protection would then hold it. Only an empty reset, or
+        // removals of at least as many keys as the set has (after the batch's reset, if it
+        // starts with one), can empty it: a registry's churn removes a few at a time and
+        // copies nothing.
         let mut before = None;
         if self.config.empty_protection && self.published && self.held.is_none() && serving {
-            let could_empty = updates.iter().any(|u| match u {
-                Update::Reset(v) => v.is_empty(),
-                Update::Remove(_) => true,
-                Update::Add(_) => false,
-            });
-            if could_empty {
+            let mut size = self.desired.len();
+            let mut removed = 0;
+            let mut could_empty = false;
+            for u in &updates {
+                match u {
+                    Update::Reset(v) => {
+                        // Out of key order it may repeat keys: any removal may empty it.
+                        size = if in_key_order(v) { v.len() } else { 1 };
+                        could_empty |= v.is_empty();
+                    }
+                    Update::Remove(keys) => removed += keys.len(),
+                    Update::Add(_) => {}
+                }
+            }
+            if could_empty || removed >= size {
                 before = Some(self.desired.clone());
             }
         }

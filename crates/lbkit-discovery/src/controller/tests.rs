@@ -122,6 +122,15 @@ fn the_held_set_is_the_published_one_exactly() {
     assert!(c
         .apply_batch(vec![Update::Reset(vec![])])
         .is_some_and(|s| s.is_empty()));
+    // A reset repeating a key, then that key removed: emptied, and the set before is held.
+    c.apply_batch(vec![Update::Reset(vec![spec("e:1", 1), spec("f:1", 1)])])
+        .expect("published");
+    let batch = vec![
+        Update::Reset(vec![spec("g:1", 1), spec("g:1", 2)]),
+        Update::Remove(vec![EndpointKey::from("g:1")]),
+    ];
+    assert!(c.apply_batch(batch).is_none(), "held");
+    assert_eq!(c.serving().len(), 2);
     // Without a held set the serving set is the desired one.
     let back = c
         .apply_batch(vec![Update::Reset(vec![spec("d:1", 2)])])
