@@ -97,6 +97,9 @@ start_backends() {
 }
 
 stop_backends() { # prints the three call counts ("?" for a backend that printed none)
+  # Call it in this shell, not in `$(...)`: `wait` in a subshell does not wait for this
+  # shell's children, and the counts were then read before a backend had printed its own
+  # (the missing first counts of earlier runs; 8 of 30 stops in a loop).
   local pid p
   for pid in "${BACKENDS[@]}"; do kill -TERM "$pid"; done
   for pid in "${BACKENDS[@]}"; do wait "$pid" 2>/dev/null || true; done
@@ -196,7 +199,8 @@ for w in $WORKERS; do
       wait "$load_pid"
       kill "$pid"; wait "$pid" 2>/dev/null || true
       while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
-      counts=$(stop_backends)
+      stop_backends > "$WORK/counts.txt"
+      counts=$(cat "$WORK/counts.txt")
       rps=$(awk '/^finished in/ {print $4}' "$WORK/h2load.txt")
       failed=$(awk '/^requests:/ {for (i = 1; i < NF; i++) if ($(i+1) ~ /^(failed|errored),?$/) s = s $i " " $(i+1) " "} END {print s}' "$WORK/h2load.txt")
       mean=$(awk '/^time for request:/ {print $6}' "$WORK/h2load.txt")
