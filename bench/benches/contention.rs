@@ -59,6 +59,7 @@ struct Run {
 /// over threads.
 fn run<F: Fn(&mut FastRng) -> usize + Sync>(f: &F, threads: usize) -> Run {
     let barrier = Barrier::new(threads);
+    #[allow(clippy::disallowed_methods)] // a benchmark measures wall-clock time
     let epoch = Instant::now();
     let results: Vec<(f64, f64, f64, f64)> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)

@@ -7,7 +7,8 @@
 //!   `expiry_ms` old (3 min). Endpoints without a usable weight get the mean of the usable ones;
 //!   with none usable, all weights are equal. Weights are clamped to `[mean / 100, 10 × mean]`,
 //!   scaled to integers (the largest to 1 000) and scheduled by the smooth weighted round-robin
-//!   machinery — an exact nginx cycle, or a static golden-ratio stride for large sets.
+//!   machinery — an exact nginx cycle, or a static golden-ratio stride computed per pick for
+//!   large sets (never unrolled into a table: it is rebuilt every period).
 //!   Recomputed every `period_ms` (1 s).
 //! * **Origin**: gRPC `weighted_round_robin` (gRFC A58: formula, blackout, expiry, clamping,
 //!   static stride scheduler); Dubbo 3's adaptive load balancing uses server-reported load too.

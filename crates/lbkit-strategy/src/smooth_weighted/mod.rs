@@ -9,15 +9,18 @@
 //! * **Origin**: nginx `ngx_http_upstream_get_peer` (smooth weighting, 2012; the commit message
 //!   gives `{5, 1, 1}` → `a a b a c a a`); Dubbo ≥ 2.6.5 `RoundRobinLoadBalance` uses the same
 //!   order.
-//! * **Complexity**: pick O(1) (one atomic add, one table read) in cycle mode. When the cycle
-//!   would exceed [`MAX_CYCLE`] entries or [`MAX_CYCLE_WORK`] steps (many distinct weights
-//!   over a large fleet), it switches to a *golden-ratio stride*: pick k maps to point
-//!   `k · a mod Σw` (a ≈ Σw/φ, coprime with Σw; the shared counter advances by a) and the
-//!   endpoint owning that point is found via a bucket index over the cumulative weights — O(1)
-//!   typical (no division: a Barrett reduction and a multiply-shift), O(log n) worst. Each span
-//!   of Σw consecutive picks still holds exactly wᵢ picks of endpoint i, spread evenly, but not
-//!   in nginx's order (and once per 2³² picks or more, when the 64-bit counter wraps, a span is
-//!   off by about one pick).
+//! * **Complexity**: pick O(1) (one atomic add, one table read) in cycle mode. When building
+//!   the nginx cycle would take more than [`MAX_CYCLE_WORK`] steps (many distinct weights), a
+//!   cycle of the same length in *golden-ratio stride* order is built instead, in O(W): pick k
+//!   takes the endpoint owning point `k · a mod W` of the cumulative weight line (a ≈ W/φ,
+//!   coprime with W). Each span of W consecutive picks still holds exactly wᵢ picks of endpoint
+//!   i, spread evenly, but not in nginx's order. A pick costs the same as from the nginx cycle.
+//!   Only when the cycle would exceed [`MAX_CYCLE`] entries (Σw / gcd over a million) is the
+//!   stride computed per pick instead: the shared counter advances by a and the endpoint
+//!   owning the point is found via a bucket index over the cumulative weights — O(1) typical
+//!   (no division: a Barrett reduction and a multiply-shift), O(log n) worst; the same order
+//!   (and once per 2³² picks or more, when the 64-bit counter wraps, a span is off by about
+//!   one pick).
 //! * **Behaviour under trouble**: blind to load; warming endpoints follow Dubbo's curve (the cycle
 //!   is rebuilt every second during warm-up).
 //! * **Differences from the origin**: Dubbo 2.5 ran an O(maxWeight · n) loop per pick and nginx
@@ -50,12 +53,13 @@ use lbkit_core::{EndpointIdx, PickContext, PickError, Picker, Snapshot, Strategy
 use crate::common::{effective_weights, share};
 use crate::round_robin::{counter, SharedCounter};
 
-/// Longest cycle kept in memory (4 MiB of indices): beyond it, the golden-ratio stride.
+/// Longest cycle kept in memory (4 MiB of indices): beyond it, the golden-ratio stride is
+/// computed per pick.
 pub const MAX_CYCLE: u64 = 1 << 20;
 
-/// Most steps (cycle length × distinct weights) spent building a cycle, which bounds prepare
-/// time to about 15 ms on the benchmark machine (5.7 M steps took 20 ms); beyond it, the
-/// golden-ratio stride.
+/// Most steps (cycle length × distinct weights) spent building an nginx cycle, which bounds
+/// prepare time to about 15 ms on the benchmark machine (5.7 M steps took 20 ms); beyond it,
+/// the cycle is built in golden-ratio stride order (one step per entry).
 pub const MAX_CYCLE_WORK: u64 = 1 << 22;
 
 /// Smooth weighted round robin (nginx order).
@@ -89,7 +93,11 @@ impl Strategy for SmoothWeightedRoundRobin {
     }
 
     fn prepare(&self, snapshot: &Arc<Snapshot>, now: Timestamp) -> SmoothWeightedPicker {
-        SmoothWeightedPicker::from_weights(effective_weights(snapshot, now), self.counter.clone())
+        SmoothWeightedPicker::build(
+            effective_weights(snapshot, now),
+            self.counter.clone(),
+            Unroll::Yes,
+        )
     }
 }
 
@@ -102,17 +110,38 @@ pub struct SmoothWeightedPicker {
     counter: SharedCounter,
 }
 
+/// Whether a golden-ratio stride that fits in [`MAX_CYCLE`] is stored as a cycle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unroll {
+    Yes,
+    No,
+}
+
 #[derive(Debug)]
 enum Order {
+    /// nginx's cycle.
     Cycle(Box<[EndpointIdx]>),
+    /// The golden-ratio stride's cycle, unrolled ([`golden_cycle`]).
+    Golden(Box<[EndpointIdx]>),
+    /// The golden-ratio stride, computed per pick.
     Stride(GoldenStride),
 }
 
 impl SmoothWeightedPicker {
-    /// A picker over `weights` (zero weights dropped) advancing `counter`: the exact nginx
-    /// cycle when it is small enough, else the golden-ratio stride. Also the static scheduler of
-    /// load-driven strategies (`adaptive`).
+    /// The static scheduler of load-driven strategies (`adaptive`, weighted `least-request`)
+    /// over `weights` (zero weights dropped), advancing `counter`: the exact nginx cycle when it
+    /// is cheap enough to build, else the golden-ratio stride computed per pick. They re-prepare
+    /// every period with weights that differ each time, so the stride's cycle is not unrolled:
+    /// O(n) per period instead of O(Σw), and no table of up to [`MAX_CYCLE`] entries per
+    /// balancer.
     pub(crate) fn from_weights(weights: Vec<(EndpointIdx, u64)>, counter: SharedCounter) -> Self {
+        SmoothWeightedPicker::build(weights, counter, Unroll::No)
+    }
+
+    /// A picker over `weights` (zero weights dropped) advancing `counter`: the exact nginx
+    /// cycle when it is cheap enough to build, else (with [`Unroll::Yes`]) the golden-ratio
+    /// stride's cycle when it fits in [`MAX_CYCLE`], else the stride computed per pick.
+    fn build(weights: Vec<(EndpointIdx, u64)>, counter: SharedCounter, unroll: Unroll) -> Self {
         let weights: Vec<(EndpointIdx, u64)> =
             weights.into_iter().filter(|&(_, w)| w > 0).collect();
         let total: u64 = weights.iter().map(|&(_, w)| w).sum();
@@ -123,9 +152,12 @@ impl SmoothWeightedPicker {
             .map(|&(_, w)| w)
             .collect::<std::collections::BTreeSet<_>>()
             .len() as u64;
-        let order = if cycle_len <= MAX_CYCLE && cycle_len.saturating_mul(groups) <= MAX_CYCLE_WORK
-        {
+        let order = if cycle_len > MAX_CYCLE {
+            Order::Stride(GoldenStride::new(&weights))
+        } else if cycle_len.saturating_mul(groups) <= MAX_CYCLE_WORK {
             Order::Cycle(nginx_cycle(&weights, g))
+        } else if unroll == Unroll::Yes {
+            Order::Golden(golden_cycle(&weights, g))
         } else {
             Order::Stride(GoldenStride::new(&weights))
         };
@@ -153,8 +185,8 @@ impl Picker for SmoothWeightedPicker {
     #[inline]
     fn pick(&self, _cx: &mut PickContext<'_>) -> Result<EndpointIdx, PickError> {
         match &self.order {
-            Order::Cycle(c) if c.is_empty() => Err(PickError::NoEndpoints),
-            Order::Cycle(c) => {
+            Order::Cycle(c) | Order::Golden(c) if c.is_empty() => Err(PickError::NoEndpoints),
+            Order::Cycle(c) | Order::Golden(c) => {
                 Ok(c[(self.counter.fetch_add(1, Relaxed) % c.len() as u64) as usize])
             }
             // The counter walks the point line itself: one add of the step per pick.
@@ -164,10 +196,10 @@ impl Picker for SmoothWeightedPicker {
 
     fn explain(&self, idx: EndpointIdx, _now: Timestamp) -> Option<String> {
         let &(_, w) = self.weights.iter().find(|&&(i, _)| i == idx)?;
-        let mode = if self.is_exact_nginx_order() {
-            "nginx cycle"
-        } else {
-            "golden stride"
+        let mode = match self.order {
+            Order::Cycle(_) => "nginx cycle",
+            Order::Golden(_) => "golden stride cycle",
+            Order::Stride(_) => "golden stride",
         };
         Some(format!("{}, {mode}", share(w, self.total)))
     }
@@ -226,6 +258,52 @@ fn nginx_cycle(weights: &[(EndpointIdx, u64)], g: u64) -> Box<[EndpointIdx]> {
         }
     }
     cycle.into_boxed_slice()
+}
+
+/// The golden-ratio stride's order over `weights` divided by `g`, one cycle of `W = Σw / g`
+/// picks: entry k is the endpoint owning point `k · a mod W` ([`GoldenStride`]'s order from
+/// counter 0). Built point by point in O(W) (no search): point p is pick `p · a⁻¹ mod W`, and
+/// the points are walked in order, endpoint by endpoint.
+fn golden_cycle(weights: &[(EndpointIdx, u64)], g: u64) -> Box<[EndpointIdx]> {
+    let total: u64 = weights.iter().map(|&(_, w)| w / g).sum();
+    let Some(&(first, _)) = weights.first() else {
+        return Box::default();
+    };
+    let inverse = inverse_mod(golden_step(total), total);
+    let mut cycle = vec![first; usize::try_from(total).unwrap_or(0)];
+    let mut k = 0u64;
+    for &(idx, w) in weights {
+        for _ in 0..w / g {
+            cycle[k as usize] = idx;
+            // k + inverse < 2 · total ≤ 2 · MAX_CYCLE: no overflow.
+            k += inverse;
+            if k >= total {
+                k -= total;
+            }
+        }
+    }
+    cycle.into_boxed_slice()
+}
+
+/// The golden-ratio step for a line of `total` points: about `total / φ`, coprime with it.
+fn golden_step(total: u64) -> u64 {
+    let mut step = (((total as f64) / 1.618_033_988_749_895) as u64).max(1);
+    while total > 1 && gcd(step, total) != 1 {
+        step += 1;
+    }
+    step
+}
+
+/// `a⁻¹ mod m` for `a` coprime with `m` (extended Euclid); 0 when `m` is 1.
+fn inverse_mod(a: u64, m: u64) -> u64 {
+    let (mut r0, mut r1) = (i128::from(m), i128::from(a % m));
+    let (mut t0, mut t1) = (0i128, 1i128);
+    while r1 != 0 {
+        let q = r0 / r1;
+        (r0, r1) = (r1, r0 - q * r1);
+        (t0, t1) = (t1, t0 - q * t1);
+    }
+    u64::try_from(t0.rem_euclid(i128::from(m))).unwrap_or(0)
 }
 
 /// Exact shares without a stored cycle: the shared counter advances by `step` per pick, and a
@@ -291,11 +369,7 @@ impl GoldenStride {
             })
             .collect();
         let total = ends.last().copied().unwrap_or(0).max(1);
-        let mut step = ((total as f64) / 1.618_033_988_749_895) as u64;
-        step = step.max(1);
-        while total > 1 && gcd(step, total) != 1 {
-            step += 1;
-        }
+        let step = golden_step(total);
         let nb = (weights.len() as u64 * BUCKETS_PER_ENTRY).clamp(1, total);
         let bucket_mul =
             u64::try_from((u128::from(nb) << 64) / u128::from(total)).unwrap_or(u64::MAX);

@@ -86,6 +86,70 @@ fn large_fleets_with_many_weights_use_the_stride_with_exact_shares() {
 }
 
 #[test]
+fn many_distinct_weights_in_a_short_cycle_get_the_golden_stride_unrolled() {
+    // 1 000 endpoints, 997 distinct weights, Σw ≈ 500 000: the nginx cycle would take
+    // 500 000 × 997 steps to build, so the stride's order is stored instead.
+    let weights: Vec<u64> = (0..1_000u64).map(|i| 1 + (i * 7919) % 997).collect();
+    let p = picker(&weights);
+    assert!(matches!(p.order, Order::Golden(_)), "{:?}", p.order);
+    assert!(!p.is_exact_nginx_order());
+    let total: u64 = weights.iter().sum();
+    // Any span of Σw picks (here from pick 12 345 on) holds exactly wᵢ of each.
+    let seq = picks(&p, 12_345 + total as usize);
+    let mut counts = vec![0u64; weights.len()];
+    for &i in &seq[12_345..] {
+        counts[i] += 1;
+    }
+    assert_eq!(counts, weights);
+    // The same order the stride computes per pick.
+    let items: Vec<(EndpointIdx, u64)> = weights
+        .iter()
+        .enumerate()
+        .map(|(i, &w)| (EndpointIdx::new(i), w))
+        .collect();
+    let s = GoldenStride::new(&items);
+    for (k, &i) in seq.iter().take(20_000).enumerate() {
+        assert_eq!(
+            i,
+            s.owner((k as u64).wrapping_mul(s.step)).get(),
+            "pick {k}"
+        );
+    }
+    let explained = p.explain(EndpointIdx::new(0), Timestamp::ZERO).unwrap();
+    assert!(explained.ends_with("golden stride cycle"), "{explained}");
+}
+
+#[test]
+fn load_driven_schedulers_compute_the_stride_per_pick() {
+    // The same weights as above through the static scheduler of adaptive / least-request:
+    // no table of Σw entries rebuilt every period, the same order.
+    let items: Vec<(EndpointIdx, u64)> = (0..1_000u64)
+        .map(|i| (EndpointIdx::new(i as usize), 1 + (i * 7919) % 997))
+        .collect();
+    let scheduler = SmoothWeightedPicker::from_weights(items.clone(), counter(0));
+    assert!(matches!(scheduler.order, Order::Stride(_)));
+    let unrolled = SmoothWeightedPicker::build(items, counter(0), Unroll::Yes);
+    assert_eq!(picks(&scheduler, 5_000), picks(&unrolled, 5_000));
+}
+
+#[test]
+fn inverse_mod_inverts() {
+    for m in [1u64, 2, 3, 10, 997, 1 << 20, (1 << 20) - 3] {
+        for a in [1u64, 3, 7, 618_034, 999_983] {
+            if gcd(a, m) != 1 {
+                continue;
+            }
+            let inv = inverse_mod(a, m);
+            assert!(inv < m.max(1));
+            assert_eq!(
+                u128::from(a) * u128::from(inv) % u128::from(m),
+                1 % u128::from(m)
+            );
+        }
+    }
+}
+
+#[test]
 fn a_hundred_thousand_equal_endpoints_keep_the_exact_cycle() {
     let p = picker(&vec![100; 100_000]);
     assert!(p.is_exact_nginx_order());
@@ -135,6 +199,24 @@ proptest! {
             counts[s.owner(k.wrapping_mul(s.step)).get()] += 1;
         }
         prop_assert_eq!(counts, weights);
+    }
+
+    /// The unrolled cycle is the stride's order from counter 0, whatever the weights' common
+    /// divisor (the cycle is over the divided weights, so its picks repeat every Σw / gcd).
+    #[test]
+    fn golden_cycle_is_the_stride_order(
+        weights in proptest::collection::vec(1u64..1000, 1..40),
+        factor in 1u64..4,
+    ) {
+        let items: Vec<(EndpointIdx, u64)> = weights.iter().enumerate().map(|(i, &w)| (EndpointIdx::new(i * 2), w * factor)).collect();
+        let g = items.iter().fold(0, |g, &(_, w)| gcd(g, w));
+        let cycle = golden_cycle(&items, g);
+        let reduced: Vec<(EndpointIdx, u64)> = items.iter().map(|&(i, w)| (i, w / g)).collect();
+        let s = GoldenStride::new(&reduced);
+        prop_assert_eq!(cycle.len() as u64, s.total);
+        for (k, &i) in cycle.iter().enumerate() {
+            prop_assert_eq!(i, s.owner((k as u64).wrapping_mul(s.step)), "entry {}", k);
+        }
     }
 
     /// The fast paths (a Barrett remainder, multiply-shift buckets, packed entries, the first-entry
