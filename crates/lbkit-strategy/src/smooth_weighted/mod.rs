@@ -154,11 +154,10 @@ impl SmoothWeightedPicker {
             .map(|&(_, w)| w)
             .collect::<std::collections::BTreeSet<_>>()
             .len() as u64;
-        let order = if cycle_len > MAX_CYCLE {
-            Order::Stride(GoldenStride::new(&weights))
-        } else if cycle_len.saturating_mul(groups) <= MAX_CYCLE_WORK {
+        let fits = cycle_len <= MAX_CYCLE;
+        let order = if fits && cycle_len.saturating_mul(groups) <= MAX_CYCLE_WORK {
             Order::Cycle(nginx_cycle(&weights, g))
-        } else if unroll == Unroll::Yes {
+        } else if fits && unroll == Unroll::Yes {
             Order::Golden(golden_cycle(&weights, g))
         } else {
             Order::Stride(GoldenStride::new(&weights))
