@@ -77,7 +77,7 @@ pub use endpoint::{
     warmup_weight, Endpoint, EndpointKey, EndpointSpec, Metadata, DEFAULT_WARMUP, DEFAULT_WEIGHT,
 };
 pub use error::PickError;
-pub use live::LiveStats;
+pub use live::{exp_small, LiveStats};
 pub use policy::{HealthOverlay, SlowStart, SnapshotPolicy, DEFAULT_PANIC_THRESHOLD};
 pub use rng::FastRng;
 pub use route::{RequestTag, RequestTagBuf, Route, Routed, RoutedSet};

@@ -198,9 +198,12 @@ impl LiveStats {
     /// One fewer call in flight; never wraps below zero.
     #[inline]
     pub(crate) fn end(&self) {
-        let _ = self
-            .in_flight
-            .fetch_update(Relaxed, Relaxed, |n| Some(n.saturating_sub(1)));
+        // One `fetch_sub`, not a compare-and-swap loop: a call always ends after it started, so
+        // the count only goes below zero when `finish` is called without `start` (a misuse of
+        // the public `EndpointStats::finish`); that wrap is undone at once.
+        if self.in_flight.fetch_sub(1, Relaxed) == 0 {
+            self.in_flight.fetch_add(1, Relaxed);
+        }
     }
 
     pub(crate) fn record_ewma(&self, now: Timestamp, latency_ns: u64) {
@@ -223,7 +226,15 @@ impl LiveStats {
     }
 
     pub(crate) fn add_success_nanos(&self, ns: u64) {
-        add_saturating(&self.success_nanos, ns);
+        // One `fetch_add`; a sum that wrapped (584 years of latency) is pinned at the maximum.
+        if self
+            .success_nanos
+            .fetch_add(ns, Relaxed)
+            .checked_add(ns)
+            .is_none()
+        {
+            self.success_nanos.store(u64::MAX, Relaxed);
+        }
     }
 
     pub(crate) fn failure(&self, now: Timestamp) {
@@ -262,6 +273,26 @@ impl std::fmt::Debug for LiveStats {
 /// atomic because slab lines are reused and because a strategy may ask for its own
 /// ([`Strategy::ewma_decay`](crate::Strategy::ewma_decay)): set when an endpoint is made and
 /// when a balancer with such a strategy publishes it, never per call.
+/// `x.exp()`, with a short series where `|x|` is below 2^-10: a decay over a gap much shorter
+/// than the time constant (milliseconds between calls, a 10 s decay), which is what nearly every
+/// update and read of a peak EWMA computes. There the series' error is below x^5/120 < 2^-56:
+/// libm's `exp` but for the last bit or two, in five multiply-adds instead of a call.
+///
+/// ```
+/// # use lbkit_core::exp_small;
+/// assert_eq!(exp_small(0.0), 1.0);
+/// assert!((exp_small(-1e-4) - (-1e-4f64).exp()).abs() < 1e-15);
+/// assert_eq!(exp_small(-2.0), (-2.0f64).exp());
+/// ```
+#[inline]
+pub fn exp_small(x: f64) -> f64 {
+    if x.abs() < 1.0 / 1024.0 {
+        1.0 + x * (1.0 + x * (0.5 + x * (1.0 / 6.0 + x * (1.0 / 24.0))))
+    } else {
+        x.exp()
+    }
+}
+
 #[derive(Debug)]
 struct PeakEwma {
     per_ns: AtomicU64, // f64 bits of 1 / decay in ns: a multiply on reads, not a divide
@@ -307,7 +338,7 @@ impl PeakEwma {
     /// The estimate decayed toward zero from its last update to `now`.
     #[inline]
     fn at(&self, now: Timestamp) -> Option<f64> {
-        self.terms(now).map(|(est, x)| est * x.exp())
+        self.terms(now).map(|(est, x)| est * exp_small(x))
     }
 
     /// The last estimate and the decay exponent from its update to `now`.
@@ -332,7 +363,7 @@ impl PeakEwma {
         loop {
             let prev = f64::from_bits(bits);
             let elapsed = now.as_nanos().saturating_sub(self.at_ns.load(Relaxed)) as f64;
-            let w = (-elapsed * per_ns).exp();
+            let w = exp_small(-elapsed * per_ns);
             // The estimate as a reader sees it now: decayed toward zero since the last update.
             let decayed = prev * w;
             let next = if prev.is_nan() || rtt_ns >= decayed {
@@ -480,6 +511,12 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn exp_small_is_exp(x in -2e-3f64..2e-3) {
+            let (fast, libm) = (exp_small(x), x.exp());
+            prop_assert!((fast - libm).abs() <= 4.0 * f64::EPSILON * libm, "{x}: {fast} vs {libm}");
+        }
+
         #[test]
         fn ewma_never_nan_or_negative(samples in proptest::collection::vec((0u64..10_000_000_000, 0u64..1u64 << 40), 1..50)) {
             let e = PeakEwma::new(Duration::from_secs(10));

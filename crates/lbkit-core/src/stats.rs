@@ -16,10 +16,9 @@ use std::time::Duration;
 
 use crate::live::{add_saturating, LiveStats};
 use crate::sync::{
-    AtomicU64,
+    fence, AtomicU64,
     Ordering::{Acquire, Relaxed, Release},
 };
-use crate::tagged::Tagged;
 use crate::time::{duration_nanos, Timestamp};
 
 /// Default EWMA time constant (linkerd's and Finagle's `decay`: 10 s).
@@ -370,20 +369,21 @@ impl EndpointStats {
     }
 
     /// Mean successful response time over the last `window` (rounded up to whole [`SLOT`]s, at
-    /// most `SLOTS × SLOT`), or `None` when no success was recorded in it.
+    /// most `SLOTS × SLOT`), or `None` when no success was recorded in it. Each sample counts
+    /// in whole microseconds, rounded up.
     pub fn avg_response_at(&self, now: Timestamp, window: Duration) -> Option<Duration> {
-        self.window.mean_at(now, window)
+        self.window.mean_at(now, window, self.live)
     }
 
     /// Number of successful samples behind [`avg_response_at`](Self::avg_response_at).
     pub fn window_count_at(&self, now: Timestamp, window: Duration) -> u64 {
-        self.window.sum_at(now, window).1
+        self.window.sum_at(now, window, self.live).1
     }
 
     /// Count and latency sum (nanoseconds) of the successful samples behind
     /// [`avg_response_at`](Self::avg_response_at).
     pub fn window_sum_at(&self, now: Timestamp, window: Duration) -> (u64, u64) {
-        let (sum, count) = self.window.sum_at(now, window);
+        let (sum, count) = self.window.sum_at(now, window, self.live);
         (count, sum)
     }
 
@@ -451,7 +451,7 @@ impl EndpointStats {
         match outcome {
             Outcome::Success => {
                 self.live.success(ns);
-                self.window.record(now, ns);
+                self.window.record(now, ns, self.live);
             }
             Outcome::Failure(kind) => {
                 add_saturating(&self.failure_nanos, ns);
@@ -482,12 +482,17 @@ impl EndpointStats {
             // The mean of the seeded successes (at least one): one sample in the window, and
             // `successes × mean` in the cumulative sum.
             let ns = duration_nanos(avg);
-            self.window.record(now, ns);
             if seed.successes == 0 {
                 self.live.add_successes(1);
             }
             self.live
                 .add_success_nanos(ns.saturating_mul(seed.successes.max(1)));
+            self.window
+                .outside
+                .fetch_add(seed.successes.saturating_sub(1), Relaxed);
+            self.window.record(now, ns, self.live);
+        } else {
+            self.window.outside.fetch_add(seed.successes, Relaxed);
         }
         if let Some(ewma) = seed.ewma {
             self.live.set_ewma(now, duration_nanos(ewma) as f64);
@@ -500,66 +505,170 @@ impl EndpointStats {
     }
 }
 
-/// Sum and count of samples in time slots.
+/// Count and latency sum of the successes of the last few time slots.
 ///
-/// Each word carries its slot's epoch (`crate::tagged`), so a writer that finds an older
-/// window's slot starts it afresh in the same compare-and-swap: no sample is lost at a
-/// rollover and none from a passed window lands in the new one. A writer adds to the sum first
-/// and then (Release) to the count; a reader loads the count (Acquire) and then the sum, so
-/// the sum it sees holds at least the samples it counts: a reader racing writers may see a
-/// mean one sample high, never one too low (never a mean of 0 for a slow endpoint). The
-/// `lbkit_loom` models in `tests/loom.rs` check both.
+/// Every success adds to one word, `acc`: 1 in its low [`COUNT_BITS`] and its latency in whole
+/// microseconds (rounded up) above, wrapping: one `fetch_add`, so every value of the word is an
+/// exact state — a count and the sum of exactly those samples — and a reader never sees a sum
+/// lagging its count (a slow endpoint never reads as fast). The first success of each slot
+/// notes where the slot starts: the word as its own `fetch_add` found it (a `Mark`). A window's
+/// count and sum are the word now minus the mark of its oldest slot that has one. So a success
+/// costs one `fetch_add` and one load (is the slot still the one marked?); the compare-and-swap
+/// that opens a slot runs once per slot, not per call.
 ///
-/// 44 bits of each: a slot's sum saturates at 17 592 s of latency (3 500 calls in flight on
-/// average over its 5 s); epochs wrap after 2^20 slots (60 days), so a slot last written
-/// exactly that long ago could be read as current.
+/// The word's count wraps after 2^24 samples (a window of 60 s at 280 000 calls a second): a
+/// reader recovers the high bits from the live line's cumulative successes (exact but not read
+/// together with the word: off by the few samples being recorded meanwhile, far below the
+/// 2^23 the recovery tolerates). The sum wraps after 2^40 µs (12.7 days of latency within one
+/// window). A sample counts in the slot in which it is recorded: one recorded late (its `now`
+/// taken before the slot opened) counts in the open slot, and one racing the slot's first
+/// success may count in the slot before. The `lbkit_loom` models in `tests/loom.rs` check the
+/// reader against racing writers and a rollover.
 #[derive(Debug, Default)]
 struct WindowedMean {
-    slots: [Slot; SLOTS],
+    acc: AtomicU64,
+    // The end of the newest slot marked (ns); a success at or past it opens its own slot.
+    next_slot_ns: AtomicU64,
+    // Successes the live line counts that were not recorded here (a seed's beyond its one
+    // sample), subtracted when recovering the count's high bits.
+    outside: AtomicU64,
+    marks: [Mark; SLOTS],
 }
 
+/// Where one slot starts: `acc` and the live line's successes (less `outside`) at its first
+/// success. Written once per slot by the writer that opened it, read like a seqlock: `epoch` is
+/// 0 while the other two are written.
 #[derive(Debug, Default)]
-struct Slot {
-    sum_ns: Tagged<20>,
-    count: Tagged<20>,
+struct Mark {
+    epoch: AtomicU64,
+    acc: AtomicU64,
+    successes: AtomicU64,
 }
+
+/// Bits of [`WindowedMean`]'s word that count samples; the sum in µs takes the other 40.
+const COUNT_BITS: u32 = 24;
+const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;
 
 const SLOT_NS: u64 = SLOT.as_nanos() as u64;
 
+// === impl Mark ===
+
+impl Mark {
+    fn write(&self, epoch: u64, acc: u64, successes: u64) {
+        self.epoch.store(0, Relaxed);
+        fence(Release);
+        self.acc.store(acc, Relaxed);
+        self.successes.store(successes, Relaxed);
+        self.epoch.store(epoch, Release);
+    }
+
+    /// `(epoch, acc, successes)`, or `None` when unwritten or being rewritten.
+    fn read(&self) -> Option<(u64, u64, u64)> {
+        let epoch = self.epoch.load(Acquire);
+        let (acc, successes) = (self.acc.load(Relaxed), self.successes.load(Relaxed));
+        fence(Acquire);
+        (epoch != 0 && self.epoch.load(Relaxed) == epoch).then_some((epoch, acc, successes))
+    }
+}
+
+// === impl WindowedMean ===
+
 impl WindowedMean {
-    fn record(&self, now: Timestamp, value_ns: u64) {
-        let epoch = now.as_nanos() / SLOT_NS + 1;
-        let slot = &self.slots[(epoch % SLOTS as u64) as usize];
-        // A late writer whose slot already holds a newer window adds nothing.
-        if slot.sum_ns.add_if(epoch, value_ns, Relaxed, |_| true) {
-            slot.count.add_if(epoch, 1, Release, |_| true);
+    /// One success of `value_ns` at `now`; `live` has counted it already.
+    #[inline]
+    fn record(&self, now: Timestamp, value_ns: u64, live: &LiveStats) {
+        self.add(now, value_ns.div_ceil(1_000), 1, live);
+    }
+
+    /// `count` samples summing to `sum_us` at `now` (wrapping into the word's fields).
+    #[inline]
+    fn add(&self, now: Timestamp, sum_us: u64, count: u64, live: &LiveStats) {
+        let word = (sum_us << COUNT_BITS).wrapping_add(count);
+        let now_ns = now.as_nanos();
+        if now_ns < self.next_slot_ns.load(Relaxed) {
+            self.acc.fetch_add(word, Relaxed);
+        } else {
+            self.open_slot(now_ns, word, live);
         }
     }
 
-    fn sum_at(&self, now: Timestamp, window: Duration) -> (u64, u64) {
+    /// The first success at or past the marked slot's end: open the slot of `now_ns` (unless a
+    /// racing writer did) and mark where it starts.
+    #[cold]
+    fn open_slot(&self, now_ns: u64, word: u64, live: &LiveStats) {
+        let epoch = now_ns / SLOT_NS + 1;
+        let end = epoch.saturating_mul(SLOT_NS);
+        let mut seen = self.next_slot_ns.load(Relaxed);
+        while seen <= now_ns {
+            match self
+                .next_slot_ns
+                .compare_exchange_weak(seen, end, Relaxed, Relaxed)
+            {
+                Ok(_) => {
+                    let before = self.acc.fetch_add(word, Relaxed);
+                    // The first slot starts from nothing: samples racing its opening count in
+                    // it too (in a later slot they count in the slot before).
+                    let (start, successes) = if seen == 0 {
+                        (0, 0)
+                    } else {
+                        let live = live.successes().wrapping_sub(self.outside.load(Relaxed));
+                        (before, live)
+                    };
+                    self.marks[(epoch % SLOTS as u64) as usize].write(epoch, start, successes);
+                    return;
+                }
+                Err(now) => seen = now,
+            }
+        }
+        // A racing writer opened this slot or a later one.
+        self.acc.fetch_add(word, Relaxed);
+    }
+
+    /// `(sum_ns, count)` of the slots `window` reaches back from `now`.
+    fn sum_at(&self, now: Timestamp, window: Duration, live: &LiveStats) -> (u64, u64) {
         let current = now.as_nanos() / SLOT_NS + 1;
         let span = duration_nanos(window)
             .div_ceil(SLOT_NS)
             .clamp(1, SLOTS as u64);
         let oldest = current.saturating_sub(span - 1).max(1);
-        (oldest..=current)
-            .filter_map(|epoch| {
-                let slot = &self.slots[(epoch % SLOTS as u64) as usize];
-                let n = slot.count.value(epoch, Acquire)?;
-                let sum = slot.sum_ns.value(epoch, Relaxed)?;
-                // A sum ahead of its count (a writer between its two adds) adds nothing.
-                Some(if n == 0 { (0, 0) } else { (sum, n) })
-            })
-            .fold((0u64, 0u64), |(sum, n), (s, k)| {
-                (sum.saturating_add(s), n + k)
-            })
+        // The window starts at its oldest marked slot: a slot without a mark had no success.
+        let Some((_, acc0, successes0)) = self
+            .marks
+            .iter()
+            .filter_map(Mark::read)
+            .filter(|&(epoch, ..)| epoch >= oldest)
+            .min_by_key(|&(epoch, ..)| epoch)
+        else {
+            return (0, 0);
+        };
+        let delta = self.acc.load(Relaxed).wrapping_sub(acc0);
+        let approx = live
+            .successes()
+            .wrapping_sub(self.outside.load(Relaxed))
+            .wrapping_sub(successes0);
+        let count = nearest_with_low_bits(approx, delta & COUNT_MASK);
+        let sum_us = delta.wrapping_sub(count) >> COUNT_BITS;
+        (sum_us.saturating_mul(1_000), count)
     }
 
-    fn mean_at(&self, now: Timestamp, window: Duration) -> Option<Duration> {
-        match self.sum_at(now, window) {
+    fn mean_at(&self, now: Timestamp, window: Duration, live: &LiveStats) -> Option<Duration> {
+        match self.sum_at(now, window, live) {
             (_, 0) => None,
             (sum, n) => Some(Duration::from_nanos(sum / n)),
         }
+    }
+}
+
+/// The count nearest `approx` whose low [`COUNT_BITS`] are `low` (never below zero).
+fn nearest_with_low_bits(approx: u64, low: u64) -> u64 {
+    let up = low.wrapping_sub(approx) & COUNT_MASK; // approx + up has the low bits
+    let down = (1 << COUNT_BITS) - up; // and so does approx - down
+    if up == 0 {
+        approx
+    } else if up <= down || approx < down {
+        approx.wrapping_add(up)
+    } else {
+        approx - down
     }
 }
 
@@ -636,6 +745,95 @@ mod tests {
             Some(Duration::from_millis(50))
         );
         assert_eq!(s.window_count_at(t(61_000), w), 1);
+    }
+
+    #[test]
+    fn a_window_counts_beyond_the_words_count_bits() {
+        // 2^24 + 3 successes in one slot: the word's count wraps, the live line's successes
+        // recover it. Recorded through the window alone (the live line's count added in bulk),
+        // as `record` would have done one by one.
+        let s = EndpointStats::default();
+        let n = (1u64 << COUNT_BITS) + 3;
+        s.live.add_successes(1);
+        s.window.record(t(1_000), 2_000, s.live);
+        s.live.add_successes(n - 1);
+        s.window.add(t(1_000), 2 * (n - 1), n - 1, s.live);
+        let w = Duration::from_secs(10);
+        assert_eq!(s.window_sum_at(t(1_000), w), (n, n * 2_000));
+        assert_eq!(
+            s.avg_response_at(t(1_000), w),
+            Some(Duration::from_micros(2))
+        );
+    }
+
+    #[test]
+    fn window_latencies_are_whole_microseconds_rounded_up() {
+        let s = EndpointStats::default();
+        s.record(Duration::from_nanos(300), t(0), Outcome::Success);
+        s.record(Duration::from_nanos(1_700), t(0), Outcome::Success);
+        let w = Duration::from_secs(5);
+        assert_eq!(s.window_sum_at(t(0), w), (2, 3_000));
+        assert_eq!(
+            s.avg_response_at(t(0), w),
+            Some(Duration::from_nanos(1_500))
+        );
+    }
+
+    #[test]
+    fn seeded_successes_stay_out_of_the_window_but_for_their_mean() {
+        // A seed of a million successes at 12 ms is one sample of 12 ms in the window; later
+        // successes add to it, counted exactly though the live line holds a million more.
+        let s = EndpointStats::default();
+        s.seed(
+            &StatsSeed {
+                successes: 1_000_000,
+                avg_response: Some(Duration::from_millis(12)),
+                ..StatsSeed::default()
+            },
+            t(0),
+        );
+        s.record(Duration::from_millis(4), t(1), Outcome::Success);
+        let w = Duration::from_secs(30);
+        assert_eq!(s.window_sum_at(t(1), w), (2, 16_000_000));
+        assert_eq!(s.successes(), 1_000_001);
+        let seeded_without_mean = EndpointStats::default();
+        seeded_without_mean.seed(
+            &StatsSeed {
+                successes: 1 << 30,
+                ..StatsSeed::default()
+            },
+            t(0),
+        );
+        assert_eq!(seeded_without_mean.window_sum_at(t(0), w), (0, 0));
+        seeded_without_mean.record(Duration::from_millis(4), t(0), Outcome::Success);
+        assert_eq!(seeded_without_mean.window_sum_at(t(0), w), (1, 4_000_000));
+    }
+
+    #[test]
+    fn a_late_sample_counts_in_the_open_slot() {
+        let s = EndpointStats::default();
+        s.record(Duration::from_millis(10), t(1_000), Outcome::Success);
+        s.record(Duration::from_millis(30), t(7_000), Outcome::Success);
+        // Recorded after the slot of 7 s opened, with a `now` from the slot before.
+        s.record(Duration::from_millis(50), t(4_900), Outcome::Success);
+        let slot = Duration::from_secs(5);
+        assert_eq!(s.window_sum_at(t(7_000), slot), (2, 80_000_000));
+        assert_eq!(
+            s.window_sum_at(t(7_000), 2 * slot),
+            (3, 90_000_000),
+            "two slots hold all three"
+        );
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_count_is_recovered_from_an_approximation(
+            count in 0u64..1 << 50,
+            error in -(1i64 << 22)..1 << 22,
+        ) {
+            let approx = count.saturating_add_signed(error);
+            proptest::prop_assert_eq!(nearest_with_low_bits(approx, count & COUNT_MASK), count);
+        }
     }
 
     #[test]

@@ -5,12 +5,12 @@
 
 #[cfg(lbkit_loom)]
 pub use loom::sync::{
-    atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering},
+    atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering},
     Arc,
 };
 #[cfg(not(lbkit_loom))]
 pub use std::sync::{
-    atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering},
+    atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering},
     Arc,
 };
 

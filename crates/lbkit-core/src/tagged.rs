@@ -1,8 +1,9 @@
 //! A count that carries its time window: one atomic holding `epoch << VALUE_BITS | value`, so
 //! a writer that finds an older window's count starts afresh in the same compare-and-swap.
 //!
-//! What the retry budget's slots and the windowed response-time mean share. The former design
-//! of both — a CAS on a separate epoch word, then a reset of the counts — lost updates that
+//! What the retry budget's slots use (the windowed response-time mean did too, until it moved
+//! to one cumulative word with slot marks, `stats.rs`). The former design of both — a CAS on a
+//! separate epoch word, then a reset of the counts — lost updates that
 //! landed in that gap, let a late writer's update for a passed window count in the new one, and
 //! let a reader see an old window's counts under the new epoch (the loom models in
 //! `tests/loom.rs` fail on it). With the epoch in the same word none of that can happen.

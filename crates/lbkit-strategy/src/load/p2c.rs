@@ -35,7 +35,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lbkit_core::{
-    EndpointIdx, LiveStats, PickContext, PickError, Picker, Snapshot, Strategy, Timestamp,
+    exp_small, EndpointIdx, LiveStats, PickContext, PickError, Picker, Snapshot, Strategy,
+    Timestamp,
 };
 
 use super::choose::IndexList;
@@ -142,7 +143,7 @@ impl P2cPicker {
             Cost::InFlight => f64::from(live.in_flight()) + 1.0,
             Cost::Ewma { default_rtt_ns } => {
                 let (base, x) = ewma_terms(live, now, default_rtt_ns);
-                base * x.exp()
+                base * exp_small(x)
             }
         }
     }
@@ -173,7 +174,7 @@ impl Picker for P2cPicker {
                 let (base_b, xb) = ewma_terms(lb, cx.now, default_rtt_ns);
                 // Clamped so that e^d stays finite: a difference beyond 700 time constants
                 // decides the comparison either way.
-                base_b * (xb - xa).clamp(-700.0, 700.0).exp() < base_a
+                base_b * exp_small((xb - xa).clamp(-700.0, 700.0)) < base_a
             }
         };
         Ok(if b_cheaper { b } else { a })
