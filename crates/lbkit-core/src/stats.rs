@@ -431,7 +431,11 @@ impl EndpointStats {
     pub fn finish(&self, started: Timestamp, now: Timestamp, outcome: Outcome) {
         // Saturating: never wraps below zero even if finish is called without start.
         self.live.end();
-        self.record(now.saturating_duration_since(started), now, outcome);
+        self.record_ns(
+            now.as_nanos().saturating_sub(started.as_nanos()),
+            now,
+            outcome,
+        );
     }
 
     /// Forget the current run of failures (an outlier detector readmitting the endpoint).
@@ -442,18 +446,22 @@ impl EndpointStats {
     /// Record a call's latency and outcome without touching `in_flight` (for callers that track
     /// concurrency themselves).
     pub fn record(&self, latency: Duration, now: Timestamp, outcome: Outcome) {
-        let ns = duration_nanos(latency);
+        self.record_ns(duration_nanos(latency), now, outcome);
+    }
+
+    /// [`record`](Self::record) of a latency in nanoseconds.
+    #[inline]
+    fn record_ns(&self, ns: u64, now: Timestamp, outcome: Outcome) {
         self.live.record_ewma(now, ns);
-        if outcome != Outcome::Cancelled {
-            let bucket = BUCKET_NS.partition_point(|&b| b < ns);
-            self.buckets[bucket].fetch_add(1, Relaxed);
-        }
+        let bucket = || &self.buckets[BUCKET_NS.partition_point(|&b| b < ns)];
         match outcome {
             Outcome::Success => {
+                bucket().fetch_add(1, Relaxed);
                 self.live.success(ns);
                 self.window.record(now, ns, self.live);
             }
             Outcome::Failure(kind) => {
+                bucket().fetch_add(1, Relaxed);
                 add_saturating(&self.failure_nanos, ns);
                 self.failures.fetch_add(1, Relaxed);
                 self.by_kind[kind.index()].fetch_add(1, Relaxed);
