@@ -676,6 +676,7 @@ impl CallGuard {
     }
 
     /// Finish the call at `now` with `outcome`.
+    #[inline]
     pub fn finish_at(mut self, outcome: Outcome, now: Timestamp) {
         self.done = true;
         self.endpoint.stats().finish(self.started, now, outcome);
