@@ -18,7 +18,7 @@ mod origin;
 use std::net::{IpAddr, SocketAddr};
 
 use bytes::Bytes;
-use http::{HeaderMap, Method, StatusCode};
+use http::{HeaderMap, HeaderName, Method, StatusCode};
 use http_body_util::{Empty, Full};
 use lbkit_core::{FailureKind, Outcome, Route};
 use lbkit_strategy::{KeyExtractor, KeySource, TagHeaders};
@@ -92,7 +92,7 @@ pub fn replay_request<B: ReplayBody>(req: &http::Request<B>) -> Option<http::Req
 pub struct HttpRequests {
     key: Option<KeyExtractor>,
     by_method: bool,
-    tags: Option<TagHeaders>,
+    tags: Option<Tags>,
 }
 
 impl Default for HttpRequests {
@@ -100,8 +100,58 @@ impl Default for HttpRequests {
         HttpRequests {
             key: None,
             by_method: true,
-            tags: Some(TagHeaders::default()),
+            tags: Some(Tags::new(TagHeaders::default())),
         }
+    }
+}
+
+/// The tag headers with their names prepared for `HeaderMap` lookups: a lookup by `&str`
+/// parses and checks the name on every request (143 instructions a request in the tower
+/// layer's profile, BENCHMARKS.md). A name that is no valid header name is never present.
+#[derive(Clone, Debug)]
+struct Tags {
+    headers: TagHeaders,
+    tag: Option<HeaderName>,
+    force: Option<HeaderName>,
+}
+
+impl Tags {
+    fn new(headers: TagHeaders) -> Self {
+        let name = |s: &str| HeaderName::from_bytes(s.as_bytes()).ok();
+        Tags {
+            tag: name(headers.tag_header()),
+            force: name(headers.force_header()),
+            headers,
+        }
+    }
+}
+
+/// A request as the tag reader sees it: the two tag headers by their prepared names, anything
+/// else as [`HttpKeySource`] reads it.
+struct TagSource<'a, B> {
+    req: HttpKeySource<'a, B>,
+    tags: &'a Tags,
+}
+
+impl<B> KeySource for TagSource<'_, B> {
+    fn header(&self, name: &str) -> Option<&[u8]> {
+        let prepared = if name == self.tags.headers.tag_header() {
+            &self.tags.tag
+        } else if name == self.tags.headers.force_header() {
+            &self.tags.force
+        } else {
+            return self.req.header(name);
+        };
+        let value = self.req.0.headers().get(prepared.as_ref()?)?;
+        Some(value.as_bytes())
+    }
+
+    fn target(&self) -> Option<&[u8]> {
+        self.req.target()
+    }
+
+    fn source_ip(&self) -> Option<IpAddr> {
+        self.req.source_ip()
     }
 }
 
@@ -140,7 +190,7 @@ impl HttpRequests {
     /// # let _ = requests;
     /// ```
     pub fn tags(mut self, tags: Option<TagHeaders>) -> Self {
-        self.tags = tags;
+        self.tags = tags.map(Tags::new);
         self
     }
 }
@@ -154,8 +204,11 @@ impl<B: ReplayBody + Send + 'static> RequestPolicy<http::Request<B>> for HttpReq
     }
 
     fn with_route<R>(&self, req: &http::Request<B>, pick: impl FnOnce(Route<'_>) -> R) -> R {
-        let source = HttpKeySource::new(req);
-        let tag = self.tags.as_ref().and_then(|t| t.read(&source));
+        let source = self.tags.as_ref().map(|tags| TagSource {
+            req: HttpKeySource::new(req),
+            tags,
+        });
+        let tag = source.as_ref().and_then(|s| s.tags.headers.read(s));
         self.with_hash_key(req, |key| pick(Route { key, tag }))
     }
 

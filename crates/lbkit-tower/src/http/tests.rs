@@ -206,3 +206,45 @@ fn requests_keys_idempotency_and_replay() {
         .idempotent_by_method(false)
         .is_idempotent(&get));
 }
+
+/// The tag `with_route` reads from `headers` under `requests`, owned.
+fn tag_of(requests: &HttpRequests, headers: &[(&str, &str)]) -> Option<(Vec<u8>, bool)> {
+    let mut req = http::Request::new(Bytes::new());
+    for (n, v) in headers {
+        req.headers_mut().insert(
+            http::HeaderName::from_bytes(n.as_bytes()).unwrap(),
+            v.parse().unwrap(),
+        );
+    }
+    RequestPolicy::with_route(requests, &req, |route| {
+        route.tag.map(|t| (t.name.to_vec(), t.force))
+    })
+}
+
+#[test]
+fn tags_are_read_by_their_prepared_header_names() {
+    let default = HttpRequests::new();
+    assert_eq!(tag_of(&default, &[]), None);
+    assert_eq!(
+        tag_of(
+            &default,
+            &[("dubbo.tag", "gray"), ("Dubbo.Force.Tag", "TRUE")]
+        ),
+        Some((b"gray".to_vec(), true))
+    );
+    let custom = HttpRequests::new().tags(Some(
+        TagHeaders::new("X-Canary", "x-canary-only").with_default(Some("blue".into()), false),
+    ));
+    assert_eq!(
+        tag_of(&custom, &[("x-canary", "gray"), ("dubbo.tag", "red")]),
+        Some((b"gray".to_vec(), false))
+    );
+    assert_eq!(tag_of(&custom, &[]), Some((b"blue".to_vec(), false)));
+    // A name no header can have reads as absent, as a lookup by that `&str` would.
+    let invalid = HttpRequests::new().tags(Some(TagHeaders::new("bad name", "x-force")));
+    assert_eq!(tag_of(&invalid, &[("x-force", "true")]), None);
+    assert_eq!(
+        tag_of(&HttpRequests::new().tags(None), &[("dubbo.tag", "gray")]),
+        None
+    );
+}
