@@ -17,7 +17,9 @@ use std::sync::{Arc, Barrier};
 use std::time::Instant;
 
 use lbkit_bench::{index_slice, snapshot, Weights};
-use lbkit_core::{FastRng, PickContext, Picker, Snapshot, Strategy, Timestamp};
+use lbkit_core::{
+    Availability, Balancer, FastRng, Outcome, PickContext, Picker, Snapshot, Strategy, Timestamp,
+};
 use lbkit_strategy::{
     Random, RoundRobin, SmoothWeightedRoundRobin, StickyRoundRobin, WeightedRandom,
 };
@@ -207,6 +209,23 @@ fn main() {
         }
         if wanted("random") {
             picker_case("random", n, Random, snapshot(n, Weights::Uniform));
+        }
+        if wanted("balancer_random_finish") {
+            // A whole call's bookkeeping: `Balancer::pick` + `CallGuard::finish_at(Success)`,
+            // random picks, so what the threads share is the endpoints' statistics lines (at
+            // n = 10 every call's line is another thread's too), not a strategy counter.
+            let now = Timestamp::ZERO;
+            let balancer = Balancer::new(Random, snapshot(n, Weights::Uniform), now)
+                .with_availability(Availability::OFF);
+            case("balancer_random_finish", n, |rng: &mut FastRng| {
+                let mut cx = PickContext::new(now, rng);
+                let guard = black_box(&balancer)
+                    .pick(&mut cx)
+                    .expect("endpoints are eligible");
+                let i = guard.endpoint().address().len();
+                guard.finish_at(Outcome::Success, now);
+                i
+            });
         }
         if wanted("weighted_random_skewed") {
             picker_case(
