@@ -268,11 +268,6 @@ impl std::fmt::Debug for LiveStats {
     }
 }
 
-/// Peak-sensitive EWMA (linkerd's `PeakEwma`), stored as f64 bits plus the time of the last
-/// update. Atomics, Relaxed: the estimate and its time may be one update apart. The decay is an
-/// atomic because slab lines are reused and because a strategy may ask for its own
-/// ([`Strategy::ewma_decay`](crate::Strategy::ewma_decay)): set when an endpoint is made and
-/// when a balancer with such a strategy publishes it, never per call.
 /// `x.exp()`, with a short series where `|x|` is below 2^-10: a decay over a gap much shorter
 /// than the time constant (milliseconds between calls, a 10 s decay), which is what nearly every
 /// update and read of a peak EWMA computes. There the series' error is below x^5/120 < 2^-56:
@@ -293,6 +288,11 @@ pub fn exp_small(x: f64) -> f64 {
     }
 }
 
+/// Peak-sensitive EWMA (linkerd's `PeakEwma`), stored as f64 bits plus the time of the last
+/// update. Atomics, Relaxed: the estimate and its time may be one update apart. The decay is an
+/// atomic because slab lines are reused and because a strategy may ask for its own
+/// ([`Strategy::ewma_decay`](crate::Strategy::ewma_decay)): set when an endpoint is made and
+/// when a balancer with such a strategy publishes it, never per call.
 #[derive(Debug)]
 struct PeakEwma {
     per_ns: AtomicU64, // f64 bits of 1 / decay in ns: a multiply on reads, not a divide
