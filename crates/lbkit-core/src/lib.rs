@@ -71,7 +71,7 @@ pub use attempt::{
     status_failure, AttemptPolicy, Attempts, Budget, Classified, Next, Observed, RetryWhen, Stop,
 };
 pub use availability::{Availability, CircuitBreaker, Unavailable};
-pub use balancer::{Balancer, CallGuard, Prepared, MAX_PROBES, WARMUP_REFRESH};
+pub use balancer::{Balancer, CallGuard, PickCache, Prepared, MAX_PROBES, WARMUP_REFRESH};
 pub use budget::RetryBudget;
 pub use endpoint::{
     warmup_weight, Endpoint, EndpointKey, EndpointSpec, Metadata, DEFAULT_WARMUP, DEFAULT_WEIGHT,

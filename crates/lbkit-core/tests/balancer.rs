@@ -198,3 +198,82 @@ fn stats_survive_a_publish_of_the_same_keys() {
     g.finish_at(Outcome::Success, NOW);
     assert_eq!(a.stats().in_flight(), 0);
 }
+
+fn pick_cached_addr<S: Strategy>(b: &Balancer<S>, cache: &mut PickCache<S::Picker>) -> String {
+    let mut rng = FastRng::seed_from_u64(1);
+    let g = b
+        .pick_cached(cache, &mut PickContext::new(NOW, &mut rng))
+        .expect("an eligible endpoint");
+    let a = g.endpoint().address().to_owned();
+    g.finish_at(Outcome::Success, NOW);
+    a
+}
+
+#[test]
+fn a_cached_pick_follows_publishes_and_refreshes() {
+    let b = Balancer::new(Fixed(1), three(), NOW);
+    let mut cache = b.cache();
+    assert_eq!(pick_cached_addr(&b, &mut cache), "b:1");
+    assert!(Arc::ptr_eq(cache.prepared(), &b.current()));
+
+    // The same state is used until the balancer publishes: no reload.
+    let held = cache.prepared().clone();
+    pick_cached_addr(&b, &mut cache);
+    assert!(Arc::ptr_eq(cache.prepared(), &held));
+
+    b.publish(
+        snap(vec![EndpointSpec::new("x:1"), EndpointSpec::new("y:1")]),
+        NOW,
+    );
+    assert_eq!(pick_cached_addr(&b, &mut cache), "y:1");
+    assert!(Arc::ptr_eq(cache.prepared(), &b.current()));
+
+    // A refresh (warm-up) is a new state too.
+    let warming = snap(vec![
+        EndpointSpec::new("a:1").with_registered_at(NOW - Duration::from_secs(60)),
+        EndpointSpec::new("b:1"),
+    ]);
+    b.publish(warming, NOW);
+    pick_cached_addr(&b, &mut cache);
+    let before = cache.prepared().clone();
+    assert!(b.tick(NOW + WARMUP_REFRESH));
+    assert_eq!(pick_cached_addr(&b, &mut cache), "b:1");
+    assert!(
+        !Arc::ptr_eq(cache.prepared(), &before),
+        "the refresh was seen"
+    );
+    assert!(Arc::ptr_eq(cache.prepared(), &b.current()));
+}
+
+#[test]
+fn a_cached_pick_counts_like_a_pick() {
+    let b = Balancer::new(Fixed(0), three(), NOW);
+    let mut cache = b.cache();
+    let mut rng = FastRng::seed_from_u64(1);
+    let g = b
+        .pick_cached(&mut cache, &mut PickContext::new(NOW, &mut rng))
+        .unwrap();
+    assert_eq!(g.endpoint().stats().in_flight(), 1);
+    g.finish_at(Outcome::Success, NOW + Duration::from_millis(3));
+    let snapshot = b.snapshot();
+    let a = &snapshot.endpoints()[0];
+    assert_eq!((a.stats().in_flight(), a.stats().successes()), (0, 1));
+
+    // An untried pick through the cache passes over what was tried.
+    let mut tried = TriedSet::new();
+    tried.insert(a);
+    let mut cx = PickContext::new(NOW, &mut rng).with_tried(1, &tried);
+    let g = b.pick_untried_cached(&mut cache, &mut cx).unwrap();
+    assert_ne!(g.endpoint().address(), "a:1");
+    g.finish_at(Outcome::Success, NOW);
+}
+
+#[test]
+fn a_cache_from_another_balancer_is_refilled_from_this_one() {
+    let one = Balancer::new(Fixed(0), three(), NOW);
+    let other = Balancer::new(Fixed(0), snap(vec![EndpointSpec::new("z:1")]), NOW);
+    let mut cache = other.cache();
+    assert_eq!(pick_cached_addr(&one, &mut cache), "a:1");
+    assert!(Arc::ptr_eq(cache.prepared(), &one.current()));
+    assert_eq!(pick_cached_addr(&other, &mut cache), "z:1");
+}
