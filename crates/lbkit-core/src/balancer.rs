@@ -8,12 +8,13 @@ use std::time::Duration;
 use crate::availability::Availability;
 use crate::endpoint::Endpoint;
 use crate::error::PickError;
+use crate::published::{Cached, Published};
 use crate::route::{self, Lead, RequestTag, Routed, RoutedSet, TagTable};
 use crate::shadow::Shadow;
 use crate::snapshot::{EndpointIdx, Snapshot};
 use crate::stats::Outcome;
 use crate::strategy::{BoxStrategy, PickContext, Picker, Strategy};
-use crate::sync::{ArcCell, AtomicBool, AtomicU64, Ordering};
+use crate::sync::{ArcCell, AtomicBool, Ordering};
 use crate::time::{Clock, Timestamp};
 use crate::trace::{Tap, TraceId, TraceSink, Tracer};
 
@@ -311,11 +312,9 @@ pub struct Balancer<S: Strategy = BoxStrategy> {
     strategy: S,
     availability: Availability,
     clock: Clock,
-    /// The published state; replaced whole by `publish` and `tick`.
-    current: ArcCell<Prepared<S::Picker>>,
-    /// The id of `current` (unique in the process: [`next_publication`]), stored after it, so a
-    /// [`PickCache`] sees a change with one load.
-    published: AtomicU64,
+    /// The published state; replaced whole by `publish` and `tick` (a [`PickCache`] sees a
+    /// replacement with one load: [`Published`]).
+    current: Published<Prepared<S::Picker>>,
     /// Set while one thread re-prepares in `tick`, so at most one does.
     refreshing: AtomicBool,
     /// Samples requests into a trace, when set.
@@ -347,8 +346,7 @@ impl<S: Strategy> Balancer<S> {
             strategy,
             availability: Availability::default(),
             clock: Clock::System,
-            current: ArcCell::from_pointee(prepared),
-            published: AtomicU64::new(next_publication()),
+            current: Published::new(prepared),
             refreshing: AtomicBool::new(false),
             tracer: None,
             shadow: ArcCell::from_pointee(None),
@@ -473,13 +471,6 @@ impl<S: Strategy> Balancer<S> {
         }
         self.current
             .store(Arc::new(prepare(&self.strategy, snapshot, now)));
-        self.announce();
-    }
-
-    /// Give the state just stored a new id. Release, after the store: a cache that sees the id
-    /// loads that state or a later one (the loom model `a_cache_follows_a_publish`).
-    fn announce(&self) {
-        self.published.store(next_publication(), Ordering::Release);
     }
 
     /// Whether the current picker asked to be re-prepared by `now`.
@@ -512,11 +503,7 @@ impl<S: Strategy> Balancer<S> {
             return false;
         }
         let next = Arc::new(prepare(&self.strategy, before.snapshot.clone(), now));
-        let prev = self.current.compare_and_swap(&before, next);
-        let swapped = Arc::ptr_eq(&prev, &before);
-        if swapped {
-            self.announce();
-        }
+        let swapped = self.current.compare_and_swap(&before, next);
         self.refreshing.store(false, Ordering::Release);
         swapped
     }
@@ -549,31 +536,14 @@ impl<S: Strategy> Balancer<S> {
     /// A cache of the published state for [`pick_cached`](Self::pick_cached): one per caller
     /// that picks again and again and can hold it mutably (a tower service, a worker thread).
     pub fn cache(&self) -> PickCache<S::Picker> {
-        let id = self.published.load(Ordering::Acquire);
-        PickCache {
-            id,
-            prepared: self.current.load_full(),
-        }
+        self.current.cache()
     }
 
     /// The published state through `cache`, reloaded only when the balancer published since
     /// the cache last looked (one atomic load otherwise, no reference-count traffic).
     #[inline]
     pub fn cached<'c>(&self, cache: &'c mut PickCache<S::Picker>) -> &'c Arc<Prepared<S::Picker>> {
-        let id = self.published.load(Ordering::Acquire);
-        if id != cache.id {
-            self.reload(cache, id);
-        }
-        &cache.prepared
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn reload(&self, cache: &mut PickCache<S::Picker>, id: u64) {
-        // Loaded after `id` (Acquire): the state `id` names, or a later one, whose own id the
-        // next pick sees.
-        cache.prepared = self.current.load_full();
-        cache.id = id;
+        self.current.cached(cache)
     }
 
     /// [`pick`](Self::pick) through a [`PickCache`]: the same choice from the same published
@@ -677,49 +647,12 @@ impl<S: Strategy> Balancer<S> {
 
 /// A caller's copy of a [`Balancer`]'s published state ([`Balancer::cache`]), checked against
 /// the balancer with one atomic load per [`Balancer::pick_cached`] and reloaded when the
-/// balancer published since.
+/// balancer published since (see [`Published`]).
 ///
 /// It keeps the state it holds alive: a replaced snapshot (and the statistics of endpoints it
 /// alone still names) is released when every cache holding it has picked again or is dropped.
 /// Hold one per long-lived caller, not one per call.
-pub struct PickCache<P> {
-    /// The id of `prepared` as the balancer published it.
-    id: u64,
-    prepared: Arc<Prepared<P>>,
-}
-
-impl<P> PickCache<P> {
-    /// The state held (as of the last [`Balancer::pick_cached`] or [`Balancer::cached`]).
-    pub fn prepared(&self) -> &Arc<Prepared<P>> {
-        &self.prepared
-    }
-}
-
-impl<P> Clone for PickCache<P> {
-    fn clone(&self) -> Self {
-        PickCache {
-            id: self.id,
-            prepared: self.prepared.clone(),
-        }
-    }
-}
-
-impl<P> fmt::Debug for PickCache<P> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PickCache")
-            .field("id", &self.id)
-            .field("prepared_at", &self.prepared.prepared_at)
-            .finish_non_exhaustive()
-    }
-}
-
-/// A new id for a published state, unique in the process (so a [`PickCache`] used with another
-/// balancer than its own sees a different id and reloads). Not a loom atomic: an id counter,
-/// not part of any model's ordering.
-fn next_publication() -> u64 {
-    static PUBLICATIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-    PUBLICATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-}
+pub type PickCache<P> = Cached<Prepared<P>>;
 
 /// Give every endpoint of `snapshot` the EWMA decay `strategy` asks for, if it asks.
 fn apply_decay<S: Strategy>(strategy: &S, snapshot: &Snapshot) {

@@ -55,6 +55,7 @@ mod error;
 pub mod http;
 mod live;
 mod policy;
+mod published;
 mod rng;
 pub mod route;
 pub mod shadow;
@@ -79,6 +80,7 @@ pub use endpoint::{
 pub use error::PickError;
 pub use live::{exp_small, LiveStats};
 pub use policy::{HealthOverlay, SlowStart, SnapshotPolicy, DEFAULT_PANIC_THRESHOLD};
+pub use published::{Cached, Published};
 pub use rng::FastRng;
 pub use route::{RequestTag, RequestTagBuf, Route, Routed, RoutedSet};
 pub use snapshot::{EndpointIdx, Snapshot, SnapshotBuilder, Update};

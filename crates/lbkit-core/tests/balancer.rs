@@ -214,19 +214,19 @@ fn a_cached_pick_follows_publishes_and_refreshes() {
     let b = Balancer::new(Fixed(1), three(), NOW);
     let mut cache = b.cache();
     assert_eq!(pick_cached_addr(&b, &mut cache), "b:1");
-    assert!(Arc::ptr_eq(cache.prepared(), &b.current()));
+    assert!(Arc::ptr_eq(cache.get(), &b.current()));
 
     // The same state is used until the balancer publishes: no reload.
-    let held = cache.prepared().clone();
+    let held = cache.get().clone();
     pick_cached_addr(&b, &mut cache);
-    assert!(Arc::ptr_eq(cache.prepared(), &held));
+    assert!(Arc::ptr_eq(cache.get(), &held));
 
     b.publish(
         snap(vec![EndpointSpec::new("x:1"), EndpointSpec::new("y:1")]),
         NOW,
     );
     assert_eq!(pick_cached_addr(&b, &mut cache), "y:1");
-    assert!(Arc::ptr_eq(cache.prepared(), &b.current()));
+    assert!(Arc::ptr_eq(cache.get(), &b.current()));
 
     // A refresh (warm-up) is a new state too.
     let warming = snap(vec![
@@ -235,14 +235,11 @@ fn a_cached_pick_follows_publishes_and_refreshes() {
     ]);
     b.publish(warming, NOW);
     pick_cached_addr(&b, &mut cache);
-    let before = cache.prepared().clone();
+    let before = cache.get().clone();
     assert!(b.tick(NOW + WARMUP_REFRESH));
     assert_eq!(pick_cached_addr(&b, &mut cache), "b:1");
-    assert!(
-        !Arc::ptr_eq(cache.prepared(), &before),
-        "the refresh was seen"
-    );
-    assert!(Arc::ptr_eq(cache.prepared(), &b.current()));
+    assert!(!Arc::ptr_eq(cache.get(), &before), "the refresh was seen");
+    assert!(Arc::ptr_eq(cache.get(), &b.current()));
 }
 
 #[test]
@@ -274,6 +271,6 @@ fn a_cache_from_another_balancer_is_refilled_from_this_one() {
     let other = Balancer::new(Fixed(0), snap(vec![EndpointSpec::new("z:1")]), NOW);
     let mut cache = other.cache();
     assert_eq!(pick_cached_addr(&one, &mut cache), "a:1");
-    assert!(Arc::ptr_eq(cache.prepared(), &one.current()));
+    assert!(Arc::ptr_eq(cache.get(), &one.current()));
     assert_eq!(pick_cached_addr(&other, &mut cache), "z:1");
 }

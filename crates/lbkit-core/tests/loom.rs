@@ -326,7 +326,7 @@ mod swap {
     // A cached pick races a publish: it uses the old state or the new one, and once the
     // publish is done the cache follows it. (An id announced before the state it names would
     // let the racing pick cache the old state under the new id, and keep it for good: this
-    // model fails with the two stores of `publish` swapped.)
+    // model fails with the two stores of `Published::store` swapped.)
     #[test]
     fn a_cache_follows_a_publish() {
         loom::model(|| {
