@@ -275,3 +275,40 @@ async fn active_health_checks_take_an_endpoint_out_and_back() {
     let back = eligible_until(&pool, |e| e.len() == 2).await;
     assert_eq!(back, [a_addr, b_addr], "readmitted after rise");
 }
+
+// A handle made before an update follows it: its cached balancer state is reloaded when the
+// pool publishes (round robin, so every endpoint of the new snapshot is reached).
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_handle_made_before_an_update_follows_it() {
+    let farm = Farm::new(&["a", "b", "c"]);
+    let (tx, rx) = mpsc::unbounded_channel::<Item>();
+    tx.send(Ok(Update::Reset(farm.specs(&["a", "b"])))).unwrap();
+    let pool = PoolBuilder::new(lbkit_core::BoxStrategy::new(
+        lbkit_strategy::RoundRobin::new(),
+    ))
+    .spawn(source(rx), farm.maker());
+    let mut status = pool.status();
+    let mut svc = BalanceLayer::new().failfast().layer(pool.clone());
+    let mut reached = std::collections::BTreeSet::new();
+    for id in 0..4 {
+        reached.insert(svc.ready().await.unwrap().call(id).await.unwrap());
+    }
+    assert_eq!(reached, ["a", "b"].map(String::from).into());
+
+    tx.send(Ok(Update::Add(farm.specs(&["c"])))).unwrap();
+    wait(&mut status, |s| s.services_made == 3).await;
+    reached.clear();
+    for id in 0..6 {
+        reached.insert(svc.ready().await.unwrap().call(id).await.unwrap());
+    }
+    assert_eq!(reached, ["a", "b", "c"].map(String::from).into());
+
+    tx.send(Ok(Update::Remove(vec![EndpointKey::from("a")])))
+        .unwrap();
+    wait(&mut status, |s| s.services_released == 1).await;
+    reached.clear();
+    for id in 0..6 {
+        reached.insert(svc.ready().await.unwrap().call(id).await.unwrap());
+    }
+    assert_eq!(reached, ["b", "c"].map(String::from).into());
+}
