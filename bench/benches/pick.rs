@@ -350,37 +350,6 @@ mod balancer {
         });
     }
 
-    /// [`bench_balancer`] through a [`PickCache`](lbkit_core::PickCache): what a caller that
-    /// holds one (a tower service, a proxy worker) pays.
-    fn bench_balancer_cached<S: Strategy>(
-        b: Bencher<'_, '_>,
-        strategy: S,
-        snap: Arc<Snapshot>,
-        availability: Availability,
-    ) {
-        let now = Timestamp::ZERO;
-        let balancer = Balancer::new(strategy, snap, now).with_availability(availability);
-        let mut cache = balancer.cache();
-        let mut rng = FastRng::seed_from_u64(1);
-        b.bench_local(|| {
-            let mut cx = PickContext::new(now, &mut rng);
-            let guard = black_box(&balancer)
-                .pick_cached(&mut cache, &mut cx)
-                .expect("endpoints are eligible");
-            guard.finish_at(Outcome::Success, now);
-        });
-    }
-
-    #[divan::bench(args = BN)]
-    fn round_robin_filter_off_cached(b: Bencher, n: usize) {
-        bench_balancer_cached(
-            b,
-            RoundRobin::new(),
-            snapshot(n, Weights::Uniform),
-            Availability::OFF,
-        );
-    }
-
     #[divan::bench(args = BN)]
     fn round_robin_filter_off(b: Bencher, n: usize) {
         bench_balancer(

@@ -8,7 +8,6 @@ use std::time::Duration;
 use crate::availability::Availability;
 use crate::endpoint::Endpoint;
 use crate::error::PickError;
-use crate::published::{Cached, Published};
 use crate::route::{self, Lead, RequestTag, Routed, RoutedSet, TagTable};
 use crate::shadow::Shadow;
 use crate::snapshot::{EndpointIdx, Snapshot};
@@ -312,9 +311,8 @@ pub struct Balancer<S: Strategy = BoxStrategy> {
     strategy: S,
     availability: Availability,
     clock: Clock,
-    /// The published state; replaced whole by `publish` and `tick` (a [`PickCache`] sees a
-    /// replacement with one load: [`Published`]).
-    current: Published<Prepared<S::Picker>>,
+    /// The published state; replaced whole by `publish` and `tick`.
+    current: ArcCell<Prepared<S::Picker>>,
     /// Set while one thread re-prepares in `tick`, so at most one does.
     refreshing: AtomicBool,
     /// Samples requests into a trace, when set.
@@ -346,7 +344,7 @@ impl<S: Strategy> Balancer<S> {
             strategy,
             availability: Availability::default(),
             clock: Clock::System,
-            current: Published::new(prepared),
+            current: ArcCell::from_pointee(prepared),
             refreshing: AtomicBool::new(false),
             tracer: None,
             shadow: ArcCell::from_pointee(None),
@@ -503,7 +501,8 @@ impl<S: Strategy> Balancer<S> {
             return false;
         }
         let next = Arc::new(prepare(&self.strategy, before.snapshot.clone(), now));
-        let swapped = self.current.compare_and_swap(&before, next);
+        let prev = self.current.compare_and_swap(&before, next);
+        let swapped = Arc::ptr_eq(&prev, &before);
         self.refreshing.store(false, Ordering::Release);
         swapped
     }
@@ -528,80 +527,6 @@ impl<S: Strategy> Balancer<S> {
     #[inline]
     pub fn pick_untried(&self, cx: &mut PickContext<'_>) -> Result<CallGuard, PickError> {
         let prepared = self.current.load();
-        let idx = prepared.select_untried(cx, &self.availability)?;
-        let endpoint = prepared.snapshot.endpoint(idx).clone();
-        Ok(self.start_call(endpoint, cx))
-    }
-
-    /// A cache of the published state for [`pick_cached`](Self::pick_cached): one per caller
-    /// that picks again and again and can hold it mutably (a tower service, a worker thread).
-    pub fn cache(&self) -> PickCache<S::Picker> {
-        self.current.cache()
-    }
-
-    /// The published state through `cache`, reloaded only when the balancer published since
-    /// the cache last looked (one atomic load otherwise, no reference-count traffic).
-    #[inline]
-    pub fn cached<'c>(&self, cache: &'c mut PickCache<S::Picker>) -> &'c Arc<Prepared<S::Picker>> {
-        self.current.cached(cache)
-    }
-
-    /// [`pick`](Self::pick) through a [`PickCache`]: the same choice from the same published
-    /// state, without [`pick`](Self::pick)'s atomic load of it (two locked instructions and
-    /// a thread-local lookup; about a third of a pick and finish at 10 endpoints, BENCHMARKS.md).
-    /// A cache taken from another balancer is refilled from this one at its first use.
-    ///
-    /// ```
-    /// # use std::sync::Arc;
-    /// # use lbkit_core::{Balancer, EndpointIdx, EndpointSpec, FastRng, Outcome, PickContext, PickError, Picker, Snapshot, Strategy, Timestamp};
-    /// # struct First;
-    /// # struct FirstPicker(EndpointIdx);
-    /// # impl Picker for FirstPicker { fn pick(&self, _: &mut PickContext<'_>) -> Result<EndpointIdx, PickError> { Ok(self.0) } }
-    /// # impl Strategy for First {
-    /// #     type Picker = FirstPicker;
-    /// #     fn name(&self) -> &str { "first" }
-    /// #     fn prepare(&self, s: &Arc<Snapshot>, _: Timestamp) -> FirstPicker { FirstPicker(s.eligible()[0]) }
-    /// # }
-    /// let now = Timestamp::ZERO;
-    /// let snapshot = |a: &str| Arc::new(Snapshot::from_specs(vec![EndpointSpec::new(a)], now));
-    /// let balancer = Balancer::new(First, snapshot("a:1"), now);
-    /// let mut cache = balancer.cache();
-    /// let mut rng = FastRng::seed_from_u64(1);
-    /// let guard = balancer.pick_cached(&mut cache, &mut PickContext::new(now, &mut rng)).unwrap();
-    /// assert_eq!(guard.endpoint().address(), "a:1");
-    /// guard.finish_at(Outcome::Success, now);
-    ///
-    /// balancer.publish(snapshot("b:1"), now); // the next cached pick sees it
-    /// let guard = balancer.pick_cached(&mut cache, &mut PickContext::new(now, &mut rng)).unwrap();
-    /// assert_eq!(guard.endpoint().address(), "b:1");
-    /// # guard.finish_at(Outcome::Success, now);
-    /// ```
-    ///
-    /// # Errors
-    /// See [`Prepared::select`].
-    #[inline]
-    pub fn pick_cached(
-        &self,
-        cache: &mut PickCache<S::Picker>,
-        cx: &mut PickContext<'_>,
-    ) -> Result<CallGuard, PickError> {
-        let prepared = self.cached(cache);
-        let idx = prepared.select(cx, &self.availability)?;
-        let endpoint = prepared.snapshot.endpoint(idx).clone();
-        Ok(self.start_call(endpoint, cx))
-    }
-
-    /// [`pick_untried`](Self::pick_untried) through a [`PickCache`].
-    ///
-    /// # Errors
-    /// See [`Prepared::select_untried`].
-    #[inline]
-    pub fn pick_untried_cached(
-        &self,
-        cache: &mut PickCache<S::Picker>,
-        cx: &mut PickContext<'_>,
-    ) -> Result<CallGuard, PickError> {
-        let prepared = self.cached(cache);
         let idx = prepared.select_untried(cx, &self.availability)?;
         let endpoint = prepared.snapshot.endpoint(idx).clone();
         Ok(self.start_call(endpoint, cx))
@@ -644,15 +569,6 @@ impl<S: Strategy> Balancer<S> {
         guard
     }
 }
-
-/// A caller's copy of a [`Balancer`]'s published state ([`Balancer::cache`]), checked against
-/// the balancer with one atomic load per [`Balancer::pick_cached`] and reloaded when the
-/// balancer published since (see [`Published`]).
-///
-/// It keeps the state it holds alive: a replaced snapshot (and the statistics of endpoints it
-/// alone still names) is released when every cache holding it has picked again or is dropped.
-/// Hold one per long-lived caller, not one per call.
-pub type PickCache<P> = Cached<Prepared<P>>;
 
 /// Give every endpoint of `snapshot` the EWMA decay `strategy` asks for, if it asks.
 fn apply_decay<S: Strategy>(strategy: &S, snapshot: &Snapshot) {

@@ -55,7 +55,6 @@ mod error;
 pub mod http;
 mod live;
 mod policy;
-mod published;
 mod rng;
 pub mod route;
 pub mod shadow;
@@ -72,7 +71,7 @@ pub use attempt::{
     status_failure, AttemptPolicy, Attempts, Budget, Classified, Next, Observed, RetryWhen, Stop,
 };
 pub use availability::{Availability, CircuitBreaker, Unavailable};
-pub use balancer::{Balancer, CallGuard, PickCache, Prepared, MAX_PROBES, WARMUP_REFRESH};
+pub use balancer::{Balancer, CallGuard, Prepared, MAX_PROBES, WARMUP_REFRESH};
 pub use budget::RetryBudget;
 pub use endpoint::{
     warmup_weight, Endpoint, EndpointKey, EndpointSpec, Metadata, DEFAULT_WARMUP, DEFAULT_WEIGHT,
@@ -80,7 +79,6 @@ pub use endpoint::{
 pub use error::PickError;
 pub use live::{exp_small, LiveStats};
 pub use policy::{HealthOverlay, SlowStart, SnapshotPolicy, DEFAULT_PANIC_THRESHOLD};
-pub use published::{Cached, Published};
 pub use rng::FastRng;
 pub use route::{RequestTag, RequestTagBuf, Route, Routed, RoutedSet};
 pub use snapshot::{EndpointIdx, Snapshot, SnapshotBuilder, Update};

@@ -276,8 +276,8 @@ async fn active_health_checks_take_an_endpoint_out_and_back() {
     assert_eq!(back, [a_addr, b_addr], "readmitted after rise");
 }
 
-// A handle made before an update follows it: its cached balancer state is reloaded when the
-// pool publishes (round robin, so every endpoint of the new snapshot is reached).
+// A handle made before an update follows it: an endpoint added later is picked, one removed is
+// not (round robin, so every endpoint of the current snapshot is reached).
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_handle_made_before_an_update_follows_it() {
     let farm = Farm::new(&["a", "b", "c"]);

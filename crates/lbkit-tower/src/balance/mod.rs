@@ -193,9 +193,6 @@ impl<Svc, Q, R, S: Strategy, F> Shared<Svc, Q, R, S, F> {
 pub struct Balance<Svc, Q, R, S: Strategy = BoxStrategy, F = NoFallback> {
     shared: Arc<Shared<Svc, Q, R, S, F>>,
     rng: FastRng,
-    /// The balancer's state as this handle last saw it: a first pick reads it with one load
-    /// while the pool publishes nothing new.
-    cache: crate::pool::PoolCache<S::Picker>,
 }
 
 // === impl Balance ===
@@ -203,8 +200,7 @@ pub struct Balance<Svc, Q, R, S: Strategy = BoxStrategy, F = NoFallback> {
 impl<Svc, Q, R, S: Strategy, F> Balance<Svc, Q, R, S, F> {
     pub(crate) fn from_shared(shared: Arc<Shared<Svc, Q, R, S, F>>) -> Self {
         let rng = FastRng::seed_from_u64(shared.next_seed());
-        let cache = shared.pool.cache();
-        Balance { shared, rng, cache }
+        Balance { shared, rng }
     }
 
     /// The pool.
@@ -295,9 +291,7 @@ where
                 trace: lbkit_core::trace::TraceId::UNDECIDED,
                 hedge: false,
             };
-            shared
-                .pool
-                .select_cached(&mut self.cache, &input, &mut self.rng)
+            shared.pool.select(&input, &mut self.rng)
         });
         match (first, shared.mode) {
             // The fast path: the endpoint is ready, so dispatch now (as tower expects right

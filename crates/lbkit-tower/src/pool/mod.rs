@@ -22,7 +22,7 @@ use tokio::sync::watch;
 use crate::error::BoxError;
 use crate::telemetry::{PoolCollector, PoolMetrics, PoolView};
 
-pub(crate) use select::{PickInput, PoolCache, Selected};
+pub(crate) use select::{PickInput, Selected};
 
 /// Candidates a pick looks at before it settles for one whose service is not ready.
 pub const DEFAULT_READINESS_PROBES: u32 = 4;

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use futures_util::FutureExt;
 use lbkit_core::trace::TraceId;
 use lbkit_core::{
-    CallGuard, Endpoint, EndpointIdx, FailureKind, FastRng, Outcome, PickCache, PickContext,
-    PickError, Prepared, Strategy, Timestamp, TriedSet,
+    CallGuard, Endpoint, EndpointIdx, FailureKind, FastRng, Outcome, PickContext, PickError,
+    Prepared, Strategy, Timestamp, TriedSet,
 };
 use tower::{Service, ServiceExt};
 
@@ -22,14 +22,6 @@ pub(crate) struct Selected<Svc> {
     pub(crate) call: Completion,
     pub(crate) svc: Svc,
     pub(crate) ready: bool,
-}
-
-/// A caller's copy of a pool's balancer state ([`Pool::select_cached`]): one per
-/// [`Balance`](crate::Balance) handle. Not the service map: a copy of it would keep the
-/// services (and connections) of removed endpoints alive in idle handles; a stale
-/// [`Prepared`] holds only statistics.
-pub(crate) struct PoolCache<P> {
-    prepared: PickCache<P>,
 }
 
 /// Candidates passed over: the first that was merely busy, the first whose readiness failed.
@@ -78,58 +70,17 @@ impl<Svc, S: Strategy> Pool<Svc, S> {
     {
         let prepared = self.inner.balancer.load();
         let services = self.inner.services.load();
-        self.select_in(&prepared, &services, input, rng)
-    }
-
-    /// [`select`](Self::select) through a caller's [`PoolCache`]: the balancer's state is read
-    /// with one load while the pool publishes nothing new.
-    pub(crate) fn select_cached<Req>(
-        &self,
-        cache: &mut PoolCache<S::Picker>,
-        input: &PickInput<'_>,
-        rng: &mut FastRng,
-    ) -> Result<Selected<Svc>, Error>
-    where
-        Svc: Service<Req> + Clone,
-        Svc::Error: Into<crate::BoxError>,
-    {
-        // The balancer's state first: the pool task stores a snapshot's services before it
-        // publishes the snapshot, so the map loaded after it names every endpoint of the state.
-        let prepared = self.inner.balancer.cached(&mut cache.prepared);
-        let services = self.inner.services.load();
-        self.select_in(prepared, &services, input, rng)
-    }
-
-    /// A pool's per-caller cache for [`select_cached`](Self::select_cached).
-    pub(crate) fn cache(&self) -> PoolCache<S::Picker> {
-        PoolCache {
-            prepared: self.inner.balancer.cache(),
-        }
-    }
-
-    #[inline]
-    fn select_in<Req>(
-        &self,
-        prepared: &Prepared<S::Picker>,
-        services: &ServiceMap<Svc>,
-        input: &PickInput<'_>,
-        rng: &mut FastRng,
-    ) -> Result<Selected<Svc>, Error>
-    where
-        Svc: Service<Req> + Clone,
-        Svc::Error: Into<crate::BoxError>,
-    {
-        let idx = self.pick(prepared, input, input.tried, rng)?;
+        let idx = self.pick(&prepared, input, input.tried, rng)?;
         let endpoint = prepared.snapshot().endpoint(idx);
         let mut left = Leftover::default();
-        if let Some(entry) = lookup(services, endpoint) {
+        if let Some(entry) = lookup(&services, endpoint) {
             let mut svc = entry.svc.clone();
             match svc.ready().now_or_never().map(|r| r.map(drop)) {
                 Some(Ok(_)) => return Ok(self.selected(endpoint, svc, true, input, rng)),
                 other => self.note(&mut left, endpoint, svc, other, input),
             }
         }
-        self.pass_over(prepared, services, endpoint, left, input, rng)
+        self.pass_over(&prepared, &services, endpoint, left, input, rng)
     }
 
     #[inline]
