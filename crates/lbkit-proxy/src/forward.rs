@@ -198,8 +198,7 @@ impl Outgoing {
         let key = hash_key(&mut req, envelope.route().hash_key.as_ref(), client);
         let tag = service
             .tags()
-            .read(&HttpKeySource::new(&req))
-            .map(RequestTagBuf::from);
+            .with_tag(&req, |tag| tag.map(RequestTagBuf::from));
         let (mut parts, body) = req.into_parts();
         prepare_headers(&mut parts, client);
         if let Some(u) = &upgrade {

@@ -86,12 +86,15 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
+/// `X-Forwarded-For`, prepared once: a lookup or insert by `&str` parses the name each time.
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+
 /// Append the client to `X-Forwarded-For` and `Forwarded` (RFC 7239), with the protocol and
 /// the request's `Host`. Each value is built in one buffer that becomes the header's bytes.
 pub(crate) fn add_forwarded(headers: &mut HeaderMap, client: SocketAddr) {
     let ip = client.ip();
     let mut xff = String::with_capacity(48);
-    if let Some(prev) = headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
+    if let Some(prev) = headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
         xff.push_str(prev);
         xff.push_str(", ");
     }
@@ -116,7 +119,7 @@ pub(crate) fn add_forwarded(headers: &mut HeaderMap, client: SocketAddr) {
         forwarded.push('"');
     }
     if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(xff)) {
-        headers.insert("x-forwarded-for", v);
+        headers.insert(X_FORWARDED_FOR, v);
     }
     if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(forwarded)) {
         headers.insert(header::FORWARDED, v);

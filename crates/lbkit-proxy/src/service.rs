@@ -17,7 +17,7 @@ use lbkit_core::{
 };
 use lbkit_discovery::ControllerMetrics;
 use lbkit_strategy::catalog::{self, ParamError, Params};
-use lbkit_strategy::TagHeaders;
+use lbkit_tower::http::HttpTags;
 
 use crate::body::ClientBody;
 use crate::config;
@@ -65,8 +65,8 @@ pub struct Service {
     ejections: ArcSwap<HashMap<EndpointKey, u64>>,
     // Set once by the service's task when its discovery controller starts; read by /metrics.
     discovery: std::sync::OnceLock<Arc<ControllerMetrics>>,
-    /// Where requests carry their routing tag (`tags`).
-    tags: TagHeaders,
+    /// Where requests carry their routing tag (`tags`), names prepared for HTTP/2's header maps.
+    tags: HttpTags,
     /// The trace recorder (`trace`), attached to every balancer the service builds.
     trace: Option<Arc<lbkit_trace::Recorder>>,
 }
@@ -127,7 +127,7 @@ impl Service {
             clock,
             ejections: ArcSwap::default(),
             discovery: std::sync::OnceLock::new(),
-            tags: config.tags.headers(),
+            tags: HttpTags::new(config.tags.headers()),
             config: config.clone(),
             trace,
         })
@@ -185,7 +185,7 @@ impl Service {
 
     /// Where requests carry their routing tag.
     #[inline]
-    pub fn tags(&self) -> &TagHeaders {
+    pub fn tags(&self) -> &HttpTags {
         &self.tags
     }
 

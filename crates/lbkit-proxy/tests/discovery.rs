@@ -376,10 +376,22 @@ async fn the_registry_cache_and_an_older_zookeeper_work_in_the_proxy() {
 
 /// Who answered `n` GETs with `headers` (the proxy's own answers as `STATUS BODY`).
 async fn answered(proxy: &Proxy, headers: &[(&str, &str)], n: usize) -> Vec<String> {
-    let client = client();
+    answered_by(&client(), proxy, headers, n).await
+}
+
+/// [`answered`] through `client` (HTTP/1.1 or h2c).
+async fn answered_by(
+    client: &hyper_util::client::legacy::Client<
+        hyper_util::client::legacy::connect::HttpConnector,
+        http_body_util::Full<bytes::Bytes>,
+    >,
+    proxy: &Proxy,
+    headers: &[(&str, &str)],
+    n: usize,
+) -> Vec<String> {
     let mut seen = std::collections::BTreeSet::new();
     for _ in 0..n {
-        let (status, body, _) = get(&client, proxy.listeners()[0], "/", headers).await;
+        let (status, body, _) = get(client, proxy.listeners()[0], "/", headers).await;
         seen.insert(if status == StatusCode::OK {
             body
         } else {
@@ -439,6 +451,29 @@ async fn the_tag_header_routes_requests_to_their_tags_endpoints() {
     assert_eq!(forced.len(), 1);
     assert!(
         forced[0].starts_with("503 ") && forced[0].contains("tag"),
+        "{forced:?}"
+    );
+    // The same through the proxy's HTTP/2 engine (h2c with prior knowledge), which reads the
+    // tag from hyper's header map by the names prepared once (`HttpTags`).
+    let h2c = h2c_client();
+    assert_eq!(
+        answered_by(&h2c, &proxy, &[("x-lane", "gray")], 10).await,
+        ["a"]
+    );
+    assert_eq!(answered_by(&h2c, &proxy, &[], 10).await, ["b", "c"]);
+    assert_eq!(
+        answered_by(&h2c, &proxy, &[("dubbo.tag", "gray")], 10).await,
+        ["b", "c"]
+    );
+    let forced = answered_by(
+        &h2c,
+        &proxy,
+        &[("x-lane", "blue"), ("x-lane-only", "true")],
+        1,
+    )
+    .await;
+    assert!(
+        forced.len() == 1 && forced[0].starts_with("503 ") && forced[0].contains("tag"),
         "{forced:?}"
     );
     // The admin API lists each endpoint's tags.

@@ -333,7 +333,12 @@ impl Conn<'_> {
             target: &self.input[head.target.clone()],
             ip: self.peer.ip(),
         };
-        route.service.tags().read(&source).map(RequestTagBuf::from)
+        route
+            .service
+            .tags()
+            .headers()
+            .read(&source)
+            .map(RequestTagBuf::from)
     }
 
     /// The attempts of one request under lbkit-core's [`Attempts`]: pick, exchange, retry on an

@@ -134,6 +134,15 @@ pub fn client() -> Client<HttpConnector, Full<Bytes>> {
     Client::builder(TokioExecutor::new()).build_http()
 }
 
+/// A client speaking HTTP/2 with prior knowledge (h2c): served by the proxy's hyper engine, not
+/// its HTTP/1.1 fast path.
+#[allow(dead_code)] // not every test binary speaks h2c
+pub fn h2c_client() -> Client<HttpConnector, Full<Bytes>> {
+    Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http()
+}
+
 /// GET `path` on `proxy` with extra headers; returns status, body and response headers.
 pub async fn get(
     client: &Client<HttpConnector, Full<Bytes>>,

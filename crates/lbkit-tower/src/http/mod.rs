@@ -92,7 +92,7 @@ pub fn replay_request<B: ReplayBody>(req: &http::Request<B>) -> Option<http::Req
 pub struct HttpRequests {
     key: Option<KeyExtractor>,
     by_method: bool,
-    tags: Option<Tags>,
+    tags: Option<HttpTags>,
 }
 
 impl Default for HttpRequests {
@@ -100,29 +100,60 @@ impl Default for HttpRequests {
         HttpRequests {
             key: None,
             by_method: true,
-            tags: Some(Tags::new(TagHeaders::default())),
+            tags: Some(HttpTags::new(TagHeaders::default())),
         }
     }
 }
 
-/// The tag headers with their names prepared for `HeaderMap` lookups: a lookup by `&str`
-/// parses and checks the name on every request (143 instructions a request in the tower
-/// layer's profile, BENCHMARKS.md). A name that is no valid header name is never present.
+/// [`TagHeaders`] with the two header names prepared for `HeaderMap` lookups, for reading the
+/// routing tag of `http::Request`s: a lookup by `&str` parses and checks the name on every
+/// request (143 instructions a request in the tower layer's profile, BENCHMARKS.md). A name
+/// that is no valid header name is never present. [`HttpRequests`] reads tags with it, and so
+/// does `lbkit proxy` for HTTP/2 requests.
+///
+/// ```
+/// use lbkit_strategy::TagHeaders;
+/// use lbkit_tower::http::HttpTags;
+///
+/// let tags = HttpTags::new(TagHeaders::default());
+/// let req = http::Request::builder().header("dubbo.tag", "gray").body(()).unwrap();
+/// let tag = tags.with_tag(&req, |tag| tag.map(|t| (t.name.to_vec(), t.force)));
+/// assert_eq!(tag, Some((b"gray".to_vec(), false)));
+/// ```
 #[derive(Clone, Debug)]
-struct Tags {
+pub struct HttpTags {
     headers: TagHeaders,
     tag: Option<HeaderName>,
     force: Option<HeaderName>,
 }
 
-impl Tags {
-    fn new(headers: TagHeaders) -> Self {
+impl HttpTags {
+    /// Prepare `headers`' names.
+    pub fn new(headers: TagHeaders) -> Self {
         let name = |s: &str| HeaderName::from_bytes(s.as_bytes()).ok();
-        Tags {
+        HttpTags {
             tag: name(headers.tag_header()),
             force: name(headers.force_header()),
             headers,
         }
+    }
+
+    /// The tag headers and their defaults.
+    pub fn headers(&self) -> &TagHeaders {
+        &self.headers
+    }
+
+    /// Call `f` with the routing tag of `req` (as [`TagHeaders::read`] reads it), if any.
+    pub fn with_tag<B, R>(
+        &self,
+        req: &http::Request<B>,
+        f: impl FnOnce(Option<lbkit_core::RequestTag<'_>>) -> R,
+    ) -> R {
+        let source = TagSource {
+            req: HttpKeySource::new(req),
+            tags: self,
+        };
+        f(self.headers.read(&source))
     }
 }
 
@@ -130,7 +161,7 @@ impl Tags {
 /// else as [`HttpKeySource`] reads it.
 struct TagSource<'a, B> {
     req: HttpKeySource<'a, B>,
-    tags: &'a Tags,
+    tags: &'a HttpTags,
 }
 
 impl<B> KeySource for TagSource<'_, B> {
@@ -190,7 +221,7 @@ impl HttpRequests {
     /// # let _ = requests;
     /// ```
     pub fn tags(mut self, tags: Option<TagHeaders>) -> Self {
-        self.tags = tags.map(Tags::new);
+        self.tags = tags.map(HttpTags::new);
         self
     }
 }
@@ -204,12 +235,12 @@ impl<B: ReplayBody + Send + 'static> RequestPolicy<http::Request<B>> for HttpReq
     }
 
     fn with_route<R>(&self, req: &http::Request<B>, pick: impl FnOnce(Route<'_>) -> R) -> R {
-        let source = self.tags.as_ref().map(|tags| TagSource {
-            req: HttpKeySource::new(req),
-            tags,
-        });
-        let tag = source.as_ref().and_then(|s| s.tags.headers.read(s));
-        self.with_hash_key(req, |key| pick(Route { key, tag }))
+        match &self.tags {
+            Some(tags) => tags.with_tag(req, |tag| {
+                self.with_hash_key(req, |key| pick(Route { key, tag }))
+            }),
+            None => self.with_hash_key(req, |key| pick(Route { key, tag: None })),
+        }
     }
 
     fn is_idempotent(&self, req: &http::Request<B>) -> bool {
