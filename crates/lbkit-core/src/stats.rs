@@ -202,18 +202,23 @@ pub struct StatsSeed {
 /// the endpoint's [`LiveStats`] line, allocated densely apart from the rest (see
 /// [`live`](Self::live)); the windowed slots and load reports stay here.
 #[derive(Debug)]
+#[repr(C)]
 pub struct EndpointStats {
+    // What a success touches here is kept together, in this order (hence `repr(C)`): the
+    // window's word and slot end (the last fields of `window`), `live`, then the buckets
+    // (72 bytes from the word to the end of bucket 5, 50 ms): one or two cache lines, not three,
+    // which is what a call pays in misses when there are too many endpoints for the cache.
+    window: WindowedMean,
     // Taken from the slab at construction, given back on drop; nothing else keeps it.
     live: &'static LiveStats,
-    // Written when calls finish; atomics, Relaxed.
-    failures: AtomicU64,
-    by_kind: [AtomicU64; 4],
-    cancellations: AtomicU64,
-    window: WindowedMean,
     // Latency histogram of finished calls (not cancellations): counts per bucket; its sum is
     // the successes' (kept in the live line for the strategies) plus the failures' here, so a
     // success costs no third latency sum.
     buckets: [AtomicU64; LATENCY_BUCKETS.len() + 1],
+    // Written when calls fail or are cancelled; atomics, Relaxed.
+    failures: AtomicU64,
+    by_kind: [AtomicU64; 4],
+    cancellations: AtomicU64,
     failure_nanos: AtomicU64,
     // Server-reported load; f64 bits. Written by whoever receives reports.
     load_utilization: AtomicU64,
@@ -533,14 +538,15 @@ impl EndpointStats {
 /// success may count in the slot before. The `lbkit_loom` models in `tests/loom.rs` check the
 /// reader against racing writers and a rollover.
 #[derive(Debug, Default)]
+#[repr(C)] // `acc` and `next_slot_ns` last, next to what follows in `EndpointStats`
 struct WindowedMean {
-    acc: AtomicU64,
-    // The end of the newest slot marked (ns); a success at or past it opens its own slot.
-    next_slot_ns: AtomicU64,
+    marks: [Mark; SLOTS],
     // Successes the live line counts that were not recorded here (a seed's beyond its one
     // sample), subtracted when recovering the count's high bits.
     outside: AtomicU64,
-    marks: [Mark; SLOTS],
+    acc: AtomicU64,
+    // The end of the newest slot marked (ns); a success at or past it opens its own slot.
+    next_slot_ns: AtomicU64,
 }
 
 /// Where one slot starts: `acc` and the live line's successes (less `outside`) at its first
@@ -903,5 +909,22 @@ mod tests {
         );
         assert_eq!(s.ewma_at(t(5_000)), Some(Duration::from_millis(30)));
         assert_eq!(s.last_failure_at(), Some(t(5_000)));
+    }
+}
+
+#[cfg(all(test, not(lbkit_loom)))]
+mod layout {
+    use super::*;
+    use std::mem::offset_of;
+
+    // What a success writes or reads in `EndpointStats` sits together: the window's word and
+    // slot end, the live line's address, the buckets (see the struct).
+    #[test]
+    fn a_success_touches_one_run_of_fields() {
+        let acc = offset_of!(EndpointStats, window) + offset_of!(WindowedMean, acc);
+        let next = offset_of!(EndpointStats, window) + offset_of!(WindowedMean, next_slot_ns);
+        assert_eq!(next, acc + 8);
+        assert_eq!(offset_of!(EndpointStats, live), next + 8);
+        assert_eq!(offset_of!(EndpointStats, buckets), next + 16);
     }
 }
