@@ -47,9 +47,13 @@ loom::lazy_static! {
     static ref FREE: loom::sync::Mutex<Vec<&'static LiveStats>> = loom::sync::Mutex::new(Vec::new());
 }
 
-/// Add `v` to `sum`, staying at `u64::MAX` instead of wrapping (latency sums).
+/// Add `v` to `sum`, staying at `u64::MAX` instead of wrapping (latency sums). One
+/// `fetch_add`, not a compare-and-swap loop: a sum that wrapped (584 years of latency) is pinned
+/// at the maximum right after, so a reader racing that one add may see the wrapped value.
 pub(crate) fn add_saturating(sum: &AtomicU64, v: u64) {
-    let _ = sum.fetch_update(Relaxed, Relaxed, |s| Some(s.saturating_add(v)));
+    if sum.fetch_add(v, Relaxed).checked_add(v).is_none() {
+        sum.store(u64::MAX, Relaxed);
+    }
 }
 
 /// The next free line of `free`, adding a fresh chunk when it is empty.
@@ -226,15 +230,7 @@ impl LiveStats {
     }
 
     pub(crate) fn add_success_nanos(&self, ns: u64) {
-        // One `fetch_add`; a sum that wrapped (584 years of latency) is pinned at the maximum.
-        if self
-            .success_nanos
-            .fetch_add(ns, Relaxed)
-            .checked_add(ns)
-            .is_none()
-        {
-            self.success_nanos.store(u64::MAX, Relaxed);
-        }
+        add_saturating(&self.success_nanos, ns);
     }
 
     pub(crate) fn failure(&self, now: Timestamp) {
@@ -507,6 +503,11 @@ mod tests {
         l.success(u64::MAX - 1);
         l.success(5);
         assert_eq!((l.successes(), l.success_nanos()), (2, u64::MAX));
+        // The one helper serves every latency sum (the failures' too), and stays pinned.
+        let sum = AtomicU64::new(u64::MAX - 1);
+        add_saturating(&sum, 5);
+        add_saturating(&sum, 5);
+        assert_eq!(sum.load(Relaxed), u64::MAX);
         LiveStats::release(l);
     }
 
