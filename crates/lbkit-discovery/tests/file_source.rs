@@ -34,7 +34,7 @@ async fn next(rx: &mut mpsc::UnboundedReceiver<Arc<Snapshot>>) -> Arc<Snapshot> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reloads_on_change_and_keeps_the_last_good_set_on_a_broken_file() {
     let dir = temp_dir("file-source");
-    let path = dir.join("endpoints.toml");
+    let path = dir.path().join("endpoints.toml");
     std::fs::write(
         &path,
         "[[endpoint]]\naddress = \"10.0.0.1:80\"\n[[endpoint]]\naddress = \"10.0.0.2:80\"\nweight = 5\n",
@@ -88,7 +88,6 @@ async fn reloads_on_change_and_keeps_the_last_good_set_on_a_broken_file() {
     assert!(metrics.source_errors() >= 1);
     assert!(rx.try_recv().is_err());
     task.abort();
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Publish `text` as a new version of a Kubernetes-style mounted file: a fresh timestamped
@@ -112,9 +111,10 @@ fn kubelet_swap(dir: &Path, version: &str, name: &str, text: &str) {
 // (issue 15: such swaps went unnoticed).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kubernetes_symlink_swap_is_a_change() {
-    let dir = temp_dir("file-k8s");
+    let tmp = temp_dir("file-k8s");
+    let dir = tmp.path();
     kubelet_swap(
-        &dir,
+        dir,
         "v1",
         "endpoints.toml",
         "[[endpoint]]\naddress = \"10.0.0.1:80\"\n",
@@ -131,7 +131,7 @@ async fn a_kubernetes_symlink_swap_is_a_change() {
         [("10.0.0.1:80".into(), 100)]
     );
     kubelet_swap(
-        &dir,
+        dir,
         "v2",
         "endpoints.toml",
         "[[endpoint]]\naddress = \"10.0.0.2:80\"\n",
@@ -141,5 +141,4 @@ async fn a_kubernetes_symlink_swap_is_a_change() {
         [("10.0.0.2:80".into(), 100)]
     );
     task.abort();
-    let _ = std::fs::remove_dir_all(dir);
 }

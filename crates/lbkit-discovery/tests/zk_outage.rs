@@ -178,7 +178,8 @@ async fn cache_file_serves_the_last_set_when_zookeeper_is_down_at_start() {
     let server = OwnZk::start("cache").await;
     let zk = ZkConfig::new(server.addr.clone());
     let path = ServicePath::new("dubbo", &unique("cache"), Layout::Dubbo).unwrap();
-    let cache = common::temp_dir("cache-file").join("providers.cache.json");
+    let cache_dir = common::temp_dir("cache-file");
+    let cache = cache_dir.path().join("providers.cache.json");
     let regs = [
         ZkRegistration::spawn(zk.clone(), path.clone(), provider("10.7.0.1:20880")).unwrap(),
         ZkRegistration::spawn(zk.clone(), path.clone(), provider("10.7.0.2:20880")).unwrap(),
@@ -219,5 +220,4 @@ async fn cache_file_serves_the_last_set_when_zookeeper_is_down_at_start() {
     );
     let st = second.status.get();
     assert!(st.from_cache && !st.connected, "{st:?}");
-    let _ = std::fs::remove_dir_all(cache.parent().expect("dir"));
 }

@@ -13,12 +13,12 @@ use http::StatusCode;
 use lbkit_discovery::zookeeper::{Layout, Provider, ServicePath, ZkConfig, ZkRegistration};
 use lbkit_proxy::Proxy;
 
-/// A fresh directory for one test's files.
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("lbkit-proxy-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("scratch dir");
-    dir
+/// A fresh directory for one test's files, removed with them when the value drops.
+fn scratch(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("lbkit-proxy-{name}-"))
+        .tempdir()
+        .expect("scratch dir")
 }
 
 /// A proxy config whose service `svc` takes its endpoints from `source` (a TOML fragment).
@@ -101,7 +101,7 @@ fn write(path: &std::path::Path, text: &str) {
 async fn a_watched_file_adds_and_removes_endpoints_and_a_broken_one_keeps_them() {
     let (a, b) = (Backend::start("a").await, Backend::start("b").await);
     let dir = scratch("file");
-    let path = dir.join("endpoints.toml");
+    let path = dir.path().join("endpoints.toml");
     write(&path, &endpoints_file(&[&a]));
     let text = config_with_source(&format!("file = {:?}", path.display().to_string()));
     let proxy = Proxy::start(parse(&text)).await.expect("proxy starts");
@@ -130,7 +130,6 @@ async fn a_watched_file_adds_and_removes_endpoints_and_a_broken_one_keeps_them()
         assert_eq!((status, body.as_str()), (StatusCode::OK, "b"));
     }
     proxy.shutdown(Duration::from_secs(2)).await;
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// A Dubbo interface name of this run only (so reruns and other tests never see each other's
@@ -281,7 +280,10 @@ async fn a_held_empty_push_survives_a_health_flip_a_reload_and_ticks() {
 async fn a_changed_service_serves_its_predecessors_endpoints_until_its_source_speaks() {
     let (a, b) = (Backend::start("a").await, Backend::start("b").await);
     let dir = scratch("reload-handover");
-    let (first, second) = (dir.join("first.toml"), dir.join("second.toml"));
+    let (first, second) = (
+        dir.path().join("first.toml"),
+        dir.path().join("second.toml"),
+    );
     write(&first, &endpoints_file(&[&a, &b]));
     let source = |path: &PathBuf, retries: u32| {
         format!(
@@ -309,7 +311,6 @@ async fn a_changed_service_serves_its_predecessors_endpoints_until_its_source_sp
     write(&second, &endpoints_file(&[&b]));
     until_serving(&proxy, &["b"], 6).await;
     proxy.shutdown(Duration::from_secs(2)).await;
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 // A proxy restarted while ZooKeeper is down routes to the providers its registry cache saved
@@ -323,7 +324,7 @@ async fn the_registry_cache_and_an_older_zookeeper_work_in_the_proxy() {
     let (a, b) = (Backend::start("a").await, Backend::start("b").await);
     let (interface, path) = zk_service("Cached", &a);
     let dir = scratch("zk-cache");
-    let cache = dir.join("svc.cache.json");
+    let cache = dir.path().join("svc.cache.json");
     let reg_a = register(&zk, &path, &a).await;
     // Through a shim that makes the server look like ZooKeeper 3.5.
     let old = lbkit_testkit::zk_shim::ZkShim::older_than_3_6(&zk)
@@ -371,7 +372,6 @@ async fn the_registry_cache_and_an_older_zookeeper_work_in_the_proxy() {
             .await
             .expect("deregistered in time");
     }
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// Who answered `n` GETs with `headers` (the proxy's own answers as `STATUS BODY`).
@@ -413,7 +413,7 @@ async fn the_tag_header_routes_requests_to_their_tags_endpoints() {
         Backend::start("c").await,
     );
     let dir = scratch("tags");
-    let path = dir.join("endpoints.json");
+    let path = dir.path().join("endpoints.json");
     let entry = |bk: &Backend, tag: Option<&str>| match tag {
         Some(t) => format!(
             r#"{{"address": "{}", "metadata": {{"dubbo.tag": "{t}"}}}}"#,
@@ -490,7 +490,6 @@ async fn the_tag_header_routes_requests_to_their_tags_endpoints() {
         ["b", "c"]
     );
     proxy.shutdown(Duration::from_secs(2)).await;
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Issue 17: `[service.NAME.trace]` records every attempt of the sampled requests (here all):
@@ -503,7 +502,7 @@ async fn a_trace_table_records_every_attempt_of_sampled_requests() {
     let dead_addr = dead.local_addr().unwrap();
     drop(dead);
     let dir = scratch("trace");
-    let path = dir.join("svc.lbkt");
+    let path = dir.path().join("svc.lbkt");
     let text = format!(
         "{}[service.svc.trace]\npath = {:?}\nsample_rate = 1.0\nmax_bytes = 1048576\n",
         config_with_source(&format!(

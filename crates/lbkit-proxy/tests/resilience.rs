@@ -10,6 +10,14 @@ use common::*;
 use http::StatusCode;
 use lbkit_proxy::{Proxy, Supervisor};
 
+/// A fresh directory named `{prefix}…`, removed with everything in it when the value drops.
+fn scratch(prefix: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir()
+        .expect("scratch dir")
+}
+
 /// The `eligible` flag of the endpoint at `addr`, from `GET /endpoints`.
 async fn eligible(proxy: &Proxy, addr: std::net::SocketAddr) -> bool {
     let (status, body) = admin(&client(), proxy, "GET", "/endpoints", "").await;
@@ -219,8 +227,8 @@ async fn strategy_switch_under_load_fails_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reload_rejects_a_broken_file_and_applies_a_good_one() {
     let (a, b) = (Backend::start("a").await, Backend::start("b").await);
-    let dir = std::env::temp_dir().join(format!("lbkit-proxy-reload-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = scratch("lbkit-proxy-reload-");
+    let dir = tmp.path();
     let path = dir.join("proxy.toml");
     let good = config_text(&[&a, &b], "round-robin", "");
     std::fs::write(&path, &good).unwrap();
@@ -244,7 +252,6 @@ async fn reload_rejects_a_broken_file_and_applies_a_good_one() {
         assert_eq!(get(&client, addr, "/", &[]).await.0, StatusCode::OK);
     }
     assert!(proxy.stop().await);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -401,9 +408,8 @@ async fn a_request_its_client_abandons_ends_in_the_metrics() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kubernetes_configmap_swap_reloads_the_config() {
     let a = Backend::start("a").await;
-    let dir = std::env::temp_dir().join(format!("lbkit-proxy-k8s-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let root = scratch("lbkit-proxy-k8s-");
+    let dir = root.path();
     let swap = |version: &str, text: &str| {
         let versioned = dir.join(format!("..{version}"));
         std::fs::create_dir_all(&versioned).unwrap();
@@ -421,7 +427,6 @@ async fn a_kubernetes_configmap_swap_reloads_the_config() {
     swap("v2", &good.replace("round-robin", "weighted-random"));
     assert!(proxy.applied(1).await, "the swap was seen");
     proxy.stop().await;
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 // Idle connections to the admin listener are closed after `header_read_timeout_ms`, so they
@@ -648,9 +653,8 @@ fn release_fifo(path: &std::path::Path) -> std::fs::File {
 async fn a_slow_reload_does_not_stall_requests_on_the_supervisors_thread() {
     use std::sync::atomic::{AtomicBool, Ordering};
     let (a, b) = (Backend::start("a").await, Backend::start("b").await);
-    let dir = std::env::temp_dir().join(format!("lbkit-proxy-slow-reload-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = scratch("lbkit-proxy-slow-reload-");
+    let dir = tmp.path();
     let path = dir.join("proxy.toml");
     let good = config_text(&[&a, &b], "round-robin", "");
     let next = good.replace("round-robin", "weighted-random");
@@ -727,5 +731,4 @@ async fn a_slow_reload_does_not_stall_requests_on_the_supervisors_thread() {
     let reader = release_fifo(&keep);
     holder.join().unwrap();
     drop(reader);
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -356,16 +356,18 @@ mod tests {
 
     #[test]
     fn empirical_files() {
-        let dir = std::env::temp_dir().join(format!("lbkit-sim-emp-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let good = dir.join("lat.csv");
+        let dir = tempfile::Builder::new()
+            .prefix("lbkit-sim-emp-")
+            .tempdir()
+            .unwrap();
+        let good = dir.path().join("lat.csv");
         std::fs::write(&good, "latency_ms\n1.5\n2.5\n").unwrap();
         let s = ServiceTime::new(&ServiceSpec::Empirical {
             file: good.display().to_string(),
         })
         .unwrap();
         assert_eq!(s.mean(), 2e6);
-        let bad = dir.join("bad.csv");
+        let bad = dir.path().join("bad.csv");
         std::fs::write(&bad, "1\nfast\n").unwrap();
         let e = ServiceTime::new(&ServiceSpec::Empirical {
             file: bad.display().to_string(),

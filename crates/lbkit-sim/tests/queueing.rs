@@ -149,8 +149,11 @@ fn plots_are_well_formed_svg() {
         ..RunOptions::default()
     };
     let r = run(&s, &opts, &mut |_, _| {}).unwrap();
-    let dir = std::env::temp_dir().join(format!("lbkit-sim-plots-{}", std::process::id()));
-    let files = plot::write_plots(&r, &dir).unwrap();
+    let dir = tempfile::Builder::new()
+        .prefix("lbkit-sim-plots-")
+        .tempdir()
+        .unwrap();
+    let files = plot::write_plots(&r, dir.path()).unwrap();
     assert_eq!(files.len(), 4);
     let ranked = std::fs::read_to_string(&files[0]).unwrap();
     let doc = roxmltree::Document::parse(&ranked).unwrap();
@@ -177,7 +180,6 @@ fn plots_are_well_formed_svg() {
         );
         assert!(text.contains("least-active"), "legend names the strategies");
     }
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

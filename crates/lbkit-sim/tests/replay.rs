@@ -29,11 +29,12 @@ service = { dist = "exponential", mean_ms = 10.0 }
 slow_factor = 3.0
 "#;
 
-fn dir(name: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("lbkit-sim-replay-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A fresh directory, removed with everything in it when the value drops.
+fn dir(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("lbkit-sim-replay-{name}-"))
+        .tempdir()
+        .unwrap()
 }
 
 fn record(strategy: &str, path: &std::path::Path) -> lbkit_sim::Report {
@@ -61,7 +62,7 @@ fn record(strategy: &str, path: &std::path::Path) -> lbkit_sim::Report {
 #[test]
 fn replaying_the_strategy_that_ran_reproduces_its_p50_and_p99() {
     let d = dir("rr");
-    let trace_path = d.join("calls.lbkt");
+    let trace_path = d.path().join("calls.lbkt");
     let truth = record("round-robin", &trace_path);
     let trace = read(&trace_path).unwrap();
     assert_eq!(trace.records.len(), 60_000, "every attempt recorded");
@@ -85,7 +86,7 @@ fn replaying_the_strategy_that_ran_reproduces_its_p50_and_p99() {
         t.p99_ms
     );
 
-    let scenario_path = d.join("fitted").join("scenario.toml");
+    let scenario_path = d.path().join("fitted").join("scenario.toml");
     f.write(&scenario_path).unwrap();
     let fitted = Scenario::load(&scenario_path).unwrap();
     let replay = run(
@@ -125,7 +126,7 @@ fn replaying_the_strategy_that_ran_reproduces_its_p50_and_p99() {
 #[test]
 fn a_sampled_trace_fits_poisson_arrivals_at_the_scaled_rate() {
     let d = dir("sampled");
-    let path = d.join("calls.lbkt");
+    let path = d.path().join("calls.lbkt");
     let truth = Scenario::parse(TRUTH, "truth").unwrap();
     let config = TraceConfig::new(&path)
         .with_sample_rate(0.25)
@@ -174,7 +175,7 @@ fn a_sampled_trace_fits_poisson_arrivals_at_the_scaled_rate() {
 #[test]
 fn a_retried_request_keeps_one_id_across_its_attempts() {
     let d = dir("retries");
-    let path = d.join("calls.lbkt");
+    let path = d.path().join("calls.lbkt");
     let text = TRUTH
         .replace("requests = 60000", "requests = 3000")
         .replace("timeout_ms = 2000.0", "timeout_ms = 40.0\nretries = 1");

@@ -153,10 +153,12 @@ fn bad_searches_name_the_problem() {
     assert!(all.len() > 20 && !all.contains(&"round-robin".to_owned()));
 }
 
-fn scratch(name: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("lbkit-sim-html-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+/// A fresh directory, removed with everything in it when the value drops.
+fn scratch(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("lbkit-sim-html-{name}-"))
+        .tempdir()
+        .unwrap()
 }
 
 /// The pages are self-contained (nothing fetched), group identical results, and lead with the
@@ -187,7 +189,7 @@ fn the_html_pages_are_self_contained_and_grouped() {
         vec![vec![0, 1], vec![2, 3], vec![4], vec![5]]
     );
     let dir = scratch("sim");
-    let written = write_report(&report, &s, &dir).unwrap();
+    let written = write_report(&report, &s, dir.path()).unwrap();
     let page = std::fs::read_to_string(&written.page).unwrap();
     assert!(page.starts_with("<!DOCTYPE html>"));
     assert_eq!(page.matches("<svg").count(), 4, "every plot inlined");
@@ -208,7 +210,7 @@ fn the_html_pages_are_self_contained_and_grouped() {
 
     let t = search("round-robin", &["p2c-ewma", "least-active", "random"], 2);
     let dir = scratch("tune");
-    let written = write_tuning(&t, &s, "shop", &dir).unwrap();
+    let written = write_tuning(&t, &s, "shop", dir.path()).unwrap();
     let page = std::fs::read_to_string(&written.page).unwrap();
     assert_eq!(written.plots.len(), 5);
     assert_eq!(page.matches("<svg").count(), 5);
@@ -238,7 +240,8 @@ fn markup_in_a_scenario_stays_text() {
     )
     .unwrap();
     let dir = scratch("hostile");
-    let page = std::fs::read_to_string(write_report(&report, &s, &dir).unwrap().page).unwrap();
+    let page =
+        std::fs::read_to_string(write_report(&report, &s, dir.path()).unwrap().page).unwrap();
     assert!(!page.contains("<script>alert"), "{page}");
     assert!(!page.contains("<img"), "{page}");
     assert!(page.contains("x&lt;/title&gt;&lt;script&gt;alert(1)&lt;/script&gt;"));

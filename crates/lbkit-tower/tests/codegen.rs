@@ -22,10 +22,12 @@ fn tokens(s: &str) -> String {
 
 #[test]
 fn generated_grpc_code_is_up_to_date() {
-    let out = std::env::temp_dir().join(format!("lbkit-tower-codegen-{}", std::process::id()));
-    std::fs::create_dir_all(&out).unwrap();
-    let fresh = generate(&out);
-    let _ = std::fs::remove_dir_all(&out);
+    let out = tempfile::Builder::new()
+        .prefix("lbkit-tower-codegen-")
+        .tempdir()
+        .unwrap();
+    let fresh = generate(out.path());
+    drop(out);
     let checked_in = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/proto/echo.rs");
     if std::env::var_os("LBKIT_BLESS").is_some() {
         std::fs::write(&checked_in, &fresh).unwrap();

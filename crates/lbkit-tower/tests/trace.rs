@@ -14,11 +14,12 @@ use tower::{Layer, Service, ServiceExt};
 
 type Req = http::Request<Full<Bytes>>;
 
-fn dir(name: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("lbkit-tower-trace-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A fresh directory, removed with everything in it when the value drops.
+fn dir(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("lbkit-tower-trace-{name}-"))
+        .tempdir()
+        .unwrap()
 }
 
 /// Three endpoints; 10.0.0.1 answers 503.
@@ -51,7 +52,7 @@ fn request() -> Req {
 #[tokio::test]
 async fn failover_attempts_are_recorded_per_request() {
     let d = dir("failover");
-    let config = TraceConfig::new(d.join("calls.lbkt")).with_sample_rate(1.0);
+    let config = TraceConfig::new(d.path().join("calls.lbkt")).with_sample_rate(1.0);
     let pool = pool!(&config);
     let recorder = pool.trace().unwrap().clone();
     let mut svc = BalanceLayer::http().failover(1).seed(7).layer(pool);
@@ -93,7 +94,7 @@ async fn failover_attempts_are_recorded_per_request() {
 #[tokio::test]
 async fn forks_are_hedges_of_one_request() {
     let d = dir("forking");
-    let config = TraceConfig::new(d.join("calls.lbkt")).with_sample_rate(1.0);
+    let config = TraceConfig::new(d.path().join("calls.lbkt")).with_sample_rate(1.0);
     let pool = pool!(&config);
     let recorder = pool.trace().unwrap().clone();
     let mut svc = BalanceLayer::new()

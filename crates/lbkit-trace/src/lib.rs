@@ -41,9 +41,8 @@
 //! # impl Picker for FirstPicker { fn pick(&self, _: &mut PickContext<'_>) -> Result<EndpointIdx, PickError> { Ok(self.0) } }
 //! # impl Strategy for First { type Picker = FirstPicker; fn name(&self) -> &str { "first" }
 //! #     fn prepare(&self, s: &Arc<Snapshot>, _: Timestamp) -> FirstPicker { FirstPicker(s.eligible()[0]) } }
-//! let dir = std::env::temp_dir().join(format!("lbkit-trace-doc-{}", std::process::id()));
-//! std::fs::create_dir_all(&dir).unwrap();
-//! let config = TraceConfig::new(dir.join("calls.lbkt")).with_sample_rate(1.0);
+//! let dir = tempfile::Builder::new().prefix("lbkit-trace-doc-").tempdir().unwrap();
+//! let config = TraceConfig::new(dir.path().join("calls.lbkt")).with_sample_rate(1.0);
 //! let recorder = Recorder::open(&config).unwrap();
 //!
 //! let now = Timestamp::from_millis(1_000);
@@ -59,7 +58,6 @@
 //! let r = &trace.records[0];
 //! assert_eq!((&*r.service, &*r.strategy, &*r.endpoint), ("shop", "first", "10.0.0.1:80"));
 //! assert_eq!(r.latency_ns, 12_000_000);
-//! # std::fs::remove_dir_all(&dir).unwrap();
 //! ```
 #![forbid(unsafe_code)]
 #![warn(

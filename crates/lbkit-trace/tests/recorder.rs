@@ -25,11 +25,12 @@ impl Strategy for Rr {
     }
 }
 
-fn dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("lbkit-trace-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A fresh directory, removed with everything in it when the value drops.
+fn dir(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("lbkit-trace-{name}-"))
+        .tempdir()
+        .unwrap()
 }
 
 fn balancer(n: usize, now: Timestamp) -> Balancer<Rr> {
@@ -42,7 +43,7 @@ fn balancer(n: usize, now: Timestamp) -> Balancer<Rr> {
 #[test]
 fn every_attempt_of_a_sampled_request_is_recorded_with_its_fields() {
     let d = dir("fields");
-    let config = TraceConfig::new(d.join("t.lbkt")).with_sample_rate(1.0);
+    let config = TraceConfig::new(d.path().join("t.lbkt")).with_sample_rate(1.0);
     let recorder = Recorder::open(&config).unwrap();
     let t0 = Timestamp::from_millis(1_700_000_000_000);
     let shop = recorder.attach(balancer(3, t0), "shop");
@@ -120,7 +121,7 @@ fn every_attempt_of_a_sampled_request_is_recorded_with_its_fields() {
 #[test]
 fn a_sample_rate_keeps_that_share_of_requests_and_all_their_attempts() {
     let d = dir("rate");
-    let config = TraceConfig::new(d.join("t.lbkt")).with_sample_rate(0.1);
+    let config = TraceConfig::new(d.path().join("t.lbkt")).with_sample_rate(0.1);
     let recorder = Recorder::open(&config).unwrap();
     let now = Timestamp::from_millis(1_000);
     let lb = recorder.attach(balancer(4, now), "svc");
@@ -172,7 +173,7 @@ fn a_sample_rate_keeps_that_share_of_requests_and_all_their_attempts() {
 #[test]
 fn the_files_stay_within_max_bytes_and_each_segment_reads_alone() {
     let d = dir("rotate");
-    let path = d.join("t.lbkt");
+    let path = d.path().join("t.lbkt");
     let config = TraceConfig::new(&path)
         .with_sample_rate(1.0)
         .with_max_bytes(64 * 1024);
@@ -227,7 +228,7 @@ fn the_files_stay_within_max_bytes_and_each_segment_reads_alone() {
 #[test]
 fn a_cut_file_keeps_its_whole_records_and_bad_files_are_named() {
     let d = dir("bad");
-    let path = d.join("t.lbkt");
+    let path = d.path().join("t.lbkt");
     let config = TraceConfig::new(&path).with_sample_rate(1.0);
     let recorder = Recorder::open(&config).unwrap();
     let now = Timestamp::from_millis(1_000);
@@ -263,7 +264,7 @@ fn a_cut_file_keeps_its_whole_records_and_bad_files_are_named() {
     std::fs::write(&path, &bad_kind).unwrap();
     let e = read(&path).unwrap_err().to_string();
     assert!(e.contains("byte 16: unknown record kind 9"), "{e}");
-    let e = read(&d.join("missing")).unwrap_err();
+    let e = read(&d.path().join("missing")).unwrap_err();
     assert!(matches!(e, TraceError::Io { .. }));
 
     for (config, field) in [

@@ -25,26 +25,27 @@ fn lines(args: &[&str]) -> Vec<String> {
     ok(args).lines().map(str::to_owned).collect()
 }
 
-/// A temporary file with `name` and `content`, removed with the value.
-struct TempFile(PathBuf);
+/// A temporary file with `name` and `content` in its own directory, both removed with the value.
+struct TempFile {
+    path: PathBuf,
+    _dir: tempfile::TempDir,
+}
 
 impl TempFile {
     fn new(name: &str, content: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("lbkit-cli-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join(name);
+        let dir = scratch("lbkit-cli-");
+        let path = dir.path().join(name);
         std::fs::write(&path, content).unwrap();
-        TempFile(path)
+        TempFile { path, _dir: dir }
     }
     fn path(&self) -> &str {
-        self.0.to_str().unwrap()
+        self.path.to_str().unwrap()
     }
 }
 
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
+/// A fresh, empty directory named `{prefix}…`, removed (with its contents) when the value drops.
+fn scratch(prefix: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(prefix).tempdir().unwrap()
 }
 
 fn example_file() -> String {
@@ -637,7 +638,8 @@ fn sim_lists_scenarios_and_reports_json_deterministically() {
     ] {
         assert!(list.contains(name), "{list}");
     }
-    let dir = std::env::temp_dir().join(format!("lbkit-cli-sim-{}", std::process::id()));
+    let tmp = scratch("lbkit-cli-sim-");
+    let dir = tmp.path();
     let out = dir.to_str().unwrap();
     let args = [
         "sim",
@@ -696,7 +698,6 @@ fn sim_lists_scenarios_and_reports_json_deterministically() {
         table.contains(&format!("report: {out}/index.html (open it in a browser)")),
         "{table}"
     );
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
@@ -705,7 +706,8 @@ fn sim_from_a_scenario_file() {
         "tiny.toml",
         "name = \"tiny\"\nrequests = 2000\n[workload]\nrate = 100.0\n[[server]]\ncount = 2\n[[server]]\nname = \"slow\"\nslow_factor = 5.0\n",
     );
-    let dir = std::env::temp_dir().join(format!("lbkit-cli-tiny-{}", std::process::id()));
+    let tmp = scratch("lbkit-cli-tiny-");
+    let dir = tmp.path();
     let out = ok(&[
         "sim",
         "--scenario",
@@ -719,19 +721,18 @@ fn sim_from_a_scenario_file() {
         out.contains("scenario tiny (2000 requests per strategy, seed 1)"),
         "{out}"
     );
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn demo_names_a_winner() {
-    let dir = std::env::temp_dir().join(format!("lbkit-cli-demo-{}", std::process::id()));
+    let tmp = scratch("lbkit-cli-demo-");
+    let dir = tmp.path();
     let out = ok(&["demo", "-n", "3000", "--out", dir.to_str().unwrap()]);
     assert!(
         out.contains("Best p99: ") && out.contains("Round robin's p99 is"),
         "{out}"
     );
     assert!(out.contains("oracle-sed"), "{out}");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
@@ -808,9 +809,8 @@ fn service_config_policies_apply_to_pick() {
 #[test]
 fn trace_print_gives_json_lines_and_summary_counts() {
     use lbkit_core::{Balancer, EndpointSpec, FastRng, Outcome, PickContext, Snapshot, Timestamp};
-    let dir = std::env::temp_dir().join(format!("lbkit-cli-trace-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = scratch("lbkit-cli-trace-");
+    let dir = tmp.path();
     let path = dir.join("calls.lbkt");
     {
         let config = lbkit_trace::TraceConfig::new(&path).with_sample_rate(1.0);
@@ -876,9 +876,8 @@ fn sim_records_fits_and_replays_a_trace() {
         "truth.toml",
         "name = \"truth\"\nrequests = 4000\n[workload]\nrate = 200.0\nclients = 1\nbalancer = \"shared\"\n[[server]]\nname = \"fast\"\ncount = 3\nconcurrency = 2\nservice = { dist = \"exponential\", mean_ms = 10.0 }\n[[server]]\nname = \"slow\"\nconcurrency = 2\nservice = { dist = \"exponential\", mean_ms = 10.0 }\nslow_factor = 3.0\n",
     );
-    let dir = std::env::temp_dir().join(format!("lbkit-cli-replay-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = scratch("lbkit-cli-replay-");
+    let dir = tmp.path();
     let trace = dir.join("calls.lbkt");
     let (t, d) = (trace.to_str().unwrap(), dir.to_str().unwrap());
     let plots = dir.join("plots");
@@ -978,8 +977,8 @@ fn sim_records_fits_and_replays_a_trace() {
 /// written), the page, JSON for scripts.
 #[test]
 fn tune_prints_a_winner_and_the_config_that_applies_it() {
-    let dir = std::env::temp_dir().join(format!("lbkit-cli-tune-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let tmp = scratch("lbkit-cli-tune-");
+    let dir = tmp.path();
     let out = dir.to_str().unwrap();
     let args = [
         "tune",
@@ -1038,7 +1037,6 @@ fn tune_prints_a_winner_and_the_config_that_applies_it() {
     assert_eq!(doc["objective"], "p99");
     assert_eq!(doc["ranking"].as_array().unwrap().len(), 4);
     assert!(doc["gain"]["high"].as_f64().unwrap() < 0.0);
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// `--budget` sizes the runs from the simulator's speed: a scenario of 2 000 requests is run
@@ -1049,7 +1047,8 @@ fn tune_sizes_runs_by_budget_and_keeps_a_setting_nothing_beats() {
         "tune-tiny.toml",
         "name = \"tiny\"\nrequests = 2000\n[workload]\nrate = 100.0\n[[server]]\ncount = 2\n[[server]]\nname = \"slow\"\nslow_factor = 5.0\n",
     );
-    let dir = std::env::temp_dir().join(format!("lbkit-cli-tune-tiny-{}", std::process::id()));
+    let tmp = scratch("lbkit-cli-tune-tiny-");
+    let dir = tmp.path();
     let text = ok(&[
         "tune",
         "-s",
@@ -1071,7 +1070,6 @@ fn tune_sizes_runs_by_budget_and_keeps_a_setting_nothing_beats() {
         "{text}"
     );
     assert!(!text.contains("[service."), "nothing to apply: {text}");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

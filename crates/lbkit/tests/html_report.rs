@@ -5,17 +5,18 @@
 //! `LBKIT_CHROMIUM` (`eval "$(scripts/chromium.sh)"`); `scripts/test.sh` sets it, and CI fails
 //! without it.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
 /// The plots' colours (Tableau's first four), as the SVGs fill bars and draw lines.
 const PALETTE: [[u8; 3]; 4] = [[31, 119, 180], [255, 127, 14], [44, 160, 44], [214, 39, 40]];
 
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("lbkit-html-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A fresh directory, removed with everything in it when the value drops.
+fn scratch(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("lbkit-html-{name}-"))
+        .tempdir()
+        .unwrap()
 }
 
 fn lbkit(args: &[&str]) -> String {
@@ -128,12 +129,14 @@ fn sim_and_tune_pages_load_cleanly_and_show_their_plots() {
         return;
     };
     // Every strategy: 17 and the oracle, grouped where identical.
-    let sim = scratch("sim");
+    let sim_dir = scratch("sim");
+    let sim = sim_dir.path();
     let out = lbkit(&["sim", "-n", "3000", "--out", sim.to_str().unwrap()]);
     assert!(out.contains("report: "), "{out}");
-    check_page(&bin, &sim.join("index.html"), &sim);
+    check_page(&bin, &sim.join("index.html"), sim);
 
-    let tune = scratch("tune");
+    let tune_dir = scratch("tune");
+    let tune = tune_dir.path();
     lbkit(&[
         "tune",
         "-s",
@@ -145,8 +148,5 @@ fn sim_and_tune_pages_load_cleanly_and_show_their_plots() {
         "--out",
         tune.to_str().unwrap(),
     ]);
-    check_page(&bin, &tune.join("index.html"), &tune);
-    for d in [sim, tune] {
-        std::fs::remove_dir_all(d).unwrap();
-    }
+    check_page(&bin, &tune.join("index.html"), tune);
 }

@@ -2,7 +2,7 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 fn lbkit(args: &[&str]) -> Output {
@@ -12,12 +12,27 @@ fn lbkit(args: &[&str]) -> Output {
         .expect("run lbkit")
 }
 
-fn file(name: &str, text: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("lbkit-proxy-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(name);
+/// A file written in its own scratch directory; both are removed when the value drops.
+struct TempFile {
+    path: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl std::ops::Deref for TempFile {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.path
+    }
+}
+
+fn file(name: &str, text: &str) -> TempFile {
+    let dir = tempfile::Builder::new()
+        .prefix("lbkit-proxy-cli-")
+        .tempdir()
+        .unwrap();
+    let path = dir.path().join(name);
     std::fs::write(&path, text).unwrap();
-    path
+    TempFile { path, _dir: dir }
 }
 
 const GOOD: &str = r#"

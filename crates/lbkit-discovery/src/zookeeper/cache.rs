@@ -164,7 +164,12 @@ mod tests {
 
     #[test]
     fn round_trips_and_replaces_atomically() {
-        let dir = std::env::temp_dir().join(format!("lbkit-cache-{}", std::process::id()));
+        let tmp = tempfile::Builder::new()
+            .prefix("lbkit-cache-")
+            .tempdir()
+            .unwrap();
+        // A directory that does not exist yet: writing the cache creates it.
+        let dir = tmp.path().join("cache");
         let path = dir.join("svc.cache.json");
         assert_eq!(read_cache(&path).unwrap(), None);
         let specs = vec![
@@ -188,6 +193,5 @@ mod tests {
             e.starts_with("registry cache ") && e.contains("svc.cache.json"),
             "{e}"
         );
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -3,7 +3,7 @@
 //! published snapshot, and a trivial round-robin strategy.
 #![allow(dead_code, unreachable_pub)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -49,17 +49,19 @@ pub fn unique(name: &str) -> String {
     format!("lbkit.test.{name}.p{}n{n}t{nanos}", std::process::id())
 }
 
-/// A fresh temporary directory.
-pub fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(unique(name));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    dir
+/// A fresh temporary directory, removed with everything in it when the value drops.
+pub fn temp_dir(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("lbkit-discovery-{name}-"))
+        .tempdir()
+        .expect("temp dir")
 }
 
 /// A ZooKeeper server of the test's own, in its own state directory, started, restarted and
 /// stopped by `scripts/zookeeper.sh` (each step bounded by the script). Stopped on drop.
 pub struct OwnZk {
-    dir: PathBuf,
+    /// The server's state directory, removed after the server is stopped (on drop).
+    dir: tempfile::TempDir,
     pub addr: String,
 }
 
@@ -82,7 +84,7 @@ fn script(dir: &Path, command: &str) -> String {
 impl OwnZk {
     pub async fn start(name: &str) -> OwnZk {
         let dir = temp_dir(name);
-        let d = dir.clone();
+        let d = dir.path().to_path_buf();
         let out = tokio::task::spawn_blocking(move || script(&d, "start"))
             .await
             .expect("script task");
@@ -95,7 +97,7 @@ impl OwnZk {
     }
 
     pub async fn stop(&self) {
-        let d = self.dir.clone();
+        let d = self.dir.path().to_path_buf();
         tokio::task::spawn_blocking(move || script(&d, "stop"))
             .await
             .expect("script task");
@@ -103,7 +105,7 @@ impl OwnZk {
 
     /// Start again on the same port with the same data (after `stop`, or as a restart).
     pub async fn restart(&self) {
-        let d = self.dir.clone();
+        let d = self.dir.path().to_path_buf();
         tokio::task::spawn_blocking(move || script(&d, "restart"))
             .await
             .expect("script task");
@@ -112,8 +114,8 @@ impl OwnZk {
 
 impl Drop for OwnZk {
     fn drop(&mut self) {
-        script(&self.dir, "stop");
-        let _ = std::fs::remove_dir_all(&self.dir);
+        script(self.dir.path(), "stop");
+        // `dir` is removed when the field drops, after this.
     }
 }
 
