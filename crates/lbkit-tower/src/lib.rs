@@ -68,7 +68,8 @@ pub mod telemetry;
 pub mod http;
 
 pub use balance::{
-    default_budget, AtomicBudget, Balance, BalanceLayer, FailbackConfig, Fallback, Mode, NoFallback,
+    default_budget, AtomicBudget, Balance, BalanceLayer, FailbackConfig, Fallback, Mode,
+    NoFallback, ResponseFuture,
 };
 pub use completion::Completion;
 pub use error::{find_cause, is_caused_by, kind_name, BoxError, Error, ErrorKind};

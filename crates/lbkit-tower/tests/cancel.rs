@@ -132,15 +132,3 @@ fn statistics_add_up_under_concurrent_load() {
         assert_eq!(errors, snap.endpoints()[1].stats().failures());
     });
 }
-
-#[tokio::test]
-async fn tmp_future_size() {
-    let farm = Farm::new(&["a"]);
-    let pool = PoolBuilder::default().spawn_static(farm.specs(&["a"]), farm.maker());
-    let mut svc = BalanceLayer::new().layer(pool);
-    let fut = svc.call(1);
-    println!(
-        "boxed future pointee size: {}",
-        std::mem::size_of_val(&*fut)
-    );
-}

@@ -177,20 +177,25 @@ where
     R: ResponsePolicy<Resp>,
 {
     let result = match timeout {
-        None => exchange.instrument(span).await,
-        Some(t) => match tokio::time::timeout(t, exchange).instrument(span).await {
-            Ok(r) => r,
-            Err(elapsed) => {
-                let err = Error::new(ErrorKind::Timeout(t))
-                    .at(call.endpoint().key(), call.attempt())
-                    .with_source(Box::new(elapsed));
-                let outcome = Outcome::Failure(lbkit_core::FailureKind::Timeout);
-                return Sent::Failed { err, outcome, call };
-            }
-        },
+        None => Ok(exchange.instrument(span).await),
+        Some(t) => tokio::time::timeout(t, exchange).instrument(span).await,
     };
+    sent(result, call, timeout, policy)
+}
+
+/// Classify what one attempt's exchange produced: a response, the endpoint's error, or the
+/// attempt's `timeout` having elapsed first.
+pub(crate) fn sent<Resp, R>(
+    result: Result<Result<Resp, BoxError>, tokio::time::error::Elapsed>,
+    call: Completion,
+    timeout: Option<Duration>,
+    policy: &R,
+) -> Sent<Resp>
+where
+    R: ResponsePolicy<Resp>,
+{
     match result {
-        Ok(resp) => {
+        Ok(Ok(resp)) => {
             let outcome = policy.classify(&resp);
             Sent::Response {
                 resp,
@@ -198,7 +203,7 @@ where
                 call,
             }
         }
-        Err(source) => {
+        Ok(Err(source)) => {
             let outcome = policy.classify_error(&*source);
             let kind = match outcome {
                 Outcome::Failure(k) => ErrorKind::Failed(k),
@@ -207,6 +212,15 @@ where
             let err = Error::new(kind)
                 .at(call.endpoint().key(), call.attempt())
                 .with_source(source);
+            Sent::Failed { err, outcome, call }
+        }
+        Err(elapsed) => {
+            // Only a timed exchange elapses; its limit is `timeout`.
+            let t = timeout.unwrap_or_default();
+            let err = Error::new(ErrorKind::Timeout(t))
+                .at(call.endpoint().key(), call.attempt())
+                .with_source(Box::new(elapsed));
+            let outcome = Outcome::Failure(lbkit_core::FailureKind::Timeout);
             Sent::Failed { err, outcome, call }
         }
     }

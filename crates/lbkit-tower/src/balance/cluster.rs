@@ -7,14 +7,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::stream::{FuturesOrdered, FuturesUnordered};
-use futures_util::{StreamExt, TryFutureExt};
+use futures_util::StreamExt;
 use lbkit_core::trace::TraceId;
 use lbkit_core::{Attempts, FastRng, Next, Stop, Strategy, Timestamp, TriedSet};
 use tower::Service;
 
-use super::attempt::{send, settle, Sent};
+use super::attempt::{send, Sent};
 use super::{failback, Fallback, Mode, Shared};
-use crate::completion::Completion;
 use crate::error::{BoxError, Error, ErrorKind};
 use crate::policy::{RequestPolicy, ResponsePolicy};
 use crate::pool::{PickInput, Selected};
@@ -68,23 +67,14 @@ where
     }
 }
 
-/// What the fast path keeps of a call until its first attempt's result: enough to build the
-/// [`Attempts`] if that attempt fails.
-pub(crate) struct First {
-    pub(crate) policy: lbkit_core::AttemptPolicy,
-    pub(crate) idempotent: bool,
-    pub(crate) started: Timestamp,
-}
-
-/// The fast path of failover: the first attempt was dispatched in `call` (its endpoint was
-/// ready); await it, and fail over (boxed: the rare path) if it failed and may be retried.
-pub(crate) async fn respond<Req, Svc, Q, R, S, F>(
+/// The failover loop after a fast-path first attempt `sent` failed and may be retried
+/// ([`ResponseFuture`](super::ResponseFuture)): [`failover`] owning the shared state, so it
+/// can be boxed.
+pub(crate) async fn failover_owned<Req, Svc, Q, R, S, F>(
     shared: Arc<Shared<Svc, Q, R, S, F>>,
-    call: Completion,
-    response: Svc::Future,
-    span: tracing::Span,
+    sent: Sent<Svc::Response>,
     spare: Option<Req>,
-    first: First,
+    attempts: Attempts,
 ) -> Result<Output<R, Svc::Response>, BoxError>
 where
     Svc: Service<Req> + Clone,
@@ -93,45 +83,7 @@ where
     R: ResponsePolicy<Svc::Response>,
     S: Strategy,
 {
-    let s = &*shared;
-    let response = response.map_err(Into::into);
-    let timeout = first.policy.first_timeout();
-    let trace = call.trace_id();
-    let sent = settle(response, call, timeout, span, &s.responses).await;
-    if sent.classified().retry == lbkit_core::RetryWhen::Never {
-        return sent.finish(&s.responses);
-    }
-    let mut attempts = Attempts::resume(
-        first.policy,
-        first.idempotent,
-        spare.is_some(),
-        first.started,
-    )
-    .with_trace(trace);
-    attempts.begin(sent.endpoint());
-    Box::pin(failover(s, sent, spare, attempts)).await
-}
-
-/// The fast path of a single attempt (failfast, failover without retries): the call was
-/// dispatched in `call`; await and classify it.
-pub(crate) async fn respond_once<Req, Svc, Q, R, S, F>(
-    shared: Arc<Shared<Svc, Q, R, S, F>>,
-    call: Completion,
-    response: Svc::Future,
-    span: tracing::Span,
-    timeout: Option<Duration>,
-) -> Result<Output<R, Svc::Response>, BoxError>
-where
-    Svc: Service<Req>,
-    Svc::Error: Into<BoxError>,
-    R: ResponsePolicy<Svc::Response>,
-    S: Strategy,
-{
-    let s = &*shared;
-    let response = response.map_err(Into::into);
-    settle(response, call, timeout, span, &s.responses)
-        .await
-        .finish(&s.responses)
+    failover(&shared, sent, spare, attempts).await
 }
 
 /// One attempt.

@@ -3,11 +3,10 @@
 mod attempt;
 mod cluster;
 mod failback;
+mod future;
 mod layer;
 
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -21,6 +20,7 @@ use crate::policy::{RequestPolicy, ResponsePolicy};
 use crate::pool::Pool;
 
 pub use failback::FailbackConfig;
+pub use future::ResponseFuture;
 pub use layer::BalanceLayer;
 
 /// How a call uses the endpoints (Dubbo's cluster modes).
@@ -149,6 +149,19 @@ impl<Svc, Q, R, S: Strategy, F> Shared<Svc, Q, R, S, F> {
         self.pool.inner.balancer.clock()
     }
 
+    /// The attempts' policy of one request under this balance's mode: the configured limits,
+    /// and the retries of failover (or the extra forks of forking).
+    pub(crate) fn attempt_policy(&self) -> AttemptPolicy {
+        let mut policy = self.policy;
+        policy.retries = match self.mode {
+            Mode::Failover { retries } => retries,
+            // Forks are extra attempts sent early: they deposit and withdraw like retries.
+            Mode::Forking { forks } => forks.saturating_sub(1),
+            _ => 0,
+        };
+        policy
+    }
+
     /// A fresh seed per clone and per background task (splitmix64 step over a counter).
     pub(crate) fn next_seed(&self) -> u64 {
         let mut z = self.seeds.fetch_add(0x9e37_79b9_7f4a_7c15, Relaxed);
@@ -251,7 +264,7 @@ where
 {
     type Response = R::Output;
     type Error = BoxError;
-    type Future = Pin<Box<dyn Future<Output = Result<R::Output, BoxError>> + Send>>;
+    type Future = ResponseFuture<Req, Svc, Q, R, S, F>;
 
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         Poll::Ready(Ok(()))
@@ -261,15 +274,9 @@ where
         let shared = self.shared.clone();
         let now = shared.clock().now();
         if shared.mode == Mode::Broadcast {
-            return Box::pin(cluster::broadcast(shared, req, now));
+            return ResponseFuture::boxed(Box::pin(cluster::broadcast(shared, req, now)));
         }
-        let mut policy = shared.policy;
-        policy.retries = match shared.mode {
-            Mode::Failover { retries } => retries,
-            // Forks are extra attempts sent early: they deposit and withdraw like retries.
-            Mode::Forking { forks } => forks.saturating_sub(1),
-            _ => 0,
-        };
+        let policy = shared.attempt_policy();
         // A copy for a retry, and whether it may be sent after reaching a server, only when a
         // retry is possible at all.
         let single = policy.retries == 0;
@@ -295,24 +302,23 @@ where
         });
         match (first, shared.mode) {
             // The fast path: the endpoint is ready, so dispatch now (as tower expects right
-            // after readiness) and box only what the response needs. A single attempt has
-            // nothing to decide after it; failover builds the attempts' state only if its first
+            // after readiness) into a future that needs no box. A single attempt has nothing
+            // to decide after it; failover builds the attempts' state only if its first
             // attempt fails.
             (Ok(sel), Mode::Failover { .. } | Mode::Failfast) if sel.ready => {
                 let crate::pool::Selected { call, mut svc, .. } = sel;
                 let (pool, strategy) = shared.names();
                 let span = attempt::start(&call, pool, strategy);
-                let response = span.in_scope(|| svc.call(req));
-                if single {
-                    let timeout = policy.first_timeout();
-                    return Box::pin(cluster::respond_once(shared, call, response, span, timeout));
-                }
-                let first = cluster::First {
-                    policy,
+                let response = {
+                    let _entered = span.enter();
+                    svc.call(req)
+                };
+                let timeout = policy.first_timeout();
+                let retry = (!single).then_some(future::Retry {
                     idempotent,
                     started: now,
-                };
-                Box::pin(cluster::respond(shared, call, response, span, spare, first))
+                });
+                ResponseFuture::once(shared, call, response, span, timeout, spare, retry)
             }
             (first, _) => {
                 let mut attempts = Attempts::resume(policy, idempotent, spare.is_some(), now);
@@ -320,7 +326,9 @@ where
                     attempts = attempts.with_trace(sel.call.trace_id());
                     attempts.begin(sel.call.endpoint());
                 }
-                Box::pin(cluster::dispatch(shared, first, req, spare, attempts))
+                ResponseFuture::boxed(Box::pin(cluster::dispatch(
+                    shared, first, req, spare, attempts,
+                )))
             }
         }
     }
