@@ -137,8 +137,25 @@ impl<'a> IntoIterator for &'a Metadata {
 /// Stable identity of an endpoint across snapshots, e.g. `"10.0.0.7:20880"` or a registry id.
 ///
 /// Statistics follow the key: an endpoint that stays in the set keeps its [`EndpointStats`].
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+///
+/// Equal when the text is; two clones of one key compare by pointer, without reading the
+/// text (the tower pool checks each pick's service entry against the endpoint's key).
+#[derive(Clone, Debug, Eq, PartialOrd, Ord)]
 pub struct EndpointKey(Arc<str>);
+
+impl PartialEq for EndpointKey {
+    #[inline]
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || *self.0 == *other.0
+    }
+}
+
+// By hand beside the hand-written `eq`: the same hash as the text's, as before.
+impl std::hash::Hash for EndpointKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.hash(state);
+    }
+}
 
 // === impl EndpointKey ===
 
@@ -515,6 +532,23 @@ mod tests {
     use proptest::prelude::*;
 
     const MIN: u64 = 60_000;
+
+    #[test]
+    fn keys_are_equal_by_text_whether_shared_or_not() {
+        use std::hash::{BuildHasher, RandomState};
+        let a = EndpointKey::from("10.0.0.1:80");
+        let clone = a.clone();
+        let same_text = EndpointKey::from(String::from("10.0.0.1:80"));
+        let other = EndpointKey::from("10.0.0.2:80");
+        let hasher = RandomState::new();
+        for k in [&clone, &same_text] {
+            assert_eq!(&a, k);
+            assert_eq!(hasher.hash_one(&a), hasher.hash_one(k));
+            assert_eq!(a.cmp(k), std::cmp::Ordering::Equal);
+        }
+        assert_ne!(a, other);
+        assert_eq!(hasher.hash_one(&a), hasher.hash_one("10.0.0.1:80"));
+    }
 
     #[test]
     fn metadata_compares_hashes_and_orders_by_its_entries_not_its_storage() {

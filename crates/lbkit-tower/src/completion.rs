@@ -5,11 +5,8 @@
 //! of the stream.
 
 use std::fmt;
-use std::sync::Arc;
 
 use lbkit_core::{CallGuard, Clock, Endpoint, Outcome};
-
-use crate::telemetry::PoolMetrics;
 
 /// One call in flight to one endpoint. Finishing records latency and outcome in the endpoint's
 /// statistics (which the [`telemetry`](crate::telemetry) families read); dropping it unfinished records a cancellation. Either way the
@@ -17,8 +14,6 @@ use crate::telemetry::PoolMetrics;
 #[must_use = "dropping a Completion at once records a cancelled call"]
 pub struct Completion {
     guard: Option<CallGuard>,
-    /// The pool's counters; `None` for calls made outside a pool (the proxy).
-    metrics: Option<Arc<PoolMetrics>>,
     clock: Clock,
     attempt: u32,
 }
@@ -26,15 +21,9 @@ pub struct Completion {
 // === impl Completion ===
 
 impl Completion {
-    pub(crate) fn new(
-        guard: CallGuard,
-        metrics: Arc<PoolMetrics>,
-        clock: Clock,
-        attempt: u32,
-    ) -> Self {
+    pub(crate) fn new(guard: CallGuard, clock: Clock, attempt: u32) -> Self {
         Completion {
             guard: Some(guard),
-            metrics: Some(metrics),
             clock,
             attempt,
         }
@@ -46,7 +35,6 @@ impl Completion {
     pub fn from_guard(guard: CallGuard, clock: Clock) -> Self {
         Completion {
             guard: Some(guard),
-            metrics: None,
             clock,
             attempt: 0,
         }
@@ -73,10 +61,6 @@ impl Completion {
             .as_ref()
             .expect("the guard is present until the completion is consumed")
             .endpoint()
-    }
-
-    pub(crate) fn metrics(&self) -> Option<&PoolMetrics> {
-        self.metrics.as_deref()
     }
 
     /// End the call now (one clock read) with `outcome`.

@@ -11,6 +11,7 @@ use crate::completion::Completion;
 use crate::error::{BoxError, Error, ErrorKind};
 use crate::policy::ResponsePolicy;
 use crate::pool::Selected;
+use crate::telemetry::PoolMetrics;
 
 /// What one attempt produced, its call still open.
 pub(crate) enum Sent<Resp> {
@@ -123,15 +124,18 @@ impl<Resp> Sent<Resp> {
     }
 }
 
-/// Count an attempt in the endpoint's metrics and make its span.
+/// Count an attempt in the pool's metrics and make its span.
 #[inline]
-pub(crate) fn start(call: &Completion, pool: &str, strategy: &str) -> tracing::Span {
+pub(crate) fn start(
+    call: &Completion,
+    metrics: &PoolMetrics,
+    pool: &str,
+    strategy: &str,
+) -> tracing::Span {
     let attempt = call.attempt();
-    if let Some(metrics) = call.metrics() {
-        crate::telemetry::inc(&metrics.attempts);
-        if attempt > 0 {
-            crate::telemetry::inc(&metrics.retries);
-        }
+    crate::telemetry::inc(&metrics.attempts);
+    if attempt > 0 {
+        crate::telemetry::inc(&metrics.retries);
     }
     tracing::debug_span!(
         "lbkit.call",
@@ -148,6 +152,7 @@ pub(crate) fn send<'a, Req, Svc, R>(
     req: Req,
     timeout: Option<Duration>,
     policy: &'a R,
+    metrics: &PoolMetrics,
     pool: &str,
     strategy: &str,
 ) -> impl Future<Output = Sent<Svc::Response>> + 'a
@@ -160,7 +165,7 @@ where
     let Selected {
         call, svc, ready, ..
     } = sel;
-    let span = start(&call, pool, strategy);
+    let span = start(&call, metrics, pool, strategy);
     settle(exchange(svc, ready, req), call, timeout, span, policy)
 }
 

@@ -116,7 +116,8 @@ impl<Svc, Q, R, S: Strategy, F> Shared<Svc, Q, R, S, F> {
     {
         let pool = self.pool.name();
         let strategy = self.pool.balancer().strategy().name();
-        send(sel, req, timeout, &self.responses, pool, strategy)
+        let metrics = &self.pool.inner.metrics;
+        send(sel, req, timeout, &self.responses, metrics, pool, strategy)
     }
 
     /// The span fields of this balance: pool and strategy names.

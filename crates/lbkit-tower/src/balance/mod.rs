@@ -308,7 +308,7 @@ where
             (Ok(sel), Mode::Failover { .. } | Mode::Failfast) if sel.ready => {
                 let crate::pool::Selected { call, mut svc, .. } = sel;
                 let (pool, strategy) = shared.names();
-                let span = attempt::start(&call, pool, strategy);
+                let span = attempt::start(&call, &shared.pool.inner.metrics, pool, strategy);
                 let response = {
                     let _entered = span.enter();
                     svc.call(req)

@@ -6,14 +6,12 @@ use http_body_util::BodyExt;
 use lbkit_core::{CallGuard, Clock, Endpoint, EndpointSpec, EndpointStats, Timestamp};
 
 use super::*;
-use crate::telemetry::PoolMetrics;
 
 fn call() -> (Completion, Arc<EndpointStats>) {
     let stats = Arc::new(EndpointStats::default());
     let ep = Endpoint::new(EndpointSpec::new("a:1"), stats.clone(), Timestamp::ZERO);
     let guard = CallGuard::new(ep, Clock::System.now(), Clock::System);
-    let metrics = Arc::new(PoolMetrics::default());
-    (Completion::new(guard, metrics, Clock::System, 0), stats)
+    (Completion::new(guard, Clock::System, 0), stats)
 }
 
 /// A body of data frames followed by optional trailers.

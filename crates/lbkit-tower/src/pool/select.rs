@@ -237,7 +237,7 @@ impl<Svc, S: Strategy> Pool<Svc, S> {
         cx.hedge = input.hedge;
         let guard = self.inner.balancer.start_call(endpoint.clone(), &mut cx);
         Selected {
-            call: Completion::new(guard, self.inner.metrics.clone(), clock, input.attempt),
+            call: Completion::new(guard, clock, input.attempt),
             svc,
             ready,
         }
@@ -246,8 +246,7 @@ impl<Svc, S: Strategy> Pool<Svc, S> {
     fn record_not_ready(&self, endpoint: &Endpoint, now: Timestamp) {
         let clock = self.inner.balancer.clock().clone();
         let guard = CallGuard::new(endpoint.clone(), now, clock.clone());
-        Completion::new(guard, self.inner.metrics.clone(), clock, 0)
-            .finish(Outcome::Failure(FailureKind::Connect));
+        Completion::new(guard, clock, 0).finish(Outcome::Failure(FailureKind::Connect));
     }
 }
 
