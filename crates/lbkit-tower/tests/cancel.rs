@@ -86,6 +86,41 @@ async fn per_request_timeout_is_a_failure_and_failover_moves_on() {
     assert!(a.failures() >= 2);
 }
 
+/// tower lets `call` run outside a runtime (the future is polled in one later): the attempt's
+/// timer starts at the first poll, inside the runtime that polls it, and still ends the attempt.
+#[test]
+fn a_timed_call_made_outside_a_runtime_times_out_when_polled() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    let farm = Farm::new(&["a"]);
+    farm.get("a").set(Behaviour::Hang);
+    let (pool, mut svc) = rt.block_on(async {
+        let pool = PoolBuilder::new(RoundRobin::default())
+            .availability(Availability::OFF)
+            .spawn_static(farm.specs(&["a"]), farm.maker());
+        let svc = BalanceLayer::new()
+            .failfast()
+            .timeout(Duration::from_millis(100))
+            .layer(pool.clone());
+        (pool, svc)
+    });
+    let fut = svc.call(1);
+    let (err, elapsed) = rt.block_on(async {
+        let started = tokio::time::Instant::now();
+        let err = fut.await.unwrap_err();
+        (err, started.elapsed())
+    });
+    assert_eq!(elapsed, Duration::from_millis(100));
+    let err = err.downcast::<Error>().unwrap();
+    assert_eq!(err.kind(), ErrorKind::Timeout(Duration::from_millis(100)));
+    let snap = pool.snapshot();
+    let a = snap.endpoints()[0].stats();
+    assert_eq!((a.failures(), a.in_flight()), (1, 0));
+}
+
 #[test]
 fn statistics_add_up_under_concurrent_load() {
     let rt = tokio::runtime::Builder::new_multi_thread()

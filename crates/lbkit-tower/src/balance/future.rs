@@ -38,8 +38,9 @@ pin_project! {
     /// [`ResponsePolicy`](crate::ResponsePolicy) where it tracks the end of the call.
     ///
     /// When the first endpoint picked is ready (the common case), the request is sent during
-    /// `call` and this future holds that one exchange without a heap allocation; a failed
-    /// attempt that may fail over, and the other cluster modes, continue in a boxed future.
+    /// `call` and this future holds that one exchange without a heap allocation (one, for the
+    /// timer, when a per-attempt timeout is set); a failed attempt that may fail over, and the
+    /// other cluster modes, continue in a boxed future.
     #[must_use = "futures do nothing unless polled"]
     pub struct ResponseFuture<Req, Svc, Q, R, S, F>
     where
@@ -91,10 +92,13 @@ pub(crate) struct Retry {
 
 pin_project! {
     /// The endpoint's response future, under the attempt's timeout if there is one. The timed
-    /// variant is boxed (tokio's `Sleep` is large): only calls with a timeout pay for it.
+    /// variant is boxed (tokio's `Sleep` is large): only calls with a timeout pay for it. Its
+    /// timer starts at the first poll, inside the runtime that polls it, as an `async fn`'s
+    /// would: `call` itself may run outside a runtime.
     #[project = ExchangeProj]
     enum Exchange<Fut> {
         Plain { #[pin] fut: Fut },
+        Unarmed { fut: Option<Fut>, limit: Duration },
         Timed { fut: Pin<Box<tokio::time::Timeout<Fut>>> },
     }
 }
@@ -102,10 +106,18 @@ pin_project! {
 impl<Fut: Future> Future for Exchange<Fut> {
     type Output = Result<Fut::Output, tokio::time::error::Elapsed>;
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project() {
-            ExchangeProj::Plain { fut } => fut.poll(cx).map(Ok),
-            ExchangeProj::Timed { fut } => fut.as_mut().poll(cx),
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        loop {
+            match self.as_mut().project() {
+                ExchangeProj::Plain { fut } => return fut.poll(cx).map(Ok),
+                ExchangeProj::Timed { fut } => return fut.as_mut().poll(cx),
+                ExchangeProj::Unarmed { fut, limit } => {
+                    // Never pinned while unarmed: moving it into the timer is sound.
+                    let fut = fut.take().expect("an unarmed exchange holds its future");
+                    let fut = Box::pin(tokio::time::timeout(*limit, fut));
+                    self.set(Exchange::Timed { fut });
+                }
+            }
         }
     }
 }
@@ -131,8 +143,9 @@ where
     ) -> Self {
         let exchange = match timeout {
             None => Exchange::Plain { fut: response },
-            Some(t) => Exchange::Timed {
-                fut: Box::pin(tokio::time::timeout(t, response)),
+            Some(limit) => Exchange::Unarmed {
+                fut: Some(response),
+                limit,
             },
         };
         ResponseFuture {
