@@ -195,11 +195,16 @@ where
                 retry,
             } => (exchange, call, span, shared, spare, retry),
         };
+        // As an `async fn`'s future does, refuse a poll after the result was handed out
+        // (before polling the endpoint's future, finished too).
+        assert!(call.is_some(), "`ResponseFuture` polled after completion");
         let result = {
             let _entered = span.enter();
             ready!(exchange.poll(cx))
         };
-        let call = call.take().expect("polled after completion");
+        let Some(call) = call.take() else {
+            unreachable!("checked above")
+        };
         let trace = call.trace_id();
         let policy = &shared.responses;
         let sent = match result {
