@@ -639,7 +639,8 @@ fn sim_lists_scenarios_and_reports_json_deterministically() {
         assert!(list.contains(name), "{list}");
     }
     let tmp = scratch("lbkit-cli-sim-");
-    let dir = tmp.path();
+    // Not there yet: the command makes its output directory.
+    let dir = &tmp.path().join("out");
     let out = dir.to_str().unwrap();
     let args = [
         "sim",
@@ -707,7 +708,8 @@ fn sim_from_a_scenario_file() {
         "name = \"tiny\"\nrequests = 2000\n[workload]\nrate = 100.0\n[[server]]\ncount = 2\n[[server]]\nname = \"slow\"\nslow_factor = 5.0\n",
     );
     let tmp = scratch("lbkit-cli-tiny-");
-    let dir = tmp.path();
+    // Not there yet: the command makes its output directory.
+    let dir = &tmp.path().join("out");
     let out = ok(&[
         "sim",
         "--scenario",
@@ -726,7 +728,8 @@ fn sim_from_a_scenario_file() {
 #[test]
 fn demo_names_a_winner() {
     let tmp = scratch("lbkit-cli-demo-");
-    let dir = tmp.path();
+    // Not there yet: the command makes its output directory.
+    let dir = &tmp.path().join("out");
     let out = ok(&["demo", "-n", "3000", "--out", dir.to_str().unwrap()]);
     assert!(
         out.contains("Best p99: ") && out.contains("Round robin's p99 is"),
@@ -978,7 +981,8 @@ fn sim_records_fits_and_replays_a_trace() {
 #[test]
 fn tune_prints_a_winner_and_the_config_that_applies_it() {
     let tmp = scratch("lbkit-cli-tune-");
-    let dir = tmp.path();
+    // Not there yet: the command makes its output directory.
+    let dir = &tmp.path().join("out");
     let out = dir.to_str().unwrap();
     let args = [
         "tune",
@@ -1048,7 +1052,8 @@ fn tune_sizes_runs_by_budget_and_keeps_a_setting_nothing_beats() {
         "name = \"tiny\"\nrequests = 2000\n[workload]\nrate = 100.0\n[[server]]\ncount = 2\n[[server]]\nname = \"slow\"\nslow_factor = 5.0\n",
     );
     let tmp = scratch("lbkit-cli-tune-tiny-");
-    let dir = tmp.path();
+    // Not there yet: the command makes its output directory.
+    let dir = &tmp.path().join("out");
     let text = ok(&[
         "tune",
         "-s",
