@@ -11,6 +11,7 @@ in the median and in the minimum; one that shows only in some rounds is not.
 
     scripts/bench-ab.py 'balancer::(round_robin_filter_off|floor)' /tmp/pick-before /tmp/pick-after
     ROUNDS=16 scripts/bench-ab.py 'load::' /tmp/before /tmp/after
+    RAW=/tmp/rounds.json scripts/bench-ab.py 'pick::' /tmp/a /tmp/b   # also every round's value
 
 Build each binary with `cargo bench --bench NAME --no-run` (a worktree of the older commit with
 CARGO_TARGET_DIR pointing at the same target directory shares the dependencies) and copy it out
@@ -18,6 +19,7 @@ of target/release/deps/ before building the next. The filter is divan's (a regex
 bench's path); the value compared is divan's median column of each row.
 """
 
+import json
 import os
 import re
 import statistics
@@ -78,6 +80,14 @@ def main():
     if not samples:
         print(f"bench-ab: no row matched {pattern!r}", file=sys.stderr)
         return 1
+    raw = os.environ.get("RAW")
+    if raw:
+        # Every round's value, {row: {binary: [ns, ...]}}, for per-round ratios.
+        dump = {}
+        for (row, b), s in samples.items():
+            dump.setdefault(row, {})[os.path.basename(b)] = s
+        with open(raw, "w", encoding="utf-8") as f:
+            json.dump(dump, f, indent=1, sort_keys=True)
     rows = sorted({row for row, _ in samples})
     width = max(len(r) for r in rows)
     names = [os.path.basename(b) for b in bins]

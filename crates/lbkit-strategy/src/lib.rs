@@ -76,7 +76,7 @@ pub use response_time::{
 };
 pub use round_robin::{RoundRobin, RoundRobinPicker};
 pub use smooth_weighted::{
-    SmoothWeightedPicker, SmoothWeightedRoundRobin, MAX_CYCLE, MAX_CYCLE_WORK,
+    SmoothWeightedPicker, SmoothWeightedRoundRobin, MAX_CYCLE, MAX_CYCLE_WORK, MAX_FOLDED,
 };
 pub use sticky::{StickyPicker, StickyRoundRobin, DEFAULT_STICKY_RUN};
 pub use tag::TagHeaders;

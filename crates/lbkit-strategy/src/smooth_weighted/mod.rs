@@ -15,12 +15,22 @@
 //!   takes the endpoint owning point `k · a mod W` of the cumulative weight line (a ≈ W/φ,
 //!   coprime with W). Each span of W consecutive picks still holds exactly wᵢ picks of endpoint
 //!   i, spread evenly, but not in nginx's order. A pick costs the same as from the nginx cycle.
-//!   Only when the cycle would exceed [`MAX_CYCLE`] entries (Σw / gcd over a million) is the
-//!   stride computed per pick instead: the shared counter advances by a and the endpoint
-//!   owning the point is found via a bucket index over the cumulative weights — O(1) typical
-//!   (no division: a Barrett reduction and a multiply-shift), O(log n) worst; the same order
-//!   (and once per 2³² picks or more, when the 64-bit counter wraps, a span is off by about
-//!   one pick).
+//!   When the cycle would exceed [`MAX_CYCLE`] entries (Σw / gcd over a million) but Σw is
+//!   below 2³², a *folded* cycle is stored instead: the golden cycle of the weights divided by
+//!   D (⌊wᵢ / D⌋ entries each, D chosen so that at most 16 entries per endpoint are stored,
+//!   [`MAX_FOLDED`] in all), read D times over, with the Σ(wᵢ mod D) leftover picks
+//!   interleaved evenly (Bresenham's line) and taken from a stored order of their own. It
+//!   repeats every Σw picks, so each span of Σw consecutive picks still holds exactly wᵢ of
+//!   endpoint i, and consecutive picks read consecutive table entries: a pick is the
+//!   counter's `fetch_add`, three multiplications and a sequential read, whatever n (at
+//!   100 000 endpoints about 3 % of picks are leftovers, which cost a call and a read more).
+//!   The counter advances by ⌈2⁶⁴ / Σw⌉ per pick and is read as a phase, so once per 2⁶⁴ / Σw
+//!   picks or more (over 2³²) one span is off by a pick. Only the load-driven strategies'
+//!   schedulers, which re-prepare every period, and totals of 2³² or more compute the stride
+//!   per pick: the shared counter advances by a and the endpoint owning the point is found via
+//!   a bucket index over the cumulative weights — O(1) typical (no division: a Barrett
+//!   reduction and a multiply-shift), O(log n) worst; the same order (and once per 2³² picks
+//!   or more, when the 64-bit counter wraps, a span is off by about one pick).
 //! * **Behaviour under trouble**: blind to load; warming endpoints follow Dubbo's curve (the cycle
 //!   is rebuilt every second during warm-up).
 //! * **Differences from the origin**: Dubbo 2.5 ran an O(maxWeight · n) loop per pick and nginx
@@ -53,9 +63,18 @@ use lbkit_core::{EndpointIdx, PickContext, PickError, Picker, Snapshot, Strategy
 use crate::common::{effective_weights, share};
 use crate::round_robin::{counter, SharedCounter};
 
-/// Longest cycle kept in memory (4 MiB of indices): beyond it, the golden-ratio stride is
-/// computed per pick.
+/// Longest cycle kept in memory (4 MiB of indices): beyond it, a folded cycle is stored.
 pub const MAX_CYCLE: u64 = 1 << 20;
+
+/// Most entries of a folded cycle: 16 per endpoint, at least [`MAX_CYCLE`] and at most four
+/// times that (16 MiB of indices). The leftover picks, which read an order of their own, are
+/// about n / (2 · entries) of all picks: about 3 % with 16 entries per endpoint.
+pub const MAX_FOLDED: u64 = 4 * MAX_CYCLE;
+
+/// Entries a folded cycle may have for `n` endpoints.
+fn folded_limit(n: usize) -> u64 {
+    (n as u64).saturating_mul(16).clamp(MAX_CYCLE, MAX_FOLDED)
+}
 
 /// Most steps (cycle length × distinct weights) spent building an nginx cycle, which bounds
 /// prepare time to about 15 ms on the benchmark machine (5.7 M steps took 20 ms); beyond it,
@@ -125,6 +144,9 @@ enum Order {
     Cycle(Box<[EndpointIdx]>),
     /// The golden-ratio stride's cycle, unrolled ([`golden_cycle`]).
     Golden(Box<[EndpointIdx]>),
+    /// The golden-ratio stride's cycle of the weights divided by D, with the leftovers
+    /// interleaved ([`Folded`]).
+    Folded(Folded),
     /// The golden-ratio stride, computed per pick.
     Stride(GoldenStride),
 }
@@ -159,6 +181,11 @@ impl SmoothWeightedPicker {
             Order::Cycle(nginx_cycle(&weights, g))
         } else if fits && unroll == Unroll::Yes {
             Order::Golden(golden_cycle(&weights, g))
+        } else if let Some(folded) = (unroll == Unroll::Yes)
+            .then(|| Folded::new(&weights, g, folded_limit(weights.len())))
+            .flatten()
+        {
+            Order::Folded(folded)
         } else {
             Order::Stride(GoldenStride::new(&weights))
         };
@@ -190,6 +217,8 @@ impl Picker for SmoothWeightedPicker {
             Order::Cycle(c) | Order::Golden(c) => {
                 Ok(c[(self.counter.fetch_add(1, Relaxed) % c.len() as u64) as usize])
             }
+            // The counter is a phase: one add of the folded cycle's step per pick.
+            Order::Folded(f) => Ok(f.pick(self.counter.fetch_add(f.step, Relaxed))),
             // The counter walks the point line itself: one add of the step per pick.
             Order::Stride(s) => Ok(s.owner(self.counter.fetch_add(s.step, Relaxed))),
         }
@@ -200,6 +229,7 @@ impl Picker for SmoothWeightedPicker {
         let mode = match self.order {
             Order::Cycle(_) => "nginx cycle",
             Order::Golden(_) => "golden stride cycle",
+            Order::Folded(_) => "folded golden stride cycle",
             Order::Stride(_) => "golden stride",
         };
         Some(format!("{}, {mode}", share(w, self.total)))
@@ -286,13 +316,56 @@ fn golden_cycle(weights: &[(EndpointIdx, u64)], g: u64) -> Box<[EndpointIdx]> {
     cycle.into_boxed_slice()
 }
 
-/// The golden-ratio step for a line of `total` points: about `total / φ`, coprime with it.
+/// The golden-ratio step for a line of `total` points: coprime with it, within 64 of
+/// `total / φ`, and the one there whose ratio `step / total` has the smallest largest
+/// partial quotient in its continued fraction (searched outwards, stopping at one of 4 or
+/// less).
+///
+/// How evenly k·a mod W spreads (each endpoint's lead or lag on its ideal share, its longest
+/// wait) is bounded by those partial quotients. 1/φ's are all 1, but a ratio a/W near it
+/// keeps only its first dozen or so; the first coprime step above W/φ often has one in the
+/// tens or hundreds later on. For the benchmark's 100 000 skewed weights (W = 49 902 999)
+/// that first step had a partial quotient of 106, and an endpoint ran 14 picks ahead of its
+/// ideal share; searching brings the largest partial quotient to a few, and the lead to 4.
 fn golden_step(total: u64) -> u64 {
-    let mut step = (((total as f64) / 1.618_033_988_749_895) as u64).max(1);
-    while total > 1 && gcd(step, total) != 1 {
-        step += 1;
+    let base = (((total as f64) / 1.618_033_988_749_895) as u64).max(1);
+    let mut best: Option<(u64, u64)> = None;
+    for d in 0..64 {
+        for step in [base.saturating_add(d), base.saturating_sub(d)] {
+            if step == 0 || (step >= total && total > 1) || gcd(step, total) != 1 {
+                continue;
+            }
+            let largest = largest_partial_quotient(step, total);
+            if best.is_none_or(|(l, _)| largest < l) {
+                best = Some((largest, step));
+            }
+        }
+        if best.is_some_and(|(l, _)| l <= 4) {
+            break;
+        }
     }
-    step
+    best.map_or_else(
+        || {
+            // No coprime step within 64 (totals with very many small prime factors).
+            let mut step = base;
+            while total > 1 && gcd(step, total) != 1 {
+                step += 1;
+            }
+            step
+        },
+        |(_, step)| step,
+    )
+}
+
+/// The largest partial quotient of `a / m`'s continued fraction, the leading 0 aside.
+fn largest_partial_quotient(a: u64, m: u64) -> u64 {
+    let (mut num, mut den) = (m, a);
+    let mut largest = 0;
+    while den != 0 {
+        largest = largest.max(num / den);
+        (num, den) = (den, num % den);
+    }
+    largest
 }
 
 /// `a⁻¹ mod m` for `a` coprime with `m` (extended Euclid); 0 when `m` is 1.
@@ -472,20 +545,182 @@ impl GoldenStride {
     }
 }
 
+/// The golden-ratio stride's order folded into a bounded table, for totals too large to store
+/// whole ([`MAX_CYCLE`]) but below 2³².
+///
+/// With weights wᵢ (divided by their gcd) and W = Σwᵢ, pick D = ⌈W / limit⌉ and split each
+/// weight into `D · qᵢ + rᵢ` (rᵢ < D). The table is the golden cycle of the quotients, Q = Σqᵢ
+/// entries; the R = Σrᵢ leftovers have an order of their own ([`Rest`]). Within each period
+/// of W picks, pick c (c = k mod W for the k-th pick) is a leftover pick when
+/// `⌊(c+1)·R/W⌋ > ⌊c·R/W⌋` (Bresenham's line: R of the W picks, evenly spread), and then
+/// takes leftover number
+/// `⌊c·R/W⌋`; otherwise it takes table entry `(c − ⌊c·R/W⌋) mod Q`. A period reads the table
+/// D times over (D·qᵢ picks of i) and walks the leftover order once (rᵢ picks of i): wᵢ in
+/// all, and since the order repeats every W picks, any W consecutive picks hold exactly wᵢ of
+/// endpoint i.
+///
+/// The shared counter advances by `step` = ⌈2⁶⁴ / W⌉ per pick and is read as a phase: after k
+/// picks it holds k·step (wrapping), and `⌊phase · W / 2⁶⁴⌋` is k mod W, one multiplication
+/// instead of a reduction. The error term k·(step·W − 2⁶⁴) / 2⁶⁴ stays below one position for
+/// the first 2⁶⁴ / W > 2³² picks, and after that shifts the order by one position once per
+/// 2⁶⁴ / W picks or more: the span across such a shift is off by a pick.
+///
+/// Consecutive picks read consecutive table entries, so a pick costs the same at any n: the
+/// counter's `fetch_add`, the phase's multiplication, a 64×64→128 multiply for the Bresenham
+/// step (`⌊c·R/W⌋` from a 64-bit fixed-point R/W, exact because c < W < 2³²), Lemire's
+/// multiply-only remainder by Q, and a read that the hardware prefetcher has usually already
+/// made. Only the leftover picks, about n·D / (2W) ≈ n / (2Q) of them, cost a call and a
+/// read of their own order ([`Rest`]), itself sequential unless it is a stride.
+#[derive(Debug)]
+struct Folded {
+    /// W: the weights' total, divided by their gcd.
+    total: u64,
+    /// `⌈2⁶⁴ / W⌉`: what the shared counter advances per pick.
+    step: u64,
+    /// `⌈R · 2⁶⁴ / W⌉`: R/W in 64-bit fixed point (0 when there are no leftovers).
+    leftover_rate: u64,
+    /// Lemire's constant for `mod Q`: `⌊(2⁶⁴ − 1) / Q⌋ + 1`, wrapping.
+    table_mod: u64,
+    /// The golden cycle of the quotients ⌊wᵢ / D⌋: Q entries.
+    table: Box<[EndpointIdx]>,
+    /// The order of the leftovers wᵢ mod D.
+    rest: Rest,
+}
+
+/// The order of a [`Folded`] cycle's R leftover picks per period: leftover pick k is entry
+/// `k mod R` of an order that repeats every R picks. Consecutive leftover picks are
+/// consecutive k, so a stored order is read sequentially too.
+#[derive(Debug)]
+enum Rest {
+    /// D divides every weight: no leftovers.
+    None,
+    /// R ≤ the limit: the golden cycle of the leftovers.
+    Cycle(Box<[EndpointIdx]>),
+    /// More leftovers than the limit: folded again. Each level keeps about n / (2 · limit)
+    /// of its picks as leftovers (at most half), so a total below 2³² folds only a few
+    /// times.
+    Folded(Box<Folded>),
+    /// Leftovers that cannot be folded (more than half would be leftovers again): the stride
+    /// per pick. Boxed: it is rare, and inline it would make every picker a cache line
+    /// larger.
+    Stride(Box<GoldenStride>),
+}
+
+impl Folded {
+    /// The folded cycle of `weights` divided by `g`, with at most `limit` table entries;
+    /// `None` when the total is 2³² or more, or when more than half the picks would be
+    /// leftovers (among them: every weight below D, no table).
+    fn new(weights: &[(EndpointIdx, u64)], g: u64, limit: u64) -> Option<Folded> {
+        let total: u64 = weights.iter().map(|&(_, w)| w / g).sum();
+        if total == 0 || total >= NARROW {
+            return None;
+        }
+        let d = total.div_ceil(limit.max(1));
+        let quotients: Vec<(EndpointIdx, u64)> = weights
+            .iter()
+            .map(|&(i, w)| (i, w / g / d))
+            .filter(|&(_, q)| q > 0)
+            .collect();
+        let rest: Vec<(EndpointIdx, u64)> = weights
+            .iter()
+            .map(|&(i, w)| (i, w / g % d))
+            .filter(|&(_, r)| r > 0)
+            .collect();
+        if quotients.is_empty() {
+            return None;
+        }
+        let leftover: u64 = rest.iter().map(|&(_, r)| r).sum();
+        if leftover > total / 2 {
+            // Too many endpoints for the table (most weights below D): the stride does
+            // better. Each level of folding thus halves the total at least.
+            return None;
+        }
+        let table = golden_cycle(&quotients, 1);
+        let rest = if rest.is_empty() {
+            Rest::None
+        } else if leftover <= limit {
+            Rest::Cycle(golden_cycle(&rest, 1))
+        } else if let Some(folded) = Folded::new(&rest, 1, limit) {
+            Rest::Folded(Box::new(folded))
+        } else {
+            Rest::Stride(Box::new(GoldenStride::new(&rest)))
+        };
+        // R < W, so R·2⁶⁴/W < 2⁶⁴ − 2⁶⁴/W and its ceiling fits.
+        let leftover_rate =
+            u64::try_from((u128::from(leftover) << 64).div_ceil(u128::from(total))).ok()?;
+        Some(Folded {
+            total,
+            // ⌈2⁶⁴ / W⌉ for W > 1; 0 for W = 1, whose one position is 0.
+            step: (u64::MAX / total).wrapping_add(1),
+            leftover_rate,
+            table_mod: (u64::MAX / table.len() as u64).wrapping_add(1),
+            table,
+            rest,
+        })
+    }
+
+    /// The endpoint at `phase`, the shared counter after k picks (k · step, wrapping).
+    #[inline]
+    fn pick(&self, phase: u64) -> EndpointIdx {
+        // c = k mod W with one multiplication: phase · W / 2⁶⁴ = k mod W + k·ε/2⁶⁴, where
+        // ε = step · W − 2⁶⁴ < W, and the second term stays below one position until k
+        // reaches 2⁶⁴ / ε > 2⁶⁴ / W > 2³² picks.
+        let c = ((u128::from(phase) * u128::from(self.total)) >> 64) as u64;
+        let (before, leftover) = bresenham(c, self.leftover_rate);
+        if leftover {
+            return self.leftover(before);
+        }
+        self.table[lemire_mod(c - before, self.table_mod, self.table.len() as u64) as usize]
+    }
+
+    /// Leftover pick number `k` (k < R).
+    #[cold]
+    #[inline(never)]
+    fn leftover(&self, k: u64) -> EndpointIdx {
+        match &self.rest {
+            Rest::Cycle(cycle) => cycle[k as usize],
+            // k < R, the inner total: no drift.
+            Rest::Folded(folded) => folded.pick(k.wrapping_mul(folded.step)),
+            // k < R < 2³² and the step < R: the product fits.
+            Rest::Stride(stride) => stride.owner(k * stride.step),
+            Rest::None => unreachable!("a leftover pick only when there are leftovers"),
+        }
+    }
+}
+
+/// For `c < W < 2³²` and `rate = ⌈R · 2⁶⁴ / W⌉` (R < W): `⌊c·R/W⌋`, the leftover picks before
+/// pick c, and whether pick c is one (`⌊(c+1)·R/W⌋ > ⌊c·R/W⌋`). Exact: the fixed point's error,
+/// under c / 2⁶⁴ < 2⁻³², is below the gap 1/W between c·R/W and the next integer.
+#[inline]
+fn bresenham(c: u64, rate: u64) -> (u64, bool) {
+    let x = u128::from(c) * u128::from(rate);
+    let before = (x >> 64) as u64;
+    // (c+1)·rate = c·rate + rate: the integer part grows exactly when the fraction carries.
+    let (_, carry) = (x as u64).overflowing_add(rate);
+    (before, carry)
+}
+
+/// `a mod d` for `a, d < 2³²` with `m = ⌊(2⁶⁴ − 1) / d⌋ + 1` (wrapping), by Lemire's two
+/// multiplications (Lemire, Kaser, Kurz, "Faster remainder by direct computation", 2019).
+#[inline]
+fn lemire_mod(a: u64, m: u64, d: u64) -> u64 {
+    let low = m.wrapping_mul(a);
+    ((u128::from(low) * u128::from(d)) >> 64) as u64
+}
+
 /// `x mod d` by Barrett reduction, `m = ⌊(2⁶⁴ − 1) / d⌋`: the estimated quotient
-/// `⌊x·m / 2⁶⁴⌋` is at most 2 below the true one for any 64-bit `x`, so the remainder needs at
-/// most two corrections.
+/// `⌊x·m / 2⁶⁴⌋` is at most 1 below the true one q for any 64-bit `x`, so the remainder needs
+/// at most one correction. (m·d ≥ 2⁶⁴ − d, so x·m / 2⁶⁴ ≥ x/d − x/2⁶⁴ > x/d − 1, and the
+/// estimate, an integer above x/d − 2 ≥ q − 2, is at least q − 1.)
 #[inline]
 fn barrett(x: u64, d: u64, m: u64) -> u64 {
     let q = ((u128::from(x) * u128::from(m)) >> 64) as u64;
-    let mut r = x - q * d;
+    let r = x - q * d;
     if r >= d {
-        r -= d;
+        r - d
+    } else {
+        r
     }
-    if r >= d {
-        r -= d;
-    }
-    r
 }
 
 #[cfg(test)]

@@ -70,19 +70,101 @@ fn zero_weights_never_picked() {
 }
 
 #[test]
-fn large_fleets_with_many_weights_use_the_stride_with_exact_shares() {
+fn large_fleets_with_many_weights_use_the_folded_cycle_with_exact_shares() {
+    // Σw ≈ 2.5 million > MAX_CYCLE: the table holds the golden cycle of ⌊wᵢ / 3⌋.
     let weights: Vec<u64> = (0..5_000u64).map(|i| 1 + (i * 7919) % 997).collect();
     let p = picker(&weights);
+    assert!(matches!(p.order, Order::Folded(_)), "{:?}", p.order);
     assert!(!p.is_exact_nginx_order());
     let total: u64 = weights.iter().sum();
-    let mut counts = vec![0u64; weights.len()];
-    for i in picks(&p, total as usize) {
-        counts[i] += 1;
+    let seq = picks(&p, 777 + total as usize);
+    for start in [0, 777] {
+        let mut counts = vec![0u64; weights.len()];
+        for &i in &seq[start..start + total as usize] {
+            counts[i] += 1;
+        }
+        assert_eq!(
+            counts, weights,
+            "the span of Σw picks from {start} holds exactly wᵢ of each"
+        );
     }
-    assert_eq!(
-        counts, weights,
-        "one span of Σw picks holds exactly wᵢ of each"
+    let explained = p.explain(EndpointIdx::new(0), Timestamp::ZERO).unwrap();
+    assert!(
+        explained.ends_with("folded golden stride cycle"),
+        "{explained}"
     );
+}
+
+/// The most picks any endpoint runs ahead of or behind its ideal share `t · wᵢ / W` over the
+/// first period, and its longest wait in units of its ideal interval `W / wᵢ`.
+fn spread(order: impl Iterator<Item = usize>, weights: &[u64]) -> (f64, f64) {
+    let total: u64 = weights.iter().sum();
+    let mut counts = vec![0u64; weights.len()];
+    let mut last = vec![None; weights.len()];
+    let (mut lead, mut wait) = (0f64, 0f64);
+    for (t, i) in order.take(total as usize).enumerate() {
+        let ideal = |t: usize| t as f64 * weights[i] as f64 / total as f64;
+        lead = lead.max(ideal(t) - counts[i] as f64);
+        counts[i] += 1;
+        lead = lead.max(counts[i] as f64 - ideal(t + 1));
+        if let Some(l) = last[i] {
+            wait = wait.max((t - l) as f64 * weights[i] as f64 / total as f64);
+        }
+        last[i] = Some(t);
+    }
+    (lead, wait)
+}
+
+#[test]
+fn folded_cycles_spread_each_endpoint_evenly() {
+    // Measured (lead, longest wait): 4.3 and 2.4 for 5 000 endpoints (D = 3); 4.2–4.6 and
+    // 2.2–2.3 for 1 000 folded into 19 494 or 1 500 entries (2.4 % or 25 % leftover picks);
+    // 4.8–5.1 and 2.5 for the benchmark's 100 000. With the first coprime step above W/φ
+    // (partial quotients up to 46) the 5 000 case had an endpoint 11.4 picks behind.
+    for (n, limit) in [
+        (5_000, folded_limit(5_000)),
+        (1_000, 20_000),
+        (1_000, 2_000),
+    ] {
+        let weights: Vec<u64> = (0..n).map(|i| 1 + (i * 7919) % 997).collect();
+        let items: Vec<(EndpointIdx, u64)> = weights
+            .iter()
+            .enumerate()
+            .map(|(i, &w)| (EndpointIdx::new(i), w))
+            .collect();
+        let f = Folded::new(&items, 1, limit).unwrap();
+        let (lead, wait) = spread(
+            (0u64..).map(|c| f.pick(c.wrapping_mul(f.step)).get()),
+            &weights,
+        );
+        assert!(lead < 6.0, "n {n} limit {limit}: lead {lead}");
+        assert!(wait < 3.0, "n {n} limit {limit}: wait {wait}");
+    }
+}
+
+#[test]
+fn golden_steps_avoid_large_partial_quotients() {
+    // The first coprime steps above W/φ had partial quotients of 106, 46 and 11.
+    for total in [
+        49_902_999u64,
+        830_163,
+        1_511_230,
+        2_495_503,
+        498_405,
+        (1 << 32) - 1,
+    ] {
+        let step = golden_step(total);
+        assert_eq!(gcd(step, total), 1);
+        let largest = largest_partial_quotient(step, total);
+        assert!(
+            largest <= 6,
+            "{total}: step {step}, partial quotient {largest}"
+        );
+        assert!(step.abs_diff((total as f64 / 1.618_033_988_749_895) as u64) < 64);
+    }
+    assert_eq!(golden_step(1), 1);
+    assert_eq!(golden_step(2), 1);
+    assert_eq!(largest_partial_quotient(8, 13), 2);
 }
 
 #[test]
@@ -244,6 +326,76 @@ proptest! {
             prop_assert_eq!(s.owner(c).get(), owner * spread, "counter {} point {} total {}", c, point, total);
         }
     }
+
+    /// Any span of W picks of a folded cycle holds exactly wᵢ of each endpoint, however small
+    /// the table (up to every pick a leftover), and whatever the weights' common divisor.
+    #[test]
+    fn folded_cycles_hold_exact_shares_in_any_span(
+        weights in proptest::collection::vec(0u64..3000, 1..40),
+        factor in 1u64..4,
+        limit in 1u64..300,
+        offset in 0u64..20_000,
+        phase in any::<u64>(),
+    ) {
+        let items: Vec<(EndpointIdx, u64)> = weights.iter().enumerate().filter(|&(_, &w)| w > 0).map(|(i, &w)| (EndpointIdx::new(i), w * factor)).collect();
+        prop_assume!(!items.is_empty());
+        let g = items.iter().fold(0, |g, &(_, w)| gcd(g, w));
+        let total: u64 = items.iter().map(|&(_, w)| w / g).sum();
+        let Some(f) = Folded::new(&items, g, limit) else {
+            // Only when more than half the picks would be leftovers.
+            let d = total.div_ceil(limit);
+            prop_assert!(items.iter().map(|&(_, w)| w / g % d).sum::<u64>() > total / 2);
+            return Ok(());
+        };
+        prop_assert!(f.table.len() as u64 <= limit);
+        let expected: Vec<u64> = weights.iter().map(|&w| w * factor / g).collect();
+        // From counter 0 on, and from any value the shared counter may hold (another
+        // snapshot's picker advanced it): the counter is a phase, and a span of W steps holds
+        // each endpoint's share unless k·ε/2⁶⁴ crosses an integer inside it, about once per
+        // 2⁶⁴ / W² spans.
+        for start in [offset.wrapping_mul(f.step), phase] {
+            let mut counts = vec![0u64; weights.len()];
+            for k in 0..total {
+                counts[f.pick(start.wrapping_add(k.wrapping_mul(f.step))).get()] += 1;
+            }
+            prop_assert_eq!(&counts, &expected, "from phase {}", start);
+        }
+    }
+
+    /// `bresenham` is exact division for any total below 2³², against `u128` arithmetic.
+    #[test]
+    fn bresenham_counts_leftovers_exactly(
+        total in 1u64..(1 << 32),
+        leftover_frac in 0f64..1.0,
+        cs in proptest::collection::vec(any::<u64>(), 1..40),
+    ) {
+        let r = ((total as f64 * leftover_frac) as u64).min(total - 1);
+        let rate = u64::try_from((u128::from(r) << 64).div_ceil(u128::from(total))).unwrap();
+        for c in cs.into_iter().map(|c| c % total).chain([0, total - 1]) {
+            let exact = |c: u64| u128::from(c) * u128::from(r) / u128::from(total);
+            let (before, leftover) = bresenham(c, rate);
+            prop_assert_eq!(u128::from(before), exact(c), "c {} R {} W {}", c, r, total);
+            prop_assert_eq!(leftover, exact(c + 1) > exact(c), "c {} R {} W {}", c, r, total);
+        }
+    }
+
+    #[test]
+    fn lemire_mod_matches_the_remainder(a in 0u64..(1 << 32), d in 1u64..(1 << 32)) {
+        let m = (u64::MAX / d).wrapping_add(1);
+        prop_assert_eq!(lemire_mod(a, m, d), a % d);
+        prop_assert_eq!(lemire_mod(d - 1, m, d), d - 1);
+        prop_assert_eq!(lemire_mod(d, m, d), 0);
+    }
+
+    /// One correction suffices, for any divisor and any 64-bit value.
+    #[test]
+    fn barrett_matches_the_remainder_anywhere(
+        x in any::<u64>(),
+        d in prop_oneof![1u64..1000, 1u64..(1 << 32), 1u64..=u64::MAX],
+    ) {
+        prop_assert_eq!(barrett(x, d, u64::MAX / d), x % d);
+        prop_assert_eq!(barrett(u64::MAX - x % 7, d, u64::MAX / d), (u64::MAX - x % 7) % d);
+    }
 }
 
 #[test]
@@ -272,6 +424,63 @@ fn barrett_matches_the_remainder() {
             0x1234_5678_9abc_def0,
         ] {
             assert_eq!(barrett(x, d, m), x % d, "{x} mod {d}");
+        }
+    }
+}
+
+#[test]
+fn folded_leftovers_keep_exact_shares_in_every_kind_of_order() {
+    let cases: [(&str, u64, Vec<u64>); 5] = [
+        ("none", 100, vec![1_000, 3_000]),
+        ("cycle", 192, vec![2_667, 2_990]),
+        (
+            "folded",
+            55,
+            vec![
+                668, 2155, 1444, 350, 497, 2375, 278, 417, 1333, 1862, 86, 2961, 2537, 1471, 1479,
+                2386, 1287, 1558, 1268, 2801, 2497, 844, 949, 310,
+            ],
+        ),
+        (
+            "stride",
+            21,
+            vec![
+                1345, 1586, 2491, 2089, 1958, 1942, 2677, 943, 2175, 856, 512, 1242, 1602, 325,
+                2546, 1899, 2900, 2739, 2611, 2251, 973, 446, 1445,
+            ],
+        ),
+        (
+            "no fold",
+            6,
+            vec![
+                980, 2143, 451, 2932, 838, 122, 2553, 38, 1200, 1124, 950, 2464, 578, 466,
+            ],
+        ),
+    ];
+    for (kind, limit, weights) in cases {
+        let items: Vec<(EndpointIdx, u64)> = weights
+            .iter()
+            .enumerate()
+            .map(|(i, &w)| (EndpointIdx::new(i), w))
+            .collect();
+        let Some(f) = Folded::new(&items, 1, limit) else {
+            assert_eq!(kind, "no fold");
+            continue;
+        };
+        let found = match f.rest {
+            Rest::None => "none",
+            Rest::Cycle(_) => "cycle",
+            Rest::Folded(_) => "folded",
+            Rest::Stride(_) => "stride",
+        };
+        assert_eq!(found, kind, "{weights:?}");
+        let total: u64 = weights.iter().sum();
+        for start in [0, 12_345] {
+            let mut counts = vec![0u64; weights.len()];
+            for k in start..start + total {
+                counts[f.pick(k.wrapping_mul(f.step)).get()] += 1;
+            }
+            assert_eq!(counts, weights, "{kind} from {start}");
         }
     }
 }
