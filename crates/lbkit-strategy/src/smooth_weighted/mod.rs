@@ -16,14 +16,16 @@
 //!   coprime with W). Each span of W consecutive picks still holds exactly wᵢ picks of endpoint
 //!   i, spread evenly, but not in nginx's order. A pick costs the same as from the nginx cycle.
 //!   When the cycle would exceed [`MAX_CYCLE`] entries (Σw / gcd over a million) but Σw is
-//!   below 2³², a *folded* cycle is stored instead: the golden cycle of the weights divided by
-//!   D (⌊wᵢ / D⌋ entries each, D chosen so that at most 16 entries per endpoint are stored,
-//!   [`MAX_FOLDED`] in all), read D times over, with the Σ(wᵢ mod D) leftover picks
-//!   interleaved evenly (Bresenham's line) and taken from a stored order of their own. It
-//!   repeats every Σw picks, so each span of Σw consecutive picks still holds exactly wᵢ of
-//!   endpoint i, and consecutive picks read consecutive table entries: a pick is the
-//!   counter's `fetch_add`, four multiplications and a sequential read, whatever n (at
-//!   100 000 endpoints about 3 % of picks are leftovers, which cost a call and a read more).
+//!   below 2³², a *folded* cycle is stored instead (for up to 262 144 endpoints): the golden
+//!   cycle of the weights divided by D (⌊wᵢ / D⌋ entries each, D chosen so that at most 16
+//!   entries per endpoint are stored), read D times over, with the Σ(wᵢ mod D) leftover picks
+//!   interleaved evenly (Bresenham's line) and taken from a stored order of their own (at most
+//!   as long as the table; longer ones take the stride per pick). It repeats every Σw picks,
+//!   so each span of Σw consecutive picks still holds exactly wᵢ of endpoint i, and
+//!   consecutive picks read consecutive table entries: a pick is the counter's `fetch_add`,
+//!   four multiplications and a sequential read, whatever n (at 100 000 endpoints about 3 % of
+//!   picks are leftovers, which cost a call and a read more). Memory: at most 2 × 16 entries
+//!   of 4 bytes per endpoint; prepare: O(table + leftovers).
 //!   The counter advances by ⌈2⁶⁴ / Σw⌉ per pick and is read as a phase, so once per 2⁶⁴ / Σw
 //!   picks or more (over 2³²) one span is off by a pick. Only the load-driven strategies'
 //!   schedulers, which re-prepare every period, and totals of 2³² or more compute the stride
@@ -66,14 +68,22 @@ use crate::round_robin::{counter, SharedCounter};
 /// Longest cycle kept in memory (4 MiB of indices): beyond it, a folded cycle is stored.
 pub const MAX_CYCLE: u64 = 1 << 20;
 
-/// Most entries of a folded cycle: 16 per endpoint, at least [`MAX_CYCLE`] and at most four
-/// times that (16 MiB of indices). The leftover picks, which read an order of their own, are
-/// about n / (2 · entries) of all picks: about 3 % with 16 entries per endpoint.
+/// Most entries of a folded cycle's table, and of its leftovers' stored order: 16 per
+/// endpoint, at least [`MAX_CYCLE`] and at most four times that (16 MiB of indices each). The
+/// leftover picks are about n / (2 · entries) of all picks: about 3 % with 16 entries per
+/// endpoint. Weight sets of more than `MAX_FOLDED / 16` (262 144) endpoints, where the table
+/// could no longer hold 16 entries each and the leftovers would grow, keep the stride per
+/// pick.
 pub const MAX_FOLDED: u64 = 4 * MAX_CYCLE;
+
+/// Table entries per endpoint of a folded cycle.
+const FOLDED_PER_ENDPOINT: u64 = 16;
 
 /// Entries a folded cycle may have for `n` endpoints.
 fn folded_limit(n: usize) -> u64 {
-    (n as u64).saturating_mul(16).clamp(MAX_CYCLE, MAX_FOLDED)
+    (n as u64)
+        .saturating_mul(FOLDED_PER_ENDPOINT)
+        .clamp(MAX_CYCLE, MAX_FOLDED)
 }
 
 /// Most steps (cycle length × distinct weights) spent building an nginx cycle, which bounds
@@ -131,7 +141,8 @@ pub struct SmoothWeightedPicker {
     counter: SharedCounter,
 }
 
-/// Whether a golden-ratio stride that fits in [`MAX_CYCLE`] is stored as a cycle.
+/// Whether the golden-ratio stride is stored: as a cycle when it fits in [`MAX_CYCLE`], else
+/// folded ([`MAX_FOLDED`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Unroll {
     Yes,
@@ -164,7 +175,9 @@ impl SmoothWeightedPicker {
 
     /// A picker over `weights` (zero weights dropped) advancing `counter`: the exact nginx
     /// cycle when it is cheap enough to build, else (with [`Unroll::Yes`]) the golden-ratio
-    /// stride's cycle when it fits in [`MAX_CYCLE`], else the stride computed per pick.
+    /// stride's cycle when it fits in [`MAX_CYCLE`], or folded when the total is below 2³²
+    /// and there are at most [`MAX_FOLDED`] / 16 endpoints, else the stride computed per
+    /// pick.
     fn build(weights: Vec<(EndpointIdx, u64)>, counter: SharedCounter, unroll: Unroll) -> Self {
         let weights: Vec<(EndpointIdx, u64)> =
             weights.into_iter().filter(|&(_, w)| w > 0).collect();
@@ -181,7 +194,8 @@ impl SmoothWeightedPicker {
             Order::Cycle(nginx_cycle(&weights, g))
         } else if fits && unroll == Unroll::Yes {
             Order::Golden(golden_cycle(&weights, g))
-        } else if let Some(folded) = (unroll == Unroll::Yes)
+        } else if let Some(folded) = (unroll == Unroll::Yes
+            && weights.len() as u64 <= MAX_FOLDED / FOLDED_PER_ENDPOINT)
             .then(|| Folded::new(&weights, g, folded_limit(weights.len())))
             .flatten()
         {
@@ -306,7 +320,7 @@ fn golden_cycle(weights: &[(EndpointIdx, u64)], g: u64) -> Box<[EndpointIdx]> {
     for &(idx, w) in weights {
         for _ in 0..w / g {
             cycle[k as usize] = idx;
-            // k + inverse < 2 · total ≤ 2 · MAX_CYCLE: no overflow.
+            // k + inverse < 2 · total < 2³³: no overflow.
             k += inverse;
             if k >= total {
                 k -= total;
@@ -392,7 +406,7 @@ fn inverse_mod(a: u64, m: u64) -> u64 {
 /// A pick is the counter's `fetch_add`, one modular reduction, a multiply-shift to a bucket and
 /// usually one table read; no division. While the total is below 2³² (any weight set of up to
 /// 65 536 endpoints of Dubbo-sized weights, and far beyond) the reduction is Barrett's in 64
-/// bits — a 64×64→128 multiply, a subtraction and at most two corrections — instead of the two
+/// bits — a 64×64→128 multiply, a subtraction and at most one correction — instead of the two
 /// `u128` remainders of the first version, which cost 50–100 ns on hosts without a fast 128-bit
 /// divide; larger totals keep `u128` arithmetic. Each bucket holds its first entry's end and
 /// index in one word, so a point inside that entry (most points: a bucket spans half an
@@ -597,13 +611,10 @@ enum Rest {
     None,
     /// R ≤ the limit: the golden cycle of the leftovers.
     Cycle(Box<[EndpointIdx]>),
-    /// More leftovers than the limit: folded again. Each level keeps about n / (2 · limit)
-    /// of its picks as leftovers (at most half), so a total below 2³² folds only a few
-    /// times.
-    Folded(Box<Folded>),
-    /// Leftovers that cannot be folded (more than half would be leftovers again): the stride
-    /// per pick. Boxed: it is rare, and inline it would make every picker a cache line
-    /// larger.
+    /// More leftovers than the limit: the stride per pick. (Folding them again would keep
+    /// them sequential, but each level adds a table as large as the first, and a review
+    /// measured 4 to 18 million entries for some weight sets.) Boxed: it is rare, and inline
+    /// it would make every picker a cache line larger.
     Stride(Box<GoldenStride>),
 }
 
@@ -633,7 +644,7 @@ impl Folded {
         let leftover: u64 = rest.iter().map(|&(_, r)| r).sum();
         if leftover > total / 2 {
             // Too many endpoints for the table (most weights below D): the stride does
-            // better. Each level of folding thus halves the total at least.
+            // better.
             return None;
         }
         let table = golden_cycle(&quotients, 1);
@@ -641,8 +652,6 @@ impl Folded {
             Rest::None
         } else if leftover <= limit {
             Rest::Cycle(golden_cycle(&rest, 1))
-        } else if let Some(folded) = Folded::new(&rest, 1, limit) {
-            Rest::Folded(Box::new(folded))
         } else {
             Rest::Stride(Box::new(GoldenStride::new(&rest)))
         };
@@ -651,8 +660,7 @@ impl Folded {
             u64::try_from((u128::from(leftover) << 64).div_ceil(u128::from(total))).ok()?;
         Some(Folded {
             total,
-            // ⌈2⁶⁴ / W⌉ for W > 1; 0 for W = 1, whose one position is 0.
-            step: (u64::MAX / total).wrapping_add(1),
+            step: phase_step(total),
             leftover_rate,
             table_mod: (u64::MAX / table.len() as u64).wrapping_add(1),
             table,
@@ -680,13 +688,18 @@ impl Folded {
     fn leftover(&self, k: u64) -> EndpointIdx {
         match &self.rest {
             Rest::Cycle(cycle) => cycle[k as usize],
-            // k < R, the inner total: no drift.
-            Rest::Folded(folded) => folded.pick(k.wrapping_mul(folded.step)),
             // k < R < 2³² and the step < R: the product fits.
             Rest::Stride(stride) => stride.owner(k * stride.step),
             Rest::None => unreachable!("a leftover pick only when there are leftovers"),
         }
     }
+}
+
+/// What a counter read as a phase over `total` positions advances per pick: ⌈2⁶⁴ / W⌉ for
+/// W > 1 (exactly 2⁶⁴ / W, no drift, when W is a power of two); 0 for W = 1, whose one
+/// position is 0.
+fn phase_step(total: u64) -> u64 {
+    (u64::MAX / total).wrapping_add(1)
 }
 
 /// For `c < W < 2³²` and `rate = ⌈R · 2⁶⁴ / W⌉` (R < W): `⌊c·R/W⌋`, the leftover picks before

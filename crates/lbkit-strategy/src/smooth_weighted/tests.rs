@@ -347,7 +347,11 @@ proptest! {
             prop_assert!(items.iter().map(|&(_, w)| w / g % d).sum::<u64>() > total / 2);
             return Ok(());
         };
+        // Memory: the table and a stored leftover order each within the limit.
         prop_assert!(f.table.len() as u64 <= limit);
+        if let Rest::Cycle(rest) = &f.rest {
+            prop_assert!(rest.len() as u64 <= limit);
+        }
         let expected: Vec<u64> = weights.iter().map(|&w| w * factor / g).collect();
         // From counter 0 on, and from any value the shared counter may hold (another
         // snapshot's picker advanced it): the counter is a phase, and a span of W steps holds
@@ -434,7 +438,7 @@ fn folded_leftovers_keep_exact_shares_in_every_kind_of_order() {
         ("none", 100, vec![1_000, 3_000]),
         ("cycle", 192, vec![2_667, 2_990]),
         (
-            "folded",
+            "stride",
             55,
             vec![
                 668, 2155, 1444, 350, 497, 2375, 278, 417, 1333, 1862, 86, 2961, 2537, 1471, 1479,
@@ -470,7 +474,6 @@ fn folded_leftovers_keep_exact_shares_in_every_kind_of_order() {
         let found = match f.rest {
             Rest::None => "none",
             Rest::Cycle(_) => "cycle",
-            Rest::Folded(_) => "folded",
             Rest::Stride(_) => "stride",
         };
         assert_eq!(found, kind, "{weights:?}");
@@ -483,4 +486,119 @@ fn folded_leftovers_keep_exact_shares_in_every_kind_of_order() {
             assert_eq!(counts, weights, "{kind} from {start}");
         }
     }
+}
+
+/// Folded::pick at position c computed with exact division, the reference for the fixed-point
+/// Bresenham step and Lemire's remainder.
+fn folded_reference(f: &Folded, c: u64) -> EndpointIdx {
+    let leftovers = match &f.rest {
+        Rest::None => 0,
+        Rest::Cycle(rest) => rest.len() as u64,
+        Rest::Stride(stride) => stride.total,
+    };
+    let exact = |c: u64| (u128::from(c) * u128::from(leftovers) / u128::from(f.total)) as u64;
+    let before = exact(c);
+    if exact(c + 1) > before {
+        return match &f.rest {
+            Rest::Cycle(rest) => rest[before as usize],
+            Rest::Stride(stride) => stride.owner(before * stride.step),
+            Rest::None => unreachable!(),
+        };
+    }
+    f.table[((c - before) % f.table.len() as u64) as usize]
+}
+
+#[test]
+fn the_phase_is_the_pick_count_mod_w_until_it_drifts_by_one() {
+    // floor(k·step·W / 2⁶⁴) = k mod W while k·ε < 2⁶⁴ (ε = step·W − 2⁶⁴ < W, so past 2³²
+    // picks), and one position ahead at the first k past that; a power-of-two W never drifts.
+    let mut rng = FastRng::seed_from_u64(18);
+    let mut totals = vec![
+        (1u64 << 20) + 1,
+        (1 << 32) - 1,
+        (1 << 32) - 5,
+        3 << 30,
+        1 << 31,
+        (1 << 31) + 1,
+        49_902_999,
+    ];
+    totals.extend((0..500).map(|_| (1 << 20) + rng.index((1 << 32) - (1 << 20)) as u64));
+    let c = |phase: u64, w: u64| ((u128::from(phase) * u128::from(w)) >> 64) as u64;
+    for w in totals {
+        let step = phase_step(w);
+        let eps = u128::from(step) * u128::from(w) - (1u128 << 64);
+        assert!(eps < u128::from(w));
+        if eps == 0 {
+            for k in [0u64, 1, w - 1, w, 1 << 40, u64::MAX] {
+                assert_eq!(c(k.wrapping_mul(step), w), k % w);
+            }
+            continue;
+        }
+        let first_off = ((1u128 << 64).div_ceil(eps)) as u64;
+        assert!(first_off > 1 << 32, "W {w}");
+        let some = rng.index(first_off as usize) as u64;
+        for k in [
+            0,
+            1,
+            w - 1,
+            w,
+            w + 1,
+            first_off / 2,
+            first_off - 2,
+            first_off - 1,
+            some,
+        ] {
+            assert_eq!(c(k.wrapping_mul(step), w), k % w, "W {w} k {k}");
+        }
+        assert_eq!(
+            c(first_off.wrapping_mul(step), w),
+            (first_off + 1) % w,
+            "W {w}"
+        );
+    }
+}
+
+#[test]
+fn totals_near_two_to_the_32_fold_and_pick_what_exact_division_picks() {
+    for weights in [
+        vec![1u64 << 31, (1 << 31) - 1],
+        vec![4_000_000_000, 294_967_295],
+        vec![3, u64::from(u32::MAX) - 3],
+        vec![(1 << 20) + 7, 1, 2, 3],
+    ] {
+        let items: Vec<(EndpointIdx, u64)> = weights
+            .iter()
+            .enumerate()
+            .map(|(i, &w)| (EndpointIdx::new(i), w))
+            .collect();
+        let p = SmoothWeightedPicker::build(items, counter(0), Unroll::Yes);
+        let Order::Folded(f) = &p.order else {
+            panic!("{weights:?}: {:?}", p.order)
+        };
+        let mut rng = FastRng::seed_from_u64(32);
+        let positions = (0..20_000).map(|_| rng.index(f.total as usize) as u64);
+        for c in positions.chain([0, 1, f.total - 2, f.total - 1]) {
+            assert_eq!(
+                f.pick(c.wrapping_mul(f.step)),
+                folded_reference(f, c),
+                "{weights:?} at {c}"
+            );
+        }
+    }
+}
+
+#[test]
+fn fleets_too_large_for_sixteen_entries_each_keep_the_stride() {
+    // 300 000 endpoints of 997 distinct weights: a table of 16 entries each would exceed
+    // MAX_FOLDED, and the leftovers would grow with n.
+    let weights: Vec<u64> = (0..300_000u64).map(|i| 1 + (i * 7919) % 997).collect();
+    let items: Vec<(EndpointIdx, u64)> = weights
+        .iter()
+        .enumerate()
+        .map(|(i, &w)| (EndpointIdx::new(i), w))
+        .collect();
+    let p = SmoothWeightedPicker::build(items.clone(), counter(0), Unroll::Yes);
+    assert!(matches!(p.order, Order::Stride(_)));
+    let fewer = SmoothWeightedPicker::build(items[..262_144].to_vec(), counter(0), Unroll::Yes);
+    assert!(matches!(fewer.order, Order::Folded(_)));
 }
