@@ -141,6 +141,15 @@ pub struct SmoothWeightedPicker {
     counter: SharedCounter,
 }
 
+/// Which order a stored cycle holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CycleKind {
+    /// nginx's smooth weighted round robin.
+    Nginx,
+    /// The golden-ratio stride's.
+    Golden,
+}
+
 /// Whether the golden-ratio stride is stored: as a cycle when it fits in [`MAX_CYCLE`], else
 /// folded ([`MAX_FOLDED`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -149,12 +158,13 @@ enum Unroll {
     No,
 }
 
+/// One variant for both stored cycles, so that `pick` matches three variants, not four: with
+/// four, the compiler dispatched through a jump table, and the cycles' picks (the common case)
+/// measured about 0.3 ns slower (1.00–1.11× the atomic floor before, 1.13–1.31× with it).
 #[derive(Debug)]
 enum Order {
-    /// nginx's cycle.
-    Cycle(Box<[EndpointIdx]>),
-    /// The golden-ratio stride's cycle, unrolled ([`golden_cycle`]).
-    Golden(Box<[EndpointIdx]>),
+    /// A stored cycle: nginx's, or the golden-ratio stride's unrolled ([`golden_cycle`]).
+    Cycle(Box<[EndpointIdx]>, CycleKind),
     /// The golden-ratio stride's cycle of the weights divided by D, with the leftovers
     /// interleaved ([`Folded`]).
     Folded(Folded),
@@ -191,9 +201,9 @@ impl SmoothWeightedPicker {
             .len() as u64;
         let fits = cycle_len <= MAX_CYCLE;
         let order = if fits && cycle_len.saturating_mul(groups) <= MAX_CYCLE_WORK {
-            Order::Cycle(nginx_cycle(&weights, g))
+            Order::Cycle(nginx_cycle(&weights, g), CycleKind::Nginx)
         } else if fits && unroll == Unroll::Yes {
-            Order::Golden(golden_cycle(&weights, g))
+            Order::Cycle(golden_cycle(&weights, g), CycleKind::Golden)
         } else if let Some(folded) = (unroll == Unroll::Yes
             && weights.len() as u64 <= MAX_FOLDED / FOLDED_PER_ENDPOINT)
             .then(|| Folded::new(&weights, g, folded_limit(weights.len())))
@@ -219,7 +229,7 @@ impl SmoothWeightedPicker {
 
     /// Whether the exact nginx cycle is kept (rather than the golden-ratio stride).
     pub fn is_exact_nginx_order(&self) -> bool {
-        matches!(self.order, Order::Cycle(_))
+        matches!(self.order, Order::Cycle(_, CycleKind::Nginx))
     }
 }
 
@@ -227,8 +237,8 @@ impl Picker for SmoothWeightedPicker {
     #[inline]
     fn pick(&self, _cx: &mut PickContext<'_>) -> Result<EndpointIdx, PickError> {
         match &self.order {
-            Order::Cycle(c) | Order::Golden(c) if c.is_empty() => Err(PickError::NoEndpoints),
-            Order::Cycle(c) | Order::Golden(c) => {
+            Order::Cycle(c, _) if c.is_empty() => Err(PickError::NoEndpoints),
+            Order::Cycle(c, _) => {
                 Ok(c[(self.counter.fetch_add(1, Relaxed) % c.len() as u64) as usize])
             }
             // The counter is a phase: one add of the folded cycle's step per pick.
@@ -241,8 +251,8 @@ impl Picker for SmoothWeightedPicker {
     fn explain(&self, idx: EndpointIdx, _now: Timestamp) -> Option<String> {
         let &(_, w) = self.weights.iter().find(|&&(i, _)| i == idx)?;
         let mode = match self.order {
-            Order::Cycle(_) => "nginx cycle",
-            Order::Golden(_) => "golden stride cycle",
+            Order::Cycle(_, CycleKind::Nginx) => "nginx cycle",
+            Order::Cycle(_, CycleKind::Golden) => "golden stride cycle",
             Order::Folded(_) => "folded golden stride cycle",
             Order::Stride(_) => "golden stride",
         };
