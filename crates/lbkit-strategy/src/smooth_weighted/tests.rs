@@ -32,6 +32,15 @@ fn picker(weights: &[u64]) -> SmoothWeightedPicker {
     SmoothWeightedRoundRobin::new().prepare(&snap, Timestamp::ZERO)
 }
 
+/// `weights` as the (index, weight) list the pickers are built from, endpoint i at index i.
+fn indexed(weights: &[u64]) -> Vec<(EndpointIdx, u64)> {
+    weights
+        .iter()
+        .enumerate()
+        .map(|(i, &w)| (EndpointIdx::new(i), w))
+        .collect()
+}
+
 fn picks(p: &SmoothWeightedPicker, n: usize) -> Vec<usize> {
     let mut rng = FastRng::seed_from_u64(0);
     (0..n)
@@ -127,11 +136,7 @@ fn folded_cycles_spread_each_endpoint_evenly() {
         (1_000, 2_000),
     ] {
         let weights: Vec<u64> = (0..n).map(|i| 1 + (i * 7919) % 997).collect();
-        let items: Vec<(EndpointIdx, u64)> = weights
-            .iter()
-            .enumerate()
-            .map(|(i, &w)| (EndpointIdx::new(i), w))
-            .collect();
+        let items = indexed(&weights);
         let f = Folded::new(&items, 1, limit).unwrap();
         let (lead, wait) = spread(
             (0u64..).map(|c| f.pick(c.wrapping_mul(f.step)).get()),
@@ -188,11 +193,7 @@ fn many_distinct_weights_in_a_short_cycle_get_the_golden_stride_unrolled() {
     }
     assert_eq!(counts, weights);
     // The same order the stride computes per pick.
-    let items: Vec<(EndpointIdx, u64)> = weights
-        .iter()
-        .enumerate()
-        .map(|(i, &w)| (EndpointIdx::new(i), w))
-        .collect();
+    let items = indexed(&weights);
     let s = GoldenStride::new(&items);
     for (k, &i) in seq.iter().take(20_000).enumerate() {
         assert_eq!(
@@ -466,11 +467,7 @@ fn folded_leftovers_keep_exact_shares_in_every_kind_of_order() {
         ),
     ];
     for (kind, limit, weights) in cases {
-        let items: Vec<(EndpointIdx, u64)> = weights
-            .iter()
-            .enumerate()
-            .map(|(i, &w)| (EndpointIdx::new(i), w))
-            .collect();
+        let items = indexed(&weights);
         let Some(f) = Folded::new(&items, 1, limit) else {
             assert_eq!(kind, "no fold");
             continue;
@@ -570,11 +567,7 @@ fn totals_near_two_to_the_32_fold_and_pick_what_exact_division_picks() {
         vec![3, u64::from(u32::MAX) - 3],
         vec![(1 << 20) + 7, 1, 2, 3],
     ] {
-        let items: Vec<(EndpointIdx, u64)> = weights
-            .iter()
-            .enumerate()
-            .map(|(i, &w)| (EndpointIdx::new(i), w))
-            .collect();
+        let items = indexed(&weights);
         let p = SmoothWeightedPicker::build(items, counter(0), Unroll::Yes);
         let Order::Folded(f) = &p.order else {
             panic!("{weights:?}: {:?}", p.order)
@@ -596,11 +589,7 @@ fn fleets_too_large_for_sixteen_entries_each_keep_the_stride() {
     // 300 000 endpoints of 997 distinct weights: a table of 16 entries each would exceed
     // MAX_FOLDED, and the leftovers would grow with n.
     let weights: Vec<u64> = (0..300_000u64).map(|i| 1 + (i * 7919) % 997).collect();
-    let items: Vec<(EndpointIdx, u64)> = weights
-        .iter()
-        .enumerate()
-        .map(|(i, &w)| (EndpointIdx::new(i), w))
-        .collect();
+    let items = indexed(&weights);
     let p = SmoothWeightedPicker::build(items.clone(), counter(0), Unroll::Yes);
     assert!(matches!(p.order, Order::Stride(_)));
     let fewer = SmoothWeightedPicker::build(items[..262_144].to_vec(), counter(0), Unroll::Yes);
