@@ -595,3 +595,46 @@ fn fleets_too_large_for_sixteen_entries_each_keep_the_stride() {
     let fewer = SmoothWeightedPicker::build(items[..262_144].to_vec(), counter(0), Unroll::Yes);
     assert!(matches!(fewer.order, Order::Folded(_)));
 }
+
+/// The figures BENCHMARKS.md quotes for the benchmark's 100 000 skewed weights: the folded
+/// cycle's sizes, and each order's lead and longest wait over one period (`spread`), for the
+/// stride with the step this module searches for, with the first coprime step above W/φ (the
+/// step before the search), and for the folded cycle. A measurement, not a check:
+/// `cargo test --release -p lbkit-strategy measure_the_bench_weights -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn measure_the_bench_weights() {
+    let weights: Vec<u64> = (0..100_000u64).map(|i| 1 + (i * 7919) % 997).collect();
+    let items = indexed(&weights);
+    let f = Folded::new(&items, 1, folded_limit(items.len())).unwrap();
+    let stored = match &f.rest {
+        Rest::Cycle(rest) => rest.len(),
+        _ => 0,
+    };
+    println!(
+        "W {} D {} table {} stored leftovers {}",
+        f.total,
+        f.total.div_ceil(folded_limit(items.len())),
+        f.table.len(),
+        stored
+    );
+    let s = GoldenStride::new(&items);
+    let mut first = (s.total as f64 / 1.618_033_988_749_895) as u64;
+    while gcd(first, s.total) != 1 {
+        first += 1;
+    }
+    for (name, step) in [("searched", s.step), ("first coprime", first)] {
+        let order = (0u64..).map(|k| s.owner(k.wrapping_mul(step)).get());
+        let (lead, wait) = spread(order, &weights);
+        let largest = largest_partial_quotient(step, s.total);
+        println!(
+            "stride, {name} step {step} (largest partial quotient {largest}): \
+             lead {lead:.2}, wait {wait:.2}"
+        );
+    }
+    let (lead, wait) = spread(
+        (0u64..).map(|k| f.pick(k.wrapping_mul(f.step)).get()),
+        &weights,
+    );
+    println!("folded: lead {lead:.2}, wait {wait:.2}");
+}
