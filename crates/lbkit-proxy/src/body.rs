@@ -24,7 +24,47 @@ pub struct ProxyBody(Inner);
 #[derive(Debug)]
 enum Inner {
     Local(Full<Bytes>),
-    Upstream(TrackBody<Incoming>),
+    Upstream(TrackBody<UpstreamAnswer>),
+}
+
+/// The error of a [`ProxyBody`]: the upstream's body broke (hyper's or h2's error).
+pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
+
+/// An upstream's answer body: from hyper's client (HTTP/1.1 upstreams) or from the h2c client
+/// (`h2c.rs`).
+#[derive(Debug)]
+pub(crate) enum UpstreamAnswer {
+    Hyper(Incoming),
+    H2(crate::h2c::H2Body),
+}
+
+impl Body for UpstreamAnswer {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        match self.get_mut() {
+            UpstreamAnswer::Hyper(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+            UpstreamAnswer::H2(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            UpstreamAnswer::Hyper(b) => b.is_end_stream(),
+            UpstreamAnswer::H2(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            UpstreamAnswer::Hyper(b) => b.size_hint(),
+            UpstreamAnswer::H2(b) => b.size_hint(),
+        }
+    }
 }
 
 // === impl ProxyBody ===
@@ -38,6 +78,16 @@ impl ProxyBody {
     /// An upstream body; `guard` (reading `clock` when it ends) is finished with `outcome`
     /// when the body ends.
     pub fn upstream(body: Incoming, guard: CallGuard, clock: Clock, outcome: Outcome) -> Self {
+        Self::answer(UpstreamAnswer::Hyper(body), guard, clock, outcome)
+    }
+
+    /// [`upstream`](Self::upstream) for either client's answer.
+    pub(crate) fn answer(
+        body: UpstreamAnswer,
+        guard: CallGuard,
+        clock: Clock,
+        outcome: Outcome,
+    ) -> Self {
         let call = Completion::from_guard(guard, clock);
         ProxyBody(Inner::Upstream(TrackBody::new(
             body,
@@ -51,12 +101,12 @@ impl ProxyBody {
 
 impl Body for ProxyBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         match &mut self.get_mut().0 {
             Inner::Local(full) => match ready!(Pin::new(full).poll_frame(cx)) {
                 Some(Ok(frame)) => Poll::Ready(Some(Ok(frame))),

@@ -37,14 +37,14 @@ use lbkit_core::{
 use lbkit_strategy::KeyExtractor;
 use lbkit_tower::http::{HttpKeySource, SourceAddr};
 
-use crate::body::{ClientBody, ProxyBody, Reclaim, Upload, UploadState};
+use crate::body::{ClientBody, ProxyBody, Reclaim, Upload, UploadState, UpstreamAnswer};
 use crate::envelope::{failure_answer, Envelope, MAX_BUFFERED_RESPONSE, MAX_REPLAY_BODY};
 use crate::headers;
 use crate::service::{Service, UpstreamBody};
 use crate::tunnel;
 
 /// What one attempt gave: the answer's head, or no answer.
-type Tried = Result<Response<Incoming>, Observed>;
+type Tried = Result<Response<UpstreamAnswer>, Observed>;
 
 /// Forward `req` from `client` on its route (`envelope`) and return the response for the
 /// client.
@@ -152,15 +152,23 @@ fn client_fault(tried: &Tried, upload: Option<&UploadState>) -> Option<Response<
 /// connection drops it at once; a reset stream as soon as hyper's send task sees the reset).
 const RECLAIM_WAIT: Duration = Duration::from_secs(1);
 
-/// One attempt: `upstream` on the service's pooled client, within `limit`.
+/// One attempt: `upstream` on the service's client of this thread (h2c's or the pooled
+/// HTTP/1.1 one), within `limit`.
 async fn send(
     service: &Service,
     upstream: Request<UpstreamBody>,
     limit: Option<Duration>,
 ) -> Tried {
     let limit = limit.unwrap_or(Duration::MAX);
+    if service.config().h2c {
+        return match tokio::time::timeout(limit, service.h2c().request(upstream)).await {
+            Ok(Ok(resp)) => Ok(resp.map(UpstreamAnswer::H2)),
+            Ok(Err(observed)) => Err(observed),
+            Err(_) => Err(Observed::Timeout),
+        };
+    }
     match tokio::time::timeout(limit, service.client().request(upstream)).await {
-        Ok(Ok(resp)) => Ok(resp),
+        Ok(Ok(resp)) => Ok(resp.map(UpstreamAnswer::Hyper)),
         Ok(Err(e)) if e.is_connect() => Err(Observed::ConnectFailed),
         Ok(Err(_)) => Err(Observed::ResetBeforeResponse),
         Err(_) => Err(Observed::Timeout),
@@ -275,10 +283,16 @@ fn hash_key(
 /// 101 as an upgrade: the connection is not pooled again either way).
 fn switch(
     upgrade: Option<tunnel::Ask>,
-    resp: Response<Incoming>,
+    resp: Response<UpstreamAnswer>,
     guard: CallGuard,
 ) -> Response<ProxyBody> {
-    match upgrade.map(|u| u.accept(resp)) {
+    let (parts, body) = resp.into_parts();
+    let resp = match body {
+        UpstreamAnswer::Hyper(body) => Some(Response::from_parts(parts, body)),
+        // Services that speak h2c upstream send no upgrades.
+        UpstreamAnswer::H2(_) => None,
+    };
+    match upgrade.zip(resp).map(|(u, resp)| u.accept(resp)) {
         Some(Ok(answer)) => {
             guard.finish(Observed::Status(101).classify().outcome);
             answer
@@ -297,7 +311,7 @@ fn switch(
 /// body breaks). A small body is read whole within `limit`, so head and body leave in one write
 /// (nginx's proxy_buffering).
 async fn relay(
-    resp: Response<Incoming>,
+    resp: Response<UpstreamAnswer>,
     guard: CallGuard,
     clock: &Clock,
     outcome: Outcome,
@@ -310,7 +324,7 @@ async fn relay(
         .exact()
         .is_some_and(|n| n <= MAX_BUFFERED_RESPONSE);
     if !small {
-        let body = ProxyBody::upstream(rbody, guard, clock.clone(), outcome);
+        let body = ProxyBody::answer(rbody, guard, clock.clone(), outcome);
         return Response::from_parts(rparts, body);
     }
     let limit = limit.unwrap_or(Duration::MAX);

@@ -36,7 +36,10 @@
 //! `Upgrade`, `Expect`, chunked or large request bodies, absolute-form targets, services that
 //! speak h2c upstream) is served by hyper, to which the fast path hands the connection with the
 //! bytes it already read. Both engines share the call loop's rules, the balancer, the retry
-//! budget, the call guards and the metrics.
+//! budget, the call guards and the metrics. Services with `h2c = true` are called on the `h2`
+//! crate's client directly (`h2c.rs`: one HTTP/2 connection per endpoint and thread, the
+//! request sent from its own task), not through hyper's client, whose dispatch task, per-request
+//! tasks and channels cost a quarter to a third of the proxy's CPU on unary gRPC.
 //!
 //! With [`Proxy::start_workers`], each worker thread has its own current-thread runtime,
 //! listening sockets (`SO_REUSEPORT`) and upstream pools, as nginx's worker processes do; the
@@ -76,7 +79,7 @@
 //! | process | `supervisor`, `server` | signals and reloads; binding, worker threads, accept loops, handing each connection to an engine |
 //! | engines | `h1/` (fast path), `forward` + `tunnel` (hyper), `tcp`, `admin` | the wire; each HTTP engine runs a request as route → `Envelope` → call loop |
 //! | shared below the engines | `hub` (live state, connection slots and holds, accept), `request` (`Host` validation, path normalisation), `envelope` (a request's metrics from start to end, the answer to a failed call, body limits) | what every listener needs |
-//! | services | `state` (routes, running services), `upkeep` (the control loop), `check`, `service` (balancer, clients, budget, `pick`/`retry`), `exposition`, `metrics` | |
+//! | services | `state` (routes, running services), `upkeep` (the control loop), `check`, `service` (balancer, clients, budget, `pick`/`retry`), `h2c` (the HTTP/2 upstream client), `exposition`, `metrics` | |
 //! | base | `config`, `headers`, `body`, `error`, `worker` | |
 //!
 //! `h1/` itself: `wire` (parsing and writing HTTP/1.1 in place), `pool` (the thread's idle
@@ -112,6 +115,7 @@ mod error;
 mod exposition;
 mod forward;
 mod h1;
+mod h2c;
 mod headers;
 mod hub;
 mod idle;
@@ -134,7 +138,7 @@ pub mod fuzzing {
 }
 mod worker;
 
-pub use body::{ClientBody, ProxyBody};
+pub use body::{BodyError, ClientBody, ProxyBody};
 pub use config::Config;
 pub use envelope::{MAX_BUFFERED_RESPONSE, MAX_REPLAY_BODY};
 pub use error::{ConfigError, ProxyError};

@@ -21,6 +21,7 @@ use lbkit_tower::http::HttpTags;
 
 use crate::body::ClientBody;
 use crate::config;
+use crate::h2c::H2Client;
 use crate::metrics::ServiceMetrics;
 use crate::worker;
 
@@ -58,6 +59,8 @@ pub struct Service {
     /// runtime, whose tasks run health checks; 1..=N for worker threads), so a request and its
     /// upstream connection are served by the same thread.
     clients: Box<[UpstreamClient]>,
+    /// For `h2c = true`: the HTTP/2 client of each such thread (`h2c.rs`), indexed the same.
+    h2c: Box<[Arc<H2Client>]>,
     budget: RetryBudget,
     metrics: ServiceMetrics,
     clock: Clock,
@@ -117,6 +120,14 @@ impl Service {
             }),
             publish_lock: Default::default(),
             clients: (0..=workers.max(1)).map(|_| client(config)).collect(),
+            h2c: (0..=workers.max(1))
+                .map(|_| {
+                    H2Client::new(
+                        Duration::from_millis(config.connect_timeout_ms),
+                        config.upstream_idle(),
+                    )
+                })
+                .collect(),
             budget: RetryBudget::new(
                 BUDGET_TTL,
                 config.retry_budget_min_per_sec,
@@ -199,6 +210,12 @@ impl Service {
     #[inline]
     pub fn client(&self) -> &UpstreamClient {
         &self.clients[worker::index() % self.clients.len()]
+    }
+
+    /// The h2c client of the calling worker thread (for services with `h2c = true`).
+    #[inline]
+    pub(crate) fn h2c(&self) -> &Arc<H2Client> {
+        &self.h2c[worker::index() % self.h2c.len()]
     }
 
     /// The retry budget.

@@ -355,6 +355,108 @@ async fn uploads_without_a_length_are_retried_after_a_refused_connection() {
     assert_eq!(answered.values().sum::<usize>(), 9, "{answered:?}");
 }
 
+/// What an upload backend saw of a request to `/upload`.
+#[derive(Debug, PartialEq)]
+enum Upload {
+    Started,
+    /// Its body ended: whole (`true`) or reset (`false`).
+    Ended(bool),
+}
+
+/// A backend that answers `ok`, telling `events` when a request to `/upload` starts and how
+/// its body ends.
+async fn upload_server(events: tokio::sync::mpsc::UnboundedSender<Upload>) -> std::net::SocketAddr {
+    use http_body_util::{BodyExt, Full};
+    let (addr, _) = counting_server(move |stream| {
+        let events = events.clone();
+        async move {
+            let svc =
+                hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                    let events = events.clone();
+                    async move {
+                        if req.uri().path() == "/upload" {
+                            let _ = events.send(Upload::Started);
+                            let read = req.into_body().collect().await;
+                            let _ = events.send(Upload::Ended(read.is_ok()));
+                        }
+                        Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(
+                            bytes::Bytes::from_static(b"ok"),
+                        )))
+                    }
+                });
+            let _ =
+                hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new())
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                    .await;
+        }
+    })
+    .await;
+    addr
+}
+
+/// An upload to `/upload` of one chunk, then nothing more and no end.
+fn endless_upload(
+) -> http::Request<impl http_body::Body<Data = bytes::Bytes, Error = std::convert::Infallible>> {
+    use http_body_util::StreamBody;
+    use hyper::body::Frame;
+    let first = futures_util::stream::iter([Ok(Frame::data(bytes::Bytes::from_static(b"part")))]);
+    let body = StreamBody::new(futures_util::StreamExt::chain(
+        first,
+        futures_util::stream::pending(),
+    ));
+    http::Request::post("http://svc.test/upload")
+        .body(body)
+        .expect("a request")
+}
+
+/// A client that goes away in the middle of a streamed upload lets go of the upstream's
+/// stream too (h2c upstream): the upstream sees the request body reset rather than waiting for
+/// the rest of it for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_gone_mid_upload_resets_the_upstream_stream() {
+    let (events, mut seen) = tokio::sync::mpsc::unbounded_channel();
+    let addr = upload_server(events).await;
+    let proxy = start(&config_for(&[addr], "round-robin", "h2c = true")).await;
+    let mut send = h2c_connection(proxy.listeners()[0]).await;
+    send.ready().await.expect("the connection is open");
+    let call = tokio::spawn(send.send_request(endless_upload()));
+    let started = tokio::time::timeout(WAIT, seen.recv()).await;
+    assert_eq!(started.expect("in time"), Some(Upload::Started));
+    // The client gives up: its stream is reset.
+    call.abort();
+    let ended = tokio::time::timeout(WAIT, seen.recv()).await;
+    assert_eq!(
+        ended.expect("the upstream's stream ends in time"),
+        Some(Upload::Ended(false))
+    );
+}
+
+/// The same when the call gives up while the client is still there, uploading too slowly for
+/// the route's timeout: the client is answered 408, and the upstream's stream is reset (the
+/// proxy stops sending the client's body to it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_that_times_out_mid_upload_resets_the_upstream_stream() {
+    let (events, mut seen) = tokio::sync::mpsc::unbounded_channel();
+    let addr = upload_server(events).await;
+    let text = config_for(&[addr], "round-robin", "h2c = true");
+    let proxy = start(&text.replace("timeout_ms = 5000", "timeout_ms = 300")).await;
+    let mut send = h2c_connection(proxy.listeners()[0]).await;
+    send.ready().await.expect("the connection is open");
+    let call = tokio::spawn(send.send_request(endless_upload()));
+    let started = tokio::time::timeout(WAIT, seen.recv()).await;
+    assert_eq!(started.expect("in time"), Some(Upload::Started));
+    let resp = tokio::time::timeout(WAIT, call)
+        .await
+        .expect("answered in time");
+    let resp = resp.expect("the task").expect("an answer");
+    assert_eq!(resp.status(), StatusCode::REQUEST_TIMEOUT);
+    let ended = tokio::time::timeout(WAIT, seen.recv()).await;
+    assert_eq!(
+        ended.expect("the upstream's stream ends in time"),
+        Some(Upload::Ended(false))
+    );
+}
+
 /// A backend that reads each request's whole body and answers `status` with it.
 async fn body_server(status: u16) -> std::net::SocketAddr {
     use http_body_util::{BodyExt, Full};

@@ -1,0 +1,683 @@
+//! The upstream client of services with `h2c = true`: calls go out on the `h2` crate's client
+//! directly, one HTTP/2 connection per endpoint and per thread that calls upstreams (hyper_util's
+//! pool, used before, also kept one per endpoint).
+//!
+//! Why not hyper's client, which sits on the same `h2`: for every request it hands the request
+//! to the connection's task through a channel, spawns a task that waits for the answer and sends
+//! it back through a oneshot, and spawns one more for a body it cannot send at once. Here the
+//! request's own task sends it (`h2` shares a connection behind its own lock) and waits for the
+//! answer; a body already in memory (every body the proxy buffers for replay) goes out with the
+//! head, and only a streamed body gets a task (`pipe`), as it must outlive the answer's head for
+//! streaming calls. On unary gRPC through `lbkit proxy` this took a quarter to a third off the
+//! proxy's CPU a call (BENCHMARKS.md, issue 18).
+//!
+//! * **Connections**: made on the first call to an endpoint (within `connect_timeout_ms`) and
+//!   kept in a map swapped whole (`ArcSwap`: a call reads it without a lock; a new connection
+//!   is rare). A connection that cannot take a stream any more (closed, `GOAWAY`) is dropped
+//!   from the map and a new one made for the call. One unused for `upstream_idle_timeout_ms` is
+//!   dropped from the map and closes once its last stream ends, as hyper_util's pool closes idle
+//!   ones; so are all when the service goes (a reload that removes it).
+//! * **Flow control and limits** are `h2`'s, set as hyper's client sets them (2 MB stream
+//!   window, 5 MB connection window, 16 KB frames and header lists, push disabled). The large
+//!   connection window also sizes `h2`'s budget of small `DATA` frames buffered unread (half the
+//!   window): with `h2`'s default 64 KB window, 64 concurrent gRPC answers of one small message
+//!   each exceed it and `h2` closes the connection (`ENHANCE_YOUR_CALM`).
+//! * **What a failure means**: no connection (refused, timed out, handshake failed) is
+//!   [`Observed::ConnectFailed`]. A stream the upstream refused (`REFUSED_STREAM`) or never
+//!   started because it is going away (`GOAWAY` without an error) was not processed, and is
+//!   also retried for any method, as a connect failure is. Any other error before the answer's
+//!   head is [`Observed::ResetBeforeResponse`].
+
+use std::collections::HashMap;
+use std::future::{poll_fn, Future};
+use std::pin::{pin, Pin};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Weak};
+use std::task::{ready, Context, Poll, Waker};
+use std::time::Duration;
+
+use arc_swap::{ArcSwap, ArcSwapOption};
+use bytes::Bytes;
+use h2::client::{Connection, SendRequest};
+use h2::{Reason, RecvStream, SendStream};
+use http::{Request, Response};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::{Either, Full};
+use lbkit_core::Observed;
+use tokio::net::TcpStream;
+use tokio::sync::oneshot;
+
+use crate::body::ClientBody;
+
+/// The connections of one service on one thread, by endpoint address.
+#[derive(Debug)]
+pub(crate) struct H2Client {
+    slots: ArcSwap<HashMap<Box<str>, Arc<Slot>>>,
+    connect_timeout: Duration,
+    idle: Duration,
+}
+
+/// One endpoint's connection, and the lock a call takes to make a new one (off the request
+/// path: only when there is no open connection), so that the calls arriving meanwhile wait for
+/// that one instead of each making its own.
+#[derive(Debug, Default)]
+struct Slot {
+    conn: ArcSwapOption<Conn>,
+    connecting: tokio::sync::Mutex<()>,
+}
+
+/// One connection: the handle that opens streams on it, and how many calls it was given (the
+/// idle check compares two readings).
+#[derive(Debug)]
+struct Conn {
+    send: SendRequest<Bytes>,
+    calls: AtomicU64,
+}
+
+impl Conn {
+    /// A handle ready for one more stream, counting the call; `None` when the connection can
+    /// take no more (closed, or closing after a `GOAWAY`).
+    async fn ready(&self) -> Option<SendRequest<Bytes>> {
+        self.calls.fetch_add(1, Relaxed);
+        self.send.clone().ready().await.ok()
+    }
+}
+
+impl Slot {
+    /// Forget `conn` if it is still this endpoint's connection.
+    fn forget(&self, conn: *const Conn) {
+        self.conn.rcu(|current| match current {
+            Some(c) if Arc::as_ptr(c) == conn => None,
+            other => other.clone(),
+        });
+    }
+}
+
+impl H2Client {
+    /// A client without connections; they are made within `connect_timeout` and closed after
+    /// `idle` without a call.
+    pub(crate) fn new(connect_timeout: Duration, idle: Duration) -> Arc<Self> {
+        Arc::new(H2Client {
+            slots: ArcSwap::default(),
+            connect_timeout,
+            idle,
+        })
+    }
+
+    /// Send `req` (its URI names the endpoint's address) and wait for the answer's head.
+    pub(crate) async fn request(
+        self: &Arc<Self>,
+        req: Request<Either<Full<Bytes>, ClientBody>>,
+    ) -> Result<Response<H2Body>, Observed> {
+        let (parts, body) = req.into_parts();
+        let Some(address) = parts.uri.authority() else {
+            return Err(Observed::ConnectFailed);
+        };
+        let mut send = self.ready(address.as_str()).await?;
+        let head = Request::from_parts(parts, ());
+        match body {
+            Either::Left(full) => {
+                let data = full_bytes(full);
+                let eos = data.is_empty();
+                let (answer, mut tx) = send.send_request(head, eos).map_err(|e| observed(&e))?;
+                if !eos {
+                    // At most `MAX_REPLAY_BODY` bytes: `h2` queues what the window does not
+                    // admit yet.
+                    tx.send_data(data, true).map_err(|e| observed(&e))?;
+                }
+                let resp = answer.await.map_err(|e| observed(&e))?;
+                Ok(H2Body::response(resp, None))
+            }
+            Either::Right(streamed) => {
+                let (answer, tx) = send.send_request(head, false).map_err(|e| observed(&e))?;
+                // The pipe stops (resetting the stream) when this call lets go: the answer
+                // never came (timeout, client gone) or its body was dropped unfinished.
+                let (cancel, cancelled) = oneshot::channel();
+                tokio::spawn(pipe(streamed, tx, cancelled));
+                let resp = answer.await.map_err(|e| observed(&e))?;
+                Ok(H2Body::response(resp, Some(cancel)))
+            }
+        }
+    }
+
+    /// A connection to `address` ready for one more stream: the open one, or a new one when
+    /// there is none or it is closing (made by one call while the others wait for it).
+    async fn ready(self: &Arc<Self>, address: &str) -> Result<SendRequest<Bytes>, Observed> {
+        let slot = self.slot(address);
+        if let Some(conn) = slot.conn.load_full() {
+            if let Some(send) = conn.ready().await {
+                return Ok(send);
+            }
+            tracing::debug!(%address, "upstream HTTP/2 connection closed");
+            slot.forget(Arc::as_ptr(&conn));
+        }
+        let _connecting = slot.connecting.lock().await;
+        // A call that held the lock before this one may have connected.
+        if let Some(conn) = slot.conn.load_full() {
+            if let Some(send) = conn.ready().await {
+                return Ok(send);
+            }
+            slot.forget(Arc::as_ptr(&conn));
+        }
+        let conn = self.connect(address, &slot).await?;
+        conn.ready().await.ok_or(Observed::ConnectFailed)
+    }
+
+    /// The slot of `address`, made on its first call.
+    fn slot(&self, address: &str) -> Arc<Slot> {
+        if let Some(slot) = self.slots.load().get(address) {
+            return slot.clone();
+        }
+        let mut made = None;
+        self.slots.rcu(|m| {
+            let mut m = HashMap::clone(m);
+            let slot = m.entry(address.into()).or_default().clone();
+            made = Some(slot);
+            m
+        });
+        made.unwrap_or_default()
+    }
+
+    /// Connect to `address`, keep the connection in `slot` and start its task.
+    async fn connect(
+        self: &Arc<Self>,
+        address: &str,
+        slot: &Arc<Slot>,
+    ) -> Result<Arc<Conn>, Observed> {
+        let limit = self.connect_timeout;
+        let tcp = match tokio::time::timeout(limit, TcpStream::connect(address)).await {
+            Ok(Ok(tcp)) => tcp,
+            _ => return Err(Observed::ConnectFailed),
+        };
+        let _ = tcp.set_nodelay(true);
+        // hyper's client settings; hyper's first stream limit too (h2's own is unbounded), so
+        // that a burst before the upstream's `SETTINGS` arrive is not refused past its limit.
+        let handshake = h2::client::Builder::new()
+            .enable_push(false)
+            .initial_max_send_streams(100)
+            .initial_window_size(2 << 20)
+            .initial_connection_window_size(5 << 20)
+            .max_frame_size(16 << 10)
+            .max_header_list_size(16 << 10)
+            .max_send_buffer_size(1 << 20)
+            .handshake(tcp);
+        let (send, connection) = match tokio::time::timeout(limit, handshake).await {
+            Ok(Ok(pair)) => pair,
+            _ => return Err(Observed::ConnectFailed),
+        };
+        let conn = Arc::new(Conn {
+            send,
+            calls: AtomicU64::new(0),
+        });
+        slot.conn.store(Some(conn.clone()));
+        tokio::spawn(drive(
+            connection,
+            Arc::downgrade(self),
+            address.into(),
+            Arc::downgrade(slot),
+            Arc::downgrade(&conn),
+        ));
+        Ok(conn)
+    }
+
+    /// Drop `address`'s slot if it holds no connection (its endpoint may be gone for good).
+    fn drop_slot(&self, address: &str, slot: &Arc<Slot>) {
+        self.slots.rcu(|m| {
+            let mut m = HashMap::clone(m);
+            if m.get(address)
+                .is_some_and(|s| Arc::ptr_eq(s, slot) && s.conn.load().is_none())
+            {
+                m.remove(address);
+            }
+            m
+        });
+    }
+
+    /// The number of open connections kept (for tests).
+    #[cfg(test)]
+    pub(crate) fn kept(&self) -> usize {
+        let slots = self.slots.load();
+        slots.values().filter(|s| s.conn.load().is_some()).count()
+    }
+}
+
+/// Run a connection until it ends; forget it when it ends or has gone a whole idle period
+/// without a call (it then closes once its last stream ends and the last handle to it is
+/// dropped).
+async fn drive(
+    connection: Connection<TcpStream, Bytes>,
+    client: Weak<H2Client>,
+    address: Box<str>,
+    slot: Weak<Slot>,
+    conn: Weak<Conn>,
+) {
+    let mut connection = pin!(connection);
+    let mut seen = None;
+    while let Some(idle) = client.upgrade().map(|c| c.idle) {
+        tokio::select! {
+            ended = connection.as_mut() => {
+                if let Err(e) = ended {
+                    tracing::debug!(%address, error = %e, "upstream HTTP/2 connection ended");
+                }
+                break;
+            }
+            () = tokio::time::sleep(idle) => {
+                let calls = conn.upgrade().map(|c| c.calls.load(Relaxed));
+                if calls.is_none() || calls == seen {
+                    break;
+                }
+                seen = calls;
+            }
+        }
+    }
+    if let Some(slot) = slot.upgrade() {
+        slot.forget(conn.as_ptr());
+        if let Some(client) = client.upgrade() {
+            client.drop_slot(&address, &slot);
+        }
+    }
+    // Streams still open on it finish; the connection closes when they have and the last
+    // handle is gone.
+    let _ = connection.await;
+}
+
+/// What an `h2` error before the answer's head means for the call.
+fn observed(e: &h2::Error) -> Observed {
+    let unprocessed = e.reason() == Some(Reason::REFUSED_STREAM)
+        || (e.is_go_away() && e.is_remote() && e.reason() == Some(Reason::NO_ERROR));
+    if unprocessed {
+        Observed::ConnectFailed
+    } else {
+        Observed::ResetBeforeResponse
+    }
+}
+
+/// The bytes of a buffered body (`Full` yields them on its first poll, without waiting).
+fn full_bytes(mut full: Full<Bytes>) -> Bytes {
+    let mut cx = Context::from_waker(Waker::noop());
+    match Pin::new(&mut full).poll_frame(&mut cx) {
+        Poll::Ready(Some(Ok(frame))) => frame.into_data().unwrap_or_default(),
+        _ => Bytes::new(),
+    }
+}
+
+/// Send a streamed body on `tx`, with `h2`'s flow control (never more than the stream's window
+/// buffered), until it ends, the upstream resets the stream, or the call lets go (`cancelled`:
+/// the stream is reset). Dropping the body at the end hands it back for a retry
+/// ([`ClientBody`]).
+async fn pipe(
+    mut body: ClientBody,
+    mut tx: SendStream<Bytes>,
+    mut cancelled: oneshot::Receiver<()>,
+) {
+    let mut pending: Option<Bytes> = None;
+    poll_fn(|cx| poll_pipe(&mut body, &mut tx, &mut cancelled, &mut pending, cx)).await;
+}
+
+fn poll_pipe(
+    body: &mut ClientBody,
+    tx: &mut SendStream<Bytes>,
+    cancelled: &mut oneshot::Receiver<()>,
+    pending: &mut Option<Bytes>,
+    cx: &mut Context<'_>,
+) -> Poll<()> {
+    loop {
+        if Pin::new(&mut *cancelled).poll(cx).is_ready() {
+            tx.send_reset(Reason::CANCEL);
+            return Poll::Ready(());
+        }
+        if tx.poll_reset(cx).is_ready() {
+            return Poll::Ready(());
+        }
+        if let Some(data) = pending {
+            tx.reserve_capacity(data.len());
+            if tx.capacity() == 0 {
+                match ready!(tx.poll_capacity(cx)) {
+                    Some(Ok(_)) => continue,
+                    _ => return Poll::Ready(()),
+                }
+            }
+            let chunk = data.split_to(tx.capacity().min(data.len()));
+            if tx.send_data(chunk, false).is_err() {
+                return Poll::Ready(());
+            }
+            if data.is_empty() {
+                *pending = None;
+            }
+            continue;
+        }
+        match ready!(Pin::new(&mut *body).poll_frame(cx)) {
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) => *pending = (!data.is_empty()).then_some(data),
+                Err(frame) => {
+                    if let Ok(trailers) = frame.into_trailers() {
+                        let _ = tx.send_trailers(trailers);
+                        return Poll::Ready(());
+                    }
+                }
+            },
+            Some(Err(_)) => {
+                // The client's upload broke (the body notes it for the call's answer).
+                tx.send_reset(Reason::CANCEL);
+                return Poll::Ready(());
+            }
+            None => {
+                let _ = tx.send_data(Bytes::new(), true);
+                return Poll::Ready(());
+            }
+        }
+    }
+}
+
+/// An answer's body from an `h2` upstream, handing back flow-control window as it is read (so
+/// the upstream can send more), then the trailers. While it lives, the request's streamed body
+/// keeps going upstream.
+#[derive(Debug)]
+pub(crate) struct H2Body {
+    recv: RecvStream,
+    data_done: bool,
+    /// What is left of a `Content-Length`, for the size hint.
+    remaining: Option<u64>,
+    _pipe: Option<oneshot::Sender<()>>,
+}
+
+impl H2Body {
+    fn response(resp: Response<RecvStream>, pipe: Option<oneshot::Sender<()>>) -> Response<Self> {
+        let remaining = resp
+            .headers()
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse().ok());
+        resp.map(|recv| H2Body {
+            recv,
+            data_done: false,
+            remaining,
+            _pipe: pipe,
+        })
+    }
+}
+
+impl Body for H2Body {
+    type Data = Bytes;
+    type Error = h2::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, h2::Error>>> {
+        let this = &mut *self;
+        if !this.data_done {
+            match ready!(this.recv.poll_data(cx)) {
+                Some(Ok(data)) => {
+                    let _ = this.recv.flow_control().release_capacity(data.len());
+                    if let Some(left) = &mut this.remaining {
+                        *left = left.saturating_sub(data.len() as u64);
+                    }
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Some(Err(e)) => return Poll::Ready(Some(Err(e))),
+                None => this.data_done = true,
+            }
+        }
+        match ready!(this.recv.poll_trailers(cx)) {
+            Ok(Some(trailers)) => Poll::Ready(Some(Ok(Frame::trailers(trailers)))),
+            Ok(None) => Poll::Ready(None),
+            Err(e) => Poll::Ready(Some(Err(e))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.recv.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.remaining
+            .map_or_else(SizeHint::default, SizeHint::with_exact)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+    use std::net::SocketAddr;
+    use std::sync::atomic::AtomicUsize;
+
+    use http::{HeaderMap, StatusCode};
+    use http_body_util::BodyExt;
+    use hyper::body::Incoming;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use tokio::net::TcpListener;
+    use tokio::sync::watch;
+
+    use super::*;
+
+    const WAIT: Duration = Duration::from_secs(10);
+
+    /// Frames handed out in order: a test server's answer body.
+    struct Frames(VecDeque<Frame<Bytes>>);
+
+    impl Body for Frames {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+            Poll::Ready(self.0.pop_front().map(Ok))
+        }
+    }
+
+    /// A test server: its address, the connections it accepted and saw end, and its switch
+    /// (sending `true` drops the listener and every connection at once, as a crash does).
+    struct Server {
+        addr: SocketAddr,
+        opened: Arc<AtomicUsize>,
+        closed: Arc<AtomicUsize>,
+        stop: watch::Sender<bool>,
+    }
+
+    /// An HTTP/2 server on `addr` (port 0: any) answering every request with the request
+    /// body's length, then two one-byte `DATA` frames and `grpc-status: 0` trailers (a gRPC
+    /// answer's shape).
+    async fn server(addr: SocketAddr) -> Server {
+        let listener = TcpListener::bind(addr).await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (opened, closed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (stop, stopped) = watch::channel(false);
+        let (o, c) = (opened.clone(), closed.clone());
+        let mut on = stopped.clone();
+        tokio::spawn(async move {
+            loop {
+                let stream = tokio::select! {
+                    accepted = listener.accept() => match accepted {
+                        Ok((stream, _)) => stream,
+                        Err(_) => return,
+                    },
+                    _ = on.changed() => return,
+                };
+                o.fetch_add(1, Relaxed);
+                let (c, mut stopped) = (c.clone(), stopped.clone());
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(|req: Request<Incoming>| async move {
+                        let read = req.into_body().collect().await.map(|b| b.to_bytes());
+                        let len = read.map_or(0, |b| b.len());
+                        let mut trailers = HeaderMap::new();
+                        trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+                        let frames = VecDeque::from([
+                            Frame::data(Bytes::from(len.to_string())),
+                            Frame::data(Bytes::from_static(b"a")),
+                            Frame::data(Bytes::from_static(b"b")),
+                            Frame::trailers(trailers),
+                        ]);
+                        Ok::<_, std::convert::Infallible>(Response::new(Frames(frames)))
+                    });
+                    let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), svc);
+                    tokio::select! {
+                        _ = conn => {}
+                        _ = stopped.changed() => {}
+                    }
+                    c.fetch_add(1, Relaxed);
+                });
+            }
+        });
+        Server {
+            addr,
+            opened,
+            closed,
+            stop,
+        }
+    }
+
+    fn any_port() -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], 0))
+    }
+
+    fn request(addr: SocketAddr, body: &'static [u8]) -> Request<Either<Full<Bytes>, ClientBody>> {
+        Request::post(format!("http://{addr}/echo.Echo/Say"))
+            .version(http::Version::HTTP_2)
+            .body(Either::Left(Full::new(Bytes::from_static(body))))
+            .expect("a request")
+    }
+
+    /// The answer's body and its trailers.
+    async fn read(resp: Response<H2Body>) -> (Bytes, Option<HeaderMap>) {
+        let collected = resp.into_body().collect().await.expect("a whole body");
+        let trailers = collected.trailers().cloned();
+        (collected.to_bytes(), trailers)
+    }
+
+    /// Wait (bounded) until `what` holds: the event it watches happens in another task.
+    async fn until(what: impl Fn() -> bool) {
+        tokio::time::timeout(WAIT, async {
+            while !what() {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the awaited event within the bound");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn calls_share_one_connection_and_get_the_whole_answer() {
+        let up = server(any_port()).await;
+        let client = H2Client::new(WAIT, Duration::from_secs(60));
+        let resp = client
+            .request(request(up.addr, b"hello"))
+            .await
+            .expect("an answer");
+        assert_eq!(resp.status(), StatusCode::OK);
+        let (body, trailers) = read(resp).await;
+        assert_eq!(body.as_ref(), b"5ab");
+        let status = trailers.as_ref().and_then(|t| t.get("grpc-status"));
+        assert_eq!(status.map(|v| v.as_bytes()), Some(&b"0"[..]));
+        let calls: Vec<_> = (0..50)
+            .map(|_| {
+                let (client, addr) = (client.clone(), up.addr);
+                tokio::spawn(async move {
+                    read(client.request(request(addr, b"")).await?)
+                        .await
+                        .0
+                        .len()
+                        .eq(&3)
+                        .then_some(())
+                        .ok_or(Observed::Done)
+                })
+            })
+            .collect();
+        for call in calls {
+            call.await.expect("the task").expect("a whole answer");
+        }
+        assert_eq!(up.opened.load(Relaxed), 1, "one connection for every call");
+        assert_eq!(client.kept(), 1);
+    }
+
+    /// h2 closes a connection (`ENHANCE_YOUR_CALM`) on which more small `DATA` frames wait
+    /// unread than its budget allows, half the connection window: with h2's default 64 KB
+    /// window, 400 answers of three small frames each, waiting to be read, are past it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn many_small_answers_waiting_to_be_read_keep_the_connection() {
+        let up = server(any_port()).await;
+        let client = H2Client::new(WAIT, Duration::from_secs(60));
+        let heads: Vec<_> = (0..400)
+            .map(|_| {
+                let (client, addr) = (client.clone(), up.addr);
+                tokio::spawn(async move { client.request(request(addr, b"x")).await })
+            })
+            .collect();
+        let mut answers = Vec::new();
+        for head in heads {
+            let head = tokio::time::timeout(WAIT, head).await.expect("in time");
+            answers.push(head.expect("the task").expect("a head"));
+        }
+        // Only now is any answer read.
+        for resp in answers {
+            assert_eq!(read(resp).await.0.as_ref(), b"1ab");
+        }
+        assert_eq!(up.opened.load(Relaxed), 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_connection_the_upstream_dropped_is_replaced() {
+        let up = server(any_port()).await;
+        let client = H2Client::new(WAIT, Duration::from_secs(60));
+        read(
+            client
+                .request(request(up.addr, b""))
+                .await
+                .expect("an answer"),
+        )
+        .await;
+        // The upstream crashes: its connection ends, and the client lets go of it.
+        let _ = up.stop.send(true);
+        until(|| client.kept() == 0).await;
+        // It comes back on the same port.
+        let again = server(up.addr).await;
+        let resp = client
+            .request(request(up.addr, b""))
+            .await
+            .expect("an answer");
+        assert_eq!(read(resp).await.0.as_ref(), b"0ab");
+        assert_eq!(again.opened.load(Relaxed), 1, "a new connection");
+        assert_eq!(client.kept(), 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_idle_connection_is_closed_and_a_busy_one_kept() {
+        let up = server(any_port()).await;
+        let client = H2Client::new(WAIT, Duration::from_millis(100));
+        let resp = client
+            .request(request(up.addr, b""))
+            .await
+            .expect("an answer");
+        // An answer still being read keeps the connection open past the idle period...
+        let started = tokio::time::Instant::now();
+        until(|| client.kept() == 0).await;
+        assert!(started.elapsed() >= Duration::from_millis(100));
+        assert_eq!(up.closed.load(Relaxed), 0, "closed under an open stream");
+        // ...and once it is read, the connection closes.
+        assert_eq!(read(resp).await.0.as_ref(), b"0ab");
+        until(|| up.closed.load(Relaxed) == 1).await;
+        // The next call connects again.
+        read(
+            client
+                .request(request(up.addr, b""))
+                .await
+                .expect("an answer"),
+        )
+        .await;
+        assert_eq!(up.opened.load(Relaxed), 2);
+    }
+
+    #[tokio::test]
+    async fn no_connection_is_a_connect_failure() {
+        let client = H2Client::new(WAIT, Duration::from_secs(60));
+        let refused = lbkit_testkit::refused_addr();
+        let err = client
+            .request(request(refused, b""))
+            .await
+            .expect_err("refused");
+        assert_eq!(err, Observed::ConnectFailed);
+        assert_eq!(client.kept(), 0);
+    }
+}
