@@ -139,7 +139,7 @@ impl Body for ProxyBody {
 ///
 /// What it sends is kept, up to [`MAX_REPLAY_BODY`], as Envoy's retry buffer does: when the
 /// attempt fails, the body (the bytes sent so far, and the rest of the client's stream) comes
-/// back through [`Reclaim`] once the attempt lets go of it, and the next attempt sends the kept
+/// back through `Reclaim` once the attempt lets go of it, and the next attempt sends the kept
 /// bytes again, then the rest. gRPC clients send their requests without a length, so this is
 /// what lets a unary gRPC call be retried after a refused connection. A body that outgrew the
 /// bound comes back as nothing: that request is not retried.

@@ -80,7 +80,7 @@ pub(crate) fn admit<B>(req: &http::Request<B>) -> Result<(Option<&str>, Option<S
     }
 }
 
-/// [`admit`] for the fuzz targets: the authority and the normalised path, or the refusal's
+/// `admit` for the fuzz targets: the authority and the normalised path, or the refusal's
 /// text.
 ///
 /// # Errors
