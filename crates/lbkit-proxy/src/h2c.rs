@@ -60,10 +60,16 @@ pub(crate) struct H2Client {
 /// One endpoint's connection, and the lock a call takes to make a new one (off the request
 /// path: only when there is no open connection), so that the calls arriving meanwhile wait for
 /// that one instead of each making its own.
+///
+/// The calls that waited share the outcome: when the connection could not be made, they fail
+/// at once as the call that tried did, rather than each trying in turn (an endpoint whose
+/// connects time out would otherwise hold the n-th waiting call for n connect timeouts).
 #[derive(Debug, Default)]
 struct Slot {
     conn: ArcSwapOption<Conn>,
     connecting: tokio::sync::Mutex<()>,
+    /// Connects that ended (made or failed) so far.
+    tries: AtomicU64,
 }
 
 /// One connection: the handle that opens streams on it, and how many calls it was given (the
@@ -151,15 +157,21 @@ impl H2Client {
             tracing::debug!(%address, "upstream HTTP/2 connection closed");
             slot.forget(Arc::as_ptr(&conn));
         }
+        let tries = slot.tries.load(Relaxed);
         let _connecting = slot.connecting.lock().await;
-        // A call that held the lock before this one may have connected.
+        // A call that held the lock before this one may have connected...
         if let Some(conn) = slot.conn.load_full() {
             if let Some(send) = conn.ready().await {
                 return Ok(send);
             }
             slot.forget(Arc::as_ptr(&conn));
+        } else if slot.tries.load(Relaxed) != tries {
+            // ...or failed to, while this one waited.
+            return Err(Observed::ConnectFailed);
         }
-        let conn = self.connect(address, &slot).await?;
+        let made = self.connect(address, &slot).await;
+        slot.tries.fetch_add(1, Relaxed);
+        let conn = made?;
         conn.ready().await.ok_or(Observed::ConnectFailed)
     }
 
@@ -667,6 +679,45 @@ mod tests {
         )
         .await;
         assert_eq!(up.opened.load(Relaxed), 2);
+    }
+
+    /// Calls that arrive while one call's connect is timing out wait for it and share its
+    /// failure, instead of each trying in turn. The endpoint drops connects: a listener with a
+    /// backlog of one that never accepts, its queue filled (Linux drops the SYNs past it). On
+    /// tokio's paused clock, which moves to the next timer when nothing else can run.
+    #[tokio::test(start_paused = true)]
+    async fn calls_waiting_for_a_failed_connect_fail_with_it() {
+        let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+        socket.bind(any_port()).expect("bind");
+        let addr = socket.local_addr().expect("addr");
+        let _listener = socket.listen(1).expect("listen");
+        let mut filled = Vec::new();
+        for _ in 0..4 {
+            let connect = TcpStream::connect(addr);
+            if let Ok(Ok(stream)) = tokio::time::timeout(Duration::from_millis(50), connect).await {
+                filled.push(stream);
+            }
+        }
+        let timeout = Duration::from_millis(300);
+        let client = H2Client::new(timeout, Duration::from_secs(60));
+        let started = tokio::time::Instant::now();
+        let calls: Vec<_> = (0..10)
+            .map(|_| {
+                let client = client.clone();
+                let call = async move { client.request(request(addr, b"")).await.err() };
+                tokio::spawn(tokio::time::timeout(WAIT, call))
+            })
+            .collect();
+        for call in calls {
+            let failed = call
+                .await
+                .expect("the task")
+                .expect("an end within the bound");
+            assert_eq!(failed, Some(Observed::ConnectFailed));
+        }
+        // One connect timeout for all ten (ten in turn would be 3 s).
+        let took = started.elapsed();
+        assert!(took >= timeout && took < 2 * timeout, "{took:?}");
     }
 
     #[tokio::test]
