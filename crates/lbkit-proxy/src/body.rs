@@ -8,7 +8,7 @@ use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::Full;
+use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use lbkit_core::{CallGuard, Clock, Outcome};
 use lbkit_tower::http::{CompleteAt, TrackBody};
@@ -31,41 +31,8 @@ enum Inner {
 pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
 
 /// An upstream's answer body: from hyper's client (HTTP/1.1 upstreams) or from the h2c client
-/// (`h2c.rs`).
-#[derive(Debug)]
-pub(crate) enum UpstreamAnswer {
-    Hyper(Incoming),
-    H2(crate::h2c::H2Body),
-}
-
-impl Body for UpstreamAnswer {
-    type Data = Bytes;
-    type Error = BodyError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
-        match self.get_mut() {
-            UpstreamAnswer::Hyper(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
-            UpstreamAnswer::H2(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match self {
-            UpstreamAnswer::Hyper(b) => b.is_end_stream(),
-            UpstreamAnswer::H2(b) => b.is_end_stream(),
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match self {
-            UpstreamAnswer::Hyper(b) => b.size_hint(),
-            UpstreamAnswer::H2(b) => b.size_hint(),
-        }
-    }
-}
+/// (`h2c.rs`). Its error is boxed (`http_body_util::Either`'s).
+pub(crate) type UpstreamAnswer = Either<Incoming, crate::h2c::H2Body>;
 
 // === impl ProxyBody ===
 
@@ -78,7 +45,7 @@ impl ProxyBody {
     /// An upstream body; `guard` (reading `clock` when it ends) is finished with `outcome`
     /// when the body ends.
     pub fn upstream(body: Incoming, guard: CallGuard, clock: Clock, outcome: Outcome) -> Self {
-        Self::answer(UpstreamAnswer::Hyper(body), guard, clock, outcome)
+        Self::answer(Either::Left(body), guard, clock, outcome)
     }
 
     /// [`upstream`](Self::upstream) for either client's answer.

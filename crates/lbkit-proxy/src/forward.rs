@@ -162,13 +162,13 @@ async fn send(
     let limit = limit.unwrap_or(Duration::MAX);
     if service.config().h2c {
         return match tokio::time::timeout(limit, service.h2c().request(upstream)).await {
-            Ok(Ok(resp)) => Ok(resp.map(UpstreamAnswer::H2)),
+            Ok(Ok(resp)) => Ok(resp.map(Either::Right)),
             Ok(Err(observed)) => Err(observed),
             Err(_) => Err(Observed::Timeout),
         };
     }
     match tokio::time::timeout(limit, service.client().request(upstream)).await {
-        Ok(Ok(resp)) => Ok(resp.map(UpstreamAnswer::Hyper)),
+        Ok(Ok(resp)) => Ok(resp.map(Either::Left)),
         Ok(Err(e)) if e.is_connect() => Err(Observed::ConnectFailed),
         Ok(Err(_)) => Err(Observed::ResetBeforeResponse),
         Err(_) => Err(Observed::Timeout),
@@ -288,9 +288,9 @@ fn switch(
 ) -> Response<ProxyBody> {
     let (parts, body) = resp.into_parts();
     let resp = match body {
-        UpstreamAnswer::Hyper(body) => Some(Response::from_parts(parts, body)),
+        Either::Left(body) => Some(Response::from_parts(parts, body)),
         // Services that speak h2c upstream send no upgrades.
-        UpstreamAnswer::H2(_) => None,
+        Either::Right(_) => None,
     };
     match upgrade.zip(resp).map(|(u, resp)| u.accept(resp)) {
         Some(Ok(answer)) => {

@@ -559,6 +559,12 @@ mod tests {
         (collected.to_bytes(), trailers)
     }
 
+    /// One call to `addr` with an empty body: the answer's body.
+    async fn call(client: &Arc<H2Client>, addr: SocketAddr) -> Bytes {
+        let resp = client.request(request(addr, b"")).await;
+        read(resp.expect("an answer")).await.0
+    }
+
     /// Wait (bounded) until `what` holds: the event it watches happens in another task.
     async fn until(what: impl Fn() -> bool) {
         tokio::time::timeout(WAIT, async {
@@ -633,23 +639,13 @@ mod tests {
     async fn a_connection_the_upstream_dropped_is_replaced() {
         let up = server(any_port()).await;
         let client = H2Client::new(WAIT, Duration::from_secs(60));
-        read(
-            client
-                .request(request(up.addr, b""))
-                .await
-                .expect("an answer"),
-        )
-        .await;
+        call(&client, up.addr).await;
         // The upstream crashes: its connection ends, and the client lets go of it.
         let _ = up.stop.send(true);
         until(|| client.kept() == 0).await;
         // It comes back on the same port.
         let again = server(up.addr).await;
-        let resp = client
-            .request(request(up.addr, b""))
-            .await
-            .expect("an answer");
-        assert_eq!(read(resp).await.0.as_ref(), b"0ab");
+        assert_eq!(call(&client, up.addr).await.as_ref(), b"0ab");
         assert_eq!(again.opened.load(Relaxed), 1, "a new connection");
         assert_eq!(client.kept(), 1);
     }
@@ -671,13 +667,7 @@ mod tests {
         assert_eq!(read(resp).await.0.as_ref(), b"0ab");
         until(|| up.closed.load(Relaxed) == 1).await;
         // The next call connects again.
-        read(
-            client
-                .request(request(up.addr, b""))
-                .await
-                .expect("an answer"),
-        )
-        .await;
+        call(&client, up.addr).await;
         assert_eq!(up.opened.load(Relaxed), 2);
     }
 
