@@ -149,7 +149,7 @@ fn client_fault(tried: &Tried, upload: Option<&UploadState>) -> Option<Response<
 }
 
 /// How long a retry waits for the failed attempt to let go of a streamed body (a refused
-/// connection drops it at once; a reset stream as soon as hyper's send task sees the reset).
+/// connection drops it at once; a reset stream as soon as the task sending it sees the reset).
 const RECLAIM_WAIT: Duration = Duration::from_secs(1);
 
 /// One attempt: `upstream` on the service's client of this thread (h2c's or the pooled

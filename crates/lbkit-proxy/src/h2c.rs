@@ -90,6 +90,19 @@ impl Conn {
 }
 
 impl Slot {
+    /// The open connection, ready for one more stream; when it is closing, forgotten.
+    /// `Err(kept)`: no connection is ready, and whether there was one.
+    async fn ready(&self) -> Result<SendRequest<Bytes>, bool> {
+        let Some(conn) = self.conn.load_full() else {
+            return Err(false);
+        };
+        if let Some(send) = conn.ready().await {
+            return Ok(send);
+        }
+        self.forget(Arc::as_ptr(&conn));
+        Err(true)
+    }
+
     /// Forget `conn` if it is still this endpoint's connection.
     fn forget(&self, conn: *const Conn) {
         self.conn.rcu(|current| match current {
@@ -150,24 +163,18 @@ impl H2Client {
     /// there is none or it is closing (made by one call while the others wait for it).
     async fn ready(self: &Arc<Self>, address: &str) -> Result<SendRequest<Bytes>, Observed> {
         let slot = self.slot(address);
-        if let Some(conn) = slot.conn.load_full() {
-            if let Some(send) = conn.ready().await {
-                return Ok(send);
-            }
-            tracing::debug!(%address, "upstream HTTP/2 connection closed");
-            slot.forget(Arc::as_ptr(&conn));
+        match slot.ready().await {
+            Ok(send) => return Ok(send),
+            Err(true) => tracing::debug!(%address, "upstream HTTP/2 connection closed"),
+            Err(false) => {}
         }
         let tries = slot.tries.load(Relaxed);
         let _connecting = slot.connecting.lock().await;
-        // A call that held the lock before this one may have connected...
-        if let Some(conn) = slot.conn.load_full() {
-            if let Some(send) = conn.ready().await {
-                return Ok(send);
-            }
-            slot.forget(Arc::as_ptr(&conn));
-        } else if slot.tries.load(Relaxed) != tries {
-            // ...or failed to, while this one waited.
-            return Err(Observed::ConnectFailed);
+        // A call that held the lock before this one may have connected, or failed to.
+        match slot.ready().await {
+            Ok(send) => return Ok(send),
+            Err(false) if slot.tries.load(Relaxed) != tries => return Err(Observed::ConnectFailed),
+            Err(_) => {}
         }
         let made = self.connect(address, &slot).await;
         slot.tries.fetch_add(1, Relaxed);
