@@ -26,6 +26,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::request::Parts;
+use http::uri::{PathAndQuery, Scheme};
 use http::{Request, Response, StatusCode, Uri, Version};
 use http_body::Body as _;
 use http_body_util::{BodyExt, Either, Full};
@@ -208,7 +209,7 @@ impl Outgoing {
             .tags()
             .with_tag(&req, |tag| tag.map(RequestTagBuf::from));
         let (mut parts, body) = req.into_parts();
-        prepare_headers(&mut parts, client);
+        prepare_headers(&mut parts, client, h2c);
         if let Some(u) = &upgrade {
             u.ask_upstream(&mut parts.headers);
         }
@@ -384,20 +385,22 @@ async fn replayable(body: Incoming, limit: Duration) -> Result<Read, Response<Pr
     }
 }
 
-/// Forwarding headers, hop-by-hop removal, and a `Host` for HTTP/2 clients (which send
-/// `:authority` instead).
-fn prepare_headers(parts: &mut Parts, client: SocketAddr) {
+/// Forwarding headers, hop-by-hop removal, and `Host`: for an HTTP/1.1 upstream, one from
+/// `:authority` when an HTTP/2 client sent none; for an h2c upstream none, since HTTP/2 names
+/// the target in `:authority` (here the endpoint's address, which the client connects to) and
+/// a `Host` naming another entity makes the request malformed (RFC 9113 §8.3.1; strict stacks
+/// such as Python's `h2` refuse it). The client's host travels in `Forwarded: host=` either way.
+fn prepare_headers(parts: &mut Parts, client: SocketAddr, h2c: bool) {
     headers::strip_hop_by_hop(&mut parts.headers);
-    if !parts.headers.contains_key(http::header::HOST) {
-        if let Some(v) = parts
-            .uri
-            .authority()
-            .and_then(|a| http::HeaderValue::from_str(a.as_str()).ok())
-        {
+    let authority = parts.uri.authority().map(http::uri::Authority::as_str);
+    headers::add_forwarded(&mut parts.headers, client, authority);
+    if h2c {
+        parts.headers.remove(http::header::HOST);
+    } else if !parts.headers.contains_key(http::header::HOST) {
+        if let Some(v) = authority.and_then(|a| http::HeaderValue::from_str(a).ok()) {
             parts.headers.insert(http::header::HOST, v);
         }
     }
-    headers::add_forwarded(&mut parts.headers, client);
 }
 
 /// The request for one attempt; the head is moved out of `parts` when `last`.
@@ -408,9 +411,12 @@ fn upstream_request(
     h2c: bool,
     last: bool,
 ) -> Option<Request<UpstreamBody>> {
-    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let path = match parts.uri.path_and_query() {
+        Some(p) => p.clone(),
+        None => PathAndQuery::from_static("/"),
+    };
     let uri = Uri::builder()
-        .scheme("http")
+        .scheme(Scheme::HTTP)
         .authority(address)
         .path_and_query(path)
         .build()
@@ -428,12 +434,5 @@ fn upstream_request(
     } else {
         parts.headers.clone()
     };
-    if h2c {
-        // HTTP/2 names the target in `:authority` (here the endpoint's address, which the pool
-        // connects to). A `Host` naming another entity makes the request malformed (RFC 9113
-        // §8.3.1; strict stacks such as Python's `h2` refuse it), so it is not sent: the
-        // client's host travels in `Forwarded: host=`.
-        req.headers_mut().remove(http::header::HOST);
-    }
     Some(req)
 }

@@ -1,7 +1,7 @@
 //! Request and response header rewriting: hop-by-hop headers out, forwarding headers in.
 
 use std::fmt::Write as _;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use bytes::Bytes;
 
@@ -60,7 +60,16 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // Most requests carry few or none: one pass over the names finds out, where ten removals
     // by name each parsed and hashed the name (a sixth of the header work on h2c, where every
     // request is a task of its own).
-    if !headers.keys().any(|k| HOP_BY_HOP_NAMES.contains(k)) {
+    // gRPC's one is `TE: trailers`, which stays as it is: one value, exactly `trailers`.
+    let mut only_te = true;
+    let mut any = false;
+    for k in headers.keys() {
+        if HOP_BY_HOP_NAMES.contains(k) {
+            any = true;
+            only_te &= k == header::TE;
+        }
+    }
+    if !any || (only_te && is_one_trailers(headers)) {
         return;
     }
     // `TE: trailers` is the one TE an HTTP/2 request may carry (RFC 9113 §8.2.2) and gRPC asks
@@ -86,33 +95,45 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
+/// Whether `headers` has exactly one `TE`, and it is `trailers` as written.
+fn is_one_trailers(headers: &HeaderMap) -> bool {
+    let mut te = headers.get_all(header::TE).iter();
+    te.next().is_some_and(|v| v == "trailers") && te.next().is_none()
+}
+
 /// `X-Forwarded-For`, prepared once: a lookup or insert by `&str` parses the name each time.
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
 /// Append the client to `X-Forwarded-For` and `Forwarded` (RFC 7239), with the protocol and
-/// the request's `Host`. Each value is built in one buffer that becomes the header's bytes.
-pub(crate) fn add_forwarded(headers: &mut HeaderMap, client: SocketAddr) {
-    let ip = client.ip();
+/// the request's host: its `Host`, else `authority` (an HTTP/2 request's `:authority`). Each
+/// value is built in one buffer that becomes the header's bytes.
+pub(crate) fn add_forwarded(headers: &mut HeaderMap, client: SocketAddr, authority: Option<&str>) {
     let mut xff = String::with_capacity(48);
     if let Some(prev) = headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
         xff.push_str(prev);
         xff.push_str(", ");
     }
-    let _ = write!(xff, "{ip}");
+    let start = xff.len();
+    push_ip(&mut xff, client.ip());
+    let ip = &xff[start..];
     let mut forwarded = String::with_capacity(96);
     if let Some(prev) = headers.get(header::FORWARDED).and_then(|v| v.to_str().ok()) {
         forwarded.push_str(prev);
         forwarded.push_str(", ");
     }
-    let _ = if client.is_ipv6() {
-        write!(forwarded, "for=\"[{ip}]\";proto=http")
+    let (before, after) = if client.is_ipv6() {
+        ("for=\"[", "]\";proto=http")
     } else {
-        write!(forwarded, "for={ip};proto=http")
+        ("for=", ";proto=http")
     };
-    let host = headers
-        .get(header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .filter(|h| h.bytes().all(|b| b.is_ascii_graphic() && b != b'"'));
+    forwarded.push_str(before);
+    forwarded.push_str(ip);
+    forwarded.push_str(after);
+    let host = match headers.get(header::HOST) {
+        Some(h) => h.to_str().ok(),
+        None => authority,
+    };
+    let host = host.filter(|h| h.bytes().all(|b| b.is_ascii_graphic() && b != b'"'));
     if let Some(h) = host {
         forwarded.push_str(";host=\"");
         forwarded.push_str(h);
@@ -124,6 +145,35 @@ pub(crate) fn add_forwarded(headers: &mut HeaderMap, client: SocketAddr) {
     if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(forwarded)) {
         headers.insert(header::FORWARDED, v);
     }
+}
+
+/// Append `ip` as text. An IPv4 address is written without `core::fmt`, which cost a gRPC
+/// call a fifth of its header rewriting (two formatted writes, ~2 000 instructions).
+fn push_ip(out: &mut String, ip: IpAddr) {
+    let IpAddr::V4(v4) = ip else {
+        let _ = write!(out, "{ip}");
+        return;
+    };
+    let mut buf = [0u8; 15];
+    let mut n = 0;
+    for (i, octet) in v4.octets().into_iter().enumerate() {
+        if i > 0 {
+            buf[n] = b'.';
+            n += 1;
+        }
+        if octet >= 100 {
+            buf[n] = b'0' + octet / 100;
+            n += 1;
+        }
+        if octet >= 10 {
+            buf[n] = b'0' + octet / 10 % 10;
+            n += 1;
+        }
+        buf[n] = b'0' + octet % 10;
+        n += 1;
+    }
+    // Digits and dots only.
+    out.push_str(std::str::from_utf8(&buf[..n]).unwrap_or_default());
 }
 
 #[cfg(test)]
@@ -180,11 +230,77 @@ mod tests {
     }
 
     #[test]
+    fn addresses_are_written_as_display_writes_them() {
+        let mut addresses: Vec<IpAddr> = (0..=255u8)
+            .flat_map(|o| {
+                [
+                    IpAddr::from([o, 0, 9, 10]),
+                    IpAddr::from([1, o, 99, 100]),
+                    IpAddr::from([255, 200, o, 7]),
+                    IpAddr::from([10, 0, 0, o]),
+                ]
+            })
+            .collect();
+        addresses.extend(
+            [
+                "::1",
+                "fe80::1:2",
+                "::ffff:10.1.2.3",
+                "2001:db8::ff00:42:8329",
+            ]
+            .map(|a| a.parse::<IpAddr>().unwrap()),
+        );
+        for ip in addresses {
+            let mut out = String::from("x");
+            push_ip(&mut out, ip);
+            assert_eq!(out, format!("x{ip}"));
+        }
+    }
+
+    #[test]
+    fn forwarded_names_an_ipv6_client_in_brackets_and_the_authority_as_host() {
+        let mut h = HeaderMap::new();
+        add_forwarded(&mut h, "[2001:db8::1]:5000".parse().unwrap(), None);
+        assert_eq!(h["x-forwarded-for"], "2001:db8::1");
+        assert_eq!(h[header::FORWARDED], "for=\"[2001:db8::1]\";proto=http");
+        // Without `Host`, an HTTP/2 request's `:authority` names the host.
+        let mut h = HeaderMap::new();
+        add_forwarded(
+            &mut h,
+            "10.1.2.3:5000".parse().unwrap(),
+            Some("svc.test:8080"),
+        );
+        assert_eq!(
+            h[header::FORWARDED],
+            "for=10.1.2.3;proto=http;host=\"svc.test:8080\""
+        );
+    }
+
+    #[test]
+    fn te_trailers_alone_stays_as_it_is() {
+        let mut h = HeaderMap::new();
+        h.insert(header::TE, HeaderValue::from_static("trailers"));
+        h.insert("x-kept", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 2);
+        assert_eq!(h[header::TE], "trailers");
+        h.append(header::TE, HeaderValue::from_static("trailers"));
+        h.insert(header::UPGRADE, HeaderValue::from_static("h2c"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 2);
+        assert_eq!(h.get_all(header::TE).iter().count(), 1);
+    }
+
+    #[test]
     fn forwarded_headers_append() {
         let mut h = HeaderMap::new();
         h.insert("x-forwarded-for", HeaderValue::from_static("10.0.0.1"));
         h.insert(header::HOST, HeaderValue::from_static("api.test"));
-        add_forwarded(&mut h, "127.0.0.1:5000".parse().unwrap());
+        add_forwarded(
+            &mut h,
+            "127.0.0.1:5000".parse().unwrap(),
+            Some("ignored.test"),
+        );
         assert_eq!(h["x-forwarded-for"], "10.0.0.1, 127.0.0.1");
         assert_eq!(
             h[header::FORWARDED],
