@@ -24,7 +24,7 @@ use std::borrow::Cow;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::request::Parts;
 use http::uri::{PathAndQuery, Scheme};
 use http::{Request, Response, StatusCode, Uri, Version};
@@ -375,14 +375,38 @@ async fn replayable(body: Incoming, limit: Duration) -> Result<Read, Response<Pr
         let (body, upload, reclaim) = ClientBody::new(body);
         return Ok((Either::Right(body), Some(upload), Some(reclaim)));
     }
-    match tokio::time::timeout(limit, body.collect()).await {
-        Ok(Ok(collected)) => Ok((Either::Left(Full::new(collected.to_bytes())), None, None)),
+    match tokio::time::timeout(limit, read_whole(body)).await {
+        Ok(Ok(whole)) => Ok((Either::Left(Full::new(whole)), None, None)),
         Ok(Err(_)) => Err(local(StatusCode::BAD_REQUEST, "bad request body\n")),
         Err(_) => Err(local(
             StatusCode::REQUEST_TIMEOUT,
             "request body too slow\n",
         )),
     }
+}
+
+/// A small body read whole: its one `DATA` frame as it came (the common case: no copy, no
+/// list of frames), else the frames joined. Trailers are dropped, as `Collected::to_bytes`
+/// drops them.
+async fn read_whole(mut body: Incoming) -> Result<Bytes, hyper::Error> {
+    let mut whole = Bytes::new();
+    let mut joined: Option<BytesMut> = None;
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame?.into_data() else {
+            continue;
+        };
+        if let Some(j) = &mut joined {
+            j.extend_from_slice(&data);
+        } else if whole.is_empty() {
+            whole = data;
+        } else if !data.is_empty() {
+            let mut j = BytesMut::with_capacity(whole.len() + data.len());
+            j.extend_from_slice(&whole);
+            j.extend_from_slice(&data);
+            joined = Some(j);
+        }
+    }
+    Ok(joined.map_or(whole, BytesMut::freeze))
 }
 
 /// Forwarding headers, hop-by-hop removal, and `Host`: for an HTTP/1.1 upstream, one from
