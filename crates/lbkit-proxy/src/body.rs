@@ -7,6 +7,7 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
+use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
@@ -23,7 +24,8 @@ pub struct ProxyBody(Inner);
 
 #[derive(Debug)]
 enum Inner {
-    Local(Full<Bytes>),
+    /// A whole body in hand, and its trailers (an upstream's small answer keeps them).
+    Local(Full<Bytes>, Option<HeaderMap>),
     Upstream(TrackBody<UpstreamAnswer>),
 }
 
@@ -39,7 +41,12 @@ pub(crate) type UpstreamAnswer = Either<Incoming, crate::h2c::H2Body>;
 impl ProxyBody {
     /// A body made by the proxy.
     pub fn local(text: impl Into<Bytes>) -> Self {
-        ProxyBody(Inner::Local(Full::new(text.into())))
+        ProxyBody(Inner::Local(Full::new(text.into()), None))
+    }
+
+    /// An upstream's answer read whole: its bytes, then its trailers if it had any.
+    pub(crate) fn whole(data: Bytes, trailers: Option<HeaderMap>) -> Self {
+        ProxyBody(Inner::Local(Full::new(data), trailers))
     }
 
     /// An upstream body; `guard` (reading `clock` when it ends) is finished with `outcome`
@@ -75,10 +82,10 @@ impl Body for ProxyBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         match &mut self.get_mut().0 {
-            Inner::Local(full) => match ready!(Pin::new(full).poll_frame(cx)) {
+            Inner::Local(full, trailers) => match ready!(Pin::new(full).poll_frame(cx)) {
                 Some(Ok(frame)) => Poll::Ready(Some(Ok(frame))),
                 Some(Err(never)) => match never {},
-                None => Poll::Ready(None),
+                None => Poll::Ready(trailers.take().map(|t| Ok(Frame::trailers(t)))),
             },
             Inner::Upstream(body) => Pin::new(body).poll_frame(cx),
         }
@@ -86,14 +93,14 @@ impl Body for ProxyBody {
 
     fn is_end_stream(&self) -> bool {
         match &self.0 {
-            Inner::Local(full) => full.is_end_stream(),
+            Inner::Local(full, trailers) => full.is_end_stream() && trailers.is_none(),
             Inner::Upstream(body) => body.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.0 {
-            Inner::Local(full) => full.size_hint(),
+            Inner::Local(full, _) => full.size_hint(),
             Inner::Upstream(body) => body.size_hint(),
         }
     }

@@ -33,10 +33,12 @@ use http_body_util::{BodyExt, Either, Full};
 use hyper::body::Incoming;
 use lbkit_core::http::is_idempotent_method;
 use lbkit_core::{
-    Attempts, CallGuard, Clock, FastRng, Observed, Outcome, RequestTagBuf, RetryWhen, Route, Stop,
+    Attempts, CallGuard, Classified, Clock, FastRng, Observed, Outcome, RequestTagBuf, RetryWhen,
+    Route, Stop,
 };
 use lbkit_strategy::KeyExtractor;
-use lbkit_tower::http::{HttpKeySource, SourceAddr};
+use lbkit_tower::http::{grpc_failure, HttpKeySource, SourceAddr};
+use lbkit_tower::policy::GrpcCodes;
 
 use crate::body::{ClientBody, ProxyBody, Reclaim, Upload, UploadState, UpstreamAnswer};
 use crate::envelope::{failure_answer, Envelope, MAX_BUFFERED_RESPONSE, MAX_REPLAY_BODY};
@@ -84,10 +86,9 @@ pub(crate) async fn forward(
             return fault;
         }
         let c = match &tried {
-            Ok(resp) => Observed::Status(resp.status().as_u16()),
-            Err(observed) => *observed,
-        }
-        .classify();
+            Ok(resp) => classify_answer(resp.status(), resp.headers()),
+            Err(observed) => observed.classify(),
+        };
         let retry = match c.retry {
             RetryWhen::Never => false,
             RetryWhen::Idempotent => out.idempotent,
@@ -331,8 +332,15 @@ async fn relay(
     let limit = limit.unwrap_or(Duration::MAX);
     match tokio::time::timeout(limit, rbody.collect()).await {
         Ok(Ok(body)) => {
+            let trailers = body.trailers().cloned();
+            // A failing `grpc-status` in the trailers makes a success a failure, as the
+            // streamed body's `TrackBody` does.
+            let outcome = match trailers.as_ref().map(|t| classify_answer(rparts.status, t)) {
+                Some(c) if c.is_failure() && outcome == Outcome::Success => c.outcome,
+                _ => outcome,
+            };
             guard.finish(outcome);
-            Response::from_parts(rparts, ProxyBody::local(body.to_bytes()))
+            Response::from_parts(rparts, ProxyBody::whole(body.to_bytes(), trailers))
         }
         Ok(Err(_)) => {
             guard.finish(Observed::ResetBeforeResponse.classify().outcome);
@@ -342,6 +350,21 @@ async fn relay(
             guard.finish(Observed::Timeout.classify().outcome);
             local(StatusCode::GATEWAY_TIMEOUT, "upstream timed out\n")
         }
+    }
+}
+
+/// An answer classified as the tower layer's `HttpResponses` classifies it: by its status,
+/// else by a `grpc-status` in `headers` (the head of a trailers-only gRPC answer, or the
+/// trailers), which makes an HTTP 200 a failure when its code is one (`UNAVAILABLE`, ...).
+/// Such a failure is retried only for an idempotent request, as a 5xx is.
+fn classify_answer(status: StatusCode, headers: &http::HeaderMap) -> Classified {
+    let by_status = Observed::Status(status.as_u16()).classify();
+    if by_status.is_failure() {
+        return by_status;
+    }
+    match grpc_failure(headers, GrpcCodes::DEFAULT) {
+        Some(kind) => Classified::answer(Outcome::Failure(kind)),
+        None => by_status,
     }
 }
 

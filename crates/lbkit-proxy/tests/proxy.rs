@@ -567,3 +567,134 @@ async fn a_static_list_is_served_before_the_control_loop_runs() {
     // No await between the start and this look.
     assert_eq!(service.active().balancer.snapshot().len(), 2);
 }
+
+/// How a [`grpc_server`] answers every call.
+#[derive(Clone, Copy)]
+enum GrpcAnswer {
+    /// A trailers-only answer (HTTP 200, `grpc-status` in the head, no body), as servers that
+    /// refuse a call send it.
+    TrailersOnly(u8),
+    /// The message `hello` with its length, then this `grpc-status` and an `x-checksum` in the
+    /// trailers.
+    Message(u8),
+}
+
+/// A gRPC backend on h2c answering every call with `answer`.
+async fn grpc_server(answer: GrpcAnswer) -> std::net::SocketAddr {
+    use http_body_util::{Either, Empty, StreamBody};
+    use hyper::body::Frame;
+    let (addr, _) = counting_server(move |stream| async move {
+        let svc = hyper::service::service_fn(
+            move |_req: http::Request<hyper::body::Incoming>| async move {
+                let mut resp = http::Response::builder()
+                    .header(http::header::CONTENT_TYPE, "application/grpc");
+                let body = match answer {
+                    GrpcAnswer::TrailersOnly(code) => {
+                        resp = resp.header("grpc-status", code.to_string());
+                        Either::Left(Empty::<bytes::Bytes>::new())
+                    }
+                    GrpcAnswer::Message(code) => {
+                        let mut trailers = http::HeaderMap::new();
+                        trailers.insert("grpc-status", http::HeaderValue::from(u16::from(code)));
+                        trailers.insert("x-checksum", http::HeaderValue::from_static("5"));
+                        let frames = vec![
+                            Ok::<_, std::convert::Infallible>(Frame::data(
+                                bytes::Bytes::from_static(b"hello"),
+                            )),
+                            Ok(Frame::trailers(trailers)),
+                        ];
+                        resp = resp.header(http::header::CONTENT_LENGTH, 5);
+                        Either::Right(StreamBody::new(futures_util::stream::iter(frames)))
+                    }
+                };
+                Ok::<_, std::convert::Infallible>(resp.body(body).expect("an answer"))
+            },
+        );
+        let _ = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+            .await;
+    })
+    .await;
+    addr
+}
+
+/// A trailers-only `UNAVAILABLE` is the endpoint's failure, recorded as the tower layer's
+/// `HttpResponses` records it (not a success because its HTTP status is 200), and relayed as it
+/// came; a small answer with a length keeps its trailers on the way to the client, and a failing
+/// `grpc-status` among them is a failure too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_failures_in_the_head_count_and_small_answers_keep_their_trailers() {
+    use http_body_util::{BodyExt, Empty};
+
+    let unavailable = grpc_server(GrpcAnswer::TrailersOnly(14)).await;
+    let ok = grpc_server(GrpcAnswer::Message(0)).await;
+    let failing = grpc_server(GrpcAnswer::Message(14)).await;
+    let endpoints = [unavailable, ok, failing];
+    let proxy = start(&config_for(&endpoints, "round-robin", "h2c = true")).await;
+    let mut send = h2c_connection(proxy.listeners()[0]).await;
+    let mut answers = HashMap::<&str, usize>::new();
+    for i in 0..6 {
+        let req = http::Request::post("http://svc.test/echo.Echo/Say")
+            .header(http::header::CONTENT_TYPE, "application/grpc")
+            .header(http::header::TE, "trailers")
+            .body(Empty::<bytes::Bytes>::new())
+            .expect("a request");
+        send.ready().await.expect("the connection is open");
+        let resp = tokio::time::timeout(WAIT, send.send_request(req))
+            .await
+            .expect("answered in time")
+            .expect("a response");
+        assert_eq!(resp.status(), StatusCode::OK, "call {i}");
+        let head_code = resp.headers().get("grpc-status").cloned();
+        let collected = tokio::time::timeout(WAIT, resp.into_body().collect())
+            .await
+            .expect("a body in time")
+            .expect("a body");
+        let trailers = collected.trailers().cloned();
+        let body = collected.to_bytes();
+        let seen = match head_code {
+            Some(code) => {
+                assert_eq!(code, "14", "call {i}");
+                assert!(body.is_empty(), "call {i}: {body:?}");
+                "trailers only"
+            }
+            None => {
+                assert_eq!(body.as_ref(), b"hello", "call {i}");
+                let trailers = trailers.unwrap_or_else(|| panic!("call {i}: trailers lost"));
+                assert_eq!(trailers["x-checksum"], "5", "call {i}");
+                if trailers["grpc-status"] == "0" {
+                    "ok"
+                } else {
+                    "failed in the trailers"
+                }
+            }
+        };
+        *answers.entry(seen).or_default() += 1;
+    }
+    assert_eq!(answers.len(), 3, "round robin over the three: {answers:?}");
+    assert!(answers.values().all(|&n| n == 2), "{answers:?}");
+    let (_, doc) = common::admin(&common::client(), &proxy, "GET", "/endpoints", "").await;
+    let doc: serde_json::Value = serde_json::from_str(&doc).expect("json");
+    let recorded = |addr: std::net::SocketAddr| {
+        let eps = doc["services"]["svc"]["endpoints"]
+            .as_array()
+            .expect("endpoints");
+        let e = eps
+            .iter()
+            .find(|e| e["address"] == addr.to_string())
+            .expect("endpoint listed");
+        (e["requests"].as_u64(), e["failures"].as_u64())
+    };
+    // Every call they answered (the start-up probe's too) is a failure; none of the other's.
+    for failed in [unavailable, failing] {
+        let (requests, failures) = recorded(failed);
+        assert!(requests >= Some(2), "{doc}");
+        assert_eq!(
+            failures, requests,
+            "a failing grpc-status is a failure: {doc}"
+        );
+    }
+    let (requests, failures) = recorded(ok);
+    assert!(requests >= Some(2), "{doc}");
+    assert_eq!(failures, Some(0), "{doc}");
+}
