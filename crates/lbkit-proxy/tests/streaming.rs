@@ -93,3 +93,62 @@ async fn chunked_bodies_stream_both_ways_on_one_reused_connection() {
     assert_eq!(ep["in_flight"].as_u64(), Some(0), "{doc}");
     assert_eq!(ep["failures"].as_u64(), Some(0), "{doc}");
 }
+
+/// A bidirectional stream, as a gRPC chat or a watch with acknowledgements runs one: each
+/// message the client sends comes back before it sends the next, so neither direction may wait
+/// for the other's end, nor for more bytes than one message. Over h2c from the client, to an
+/// h2c upstream and to an HTTP/1.1 one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bidirectional_stream_goes_message_by_message() {
+    let (addr, _) = echo_backend().await;
+    for upstream in ["h2c = true", ""] {
+        let text = common::config_for(&[addr], "round-robin", upstream);
+        let proxy = start(&text).await;
+        let stream = tokio::net::TcpStream::connect(proxy.listeners()[0])
+            .await
+            .expect("connect");
+        let (mut send, conn) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+                .await
+                .expect("h2c");
+        tokio::spawn(conn);
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(1);
+        let frames = Box::pin(futures_util::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|f| (f, rx))
+        }));
+        let req = Request::post("http://svc.test/chat.Chat/Talk")
+            .header(http::header::CONTENT_TYPE, "application/grpc")
+            .body(http_body_util::StreamBody::new(frames))
+            .expect("a request");
+        let resp = tokio::time::timeout(WAIT, send.send_request(req))
+            .await
+            .unwrap_or_else(|_| panic!("{upstream:?}: the answer's head in time"))
+            .expect("a response");
+        assert_eq!(resp.status(), StatusCode::OK, "{upstream:?}");
+        let mut answer = resp.into_body();
+        for i in 0..5 {
+            let message = format!("message {i}");
+            tx.send(Ok(Frame::data(Bytes::from(message.clone()))))
+                .await
+                .expect("the request stream is open");
+            let mut got = Vec::new();
+            while got.len() < message.len() {
+                let frame = tokio::time::timeout(WAIT, answer.frame())
+                    .await
+                    .unwrap_or_else(|_| panic!("{upstream:?}: {message} echoed in time"))
+                    .expect("the answer goes on")
+                    .expect("a frame");
+                got.extend_from_slice(&frame.into_data().expect("data"));
+            }
+            assert_eq!(got, message.as_bytes(), "{upstream:?}");
+        }
+        drop(tx);
+        let end = tokio::time::timeout(WAIT, async {
+            while let Some(frame) = answer.frame().await {
+                frame.expect("a clean end");
+            }
+        });
+        end.await
+            .unwrap_or_else(|_| panic!("{upstream:?}: the end in time"));
+    }
+}
