@@ -195,22 +195,14 @@ async fn proxy_recorded(
     first: SocketAddr,
     second: SocketAddr,
 ) -> ((u64, u64), (u64, u64)) {
-    let (_, body) = common::admin(&common::client(), proxy, "GET", "/endpoints", "").await;
-    let doc: serde_json::Value = serde_json::from_str(&body).expect("json");
-    let of = |addr: SocketAddr| {
-        let eps = doc["services"]["svc"]["endpoints"]
-            .as_array()
-            .expect("endpoints");
-        let e = eps
-            .iter()
-            .find(|e| e["address"] == addr.to_string())
-            .expect("endpoint listed");
+    let of = async |addr: SocketAddr| {
+        let e = common::endpoint_json(proxy, addr).await;
         (
             e["requests"].as_u64().expect("requests"),
             e["failures"].as_u64().expect("failures"),
         )
     };
-    (of(first), of(second))
+    (of(first).await, of(second).await)
 }
 
 /// Send `method /script` over a raw connection as HTTP/`version` (1.1 takes the fast path, 1.0

@@ -314,6 +314,23 @@ where
     send
 }
 
+/// Send `req` on `send` once the connection is ready; its answer's head, within [`WAIT`].
+async fn h2c_call<B>(
+    send: &mut hyper::client::conn::http2::SendRequest<B>,
+    req: http::Request<B>,
+) -> http::Response<hyper::body::Incoming>
+where
+    B: http_body::Body + Send + Unpin + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    send.ready().await.expect("the connection is open");
+    tokio::time::timeout(WAIT, send.send_request(req))
+        .await
+        .unwrap_or_else(|_| panic!("answered within {WAIT:?}"))
+        .expect("a response")
+}
+
 /// gRPC clients (tonic, grpc-go, Python's Dubbo) send request bodies without a length. Such a
 /// body is kept (up to the replay bound) while the first attempt is sent, so a refused
 /// connection is retried on another endpoint with the same bytes; and the calls after it on the
@@ -341,11 +358,7 @@ async fn uploads_without_a_length_are_retried_after_a_refused_connection() {
         let req = http::Request::post("http://svc.test/greet")
             .body(body)
             .expect("a request");
-        send.ready().await.expect("the connection is open");
-        let resp = tokio::time::timeout(WAIT, send.send_request(req))
-            .await
-            .unwrap_or_else(|_| panic!("call {i} answered within {WAIT:?}"))
-            .expect("a response");
+        let resp = h2c_call(&mut send, req).await;
         let status = resp.status();
         let body = resp.into_body().collect().await.expect("a body").to_bytes();
         let body = String::from_utf8_lossy(&body).into_owned();
@@ -367,31 +380,18 @@ enum Upload {
 /// its body ends.
 async fn upload_server(events: tokio::sync::mpsc::UnboundedSender<Upload>) -> std::net::SocketAddr {
     use http_body_util::{BodyExt, Full};
-    let (addr, _) = counting_server(move |stream| {
+    serve_hyper(move |req: http::Request<hyper::body::Incoming>| {
         let events = events.clone();
         async move {
-            let svc =
-                hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
-                    let events = events.clone();
-                    async move {
-                        if req.uri().path() == "/upload" {
-                            let _ = events.send(Upload::Started);
-                            let read = req.into_body().collect().await;
-                            let _ = events.send(Upload::Ended(read.is_ok()));
-                        }
-                        Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(
-                            bytes::Bytes::from_static(b"ok"),
-                        )))
-                    }
-                });
-            let _ =
-                hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new())
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
-                    .await;
+            if req.uri().path() == "/upload" {
+                let _ = events.send(Upload::Started);
+                let read = req.into_body().collect().await;
+                let _ = events.send(Upload::Ended(read.is_ok()));
+            }
+            http::Response::new(Full::new(bytes::Bytes::from_static(b"ok")))
         }
     })
-    .await;
-    addr
+    .await
 }
 
 /// An upload to `/upload` of one chunk, then nothing more and no end.
@@ -460,21 +460,15 @@ async fn a_call_that_times_out_mid_upload_resets_the_upstream_stream() {
 /// A backend that reads each request's whole body and answers `status` with it.
 async fn body_server(status: u16) -> std::net::SocketAddr {
     use http_body_util::{BodyExt, Full};
-    let (addr, _) = counting_server(move |stream| async move {
-        let svc = hyper::service::service_fn(
-            move |req: http::Request<hyper::body::Incoming>| async move {
-                let body = req.into_body().collect().await.map(|b| b.to_bytes());
-                let mut resp = http::Response::new(Full::new(body.unwrap_or_default()));
-                *resp.status_mut() = StatusCode::from_u16(status).expect("a status");
-                Ok::<_, std::convert::Infallible>(resp)
-            },
-        );
-        let _ = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new())
-            .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
-            .await;
-    })
-    .await;
-    addr
+    serve_hyper(
+        move |req: http::Request<hyper::body::Incoming>| async move {
+            let body = req.into_body().collect().await.map(|b| b.to_bytes());
+            let mut resp = http::Response::new(Full::new(body.unwrap_or_default()));
+            *resp.status_mut() = StatusCode::from_u16(status).expect("a status");
+            resp
+        },
+    )
+    .await
 }
 
 /// A streamed upload the first attempts read (a refused connection, then a 503 from an endpoint
@@ -509,11 +503,7 @@ async fn a_streamed_upload_is_sent_again_byte_for_byte_and_only_within_the_bound
         let req = req
             .body(StreamBody::new(futures_util::stream::iter(frames)))
             .expect("a request");
-        send.ready().await.expect("the connection is open");
-        let resp = tokio::time::timeout(WAIT, send.send_request(req))
-            .await
-            .expect("answered in time")
-            .expect("a response");
+        let resp = h2c_call(&mut send, req).await;
         let status = resp.status();
         (
             status,
@@ -583,39 +573,35 @@ enum GrpcAnswer {
 async fn grpc_server(answer: GrpcAnswer) -> std::net::SocketAddr {
     use http_body_util::{Either, Empty, StreamBody};
     use hyper::body::Frame;
-    let (addr, _) = counting_server(move |stream| async move {
-        let svc = hyper::service::service_fn(
-            move |_req: http::Request<hyper::body::Incoming>| async move {
-                let mut resp = http::Response::builder()
-                    .header(http::header::CONTENT_TYPE, "application/grpc");
-                let body = match answer {
-                    GrpcAnswer::TrailersOnly(code) => {
-                        resp = resp.header("grpc-status", code.to_string());
-                        Either::Left(Empty::<bytes::Bytes>::new())
-                    }
-                    GrpcAnswer::Message(code) => {
-                        let mut trailers = http::HeaderMap::new();
-                        trailers.insert("grpc-status", http::HeaderValue::from(u16::from(code)));
-                        trailers.insert("x-checksum", http::HeaderValue::from_static("5"));
-                        let frames = vec![
-                            Ok::<_, std::convert::Infallible>(Frame::data(
-                                bytes::Bytes::from_static(b"hello"),
-                            )),
-                            Ok(Frame::trailers(trailers)),
-                        ];
-                        resp = resp.header(http::header::CONTENT_LENGTH, 5);
-                        Either::Right(StreamBody::new(futures_util::stream::iter(frames)))
-                    }
-                };
-                Ok::<_, std::convert::Infallible>(resp.body(body).expect("an answer"))
-            },
-        );
-        let _ = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
-            .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
-            .await;
-    })
-    .await;
-    addr
+    serve_hyper(
+        move |_req: http::Request<hyper::body::Incoming>| async move {
+            let resp =
+                http::Response::builder().header(http::header::CONTENT_TYPE, "application/grpc");
+            let (resp, body) = match answer {
+                GrpcAnswer::TrailersOnly(code) => (
+                    resp.header("grpc-status", code.to_string()),
+                    Either::Left(Empty::<bytes::Bytes>::new()),
+                ),
+                GrpcAnswer::Message(code) => {
+                    let mut trailers = http::HeaderMap::new();
+                    trailers.insert("grpc-status", http::HeaderValue::from(u16::from(code)));
+                    trailers.insert("x-checksum", http::HeaderValue::from_static("5"));
+                    let frames = vec![
+                        Ok::<_, std::convert::Infallible>(Frame::data(bytes::Bytes::from_static(
+                            b"hello",
+                        ))),
+                        Ok(Frame::trailers(trailers)),
+                    ];
+                    (
+                        resp.header(http::header::CONTENT_LENGTH, 5),
+                        Either::Right(StreamBody::new(futures_util::stream::iter(frames))),
+                    )
+                }
+            };
+            resp.body(body).expect("an answer")
+        },
+    )
+    .await
 }
 
 /// A trailers-only `UNAVAILABLE` is the endpoint's failure, recorded as the tower layer's
@@ -639,11 +625,7 @@ async fn grpc_failures_in_the_head_count_and_small_answers_keep_their_trailers()
             .header(http::header::TE, "trailers")
             .body(Empty::<bytes::Bytes>::new())
             .expect("a request");
-        send.ready().await.expect("the connection is open");
-        let resp = tokio::time::timeout(WAIT, send.send_request(req))
-            .await
-            .expect("answered in time")
-            .expect("a response");
+        let resp = h2c_call(&mut send, req).await;
         assert_eq!(resp.status(), StatusCode::OK, "call {i}");
         let head_code = resp.headers().get("grpc-status").cloned();
         let collected = tokio::time::timeout(WAIT, resp.into_body().collect())
@@ -673,28 +655,20 @@ async fn grpc_failures_in_the_head_count_and_small_answers_keep_their_trailers()
     }
     assert_eq!(answers.len(), 3, "round robin over the three: {answers:?}");
     assert!(answers.values().all(|&n| n == 2), "{answers:?}");
-    let (_, doc) = common::admin(&common::client(), &proxy, "GET", "/endpoints", "").await;
-    let doc: serde_json::Value = serde_json::from_str(&doc).expect("json");
-    let recorded = |addr: std::net::SocketAddr| {
-        let eps = doc["services"]["svc"]["endpoints"]
-            .as_array()
-            .expect("endpoints");
-        let e = eps
-            .iter()
-            .find(|e| e["address"] == addr.to_string())
-            .expect("endpoint listed");
-        (e["requests"].as_u64(), e["failures"].as_u64())
+    let recorded = async |addr| {
+        let e = endpoint_json(&proxy, addr).await;
+        (e["requests"].as_u64(), e["failures"].as_u64(), e)
     };
     // Every call they answered (the start-up probe's too) is a failure; none of the other's.
     for failed in [unavailable, failing] {
-        let (requests, failures) = recorded(failed);
-        assert!(requests >= Some(2), "{doc}");
+        let (requests, failures, e) = recorded(failed).await;
+        assert!(requests >= Some(2), "{e}");
         assert_eq!(
             failures, requests,
-            "a failing grpc-status is a failure: {doc}"
+            "a failing grpc-status is a failure: {e}"
         );
     }
-    let (requests, failures) = recorded(ok);
-    assert!(requests >= Some(2), "{doc}");
-    assert_eq!(failures, Some(0), "{doc}");
+    let (requests, failures, e) = recorded(ok).await;
+    assert!(requests >= Some(2), "{e}");
+    assert_eq!(failures, Some(0), "{e}");
 }

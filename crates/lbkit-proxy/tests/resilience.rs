@@ -20,17 +20,9 @@ fn scratch(prefix: &str) -> tempfile::TempDir {
 
 /// The `eligible` flag of the endpoint at `addr`, from `GET /endpoints`.
 async fn eligible(proxy: &Proxy, addr: std::net::SocketAddr) -> bool {
-    let (status, body) = admin(&client(), proxy, "GET", "/endpoints", "").await;
-    assert_eq!(status, StatusCode::OK);
-    let doc: serde_json::Value = serde_json::from_str(&body).expect("JSON");
-    let eps = doc["services"]["svc"]["endpoints"]
-        .as_array()
-        .expect("endpoints");
-    let ep = eps
-        .iter()
-        .find(|e| e["address"] == addr.to_string())
-        .expect("endpoint listed");
-    ep["eligible"].as_bool().expect("eligible flag")
+    endpoint_json(proxy, addr).await["eligible"]
+        .as_bool()
+        .expect("eligible flag")
 }
 
 /// A proxy on the configuration file at `path`, under a [`Supervisor`] whose file watcher is in

@@ -267,6 +267,46 @@ where
     (addr, accepted)
 }
 
+/// A hyper server (HTTP/1.1, or HTTP/2 by its preface) on 127.0.0.1 answering each request
+/// with `answer`.
+pub async fn serve_hyper<F, Fut, B>(answer: F) -> SocketAddr
+where
+    F: Fn(Request<hyper::body::Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Response<B>> + Send + 'static,
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let (addr, _) = counting_server(move |stream| {
+        let answer = answer.clone();
+        async move {
+            let svc = service_fn(move |req| {
+                let reply = answer(req);
+                async move { Ok::<_, Infallible>(reply.await) }
+            });
+            let _ = auto::Builder::new(TokioExecutor::new())
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
+        }
+    })
+    .await;
+    addr
+}
+
+/// What the admin API's `GET /endpoints` says of service `svc`'s endpoint at `addr`.
+pub async fn endpoint_json(proxy: &Proxy, addr: SocketAddr) -> serde_json::Value {
+    let (status, body) = admin(&client(), proxy, "GET", "/endpoints", "").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let doc: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    let eps = doc["services"]["svc"]["endpoints"]
+        .as_array()
+        .unwrap_or_else(|| panic!("endpoints of svc: {body}"));
+    eps.iter()
+        .find(|e| e["address"] == addr.to_string())
+        .unwrap_or_else(|| panic!("{addr} listed: {body}"))
+        .clone()
+}
+
 /// Send `raw` on a new connection (then half-close when `shut`) and read the answer until the
 /// proxy closes.
 pub async fn raw_exchange(to: std::net::SocketAddr, raw: &[u8], shut: bool) -> String {
