@@ -120,10 +120,7 @@ async fn answer(
     stop: Stop,
 ) -> Response<ProxyBody> {
     match tried {
-        Ok(resp) => {
-            let limit = attempts.timeout(service.clock().now());
-            relay(resp, guard, service.clock(), outcome, limit).await
-        }
+        Ok(resp) => relay(resp, guard, service.clock(), outcome, attempts).await,
         Err(observed) => {
             guard.finish(outcome);
             let (code, text) = failure_answer(observed, stop);
@@ -310,14 +307,14 @@ fn switch(
 }
 
 /// The upstream's answer for the client, the call ending with its body (`outcome` unless the
-/// body breaks). A small body is read whole within `limit`, so head and body leave in one write
-/// (nginx's proxy_buffering).
+/// body breaks). A small body is read whole within the time `attempts` leaves the call, so head
+/// and body leave in one write (nginx's proxy_buffering).
 async fn relay(
     resp: Response<UpstreamAnswer>,
     guard: CallGuard,
     clock: &Clock,
     outcome: Outcome,
-    limit: Option<Duration>,
+    attempts: &Attempts,
 ) -> Response<ProxyBody> {
     let (mut rparts, rbody) = resp.into_parts();
     headers::strip_hop_by_hop(&mut rparts.headers);
@@ -329,7 +326,8 @@ async fn relay(
         let body = ProxyBody::answer(rbody, guard, clock.clone(), outcome);
         return Response::from_parts(rparts, body);
     }
-    let limit = limit.unwrap_or(Duration::MAX);
+    // The clock is read for the call's time left only when it bounds a read.
+    let limit = attempts.timeout(clock.now()).unwrap_or(Duration::MAX);
     match tokio::time::timeout(limit, rbody.collect()).await {
         Ok(Ok(body)) => {
             let trailers = body.trailers().cloned();

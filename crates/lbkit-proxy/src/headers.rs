@@ -41,8 +41,9 @@ pub(crate) fn connection_names(headers: &HeaderMap, token: &str) -> bool {
         .any(|t| t.eq_ignore_ascii_case(token.as_bytes()))
 }
 
-/// [`HOP_BY_HOP`] as header names, compared without parsing or hashing.
-const HOP_BY_HOP_NAMES: [HeaderName; 10] = [
+/// [`HOP_BY_HOP`] as header names, compared without parsing or hashing. A `static`: a `const`
+/// array is built and dropped at each use (ten names, for each header of each message).
+static HOP_BY_HOP_NAMES: [HeaderName; 10] = [
     header::CONNECTION,
     HeaderName::from_static("http2-settings"),
     HeaderName::from_static("keep-alive"),
