@@ -33,8 +33,8 @@ use http_body_util::{BodyExt, Either, Full};
 use hyper::body::Incoming;
 use lbkit_core::http::is_idempotent_method;
 use lbkit_core::{
-    Attempts, CallGuard, Classified, Clock, FastRng, Observed, Outcome, RequestTagBuf, RetryWhen,
-    Route, Stop,
+    Attempts, CallGuard, Classified, Clock, FailureKind, FastRng, Observed, Outcome, RequestTagBuf,
+    RetryWhen, Route, Stop,
 };
 use lbkit_strategy::KeyExtractor;
 use lbkit_tower::http::{grpc_failure, HttpKeySource, SourceAddr};
@@ -86,7 +86,7 @@ pub(crate) async fn forward(
             return fault;
         }
         let c = match &tried {
-            Ok(resp) => classify_answer(resp.status(), resp.headers()),
+            Ok(resp) => classify_head(resp.status(), resp.headers()),
             Err(observed) => observed.classify(),
         };
         let retry = match c.retry {
@@ -333,7 +333,7 @@ async fn relay(
             let trailers = body.trailers().cloned();
             // A failing `grpc-status` in the trailers makes a success a failure, as the
             // streamed body's `TrackBody` does.
-            let outcome = match trailers.as_ref().map(|t| classify_answer(rparts.status, t)) {
+            let outcome = match trailers.as_ref().map(|t| classify_head(rparts.status, t)) {
                 Some(c) if c.is_failure() && outcome == Outcome::Success => c.outcome,
                 _ => outcome,
             };
@@ -351,19 +351,30 @@ async fn relay(
     }
 }
 
-/// An answer classified as the tower layer's `HttpResponses` classifies it: by its status,
-/// else by a `grpc-status` in `headers` (the head of a trailers-only gRPC answer, or the
-/// trailers), which makes an HTTP 200 a failure when its code is one (`UNAVAILABLE`, ...).
-/// Such a failure is retried only for an idempotent request, as a 5xx is.
-fn classify_answer(status: StatusCode, headers: &http::HeaderMap) -> Classified {
-    let by_status = Observed::Status(status.as_u16()).classify();
+/// An answer classified as the tower layer's `HttpResponses` classifies it: by its `status`,
+/// else by the failure a `grpc-status` in its head stands for (`grpc`, asked only when the
+/// status is no failure: a trailers-only gRPC or grpc-web answer), which makes an HTTP 200 a
+/// failure when its code is one (`UNAVAILABLE`, ...). Such a failure is retried only for an
+/// idempotent request, as a 5xx is. Every driver of the proxy classifies answers here.
+pub(crate) fn classify_answer(
+    status: u16,
+    grpc: impl FnOnce() -> Option<FailureKind>,
+) -> Classified {
+    let by_status = Observed::Status(status).classify();
     if by_status.is_failure() {
         return by_status;
     }
-    match grpc_failure(headers, GrpcCodes::DEFAULT) {
+    match grpc() {
         Some(kind) => Classified::answer(Outcome::Failure(kind)),
         None => by_status,
     }
+}
+
+/// [`classify_answer`] of an answer's head (or trailers) as `http` parsed it.
+fn classify_head(status: StatusCode, headers: &http::HeaderMap) -> Classified {
+    classify_answer(status.as_u16(), || {
+        grpc_failure(headers, GrpcCodes::DEFAULT)
+    })
 }
 
 /// A proxy-made response.

@@ -19,7 +19,8 @@ use tokio::net::TcpStream;
 /// Size of the chunked answer at `/chunked`.
 const CHUNKED: usize = 300 * 1024;
 
-/// A raw HTTP/1.1 upstream. Paths: `/chunked` (300 KiB in 1 KiB chunks and a trailer),
+/// A raw HTTP/1.1 upstream. Paths: `/grpc-14` and `/grpc-5` (a grpc-web answer with only
+/// that `grpc-status`, in the head), `/chunked` (300 KiB in 1 KiB chunks and a trailer),
 /// `/close` (no length: ends when the connection closes), `/hints` (a 103 first), `/echo`
 /// (the request body's length and first bytes back), `/endless` (a 1 GiB length, written until
 /// the proxy stops taking it), anything else `ok` with a length. With
@@ -81,6 +82,10 @@ async fn serve(mut stream: TcpStream, one_shot: bool) {
                 out.extend_from_slice(format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{text}", text.len()).as_bytes());
             }
             "/head" => out.extend_from_slice(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n"),
+            "/grpc-14" | "/grpc-5" => {
+                let code = &path[6..];
+                out.extend_from_slice(format!("HTTP/1.1 200 OK\r\nContent-Type: application/grpc-web\r\nGrpc-Status: {code}\r\nContent-Length: 0\r\n\r\n").as_bytes());
+            }
             "/endless" => {
                 let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", 1u64 << 30);
                 let piece = vec![b'e'; 64 * 1024];
@@ -498,4 +503,39 @@ async fn kept_alive_connections_wait_under_the_idle_limit_and_heads_under_the_he
             .unwrap_or_else(|_| panic!("head {head_ms} ms, idle {idle_ms} ms: closed in time"));
         assert!(read.is_ok(), "{read:?}");
     }
+}
+
+/// A grpc-web answer over HTTP/1.1 that fails in its head (`grpc-status: 14`, trailers-only) is
+/// the endpoint's failure on the fast path too, as on hyper's path and in the tower layer; an
+/// application's code (`5`, `NOT_FOUND`) is an answer. Both are relayed as they came.
+#[tokio::test]
+async fn a_grpc_status_in_the_head_is_classified_on_the_fast_path_too() {
+    let (addr, _) = upstream(false).await;
+    let (proxy, _p) = proxy_for(addr).await;
+    let front = proxy.listeners()[0];
+    let c = client();
+    // The failures recorded once no call is in flight (a call ends just after its last byte
+    // leaves for the client).
+    let failures = async || {
+        tokio::time::timeout(WAIT, async {
+            loop {
+                let e = common::endpoint_json(&proxy, addr).await;
+                if e["in_flight"].as_u64() == Some(0) {
+                    return e["failures"].as_u64();
+                }
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the calls end in time")
+    };
+    let before = failures().await.expect("failures");
+    for (path, failed) in [("/grpc-14", 1), ("/grpc-5", 0), ("/grpc-14", 1)] {
+        let at = failures().await.expect("failures");
+        let (status, body, headers) = get(&c, front, path, &[]).await;
+        assert_eq!((status, body.as_str()), (StatusCode::OK, ""), "{path}");
+        assert_eq!(headers["grpc-status"], &path[6..], "{path}");
+        assert_eq!(failures().await, Some(at + failed), "{path}");
+    }
+    assert_eq!(failures().await, Some(before + 2));
 }

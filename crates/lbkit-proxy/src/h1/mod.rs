@@ -401,7 +401,7 @@ impl Conn<'_> {
             Ok(answer) => answer,
             Err(observed) => return Step::Failed(observed),
         };
-        let cl = Observed::Status(head.code).classify();
+        let cl = crate::forward::classify_answer(head.code, || head.grpc_failure);
         // Only a failure may be retried: an answer's head costs no decision.
         if cl.is_failure() {
             if let Ok((next, at)) = c.service.retry(attempts, cl, c.route, &mut self.rng) {

@@ -8,7 +8,9 @@
 use std::net::IpAddr;
 use std::ops::Range;
 
+use lbkit_core::FailureKind;
 use lbkit_strategy::KeySource;
+use lbkit_tower::policy::{grpc_code_kind, GrpcCodes};
 
 use crate::envelope::MAX_REPLAY_BODY;
 use crate::headers::{tokens, HOP_BY_HOP};
@@ -149,6 +151,8 @@ pub(super) struct RespHead {
     pub(super) coded: bool,
     /// `Connection` names headers to drop.
     pub(super) listed: bool,
+    /// The failure a `grpc-status` in the head stands for (a trailers-only grpc-web answer).
+    pub(super) grpc_failure: Option<FailureKind>,
 }
 
 /// Parse the response head at the start of `buf`; `Ok(None)` while incomplete, `Err` when it
@@ -171,6 +175,7 @@ pub(super) fn parse_response(
     let reason = resp.reason.map_or(len..len, |r| offsets(buf, r.as_bytes()));
     let (mut length, mut coded, mut chunked, mut close, mut listed) =
         (None, false, false, false, false);
+    let mut grpc_failure = None;
     hdrs.clear();
     for h in resp.headers.iter() {
         let name = h.name.as_bytes();
@@ -193,6 +198,11 @@ pub(super) fn parse_response(
                     listed = true;
                 }
             }
+        } else if is(name, "grpc-status") {
+            grpc_failure = std::str::from_utf8(h.value)
+                .ok()
+                .and_then(|v| v.trim().parse::<i32>().ok())
+                .and_then(|code| grpc_code_kind(code, GrpcCodes::DEFAULT));
         }
         hdrs.push(Hdr {
             name: offsets(buf, name),
@@ -218,6 +228,7 @@ pub(super) fn parse_response(
         keep_alive: version == 1 && !close && framing != Framing::Close,
         coded,
         listed,
+        grpc_failure,
     }))
 }
 
