@@ -39,6 +39,8 @@ enum Fault {
     Hang,
     /// Answers with this status.
     Status(u16),
+    /// Answers 200 with this `grpc-status` in the head (a trailers-only grpc-web answer).
+    Grpc(u8),
 }
 
 /// What the client got.
@@ -113,6 +115,11 @@ async fn play(stream: &mut TcpStream, fault: Option<Fault>) -> bool {
         }
         Some(Fault::Status(code)) => {
             let head = format!("HTTP/1.1 {code} Scripted\r\ncontent-length: 4\r\n\r\nfail");
+            stream.write_all(head.as_bytes()).await.is_ok()
+        }
+        Some(Fault::Grpc(code)) => {
+            let head =
+                format!("HTTP/1.1 200 OK\r\ngrpc-status: {code}\r\ncontent-length: 4\r\n\r\nfail");
             stream.write_all(head.as_bytes()).await.is_ok()
         }
         Some(Fault::ResetBeforeResponse) | Some(Fault::Refused) => false,
@@ -365,6 +372,23 @@ fn script() -> Vec<(Fault, &'static str, Run)> {
             Fault::Status(429),
             "GET",
             run((1, 0), Answer::Whole(429, "fail".into()), ((1, 0), (0, 0))),
+        ),
+        // A gRPC failure in the head of an HTTP 200 (UNAVAILABLE) is a failure, as a 503 is;
+        // an application's code (NOT_FOUND) is an answer.
+        (
+            Fault::Grpc(14),
+            "GET",
+            run((1, 1), good(), ((1, 1), (1, 0))),
+        ),
+        (
+            Fault::Grpc(14),
+            "POST",
+            run((1, 0), Answer::Whole(200, "fail".into()), ((1, 1), (0, 0))),
+        ),
+        (
+            Fault::Grpc(5),
+            "GET",
+            run((1, 0), Answer::Whole(200, "fail".into()), ((1, 0), (0, 0))),
         ),
     ]
 }
