@@ -57,10 +57,9 @@ static HOP_BY_HOP_NAMES: [HeaderName; 10] = [
 
 /// Remove hop-by-hop headers and whatever `Connection` lists.
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // Most requests carry few or none: one pass over the names finds out, where ten removals
-    // by name each parsed and hashed the name (a sixth of the header work on h2c, where every
-    // request is a task of its own).
-    // gRPC's one is `TE: trailers`, which stays as it is: one value, exactly `trailers`.
+    // Most requests carry none, or only gRPC's `TE: trailers` (one value, exactly `trailers`,
+    // which stays as it is): one pass over the names finds out, where ten removals by name each
+    // parsed and hashed the name (a sixth of the header work on h2c).
     let mut only_te = true;
     let mut any = false;
     for k in headers.keys() {
