@@ -10,7 +10,8 @@ use std::ops::Range;
 
 use lbkit_core::FailureKind;
 use lbkit_strategy::KeySource;
-use lbkit_tower::policy::{grpc_code_kind, GrpcCodes};
+use lbkit_tower::http::grpc_status_failure;
+use lbkit_tower::policy::GrpcCodes;
 
 use crate::envelope::MAX_REPLAY_BODY;
 use crate::headers::{tokens, HOP_BY_HOP};
@@ -199,10 +200,7 @@ pub(super) fn parse_response(
                 }
             }
         } else if is(name, "grpc-status") {
-            grpc_failure = std::str::from_utf8(h.value)
-                .ok()
-                .and_then(|v| v.trim().parse::<i32>().ok())
-                .and_then(|code| grpc_code_kind(code, GrpcCodes::DEFAULT));
+            grpc_failure = grpc_status_failure(h.value, GrpcCodes::DEFAULT);
         }
         hdrs.push(Hdr {
             name: offsets(buf, name),

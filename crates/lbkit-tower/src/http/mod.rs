@@ -337,9 +337,12 @@ pub fn status_failure(status: StatusCode) -> Option<FailureKind> {
 pub fn grpc_failure(headers: &HeaderMap, codes: GrpcCodes) -> Option<FailureKind> {
     // A prepared name: looking up by `&str` would parse and validate it on every response.
     static GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");
-    let code = headers
-        .get(&GRPC_STATUS)?
-        .to_str()
+    grpc_status_failure(headers.get(&GRPC_STATUS)?.as_bytes(), codes)
+}
+
+/// The failure a `grpc-status` value stands for, if any (a code that is not a number is none).
+pub fn grpc_status_failure(value: &[u8], codes: GrpcCodes) -> Option<FailureKind> {
+    let code = std::str::from_utf8(value)
         .ok()?
         .trim()
         .parse::<i32>()
