@@ -58,7 +58,7 @@ impl Default for BalanceLayer {
 
 impl BalanceLayer {
     /// Typed requests that are never replayed ([`NoReplay`]), every response a success
-    /// ([`AnyResponse`]); failover with 2 retries, no timeout, the [`default_budget`].
+    /// ([`AnyResponse`]); failover with 2 retries, no timeout, the [`default_budget`](crate::balance::default_budget).
     pub fn new() -> Self {
         BalanceLayer {
             requests: NoReplay,
