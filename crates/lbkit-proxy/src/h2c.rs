@@ -23,10 +23,12 @@
 //!   window): with `h2`'s default 64 KB window, 64 concurrent gRPC answers of one small message
 //!   each exceed it and `h2` closes the connection (`ENHANCE_YOUR_CALM`).
 //! * **What a failure means**: no connection (refused, timed out, handshake failed) is
-//!   [`Observed::ConnectFailed`]. A stream the upstream refused (`REFUSED_STREAM`) or never
-//!   started because it is going away (`GOAWAY` without an error) was not processed, and is
-//!   also retried for any method, as a connect failure is. Any other error before the answer's
-//!   head is [`Observed::ResetBeforeResponse`].
+//!   [`Observed::ConnectFailed`]. A stream the upstream refused (`REFUSED_STREAM`), or one
+//!   above the last stream id of the upstream's `GOAWAY` (with or without an error code: `h2`
+//!   hands the `GOAWAY`'s error only to those streams and to streams opened after it), was not
+//!   processed, and is also retried for any method, as a connect failure is. Any other error
+//!   before the answer's head is [`Observed::ResetBeforeResponse`]: a stream at or below that
+//!   id, or on a connection that ended without a `GOAWAY`, may have been processed.
 
 use std::collections::HashMap;
 use std::future::{poll_fn, Future};
@@ -300,11 +302,11 @@ async fn drive(
     let _ = connection.await;
 }
 
-/// What an `h2` error before the answer's head means for the call.
+/// What an `h2` error before the answer's head means for the call: a stream the upstream did
+/// not process ([`lbkit_tower::policy::http2_unprocessed`], as the tower layer decides) is
+/// retried as a connect failure is.
 fn observed(e: &h2::Error) -> Observed {
-    let unprocessed = e.reason() == Some(Reason::REFUSED_STREAM)
-        || (e.is_go_away() && e.is_remote() && e.reason() == Some(Reason::NO_ERROR));
-    if unprocessed {
+    if lbkit_tower::policy::http2_unprocessed(e) {
         Observed::ConnectFailed
     } else {
         Observed::ResetBeforeResponse
@@ -715,6 +717,31 @@ mod tests {
         // One connect timeout for all ten (ten in turn would be 3 s).
         let took = started.elapsed();
         assert!(took >= timeout && took < 2 * timeout, "{took:?}");
+    }
+
+    /// A stream above the `GOAWAY`'s last stream id was not processed whatever the frame's
+    /// error code, and is retried as a connect failure is; one at or below it may have been.
+    #[tokio::test]
+    async fn a_goaway_tells_unprocessed_streams_from_others_whatever_its_error_code() {
+        const ENHANCE_YOUR_CALM: u32 = 0xb;
+        const NO_ERROR: u32 = 0;
+        const INTERNAL_ERROR: u32 = 2;
+        for (last, code, expected) in [
+            (0, ENHANCE_YOUR_CALM, Observed::ConnectFailed),
+            (0, INTERNAL_ERROR, Observed::ConnectFailed),
+            (0, NO_ERROR, Observed::ConnectFailed),
+            (1, ENHANCE_YOUR_CALM, Observed::ResetBeforeResponse),
+            (1, NO_ERROR, Observed::ResetBeforeResponse),
+        ] {
+            let addr = lbkit_testkit::goaway_upstream(last, code).await;
+            let client = H2Client::new(WAIT, Duration::from_secs(60));
+            let call = client.request(request(addr, b"hello"));
+            let err = tokio::time::timeout(WAIT, call)
+                .await
+                .expect("an end within the bound")
+                .expect_err("no answer");
+            assert_eq!(err, expected, "GOAWAY last stream {last}, error {code}");
+        }
     }
 
     #[tokio::test]

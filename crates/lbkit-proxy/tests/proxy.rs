@@ -368,6 +368,38 @@ async fn uploads_without_a_length_are_retried_after_a_refused_connection() {
     assert_eq!(answered.values().sum::<usize>(), 9, "{answered:?}");
 }
 
+/// An h2c upstream that answers a stream with `GOAWAY` naming an earlier last stream (here
+/// with an error code, `ENHANCE_YOUR_CALM`, as h2 sends when flooded) did not process it, so
+/// even a POST goes on to the next endpoint instead of failing with 502.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_post_the_upstream_sent_goaway_for_goes_to_the_next_endpoint() {
+    use http_body_util::{BodyExt, Full};
+
+    const ENHANCE_YOUR_CALM: u32 = 0xb;
+    let (a, b) = (Backend::start("a").await, Backend::start("b").await);
+    let going = lbkit_testkit::goaway_upstream(0, ENHANCE_YOUR_CALM).await;
+    let proxy = start(&config_for(
+        &[going, a.addr, b.addr],
+        "round-robin",
+        "h2c = true\nretries = 2",
+    ))
+    .await;
+    let mut send = h2c_connection(proxy.listeners()[0]).await;
+    let mut answered = HashMap::<String, usize>::new();
+    for i in 0..6 {
+        let req = http::Request::post("http://svc.test/greet")
+            .body(Full::new(bytes::Bytes::from(format!("call {i}"))))
+            .expect("a request");
+        let resp = h2c_call(&mut send, req).await;
+        let status = resp.status();
+        let body = resp.into_body().collect().await.expect("a body").to_bytes();
+        let body = String::from_utf8_lossy(&body).into_owned();
+        assert_eq!(status, StatusCode::OK, "call {i}: {body}");
+        *answered.entry(body).or_default() += 1;
+    }
+    assert_eq!(answered.values().sum::<usize>(), 6, "{answered:?}");
+}
+
 /// What an upload backend saw of a request to `/upload`.
 #[derive(Debug, PartialEq)]
 enum Upload {

@@ -45,6 +45,51 @@ pub fn refused_addr() -> std::net::SocketAddr {
     addr
 }
 
+/// An HTTP/2 upstream that sends `GOAWAY` instead of answering: speaking raw frames, on each
+/// connection it sends its `SETTINGS`, answers the first request's `HEADERS` with `GOAWAY`
+/// (`last_stream_id`, error code `code`), closes its side and reads until the client closes
+/// its own (so no unread byte turns the close into a reset that could overtake the `GOAWAY`).
+/// Streams above `last_stream_id` were not processed (RFC 9113 §6.8); a client may retry them
+/// anywhere, whatever the error code. Runs on the current tokio runtime until it ends.
+///
+/// # Panics
+/// When no loopback port can be bound.
+pub async fn goaway_upstream(last_stream_id: u32, code: u32) -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let any = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+    let listener = tokio::net::TcpListener::bind(any).await.expect("bind");
+    let addr = listener.local_addr().expect("its address");
+    tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut goaway = vec![0, 0, 8, 7, 0, 0, 0, 0, 0];
+                goaway.extend(last_stream_id.to_be_bytes());
+                goaway.extend(code.to_be_bytes());
+                let mut preface = [0; 24];
+                let headers = async {
+                    tcp.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await?; // SETTINGS
+                    tcp.read_exact(&mut preface).await?;
+                    loop {
+                        let mut head = [0; 9];
+                        tcp.read_exact(&mut head).await?;
+                        let len = u32::from_be_bytes([0, head[0], head[1], head[2]]);
+                        let mut payload = vec![0; len as usize];
+                        tcp.read_exact(&mut payload).await?;
+                        if head[3] == 1 {
+                            return tcp.write_all(&goaway).await; // HEADERS: go away
+                        }
+                    }
+                };
+                if headers.await.is_ok() {
+                    let _ = tcp.shutdown().await;
+                    let _ = tcp.read_to_end(&mut Vec::new()).await;
+                }
+            });
+        }
+    });
+    addr
+}
+
 /// The ZooKeeper server for tests, from `LBKIT_ZK` (set by `eval "$(scripts/zookeeper.sh start)"`
 /// or `scripts/test.sh`). Unset: a test failure in CI (`CI=true`), a skip with a printed reason
 /// elsewhere — ZooKeeper tests never pass silently without a server in CI.

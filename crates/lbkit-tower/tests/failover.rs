@@ -140,6 +140,42 @@ async fn failover_when_an_endpoint_refuses_connections() {
     assert_eq!((live_stats.successes(), live_stats.in_flight()), (6, 0));
 }
 
+/// An HTTP/2 endpoint that answers with `GOAWAY` naming an earlier last stream did not
+/// process the request, whatever the frame's error code (here `ENHANCE_YOUR_CALM`): a POST
+/// goes on to the next endpoint, as `lbkit proxy`'s h2c upstreams do, and the endpoint is
+/// charged with a connect failure.
+#[tokio::test]
+async fn failover_of_a_post_an_http2_endpoint_sent_goaway_for() {
+    const ENHANCE_YOUR_CALM: u32 = 0xb;
+    let live = HttpServer::start("live", Reply::Ok).await;
+    let going = lbkit_testkit::goaway_upstream(0, ENHANCE_YOUR_CALM).await;
+    let pool = http_pool(&[going, live.addr], true);
+    let mut svc = BalanceLayer::http().seed(SEED).layer(pool.clone());
+    within(async {
+        for _ in 0..4 {
+            let resp = svc
+                .ready()
+                .await
+                .unwrap()
+                .call(post("/orders"))
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), 200);
+            assert_eq!(resp.into_body().collect().await.unwrap().to_bytes(), "live");
+        }
+    })
+    .await;
+    assert_eq!(live.hits(), 4);
+    let snap = pool.snapshot();
+    let stats = snap.endpoints()[snap.find(&going.to_string().into()).unwrap().get()].stats();
+    // Each retry moves the round-robin cursor too, so every first attempt goes there.
+    assert_eq!(
+        stats.failures_by_kind(),
+        [4, 0, 0, 0],
+        "all connect failures"
+    );
+}
+
 #[tokio::test]
 async fn no_retry_of_a_non_idempotent_request_that_reached_the_server() {
     let a = HttpServer::start("a", Reply::Status503).await;

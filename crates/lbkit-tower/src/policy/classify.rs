@@ -13,6 +13,8 @@ use crate::error::Error;
 ///   `NetworkUnreachable` and `NotConnected` are [`FailureKind::Connect`] (the request never
 ///   left: hyper-util's and tonic's connection errors carry one), `TimedOut` is
 ///   [`FailureKind::Timeout`];
+/// * an HTTP/2 stream the server did not process (feature `http`, see
+///   [`http2_unprocessed`]) is [`FailureKind::Connect`] too;
 /// * tokio's and tower's timeout errors are [`FailureKind::Timeout`];
 /// * a `tonic::Status` (feature `tonic`) is a failure classified by [`grpc_code_kind`] when its
 ///   code is in [`GrpcCodes::DEFAULT`], and otherwise an answer ([`Outcome::Success`] for the
@@ -37,6 +39,10 @@ fn outcome_of(e: &(dyn std::error::Error + 'static)) -> Option<Outcome> {
     if let Some(e) = e.downcast_ref::<io::Error>() {
         return io_kind(e.kind()).map(Outcome::Failure);
     }
+    #[cfg(feature = "http")]
+    if http2_unprocessed(e) {
+        return Some(Outcome::Failure(FailureKind::Connect));
+    }
     if e.is::<tokio::time::error::Elapsed>() || e.is::<tower::timeout::error::Elapsed>() {
         return Some(Outcome::Failure(FailureKind::Timeout));
     }
@@ -48,6 +54,22 @@ fn outcome_of(e: &(dyn std::error::Error + 'static)) -> Option<Outcome> {
         );
     }
     None
+}
+
+/// Whether `err` is an HTTP/2 stream error (the `h2` crate's, which hyper's and tonic's
+/// HTTP/2 errors carry as their source) that says the server did not process the request, so
+/// that it may be sent again anywhere whatever its method: the server refused the stream
+/// (`REFUSED_STREAM`), or its `GOAWAY` named an earlier last stream, with or without an error
+/// code (RFC 9113 §8.7). `h2` gives a `GOAWAY`'s error only to the streams above that last
+/// stream and to those opened after the frame; the others end with their answer or, when the
+/// connection closes first, a broken pipe (which may have been processed).
+///
+/// `lbkit proxy`'s HTTP/2 upstreams decide with this function too.
+#[cfg(feature = "http")]
+pub fn http2_unprocessed(err: &(dyn std::error::Error + 'static)) -> bool {
+    err.downcast_ref::<h2::Error>().is_some_and(|e| {
+        e.reason() == Some(h2::Reason::REFUSED_STREAM) || (e.is_go_away() && e.is_remote())
+    })
 }
 
 fn io_kind(kind: io::ErrorKind) -> Option<FailureKind> {
@@ -145,6 +167,22 @@ mod tests {
         assert_eq!(default_error_outcome(&reset), fail(FailureKind::Other));
         let timed = io::Error::new(io::ErrorKind::TimedOut, "slow");
         assert_eq!(default_error_outcome(&timed), fail(FailureKind::Timeout));
+    }
+
+    /// A `GOAWAY` cannot be built outside `h2`; the tests `failover` (tower) and `h2c`
+    /// (`lbkit proxy`) receive real ones from a raw HTTP/2 upstream.
+    #[cfg(feature = "http")]
+    #[test]
+    fn http2_streams_refused_were_not_processed() {
+        let refused = h2::Error::from(h2::Reason::REFUSED_STREAM);
+        assert!(http2_unprocessed(&refused));
+        let err = Wrapped(Box::new(refused));
+        assert_eq!(default_error_outcome(&err), fail(FailureKind::Connect));
+        let cancelled = h2::Error::from(h2::Reason::CANCEL);
+        assert!(!http2_unprocessed(&cancelled));
+        assert_eq!(default_error_outcome(&cancelled), fail(FailureKind::Other));
+        let io = io::Error::new(io::ErrorKind::BrokenPipe, "gone");
+        assert!(!http2_unprocessed(&io));
     }
 
     #[test]

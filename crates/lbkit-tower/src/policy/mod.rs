@@ -14,6 +14,8 @@ use lbkit_strategy::{KeyExtractor, KeySource};
 
 use crate::completion::Completion;
 
+#[cfg(feature = "http")]
+pub use classify::http2_unprocessed;
 pub use classify::{default_error_outcome, grpc_code_kind, GrpcCodes};
 
 /// What the balance asks of a request.
