@@ -17,6 +17,15 @@
 //!   from the map and a new one made for the call. One unused for `upstream_idle_timeout_ms` is
 //!   dropped from the map and closes once its last stream ends, as hyper_util's pool closes idle
 //!   ones; so are all when the service goes (a reload that removes it).
+//! * **Silent connections**: a connection whose upstream host vanished (a partition, a VM
+//!   gone: no `FIN`, no reset) would hold every call to that endpoint until the kernel gives up
+//!   on it, about 15 minutes, each call timing out in turn (and a POST never going elsewhere).
+//!   When a call gives up waiting for its answer's head (its timeout, its client gone), the
+//!   connection's task sends a `PING` (at most one a second); with no `PONG` within
+//!   `connect_timeout_ms` the connection is closed, the calls on it fail (retried when
+//!   idempotent), and the next call connects again, which a vanished host refuses or lets time
+//!   out: a connect failure, retried for any method. Only calls that gave up cause `PING`s, so a
+//!   healthy connection sees none, and grpc-go's limit on `PING`s is not approached.
 //! * **Flow control and limits** are `h2`'s, set as hyper's client sets them (2 MB stream
 //!   window, 5 MB connection window, 16 KB frames and header lists, push disabled). The large
 //!   connection window also sizes `h2`'s budget of small `DATA` frames buffered unread (half the
@@ -47,7 +56,7 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::{Either, Full};
 use lbkit_core::Observed;
 use tokio::net::TcpStream;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, Notify};
 
 use crate::body::ClientBody;
 
@@ -74,12 +83,14 @@ struct Slot {
     tries: AtomicU64,
 }
 
-/// One connection: the handle that opens streams on it, and how many calls it was given (the
-/// idle check compares two readings).
+/// One connection: the handle that opens streams on it, how many calls it was given (the
+/// idle check compares two readings), and how a call that gave up on its answer asks for the
+/// connection to be checked (its task sends a `PING`).
 #[derive(Debug)]
 struct Conn {
     send: SendRequest<Bytes>,
     calls: AtomicU64,
+    suspect: Arc<Notify>,
 }
 
 impl Conn {
@@ -91,15 +102,19 @@ impl Conn {
     }
 }
 
+/// A connection ready for one more stream: the handle that opens it, and the connection (kept
+/// until the answer's head comes, to have the connection checked if the call gives up first).
+type Ready = (SendRequest<Bytes>, Arc<Conn>);
+
 impl Slot {
     /// The open connection, ready for one more stream; when it is closing, forgotten.
     /// `Err(kept)`: no connection is ready, and whether there was one.
-    async fn ready(&self) -> Result<SendRequest<Bytes>, bool> {
+    async fn ready(&self) -> Result<Ready, bool> {
         let Some(conn) = self.conn.load_full() else {
             return Err(false);
         };
         if let Some(send) = conn.ready().await {
-            return Ok(send);
+            return Ok((send, conn));
         }
         self.forget(Arc::as_ptr(&conn));
         Err(true)
@@ -134,7 +149,7 @@ impl H2Client {
         let Some(address) = parts.uri.authority() else {
             return Err(Observed::ConnectFailed);
         };
-        let mut send = self.ready(address.as_str()).await?;
+        let (mut send, conn) = self.ready(address.as_str()).await?;
         let head = Request::from_parts(parts, ());
         match body {
             Either::Left(full) => {
@@ -146,7 +161,7 @@ impl H2Client {
                     // admit yet.
                     tx.send_data(data, true).map_err(|e| observed(&e))?;
                 }
-                let resp = answer.await.map_err(|e| observed(&e))?;
+                let resp = answer_head(answer, &conn).await.map_err(|e| observed(&e))?;
                 Ok(H2Body::response(resp, None))
             }
             Either::Right(streamed) => {
@@ -155,7 +170,7 @@ impl H2Client {
                 // never came (timeout, client gone) or its body was dropped unfinished.
                 let (cancel, cancelled) = oneshot::channel();
                 tokio::spawn(pipe(streamed, tx, cancelled));
-                let resp = answer.await.map_err(|e| observed(&e))?;
+                let resp = answer_head(answer, &conn).await.map_err(|e| observed(&e))?;
                 Ok(H2Body::response(resp, Some(cancel)))
             }
         }
@@ -163,10 +178,10 @@ impl H2Client {
 
     /// A connection to `address` ready for one more stream: the open one, or a new one when
     /// there is none or it is closing (made by one call while the others wait for it).
-    async fn ready(self: &Arc<Self>, address: &str) -> Result<SendRequest<Bytes>, Observed> {
+    async fn ready(self: &Arc<Self>, address: &str) -> Result<Ready, Observed> {
         let slot = self.slot(address);
         match slot.ready().await {
-            Ok(send) => return Ok(send),
+            Ok(ready) => return Ok(ready),
             Err(true) => tracing::debug!(%address, "upstream HTTP/2 connection closed"),
             Err(false) => {}
         }
@@ -174,14 +189,15 @@ impl H2Client {
         let _connecting = slot.connecting.lock().await;
         // A call that held the lock before this one may have connected, or failed to.
         match slot.ready().await {
-            Ok(send) => return Ok(send),
+            Ok(ready) => return Ok(ready),
             Err(false) if slot.tries.load(Relaxed) != tries => return Err(Observed::ConnectFailed),
             Err(_) => {}
         }
         let made = self.connect(address, &slot).await;
         slot.tries.fetch_add(1, Relaxed);
         let conn = made?;
-        conn.ready().await.ok_or(Observed::ConnectFailed)
+        let send = conn.ready().await.ok_or(Observed::ConnectFailed)?;
+        Ok((send, conn))
     }
 
     /// The slot of `address`, made on its first call.
@@ -229,14 +245,19 @@ impl H2Client {
         let conn = Arc::new(Conn {
             send,
             calls: AtomicU64::new(0),
+            suspect: Arc::default(),
         });
         slot.conn.store(Some(conn.clone()));
         tokio::spawn(drive(
             connection,
-            Arc::downgrade(self),
-            address.into(),
-            Arc::downgrade(slot),
-            Arc::downgrade(&conn),
+            Driven {
+                client: Arc::downgrade(self),
+                address: address.into(),
+                slot: Arc::downgrade(slot),
+                conn: Arc::downgrade(&conn),
+                suspect: conn.suspect.clone(),
+                pong_limit: limit,
+            },
         ));
         Ok(conn)
     }
@@ -262,44 +283,117 @@ impl H2Client {
     }
 }
 
-/// Run a connection until it ends; forget it when it ends or has gone a whole idle period
-/// without a call (it then closes once its last stream ends and the last handle to it is
-/// dropped).
-async fn drive(
-    connection: Connection<TcpStream, Bytes>,
+/// What a connection's task knows of it.
+struct Driven {
     client: Weak<H2Client>,
     address: Box<str>,
     slot: Weak<Slot>,
     conn: Weak<Conn>,
-) {
+    /// Told when a call gave up waiting for its answer's head.
+    suspect: Arc<Notify>,
+    /// How long a `PING` waits for its `PONG` (the service's connect timeout: one round trip).
+    pong_limit: Duration,
+}
+
+/// Checks start at most this often: a server that answers slowly but is alive is not flooded
+/// with `PING`s by the timeouts of its calls (grpc-go closes a connection that pings too often).
+const CHECK_EVERY: Duration = Duration::from_secs(1);
+
+/// Run a connection until it ends; forget it when it ends, has gone a whole idle period without
+/// a call (it then closes once its last stream ends and the last handle to it is dropped), or
+/// went silent: after a call gave up waiting for its answer, a `PING` got no `PONG` within the
+/// limit (the connection is then closed at once, failing the streams on it, which could wait
+/// for good: a host gone behind a partition sends neither `FIN` nor reset).
+async fn drive(connection: Connection<TcpStream, Bytes>, d: Driven) {
     let mut connection = pin!(connection);
+    let mut pings = connection.ping_pong();
     let mut seen = None;
-    while let Some(idle) = client.upgrade().map(|c| c.idle) {
+    let mut last_check: Option<tokio::time::Instant> = None;
+    let mut pong_due: Option<tokio::time::Instant> = None;
+    let Some(idle) = d.client.upgrade().map(|c| c.idle) else {
+        return;
+    };
+    let idle_tick = tokio::time::sleep(idle);
+    let mut idle_tick = pin!(idle_tick);
+    let silent = loop {
         tokio::select! {
             ended = connection.as_mut() => {
                 if let Err(e) = ended {
-                    tracing::debug!(%address, error = %e, "upstream HTTP/2 connection ended");
+                    tracing::debug!(address = %d.address, error = %e, "upstream HTTP/2 connection ended");
                 }
-                break;
+                break false;
             }
-            () = tokio::time::sleep(idle) => {
-                let calls = conn.upgrade().map(|c| c.calls.load(Relaxed));
-                if calls.is_none() || calls == seen {
-                    break;
+            () = idle_tick.as_mut() => {
+                let calls = d.conn.upgrade().map(|c| c.calls.load(Relaxed));
+                if d.client.strong_count() == 0 || calls.is_none() || calls == seen {
+                    break false;
                 }
                 seen = calls;
+                idle_tick.as_mut().reset(tokio::time::Instant::now() + idle);
+            }
+            () = d.suspect.notified(), if pong_due.is_none() => {
+                let now = tokio::time::Instant::now();
+                let due = last_check.is_none_or(|at| now >= at + CHECK_EVERY);
+                if let Some(p) = pings.as_mut().filter(|_| due) {
+                    if p.send_ping(h2::Ping::opaque()).is_ok() {
+                        last_check = Some(now);
+                        pong_due = Some(now + d.pong_limit);
+                    }
+                }
+            }
+            pong = poll_fn(|cx| match pings.as_mut() {
+                Some(p) => p.poll_pong(cx),
+                None => Poll::Pending,
+            }), if pong_due.is_some() => {
+                pong_due = None;
+                if pong.is_err() {
+                    break false; // the connection is ending: its own arm sees it
+                }
+            }
+            () = tokio::time::sleep_until(pong_due.unwrap_or_else(tokio::time::Instant::now)),
+                if pong_due.is_some() => {
+                tracing::warn!(
+                    address = %d.address,
+                    limit = ?d.pong_limit,
+                    "upstream HTTP/2 connection silent (no PONG in time): closed"
+                );
+                break true;
+            }
+        }
+    };
+    if let Some(slot) = d.slot.upgrade() {
+        slot.forget(d.conn.as_ptr());
+        if let Some(client) = d.client.upgrade() {
+            client.drop_slot(&d.address, &slot);
+        }
+    }
+    if !silent {
+        // Streams still open on it finish; the connection closes when they have and the
+        // last handle is gone.
+        let _ = connection.await;
+    }
+    // Silent: dropping it closes the socket and ends its streams (a broken pipe each).
+}
+
+/// Wait for the answer's head; a call that lets go first (its timeout, its client gone) has
+/// the connection checked.
+async fn answer_head(
+    answer: h2::client::ResponseFuture,
+    conn: &Conn,
+) -> Result<Response<RecvStream>, h2::Error> {
+    /// Tells the connection's task unless disarmed.
+    struct GaveUp<'a>(Option<&'a Notify>);
+    impl Drop for GaveUp<'_> {
+        fn drop(&mut self) {
+            if let Some(suspect) = self.0 {
+                suspect.notify_one();
             }
         }
     }
-    if let Some(slot) = slot.upgrade() {
-        slot.forget(conn.as_ptr());
-        if let Some(client) = client.upgrade() {
-            client.drop_slot(&address, &slot);
-        }
-    }
-    // Streams still open on it finish; the connection closes when they have and the last
-    // handle is gone.
-    let _ = connection.await;
+    let mut gave_up = GaveUp(Some(&conn.suspect));
+    let answered = answer.await;
+    gave_up.0 = None;
+    answered
 }
 
 /// What an `h2` error before the answer's head means for the call: a stream the upstream did
@@ -717,6 +811,31 @@ mod tests {
         // One connect timeout for all ten (ten in turn would be 3 s).
         let took = started.elapsed();
         assert!(took >= timeout && took < 2 * timeout, "{took:?}");
+    }
+
+    /// A connection that goes silent (its host vanished behind a partition: no `FIN`, no
+    /// reset) would hold every later call to its endpoint until the kernel gives up on it
+    /// (about 15 minutes), each call timing out in turn: a POST then never goes elsewhere. A
+    /// call that lets go without an answer has the connection checked with a `PING`; with no
+    /// `PONG` within the connect timeout it is closed, and the next call connects again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_connection_gone_silent_is_closed_after_a_call_gave_up_on_it() {
+        let up = server(any_port()).await;
+        let relay = lbkit_testkit::relay::Relay::start(up.addr).await;
+        let client = H2Client::new(Duration::from_millis(200), Duration::from_secs(60));
+        assert_eq!(call(&client, relay.addr).await.as_ref(), b"0ab");
+        relay.freeze();
+        // Calls on the silent connection: one gives up (its per-try timeout), one waits.
+        let given_up = Duration::from_millis(50);
+        let gave_up = tokio::time::timeout(given_up, call(&client, relay.addr)).await;
+        assert!(gave_up.is_err(), "no answer through a silent connection");
+        let waiting = client.request(request(relay.addr, b""));
+        let waited = tokio::time::timeout(WAIT, waiting).await.expect("an end");
+        assert_eq!(waited.err(), Some(Observed::ResetBeforeResponse));
+        until(|| client.kept() == 0).await;
+        // The next call connects again.
+        assert_eq!(call(&client, relay.addr).await.as_ref(), b"0ab");
+        assert_eq!(up.opened.load(Relaxed), 2);
     }
 
     /// A stream above the `GOAWAY`'s last stream id was not processed whatever the frame's

@@ -3,13 +3,15 @@
 //! Shared test helpers (a dev-dependency only): the [`conformance`] suite every strategy must
 //! pass, built-in or user-defined; [`dist`] for chi-square distribution checks; [`alloc`], a
 //! counting global allocator that proves picks do not allocate; [`zk_shim`], faults in front
-//! of a real ZooKeeper (a server older than 3.6, cut connections).
+//! of a real ZooKeeper (a server older than 3.6, cut connections); [`relay`], a TCP relay whose
+//! connections can go silent; [`goaway_upstream`], an HTTP/2 upstream that sends `GOAWAY`.
 #![deny(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
 
 pub mod alloc;
 pub mod conformance;
 pub mod dist;
+pub mod relay;
 pub mod zk_shim;
 
 use std::sync::Arc;

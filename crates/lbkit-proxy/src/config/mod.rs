@@ -43,7 +43,7 @@
 //! retry_budget_min_per_sec = 10         # default 10: retries always allowed per second
 //! connect_timeout_ms = 1000             # default 1 s
 //! upstream_idle_timeout_ms = 50000      # default 50 s: an idle upstream keep-alive connection is closed after this (keep it below the upstreams' own idle limit)
-//! h2c = false                           # default false: talk HTTP/2 cleartext to the upstreams (`:authority` = the endpoint's address, no `Host`, RFC 9113 §8.3.1; the client's host goes in `Forwarded: host=`)
+//! h2c = false                           # default false: talk HTTP/2 cleartext to the upstreams (`:authority` = the endpoint's address, no `Host`, RFC 9113 §8.3.1; the client's host goes in `Forwarded: host=`; a connection on which a call gave up waiting is sent a PING, and closed when no PONG comes within connect_timeout_ms)
 //! availability = { max_in_flight = 0 }  # default 0 = unlimited; plus `circuit_breaker` (default false)
 //! outlier_detection = { enabled = true, interval_ms = 10000, consecutive_failures = 5, base_ejection_ms = 30000, max_ejection_percent = 10 }
 //! health_check = { kind = "http", path = "/healthz", expect_status = 200, interval_ms = 5000, timeout_ms = 1000, rise = 2, fall = 3 }
