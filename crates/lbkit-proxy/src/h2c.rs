@@ -20,9 +20,9 @@
 //! * **Silent connections**: a connection whose upstream host vanished (a partition, a VM
 //!   gone: no `FIN`, no reset) would hold every call to that endpoint until the kernel gives up
 //!   on it, about 15 minutes, each call timing out in turn (and a POST never going elsewhere).
-//!   When a call gives up waiting for its answer's head (its timeout, its client gone), the
-//!   connection's task sends a `PING` (at most one a second); with no `PONG` within
-//!   `connect_timeout_ms` the connection is closed, the calls on it fail (retried when
+//!   When a call gives up waiting for its answer's head (its timeout, its client gone), a task
+//!   sends the connection a `PING` (at most one a second); with no `PONG` within
+//!   `connect_timeout_ms` the connection is shut down, the calls on it fail (retried when
 //!   idempotent), and the next call connects again, which a vanished host refuses or lets time
 //!   out: a connect failure, retried for any method. Only calls that gave up cause `PING`s, so a
 //!   healthy connection sees none, and grpc-go's limit on `PING`s is not approached.
@@ -42,7 +42,10 @@
 use std::collections::HashMap;
 use std::future::{poll_fn, Future};
 use std::pin::{pin, Pin};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicU64, AtomicU8,
+    Ordering::{Acquire, Relaxed, Release},
+};
 use std::sync::{Arc, Weak};
 use std::task::{ready, Context, Poll, Waker};
 use std::time::Duration;
@@ -50,13 +53,14 @@ use std::time::Duration;
 use arc_swap::{ArcSwap, ArcSwapOption};
 use bytes::Bytes;
 use h2::client::{Connection, SendRequest};
+use h2::PingPong;
 use h2::{Reason, RecvStream, SendStream};
 use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{Either, Full};
 use lbkit_core::Observed;
 use tokio::net::TcpStream;
-use tokio::sync::{oneshot, Notify};
+use tokio::sync::oneshot;
 
 use crate::body::ClientBody;
 
@@ -84,13 +88,111 @@ struct Slot {
 }
 
 /// One connection: the handle that opens streams on it, how many calls it was given (the
-/// idle check compares two readings), and how a call that gave up on its answer asks for the
-/// connection to be checked (its task sends a `PING`).
+/// idle check compares two readings), and what checks it when a call gave up on its answer.
 #[derive(Debug)]
 struct Conn {
     send: SendRequest<Bytes>,
     calls: AtomicU64,
-    suspect: Arc<Notify>,
+    check: Check,
+}
+
+/// A connection's liveness check: a `PING`, and the connection shut down when its `PONG` does
+/// not come in time. Run by a task of its own, spawned only when a call gives up waiting for its
+/// answer's head, so that the connection's own task polls nothing more for it.
+#[derive(Debug)]
+struct Check {
+    /// `h2`'s handle for the connection's `PING`s (one taker; `None` when `h2` gave none).
+    pings: tokio::sync::Mutex<Option<PingPong>>,
+    /// [`IDLE`], [`RUNNING`] (a check, or the rest of [`CHECK_EVERY`] after it), or [`AGAIN`]
+    /// (running, and a call gave up meanwhile: another check follows).
+    state: AtomicU8,
+    /// A duplicate of the connection's socket: shutting it down ends the connection (its reads
+    /// see the end at once, a silent peer or not) from outside the connection's task.
+    socket: Option<socket2::Socket>,
+    /// How long the `PONG` may take (the service's connect timeout: one round trip).
+    limit: Duration,
+    /// Checks that got their `PONG` in time.
+    passed: AtomicU64,
+    address: Box<str>,
+}
+
+/// Checks start at most this often on one connection: a server that answers slowly but is
+/// alive is not flooded with `PING`s by the timeouts of its calls (grpc-go closes a connection
+/// that pings too often).
+const CHECK_EVERY: Duration = Duration::from_secs(1);
+
+/// [`Check::state`]s.
+const IDLE: u8 = 0;
+const RUNNING: u8 = 1;
+const AGAIN: u8 = 2;
+
+impl Check {
+    /// Check `conn`: now, or when the running check and the rest of its [`CHECK_EVERY`] are over.
+    fn start(conn: &Arc<Conn>) {
+        let state = &conn.check.state;
+        let mut now = state.load(Relaxed);
+        loop {
+            let next = if now == IDLE { RUNNING } else { AGAIN };
+            match state.compare_exchange_weak(now, next, Acquire, Relaxed) {
+                Ok(_) => break,
+                Err(seen) => now = seen,
+            }
+        }
+        if now == IDLE {
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => drop(runtime.spawn(Check::run(conn.clone()))),
+                // A call dropped outside its runtime (shutting down): nothing left to check.
+                Err(_) => state.store(IDLE, Release),
+            }
+        }
+    }
+
+    /// Check until no call gave up during the last check.
+    async fn run(conn: Arc<Conn>) {
+        let state = &conn.check.state;
+        loop {
+            conn.check.once().await;
+            if state
+                .compare_exchange(RUNNING, IDLE, Release, Relaxed)
+                .is_ok()
+            {
+                return;
+            }
+            state.store(RUNNING, Relaxed); // it was AGAIN
+        }
+    }
+
+    /// One `PING`, and the connection shut down when its `PONG` does not come in time; returns
+    /// [`CHECK_EVERY`] after it started at the earliest.
+    async fn once(&self) {
+        let started = tokio::time::Instant::now();
+        let mut pings = self.pings.lock().await;
+        // Errors (from either call) mean that the connection is ending anyway.
+        let pong = match pings.as_mut().map(|p| (p.send_ping(h2::Ping::opaque()), p)) {
+            Some((Ok(()), p)) => {
+                tokio::time::timeout(self.limit, poll_fn(|cx| p.poll_pong(cx))).await
+            }
+            _ => Ok(Err(h2::Error::from(Reason::CANCEL))),
+        };
+        drop(pings);
+        match pong {
+            Ok(Ok(_)) => {
+                self.passed.fetch_add(1, Relaxed);
+            }
+            Ok(Err(_)) => {}
+            Err(_) => {
+                tracing::warn!(
+                    address = %self.address,
+                    limit = ?self.limit,
+                    "upstream HTTP/2 connection silent (no PONG in time): closed"
+                );
+                if let Some(socket) = &self.socket {
+                    let _ = socket.shutdown(std::net::Shutdown::Both);
+                }
+            }
+        }
+        tokio::time::sleep_until(started + CHECK_EVERY).await;
+    }
 }
 
 impl Conn {
@@ -227,6 +329,7 @@ impl H2Client {
             _ => return Err(Observed::ConnectFailed),
         };
         let _ = tcp.set_nodelay(true);
+        let socket = socket2::SockRef::from(&tcp).try_clone().ok();
         // hyper's client settings; hyper's first stream limit too (h2's own is unbounded), so
         // that a burst before the upstream's `SETTINGS` arrive is not refused past its limit.
         let handshake = h2::client::Builder::new()
@@ -238,26 +341,29 @@ impl H2Client {
             .max_header_list_size(16 << 10)
             .max_send_buffer_size(1 << 20)
             .handshake(tcp);
-        let (send, connection) = match tokio::time::timeout(limit, handshake).await {
+        let (send, mut connection) = match tokio::time::timeout(limit, handshake).await {
             Ok(Ok(pair)) => pair,
             _ => return Err(Observed::ConnectFailed),
         };
         let conn = Arc::new(Conn {
             send,
             calls: AtomicU64::new(0),
-            suspect: Arc::default(),
+            check: Check {
+                pings: tokio::sync::Mutex::new(connection.ping_pong()),
+                state: AtomicU8::new(IDLE),
+                socket,
+                limit,
+                passed: AtomicU64::new(0),
+                address: address.into(),
+            },
         });
         slot.conn.store(Some(conn.clone()));
         tokio::spawn(drive(
             connection,
-            Driven {
-                client: Arc::downgrade(self),
-                address: address.into(),
-                slot: Arc::downgrade(slot),
-                conn: Arc::downgrade(&conn),
-                suspect: conn.suspect.clone(),
-                pong_limit: limit,
-            },
+            Arc::downgrade(self),
+            address.into(),
+            Arc::downgrade(slot),
+            Arc::downgrade(&conn),
         ));
         Ok(conn)
     }
@@ -283,114 +389,62 @@ impl H2Client {
     }
 }
 
-/// What a connection's task knows of it.
-struct Driven {
+/// Run a connection until it ends; forget it when it ends or has gone a whole idle period
+/// without a call (it then closes once its last stream ends and the last handle to it is
+/// dropped).
+async fn drive(
+    connection: Connection<TcpStream, Bytes>,
     client: Weak<H2Client>,
     address: Box<str>,
     slot: Weak<Slot>,
     conn: Weak<Conn>,
-    /// Told when a call gave up waiting for its answer's head.
-    suspect: Arc<Notify>,
-    /// How long a `PING` waits for its `PONG` (the service's connect timeout: one round trip).
-    pong_limit: Duration,
-}
-
-/// Checks start at most this often: a server that answers slowly but is alive is not flooded
-/// with `PING`s by the timeouts of its calls (grpc-go closes a connection that pings too often).
-const CHECK_EVERY: Duration = Duration::from_secs(1);
-
-/// Run a connection until it ends; forget it when it ends, has gone a whole idle period without
-/// a call (it then closes once its last stream ends and the last handle to it is dropped), or
-/// went silent: after a call gave up waiting for its answer, a `PING` got no `PONG` within the
-/// limit (the connection is then closed at once, failing the streams on it, which could wait
-/// for good: a host gone behind a partition sends neither `FIN` nor reset).
-async fn drive(connection: Connection<TcpStream, Bytes>, d: Driven) {
+) {
     let mut connection = pin!(connection);
-    let mut pings = connection.ping_pong();
     let mut seen = None;
-    let mut last_check: Option<tokio::time::Instant> = None;
-    let mut pong_due: Option<tokio::time::Instant> = None;
-    let Some(idle) = d.client.upgrade().map(|c| c.idle) else {
-        return;
-    };
-    let idle_tick = tokio::time::sleep(idle);
-    let mut idle_tick = pin!(idle_tick);
-    let silent = loop {
+    while let Some(idle) = client.upgrade().map(|c| c.idle) {
         tokio::select! {
             ended = connection.as_mut() => {
                 if let Err(e) = ended {
-                    tracing::debug!(address = %d.address, error = %e, "upstream HTTP/2 connection ended");
+                    tracing::debug!(%address, error = %e, "upstream HTTP/2 connection ended");
                 }
-                break false;
+                break;
             }
-            () = idle_tick.as_mut() => {
-                let calls = d.conn.upgrade().map(|c| c.calls.load(Relaxed));
-                if d.client.strong_count() == 0 || calls.is_none() || calls == seen {
-                    break false;
+            () = tokio::time::sleep(idle) => {
+                let calls = conn.upgrade().map(|c| c.calls.load(Relaxed));
+                if calls.is_none() || calls == seen {
+                    break;
                 }
                 seen = calls;
-                idle_tick.as_mut().reset(tokio::time::Instant::now() + idle);
-            }
-            () = d.suspect.notified(), if pong_due.is_none() => {
-                let now = tokio::time::Instant::now();
-                let due = last_check.is_none_or(|at| now >= at + CHECK_EVERY);
-                if let Some(p) = pings.as_mut().filter(|_| due) {
-                    if p.send_ping(h2::Ping::opaque()).is_ok() {
-                        last_check = Some(now);
-                        pong_due = Some(now + d.pong_limit);
-                    }
-                }
-            }
-            pong = poll_fn(|cx| match pings.as_mut() {
-                Some(p) => p.poll_pong(cx),
-                None => Poll::Pending,
-            }), if pong_due.is_some() => {
-                pong_due = None;
-                if pong.is_err() {
-                    break false; // the connection is ending: its own arm sees it
-                }
-            }
-            () = tokio::time::sleep_until(pong_due.unwrap_or_else(tokio::time::Instant::now)),
-                if pong_due.is_some() => {
-                tracing::warn!(
-                    address = %d.address,
-                    limit = ?d.pong_limit,
-                    "upstream HTTP/2 connection silent (no PONG in time): closed"
-                );
-                break true;
             }
         }
-    };
-    if let Some(slot) = d.slot.upgrade() {
-        slot.forget(d.conn.as_ptr());
-        if let Some(client) = d.client.upgrade() {
-            client.drop_slot(&d.address, &slot);
+    }
+    if let Some(slot) = slot.upgrade() {
+        slot.forget(conn.as_ptr());
+        if let Some(client) = client.upgrade() {
+            client.drop_slot(&address, &slot);
         }
     }
-    if !silent {
-        // Streams still open on it finish; the connection closes when they have and the
-        // last handle is gone.
-        let _ = connection.await;
-    }
-    // Silent: dropping it closes the socket and ends its streams (a broken pipe each).
+    // Streams still open on it finish; the connection closes when they have and the last
+    // handle is gone.
+    let _ = connection.await;
 }
 
 /// Wait for the answer's head; a call that lets go first (its timeout, its client gone) has
 /// the connection checked.
 async fn answer_head(
     answer: h2::client::ResponseFuture,
-    conn: &Conn,
+    conn: &Arc<Conn>,
 ) -> Result<Response<RecvStream>, h2::Error> {
-    /// Tells the connection's task unless disarmed.
-    struct GaveUp<'a>(Option<&'a Notify>);
+    /// Starts the check unless disarmed.
+    struct GaveUp<'a>(Option<&'a Arc<Conn>>);
     impl Drop for GaveUp<'_> {
         fn drop(&mut self) {
-            if let Some(suspect) = self.0 {
-                suspect.notify_one();
+            if let Some(conn) = self.0 {
+                Check::start(conn);
             }
         }
     }
-    let mut gave_up = GaveUp(Some(&conn.suspect));
+    let mut gave_up = GaveUp(Some(conn));
     let answered = answer.await;
     gave_up.0 = None;
     answered
@@ -816,14 +870,36 @@ mod tests {
     /// A connection that goes silent (its host vanished behind a partition: no `FIN`, no
     /// reset) would hold every later call to its endpoint until the kernel gives up on it
     /// (about 15 minutes), each call timing out in turn: a POST then never goes elsewhere. A
-    /// call that lets go without an answer has the connection checked with a `PING`; with no
-    /// `PONG` within the connect timeout it is closed, and the next call connects again.
+    /// call that lets go without an answer has the connection checked with a `PING`: a live
+    /// one answers and is kept; with no `PONG` within the connect timeout it is closed, and the
+    /// next call connects again. (The second check waits for the first one's second to end.)
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_connection_gone_silent_is_closed_after_a_call_gave_up_on_it() {
         let up = server(any_port()).await;
         let relay = lbkit_testkit::relay::Relay::start(up.addr).await;
-        let client = H2Client::new(Duration::from_millis(200), Duration::from_secs(60));
+        // The connect timeout bounds the PONG: ample on loopback, even on a loaded machine.
+        let client = H2Client::new(Duration::from_millis(500), Duration::from_secs(60));
         assert_eq!(call(&client, relay.addr).await.as_ref(), b"0ab");
+        // A call that gives up on a live connection: the check passes, the connection stays.
+        // (Dropped after its first poll, which sends it; should its answer come within that
+        // poll, another call tries.)
+        let mut gave_up = false;
+        for _ in 0..100 {
+            let mut first = pin!(call(&client, relay.addr));
+            gave_up = poll_fn(|cx| Poll::Ready(first.as_mut().poll(cx).is_pending())).await;
+            if gave_up {
+                break;
+            }
+        }
+        assert!(gave_up, "a call given up before its answer");
+        let passed = || {
+            let slots = client.slots.load();
+            let conn = slots.values().next().and_then(|s| s.conn.load_full());
+            conn.map_or(0, |c| c.check.passed.load(Relaxed))
+        };
+        until(|| passed() == 1).await;
+        assert_eq!(call(&client, relay.addr).await.as_ref(), b"0ab");
+        assert_eq!((up.opened.load(Relaxed), client.kept()), (1, 1));
         relay.freeze();
         // Calls on the silent connection: one gives up (its per-try timeout), one waits.
         let given_up = Duration::from_millis(50);
