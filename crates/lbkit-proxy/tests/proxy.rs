@@ -337,35 +337,17 @@ where
 /// same client connection are not held up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uploads_without_a_length_are_retried_after_a_refused_connection() {
-    use http_body_util::{BodyExt, StreamBody};
+    use http_body_util::StreamBody;
     use hyper::body::Frame;
 
-    let (a, b) = (Backend::start("a").await, Backend::start("b").await);
     let refused = lbkit_testkit::refused_addr();
-    let proxy = start(&config_for(
-        &[refused, a.addr, b.addr],
-        "round-robin",
-        "h2c = true\nretries = 2",
-    ))
-    .await;
-    let mut send = h2c_connection(proxy.listeners()[0]).await;
-    let mut answered = HashMap::<String, usize>::new();
-    for i in 0..9 {
+    posts_all_answered_past(refused, 9, |i| {
         let frames = vec![Ok::<_, std::convert::Infallible>(Frame::data(
             bytes::Bytes::from(format!("call {i}")),
         ))];
-        let body = StreamBody::new(futures_util::stream::iter(frames));
-        let req = http::Request::post("http://svc.test/greet")
-            .body(body)
-            .expect("a request");
-        let resp = h2c_call(&mut send, req).await;
-        let status = resp.status();
-        let body = resp.into_body().collect().await.expect("a body").to_bytes();
-        let body = String::from_utf8_lossy(&body).into_owned();
-        assert_eq!(status, StatusCode::OK, "call {i}: {body}");
-        *answered.entry(body).or_default() += 1;
-    }
-    assert_eq!(answered.values().sum::<usize>(), 9, "{answered:?}");
+        StreamBody::new(futures_util::stream::iter(frames))
+    })
+    .await;
 }
 
 /// An h2c upstream that answers a stream with `GOAWAY` naming an earlier last stream (here
@@ -373,22 +355,36 @@ async fn uploads_without_a_length_are_retried_after_a_refused_connection() {
 /// even a POST goes on to the next endpoint instead of failing with 502.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_post_the_upstream_sent_goaway_for_goes_to_the_next_endpoint() {
-    use http_body_util::{BodyExt, Full};
-
     const ENHANCE_YOUR_CALM: u32 = 0xb;
-    let (a, b) = (Backend::start("a").await, Backend::start("b").await);
     let going = lbkit_testkit::goaway_upstream(0, ENHANCE_YOUR_CALM).await;
+    posts_all_answered_past(going, 6, |i| {
+        http_body_util::Full::new(bytes::Bytes::from(format!("call {i}")))
+    })
+    .await;
+}
+
+/// `n` POSTs over one h2c client connection to a service of `bad` and two backends (h2c
+/// upstreams, round robin, two retries), the i-th with body `body(i)`: each is answered 200.
+async fn posts_all_answered_past<B>(bad: std::net::SocketAddr, n: usize, body: impl Fn(usize) -> B)
+where
+    B: http_body::Body + Send + Unpin + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    use http_body_util::BodyExt;
+
+    let (a, b) = (Backend::start("a").await, Backend::start("b").await);
     let proxy = start(&config_for(
-        &[going, a.addr, b.addr],
+        &[bad, a.addr, b.addr],
         "round-robin",
         "h2c = true\nretries = 2",
     ))
     .await;
     let mut send = h2c_connection(proxy.listeners()[0]).await;
     let mut answered = HashMap::<String, usize>::new();
-    for i in 0..6 {
+    for i in 0..n {
         let req = http::Request::post("http://svc.test/greet")
-            .body(Full::new(bytes::Bytes::from(format!("call {i}"))))
+            .body(body(i))
             .expect("a request");
         let resp = h2c_call(&mut send, req).await;
         let status = resp.status();
@@ -397,7 +393,7 @@ async fn a_post_the_upstream_sent_goaway_for_goes_to_the_next_endpoint() {
         assert_eq!(status, StatusCode::OK, "call {i}: {body}");
         *answered.entry(body).or_default() += 1;
     }
-    assert_eq!(answered.values().sum::<usize>(), 6, "{answered:?}");
+    assert_eq!(answered.values().sum::<usize>(), n, "{answered:?}");
 }
 
 /// What an upload backend saw of a request to `/upload`.

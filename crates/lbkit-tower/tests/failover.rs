@@ -108,27 +108,33 @@ fn post(path: &str) -> http::Request<Full<Bytes>> {
         .unwrap()
 }
 
+/// Send `n` POSTs through `svc`, each answered 200 by the endpoint named `live`.
+async fn posts_answered_by_live<S, B>(svc: &mut S, n: usize)
+where
+    S: Service<http::Request<Full<Bytes>>, Response = http::Response<B>>,
+    S::Error: std::fmt::Debug,
+    B: http_body::Body,
+    B::Error: std::fmt::Debug,
+{
+    within(async {
+        for _ in 0..n {
+            let resp = svc.ready().await.unwrap().call(post("/orders")).await;
+            let resp = resp.unwrap();
+            assert_eq!(resp.status(), 200);
+            assert_eq!(resp.into_body().collect().await.unwrap().to_bytes(), "live");
+        }
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn failover_when_an_endpoint_refuses_connections() {
     let live = HttpServer::start("live", Reply::Ok).await;
     let dead = lbkit_testkit::refused_addr();
     let pool = http_pool(&[dead, live.addr], false);
     let mut svc = BalanceLayer::http().seed(SEED).layer(pool.clone());
-    within(async {
-        for _ in 0..6 {
-            // POST is not idempotent, yet a refused connection is retried.
-            let resp = svc
-                .ready()
-                .await
-                .unwrap()
-                .call(post("/orders"))
-                .await
-                .unwrap();
-            assert_eq!(resp.status(), 200);
-            assert_eq!(resp.into_body().collect().await.unwrap().to_bytes(), "live");
-        }
-    })
-    .await;
+    // POST is not idempotent, yet a refused connection is retried.
+    posts_answered_by_live(&mut svc, 6).await;
     assert_eq!(live.hits(), 6);
     let (ok, failed, in_flight) = stats_of(&pool, &dead.to_string());
     assert_eq!((ok, in_flight), (0, 0));
@@ -151,20 +157,7 @@ async fn failover_of_a_post_an_http2_endpoint_sent_goaway_for() {
     let going = lbkit_testkit::goaway_upstream(0, ENHANCE_YOUR_CALM).await;
     let pool = http_pool(&[going, live.addr], true);
     let mut svc = BalanceLayer::http().seed(SEED).layer(pool.clone());
-    within(async {
-        for _ in 0..4 {
-            let resp = svc
-                .ready()
-                .await
-                .unwrap()
-                .call(post("/orders"))
-                .await
-                .unwrap();
-            assert_eq!(resp.status(), 200);
-            assert_eq!(resp.into_body().collect().await.unwrap().to_bytes(), "live");
-        }
-    })
-    .await;
+    posts_answered_by_live(&mut svc, 4).await;
     assert_eq!(live.hits(), 4);
     let snap = pool.snapshot();
     let stats = snap.endpoints()[snap.find(&going.to_string().into()).unwrap().get()].stats();
