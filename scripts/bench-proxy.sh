@@ -11,6 +11,11 @@
 #   WORKERS="1 2" CONNS="64 256" DURATION=10s scripts/bench-proxy.sh
 #   PROXIES="envoy-rr lbkit-rr" scripts/bench-proxy.sh       # a subset, in this order
 #
+# The proxies forward alike: none appends the client to a forwarding header (nginx without
+# proxy_set_header, HAProxy without option forwardfor, Envoy without use_remote_address; lbkit
+# with forwarded_headers = []). lbkit-rr-fwd, not run unless named in PROXIES, is round robin
+# with lbkit's default: X-Forwarded-For and Forwarded appended.
+#
 # ROUNDS=N (default 1) repeats the whole comparison N times, proxies interleaved within each
 # round, and ends with a table of per-row medians (req/s, p99), each lbkit row's ratio to the
 # best other proxy's median req/s, and that proxy's median p99 beside it: on a shared machine
@@ -113,8 +118,9 @@ start_envoy() { # $1 workers, $2 lb_policy
     >"$WORK/envoy.log" 2>&1 & echo $!
 }
 
-start_lbkit() { # $1 workers, $2 strategy
-  lbkit_conf "$FRONT" "$ADMIN" "$B1" "$B2" "$B3" "$2" > "$WORK/lbkit.toml"
+start_lbkit() { # $1 workers, $2 strategy, $3 forwarded_headers
+  { lbkit_conf "$FRONT" "$ADMIN" "$B1" "$B2" "$B3" "$2"
+    echo "forwarded_headers = $3"; } > "$WORK/lbkit.toml"
   "$LBKIT" proxy --threads "$1" --config "$WORK/lbkit.toml" >"$WORK/lbkit.log" 2>&1 & echo $!
 }
 
@@ -133,9 +139,10 @@ for w in $WORKERS; do
         haproxy) pid=$(start_haproxy "$w") ;;
         envoy-rr) pid=$(start_envoy "$w" ROUND_ROBIN) ;;
         envoy-lr) pid=$(start_envoy "$w" LEAST_REQUEST) ;;
-        lbkit-rr) pid=$(start_lbkit "$w" round-robin) ;;
-        lbkit-p2c) pid=$(start_lbkit "$w" p2c-ewma) ;;
-        *) echo "unknown proxy $proxy (known: nginx haproxy envoy-rr envoy-lr lbkit-rr lbkit-p2c)" >&2; exit 2 ;;
+        lbkit-rr) pid=$(start_lbkit "$w" round-robin "[]") ;;
+        lbkit-p2c) pid=$(start_lbkit "$w" p2c-ewma "[]") ;;
+        lbkit-rr-fwd) pid=$(start_lbkit "$w" round-robin '["x-forwarded-for", "forwarded"]') ;;
+        *) echo "unknown proxy $proxy (known: nginx haproxy envoy-rr envoy-lr lbkit-rr lbkit-p2c lbkit-rr-fwd)" >&2; exit 2 ;;
       esac
       PIDS+=("$pid")
       wait_port "$FRONT"

@@ -207,7 +207,7 @@ impl Outgoing {
             .tags()
             .with_tag(&req, |tag| tag.map(RequestTagBuf::from));
         let (mut parts, body) = req.into_parts();
-        prepare_headers(&mut parts, client, h2c);
+        prepare_headers(&mut parts, client, h2c, service.config().forwarded_headers);
         if let Some(u) = &upgrade {
             u.ask_upstream(&mut parts.headers);
         }
@@ -446,10 +446,15 @@ async fn read_whole(mut body: Incoming) -> Result<Bytes, hyper::Error> {
 /// the target in `:authority` (here the endpoint's address, which the client connects to) and
 /// a `Host` naming another entity makes the request malformed (RFC 9113 §8.3.1; strict stacks
 /// such as Python's `h2` refuse it). The client's host travels in `Forwarded: host=` either way.
-fn prepare_headers(parts: &mut Parts, client: SocketAddr, h2c: bool) {
+fn prepare_headers(
+    parts: &mut Parts,
+    client: SocketAddr,
+    h2c: bool,
+    forwarded: crate::config::ForwardedHeaders,
+) {
     headers::strip_hop_by_hop(&mut parts.headers);
     let authority = parts.uri.authority().map(http::uri::Authority::as_str);
-    headers::add_forwarded(&mut parts.headers, client, authority);
+    headers::add_forwarded(&mut parts.headers, client, authority, forwarded);
     if h2c {
         parts.headers.remove(http::header::HOST);
     } else if !parts.headers.contains_key(http::header::HOST) {

@@ -615,7 +615,6 @@ mod tests {
     use hyper::body::Incoming;
     use hyper_util::rt::{TokioExecutor, TokioIo};
     use tokio::net::TcpListener;
-    use tokio::sync::watch;
 
     use super::*;
 
@@ -636,13 +635,12 @@ mod tests {
         }
     }
 
-    /// A test server: its address, the connections it accepted and saw end, and its switch
-    /// (sending `true` drops the listener and every connection at once, as a crash does).
+    /// A test server: its address, and the connections it accepted and saw end. (A crash is
+    /// played by a relay in front, `lbkit_testkit::relay`.)
     struct Server {
         addr: SocketAddr,
         opened: Arc<AtomicUsize>,
         closed: Arc<AtomicUsize>,
-        stop: watch::Sender<bool>,
     }
 
     /// An HTTP/2 server on `addr` (port 0: any) answering every request with the request
@@ -652,20 +650,11 @@ mod tests {
         let listener = TcpListener::bind(addr).await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let (opened, closed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-        let (stop, stopped) = watch::channel(false);
         let (o, c) = (opened.clone(), closed.clone());
-        let mut on = stopped.clone();
         tokio::spawn(async move {
-            loop {
-                let stream = tokio::select! {
-                    accepted = listener.accept() => match accepted {
-                        Ok((stream, _)) => stream,
-                        Err(_) => return,
-                    },
-                    _ = on.changed() => return,
-                };
+            while let Ok((stream, _)) = listener.accept().await {
                 o.fetch_add(1, Relaxed);
-                let (c, mut stopped) = (c.clone(), stopped.clone());
+                let c = c.clone();
                 tokio::spawn(async move {
                     let svc = hyper::service::service_fn(|req: Request<Incoming>| async move {
                         let read = req.into_body().collect().await.map(|b| b.to_bytes());
@@ -680,12 +669,9 @@ mod tests {
                         ]);
                         Ok::<_, std::convert::Infallible>(Response::new(Frames(frames)))
                     });
-                    let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(stream), svc);
-                    tokio::select! {
-                        _ = conn => {}
-                        _ = stopped.changed() => {}
-                    }
+                    let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
                     c.fetch_add(1, Relaxed);
                 });
             }
@@ -694,7 +680,6 @@ mod tests {
             addr,
             opened,
             closed,
-            stop,
         }
     }
 
@@ -795,15 +780,15 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_connection_the_upstream_dropped_is_replaced() {
         let up = server(any_port()).await;
+        let relay = lbkit_testkit::relay::Relay::start(up.addr).await;
         let client = H2Client::new(WAIT, Duration::from_secs(60));
-        call(&client, up.addr).await;
-        // The upstream crashes: its connection ends, and the client lets go of it.
-        let _ = up.stop.send(true);
+        call(&client, relay.addr).await;
+        // The upstream's connection ends (a crash, a restart), and the client lets go of it.
+        relay.cut();
         until(|| client.kept() == 0).await;
-        // It comes back on the same port.
-        let again = server(up.addr).await;
-        assert_eq!(call(&client, up.addr).await.as_ref(), b"0ab");
-        assert_eq!(again.opened.load(Relaxed), 1, "a new connection");
+        // The next call connects again.
+        assert_eq!(call(&client, relay.addr).await.as_ref(), b"0ab");
+        assert_eq!(up.opened.load(Relaxed), 2, "a new connection");
         assert_eq!(client.kept(), 1);
     }
 

@@ -7,6 +7,8 @@ use bytes::Bytes;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
+use crate::config::ForwardedHeaders;
+
 /// Headers that describe one connection, not the message (RFC 9110 §7.6.1), plus `Upgrade`
 /// (put back only for a tunnelled upgrade) and h2c's `HTTP2-Settings` (RFC 7540 §3.2.1):
 /// removed in both directions, along with any header the `Connection` header names. Shared
@@ -123,11 +125,28 @@ fn is_one_trailers(headers: &HeaderMap) -> bool {
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
 /// Append the client to `X-Forwarded-For` and `Forwarded` (RFC 7239), with the protocol and
-/// the request's host: its `Host`, else `authority` (an HTTP/2 request's `:authority`).
-pub(crate) fn add_forwarded(headers: &mut HeaderMap, client: SocketAddr, authority: Option<&str>) {
+/// the request's host: its `Host`, else `authority` (an HTTP/2 request's `:authority`); to
+/// those of the two that `which` names.
+pub(crate) fn add_forwarded(
+    headers: &mut HeaderMap,
+    client: SocketAddr,
+    authority: Option<&str>,
+    which: ForwardedHeaders,
+) {
+    if which == ForwardedHeaders::NONE {
+        return;
+    }
     let text = IpText::new(client.ip());
     let ip = text.as_str();
-    let xff = joined(text_of(headers, &X_FORWARDED_FOR), &[ip]);
+    if which.x_forwarded_for {
+        let xff = joined(text_of(headers, &X_FORWARDED_FOR), &[ip]);
+        if let Ok(v) = HeaderValue::from_maybe_shared(xff) {
+            headers.insert(X_FORWARDED_FOR, v);
+        }
+    }
+    if !which.forwarded {
+        return;
+    }
     let (before, after) = if client.is_ipv6() {
         ("for=\"[", "]\";proto=http")
     } else {
@@ -143,9 +162,6 @@ pub(crate) fn add_forwarded(headers: &mut HeaderMap, client: SocketAddr, authori
         None => [before, ip, after, "", "", ""],
     };
     let forwarded = joined(text_of(headers, &header::FORWARDED), &forwarded);
-    if let Ok(v) = HeaderValue::from_maybe_shared(xff) {
-        headers.insert(X_FORWARDED_FOR, v);
-    }
     if let Ok(v) = HeaderValue::from_maybe_shared(forwarded) {
         headers.insert(header::FORWARDED, v);
     }
@@ -321,7 +337,8 @@ mod tests {
     #[test]
     fn forwarded_names_an_ipv6_client_in_brackets_and_the_authority_as_host() {
         let mut h = HeaderMap::new();
-        add_forwarded(&mut h, "[2001:db8::1]:5000".parse().unwrap(), None);
+        let both = ForwardedHeaders::BOTH;
+        add_forwarded(&mut h, "[2001:db8::1]:5000".parse().unwrap(), None, both);
         assert_eq!(h["x-forwarded-for"], "2001:db8::1");
         assert_eq!(h[header::FORWARDED], "for=\"[2001:db8::1]\";proto=http");
         // Without `Host`, an HTTP/2 request's `:authority` names the host.
@@ -330,6 +347,7 @@ mod tests {
             &mut h,
             "10.1.2.3:5000".parse().unwrap(),
             Some("svc.test:8080"),
+            both,
         );
         assert_eq!(
             h[header::FORWARDED],
@@ -361,11 +379,45 @@ mod tests {
             &mut h,
             "127.0.0.1:5000".parse().unwrap(),
             Some("ignored.test"),
+            ForwardedHeaders::BOTH,
         );
         assert_eq!(h["x-forwarded-for"], "10.0.0.1, 127.0.0.1");
         assert_eq!(
             h[header::FORWARDED],
             "for=127.0.0.1;proto=http;host=\"api.test\""
         );
+    }
+
+    /// A header left out of `forwarded_headers` goes on as the client sent it.
+    #[test]
+    fn only_the_forwarding_headers_asked_for_are_appended() {
+        let client = "127.0.0.1:5000".parse().unwrap();
+        let sent = || {
+            let mut h = HeaderMap::new();
+            h.insert("x-forwarded-for", HeaderValue::from_static("10.0.0.1"));
+            h.insert(header::FORWARDED, HeaderValue::from_static("for=10.0.0.1"));
+            h
+        };
+        let only = |x_forwarded_for, forwarded| ForwardedHeaders {
+            x_forwarded_for,
+            forwarded,
+        };
+        for (which, xff, fwd) in [
+            (ForwardedHeaders::NONE, "10.0.0.1", "for=10.0.0.1"),
+            (only(true, false), "10.0.0.1, 127.0.0.1", "for=10.0.0.1"),
+            (
+                only(false, true),
+                "10.0.0.1",
+                "for=10.0.0.1, for=127.0.0.1;proto=http",
+            ),
+        ] {
+            let mut h = sent();
+            add_forwarded(&mut h, client, None, which);
+            assert_eq!(h["x-forwarded-for"], xff, "{which:?}");
+            assert_eq!(h[header::FORWARDED], fwd, "{which:?}");
+        }
+        let mut h = HeaderMap::new();
+        add_forwarded(&mut h, client, None, ForwardedHeaders::NONE);
+        assert!(h.is_empty());
     }
 }

@@ -106,6 +106,47 @@ async fn forwarding_headers_added_and_hop_by_hop_removed() {
     assert!(!headers.contains_key("x-seen-keep-alive"));
 }
 
+/// `forwarded_headers` is obeyed alike by the HTTP/1.1 fast path and by hyper's engine (here
+/// for an h2c client): a header left out goes on as the client sent it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarded_headers_left_out_go_on_as_sent_through_both_engines() {
+    let a = Backend::start("a").await;
+    for (setting, xff, forwarded) in [
+        ("[]", "10.1.1.1", None),
+        (r#"["x-forwarded-for"]"#, "10.1.1.1, 127.0.0.1", None),
+        (
+            r#"["Forwarded"]"#,
+            "10.1.1.1",
+            Some("for=127.0.0.1;proto=http;host="),
+        ),
+    ] {
+        let extra = format!("forwarded_headers = {setting}");
+        let proxy = start(&config_text(&[&a], "round-robin", &extra)).await;
+        let at = proxy.listeners()[0];
+        let sent = [("x-forwarded-for", "10.1.1.1")];
+        let (status, _, fast) = get(&client(), at, "/x", &sent).await;
+        assert_eq!(status, StatusCode::OK);
+        let mut send = h2c_connection(at).await;
+        let req = http::Request::get("http://svc.test/x")
+            .header("x-forwarded-for", "10.1.1.1")
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .expect("a request");
+        let resp = h2c_call(&mut send, req).await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        for (engine, seen) in [("the fast path", &fast), ("hyper's engine", resp.headers())] {
+            assert_eq!(seen["x-seen-xff"], xff, "{setting}: {engine}");
+            let fwd = seen.get("x-seen-forwarded").map(|v| v.to_str().unwrap());
+            match forwarded {
+                None => assert_eq!(fwd, None, "{setting}: {engine}"),
+                Some(f) => assert!(
+                    fwd.is_some_and(|v| v.starts_with(f)),
+                    "{setting}: {engine}: {fwd:?}"
+                ),
+            }
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_hosts_get_404_and_absolute_targets_stay_inside() {
     let a = Backend::start("a").await;
@@ -197,7 +238,7 @@ async fn h2c_clients_are_served() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tcp_listener_relays_and_skips_a_dead_endpoint() {
     let a = Backend::start("a").await;
-    let dead = Backend::start("dead").await.kill();
+    let dead = lbkit_testkit::refused_addr();
     let text = format!(
         r#"
 [admin]

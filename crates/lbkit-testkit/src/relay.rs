@@ -1,7 +1,10 @@
 //! A TCP relay whose connections can go silent: [`Relay::freeze`] stops every connection open
 //! at that moment from moving bytes either way while keeping both sockets open, as a host that
-//! vanished behind a network partition looks to its peers (no `FIN`, no reset, no answer).
-//! Connections made after the freeze are relayed as before.
+//! vanished behind a network partition looks to its peers (no `FIN`, no reset, no answer);
+//! [`Relay::cut`] closes them, as a crash of the target does, while the relay keeps listening
+//! (a test of a target that comes back then needs no second bind of its port, which another
+//! socket of a busy machine may hold meanwhile). Connections made after either are relayed as
+//! before.
 
 use std::net::SocketAddr;
 
@@ -17,6 +20,8 @@ pub struct Relay {
     pub addr: SocketAddr,
     /// Freezes so far; a connection freezes when this passes the count it was made under.
     freezes: watch::Sender<u64>,
+    /// Cuts so far, the same way.
+    cuts: watch::Sender<u64>,
     task: JoinHandle<()>,
 }
 
@@ -29,23 +34,26 @@ impl Relay {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("its address");
         let (freezes, watching) = watch::channel(0);
+        let (cuts, cut_watch) = watch::channel(0);
         let task = tokio::spawn(async move {
             let mut connections = tokio::task::JoinSet::new();
             while let Ok((client, _)) = listener.accept().await {
                 let Ok(server) = TcpStream::connect(target).await else {
                     continue; // dropping the client's socket refuses it
                 };
-                let mut frozen = watching.clone();
+                let (mut frozen, mut cut) = (watching.clone(), cut_watch.clone());
                 let made_under = *frozen.borrow_and_update();
+                let cut_under = *cut.borrow_and_update();
                 connections.spawn(async move {
                     let (mut cr, mut cw) = client.into_split();
                     let (mut sr, mut sw) = server.into_split();
                     tokio::select! {
                         _ = async { tokio::join!(copy(&mut cr, &mut sw), copy(&mut sr, &mut cw)) } => {}
                         () = async { drop(frozen.wait_for(|&n| n > made_under).await) } => {
-                            // Silent for good, both sockets held open.
-                            std::future::pending::<()>().await;
+                            // Silent until cut, both sockets held open.
+                            drop(cut.wait_for(|&n| n > cut_under).await);
                         }
+                        () = async { drop(cut.wait_for(|&n| n > cut_under).await) } => {}
                     }
                 });
             }
@@ -53,6 +61,7 @@ impl Relay {
         Relay {
             addr,
             freezes,
+            cuts,
             task,
         }
     }
@@ -60,6 +69,11 @@ impl Relay {
     /// Make every connection open now go silent (see the module docs).
     pub fn freeze(&self) {
         self.freezes.send_modify(|n| *n += 1);
+    }
+
+    /// Close every connection open now, both sides (see the module docs).
+    pub fn cut(&self) {
+        self.cuts.send_modify(|n| *n += 1);
     }
 }
 

@@ -44,6 +44,7 @@
 //! connect_timeout_ms = 1000             # default 1 s
 //! upstream_idle_timeout_ms = 50000      # default 50 s: an idle upstream keep-alive connection is closed after this (keep it below the upstreams' own idle limit)
 //! h2c = false                           # default false: talk HTTP/2 cleartext to the upstreams (`:authority` = the endpoint's address, no `Host`, RFC 9113 §8.3.1; the client's host goes in `Forwarded: host=`; a connection on which a call gave up waiting is sent a PING, and closed when no PONG comes within connect_timeout_ms)
+//! forwarded_headers = ["x-forwarded-for", "forwarded"]  # default both: the headers the client is appended to (`forwarded` is RFC 7239's, with proto and host); one left out is passed on as the client sent it; [] appends none (HAProxy without `option forwardfor`)
 //! availability = { max_in_flight = 0 }  # default 0 = unlimited; plus `circuit_breaker` (default false)
 //! outlier_detection = { enabled = true, interval_ms = 10000, consecutive_failures = 5, base_ejection_ms = 30000, max_ejection_percent = 10 }
 //! health_check = { kind = "http", path = "/healthz", expect_status = 200, interval_ms = 5000, timeout_ms = 1000, rise = 2, fall = 3 }
@@ -270,6 +271,9 @@ pub struct ServiceConfig {
     /// HTTP/2 cleartext to upstreams. Default false.
     #[serde(default)]
     pub h2c: bool,
+    /// The headers the client is appended to. Default both.
+    #[serde(default)]
+    pub forwarded_headers: ForwardedHeaders,
     /// Pick-time filters.
     #[serde(default)]
     pub availability: AvailabilityConfig,
@@ -285,6 +289,65 @@ pub struct ServiceConfig {
     /// A sampled trace of the calls (`[service.NAME.trace]`). Default none.
     #[serde(default)]
     pub trace: Option<TraceTable>,
+}
+
+/// `forwarded_headers = [..]`: the headers the proxy appends the client to, on the way to the
+/// upstream (`X-Forwarded-For`, `Forwarded` of RFC 7239). A header left out is passed on as the
+/// client sent it, as HAProxy without `option forwardfor` and nginx without
+/// `proxy_set_header` do.
+///
+/// ```
+/// # use lbkit_proxy::config::ForwardedHeaders;
+/// let only_xff: ForwardedHeaders = toml::Value::Array(vec!["x-forwarded-for".into()])
+///     .try_into()
+///     .unwrap();
+/// assert!(only_xff.x_forwarded_for && !only_xff.forwarded);
+/// assert_eq!(ForwardedHeaders::default(), ForwardedHeaders::BOTH);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ForwardedHeaders {
+    /// `X-Forwarded-For: CLIENT_IP` appended.
+    pub x_forwarded_for: bool,
+    /// `Forwarded: for=CLIENT_IP;proto=http;host="HOST"` appended.
+    pub forwarded: bool,
+}
+
+impl ForwardedHeaders {
+    /// Both headers (the default).
+    pub const BOTH: ForwardedHeaders = ForwardedHeaders {
+        x_forwarded_for: true,
+        forwarded: true,
+    };
+    /// Neither.
+    pub const NONE: ForwardedHeaders = ForwardedHeaders {
+        x_forwarded_for: false,
+        forwarded: false,
+    };
+}
+
+impl Default for ForwardedHeaders {
+    fn default() -> Self {
+        ForwardedHeaders::BOTH
+    }
+}
+
+impl<'de> Deserialize<'de> for ForwardedHeaders {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let mut which = ForwardedHeaders::NONE;
+        for name in Vec::<String>::deserialize(d)? {
+            match name.to_ascii_lowercase().as_str() {
+                "x-forwarded-for" => which.x_forwarded_for = true,
+                "forwarded" => which.forwarded = true,
+                _ => {
+                    return Err(serde::de::Error::custom(format!(
+                        "forwarded_headers: unknown header {name:?} \
+                         (known: \"x-forwarded-for\", \"forwarded\")"
+                    )))
+                }
+            }
+        }
+        Ok(which)
+    }
 }
 
 /// `[service.NAME.trace]`: record a sampled trace of the service's calls (lbkit-trace).
@@ -543,6 +606,29 @@ strategy = "p2c-ewma"
         assert_eq!(
             parse(&text).unwrap().services["api"].upstream_idle_timeout_ms,
             200
+        );
+    }
+
+    #[test]
+    fn forwarded_headers_default_to_both_and_unknown_names_are_rejected() {
+        let with = |line: &str| parse(&OK.replace("strategy = ", &format!("{line}\nstrategy = ")));
+        let services = |line: &str| with(line).unwrap().services;
+        assert_eq!(
+            services("")["api"].forwarded_headers,
+            ForwardedHeaders::BOTH
+        );
+        assert_eq!(
+            services("forwarded_headers = []")["api"].forwarded_headers,
+            ForwardedHeaders::NONE
+        );
+        let only = services("forwarded_headers = [\"X-Forwarded-For\"]")["api"].forwarded_headers;
+        assert!(only.x_forwarded_for && !only.forwarded);
+        let e = with("forwarded_headers = [\"x-real-ip\"]")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("proxy.toml: line 9: forwarded_headers: unknown header \"x-real-ip\""),
+            "{e}"
         );
     }
 

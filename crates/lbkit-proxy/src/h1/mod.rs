@@ -289,7 +289,8 @@ impl Conn<'_> {
         let tag = self.tag(route, head);
         self.b.upstream.clear();
         let (input, hdrs) = (&self.input, &self.req_headers);
-        wire::write_request(&mut self.b.upstream, input, head, hdrs, &self.client);
+        let which = route.service.config().forwarded_headers;
+        wire::write_request(&mut self.b.upstream, input, head, hdrs, &self.client, which);
         let method = &self.input[head.method.clone()];
         let call = Call {
             service: envelope.service(),

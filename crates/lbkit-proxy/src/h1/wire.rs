@@ -13,6 +13,7 @@ use lbkit_strategy::KeySource;
 use lbkit_tower::http::grpc_status_failure;
 use lbkit_tower::policy::GrpcCodes;
 
+use crate::config::ForwardedHeaders;
 use crate::envelope::MAX_REPLAY_BODY;
 use crate::headers::{tokens, HOP_BY_HOP};
 use crate::request::{is_normal, is_uri_target, valid_host};
@@ -231,14 +232,15 @@ pub(super) fn parse_response(
 }
 
 /// Append the upstream request: the client's request line and headers minus hop-by-hop ones,
-/// `X-Forwarded-For` and `Forwarded` with the client appended (`fwd_ip` is its address as
-/// text), then the body.
+/// `X-Forwarded-For` and `Forwarded` with the client (`fwd`) appended, those of them that
+/// `which` names (the others go on as sent), then the body.
 pub(super) fn write_request(
     out: &mut Vec<u8>,
     buf: &[u8],
     head: &ReqHead,
     hdrs: &[Hdr],
     fwd: &ClientAddr,
+    which: ForwardedHeaders,
 ) {
     out.extend_from_slice(&buf[head.method.clone()]);
     out.push(b' ');
@@ -248,11 +250,11 @@ pub(super) fn write_request(
     let (mut xff, mut fwds) = (false, false);
     for h in hdrs {
         let name = &buf[h.name.clone()];
-        if is(name, "x-forwarded-for") {
+        if which.x_forwarded_for && is(name, "x-forwarded-for") {
             xff = true;
             continue;
         }
-        if is(name, "forwarded") {
+        if which.forwarded && is(name, "forwarded") {
             fwds = true;
             continue;
         }
@@ -261,27 +263,33 @@ pub(super) fn write_request(
         }
         push_header(out, name, &buf[h.value.clone()]);
     }
-    out.extend_from_slice(b"x-forwarded-for: ");
-    if xff {
-        join(out, buf, hdrs, "x-forwarded-for");
-        out.extend_from_slice(b", ");
-    }
-    out.extend_from_slice(fwd.ip.as_bytes());
-    out.extend_from_slice(b"\r\nforwarded: ");
-    if fwds {
-        join(out, buf, hdrs, "forwarded");
-        out.extend_from_slice(b", ");
-    }
-    out.extend_from_slice(fwd.node.as_bytes());
-    out.extend_from_slice(b";proto=http");
-    if let Some(host) = head.host.clone().map(|r| &buf[r]) {
-        if host.iter().all(|&b| b.is_ascii_graphic() && b != b'"') {
-            out.extend_from_slice(b";host=\"");
-            out.extend_from_slice(host);
-            out.push(b'"');
+    if which.x_forwarded_for {
+        out.extend_from_slice(b"x-forwarded-for: ");
+        if xff {
+            join(out, buf, hdrs, "x-forwarded-for");
+            out.extend_from_slice(b", ");
         }
+        out.extend_from_slice(fwd.ip.as_bytes());
+        out.extend_from_slice(b"\r\n");
     }
-    out.extend_from_slice(b"\r\n\r\n");
+    if which.forwarded {
+        out.extend_from_slice(b"forwarded: ");
+        if fwds {
+            join(out, buf, hdrs, "forwarded");
+            out.extend_from_slice(b", ");
+        }
+        out.extend_from_slice(fwd.node.as_bytes());
+        out.extend_from_slice(b";proto=http");
+        if let Some(host) = head.host.clone().map(|r| &buf[r]) {
+            if host.iter().all(|&b| b.is_ascii_graphic() && b != b'"') {
+                out.extend_from_slice(b";host=\"");
+                out.extend_from_slice(host);
+                out.push(b'"');
+            }
+        }
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
     out.extend_from_slice(&buf[head.len..head.len + head.body]);
 }
 
@@ -692,13 +700,49 @@ mod tests {
         assert!(head.listed);
         let mut out = Vec::new();
         let fwd = ClientAddr::new("127.0.0.1".parse().unwrap());
-        write_request(&mut out, text.as_bytes(), &head, &hdrs, &fwd);
+        let both = ForwardedHeaders::BOTH;
+        write_request(&mut out, text.as_bytes(), &head, &hdrs, &fwd, both);
         let out = String::from_utf8(out).unwrap();
         assert_eq!(
             out,
             "PUT /x HTTP/1.1\r\nHost: api.test\r\nX-Kept: yes\r\nContent-Length: 2\r\n\
              x-forwarded-for: 10.0.0.1, 10.0.0.2, 127.0.0.1\r\n\
              forwarded: for=10.0.0.1, for=127.0.0.1;proto=http;host=\"api.test\"\r\n\r\nhi"
+        );
+        // A header left out of `forwarded_headers` goes on as the client sent it.
+        let mut out = Vec::new();
+        let only_forwarded = ForwardedHeaders {
+            x_forwarded_for: false,
+            forwarded: true,
+        };
+        write_request(
+            &mut out,
+            text.as_bytes(),
+            &head,
+            &hdrs,
+            &fwd,
+            only_forwarded,
+        );
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "PUT /x HTTP/1.1\r\nHost: api.test\r\nX-Forwarded-For: 10.0.0.1\r\n\
+             X-Forwarded-For: 10.0.0.2\r\nX-Kept: yes\r\nContent-Length: 2\r\n\
+             forwarded: for=10.0.0.1, for=127.0.0.1;proto=http;host=\"api.test\"\r\n\r\nhi"
+        );
+        let mut out = Vec::new();
+        write_request(
+            &mut out,
+            text.as_bytes(),
+            &head,
+            &hdrs,
+            &fwd,
+            ForwardedHeaders::NONE,
+        );
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "PUT /x HTTP/1.1\r\nHost: api.test\r\nX-Forwarded-For: 10.0.0.1\r\n\
+             Forwarded: for=10.0.0.1\r\nX-Forwarded-For: 10.0.0.2\r\nX-Kept: yes\r\n\
+             Content-Length: 2\r\n\r\nhi"
         );
         let v6 = ClientAddr::new("::1".parse().unwrap());
         // A `Host` that is no host never takes the fast path (hyper's engine answers 400).
@@ -711,6 +755,7 @@ mod tests {
             &head,
             &hdrs,
             &v6,
+            both,
         );
         let out = String::from_utf8(out).unwrap();
         assert!(out.contains("x-forwarded-for: ::1\r\n"), "{out}");
