@@ -4,7 +4,7 @@
 //! |---|---|
 //! | `GET /healthz` | `ok` |
 //! | `GET /endpoints` | JSON: per service, its strategy and each endpoint's address, weight, effective weight, eligible, healthy, ejected, in_flight, ewma_ms, requests, failures |
-//! | `GET /metrics` | OpenMetrics text (Prometheus reads it; every family with `# HELP` and `# TYPE`): per service `lbkit_proxy_requests_total`, `lbkit_proxy_failures_total`, `lbkit_proxy_in_flight`, `lbkit_proxy_request_duration_seconds`; the families a tower pool writes too (`lbkit_tower::telemetry`): retries and refused retries, discovery (snapshots published, source errors, empty pushes held), per endpoint calls, failures by kind, cancellations, in-flight, ejections, eligibility, call latency histogram; client connections open (`lbkit_proxy_client_connections`, upgraded tunnels included) and their limit |
+//! | `GET /metrics` | OpenMetrics text (Prometheus reads it; every family with `# HELP` and `# TYPE`): per service `lbkit_proxy_requests_total`, `lbkit_proxy_failures_total`, `lbkit_proxy_in_flight`, `lbkit_proxy_request_duration_seconds`; the families a tower pool writes too (`lbkit_tower::telemetry`): retries and refused retries, discovery (snapshots published, source errors, empty pushes held), per endpoint calls, failures by kind, cancellations, in-flight, ejections, eligibility, call latency histogram; client connections open (`lbkit_proxy_client_connections`, upgraded tunnels included) and their limit; with several workers, the connections each serves (`lbkit_proxy_worker_connections{worker}`) |
 //! | `PUT /services/{name}/strategy` | body `{"strategy": "p2c-ewma", "params": {"default_rtt_ms": 20}}`: switch at run time |
 //! | `PUT /services/{name}/shadow` | the same body: run that strategy as a shadow beside the live one (it picks for every first attempt too, nothing is sent; it survives strategy switches, not reloads) |
 //! | `GET /services/{name}/shadow` | JSON: the candidate, first attempts observed, disagreements (and how many it could not pick), and per endpoint the live and candidate counts and shares; 404 when no shadow runs. `/metrics` has the same as `lbkit_shadow_*` |
@@ -108,7 +108,8 @@ async fn handle(hub: &Hub, req: Request<Incoming>) -> AdminResponse {
         }
         (Method::GET, "/metrics") => {
             let services = state.services.iter().map(|(n, r)| (n.as_str(), &r.service));
-            let body = crate::exposition::document(services, hub.client_connections());
+            let (open, per_worker) = (hub.client_connections(), hub.worker_connections());
+            let body = crate::exposition::document(services, open, per_worker);
             reply(StatusCode::OK, crate::exposition::CONTENT_TYPE, body)
         }
         (method, p) => {

@@ -32,12 +32,15 @@ pub(crate) const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0
 struct Scrape {
     services: Vec<(String, Arc<Service>, Arc<Snapshot>)>,
     connections: (usize, usize),
+    per_worker: Vec<usize>,
 }
 
-/// The `/metrics` document for `services` and `connections` (open, most allowed).
+/// The `/metrics` document for `services` and `connections` (open, most allowed), and the
+/// connections each worker thread serves (`per_worker`; empty with one worker).
 pub(crate) fn document<'a>(
     services: impl Iterator<Item = (&'a str, &'a Arc<Service>)>,
     connections: (usize, usize),
+    per_worker: Vec<usize>,
 ) -> String {
     let services = services
         .map(|(n, s)| (n.to_owned(), s.clone(), s.active().balancer.snapshot()))
@@ -46,6 +49,7 @@ pub(crate) fn document<'a>(
     registry.register_collector(Box::new(Scrape {
         services,
         connections,
+        per_worker,
     }));
     let mut out = String::new();
     // Writing into a String cannot fail.
@@ -85,6 +89,20 @@ impl Collector for Scrape {
         ] {
             let f = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
             ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX)).encode(f)?;
+        }
+        if !self.per_worker.is_empty() {
+            let mut f = enc.encode_descriptor(
+                "lbkit_proxy_worker_connections",
+                "Client connections each worker thread serves now (kept even: a worker serving \
+                 more than the least loaded hands a new connection over).",
+                None,
+                MetricType::Gauge,
+            )?;
+            for (w, &n) in self.per_worker.iter().enumerate() {
+                let worker = (w + 1).to_string();
+                let n = i64::try_from(n).unwrap_or(i64::MAX);
+                ConstGauge::new(n).encode(f.encode_family(&[("worker", worker.as_str())])?)?;
+            }
         }
         Ok(())
     }

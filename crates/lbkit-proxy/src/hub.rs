@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 
 use crate::config::Limits;
 use crate::state::State;
@@ -29,17 +29,131 @@ pub(crate) struct Hub {
     max_conns: usize,
     /// Client connections open.
     open: Arc<AtomicUsize>,
+    /// With several worker threads: how their connections are kept even.
+    spread: Option<Spread>,
 }
 
+/// Client connections kept even over the worker threads, as HAProxy dispatches each accepted
+/// connection to its least loaded thread. With `SO_REUSEPORT` alone the kernel picks a worker
+/// by a hash of the connection's addresses, and few connections split unevenly: 4 over 2
+/// workers are 3 + 1 or 4 + 0 five times in eight, leaving a worker (and a core) idle under
+/// load while the other saturates. A worker that accepts a connection while it serves more than
+/// the least loaded worker hands it over (the socket moves between the threads' runtimes once,
+/// before its first byte is read).
+#[derive(Debug)]
+struct Spread {
+    /// The connections each worker serves now (worker `w` at `w - 1`).
+    loads: Arc<[AtomicUsize]>,
+    /// Per listener, per worker: where a connection handed to that worker goes.
+    to: Vec<Vec<mpsc::UnboundedSender<Handed>>>,
+}
+
+/// A connection accepted by one worker for another to serve.
+#[derive(Debug)]
+pub(crate) struct Handed {
+    stream: std::net::TcpStream,
+    peer: SocketAddr,
+    slot: Slot,
+}
+
+/// The receiving ends of the hand-overs: per worker, per listener.
+pub(crate) type HandedTo = Vec<Vec<mpsc::UnboundedReceiver<Handed>>>;
+
 impl Hub {
-    /// A hub serving `state`, with `max_conns` client connection slots.
-    pub(crate) fn new(state: State, max_conns: usize) -> Self {
-        Hub {
+    /// A hub serving `state`, with `max_conns` client connection slots, for `workers` worker
+    /// threads and `listeners` client listeners; with more than one worker, also what each
+    /// worker receives of the connections the others hand over (see [`Spread`]).
+    pub(crate) fn new(
+        state: State,
+        max_conns: usize,
+        workers: usize,
+        listeners: usize,
+    ) -> (Self, HandedTo) {
+        let mut handed: HandedTo = (0..workers).map(|_| Vec::new()).collect();
+        let spread = (workers > 1).then(|| {
+            let to = (0..listeners)
+                .map(|_| {
+                    handed
+                        .iter_mut()
+                        .map(|mine| {
+                            let (tx, rx) = mpsc::unbounded_channel();
+                            mine.push(rx);
+                            tx
+                        })
+                        .collect()
+                })
+                .collect();
+            let loads = (0..workers).map(|_| AtomicUsize::new(0)).collect();
+            Spread { loads, to }
+        });
+        let hub = Hub {
             state: ArcSwap::from_pointee(state),
             conns: Arc::new(Semaphore::new(max_conns)),
             max_conns,
             open: Arc::default(),
+            spread,
+        };
+        (hub, handed)
+    }
+
+    /// The client connections each worker thread serves now (empty with one worker).
+    pub(crate) fn worker_connections(&self) -> Vec<usize> {
+        self.spread.as_ref().map_or_else(Vec::new, |s| {
+            s.loads.iter().map(|l| l.load(Ordering::Relaxed)).collect()
+        })
+    }
+
+    /// Where a connection of listener `listener` accepted on this thread is served: `Some` to
+    /// serve it here, `None` when it was handed to a less loaded worker (see [`Spread`]).
+    pub(crate) fn place(
+        &self,
+        listener: usize,
+        (stream, peer, mut slot): (TcpStream, SocketAddr, Slot),
+    ) -> Option<(TcpStream, SocketAddr, Slot)> {
+        let Some(spread) = &self.spread else {
+            return Some((stream, peer, slot));
+        };
+        let loads = &spread.loads;
+        let here = crate::worker::index().wrapping_sub(1).min(loads.len() - 1);
+        let (least, fewest) = loads
+            .iter()
+            .map(|l| l.load(Ordering::Relaxed))
+            .enumerate()
+            .min_by_key(|&(_, n)| n)
+            .unwrap_or((here, 0));
+        let to = if loads[here].load(Ordering::Relaxed) > fewest {
+            least
+        } else {
+            here
+        };
+        loads[to].fetch_add(1, Ordering::Relaxed);
+        slot.load = Some((loads.clone(), to));
+        if to == here {
+            return Some((stream, peer, slot));
         }
+        let stream = match stream.into_std() {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::debug!(error = %e, "a connection could not be handed over");
+                return None;
+            }
+        };
+        let handed = Handed { stream, peer, slot };
+        if let Err(mpsc::error::SendError(back)) = spread.to[listener][to].send(handed) {
+            // That worker is gone (shutting down): serve it here after all.
+            let Handed {
+                stream,
+                peer,
+                mut slot,
+            } = back;
+            if let Some((loads, w)) = slot.load.take() {
+                loads[w].fetch_sub(1, Ordering::Relaxed);
+            }
+            loads[here].fetch_add(1, Ordering::Relaxed);
+            slot.load = Some((loads.clone(), here));
+            return TcpStream::from_std(stream).ok().map(|s| (s, peer, slot));
+        }
+        None
     }
 
     /// Client connections open now, and the most allowed at once.
@@ -58,8 +172,44 @@ impl Hub {
         let slot = Slot {
             _permit: permit,
             open: self.open.clone(),
+            load: None,
         };
         Some((stream, peer, slot))
+    }
+
+    /// The next connection of listener `listener` for this thread to serve: accepted here
+    /// (and kept, see [`Hub::place`]) or handed over by another worker (`handed`); `None` at
+    /// shutdown.
+    pub(crate) async fn next(
+        &self,
+        listener: usize,
+        socket: &TcpListener,
+        handed: &mut Option<mpsc::UnboundedReceiver<Handed>>,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Option<(TcpStream, SocketAddr, Slot)> {
+        loop {
+            let from_others = async {
+                match handed.as_mut() {
+                    Some(rx) => rx.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                accepted = self.accept(socket, shutdown) => {
+                    if let Some(kept) = self.place(listener, accepted?) {
+                        return Some(kept);
+                    }
+                }
+                got = from_others => match got {
+                    Some(Handed { stream, peer, slot }) => {
+                        if let Ok(stream) = TcpStream::from_std(stream) {
+                            return Some((stream, peer, slot));
+                        }
+                    }
+                    None => *handed = None,
+                },
+            }
+        }
     }
 }
 
@@ -68,11 +218,16 @@ impl Hub {
 pub(crate) struct Slot {
     _permit: OwnedSemaphorePermit,
     open: Arc<AtomicUsize>,
+    /// The worker loads and the worker serving it (with several workers).
+    load: Option<(Arc<[AtomicUsize]>, usize)>,
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
         self.open.fetch_sub(1, Ordering::Relaxed);
+        if let Some((loads, w)) = &self.load {
+            loads[*w].fetch_sub(1, Ordering::Relaxed);
+        }
     }
 }
 

@@ -13,7 +13,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use lbkit_core::{Clock, Timestamp};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::body::ProxyBody;
@@ -21,7 +21,7 @@ use crate::config::{Config, Limits, Protocol};
 use crate::envelope::Envelope;
 use crate::error::ProxyError;
 use crate::forward;
-use crate::hub::{ConnHold, Hub, Slot};
+use crate::hub::{ConnHold, Handed, Hub, Slot};
 use crate::request::{self, Refused};
 use crate::state::State;
 use crate::watchdog::{self, Activity, BusyBody, Expired};
@@ -64,7 +64,13 @@ impl Proxy {
         let (shutdown, _) = watch::channel(false);
         let (exit, _) = watch::channel(false);
         let state = State::build(config.clone(), None, workers)?;
-        let hub = Arc::new(Hub::new(state, config.limits.max_connections));
+        let (hub, handed) = Hub::new(
+            state,
+            config.limits.max_connections,
+            workers,
+            config.listeners.len(),
+        );
+        let hub = Arc::new(hub);
         let mut listeners = Vec::new();
         let mut accept = Vec::new();
         let mut sockets: Vec<Vec<(usize, std::net::TcpListener)>> =
@@ -78,7 +84,7 @@ impl Proxy {
                     listeners.push(addr);
                 }
                 if workers == 1 {
-                    let job = listen(listener, i, &config, &hub, &shutdown);
+                    let job = listen(listener, i, &config, &hub, &shutdown, None);
                     accept.push(tokio::spawn(job));
                 } else {
                     let std = listener
@@ -91,10 +97,11 @@ impl Proxy {
         if workers == 1 {
             tokio::spawn(h1::sweep_idle(Arc::downgrade(&hub)));
         } else {
-            for (w, mine) in sockets.into_iter().enumerate() {
+            for ((w, mine), handed) in sockets.into_iter().enumerate().zip(handed) {
                 let job = Worker {
                     index: w,
                     sockets: mine,
+                    handed,
                     config: config.clone(),
                     hub: hub.clone(),
                     shutdown: shutdown.clone(),
@@ -123,6 +130,14 @@ impl Proxy {
             accept,
             workers,
         })
+    }
+
+    /// The client connections each worker thread serves now, worker 1 first (empty with one
+    /// worker). They are kept even: a worker that accepts a connection while it serves more
+    /// than the least loaded one hands it over, as HAProxy dispatches to its least loaded
+    /// thread; the kernel's `SO_REUSEPORT` hash alone splits few connections unevenly.
+    pub fn worker_connections(&self) -> Vec<usize> {
+        self.hub.worker_connections()
     }
 
     /// Promise that the calling thread drives a current-thread runtime for its whole life (it
@@ -199,6 +214,8 @@ impl Drop for Proxy {
 struct Worker {
     index: usize,
     sockets: Vec<(usize, std::net::TcpListener)>,
+    /// Per listener: the connections other workers hand to this one.
+    handed: Vec<mpsc::UnboundedReceiver<Handed>>,
     config: Config,
     hub: Arc<Hub>,
     shutdown: watch::Sender<bool>,
@@ -223,10 +240,16 @@ impl Worker {
             }
         };
         runtime.block_on(async move {
+            let mut handed: Vec<_> = std::mem::take(&mut self.handed)
+                .into_iter()
+                .map(Some)
+                .collect();
             for (i, socket) in std::mem::take(&mut self.sockets) {
                 match TcpListener::from_std(socket) {
                     Ok(l) => {
-                        tokio::spawn(listen(l, i, &self.config, &self.hub, &self.shutdown));
+                        let handed = handed.get_mut(i).and_then(Option::take);
+                        let (config, hub) = (&self.config, &self.hub);
+                        tokio::spawn(listen(l, i, config, hub, &self.shutdown, handed));
                     }
                     Err(e) => tracing::error!(worker = self.index, error = %e, "listener lost"),
                 }
@@ -238,18 +261,44 @@ impl Worker {
     }
 }
 
-/// The accept loop of listener `i` of `config`.
+/// The accept loop of listener `i` of `config`, which also serves the connections of that
+/// listener other workers hand to this one (`handed`).
 fn listen(
     listener: TcpListener,
     i: usize,
     config: &Config,
     hub: &Arc<Hub>,
     shutdown: &watch::Sender<bool>,
+    handed: Option<mpsc::UnboundedReceiver<Handed>>,
 ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
     let (hub, rx) = (hub.clone(), shutdown.subscribe());
+    let from = Arrivals {
+        listener,
+        index: i,
+        handed,
+    };
     match config.listeners[i].protocol {
-        Protocol::Http => Box::pin(serve_http(listener, hub, config.limits.clone(), rx)),
-        Protocol::Tcp => Box::pin(serve_tcp(listener, i, hub, rx)),
+        Protocol::Http => Box::pin(serve_http(from, hub, config.limits.clone(), rx)),
+        Protocol::Tcp => Box::pin(serve_tcp(from, hub, rx)),
+    }
+}
+
+/// Where a listener's loop gets its connections: its socket, and the hand-overs of other
+/// workers.
+struct Arrivals {
+    listener: TcpListener,
+    index: usize,
+    handed: Option<mpsc::UnboundedReceiver<Handed>>,
+}
+
+impl Arrivals {
+    async fn next(
+        &mut self,
+        hub: &Hub,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Option<(TcpStream, SocketAddr, Slot)> {
+        hub.next(self.index, &self.listener, &mut self.handed, shutdown)
+            .await
     }
 }
 
@@ -326,14 +375,14 @@ fn bind(addr: SocketAddr, reuse_port: bool) -> Result<TcpListener, ProxyError> {
 }
 
 async fn serve_http(
-    listener: TcpListener,
+    mut from: Arrivals,
     hub: Arc<Hub>,
     limits: Limits,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let builder = Arc::new(hyper_builder(&limits));
     let limits = Arc::new(limits);
-    while let Some((stream, peer, slot)) = hub.accept(&listener, &mut shutdown).await {
+    while let Some((stream, peer, slot)) = from.next(&hub, &mut shutdown).await {
         let conn = HttpConn {
             hub: hub.clone(),
             builder: builder.clone(),
@@ -472,13 +521,9 @@ async fn handle(
     resp
 }
 
-async fn serve_tcp(
-    listener: TcpListener,
-    index: usize,
-    hub: Arc<Hub>,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    while let Some((stream, _peer, slot)) = hub.accept(&listener, &mut shutdown).await {
+async fn serve_tcp(mut from: Arrivals, hub: Arc<Hub>, mut shutdown: watch::Receiver<bool>) {
+    let index = from.index;
+    while let Some((stream, _peer, slot)) = from.next(&hub, &mut shutdown).await {
         let state = hub.state.load();
         let Some(service) = state.tcp_service(index).cloned() else {
             continue;

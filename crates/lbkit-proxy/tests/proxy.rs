@@ -313,6 +313,52 @@ async fn worker_threads_share_the_listener_and_drain_on_shutdown() {
     );
 }
 
+/// Client connections are kept even over the worker threads, whatever the kernel's
+/// `SO_REUSEPORT` hash picks (few connections would otherwise split 3 + 1 or 4 + 0 over two
+/// workers five times in eight): a worker serving more than the least loaded one hands a new
+/// connection over, and the handed connections are served as any other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_connections_are_kept_even_over_the_workers() {
+    let a = Backend::start("a").await;
+    let text = config_text(&[&a], "round-robin", "");
+    let proxy = Proxy::start_workers(parse(&text), 2).await.unwrap();
+    let addr = proxy.listeners()[0];
+    let mut clients = Vec::new();
+    for n in 1..=6 {
+        // A client each, whose keep-alive connection stays open.
+        let c = client();
+        let (status, body, _) = get(&c, addr, "/", &[]).await;
+        assert_eq!((status, body.as_str()), (StatusCode::OK, "a"));
+        clients.push(c);
+        let loads = proxy.worker_connections();
+        let (least, most) = (loads.iter().min(), loads.iter().max());
+        assert_eq!(loads.iter().sum::<usize>(), n, "{loads:?}");
+        assert!(
+            most.zip(least).is_some_and(|(m, l)| m - l <= 1),
+            "{loads:?}"
+        );
+    }
+    for c in &clients {
+        let (status, body, _) = get(c, addr, "/again", &[]).await;
+        assert_eq!((status, body.as_str()), (StatusCode::OK, "a"));
+    }
+    assert_eq!(proxy.worker_connections(), [3, 3]);
+    let (_, metrics, _) = get(&client(), proxy.admin_addr(), "/metrics", &[]).await;
+    for worker in ["1", "2"] {
+        let line = format!("lbkit_proxy_worker_connections{{worker=\"{worker}\"}} 3\n");
+        assert!(metrics.contains(&line), "{line} in {metrics}");
+    }
+    drop(clients);
+    let closed = async {
+        while proxy.worker_connections() != [0, 0] {
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::time::timeout(WAIT, closed)
+        .await
+        .expect("every connection ended and left its worker");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn h2c_upstreams_are_spoken_to_in_http2() {
     let a = Backend::start("a").await;
