@@ -264,20 +264,12 @@ pub(super) fn write_request(
         push_header(out, name, &buf[h.value.clone()]);
     }
     if which.x_forwarded_for {
-        out.extend_from_slice(b"x-forwarded-for: ");
-        if xff {
-            join(out, buf, hdrs, "x-forwarded-for");
-            out.extend_from_slice(b", ");
-        }
+        start_appended(out, buf, hdrs, "x-forwarded-for", xff);
         out.extend_from_slice(fwd.ip.as_bytes());
         out.extend_from_slice(b"\r\n");
     }
     if which.forwarded {
-        out.extend_from_slice(b"forwarded: ");
-        if fwds {
-            join(out, buf, hdrs, "forwarded");
-            out.extend_from_slice(b", ");
-        }
+        start_appended(out, buf, hdrs, "forwarded", fwds);
         out.extend_from_slice(fwd.node.as_bytes());
         out.extend_from_slice(b";proto=http");
         if let Some(host) = head.host.clone().map(|r| &buf[r]) {
@@ -291,6 +283,17 @@ pub(super) fn write_request(
     }
     out.extend_from_slice(b"\r\n");
     out.extend_from_slice(&buf[head.len..head.len + head.body]);
+}
+
+/// Start the header `name` (lowercase) that the client is appended to: `name: `, then the
+/// client's own values of it joined (when it `sent` any) and `, `.
+fn start_appended(out: &mut Vec<u8>, buf: &[u8], hdrs: &[Hdr], name: &str, sent: bool) {
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(b": ");
+    if sent {
+        join(out, buf, hdrs, name);
+        out.extend_from_slice(b", ");
+    }
 }
 
 /// The client's address as the forwarding headers write it, made once per connection.
@@ -698,48 +701,32 @@ mod tests {
                     Content-Length: 2\r\n\r\nhi";
         let (head, hdrs) = plain(text);
         assert!(head.listed);
-        let mut out = Vec::new();
         let fwd = ClientAddr::new("127.0.0.1".parse().unwrap());
+        let written = |which| {
+            let mut out = Vec::new();
+            write_request(&mut out, text.as_bytes(), &head, &hdrs, &fwd, which);
+            String::from_utf8(out).unwrap()
+        };
         let both = ForwardedHeaders::BOTH;
-        write_request(&mut out, text.as_bytes(), &head, &hdrs, &fwd, both);
-        let out = String::from_utf8(out).unwrap();
         assert_eq!(
-            out,
+            written(both),
             "PUT /x HTTP/1.1\r\nHost: api.test\r\nX-Kept: yes\r\nContent-Length: 2\r\n\
              x-forwarded-for: 10.0.0.1, 10.0.0.2, 127.0.0.1\r\n\
              forwarded: for=10.0.0.1, for=127.0.0.1;proto=http;host=\"api.test\"\r\n\r\nhi"
         );
         // A header left out of `forwarded_headers` goes on as the client sent it.
-        let mut out = Vec::new();
         let only_forwarded = ForwardedHeaders {
             x_forwarded_for: false,
             forwarded: true,
         };
-        write_request(
-            &mut out,
-            text.as_bytes(),
-            &head,
-            &hdrs,
-            &fwd,
-            only_forwarded,
-        );
         assert_eq!(
-            String::from_utf8(out).unwrap(),
+            written(only_forwarded),
             "PUT /x HTTP/1.1\r\nHost: api.test\r\nX-Forwarded-For: 10.0.0.1\r\n\
              X-Forwarded-For: 10.0.0.2\r\nX-Kept: yes\r\nContent-Length: 2\r\n\
              forwarded: for=10.0.0.1, for=127.0.0.1;proto=http;host=\"api.test\"\r\n\r\nhi"
         );
-        let mut out = Vec::new();
-        write_request(
-            &mut out,
-            text.as_bytes(),
-            &head,
-            &hdrs,
-            &fwd,
-            ForwardedHeaders::NONE,
-        );
         assert_eq!(
-            String::from_utf8(out).unwrap(),
+            written(ForwardedHeaders::NONE),
             "PUT /x HTTP/1.1\r\nHost: api.test\r\nX-Forwarded-For: 10.0.0.1\r\n\
              Forwarded: for=10.0.0.1\r\nX-Forwarded-For: 10.0.0.2\r\nX-Kept: yes\r\n\
              Content-Length: 2\r\n\r\nhi"
