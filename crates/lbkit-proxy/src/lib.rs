@@ -43,7 +43,10 @@
 //!
 //! With [`Proxy::start_workers`], each worker thread has its own current-thread runtime,
 //! listening sockets (`SO_REUSEPORT`) and upstream pools, as nginx's worker processes do; the
-//! admin API, health checks, outlier detection and discovery run on the calling runtime.
+//! admin API, health checks, outlier detection and discovery run on the calling runtime. A
+//! worker that accepts a connection while it serves more than the least loaded worker hands it
+//! over before reading it, as HAProxy dispatches to its least loaded thread
+//! ([`Proxy::worker_connections`]): the kernel's hash alone splits few connections unevenly.
 //!
 //! On a thread that drives its runtime for good (worker threads, `lbkit proxy`, or a caller
 //! that says so with [`Proxy::pin_runtime_thread`]), the fast path's upstream writes of one

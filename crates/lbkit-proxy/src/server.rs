@@ -54,8 +54,9 @@ impl Proxy {
 
     /// Like [`Proxy::start`], with `workers` worker threads when `workers > 1`: nginx's model.
     /// Each worker runs its own current-thread runtime, its own listening sockets
-    /// (`SO_REUSEPORT`: the kernel spreads connections) and its own upstream pools, so a request
-    /// never hops threads. The admin API and the services' upkeep stay on the calling runtime.
+    /// (`SO_REUSEPORT`: the kernel spreads connections, and a worker serving more than the least
+    /// loaded one hands a new connection over before reading it) and its own upstream pools, so
+    /// a request never hops threads. The admin API and the services' upkeep stay on the calling runtime.
     ///
     /// # Errors
     /// A listener that cannot bind, a source that cannot start.
