@@ -167,20 +167,25 @@ impl Check {
     async fn once(&self) {
         let started = tokio::time::Instant::now();
         let mut pings = self.pings.lock().await;
-        // Errors (from either call) mean that the connection is ending anyway.
-        let pong = match pings.as_mut().map(|p| (p.send_ping(h2::Ping::opaque()), p)) {
-            Some((Ok(()), p)) => {
-                tokio::time::timeout(self.limit, poll_fn(|cx| p.poll_pong(cx))).await
-            }
-            _ => Ok(Err(h2::Error::from(Reason::CANCEL))),
+        // `None`: no `PING` could be sent, or its `PONG` came as an error: either way the
+        // connection is ending already.
+        let pong = match pings.as_mut() {
+            Some(p) => match p.send_ping(h2::Ping::opaque()) {
+                Ok(()) => {
+                    let pong = poll_fn(|cx| p.poll_pong(cx));
+                    Some(tokio::time::timeout(self.limit, pong).await)
+                }
+                Err(_) => None,
+            },
+            None => None,
         };
         drop(pings);
         match pong {
-            Ok(Ok(_)) => {
+            Some(Ok(Ok(_))) => {
                 self.passed.fetch_add(1, Relaxed);
             }
-            Ok(Err(_)) => {}
-            Err(_) => {
+            None | Some(Ok(Err(_))) => {}
+            Some(Err(_elapsed)) => {
                 tracing::warn!(
                     address = %self.address,
                     limit = ?self.limit,
@@ -643,11 +648,11 @@ mod tests {
         closed: Arc<AtomicUsize>,
     }
 
-    /// An HTTP/2 server on `addr` (port 0: any) answering every request with the request
+    /// An HTTP/2 server on a loopback port answering every request with the request
     /// body's length, then two one-byte `DATA` frames and `grpc-status: 0` trailers (a gRPC
     /// answer's shape).
-    async fn server(addr: SocketAddr) -> Server {
-        let listener = TcpListener::bind(addr).await.expect("bind");
+    async fn server() -> Server {
+        let listener = TcpListener::bind(any_port()).await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let (opened, closed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
         let (o, c) = (opened.clone(), closed.clone());
@@ -720,7 +725,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn calls_share_one_connection_and_get_the_whole_answer() {
-        let up = server(any_port()).await;
+        let up = server().await;
         let client = H2Client::new(WAIT, Duration::from_secs(60));
         let resp = client
             .request(request(up.addr, b"hello"))
@@ -757,7 +762,7 @@ mod tests {
     /// window, 400 answers of three small frames each, waiting to be read, are past it.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn many_small_answers_waiting_to_be_read_keep_the_connection() {
-        let up = server(any_port()).await;
+        let up = server().await;
         let client = H2Client::new(WAIT, Duration::from_secs(60));
         let heads: Vec<_> = (0..400)
             .map(|_| {
@@ -779,7 +784,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_connection_the_upstream_dropped_is_replaced() {
-        let up = server(any_port()).await;
+        let up = server().await;
         let relay = lbkit_testkit::relay::Relay::start(up.addr).await;
         let client = H2Client::new(WAIT, Duration::from_secs(60));
         call(&client, relay.addr).await;
@@ -794,7 +799,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_idle_connection_is_closed_and_a_busy_one_kept() {
-        let up = server(any_port()).await;
+        let up = server().await;
         let client = H2Client::new(WAIT, Duration::from_millis(100));
         let resp = client
             .request(request(up.addr, b""))
@@ -860,7 +865,7 @@ mod tests {
     /// next call connects again. (The second check waits for the first one's second to end.)
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_connection_gone_silent_is_closed_after_a_call_gave_up_on_it() {
-        let up = server(any_port()).await;
+        let up = server().await;
         let relay = lbkit_testkit::relay::Relay::start(up.addr).await;
         // The connect timeout bounds the PONG: ample on loopback, even on a loaded machine.
         let client = H2Client::new(Duration::from_millis(500), Duration::from_secs(60));

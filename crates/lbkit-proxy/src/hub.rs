@@ -138,21 +138,9 @@ impl Hub {
                 return None;
             }
         };
-        let handed = Handed { stream, peer, slot };
-        if let Err(mpsc::error::SendError(back)) = spread.to[listener][to].send(handed) {
-            // That worker is gone (shutting down): serve it here after all.
-            let Handed {
-                stream,
-                peer,
-                mut slot,
-            } = back;
-            if let Some((loads, w)) = slot.load.take() {
-                loads[w].fetch_sub(1, Ordering::Relaxed);
-            }
-            loads[here].fetch_add(1, Ordering::Relaxed);
-            slot.load = Some((loads.clone(), here));
-            return TcpStream::from_std(stream).ok().map(|s| (s, peer, slot));
-        }
+        // Refused only when that worker's loop has ended: the proxy is shutting down, and
+        // this worker's loop too; the connection closes unread, as one accepted then would.
+        let _ = spread.to[listener][to].send(Handed { stream, peer, slot });
         None
     }
 
@@ -176,18 +164,41 @@ impl Hub {
         };
         Some((stream, peer, slot))
     }
+}
 
-    /// The next connection of listener `listener` for this thread to serve: accepted here
-    /// (and kept, see [`Hub::place`]) or handed over by another worker (`handed`); `None` at
-    /// shutdown.
+/// Where one listener's loop on one thread gets its connections: its socket, and the
+/// connections other workers hand to this one (see [`Spread`]).
+#[derive(Debug)]
+pub(crate) struct Arrivals {
+    listener: TcpListener,
+    /// The listener's place in the configuration.
+    pub(crate) index: usize,
+    handed: Option<mpsc::UnboundedReceiver<Handed>>,
+}
+
+impl Arrivals {
+    /// Listener `index`'s `listener`, and what other workers hand over (`handed`).
+    pub(crate) fn new(
+        listener: TcpListener,
+        index: usize,
+        handed: Option<mpsc::UnboundedReceiver<Handed>>,
+    ) -> Self {
+        Arrivals {
+            listener,
+            index,
+            handed,
+        }
+    }
+
+    /// The next connection for this thread to serve: accepted here (and kept, see
+    /// [`Hub::place`]) or handed over by another worker; `None` at shutdown.
     pub(crate) async fn next(
-        &self,
-        listener: usize,
-        socket: &TcpListener,
-        handed: &mut Option<mpsc::UnboundedReceiver<Handed>>,
+        &mut self,
+        hub: &Hub,
         shutdown: &mut watch::Receiver<bool>,
     ) -> Option<(TcpStream, SocketAddr, Slot)> {
         loop {
+            let handed = &mut self.handed;
             let from_others = async {
                 match handed.as_mut() {
                     Some(rx) => rx.recv().await,
@@ -195,8 +206,8 @@ impl Hub {
                 }
             };
             tokio::select! {
-                accepted = self.accept(socket, shutdown) => {
-                    if let Some(kept) = self.place(listener, accepted?) {
+                accepted = hub.accept(&self.listener, shutdown) => {
+                    if let Some(kept) = hub.place(self.index, accepted?) {
                         return Some(kept);
                     }
                 }
@@ -206,7 +217,7 @@ impl Hub {
                             return Some((stream, peer, slot));
                         }
                     }
-                    None => *handed = None,
+                    None => self.handed = None,
                 },
             }
         }

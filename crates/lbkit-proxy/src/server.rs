@@ -21,7 +21,7 @@ use crate::config::{Config, Limits, Protocol};
 use crate::envelope::Envelope;
 use crate::error::ProxyError;
 use crate::forward;
-use crate::hub::{ConnHold, Handed, Hub, Slot};
+use crate::hub::{Arrivals, ConnHold, Handed, Hub, Slot};
 use crate::request::{self, Refused};
 use crate::state::State;
 use crate::watchdog::{self, Activity, BusyBody, Expired};
@@ -273,33 +273,10 @@ fn listen(
     handed: Option<mpsc::UnboundedReceiver<Handed>>,
 ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
     let (hub, rx) = (hub.clone(), shutdown.subscribe());
-    let from = Arrivals {
-        listener,
-        index: i,
-        handed,
-    };
+    let from = Arrivals::new(listener, i, handed);
     match config.listeners[i].protocol {
         Protocol::Http => Box::pin(serve_http(from, hub, config.limits.clone(), rx)),
         Protocol::Tcp => Box::pin(serve_tcp(from, hub, rx)),
-    }
-}
-
-/// Where a listener's loop gets its connections: its socket, and the hand-overs of other
-/// workers.
-struct Arrivals {
-    listener: TcpListener,
-    index: usize,
-    handed: Option<mpsc::UnboundedReceiver<Handed>>,
-}
-
-impl Arrivals {
-    async fn next(
-        &mut self,
-        hub: &Hub,
-        shutdown: &mut watch::Receiver<bool>,
-    ) -> Option<(TcpStream, SocketAddr, Slot)> {
-        hub.next(self.index, &self.listener, &mut self.handed, shutdown)
-            .await
     }
 }
 

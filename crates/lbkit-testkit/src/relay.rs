@@ -8,7 +8,7 @@
 
 use std::net::SocketAddr;
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -85,11 +85,6 @@ impl Drop for Relay {
 
 /// Move bytes from `from` to `to` until either ends, then close `to`'s writing side.
 async fn copy(mut from: impl AsyncRead + Unpin, mut to: impl AsyncWrite + Unpin) {
-    let mut buf = vec![0; 16 << 10];
-    while let Ok(n) = from.read(&mut buf).await {
-        if n == 0 || to.write_all(&buf[..n]).await.is_err() {
-            break;
-        }
-    }
+    let _ = tokio::io::copy(&mut from, &mut to).await;
     let _ = to.shutdown().await;
 }
