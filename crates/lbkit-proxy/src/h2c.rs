@@ -363,6 +363,7 @@ impl H2Client {
             },
         });
         slot.conn.store(Some(conn.clone()));
+        self.adopt(address, slot);
         tokio::spawn(drive(
             connection,
             Arc::downgrade(self),
@@ -371,6 +372,22 @@ impl H2Client {
             Arc::downgrade(&conn),
         ));
         Ok(conn)
+    }
+
+    /// Put `slot`, which now holds a connection, back in the map if it is no longer there: the
+    /// task of the endpoint's previous connection drops the slot when that connection ends and
+    /// the slot holds none, which can happen just after a call took the slot to connect again.
+    /// Left out of the map, the new connection would serve that one call and the next call
+    /// would open another.
+    fn adopt(&self, address: &str, slot: &Arc<Slot>) {
+        if self.slots.load().contains_key(address) {
+            return;
+        }
+        self.slots.rcu(|m| {
+            let mut m = HashMap::clone(m);
+            m.entry(address.into()).or_insert_with(|| slot.clone());
+            m
+        });
     }
 
     /// Drop `address`'s slot if it holds no connection (its endpoint may be gone for good).
