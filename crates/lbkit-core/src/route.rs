@@ -324,7 +324,7 @@ impl TagTable {
     /// [`PickError::NoTagMatch`] when no provider has a forced tag (or the rule forces it);
     /// [`PickError::AllTagged`] when every eligible endpoint is reserved for a tag.
     #[inline]
-    pub(crate) fn lead(&self, tag: Option<RequestTag<'_>>) -> Result<(Lead, Routed), PickError> {
+    pub(crate) fn lead(&self, tag: Option<&RequestTag<'_>>) -> Result<(Lead, Routed), PickError> {
         let Some(tag) = tag.filter(|t| !t.name.is_empty()) else {
             return match self.untagged {
                 Lead::Nothing => Err(PickError::AllTagged),
@@ -356,7 +356,7 @@ impl TagTable {
 /// Where a request with `tag` goes in a snapshot without a tag table: everywhere, unless it
 /// forces a tag (then nowhere: nothing is tagged).
 #[inline]
-pub(crate) fn untabled(tag: Option<RequestTag<'_>>) -> Result<(Lead, Routed), PickError> {
+pub(crate) fn untabled(tag: Option<&RequestTag<'_>>) -> Result<(Lead, Routed), PickError> {
     match tag {
         Some(t) if t.force && !t.name.is_empty() => Err(PickError::NoTagMatch),
         _ => Ok((Lead::Main, Routed::All)),

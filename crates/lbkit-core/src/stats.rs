@@ -457,7 +457,6 @@ impl EndpointStats {
     /// [`record`](Self::record) of a latency in nanoseconds.
     #[inline]
     fn record_ns(&self, ns: u64, now: Timestamp, outcome: Outcome) {
-        self.live.record_ewma(now, ns);
         let bucket = || &self.buckets[BUCKET_NS.partition_point(|&b| b < ns)];
         match outcome {
             Outcome::Success => {
@@ -476,6 +475,8 @@ impl EndpointStats {
                 self.cancellations.fetch_add(1, Relaxed);
             }
         }
+        // Last: the counters above need not wait for the EWMA's floating-point steps.
+        self.live.record_ewma(now, ns);
     }
 
     /// Load observed statistics (for what-if tools and simulators; adds to what is there).
