@@ -221,6 +221,11 @@ impl<Svc, S: Strategy> Pool<Svc, S> {
             .collect()
     }
 
+    // Always inlined: out of line, it returned the `Selected` (with its call guard) through
+    // memory, written field by field, and `select`'s copy of it read it with wider loads, which
+    // the store buffer cannot forward (a third of `select`'s time in perf's samples; the
+    // balancer's pick had the same stall, BENCHMARKS.md).
+    #[inline(always)]
     fn selected(
         &self,
         endpoint: &Endpoint,
