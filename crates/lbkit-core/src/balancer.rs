@@ -516,8 +516,9 @@ impl<S: Strategy> Balancer<S> {
     //
     // Always inlined, with `start_call` and `CallGuard::new`: built in an out-of-line function,
     // the guard came back through memory, written field by field, and the caller's copy of it
-    // read it with wider loads than the stores, which the store buffer cannot forward: the
-    // pick and finish of round robin took 57.6 ns instead of 40.4 (BENCHMARKS.md).
+    // read it with wider loads than the stores, which the store buffer cannot forward (with
+    // the tag's copy in `Prepared::select`, round robin's pick and finish went from 57.7 ns to
+    // 38.8: BENCHMARKS.md, "Pick and finish: two store-forwarding stalls").
     #[inline(always)]
     pub fn pick(&self, cx: &mut PickContext<'_>) -> Result<CallGuard, PickError> {
         let prepared = self.current.load();
