@@ -16,8 +16,9 @@ use bytes::Bytes;
 use divan::{black_box, Bencher};
 use futures_util::FutureExt;
 use http_body_util::{BodyExt, Full};
-use lbkit_core::{Endpoint, EndpointSpec, Strategy};
+use lbkit_core::{Clock, Endpoint, EndpointSpec, Strategy};
 use lbkit_strategy::{P2cEwma, RoundRobin};
+use lbkit_tower::http::replay_request;
 use lbkit_tower::{BalanceLayer, CloneRequests, Pool, PoolBuilder};
 use tower::balance::p2c;
 use tower::discover::ServiceList;
@@ -142,7 +143,7 @@ fn lbkit_p2c_ewma_failover(bencher: Bencher<'_, '_>, n: usize) {
 type HttpReq = http::Request<Full<Bytes>>;
 
 /// An HTTP endpoint service: 200 with a small body, at once.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 struct HttpEcho;
 
 impl Service<HttpReq> for HttpEcho {
@@ -188,6 +189,52 @@ where
 #[divan::bench(sample_count = 100, sample_size = 1000)]
 fn http_direct(bencher: Bencher<'_, '_>) {
     let mut svc = HttpEcho;
+    bencher.bench_local(|| http_call(black_box(&mut svc)));
+}
+
+/// What any balancer that replays requests and measures latency must add to the direct call,
+/// without picking: the replay copy of the request (kept until the response, as failover keeps
+/// it) and the two clock reads around the call. The floor of the ≤ 200 ns target of
+/// `http_lbkit_p2c_ewma_failover` over `http_direct` (issue 18), less the pick and finish of
+/// the pick bench.
+/// Without `clock`, the copy alone.
+#[derive(Clone, Debug, Default)]
+struct ReplayFloor {
+    inner: HttpEcho,
+    clock: Option<Clock>,
+}
+
+impl Service<HttpReq> for ReplayFloor {
+    type Response = http::Response<Full<Bytes>>;
+    type Error = Infallible;
+    type Future = Ready<Result<Self::Response, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: HttpReq) -> Self::Future {
+        let started = self.clock.as_ref().map(Clock::now);
+        let copy = replay_request(&req);
+        let response = self.inner.call(req).into_inner();
+        black_box((started, self.clock.as_ref().map(Clock::now)));
+        drop(black_box(copy));
+        ready(response)
+    }
+}
+
+#[divan::bench(sample_count = 100, sample_size = 1000)]
+fn http_floor_replay(bencher: Bencher<'_, '_>) {
+    let mut svc = ReplayFloor::default();
+    bencher.bench_local(|| http_call(black_box(&mut svc)));
+}
+
+#[divan::bench(sample_count = 100, sample_size = 1000)]
+fn http_floor_replay_and_clock(bencher: Bencher<'_, '_>) {
+    let mut svc = ReplayFloor {
+        clock: Some(Clock::System),
+        ..ReplayFloor::default()
+    };
     bencher.bench_local(|| http_call(black_box(&mut svc)));
 }
 
