@@ -402,6 +402,60 @@ mod balancer {
         });
     }
 
+    /// [`floor_pick_and_outcome`] plus the four locked instructions lbkit's design adds: the
+    /// `ArcSwap` load of the balancer's state and its guard's release (arc-swap's debt slot,
+    /// taken and paid back), the windowed mean's one-word `fetch_add`, and the peak EWMA's
+    /// compare-and-swap in place of the floor's store (a lost update could be a lost peak). Twelve
+    /// in all, with no other work: what `round_robin_filter_off` costs beyond this is code, not
+    /// atomics.
+    #[divan::bench(args = BN)]
+    fn floor_pick_and_outcome_as_designed(b: Bencher, n: usize) {
+        #[repr(align(64))]
+        struct Line {
+            in_flight: AtomicU64,
+            successes: AtomicU64,
+            success_nanos: AtomicU64,
+            bucket: AtomicU64,
+            window: AtomicU64,
+            ewma: AtomicU64,
+        }
+        let lines: Vec<Arc<Line>> = (0..n)
+            .map(|_| {
+                Arc::new(Line {
+                    in_flight: AtomicU64::new(0),
+                    successes: AtomicU64::new(0),
+                    success_nanos: AtomicU64::new(0),
+                    bucket: AtomicU64::new(0),
+                    window: AtomicU64::new(0),
+                    ewma: AtomicU64::new(0),
+                })
+            })
+            .collect();
+        let state =
+            arc_swap::ArcSwap::from_pointee((super::floor::Padded(AtomicUsize::new(0)), lines));
+        b.bench_local(|| {
+            let line = {
+                let current = black_box(&state).load();
+                let (counter, lines) = &**current;
+                let i = counter.0.fetch_add(1, Relaxed) % n;
+                lines[i].clone()
+            };
+            line.in_flight.fetch_add(1, Relaxed);
+            // ... the call ...
+            line.in_flight.fetch_sub(1, Relaxed);
+            line.successes.fetch_add(1, Relaxed);
+            line.success_nanos.fetch_add(black_box(1_000), Relaxed);
+            line.bucket.fetch_add(1, Relaxed);
+            line.window.fetch_add(black_box((1 << 24) + 1), Relaxed);
+            let seen = line.ewma.load(Relaxed);
+            let next = (f64::from_bits(seen) * 0.5 + 500.0).to_bits();
+            let _ = line
+                .ewma
+                .compare_exchange(seen, black_box(next), Relaxed, Relaxed);
+            drop(line);
+        });
+    }
+
     #[divan::bench(args = BN)]
     fn round_robin_breaker_on(b: Bencher, n: usize) {
         bench_balancer(
