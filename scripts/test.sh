@@ -10,8 +10,11 @@ on_exit() {
     local rc=$?
     if [ "$rc" -ne 0 ] && [ -f "${LBKIT_ZK_DIR:-target/zookeeper}/server.log" ]; then
         # What the shared ZooKeeper saw, for a discovery test that failed.
+        # Without stack frames and the routine notes of clients closing their sockets, so the
+        # session expiries and reconnections stay in view.
         echo "== test.sh: tests failed ($rc); the shared ZooKeeper's last log lines:" >&2
-        grep -v "^\s*at " "${LBKIT_ZK_DIR:-target/zookeeper}/server.log" | tail -40 >&2 || true
+        grep -v -e "^\s*at " -e "EndOfStreamException" -e "NIOServerCnxn - Unexpected exception" \
+            "${LBKIT_ZK_DIR:-target/zookeeper}/server.log" | tail -60 >&2 || true
     fi
     scripts/zookeeper.sh stop >/dev/null 2>&1 || true
 }

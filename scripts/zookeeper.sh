@@ -76,7 +76,11 @@ launch() { # port
     local port=$1 waited=0
     write_cfg "$port"
     # -Xmx: tests run up to three servers beside two cargo builds on a 2-core machine.
-    setsid java -Xmx256m -cp "$JARS" org.apache.zookeeper.server.ZooKeeperServerMain \
+    # Timestamps in server.log (slf4j-simple has none by default): a failed test's session
+    # expiries and reconnections can then be lined up with the test's own log.
+    setsid java -Xmx256m -Dorg.slf4j.simpleLogger.showDateTime=true \
+        -Dorg.slf4j.simpleLogger.dateTimeFormat=HH:mm:ss.SSS \
+        -cp "$JARS" org.apache.zookeeper.server.ZooKeeperServerMain \
         "$DIR/zoo.cfg" >>"$DIR/server.log" 2>&1 </dev/null &
     echo $! >"$DIR/pid"
     while ! ruok "$port"; do

@@ -498,9 +498,9 @@ async fn the_tag_header_routes_requests_to_their_tags_endpoints() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_trace_table_records_every_attempt_of_sampled_requests() {
     let (a, b) = (Backend::start("a").await, Backend::start("b").await);
-    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let dead_addr = dead.local_addr().unwrap();
-    drop(dead);
+    // Held refusing for the whole run: a port bound and closed again can go to another test's
+    // backend, whose answers then stand where refusals were expected.
+    let dead_addr = lbkit_testkit::refused_addr();
     let dir = scratch("trace");
     let path = dir.path().join("svc.lbkt");
     let text = format!(
