@@ -360,6 +360,37 @@ mod balancer {
         );
     }
 
+    /// One endpoint's 64-byte line of counters in the two floors below (`window` is only the
+    /// designed floor's).
+    #[derive(Default)]
+    #[repr(align(64))]
+    struct Line {
+        in_flight: AtomicU64,
+        successes: AtomicU64,
+        success_nanos: AtomicU64,
+        bucket: AtomicU64,
+        window: AtomicU64,
+        ewma: AtomicU64,
+    }
+
+    impl Line {
+        fn many(n: usize) -> Vec<Arc<Line>> {
+            (0..n).map(|_| Arc::default()).collect()
+        }
+
+        /// The call in flight, then its success counted: the five read-modify-writes both
+        /// floors do on the line.
+        #[inline(always)]
+        fn call_and_count(&self) {
+            self.in_flight.fetch_add(1, Relaxed);
+            // ... the call ...
+            self.in_flight.fetch_sub(1, Relaxed);
+            self.successes.fetch_add(1, Relaxed);
+            self.success_nanos.fetch_add(black_box(1_000), Relaxed);
+            self.bucket.fetch_add(1, Relaxed);
+        }
+    }
+
     /// The floor of a round-robin pick and its successful outcome: the atomic read-modify-writes
     /// no implementation can skip, on the same kind of layout (a padded shared counter; per
     /// endpoint, a reference count keeping its statistics alive while the call is out and one
@@ -368,35 +399,12 @@ mod balancer {
     /// histogram's bucket; plus the peak EWMA's store (a plain store when uncontended).
     #[divan::bench(args = BN)]
     fn floor_pick_and_outcome(b: Bencher, n: usize) {
-        #[repr(align(64))]
-        struct Line {
-            in_flight: AtomicU64,
-            successes: AtomicU64,
-            success_nanos: AtomicU64,
-            bucket: AtomicU64,
-            ewma: AtomicU64,
-        }
-        let lines: Vec<Arc<Line>> = (0..n)
-            .map(|_| {
-                Arc::new(Line {
-                    in_flight: AtomicU64::new(0),
-                    successes: AtomicU64::new(0),
-                    success_nanos: AtomicU64::new(0),
-                    bucket: AtomicU64::new(0),
-                    ewma: AtomicU64::new(0),
-                })
-            })
-            .collect();
+        let lines = Line::many(n);
         let counter = super::floor::Padded(AtomicUsize::new(0));
         b.bench_local(|| {
             let i = black_box(&counter).0.fetch_add(1, Relaxed) % n;
             let line = black_box(&lines)[i].clone();
-            line.in_flight.fetch_add(1, Relaxed);
-            // ... the call ...
-            line.in_flight.fetch_sub(1, Relaxed);
-            line.successes.fetch_add(1, Relaxed);
-            line.success_nanos.fetch_add(black_box(1_000), Relaxed);
-            line.bucket.fetch_add(1, Relaxed);
+            line.call_and_count();
             line.ewma.store(black_box(1_000), Relaxed);
             drop(line);
         });
@@ -410,29 +418,10 @@ mod balancer {
     /// atomics.
     #[divan::bench(args = BN)]
     fn floor_pick_and_outcome_as_designed(b: Bencher, n: usize) {
-        #[repr(align(64))]
-        struct Line {
-            in_flight: AtomicU64,
-            successes: AtomicU64,
-            success_nanos: AtomicU64,
-            bucket: AtomicU64,
-            window: AtomicU64,
-            ewma: AtomicU64,
-        }
-        let lines: Vec<Arc<Line>> = (0..n)
-            .map(|_| {
-                Arc::new(Line {
-                    in_flight: AtomicU64::new(0),
-                    successes: AtomicU64::new(0),
-                    success_nanos: AtomicU64::new(0),
-                    bucket: AtomicU64::new(0),
-                    window: AtomicU64::new(0),
-                    ewma: AtomicU64::new(0),
-                })
-            })
-            .collect();
-        let state =
-            arc_swap::ArcSwap::from_pointee((super::floor::Padded(AtomicUsize::new(0)), lines));
+        let state = arc_swap::ArcSwap::from_pointee((
+            super::floor::Padded(AtomicUsize::new(0)),
+            Line::many(n),
+        ));
         b.bench_local(|| {
             let line = {
                 let current = black_box(&state).load();
@@ -440,12 +429,7 @@ mod balancer {
                 let i = counter.0.fetch_add(1, Relaxed) % n;
                 lines[i].clone()
             };
-            line.in_flight.fetch_add(1, Relaxed);
-            // ... the call ...
-            line.in_flight.fetch_sub(1, Relaxed);
-            line.successes.fetch_add(1, Relaxed);
-            line.success_nanos.fetch_add(black_box(1_000), Relaxed);
-            line.bucket.fetch_add(1, Relaxed);
+            line.call_and_count();
             line.window.fetch_add(black_box((1 << 24) + 1), Relaxed);
             let seen = line.ewma.load(Relaxed);
             let next = (f64::from_bits(seen) * 0.5 + 500.0).to_bits();

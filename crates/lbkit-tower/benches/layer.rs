@@ -196,8 +196,7 @@ fn http_direct(bencher: Bencher<'_, '_>) {
 /// without picking: the replay copy of the request (kept until the response, as failover keeps
 /// it) and the two clock reads around the call. The floor of the ≤ 200 ns target of
 /// `http_lbkit_p2c_ewma_failover` over `http_direct` (issue 18), less the pick and finish of
-/// the pick bench.
-/// Without `clock`, the copy alone.
+/// the pick bench. Without `clock`, the copy alone.
 #[derive(Clone, Debug, Default)]
 struct ReplayFloor {
     inner: HttpEcho,
