@@ -18,6 +18,7 @@ ROWS=${ROWS:-'balancer::(round_robin_filter_off|weighted_random_skewed_filter_of
 REFERENCE='reference::pingora_round_robin'
 WORK=$(mktemp -d /tmp/bench-pick.XXXXXX)
 RAW=${RAW:-$WORK/rounds.json}
+trap 'rm -f "$WORK/pick-a" "$WORK/pick-b"' EXIT   # the binaries; the values stay
 
 if ! command -v cmake >/dev/null; then
   echo "installing cmake from Debian's packages (pingora's zlib-ng builds with it)" >&2
