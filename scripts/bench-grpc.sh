@@ -60,9 +60,7 @@ ECHO=$TARGET/release/examples/echo_server
 B1=$((BASE_PORT + 1)); B2=$((BASE_PORT + 2)); B3=$((BASE_PORT + 3)); FRONT=$((BASE_PORT + 10))
 ADMIN=$((BASE_PORT + 11))
 
-# One call: `echo.Echo/Say` with message "hello", gRPC-framed (flag 0, length 7, protobuf).
-printf '\x00\x00\x00\x00\x07\x0a\x05hello' > "$WORK/say.bin"
-H2LOAD_ARGS=(-H "content-type: application/grpc" -H "te: trailers" -d "$WORK/say.bin")
+grpc_call_setup "$WORK"
 
 listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
@@ -72,15 +70,6 @@ wait_port() { # wait until port $1 accepts connections (bounded: 10 s)
     sleep 0.1
   done
   echo "nothing listens on port $1" >&2; return 1
-}
-
-wait_grpc() { # wait until one call through port $1 succeeds (bounded: 10 s)
-  for _ in $(seq 1 50); do
-    if h2load -n 1 -c 1 "${H2LOAD_ARGS[@]}" "http://127.0.0.1:$1/echo.Echo/Say" 2>/dev/null \
-        | grep -q '1 succeeded'; then return 0; fi
-    sleep 0.2
-  done
-  echo "no gRPC call succeeds through port $1" >&2; return 1
 }
 
 rss_kb() { # total RSS (kB) of pid $1 and its children
@@ -140,25 +129,7 @@ CONF
 }
 
 start_haproxy() {
-  cat > "$WORK/haproxy.cfg" <<CONF
-global
-  nbthread $1
-  maxconn 4096
-defaults
-  mode http
-  timeout connect 1s
-  timeout client 30s
-  timeout server 30s
-  http-reuse always
-frontend f
-  bind 127.0.0.1:$FRONT proto h2
-  default_backend b
-backend b
-  balance roundrobin
-  server s1 127.0.0.1:$B1 proto h2
-  server s2 127.0.0.1:$B2 proto h2
-  server s3 127.0.0.1:$B3 proto h2
-CONF
+  haproxy_conf "$1" "$FRONT" "$B1" "$B2" "$B3" h2 > "$WORK/haproxy.cfg"
   "$HAPROXY" -f "$WORK/haproxy.cfg" -db >"$WORK/haproxy.log" 2>&1 & echo $!
 }
 

@@ -89,26 +89,7 @@ start_nginx() {
 }
 
 start_haproxy() {
-  cat > "$WORK/haproxy.cfg" <<CONF
-global
-  nbthread $1
-  maxconn 4096
-defaults
-  mode http
-  timeout connect 1s
-  timeout client 30s
-  timeout server 30s
-  option http-keep-alive
-  http-reuse always
-frontend f
-  bind 127.0.0.1:$FRONT
-  default_backend b
-backend b
-  balance roundrobin
-  server s1 127.0.0.1:$B1
-  server s2 127.0.0.1:$B2
-  server s3 127.0.0.1:$B3
-CONF
+  haproxy_conf "$1" "$FRONT" "$B1" "$B2" "$B3" > "$WORK/haproxy.cfg"
   "$HAPROXY" -f "$WORK/haproxy.cfg" -db >"$WORK/haproxy.log" 2>&1 & echo $!
 }
 

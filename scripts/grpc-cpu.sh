@@ -32,46 +32,18 @@ done
 
 B1=$((BASE_PORT + 1)); B2=$((BASE_PORT + 2)); B3=$((BASE_PORT + 3)); FRONT=$((BASE_PORT + 10))
 ADMIN=$((BASE_PORT + 11))
-printf '\x00\x00\x00\x00\x07\x0a\x05hello' > "$WORK/say.bin"
-H2LOAD=(h2load -t2 $SHAPE -H "content-type: application/grpc" -H "te: trailers"
-  -d "$WORK/say.bin" "http://127.0.0.1:$FRONT/echo.Echo/Say")
+grpc_call_setup "$WORK"
+# shellcheck disable=SC2206 # SHAPE is h2load's options, split on purpose
+H2LOAD=(h2load -t2 $SHAPE "${H2LOAD_ARGS[@]}" "http://127.0.0.1:$FRONT/echo.Echo/Say")
 
 { lbkit_conf "$FRONT" "$ADMIN" "$B1" "$B2" "$B3" round-robin
   echo "h2c = true"; echo "forwarded_headers = []"; } > "$WORK/lbkit.toml"
-cat > "$WORK/haproxy.cfg" <<CONF
-global
-  nbthread 1
-  maxconn 4096
-defaults
-  mode http
-  timeout connect 1s
-  timeout client 30s
-  timeout server 30s
-  http-reuse always
-frontend f
-  bind 127.0.0.1:$FRONT proto h2
-  default_backend b
-backend b
-  balance roundrobin
-  server s1 127.0.0.1:$B1 proto h2
-  server s2 127.0.0.1:$B2 proto h2
-  server s3 127.0.0.1:$B3 proto h2
-CONF
+haproxy_conf 1 "$FRONT" "$B1" "$B2" "$B3" h2 > "$WORK/haproxy.cfg"
 
 for p in $B1 $B2 $B3; do
   TOKIO_WORKER_THREADS=1 "$TARGET/release/examples/echo_server" "127.0.0.1:$p" "b$p" \
     >"$WORK/echo-$p.log" 2>&1 & PIDS+=($!)
 done
-
-calls_ok() { # one call through the front port succeeds (bounded: 10 s)
-  for _ in $(seq 1 50); do
-    if h2load -n 1 -c 1 -H "content-type: application/grpc" -H "te: trailers" \
-        -d "$WORK/say.bin" "http://127.0.0.1:$FRONT/echo.Echo/Say" 2>/dev/null \
-        | grep -q '1 succeeded'; then return 0; fi
-    sleep 0.2
-  done
-  echo "no gRPC call succeeds through port $FRONT" >&2; return 1
-}
 
 ticks() { # user + system clock ticks of every thread of pid $1
   local s=0 t
@@ -80,7 +52,7 @@ ticks() { # user + system clock ticks of every thread of pid $1
 }
 
 measure() { # $1 pid, $2 label
-  calls_ok
+  wait_grpc "$FRONT"
   "${H2LOAD[@]}" -D 2 >/dev/null
   local before after calls hp rps
   before=$(ticks "$1")

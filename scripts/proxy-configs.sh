@@ -1,4 +1,4 @@
-# Shared by scripts/bench-proxy.sh, scripts/proxy-ab.sh and scripts/proxy-idle-rss.py (sourced):
+# Shared by scripts/bench-proxy.sh, bench-grpc.sh, grpc-cpu.sh, proxy-ab.sh and proxy-idle-rss.py (sourced):
 # proxy configurations and the clean-up of a benchmark's processes. Each *_conf function prints
 # a configuration in front of the backends on ports B1 B2 B3, listening on FRONT; nginx also
 # needs WORKERS and its prefix DIR (pid file); lbkit its ADMIN port, STRATEGY and optional extra
@@ -27,6 +27,50 @@ http {
   }
 }
 CONF
+}
+
+# haproxy_conf WORKERS FRONT B1 B2 B3 [h2]: nbthread WORKERS, round robin, connection reuse;
+# with h2, HTTP/2 on both sides (`proto h2`, for gRPC), else HTTP/1.1 with keep-alive.
+haproxy_conf() {
+  local proto="" keepalive="  option http-keep-alive"
+  if [ "${6:-}" = h2 ]; then proto=" proto h2"; keepalive=""; fi
+  cat <<CONF
+global
+  nbthread $1
+  maxconn 4096
+defaults
+  mode http
+  timeout connect 1s
+  timeout client 30s
+  timeout server 30s
+${keepalive:+$keepalive
+}  http-reuse always
+frontend f
+  bind 127.0.0.1:$2$proto
+  default_backend b
+backend b
+  balance roundrobin
+  server s1 127.0.0.1:$3$proto
+  server s2 127.0.0.1:$4$proto
+  server s3 127.0.0.1:$5$proto
+CONF
+}
+
+# grpc_call_setup DIR: one call, `echo.Echo/Say` with message "hello", gRPC-framed (flag 0,
+# length 7, protobuf), written to DIR/say.bin; sets H2LOAD_ARGS, h2load's options that send it.
+grpc_call_setup() {
+  printf '\x00\x00\x00\x00\x07\x0a\x05hello' > "$1/say.bin"
+  H2LOAD_ARGS=(-H "content-type: application/grpc" -H "te: trailers" -d "$1/say.bin")
+}
+
+# wait_grpc PORT: wait until one call (grpc_call_setup's) through PORT succeeds (bounded: 10 s).
+wait_grpc() {
+  for _ in $(seq 1 50); do
+    if h2load -n 1 -c 1 "${H2LOAD_ARGS[@]}" "http://127.0.0.1:$1/echo.Echo/Say" 2>/dev/null \
+        | grep -q '1 succeeded'; then return 0; fi
+    sleep 0.2
+  done
+  echo "no gRPC call succeeds through port $1" >&2; return 1
 }
 
 # lbkit_conf FRONT ADMIN B1 B2 B3 STRATEGY [LIMITS]: default limits (plus LIMITS lines, e.g.
