@@ -109,7 +109,8 @@ async fn handle(hub: &Hub, req: Request<Incoming>) -> AdminResponse {
         (Method::GET, "/metrics") => {
             let services = state.services.iter().map(|(n, r)| (n.as_str(), &r.service));
             let (open, per_worker) = (hub.client_connections(), hub.worker_connections());
-            let body = crate::exposition::document(services, open, per_worker);
+            let defences = hub.defences.read();
+            let body = crate::exposition::document(services, open, per_worker, defences);
             reply(StatusCode::OK, crate::exposition::CONTENT_TYPE, body)
         }
         (method, p) => {

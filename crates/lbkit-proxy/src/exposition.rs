@@ -33,14 +33,17 @@ struct Scrape {
     services: Vec<(String, Arc<Service>, Arc<Snapshot>)>,
     connections: (usize, usize),
     per_worker: Vec<usize>,
+    defences: [u64; 4],
 }
 
-/// The `/metrics` document for `services` and `connections` (open, most allowed), and the
-/// connections each worker thread serves (`per_worker`; empty with one worker).
+/// The `/metrics` document for `services` and `connections` (open, most allowed), the
+/// connections each worker thread serves (`per_worker`; empty with one worker), and what the
+/// client connections' defences did (`defences`, `Defences::read`).
 pub(crate) fn document<'a>(
     services: impl Iterator<Item = (&'a str, &'a Arc<Service>)>,
     connections: (usize, usize),
     per_worker: Vec<usize>,
+    defences: [u64; 4],
 ) -> String {
     let services = services
         .map(|(n, s)| (n.to_owned(), s.clone(), s.active().balancer.snapshot()))
@@ -50,6 +53,7 @@ pub(crate) fn document<'a>(
         services,
         connections,
         per_worker,
+        defences,
     }));
     let mut out = String::new();
     // Writing into a String cannot fail.
@@ -90,6 +94,7 @@ impl Collector for Scrape {
             let f = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
             ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX)).encode(f)?;
         }
+        self.defence_families(&mut enc)?;
         if !self.per_worker.is_empty() {
             let mut f = enc.encode_descriptor(
                 "lbkit_proxy_worker_connections",
@@ -109,6 +114,39 @@ impl Collector for Scrape {
 }
 
 impl Scrape {
+    /// What the client connections' defences did (`hub::Defences`).
+    fn defence_families(&self, enc: &mut DescriptorEncoder<'_>) -> fmt::Result {
+        let [premature, calmed, capped, idle] = self.defences;
+        for (name, help, value) in [
+            (
+                "lbkit_proxy_http2_premature_resets",
+                "HTTP/2 streams their client reset before the answer started.",
+                premature,
+            ),
+            (
+                "lbkit_proxy_http2_stream_idle_resets",
+                "HTTP/2 streams reset (CANCEL) after limits.stream_idle_timeout_ms without a \
+                 byte either way, or their route's timeout_ms waiting for the client's window.",
+                idle,
+            ),
+        ] {
+            let f = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
+            ConstCounter::new(value).encode(f)?;
+        }
+        let mut f = enc.encode_descriptor(
+            "lbkit_proxy_client_connections_limited",
+            "Client connections ended by a limit: premature_resets (HTTP/2 GOAWAY \
+             ENHANCE_YOUR_CALM, limits.max_premature_resets) or max_requests \
+             (limits.max_requests_per_connection).",
+            None,
+            MetricType::Counter,
+        )?;
+        for (reason, value) in [("premature_resets", calmed), ("max_requests", capped)] {
+            ConstCounter::new(value).encode(f.encode_family(&[("reason", reason)])?)?;
+        }
+        Ok(())
+    }
+
     /// Per-service families: the shared retry and control-loop ones, and requests as the
     /// proxy saw them.
     fn service_families(&self, enc: &mut DescriptorEncoder<'_>) -> fmt::Result {

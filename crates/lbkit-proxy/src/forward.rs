@@ -30,7 +30,6 @@ use http::uri::{PathAndQuery, Scheme};
 use http::{Request, Response, StatusCode, Uri, Version};
 use http_body::Body as _;
 use http_body_util::{BodyExt, Either, Full};
-use hyper::body::Incoming;
 use lbkit_core::http::is_idempotent_method;
 use lbkit_core::{
     Attempts, CallGuard, Classified, Clock, FailureKind, FastRng, Observed, Outcome, RequestTagBuf,
@@ -40,20 +39,55 @@ use lbkit_strategy::KeyExtractor;
 use lbkit_tower::http::{grpc_failure, HttpKeySource, SourceAddr};
 use lbkit_tower::policy::GrpcCodes;
 
-use crate::body::{ClientBody, ProxyBody, Reclaim, Upload, UploadState, UpstreamAnswer};
+use crate::body::{
+    BodyError, ClientBody, Inbound, ProxyBody, Reclaim, Upload, UploadState, UpstreamAnswer,
+};
 use crate::envelope::{failure_answer, Envelope, MAX_BUFFERED_RESPONSE, MAX_REPLAY_BODY};
 use crate::headers;
+use crate::hub::Hub;
+use crate::request::{self, Refused};
 use crate::service::{Service, UpstreamBody};
 use crate::tunnel;
+
+/// One request on hyper's engine or the HTTP/2 server: admitted (`Host`, the normalised path;
+/// `request.rs`), routed, then forwarded inside the request's envelope. Also gives the route's
+/// timeout (`None` without a route), which bounds each wait of the answer for the client's
+/// flow-control window on HTTP/2.
+pub(crate) async fn serve(
+    hub: &Hub,
+    peer: SocketAddr,
+    mut req: Request<Inbound>,
+) -> (Response<ProxyBody>, Option<Duration>) {
+    let state = hub.state.load_full();
+    let refused = |r: Refused| (local(StatusCode::BAD_REQUEST, r.text()), None);
+    // Routing and the upstream see the normalised path.
+    let (host, path) = match request::admit(&req) {
+        Ok((host, path)) => (host.map(str::to_owned), path),
+        Err(r) => return refused(r),
+    };
+    if let Some(p) = &path {
+        let Some(uri) = request::with_path(req.uri(), p) else {
+            return refused(Refused::Path);
+        };
+        *req.uri_mut() = uri;
+    }
+    let Some(route) = state.route(host.as_deref(), req.uri().path()) else {
+        return (local(StatusCode::NOT_FOUND, "no route\n"), None);
+    };
+    let envelope = Envelope::open(route);
+    let resp = forward(&envelope, req, peer).await;
+    envelope.close(resp.status().as_u16(), None);
+    (resp, route.policy.overall)
+}
 
 /// What one attempt gave: the answer's head, or no answer.
 type Tried = Result<Response<UpstreamAnswer>, Observed>;
 
 /// Forward `req` from `client` on its route (`envelope`) and return the response for the
 /// client.
-pub(crate) async fn forward(
+async fn forward(
     envelope: &Envelope<'_>,
-    req: Request<Incoming>,
+    req: Request<Inbound>,
     client: SocketAddr,
 ) -> Response<ProxyBody> {
     let service = envelope.service();
@@ -196,7 +230,7 @@ impl Outgoing {
     /// Read `req`; `Err` is the answer to a request whose body broke.
     async fn read(
         service: &Service,
-        mut req: Request<Incoming>,
+        mut req: Request<Inbound>,
         envelope: &Envelope<'_>,
         client: SocketAddr,
     ) -> Result<Outgoing, Response<ProxyBody>> {
@@ -265,7 +299,7 @@ impl Outgoing {
 
 /// The request's hash key, read from it as the tower layer reads it (`lbkit_tower::http`).
 fn hash_key(
-    req: &mut Request<Incoming>,
+    req: &mut Request<Inbound>,
     extractor: Option<&KeyExtractor>,
     client: SocketAddr,
 ) -> Option<Vec<u8>> {
@@ -395,7 +429,7 @@ type Read = (UpstreamBody, Option<UploadState>, Option<Reclaim>);
 /// The body as a replayable buffer when it is empty or announced small enough, read within
 /// `limit`; else the stream as it came, watched and kept ([`ClientBody`]). `Err`: the client's
 /// answer (400 for a broken body, 408 for one slower than `limit`).
-async fn replayable(body: Incoming, limit: Duration) -> Result<Read, Response<ProxyBody>> {
+async fn replayable(body: Inbound, limit: Duration) -> Result<Read, Response<ProxyBody>> {
     if body.is_end_stream() {
         return Ok((Either::Left(Full::new(Bytes::new())), None, None));
     }
@@ -420,7 +454,7 @@ async fn replayable(body: Incoming, limit: Duration) -> Result<Read, Response<Pr
 /// A small body read whole: its one `DATA` frame as it came (the common case: no copy, no
 /// list of frames), else the frames joined. Trailers are dropped, as `Collected::to_bytes`
 /// drops them.
-async fn read_whole(mut body: Incoming) -> Result<Bytes, hyper::Error> {
+async fn read_whole(mut body: Inbound) -> Result<Bytes, BodyError> {
     let mut whole = Bytes::new();
     let mut joined: Option<BytesMut> = None;
     while let Some(frame) = body.frame().await {

@@ -56,13 +56,15 @@ use h2::client::{Connection, SendRequest};
 use h2::PingPong;
 use h2::{Reason, RecvStream, SendStream};
 use http::{Request, Response};
-use http_body::{Body, Frame, SizeHint};
+use http_body::Body;
 use http_body_util::{Either, Full};
 use lbkit_core::Observed;
 use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 
 use crate::body::ClientBody;
+pub(crate) use crate::h2body::H2Body;
+use crate::h2body::{Pipe, Piped};
 
 /// The connections of one service on one thread, by endpoint address.
 #[derive(Debug)]
@@ -269,7 +271,7 @@ impl H2Client {
                     tx.send_data(data, true).map_err(|e| observed(&e))?;
                 }
                 let resp = answer_head(answer, &conn).await.map_err(|e| observed(&e))?;
-                Ok(H2Body::response(resp, None))
+                Ok(answer_body(resp, None))
             }
             Either::Right(streamed) => {
                 let (answer, tx) = send.send_request(head, false).map_err(|e| observed(&e))?;
@@ -278,7 +280,7 @@ impl H2Client {
                 let (cancel, cancelled) = oneshot::channel();
                 tokio::spawn(pipe(streamed, tx, cancelled));
                 let resp = answer_head(answer, &conn).await.map_err(|e| observed(&e))?;
-                Ok(H2Body::response(resp, Some(cancel)))
+                Ok(answer_body(resp, Some(cancel)))
             }
         }
     }
@@ -483,6 +485,13 @@ fn observed(e: &h2::Error) -> Observed {
     }
 }
 
+/// An answer with its body read as it comes; `tied` lives as long as the body.
+fn answer_body(resp: Response<RecvStream>, tied: Option<oneshot::Sender<()>>) -> Response<H2Body> {
+    let (parts, recv) = resp.into_parts();
+    let body = H2Body::new(recv, &parts.headers).with_tied(tied);
+    Response::from_parts(parts, body)
+}
+
 /// The bytes of a buffered body (`Full` yields them on its first poll, without waiting).
 fn full_bytes(mut full: Full<Bytes>) -> Bytes {
     let mut cx = Context::from_waker(Waker::noop());
@@ -496,134 +505,20 @@ fn full_bytes(mut full: Full<Bytes>) -> Bytes {
 /// buffered), until it ends, the upstream resets the stream, or the call lets go (`cancelled`:
 /// the stream is reset). Dropping the body at the end hands it back for a retry
 /// ([`ClientBody`]).
-async fn pipe(
-    mut body: ClientBody,
-    mut tx: SendStream<Bytes>,
-    mut cancelled: oneshot::Receiver<()>,
-) {
-    let mut pending: Option<Bytes> = None;
-    poll_fn(|cx| poll_pipe(&mut body, &mut tx, &mut cancelled, &mut pending, cx)).await;
-}
-
-fn poll_pipe(
-    body: &mut ClientBody,
-    tx: &mut SendStream<Bytes>,
-    cancelled: &mut oneshot::Receiver<()>,
-    pending: &mut Option<Bytes>,
-    cx: &mut Context<'_>,
-) -> Poll<()> {
-    loop {
-        if Pin::new(&mut *cancelled).poll(cx).is_ready() {
-            tx.send_reset(Reason::CANCEL);
+async fn pipe(body: ClientBody, tx: SendStream<Bytes>, mut cancelled: oneshot::Receiver<()>) {
+    let mut pipe = Pipe::new(body, tx);
+    poll_fn(|cx| {
+        if Pin::new(&mut cancelled).poll(cx).is_ready() {
+            pipe.reset(Reason::CANCEL);
             return Poll::Ready(());
         }
-        if tx.poll_reset(cx).is_ready() {
-            return Poll::Ready(());
+        if let Piped::Failed(_) = ready!(pipe.poll(cx)) {
+            // The client's upload broke (the body notes it for the call's answer).
+            pipe.reset(Reason::CANCEL);
         }
-        if let Some(data) = pending {
-            tx.reserve_capacity(data.len());
-            if tx.capacity() == 0 {
-                match ready!(tx.poll_capacity(cx)) {
-                    Some(Ok(_)) => continue,
-                    _ => return Poll::Ready(()),
-                }
-            }
-            let chunk = data.split_to(tx.capacity().min(data.len()));
-            if tx.send_data(chunk, false).is_err() {
-                return Poll::Ready(());
-            }
-            if data.is_empty() {
-                *pending = None;
-            }
-            continue;
-        }
-        match ready!(Pin::new(&mut *body).poll_frame(cx)) {
-            Some(Ok(frame)) => match frame.into_data() {
-                Ok(data) => *pending = (!data.is_empty()).then_some(data),
-                Err(frame) => {
-                    if let Ok(trailers) = frame.into_trailers() {
-                        let _ = tx.send_trailers(trailers);
-                        return Poll::Ready(());
-                    }
-                }
-            },
-            Some(Err(_)) => {
-                // The client's upload broke (the body notes it for the call's answer).
-                tx.send_reset(Reason::CANCEL);
-                return Poll::Ready(());
-            }
-            None => {
-                let _ = tx.send_data(Bytes::new(), true);
-                return Poll::Ready(());
-            }
-        }
-    }
-}
-
-/// An answer's body from an `h2` upstream, handing back flow-control window as it is read (so
-/// the upstream can send more), then the trailers. While it lives, the request's streamed body
-/// keeps going upstream.
-#[derive(Debug)]
-pub(crate) struct H2Body {
-    recv: RecvStream,
-    data_done: bool,
-    /// What is left of a `Content-Length`, for the size hint.
-    remaining: Option<u64>,
-    _pipe: Option<oneshot::Sender<()>>,
-}
-
-impl H2Body {
-    fn response(resp: Response<RecvStream>, pipe: Option<oneshot::Sender<()>>) -> Response<Self> {
-        let remaining = resp
-            .headers()
-            .get(http::header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok()?.parse().ok());
-        resp.map(|recv| H2Body {
-            recv,
-            data_done: false,
-            remaining,
-            _pipe: pipe,
-        })
-    }
-}
-
-impl Body for H2Body {
-    type Data = Bytes;
-    type Error = h2::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, h2::Error>>> {
-        let this = &mut *self;
-        if !this.data_done {
-            match ready!(this.recv.poll_data(cx)) {
-                Some(Ok(data)) => {
-                    let _ = this.recv.flow_control().release_capacity(data.len());
-                    if let Some(left) = &mut this.remaining {
-                        *left = left.saturating_sub(data.len() as u64);
-                    }
-                    return Poll::Ready(Some(Ok(Frame::data(data))));
-                }
-                Some(Err(e)) => return Poll::Ready(Some(Err(e))),
-                None => this.data_done = true,
-            }
-        }
-        match ready!(this.recv.poll_trailers(cx)) {
-            Ok(Some(trailers)) => Poll::Ready(Some(Ok(Frame::trailers(trailers)))),
-            Ok(None) => Poll::Ready(None),
-            Err(e) => Poll::Ready(Some(Err(e))),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.recv.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.remaining
-            .map_or_else(SizeHint::default, SizeHint::with_exact)
-    }
+        Poll::Ready(())
+    })
+    .await;
 }
 
 #[cfg(test)]
@@ -633,6 +528,7 @@ mod tests {
     use std::sync::atomic::AtomicUsize;
 
     use http::{HeaderMap, StatusCode};
+    use http_body::Frame;
     use http_body_util::BodyExt;
     use hyper::body::Incoming;
     use hyper_util::rt::{TokioExecutor, TokioIo};

@@ -3,7 +3,7 @@
 //! and [`ConnHold`], and the accept loop that hands out both.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,6 +31,42 @@ pub(crate) struct Hub {
     open: Arc<AtomicUsize>,
     /// With several worker threads: how their connections are kept even.
     spread: Option<Spread>,
+    /// What the client connections' defences did.
+    pub(crate) defences: Defences,
+}
+
+/// What the defences of client connections did, counted for `/metrics` (atomics, `Relaxed`;
+/// each counted once, off the request path).
+#[derive(Debug, Default)]
+pub(crate) struct Defences {
+    /// HTTP/2 streams the client reset before their answer started.
+    pub(crate) premature_resets: AtomicU64,
+    /// HTTP/2 connections closed with `GOAWAY ENHANCE_YOUR_CALM` for too many of those.
+    pub(crate) calmed: AtomicU64,
+    /// Client connections that reached `max_requests_per_connection` (HTTP/2: `GOAWAY`;
+    /// HTTP/1.1: `Connection: close` on the last answer).
+    pub(crate) capped: AtomicU64,
+    /// HTTP/2 streams reset (`CANCEL`) after `stream_idle_timeout_ms` without a byte either
+    /// way, or their route's `timeout_ms` waiting for the client's flow-control window.
+    pub(crate) idle_resets: AtomicU64,
+}
+
+impl Defences {
+    /// Count one of `counter`.
+    pub(crate) fn count(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The four counters, in field order.
+    pub(crate) fn read(&self) -> [u64; 4] {
+        [
+            &self.premature_resets,
+            &self.calmed,
+            &self.capped,
+            &self.idle_resets,
+        ]
+        .map(|c| c.load(Ordering::Relaxed))
+    }
 }
 
 /// Client connections kept even over the worker threads, as HAProxy dispatches each accepted
@@ -92,6 +128,7 @@ impl Hub {
             max_conns,
             open: Arc::default(),
             spread,
+            defences: Defences::default(),
         };
         (hub, handed)
     }

@@ -118,7 +118,9 @@ mod error;
 mod exposition;
 mod forward;
 mod h1;
+mod h2body;
 mod h2c;
+mod h2s;
 mod headers;
 mod hub;
 mod idle;
@@ -131,6 +133,7 @@ mod supervisor;
 mod tcp;
 mod tunnel;
 mod upkeep;
+mod upstream;
 mod watchdog;
 
 /// The parsers as the fuzz targets call them (`fuzz/`); not an API.
@@ -149,3 +152,4 @@ pub use server::Proxy;
 pub use service::{Active, Service, UpstreamBody, UpstreamClient};
 pub use supervisor::{ReloadCount, Supervisor, RELOAD_DEBOUNCE};
 pub use upkeep::REFRESH_TICK;
+pub use upstream::{ConnectError, Connector};

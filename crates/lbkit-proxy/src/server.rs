@@ -1,31 +1,30 @@
-//! Listeners: the HTTP/1.1 + h2c server (hyper-util's auto builder) with its limits, the TCP
+//! Listeners: the HTTP/1.1 fast path, the HTTP/2 server (`h2s/`) and hyper's HTTP/1 server behind them, with their limits, the TCP
 //! relay, and the [`Proxy`] handle that starts, reloads and drains them.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{Request, Response, StatusCode};
+use http::Request;
 use hyper::body::Incoming;
+use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use lbkit_core::{Clock, Timestamp};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use crate::body::ProxyBody;
+use crate::body::Inbound;
 use crate::config::{Config, Limits, Protocol};
-use crate::envelope::Envelope;
 use crate::error::ProxyError;
 use crate::forward;
-use crate::hub::{Arrivals, ConnHold, Handed, Hub, Slot};
-use crate::request::{self, Refused};
+use crate::hub::{Arrivals, ConnHold, Defences, Handed, Hub, Slot};
 use crate::state::State;
 use crate::watchdog::{self, Activity, BusyBody, Expired};
-use crate::{admin, h1, tcp, worker};
+use crate::{admin, h1, h2s, tcp, worker};
 
 /// A running proxy. Dropping it stops its worker threads; call [`Proxy::shutdown`] to drain.
 #[derive(Debug)]
@@ -372,11 +371,11 @@ async fn serve_http(
     }
 }
 
-/// hyper's server for the connections the fast path hands over, with the listener's limits.
-fn hyper_builder(limits: &Limits) -> auto::Builder<TokioExecutor> {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
+/// hyper's HTTP/1 server for the connections the fast path hands over, with the listener's
+/// limits (HTTP/2 connections go to the proxy's own server, `h2s/`).
+fn hyper_builder(limits: &Limits) -> http1::Builder {
+    let mut builder = http1::Builder::new();
     builder
-        .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(Duration::from_millis(limits.header_read_timeout_ms))
         // One flat buffer per write: `send(2)` rather than `writev(2)`, which goes through the
@@ -385,33 +384,34 @@ fn hyper_builder(limits: &Limits) -> auto::Builder<TokioExecutor> {
         .max_headers(limits.max_headers)
         .max_buf_size(limits.max_header_bytes);
     builder
-        .http2()
-        .timer(TokioTimer::new())
-        .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX));
-    builder
 }
 
 /// One accepted HTTP connection.
 struct HttpConn {
     hub: Arc<Hub>,
-    builder: Arc<auto::Builder<TokioExecutor>>,
+    builder: Arc<http1::Builder>,
     limits: Arc<Limits>,
     shutdown: watch::Receiver<bool>,
     peer: SocketAddr,
 }
 
 impl HttpConn {
-    /// Serve `stream` in `slot`: plain HTTP/1.1 on the fast path first, then hyper for the
-    /// rest of a connection the fast path hands over.
+    /// Serve `stream` in `slot`: plain HTTP/1.1 on the fast path first, then the proxy's
+    /// HTTP/2 server or hyper's HTTP/1 server for the rest of a connection the fast path hands
+    /// over.
     async fn serve(mut self, stream: TcpStream, slot: Slot) {
         let (hub, limits) = (&self.hub, &self.limits);
-        let (stream, read) =
+        let (mut stream, read, served) =
             match h1::serve(stream, self.peer, hub, limits, &mut self.shutdown).await {
                 h1::End::Closed => return,
-                h1::End::Handover(stream, read) => (stream, read),
+                h1::End::Handover(stream, read, served) => (stream, read, served),
             };
+        let head = Duration::from_millis(limits.header_read_timeout_ms);
+        let Some((h2, read)) = h2s::sniff(&mut stream, read, head).await else {
+            return;
+        };
         // A write stalled for the longest route timeout fails (the fast path gives each write
-        // its route's timeout; hyper's connection serves every route).
+        // its route's timeout; one connection serves every route).
         let stall = hub
             .state
             .load()
@@ -422,24 +422,61 @@ impl HttpConn {
             .max();
         let stall =
             Duration::from_millis(stall.unwrap_or_else(crate::config::default_route_timeout_ms));
+        let activity = Arc::new(Activity::default());
+        let io = h1::Rewind::new(read, stream, stall, activity.clone());
+        if h2 {
+            let conn = h2s::Conn {
+                hub: self.hub.clone(),
+                peer: self.peer,
+                limits: self.limits.clone(),
+                shutdown: self.shutdown.clone(),
+                activity,
+            };
+            let _slot = slot;
+            return conn.serve(io).await;
+        }
+        self.serve_http1(io, slot, activity, served).await;
+    }
+
+    /// The rest of an HTTP/1 connection on hyper's server, after `served` requests on the fast
+    /// path.
+    async fn serve_http1(
+        mut self,
+        io: h1::Rewind,
+        slot: Slot,
+        activity: Arc<Activity>,
+        served: u64,
+    ) {
+        let limits = &self.limits;
         // An upgrade request carries the connection's slot and drain marker, for the tunnel
         // that outlives hyper's connection.
         let hold = ConnHold::new(slot, self.shutdown.clone(), limits.clone());
-        let activity = Arc::new(Activity::default());
-        let (hub, peer, busy) = (hub.clone(), self.peer, activity.clone());
+        let (hub, peer, busy) = (self.hub.clone(), self.peer, activity.clone());
+        let cap = limits.max_requests_per_connection;
+        let served = Arc::new(AtomicU64::new(served));
         let svc = service_fn(move |mut req: Request<Incoming>| {
             if req.headers().contains_key(http::header::UPGRADE) {
                 req.extensions_mut().insert(hold.clone());
             }
             let busy = busy.begin();
+            let last = cap > 0 && served.fetch_add(1, Relaxed) + 1 >= cap;
+            let hub = hub.clone();
             // Boxed: the request's future is over 3 KB, and hyper and tokio move it several
             // times before it first runs (into hyper's stream future, then into the spawned
-            // task); a box moves as a pointer. On h2c, where every request is a task, those
-            // copies were a sixth of the proxy's CPU (perf, BENCHMARKS.md, issue 18).
-            let resp = Box::pin(handle(hub.clone(), peer, req));
+            // task); a box moves as a pointer.
+            let resp = Box::pin(async move {
+                let req = req.map(Inbound::Hyper);
+                let (mut resp, _) = forward::serve(&hub, peer, req).await;
+                if last {
+                    // hyper closes the connection after this answer.
+                    Defences::count(&hub.defences.capped);
+                    let close = http::HeaderValue::from_static("close");
+                    resp.headers_mut().insert(http::header::CONNECTION, close);
+                }
+                resp
+            });
             async move { Ok::<_, Infallible>(resp.await.map(|body| BusyBody::new(body, busy))) }
         });
-        let io = TokioIo::new(h1::Rewind::new(read, stream, stall, activity.clone()));
         let ms = Duration::from_millis;
         let watched = watchdog::Limits {
             head: ms(limits.header_read_timeout_ms),
@@ -447,7 +484,8 @@ impl HttpConn {
             stream_idle: ms(limits.stream_idle_timeout_ms),
         };
         // Boxed: most connections never get here, and their tasks stay small.
-        let mut conn = Box::pin(self.builder.serve_connection_with_upgrades(io, svc));
+        let io = TokioIo::new(io);
+        let mut conn = Box::pin(self.builder.serve_connection(io, svc).with_upgrades());
         tokio::select! {
             // The connection first: it may hold a request the fast path already read, which a
             // graceful shutdown before hyper has seen it would drop.
@@ -460,43 +498,14 @@ impl HttpConn {
             expired = watchdog::watch(&activity, watched) => {
                 tracing::debug!(peer = %self.peer, ?expired, "client connection closed by its watchdog");
                 if expired == Expired::Idle {
-                    // Nothing in flight: a graceful close (HTTP/2 GOAWAY) loses nothing, but
-                    // is bounded too, as a request may start meanwhile.
+                    // Nothing in flight: a graceful close loses nothing, but is bounded too,
+                    // as a request may start meanwhile.
                     conn.as_mut().graceful_shutdown();
                     let _ = tokio::time::timeout(watched.head, conn).await;
                 }
             }
         }
     }
-}
-
-/// One request on hyper's engine: admitted (`Host`, the normalised path; `request.rs`),
-/// routed, then forwarded inside the request's envelope.
-async fn handle(
-    hub: Arc<Hub>,
-    peer: SocketAddr,
-    mut req: Request<Incoming>,
-) -> Response<ProxyBody> {
-    let state = hub.state.load_full();
-    let refused = |r: Refused| forward::local(StatusCode::BAD_REQUEST, r.text());
-    // Routing and the upstream see the normalised path.
-    let (host, path) = match request::admit(&req) {
-        Ok((host, path)) => (host.map(str::to_owned), path),
-        Err(r) => return refused(r),
-    };
-    if let Some(p) = &path {
-        let Some(uri) = request::with_path(req.uri(), p) else {
-            return refused(Refused::Path);
-        };
-        *req.uri_mut() = uri;
-    }
-    let Some(route) = state.route(host.as_deref(), req.uri().path()) else {
-        return forward::local(StatusCode::NOT_FOUND, "no route\n");
-    };
-    let envelope = Envelope::open(route);
-    let resp = forward::forward(&envelope, req, peer).await;
-    envelope.close(resp.status().as_u16(), None);
-    resp
 }
 
 async fn serve_tcp(mut from: Arrivals, hub: Arc<Hub>, mut shutdown: watch::Receiver<bool>) {

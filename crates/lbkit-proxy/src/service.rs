@@ -23,13 +23,14 @@ use crate::body::ClientBody;
 use crate::config;
 use crate::h2c::H2Client;
 use crate::metrics::ServiceMetrics;
+use crate::upstream::Connector;
 use crate::worker;
 
 /// The body sent upstream: a replayable buffer (retries possible) or the client's stream.
 pub type UpstreamBody = Either<Full<Bytes>, ClientBody>;
 
-/// The pooled keep-alive client of one service.
-pub type UpstreamClient = Client<HttpConnector, UpstreamBody>;
+/// The pooled keep-alive client of one service (`upstream.rs`).
+pub type UpstreamClient = Client<Connector, UpstreamBody>;
 
 /// How long a retry budget remembers deposits (tower's and linkerd's default, 10 s).
 const BUDGET_TTL: Duration = Duration::from_secs(10);
@@ -351,8 +352,10 @@ fn client(config: &config::ServiceConfig) -> UpstreamClient {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
     connector.set_connect_timeout(Some(Duration::from_millis(config.connect_timeout_ms)));
+    let connector = Connector::new(connector, config.upstream_idle(), config.upstream_max_idle);
     Client::builder(TokioExecutor::new())
         .pool_idle_timeout(config.upstream_idle())
+        .pool_max_idle_per_host(config.upstream_max_idle)
         // `send(2)` of one flat buffer rather than `writev(2)` (see the server's builder).
         .http1_writev(false)
         .pool_timer(TokioTimer::new())

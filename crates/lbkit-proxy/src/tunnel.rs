@@ -46,7 +46,7 @@ impl std::fmt::Debug for Ask {
 }
 
 /// The upgrade `req` asks for, if it may be tunnelled (see the module docs).
-pub(crate) fn asked(req: &mut Request<Incoming>) -> Option<Ask> {
+pub(crate) fn asked(req: &mut Request<crate::body::Inbound>) -> Option<Ask> {
     if req.version() != Version::HTTP_11
         || req.method() != Method::GET
         || !req.body().is_end_stream()

@@ -330,17 +330,6 @@ async fn admin_outputs_parse_and_the_token_is_checked() {
     assert!(calls >= 1.0 && calls == inf, "{metrics}");
 }
 
-/// The value of the first sample of `name` in the proxy's `/metrics`.
-async fn sample(proxy: &Proxy, name: &str) -> f64 {
-    let (status, text) = admin(&client(), proxy, "GET", "/metrics", "").await;
-    assert_eq!(status, StatusCode::OK);
-    text.lines()
-        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-        .and_then(|l| l.rsplit_once(' '))
-        .and_then(|(_, v)| v.parse().ok())
-        .unwrap_or_else(|| panic!("{name} missing from {text}"))
-}
-
 // A request the client abandons while its upstream call is in flight (an HTTP/2 client that
 // goes away, so hyper drops the request) still ends in the service's metrics: the envelope
 // closes it when dropped, and the upstream call is a cancellation, not the endpoint's failure.

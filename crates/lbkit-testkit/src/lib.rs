@@ -4,13 +4,15 @@
 //! pass, built-in or user-defined; [`dist`] for chi-square distribution checks; [`alloc`], a
 //! counting global allocator that proves picks do not allocate; [`zk_shim`], faults in front
 //! of a real ZooKeeper (a server older than 3.6, cut connections); [`relay`], a TCP relay whose
-//! connections can go silent; [`goaway_upstream`], an HTTP/2 upstream that sends `GOAWAY`.
+//! connections can go silent; [`goaway_upstream`], an HTTP/2 upstream that sends `GOAWAY`;
+//! [`h2raw`], an HTTP/2 client that writes its frames by hand, for attack tests.
 #![deny(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
 
 pub mod alloc;
 pub mod conformance;
 pub mod dist;
+pub mod h2raw;
 pub mod relay;
 pub mod zk_shim;
 

@@ -20,6 +20,12 @@ pub(super) fn default_idle_timeout_ms() -> u64 {
 pub(super) fn default_stream_idle_timeout_ms() -> u64 {
     300_000
 }
+pub(super) fn default_max_requests_per_connection() -> u64 {
+    1_000
+}
+pub(super) fn default_max_premature_resets() -> u64 {
+    100
+}
 pub(super) fn default_max_connections() -> usize {
     10_000
 }
@@ -62,6 +68,9 @@ pub(super) fn default_connect_timeout_ms() -> u64 {
 }
 pub(super) fn default_upstream_idle_ms() -> u64 {
     50_000
+}
+pub(super) fn default_upstream_max_idle() -> usize {
+    256
 }
 pub(super) fn default_zk_root() -> String {
     "dubbo".to_owned()

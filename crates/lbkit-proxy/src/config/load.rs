@@ -205,6 +205,9 @@ impl ServiceConfig {
         if self.connect_timeout_ms == 0 {
             return Err(err("connect_timeout_ms", "must be > 0".into()));
         }
+        if self.upstream_max_idle == 0 {
+            return Err(err("upstream_max_idle", "must be > 0".into()));
+        }
         if self.upstream_idle_timeout_ms == 0 {
             return Err(err("upstream_idle_timeout_ms", "must be > 0".into()));
         }

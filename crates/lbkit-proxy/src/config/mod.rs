@@ -11,7 +11,9 @@
 //! max_headers = 100                     # default 100 request headers (HTTP/1)
 //! header_read_timeout_ms = 10000        # default 10 s: a client slower to send its head (and a small body) is cut off, from its first byte (or from the connection's start, for its first request; on a connection hyper serves, from the handover: a half-sent HTTP/2 preface)
 //! idle_timeout_ms = 60000               # default 60 s: a client connection with no request in flight and none starting is closed (HTTP/2: GOAWAY, then closed header_read_timeout_ms later at the latest); nginx's keepalive_timeout
-//! stream_idle_timeout_ms = 300000       # default 5 min: a client connection hyper serves (h2c, HTTP/1.0, ...) with requests in flight but no byte read or written for this long is closed (HTTP/2 streams stuck on flow control); Envoy's stream_idle_timeout
+//! stream_idle_timeout_ms = 300000       # default 5 min: an HTTP/2 stream with no byte either way for this long is reset (RST_STREAM CANCEL), its upstream exchange cancelled, whatever the connection's other streams do (Envoy's stream_idle_timeout; nginx has none per stream); a client connection hyper serves (HTTP/1.0, Expect, chunked uploads, ...) with a request in flight but no byte read or written for this long is closed
+//! max_requests_per_connection = 1000    # default 1 000, 0 = no limit: requests one client connection may make; then HTTP/1.1 gets `Connection: close` with the last answer, HTTP/2 a graceful GOAWAY (its streams in flight finish); nginx's keepalive_requests (also 1 000), Envoy's max_requests_per_connection (no limit there by default)
+//! max_premature_resets = 100            # default 100, 0 = no limit: an HTTP/2 connection whose client reset this many streams before their answer started, and at least half of the streams it opened, gets GOAWAY ENHANCE_YOUR_CALM and is closed (the HTTP/2 rapid reset attack, CVE-2023-44487, burst or paced); Envoy's overload.premature_reset_total_stream_count (500, with the same half); nginx caps requests per connection instead
 //! max_connections = 10000               # default 10 000 client connections at once, all listeners
 //! drain_timeout_ms = 10000              # default 10 s: graceful shutdown waits this long for in-flight work
 //! upgrade_protocols = ["websocket"]     # default ["websocket"]: HTTP/1.1 upgrades tunnelled to the upstream (names, any case; "h2c" is refused); others go as plain requests
@@ -43,6 +45,7 @@
 //! retry_budget_min_per_sec = 10         # default 10: retries always allowed per second
 //! connect_timeout_ms = 1000             # default 1 s
 //! upstream_idle_timeout_ms = 50000      # default 50 s: an idle upstream keep-alive connection is closed after this (keep it below the upstreams' own idle limit)
+//! upstream_max_idle = 256               # default 256, at least 1: idle upstream HTTP/1.1 connections kept per endpoint and worker thread; an upstream connect finished after its request went (an HTTP/2 client reset the stream) waits there for the next request instead of being closed unused (nginx's upstream `keepalive`, 32 per worker there; Envoy keeps all)
 //! h2c = false                           # default false: talk HTTP/2 cleartext to the upstreams (`:authority` = the endpoint's address, no `Host`, RFC 9113 §8.3.1; the client's host goes in `Forwarded: host=`; a connection on which a call gave up waiting is sent a PING, and closed when no PONG comes within connect_timeout_ms)
 //! forwarded_headers = ["x-forwarded-for", "forwarded"]  # default both: the headers the client is appended to (`forwarded` is RFC 7239's, with proto and host); one left out is passed on as the client sent it; [] appends none (HAProxy without `option forwardfor`)
 //! availability = { max_in_flight = 0 }  # default 0 = unlimited; plus `circuit_breaker` (default false)
@@ -145,10 +148,20 @@ pub struct Limits {
     /// 60 000.
     #[serde(default = "default_idle_timeout_ms")]
     pub idle_timeout_ms: u64,
-    /// Limit on a client connection hyper serves with requests in flight but no byte either
-    /// way, ms. Default 300 000.
+    /// Limit on an HTTP/2 stream with no byte either way (then reset with `CANCEL`), and on a
+    /// client connection hyper serves with a request in flight but no byte either way (then
+    /// closed), ms. Default 300 000 (Envoy's `stream_idle_timeout`).
     #[serde(default = "default_stream_idle_timeout_ms")]
     pub stream_idle_timeout_ms: u64,
+    /// Requests one client connection may make, HTTP/1.1 and HTTP/2 alike; 0 = no limit.
+    /// Default 1 000 (nginx's `keepalive_requests`).
+    #[serde(default = "default_max_requests_per_connection")]
+    pub max_requests_per_connection: u64,
+    /// Streams an HTTP/2 client may reset before their answer started, once they are also at
+    /// least half of the streams it opened, before its connection gets `GOAWAY
+    /// ENHANCE_YOUR_CALM`; 0 = no limit. Default 100 (Envoy's premature-reset rule).
+    #[serde(default = "default_max_premature_resets")]
+    pub max_premature_resets: u64,
     /// Client connections at once. Default 10 000.
     #[serde(default = "default_max_connections")]
     pub max_connections: usize,
@@ -175,6 +188,8 @@ impl Default for Limits {
             header_read_timeout_ms: default_header_read_timeout_ms(),
             idle_timeout_ms: default_idle_timeout_ms(),
             stream_idle_timeout_ms: default_stream_idle_timeout_ms(),
+            max_requests_per_connection: default_max_requests_per_connection(),
+            max_premature_resets: default_max_premature_resets(),
             max_connections: default_max_connections(),
             drain_timeout_ms: default_drain_timeout_ms(),
             upgrade_protocols: default_upgrade_protocols(),
@@ -268,6 +283,10 @@ pub struct ServiceConfig {
     /// close).
     #[serde(default = "default_upstream_idle_ms")]
     pub upstream_idle_timeout_ms: u64,
+    /// Idle upstream HTTP/1.1 connections kept per endpoint and worker thread (each engine's
+    /// pool; more are closed when given back). Default 256; at least 1.
+    #[serde(default = "default_upstream_max_idle")]
+    pub upstream_max_idle: usize,
     /// HTTP/2 cleartext to upstreams. Default false.
     #[serde(default)]
     pub h2c: bool,

@@ -38,14 +38,15 @@ use tokio::time::Instant;
 
 use buffers::{reserve, Buffers};
 pub(crate) use gate::pin_runtime_thread;
-pub(crate) use pool::sweep_idle;
+pub(crate) use pool::{open as still_open, sweep_idle};
 pub(crate) use rewind::Rewind;
-use timer::{deadline, Timer, FAR};
+pub(crate) use timer::Timer;
+use timer::{deadline, FAR};
 use wire::{BodyCursor, ClientAddr, Hdr, Parsed, ReqHead, RespHead};
 
 use crate::config::Limits;
 use crate::envelope::{failure_answer, Envelope, MAX_BUFFERED_RESPONSE};
-use crate::hub::Hub;
+use crate::hub::{Defences, Hub};
 use crate::service::Service;
 use crate::state::{RouteEntry, State};
 
@@ -71,8 +72,9 @@ const FLUSH_AT: usize = MAX_BUFFERED_RESPONSE as usize;
 pub(crate) enum End {
     /// It is closed (by either side, a timeout or shutdown).
     Closed,
-    /// hyper serves the rest: the stream and the bytes already read from it.
-    Handover(TcpStream, Bytes),
+    /// hyper serves the rest: the stream, the bytes already read from it, and the requests
+    /// served on it so far (they count against `max_requests_per_connection`).
+    Handover(TcpStream, Bytes, u64),
 }
 
 /// Serve the HTTP/1.1 connection `stream` from `peer` until it closes or needs hyper.
@@ -96,14 +98,19 @@ pub(crate) async fn serve(
         rng: FastRng::from_entropy(),
         limits,
         gated: gate::gated(),
+        requests: 0,
     };
+    let cap = limits.max_requests_per_connection;
     loop {
         let head = match conn.read_request(shutdown).await {
             Read::Request(head) => head,
             Read::Closed => return End::Closed,
             Read::Other => return conn.handover(),
         };
-        let closing = head.close || shutdown.has_changed().unwrap_or(true);
+        // The connection's last request under `max_requests_per_connection` is answered with
+        // `Connection: close`, as nginx's `keepalive_requests` does.
+        let last = cap > 0 && conn.requests + 1 >= cap;
+        let closing = head.close || last || shutdown.has_changed().unwrap_or(true);
         // Held for this request only: after a reload, services that left the configuration
         // stop (their health checks, discovery) once no request uses them, not when an idle
         // connection next speaks.
@@ -111,6 +118,12 @@ pub(crate) async fn serve(
         conn.b = buffers::lend();
         let served = conn.serve_request(&head, closing, &state).await;
         buffers::give_back(std::mem::take(&mut conn.b));
+        if !matches!(served, Served::Other) {
+            conn.requests += 1;
+            if last {
+                Defences::count(&hub.defences.capped);
+            }
+        }
         match served {
             Served::KeepAlive if !closing => {
                 conn.kept_alive = true;
@@ -149,6 +162,8 @@ struct Conn<'a> {
     /// Upstream writes go through the thread's write gate (threads that drive their
     /// current-thread runtime for good: `Proxy::pin_runtime_thread`).
     gated: bool,
+    /// Requests served on the connection.
+    requests: u64,
 }
 
 /// Which limit a read waits under.
@@ -267,7 +282,7 @@ impl Conn<'_> {
     }
 
     fn handover(self) -> End {
-        End::Handover(self.stream, Bytes::from(self.input))
+        End::Handover(self.stream, Bytes::from(self.input), self.requests)
     }
 
     /// Route, forward and answer one request.

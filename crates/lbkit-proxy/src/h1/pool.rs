@@ -12,9 +12,6 @@ use tokio::time::Instant;
 
 use crate::service::Service;
 
-/// Idle connections kept per service, address and thread.
-const MAX_IDLE_PER_ADDRESS: usize = 1024;
-
 /// How often a request's take or give-back sweeps its thread's pool: drops expired connections
 /// and those of services a reload removed.
 const SWEEP_EVERY: Duration = Duration::from_secs(10);
@@ -44,6 +41,8 @@ struct ServicePool {
     service: Weak<Service>,
     /// The service's `upstream_idle_timeout_ms`.
     idle_for: Duration,
+    /// The service's `upstream_max_idle`: idle connections kept per address.
+    max_idle: usize,
     idle: HashMap<Box<str>, Vec<(TcpStream, Instant)>>,
 }
 
@@ -84,17 +83,19 @@ pub(super) fn give_back(service: &Arc<Service>, address: &str, stream: TcpStream
                 pool.services.push(ServicePool {
                     service: Arc::downgrade(service),
                     idle_for: service.config().upstream_idle(),
+                    max_idle: service.config().upstream_max_idle,
                     idle: HashMap::new(),
                 });
                 pool.services.len() - 1
             }
         };
-        let idle = &mut pool.services[i].idle;
+        let entry = &mut pool.services[i];
+        let (idle, max_idle) = (&mut entry.idle, entry.max_idle);
         let list = match idle.get_mut(address) {
             Some(list) => list,
             None => idle.entry(address.into()).or_default(),
         };
-        if list.len() < MAX_IDLE_PER_ADDRESS {
+        if list.len() < max_idle {
             list.push((stream, now));
         }
     });
@@ -152,7 +153,7 @@ pub(crate) async fn sweep_idle<T>(owner: Weak<T>) {
 /// Whether an idle connection is still open with nothing unasked to read. Usually answered by
 /// the readiness the runtime already knows (polled with a no-op waker: nobody waits on it), no
 /// system call; only when the last read left readiness set does a one-byte read check.
-fn open(stream: &TcpStream) -> bool {
+pub(crate) fn open(stream: &TcpStream) -> bool {
     let mut cx = Context::from_waker(Waker::noop());
     if stream.poll_read_ready(&mut cx).is_pending() {
         return true;

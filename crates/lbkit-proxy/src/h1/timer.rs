@@ -19,7 +19,7 @@ pub(super) fn deadline(tick: Instant, limit: Option<Duration>) -> Instant {
 /// A deadline that arms its timer lazily: moving the deadline later (every request does) costs
 /// nothing; the timer, when it fires early, re-arms itself to the current deadline. One timer
 /// registration per timeout period instead of one per request.
-pub(super) struct Timer {
+pub(crate) struct Timer {
     sleep: Pin<Box<Sleep>>,
     deadline: Instant,
 }
@@ -30,7 +30,7 @@ pub(super) struct Elapsed;
 
 impl Timer {
     /// A timer with no deadline yet.
-    pub(super) fn new() -> Self {
+    pub(crate) fn new() -> Self {
         // Far enough never to fire before a real deadline is set.
         let never = Instant::now() + FAR;
         Timer {
@@ -40,7 +40,7 @@ impl Timer {
     }
 
     /// Set the deadline.
-    pub(super) fn set(&mut self, deadline: Instant) {
+    pub(crate) fn set(&mut self, deadline: Instant) {
         self.deadline = deadline;
         if self.sleep.deadline() > deadline {
             self.sleep.as_mut().reset(deadline);
@@ -48,7 +48,7 @@ impl Timer {
     }
 
     /// Ready once the deadline has passed.
-    pub(super) fn poll_expired(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+    pub(crate) fn poll_expired(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         loop {
             ready!(self.sleep.as_mut().poll(cx));
             if Instant::now() >= self.deadline {

@@ -187,6 +187,18 @@ pub async fn admin(
     (status, String::from_utf8_lossy(&body).into_owned())
 }
 
+/// The value of the first sample of `name` (a family, or a family and its first label) in
+/// the proxy's `/metrics`.
+pub async fn sample(proxy: &Proxy, name: &str) -> f64 {
+    let (status, text) = admin(&client(), proxy, "GET", "/metrics", "").await;
+    assert_eq!(status, StatusCode::OK);
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ', ',']))
+        .and_then(|l| l.rsplit_once(' '))
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or_else(|| panic!("{name} missing from {text}"))
+}
+
 /// A proxy config on free ports: one http listener, one route to service `svc` over
 /// `backends`, with `extra` appended to the service table.
 pub fn config_text(backends: &[&Backend], strategy: &str, extra: &str) -> String {

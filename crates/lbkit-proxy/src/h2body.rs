@@ -1,0 +1,235 @@
+//! HTTP/2 stream bodies on the `h2` crate, one way for both ends of the proxy: an incoming
+//! stream read as an [`http_body::Body`] ([`H2Body`]: an upstream's answer in `h2c.rs`, a
+//! client's request in `h2s/`), and a body written into a stream under flow control
+//! ([`Pipe`]: a streamed upload to an h2c upstream, an answer to an HTTP/2 client).
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+
+use bytes::Bytes;
+use h2::{Reason, RecvStream, SendStream};
+use http::HeaderMap;
+use http_body::{Body, Frame, SizeHint};
+
+use crate::body::BodyError;
+
+/// An incoming HTTP/2 stream's body, handing back flow-control window as it is read (so the
+/// peer can send more), then its trailers. Counts the bytes it reads into `progress`, when it
+/// has one (a client's stream: its idle timer reads it).
+#[derive(Debug)]
+pub(crate) struct H2Body {
+    recv: RecvStream,
+    data_done: bool,
+    /// What is left of a `Content-Length`, for the size hint.
+    remaining: Option<u64>,
+    progress: Option<Arc<AtomicU64>>,
+    /// Dropped with the body: an h2c call's upload task stops when its answer's body goes.
+    _tied: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl H2Body {
+    /// The body of a message whose head is `headers`.
+    pub(crate) fn new(recv: RecvStream, headers: &HeaderMap) -> Self {
+        let remaining = if recv.is_end_stream() {
+            Some(0)
+        } else {
+            headers
+                .get(http::header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok()?.parse().ok())
+        };
+        H2Body {
+            recv,
+            data_done: false,
+            remaining,
+            progress: None,
+            _tied: None,
+        }
+    }
+
+    /// Keep `tied` until the body is dropped.
+    pub(crate) fn with_tied(mut self, tied: Option<tokio::sync::oneshot::Sender<()>>) -> Self {
+        self._tied = tied;
+        self
+    }
+
+    /// Count the bytes read into `progress`.
+    pub(crate) fn with_progress(mut self, progress: Arc<AtomicU64>) -> Self {
+        self.progress = Some(progress);
+        self
+    }
+}
+
+impl Body for H2Body {
+    type Data = Bytes;
+    type Error = h2::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, h2::Error>>> {
+        let this = &mut *self;
+        if !this.data_done {
+            match ready!(this.recv.poll_data(cx)) {
+                Some(Ok(data)) => {
+                    let _ = this.recv.flow_control().release_capacity(data.len());
+                    if let Some(left) = &mut this.remaining {
+                        *left = left.saturating_sub(data.len() as u64);
+                    }
+                    if let Some(p) = &this.progress {
+                        p.fetch_add(data.len() as u64 + 1, Relaxed);
+                    }
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Some(Err(e)) => return Poll::Ready(Some(Err(e))),
+                None => this.data_done = true,
+            }
+        }
+        match ready!(this.recv.poll_trailers(cx)) {
+            Ok(Some(trailers)) => Poll::Ready(Some(Ok(Frame::trailers(trailers)))),
+            Ok(None) => Poll::Ready(None),
+            Err(e) => Poll::Ready(Some(Err(e))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.recv.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.remaining
+            .map_or_else(SizeHint::default, SizeHint::with_exact)
+    }
+}
+
+/// How a [`Pipe`] ended.
+#[derive(Debug)]
+pub(crate) enum Piped {
+    /// The whole body went into the stream, which is ended (end of stream, or trailers).
+    Done,
+    /// The peer reset the stream, or the connection is gone: nothing more can be sent.
+    Gone,
+    /// The body broke; the stream is left open for the caller to reset.
+    Failed(BodyError),
+}
+
+/// A body being written into an HTTP/2 stream with `h2`'s flow control: a chunk is handed to
+/// `h2` only as far as the stream's window admits, so no more than one chunk of the body is
+/// held beyond the window (Envoy's and hyper's pipes do the same). Each poll also watches for
+/// the peer resetting the stream.
+#[derive(Debug)]
+pub(crate) struct Pipe<B> {
+    body: B,
+    tx: SendStream<Bytes>,
+    /// A chunk read from the body, not yet all handed to `h2`, and whether it ends the body.
+    pending: Option<(Bytes, bool)>,
+    /// Bytes handed to `h2` so far.
+    sent: u64,
+}
+
+impl<B> Pipe<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BodyError>,
+{
+    /// Write `body` into `tx`.
+    pub(crate) fn new(body: B, tx: SendStream<Bytes>) -> Self {
+        Pipe {
+            body,
+            tx,
+            pending: None,
+            sent: 0,
+        }
+    }
+
+    /// Bytes handed to `h2` so far: they leave within the stream's window.
+    pub(crate) fn sent(&self) -> u64 {
+        self.sent
+    }
+
+    /// Whether a chunk waits for the peer's flow-control window.
+    pub(crate) fn stalled(&self) -> bool {
+        self.pending
+            .as_ref()
+            .is_some_and(|(data, _)| !data.is_empty())
+    }
+
+    /// Reset the stream with `reason` (the pipe is over).
+    pub(crate) fn reset(&mut self, reason: Reason) {
+        self.tx.send_reset(reason);
+    }
+
+    /// Move the body on as far as the window and the body allow.
+    pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Piped> {
+        loop {
+            if self.tx.poll_reset(cx).is_ready() {
+                return Poll::Ready(Piped::Gone);
+            }
+            if let Some((data, eos)) = &mut self.pending {
+                if !data.is_empty() {
+                    self.tx.reserve_capacity(data.len());
+                    if self.tx.capacity() == 0 {
+                        match ready!(self.tx.poll_capacity(cx)) {
+                            Some(Ok(_)) => continue,
+                            _ => return Poll::Ready(Piped::Gone),
+                        }
+                    }
+                }
+                let chunk = data.split_to(self.tx.capacity().min(data.len()));
+                let last = data.is_empty() && *eos;
+                self.sent += chunk.len() as u64;
+                if self.tx.send_data(chunk, last).is_err() {
+                    return Poll::Ready(Piped::Gone);
+                }
+                if last {
+                    return Poll::Ready(Piped::Done);
+                }
+                if data.is_empty() {
+                    self.pending = None;
+                }
+                continue;
+            }
+            match ready!(Pin::new(&mut self.body).poll_frame(cx)) {
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) => {
+                        let eos = self.body.is_end_stream();
+                        if !data.is_empty() || eos {
+                            self.pending = Some((data, eos));
+                        }
+                    }
+                    Err(frame) => {
+                        if let Ok(trailers) = frame.into_trailers() {
+                            self.tx.reserve_capacity(0);
+                            return Poll::Ready(match self.tx.send_trailers(trailers) {
+                                Ok(()) => Piped::Done,
+                                Err(_) => Piped::Gone,
+                            });
+                        }
+                    }
+                },
+                Some(Err(e)) => return Poll::Ready(Piped::Failed(e.into())),
+                None => {
+                    return Poll::Ready(match self.tx.send_data(Bytes::new(), true) {
+                        Ok(()) => Piped::Done,
+                        Err(_) => Piped::Gone,
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// The `RST_STREAM` code for a stream whose answer broke with `error`: the code of the `h2`
+/// error behind it (an upstream that reset its stream with `CANCEL` is passed on as `CANCEL`,
+/// as hyper's server does), else `INTERNAL_ERROR`.
+pub(crate) fn reset_reason(error: &(dyn std::error::Error + 'static)) -> Reason {
+    let mut cause = Some(error);
+    while let Some(e) = cause {
+        if let Some(reason) = e.downcast_ref::<h2::Error>().and_then(h2::Error::reason) {
+            return reason;
+        }
+        cause = e.source();
+    }
+    Reason::INTERNAL_ERROR
+}

@@ -1,0 +1,233 @@
+//! The proxy's HTTP/2 server: HTTP/2 over cleartext with prior knowledge (what gRPC clients
+//! speak without TLS), on the `h2` crate directly, as the h2c upstream client is (`h2c.rs`).
+//!
+//! hyper's server, used before, gave a proxy no hold on a connection's streams: it could not
+//! tell a stream its client reset from one that ended, reset one stream on its own, or answer
+//! abuse with `GOAWAY ENHANCE_YOUR_CALM`. Tried as an attacker would, that let through a paced
+//! rapid reset (requests, a `PING`, its `ACK`, then `RST_STREAM` for each: 122 000–148 000
+//! streams on one connection in 5 s, each of which made an upstream connection) and streams
+//! stuck on a zero flow-control window that held their upstream exchange for ever while the
+//! connection's other streams kept its timers quiet. Here every connection and stream is
+//! watched:
+//!
+//! | what | limit (`[limits]`) | then | Envoy / nginx |
+//! |---|---|---|---|
+//! | streams the client resets before their answer started | `max_premature_resets` (100), once they are also half of the streams opened | `GOAWAY ENHANCE_YOUR_CALM`, connection closed | `premature_reset_total_stream_count` (500, the same half) / none |
+//! | requests on one connection | `max_requests_per_connection` (1 000) | graceful `GOAWAY`: streams in flight finish | `max_requests_per_connection` (none) / `keepalive_requests` (1 000) |
+//! | a stream with no byte either way | `stream_idle_timeout_ms` (5 min) | `RST_STREAM CANCEL`, its upstream exchange cancelled | `stream_idle_timeout` (5 min) / none |
+//! | an answer waiting for the client's window | the route's `timeout_ms` (15 s), if shorter | the same | — / `send_timeout` per connection |
+//! | a stream already reset when its task first runs | — | never routed: no pick, no upstream connection | |
+//!
+//! `h2`'s own guards stay on as hyper set them: 200 concurrent streams, a header list of
+//! `max_header_bytes` (an HPACK bomb or a `CONTINUATION` flood ends with the connection), 20
+//! streams reset before they were accepted (the burst rapid reset: `GOAWAY ENHANCE_YOUR_CALM`),
+//! 1 024 streams the server had to reset for a client's errors, flow-control overflows
+//! (`FLOW_CONTROL_ERROR`), and `PING`/`SETTINGS` floods (their answers are queued only as fast
+//! as the client reads them). The connection's watchdog (`watchdog.rs`) still closes a
+//! connection that never starts a request or stays idle, and its IO (`h1::Rewind`) fails a
+//! write that makes no progress for the longest route timeout.
+
+mod stream;
+
+use std::future::poll_fn;
+use std::net::SocketAddr;
+use std::pin::pin;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use h2::Reason;
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpStream;
+use tokio::sync::{watch, Notify};
+
+use crate::config::Limits;
+use crate::h1::Rewind;
+use crate::hub::{Defences, Hub};
+use crate::watchdog::{self, Activity, Expired};
+
+/// The client connection preface of HTTP/2 (RFC 9113 §3.4).
+const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Whether a connection whose first bytes are `read` speaks HTTP/2 with prior knowledge,
+/// reading more of it (within `limit`) while `read` is too short to tell. `None`: the client
+/// closed or was too slow.
+pub(crate) async fn sniff(
+    stream: &mut TcpStream,
+    read: Bytes,
+    limit: Duration,
+) -> Option<(bool, Bytes)> {
+    let mut buf = BytesMut::from(read);
+    let decide = |b: &[u8]| {
+        let n = b.len().min(PREFACE.len());
+        if b[..n] != PREFACE[..n] {
+            Some(false)
+        } else {
+            (n == PREFACE.len()).then_some(true)
+        }
+    };
+    let read_more = async {
+        loop {
+            if let Some(h2) = decide(&buf) {
+                return Some(h2);
+            }
+            match stream.read_buf(&mut buf).await {
+                Ok(n) if n > 0 => {}
+                _ => return None,
+            }
+        }
+    };
+    let h2 = tokio::time::timeout(limit, read_more).await.ok()??;
+    Some((h2, buf.freeze()))
+}
+
+/// An HTTP/2 client connection and what serving it needs.
+pub(crate) struct Conn {
+    pub(crate) hub: Arc<Hub>,
+    pub(crate) peer: SocketAddr,
+    pub(crate) limits: Arc<Limits>,
+    pub(crate) shutdown: watch::Receiver<bool>,
+    /// Counted by the connection's IO and its streams, for the watchdog.
+    pub(crate) activity: Arc<Activity>,
+}
+
+/// What the connection and its streams share.
+#[derive(Debug)]
+struct Shared {
+    hub: Arc<Hub>,
+    peer: SocketAddr,
+    stream_idle: Duration,
+    max_premature: u64,
+    /// Streams accepted.
+    opened: AtomicU64,
+    /// Streams the client reset before their answer started.
+    premature: AtomicU64,
+    /// Told when `premature` passes the limit.
+    calm: Notify,
+}
+
+impl Shared {
+    /// A stream its client reset before its answer started: counted, and past the limit the
+    /// connection is told to close.
+    fn premature_reset(&self) {
+        Defences::count(&self.hub.defences.premature_resets);
+        let n = self.premature.fetch_add(1, Relaxed) + 1;
+        let opened = self.opened.load(Relaxed);
+        if self.max_premature > 0 && n >= self.max_premature && 2 * n >= opened {
+            self.calm.notify_one();
+        }
+    }
+}
+
+/// What the connection's loop waits for.
+#[allow(clippy::large_enum_variant)] // made once per turn of the loop, taken apart at once
+enum Event {
+    Accepted(Option<Result<stream::Accepted, h2::Error>>),
+    Calm,
+    Drain,
+    Expired(Expired),
+}
+
+impl Conn {
+    /// Serve the connection (its preface is the first of `io`'s bytes) until it closes.
+    pub(crate) async fn serve(mut self, io: Rewind) {
+        let ms = Duration::from_millis;
+        let limits = &self.limits;
+        let watched = watchdog::Limits {
+            head: ms(limits.header_read_timeout_ms),
+            idle: ms(limits.idle_timeout_ms),
+            stream_idle: ms(limits.stream_idle_timeout_ms),
+        };
+        let mut watchdog = pin!(watchdog::watch(&self.activity, watched));
+        let handshake = builder(limits).handshake::<_, Bytes>(io);
+        let mut h2 = tokio::select! {
+            made = handshake => match made {
+                Ok(h2) => h2,
+                Err(e) => return tracing::debug!(peer = %self.peer, error = %e, "HTTP/2 handshake failed"),
+            },
+            _ = &mut watchdog => return,
+        };
+        let shared = Arc::new(Shared {
+            hub: self.hub.clone(),
+            peer: self.peer,
+            stream_idle: watched.stream_idle,
+            max_premature: limits.max_premature_resets,
+            opened: AtomicU64::new(0),
+            premature: AtomicU64::new(0),
+            calm: Notify::new(),
+        });
+        let cap = limits.max_requests_per_connection;
+        let mut draining = false;
+        loop {
+            let event = tokio::select! {
+                biased;
+                () = shared.calm.notified() => Event::Calm,
+                accepted = poll_fn(|cx| h2.poll_accept(cx)) => Event::Accepted(accepted),
+                _ = self.shutdown.changed(), if !draining => Event::Drain,
+                why = &mut watchdog => Event::Expired(why),
+            };
+            let (shutdown, bound) = match event {
+                Event::Accepted(Some(Ok((req, respond)))) => {
+                    let opened = shared.opened.fetch_add(1, Relaxed) + 1;
+                    let busy = self.activity.begin();
+                    tokio::spawn(stream::serve(req, respond, shared.clone(), busy));
+                    if cap > 0 && opened >= cap && !draining {
+                        Defences::count(&self.hub.defences.capped);
+                        h2.graceful_shutdown();
+                        draining = true;
+                    }
+                    continue;
+                }
+                Event::Accepted(Some(Err(e))) => {
+                    tracing::debug!(peer = %self.peer, error = %e, "HTTP/2 connection error");
+                    return;
+                }
+                Event::Accepted(None) => return,
+                Event::Drain => {
+                    h2.graceful_shutdown();
+                    draining = true;
+                    continue;
+                }
+                Event::Calm => {
+                    Defences::count(&self.hub.defences.calmed);
+                    tracing::warn!(
+                        peer = %self.peer,
+                        resets = shared.premature.load(Relaxed),
+                        streams = shared.opened.load(Relaxed),
+                        "HTTP/2 client reset too many streams before their answer: GOAWAY ENHANCE_YOUR_CALM"
+                    );
+                    (Some(Reason::ENHANCE_YOUR_CALM), watched.head)
+                }
+                // Nothing in flight: a graceful close loses nothing.
+                Event::Expired(Expired::Idle) => (None, watched.head),
+                Event::Expired(why) => {
+                    tracing::debug!(peer = %self.peer, ?why, "client connection closed by its watchdog");
+                    return;
+                }
+            };
+            match shutdown {
+                Some(reason) => h2.abrupt_shutdown(reason),
+                None => h2.graceful_shutdown(),
+            }
+            // The GOAWAY goes out, then the connection closes (bounded: a client that stops
+            // reading does not keep it).
+            let _ = tokio::time::timeout(bound, poll_fn(|cx| h2.poll_closed(cx))).await;
+            return;
+        }
+    }
+}
+
+/// `h2`'s server with hyper's settings (1 MB windows, 16 KB frames, 200 concurrent streams,
+/// a 400 KB send buffer per stream, 1 024 local error resets) and the header list limit.
+fn builder(limits: &Limits) -> h2::server::Builder {
+    let mut b = h2::server::Builder::new();
+    b.initial_window_size(1 << 20)
+        .initial_connection_window_size(1 << 20)
+        .max_frame_size(16 << 10)
+        .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX))
+        .max_concurrent_streams(200)
+        .max_send_buffer_size(400 << 10)
+        .max_local_error_reset_streams(Some(1024));
+    b
+}
