@@ -46,6 +46,31 @@ use tokio::time::MissedTickBehavior;
 use crate::error::DiscoveryError;
 use crate::source::Pace;
 
+mod removal;
+
+use removal::Held;
+pub use removal::{Confirmed, RemovalProtection};
+
+/// What mass-removal protection did, told to the [`Target`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RemovalEvent {
+    /// The source removed `keys` with more than the protection's share of the set: they stay
+    /// served (`serving` endpoints now) until confirmed gone.
+    Held {
+        /// The endpoints held.
+        keys: Vec<EndpointKey>,
+        /// The endpoints served now, held ones included.
+        serving: usize,
+    },
+    /// A held endpoint was confirmed gone and left the set.
+    Confirmed {
+        /// The endpoint.
+        key: EndpointKey,
+        /// How.
+        by: Confirmed,
+    },
+}
+
 /// How a [`Controller`] turns updates into snapshots.
 #[derive(Clone, Debug)]
 pub struct ControllerConfig {
@@ -63,6 +88,11 @@ pub struct ControllerConfig {
     /// (thousands of endpoints, a change every few milliseconds) costs at most about half a
     /// core here, not all of it.
     pub batch_window: Duration,
+    /// **Mass-removal protection** ([`RemovalProtection`]): removals of more than half of the
+    /// endpoints within 10 s are held back, the endpoints served until each is confirmed gone
+    /// (a failed health check, an ejection, or 120 s), and counted in
+    /// [`ControllerMetrics::removals_held`]. Default on; `None` turns it off.
+    pub removal_protection: Option<RemovalProtection>,
     /// Policy for every published snapshot (panic threshold, slow start). Default: none.
     pub policy: SnapshotPolicy,
     /// Passive outlier detection (lbkit-health's detector), ticked every `interval` by
@@ -79,6 +109,7 @@ impl Default for ControllerConfig {
         ControllerConfig {
             empty_protection: true,
             batch_window: Duration::ZERO,
+            removal_protection: Some(RemovalProtection::default()),
             policy: SnapshotPolicy::default(),
             outlier: None,
             refresh: None,
@@ -94,6 +125,9 @@ pub struct ControllerMetrics {
     published: AtomicU64,
     unchanged: AtomicU64,
     empty_held: AtomicU64,
+    removals_held: AtomicU64,
+    removals_confirmed: AtomicU64,
+    held: AtomicU64,
     source_errors: AtomicU64,
     health_changes: AtomicU64,
     ejections: AtomicU64,
@@ -121,6 +155,18 @@ impl ControllerMetrics {
     /// Batches held back by empty-push protection.
     pub fn empty_held(&self) -> u64 {
         self.empty_held.load(Relaxed)
+    }
+    /// Endpoints whose removal mass-removal protection held back ([`RemovalProtection`]).
+    pub fn removals_held(&self) -> u64 {
+        self.removals_held.load(Relaxed)
+    }
+    /// Held endpoints confirmed gone since (health check, ejection, time) and let go.
+    pub fn removals_confirmed(&self) -> u64 {
+        self.removals_confirmed.load(Relaxed)
+    }
+    /// Endpoints held now: removed by the source, still served.
+    pub fn held(&self) -> u64 {
+        self.held.load(Relaxed)
     }
     /// Errors reported by the source (the last good snapshot stayed published).
     pub fn source_errors(&self) -> u64 {
@@ -159,6 +205,11 @@ pub trait Target: Send {
 
     /// Empty-push protection held back an update that would have emptied the set.
     fn empty_held(&mut self) {}
+
+    /// Mass-removal protection held endpoints back, or let one go ([`RemovalEvent`]).
+    fn removal(&mut self, event: &RemovalEvent) {
+        let _ = event;
+    }
 
     /// Outlier detection ejected an endpoint: how often each was ejected so far.
     fn ejections(&mut self, counts: &HashMap<EndpointKey, u64>) {
@@ -231,10 +282,17 @@ pub struct Controller {
     clock: Clock,
     builder: SnapshotBuilder,
     desired: Vec<EndpointSpec>,
-    /// The set behind the published snapshot (before the health overlay) while an empty push
-    /// is held back; `None` when it is `desired` (kept once, not copied per batch: a deep copy
-    /// of 10 000 specs cost a millisecond a batch).
+    /// The set behind the published snapshot (before the health overlay) while protection
+    /// keeps more than `desired` (an empty push held back, or removals held); `None` when it is
+    /// `desired` (kept once, not copied per batch: a deep copy of 10 000 specs cost a
+    /// millisecond a batch).
     held: Option<Vec<EndpointSpec>>,
+    /// Whether `held` is an empty push held back (the whole last set).
+    empty_held: bool,
+    /// Mass-removal protection: the endpoints held and the window's removals.
+    removal: Held,
+    /// What mass-removal protection did since the target was last told.
+    events: Vec<RemovalEvent>,
     /// Whether `desired` changed since the last publish.
     dirty: bool,
     /// Whether `desired` is in strictly ascending key order (as sources list it); updates
@@ -263,11 +321,14 @@ impl Controller {
     pub fn new(config: ControllerConfig) -> Self {
         Controller {
             detector: config.outlier.map(OutlierDetector::new),
+            removal: Held::new(config.removal_protection),
             config,
             clock: Clock::System,
             builder: SnapshotBuilder::new(),
             desired: Vec::new(),
             held: None,
+            empty_held: false,
+            events: Vec::new(),
             dirty: false,
             ordered: true,
             pace: Pace::default(),
@@ -300,6 +361,7 @@ impl Controller {
         self.ordered = in_key_order(&specs);
         self.desired = specs;
         self.held = None;
+        self.empty_held = false;
         self.dirty = true;
         self
     }
@@ -326,7 +388,8 @@ impl Controller {
     }
 
     /// Apply one batch. Returns the snapshot to publish, or `None` when the batch changed
-    /// nothing or was held back by empty-push protection.
+    /// nothing or was held back by empty-push protection. Removals of more than the
+    /// protection's share of the set are held ([`RemovalProtection`]).
     ///
     /// # Complexity
     /// O(n + u) for n endpoints and u updated specs, plus one snapshot build.
@@ -335,61 +398,146 @@ impl Controller {
         self.metrics
             .updates
             .fetch_add(u64::try_from(updates.len()).unwrap_or(u64::MAX), Relaxed);
-        // A reset replaces the whole set, so what came before the batch's last one is moot: a
-        // lagging consumer's queue of full listings costs one comparison, not one each.
-        let from = updates
-            .iter()
-            .rposition(|u| matches!(u, Update::Reset(_)))
-            .unwrap_or(0);
-        let mut updates = updates;
-        updates.drain(..from);
+        let updates = from_last_reset(updates);
         let serving = !self.serving().is_empty();
-        // The set served so far is `desired` itself: kept aside only when this batch could
-        // empty it and empty-push protection would then hold it. Only an empty reset, or
-        // removals of at least as many keys as the set has (after the batch's reset, if it
-        // starts with one), can empty it: a registry's churn removes a few at a time and
-        // copies nothing.
-        let mut before = None;
-        if self.config.empty_protection && self.published && self.held.is_none() && serving {
-            let mut size = self.desired.len();
-            let mut removed = 0;
-            let mut could_empty = false;
-            for u in &updates {
-                match u {
-                    Update::Reset(v) => {
-                        // Out of key order it may repeat keys: any removal may empty it.
-                        size = if in_key_order(v) { v.len() } else { 1 };
-                        could_empty |= v.is_empty();
-                    }
-                    Update::Remove(keys) => removed += keys.len(),
-                    Update::Add(_) => {}
-                }
-            }
-            if could_empty || removed >= size {
-                before = Some(self.desired.clone());
-            }
-        }
+        let before = self.keep_if_it_could_empty(&updates, serving);
+        let listed = if self.empty_held {
+            self.serving().len()
+        } else {
+            self.desired.len()
+        };
+        // The specs the batch removes, when removals are watched.
+        let watch = self.removal.on() && self.published;
+        let mut removed = Vec::new();
         for update in updates {
-            self.dirty |= apply(&mut self.desired, &mut self.ordered, update);
+            let out = watch.then_some(&mut removed);
+            self.dirty |= apply(&mut self.desired, &mut self.ordered, update, out);
         }
         if !self.dirty && self.published {
             self.metrics.unchanged.fetch_add(1, Relaxed);
             return None;
         }
         if self.config.empty_protection && self.desired.is_empty() && serving && self.published {
-            if self.held.is_none() {
-                self.held = before;
-            }
-            self.metrics.empty_held.fetch_add(1, Relaxed);
-            tracing::warn!(
-                held = self.serving().len(),
-                "empty-push protection: the source listed no endpoints; keeping the last set"
-            );
-            return None;
+            return self.hold_empty(before);
         }
-        self.held = None;
+        if std::mem::take(&mut self.empty_held) && watch {
+            // Out of a held empty push: what was served and is not listed now is removed too.
+            removed.extend(self.held.take().unwrap_or_default());
+        }
+        self.judge_removals(removed, listed);
         self.dirty = false;
         Some(self.rebuild())
+    }
+
+    /// The set served so far, kept aside when this batch could empty it and empty-push
+    /// protection would then hold it (`desired` itself is changed in place). Only an empty
+    /// reset, or removals of at least as many keys as the set has (after the batch's reset, if
+    /// it starts with one), can empty it: a registry's churn removes a few at a time and copies
+    /// nothing. Not needed while protection already keeps the serving set apart (`held`).
+    fn keep_if_it_could_empty(
+        &self,
+        updates: &[Update],
+        serving: bool,
+    ) -> Option<Vec<EndpointSpec>> {
+        if !(self.config.empty_protection && self.published && self.held.is_none() && serving) {
+            return None;
+        }
+        let mut size = self.desired.len();
+        let mut removed = 0;
+        let mut could_empty = false;
+        for u in updates {
+            match u {
+                Update::Reset(v) => {
+                    // Out of key order it may repeat keys: any removal may empty it.
+                    size = if in_key_order(v) { v.len() } else { 1 };
+                    could_empty |= v.is_empty();
+                }
+                Update::Remove(keys) => removed += keys.len(),
+                Update::Add(_) => {}
+            }
+        }
+        (could_empty || removed >= size).then(|| self.desired.clone())
+    }
+
+    /// Empty-push protection: the source listed nothing; the set served so far (`before`, or
+    /// what protection already kept apart) stays, whole.
+    fn hold_empty(&mut self, before: Option<Vec<EndpointSpec>>) -> Option<Arc<Snapshot>> {
+        if self.held.is_none() {
+            self.held = before;
+        }
+        self.empty_held = true;
+        // The whole set is held now, until the source lists endpoints again.
+        self.removal.clear();
+        self.metrics.held.store(0, Relaxed);
+        self.metrics.empty_held.fetch_add(1, Relaxed);
+        tracing::warn!(
+            held = self.serving().len(),
+            "empty-push protection: the source listed no endpoints; keeping the last set"
+        );
+        None
+    }
+
+    /// Mass-removal protection's verdict on a batch that removed `removed` from a set of
+    /// `listed`: the serving set is the source's plus whatever stays held.
+    fn judge_removals(&mut self, removed: Vec<EndpointSpec>, listed: usize) {
+        if self.removal.on() {
+            let now = self.clock.now();
+            let set: Option<HashSet<&EndpointKey>> =
+                (!self.ordered).then(|| self.desired.iter().map(|s| &s.key).collect());
+            let desired = &self.desired;
+            let is_listed = |k: &EndpointKey| match &set {
+                Some(set) => set.contains(k),
+                None => desired.binary_search_by(|s| s.key.cmp(k)).is_ok(),
+            };
+            let (down, detector) = (&self.down, &self.detector);
+            let confirmed = |k: &EndpointKey| {
+                down.contains(k) || detector.as_ref().is_some_and(|d| d.ejection(k).is_some())
+            };
+            let keys = self
+                .removal
+                .judge(removed, listed, is_listed, confirmed, now);
+            if !keys.is_empty() {
+                let n = u64::try_from(keys.len()).unwrap_or(u64::MAX);
+                self.metrics.removals_held.fetch_add(n, Relaxed);
+                let serving = self.desired.len() + self.removal.len();
+                tracing::warn!(
+                    held = keys.len(),
+                    serving,
+                    "mass removal held: the source removed more than the protected share of \
+                     the endpoints; serving them until each is confirmed gone"
+                );
+                self.events.push(RemovalEvent::Held { keys, serving });
+            }
+        }
+        self.held = self.removal.serving(&self.desired, self.ordered);
+        self.metrics.held.store(self.removal.len() as u64, Relaxed);
+    }
+
+    /// A held endpoint was confirmed gone (`by`): counted, logged, told; the serving set shrinks.
+    fn confirmed(&mut self, key: EndpointKey, by: Confirmed) {
+        self.metrics.removals_confirmed.fetch_add(1, Relaxed);
+        tracing::info!(endpoint = %key, %by, "held endpoint confirmed gone");
+        self.events.push(RemovalEvent::Confirmed { key, by });
+        self.held = self.removal.serving(&self.desired, self.ordered);
+        self.metrics.held.store(self.removal.len() as u64, Relaxed);
+    }
+
+    /// Let go of the held endpoints whose confirmation time ran out by `now`. Returns the
+    /// snapshot to publish when any did.
+    pub fn expire_held(&mut self, now: Timestamp) -> Option<Arc<Snapshot>> {
+        let due = self.removal.expire(now);
+        if due.is_empty() {
+            return None;
+        }
+        for key in due {
+            self.confirmed(key, Confirmed::Time);
+        }
+        Some(self.rebuild())
+    }
+
+    /// When a held endpoint is next due to be let go ([`expire_held`](Self::expire_held)).
+    pub fn next_expiry(&self) -> Option<Timestamp> {
+        self.removal.next_expiry()
     }
 
     /// An active health check says `key` is `healthy` or not. Returns the snapshot to publish
@@ -406,6 +554,9 @@ impl Controller {
         }
         self.metrics.health_changes.fetch_add(1, Relaxed);
         tracing::info!(endpoint = %key, healthy, "health check");
+        if !healthy && self.removal.confirm(&key) {
+            self.confirmed(key, Confirmed::HealthCheck);
+        }
         self.published.then(|| self.rebuild())
     }
 
@@ -426,7 +577,18 @@ impl Controller {
                 }
             }
         }
-        Some(self.overlaid())
+        let ejected: Vec<EndpointKey> = (self.removal.keys())
+            .filter(|k| detector.ejection(k).is_some())
+            .cloned()
+            .collect();
+        if ejected.is_empty() {
+            return Some(self.overlaid());
+        }
+        for key in ejected {
+            self.removal.confirm(&key);
+            self.confirmed(key, Confirmed::Ejected);
+        }
+        Some(self.rebuild())
     }
 
     /// Leave `keys` out (their clients could not be made) until the source sends them again.
@@ -434,6 +596,9 @@ impl Controller {
     pub fn reject(&mut self, keys: &[EndpointKey]) -> Option<Arc<Snapshot>> {
         let gone: HashSet<&EndpointKey> = keys.iter().collect();
         let before = self.serving().len();
+        for key in keys {
+            self.removal.confirm(key);
+        }
         self.desired.retain(|s| !gone.contains(&s.key));
         if let Some(held) = &mut self.held {
             held.retain(|s| !gone.contains(&s.key));
@@ -496,6 +661,9 @@ impl Controller {
     fn publish<T: Target>(&mut self, target: &mut T, snapshot: Arc<Snapshot>) {
         let now = self.clock.now();
         let rejected = target.publish(snapshot, now);
+        for event in self.events.drain(..) {
+            target.removal(&event);
+        }
         if !rejected.is_empty() {
             if let Some(next) = self.reject(&rejected) {
                 // Everything left has a client now: nothing more is rejected.
@@ -534,7 +702,14 @@ impl Controller {
             let s = self.rebuild();
             self.publish(&mut target, s);
         }
-        while target.alive() && (source_open || health.is_some() || ticking) {
+        while target.alive()
+            && (source_open || health.is_some() || ticking || self.removal.len() > 0)
+        {
+            // The next held endpoint due to be let go, on tokio's clock.
+            let expiry = self.next_expiry().map(|t| {
+                let left = t.saturating_duration_since(self.clock.now());
+                tokio::time::Instant::now() + left
+            });
             tokio::select! {
                 item = source.next(), if source_open => {
                     let ended = match item {
@@ -565,6 +740,11 @@ impl Controller {
                 }
                 _ = refresh.tick(), if self.config.refresh.is_some() => {
                     target.tick(self.clock.now());
+                }
+                () = sleep_until(expiry), if expiry.is_some() => {
+                    if let Some(s) = self.expire_held(self.clock.now()) {
+                        self.publish(&mut target, s);
+                    }
                 }
             }
         }
@@ -627,6 +807,13 @@ impl Controller {
     }
 }
 
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
 async fn recv(rx: &mut Option<mpsc::Receiver<(EndpointKey, bool)>>) -> Option<(EndpointKey, bool)> {
     match rx {
         Some(rx) => rx.recv().await,
@@ -646,6 +833,18 @@ pub fn error_chain(error: &dyn std::error::Error) -> String {
     text
 }
 
+/// `updates` from the last reset on: a reset replaces the whole set, so what came before the
+/// batch's last one is moot (a lagging consumer's queue of full listings costs one comparison,
+/// not one each).
+fn from_last_reset(mut updates: Vec<Update>) -> Vec<Update> {
+    let from = updates
+        .iter()
+        .rposition(|u| matches!(u, Update::Reset(_)))
+        .unwrap_or(0);
+    updates.drain(..from);
+    updates
+}
+
 fn in_key_order(specs: &[EndpointSpec]) -> bool {
     specs.windows(2).all(|w| w[0].key < w[1].key)
 }
@@ -659,22 +858,14 @@ const FEW: usize = 8;
 /// keeps (an added spec goes to its place); a reset out of order is taken in its own order,
 /// and later additions are appended. Returns whether the list changed. O(n + u), or
 /// O(u log n + u moves of the tail) for a few changes to an ordered list; nothing is cloned.
-fn apply(specs: &mut Vec<EndpointSpec>, ordered: &mut bool, update: Update) -> bool {
+fn apply(
+    specs: &mut Vec<EndpointSpec>,
+    ordered: &mut bool,
+    update: Update,
+    removed: Option<&mut Vec<EndpointSpec>>,
+) -> bool {
     match update {
-        Update::Reset(new) => {
-            if *specs == new {
-                return false;
-            }
-            *ordered = in_key_order(&new);
-            if *ordered {
-                // In key order, so unique (sources list so): taken as it is.
-                *specs = new;
-            } else {
-                specs.clear();
-                add_or_replace(specs, new);
-            }
-            true
-        }
+        Update::Reset(new) => reset(specs, ordered, new, removed),
         Update::Add(new) if *ordered && new.len() <= FEW => {
             let mut changed = false;
             for spec in new {
@@ -694,22 +885,67 @@ fn apply(specs: &mut Vec<EndpointSpec>, ordered: &mut bool, update: Update) -> b
         }
         Update::Add(new) if *ordered => merge_ordered(specs, new),
         Update::Add(new) => add_or_replace(specs, new),
-        Update::Remove(keys) if *ordered && keys.len() <= FEW => {
-            let before = specs.len();
-            for key in &keys {
-                if let Ok(i) = specs.binary_search_by(|s| s.key.cmp(key)) {
-                    specs.remove(i);
+        Update::Remove(keys) => remove(specs, *ordered, &keys, removed),
+    }
+}
+
+/// Replace the list with `new`; what left it goes to `removed`, when given.
+fn reset(
+    specs: &mut Vec<EndpointSpec>,
+    ordered: &mut bool,
+    new: Vec<EndpointSpec>,
+    removed: Option<&mut Vec<EndpointSpec>>,
+) -> bool {
+    if *specs == new {
+        return false;
+    }
+    let old = std::mem::take(specs);
+    *ordered = in_key_order(&new);
+    if *ordered {
+        // In key order, so unique (sources list so): taken as it is.
+        *specs = new;
+    } else {
+        add_or_replace(specs, new);
+    }
+    if let Some(out) = removed {
+        let now: HashSet<&EndpointKey, foldhash::fast::RandomState> =
+            specs.iter().map(|s| &s.key).collect();
+        out.extend(old.into_iter().filter(|s| !now.contains(&s.key)));
+    }
+    true
+}
+
+/// Remove `keys` from the list; what left it goes to `removed`, when given.
+fn remove(
+    specs: &mut Vec<EndpointSpec>,
+    ordered: bool,
+    keys: &[EndpointKey],
+    mut removed: Option<&mut Vec<EndpointSpec>>,
+) -> bool {
+    let before = specs.len();
+    if ordered && keys.len() <= FEW {
+        for key in keys {
+            if let Ok(i) = specs.binary_search_by(|s| s.key.cmp(key)) {
+                let spec = specs.remove(i);
+                if let Some(out) = removed.as_deref_mut() {
+                    out.push(spec);
                 }
             }
-            specs.len() != before
         }
-        Update::Remove(keys) => {
-            let gone: HashSet<&EndpointKey, foldhash::fast::RandomState> = keys.iter().collect();
-            let before = specs.len();
-            specs.retain(|s| !gone.contains(&s.key));
-            specs.len() != before
-        }
+        return specs.len() != before;
     }
+    let gone: HashSet<&EndpointKey, foldhash::fast::RandomState> = keys.iter().collect();
+    match removed {
+        Some(out) => {
+            let (left, kept) = std::mem::take(specs)
+                .into_iter()
+                .partition(|s| gone.contains(&s.key));
+            *specs = kept;
+            out.extend::<Vec<_>>(left);
+        }
+        None => specs.retain(|s| !gone.contains(&s.key)),
+    }
+    specs.len() != before
 }
 
 /// Add or replace `new` (later wins among its duplicates) in `specs`, which is in key order

@@ -50,7 +50,8 @@ pub mod zookeeper;
 pub use address::check_address;
 #[cfg(feature = "controller")]
 pub use controller::{
-    error_chain, publisher, Controller, ControllerConfig, ControllerMetrics, Publisher, Target,
+    error_chain, publisher, Confirmed, Controller, ControllerConfig, ControllerMetrics, Publisher,
+    RemovalEvent, RemovalProtection, Target,
 };
 pub use error::{DiscoveryError, SourceError, UrlError};
 pub use static_list::parse_static_list;

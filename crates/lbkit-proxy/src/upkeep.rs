@@ -1,6 +1,6 @@
 //! What keeps one service's endpoint set current: its source, its active health checks and
 //! its outlier detection feed lbkit-discovery's [`Controller`] — the one control loop, with
-//! empty-push protection, the health overlay and `Balancer::tick` every [`REFRESH_TICK`] —
+//! empty-push and mass-removal protection, the health overlay and `Balancer::tick` every [`REFRESH_TICK`] —
 //! which publishes on the service's balancer.
 //!
 //! Everything here runs off the request path, in one task per service (plus one for active
@@ -49,6 +49,7 @@ pub(crate) fn spawn(
     let mut controller = Controller::new(ControllerConfig {
         outlier: outlier_config(service),
         refresh: Some(REFRESH_TICK),
+        removal_protection: service.config().removal_protection(),
         ..ControllerConfig::default()
     })
     .with_clock(service.clock().clone())

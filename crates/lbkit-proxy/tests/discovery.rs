@@ -702,3 +702,162 @@ async fn a_shadow_strategy_reports_where_it_would_have_sent_requests() {
     assert!(!metrics.contains("lbkit_shadow"), "{metrics}");
     proxy.shutdown(Duration::from_secs(2)).await;
 }
+
+/// Delete the provider nodes of `regs` in one ZooKeeper transaction (a `multi`), as an
+/// operator's script does, or as the ephemeral nodes of sessions that expire together go.
+async fn delete_together(zk: &str, regs: &[&ZkRegistration]) {
+    let client = zookeeper_client::Client::connect(zk)
+        .await
+        .expect("connect");
+    let mut multi = client.new_multi_writer();
+    for r in regs {
+        let node = r.status().get().node.expect("a registered node");
+        multi.add_delete(&node, None).expect("a delete");
+    }
+    multi.commit().await.expect("deleted in one transaction");
+}
+
+/// Wait until `/metrics` says `name` (of service `svc`) is at least `at_least`.
+async fn metric_reaches(proxy: &Proxy, name: &str, at_least: f64) {
+    let mut pace = poll_pace();
+    let reached = tokio::time::timeout(WAIT, async {
+        while metric(proxy, name).await < at_least {
+            pace.tick().await;
+        }
+    });
+    reached
+        .await
+        .unwrap_or_else(|_| panic!("{name} never reached {at_least}"));
+}
+
+/// GETs every 2 ms until told to stop: how many were sent and how many did not get a 200.
+fn load(
+    to: std::net::SocketAddr,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<(u64, u64)>,
+) {
+    let (stop, mut stopped) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(async move {
+        let client = client();
+        let (mut sent, mut failed) = (0, 0);
+        let mut pace = tokio::time::interval(Duration::from_millis(2));
+        while stopped.try_recv().is_err() {
+            pace.tick().await;
+            let (status, _, _) = get(&client, to, "/", &[]).await;
+            sent += 1;
+            failed += u64::from(status != StatusCode::OK);
+        }
+        (sent, failed)
+    });
+    (stop, task)
+}
+
+// Three of five providers leave ZooKeeper in one transaction while their servers still answer
+// (sessions expiring together: a leader election, a partition between providers and the
+// registry): all five stay served, as mass-removal protection holds the three. When their
+// servers then stop, failing health checks confirm them gone and they leave; no request fails
+// on the way (issue 40: the survivors took all the traffic at once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn providers_deleted_together_stay_served_until_their_health_checks_fail() {
+    let Some(zk) = lbkit_testkit::zookeeper() else {
+        return;
+    };
+    let names = ["a", "b", "c", "d", "e"];
+    let mut backends = Vec::new();
+    for n in names {
+        backends.push(Backend::start(n).await);
+    }
+    let (interface, path) = zk_service("Mass", &backends[0]);
+    let mut regs = Vec::new();
+    for b in &backends {
+        regs.push(register(&zk, &path, b).await);
+    }
+    // Retries and their budget generous enough for the moment between a server stopping and
+    // its health check failing (a request may meet three stopped servers in a row).
+    let source = format!(
+        "zookeeper = {{ zk = {zk:?}, interface = {interface:?} }}\n\
+         retries = 4\nretry_budget_percent = 1000\n\
+         health_check = {{ kind = \"tcp\", interval_ms = 100, timeout_ms = 500, rise = 1, fall = 1 }}"
+    );
+    let proxy = Proxy::start(parse(&config_with_source(&source)))
+        .await
+        .expect("proxy starts");
+    until_serving(&proxy, &names, 15).await;
+    let (stop, load) = load(proxy.listeners()[0]);
+    delete_together(&zk, &[&regs[0], &regs[1], &regs[2]]).await;
+    metric_reaches(&proxy, "lbkit_discovery_removals_held_total", 3.0).await;
+    until_serving(&proxy, &names, 15).await;
+    assert_eq!(metric(&proxy, "lbkit_discovery_endpoints_held").await, 3.0);
+    // Their servers stop: the health checks confirm them gone.
+    for b in backends.drain(..3) {
+        b.kill();
+    }
+    metric_reaches(&proxy, "lbkit_discovery_removals_confirmed_total", 3.0).await;
+    until_serving(&proxy, &["d", "e"], 6).await;
+    let _ = stop.send(());
+    let (sent, failed) = load.await.expect("the load task");
+    assert!(sent >= 10, "{sent} requests under way");
+    println!("{sent} requests under way, {failed} failed");
+    assert_eq!(failed, 0, "{failed} of {sent} requests failed");
+    assert_eq!(metric(&proxy, "lbkit_discovery_endpoints_held").await, 0.0);
+    proxy.shutdown(Duration::from_secs(2)).await;
+}
+
+// Six of ten providers leave ZooKeeper in one transaction while their servers still answer:
+// one update (one snapshot published), all ten served until the confirmation time
+// (`removal_protection.confirm_ms`) lets the six go; and three of three leaving in one
+// transaction are all kept by empty-push protection (before, the proxy took the deletions one
+// by one in 7 of 12 runs, and one or two providers were left with the traffic of three).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn six_of_ten_deleted_together_stay_served_until_confirmed_by_time() {
+    let Some(zk) = lbkit_testkit::zookeeper() else {
+        return;
+    };
+    let names: Vec<String> = (0..10).map(|i| format!("p{i}")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let mut backends = Vec::new();
+    for n in &names {
+        backends.push(Backend::start(n).await);
+    }
+    let (interface, path) = zk_service("Six", &backends[0]);
+    let mut regs = Vec::new();
+    for b in &backends {
+        regs.push(register(&zk, &path, b).await);
+    }
+    let source = format!(
+        "zookeeper = {{ zk = {zk:?}, interface = {interface:?} }}\n\
+         removal_protection = {{ confirm_ms = 1500 }}"
+    );
+    let proxy = Proxy::start(parse(&config_with_source(&source)))
+        .await
+        .expect("proxy starts");
+    until_serving(&proxy, &names, 20).await;
+    let published = metric(&proxy, "lbkit_discovery_published_total").await;
+    let six: Vec<&ZkRegistration> = regs[..6].iter().collect();
+    delete_together(&zk, &six).await;
+    metric_reaches(&proxy, "lbkit_discovery_removals_held_total", 6.0).await;
+    let once = metric(&proxy, "lbkit_discovery_published_total").await - published;
+    assert_eq!(once, 1.0, "one transaction, one update, one snapshot");
+    until_serving(&proxy, &names, 20).await;
+    // Nothing confirms them but time.
+    metric_reaches(&proxy, "lbkit_discovery_removals_confirmed_total", 6.0).await;
+    until_serving(&proxy, &names[6..], 8).await;
+    proxy.shutdown(Duration::from_secs(2)).await;
+
+    // Three of three in one transaction: empty-push protection keeps all three.
+    let (interface, path) = zk_service("Three", &backends[7]);
+    let mut regs = Vec::new();
+    for b in &backends[7..] {
+        regs.push(register(&zk, &path, b).await);
+    }
+    let source = format!("zookeeper = {{ zk = {zk:?}, interface = {interface:?} }}");
+    let proxy = Proxy::start(parse(&config_with_source(&source)))
+        .await
+        .expect("proxy starts");
+    until_serving(&proxy, &names[7..], 9).await;
+    delete_together(&zk, &regs.iter().collect::<Vec<_>>()).await;
+    metric_reaches(&proxy, "lbkit_discovery_empty_held_total", 1.0).await;
+    until_serving(&proxy, &names[7..], 9).await;
+    proxy.shutdown(Duration::from_secs(2)).await;
+}

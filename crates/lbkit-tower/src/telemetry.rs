@@ -30,6 +30,9 @@
 //! | `lbkit_discovery_published_total` | counter | `service` | snapshots published by the control loop |
 //! | `lbkit_discovery_source_errors_total` | counter | `service` | source errors (the last good set stayed) |
 //! | `lbkit_discovery_empty_held_total` | counter | `service` | updates held back by empty-push protection |
+//! | `lbkit_discovery_removals_held_total` | counter | `service` | endpoints whose removal mass-removal protection held back |
+//! | `lbkit_discovery_removals_confirmed_total` | counter | `service` | held endpoints confirmed gone since (health check, ejection, time) |
+//! | `lbkit_discovery_endpoints_held` | gauge | `service` | endpoints held now: removed by the source, still served |
 //! | `lbkit_attempts_total` | counter | `service` | attempts sent by a pool (retries and forks included) |
 //! | `lbkit_pass_over_total` | counter | `service` | candidates passed over (service not ready or missing) |
 //! | `lbkit_failback_total` | counter | `service`, `result` | failback retries: `scheduled`, `succeeded`, `dropped`, `exhausted` |
@@ -176,7 +179,7 @@ fn each(
 /// The encoder's.
 pub fn encode_services(enc: &mut DescriptorEncoder<'_>, rows: &[ServiceRow<'_>]) -> fmt::Result {
     type Value = fn(&ServiceRow<'_>) -> u64;
-    let counters: [(&str, &str, Value); 5] = [
+    let counters: [(&str, &str, Value); 7] = [
         (
             "lbkit_retries",
             "Attempts after the first, each on an endpoint not tried yet.",
@@ -202,12 +205,33 @@ pub fn encode_services(enc: &mut DescriptorEncoder<'_>, rows: &[ServiceRow<'_>])
             "Source updates held back by empty-push protection.",
             |r| r.discovery.map_or(0, ControllerMetrics::empty_held),
         ),
+        (
+            "lbkit_discovery_removals_held",
+            "Endpoints whose removal mass-removal protection held back (served until \
+             confirmed gone).",
+            |r| r.discovery.map_or(0, ControllerMetrics::removals_held),
+        ),
+        (
+            "lbkit_discovery_removals_confirmed",
+            "Held endpoints confirmed gone since (health check, ejection or time) and let go.",
+            |r| r.discovery.map_or(0, ControllerMetrics::removals_confirmed),
+        ),
     ];
     for (name, help, value) in counters {
         let mut f = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
         for r in rows {
             ConstCounter::new(value(r)).encode(f.encode_family(&[("service", r.service)])?)?;
         }
+    }
+    let mut f = enc.encode_descriptor(
+        "lbkit_discovery_endpoints_held",
+        "Endpoints held now by mass-removal protection: removed by the source, still served.",
+        None,
+        MetricType::Gauge,
+    )?;
+    for r in rows {
+        let held = r.discovery.map_or(0, ControllerMetrics::held);
+        gauge(f.encode_family(&[("service", r.service)])?, held)?;
     }
     Ok(())
 }

@@ -151,14 +151,35 @@ async fn outlier_detection_ejects_a_failing_endpoint() {
     assert_eq!(farm.get("a").calls(), before);
 }
 
+// Mass-removal protection in a pool (on by default): three of five endpoints removed at once
+// stay served until confirmed gone.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_mass_removal_is_held_back() {
+    let names = ["a", "b", "c", "d", "e"];
+    let farm = Farm::new(&names);
+    let (tx, rx) = mpsc::unbounded_channel::<Item>();
+    tx.send(Ok(Update::Reset(farm.specs(&names)))).unwrap();
+    let pool = PoolBuilder::default().spawn(source(rx), farm.maker());
+    let mut status = pool.status();
+    wait(&mut status, |s| s.endpoints == 5).await;
+    let gone = ["a", "b", "c"].map(EndpointKey::from).to_vec();
+    tx.send(Ok(Update::Remove(gone))).unwrap();
+    wait(&mut status, |s| s.held == 3).await;
+    assert_eq!(pool.snapshot().len(), 5, "all five served");
+    assert_eq!(status.borrow().removals_held, 3);
+}
+
 // The pool runs lbkit-discovery's Controller: an empty push is held back like everywhere else,
-// and the next real set replaces it.
+// and the next real set replaces it (mass-removal protection off: with it, leaving the held
+// set for a smaller one holds the rest too, see the next test).
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn an_empty_push_is_held_back() {
     let farm = Farm::new(&["a", "b", "c"]);
     let (tx, rx) = mpsc::unbounded_channel::<Item>();
     tx.send(Ok(Update::Reset(farm.specs(&["a", "b"])))).unwrap();
-    let pool = PoolBuilder::default().spawn(source(rx), farm.maker());
+    let pool = PoolBuilder::default()
+        .removal_protection(None)
+        .spawn(source(rx), farm.maker());
     let mut status = pool.status();
     let mut svc = BalanceLayer::new().failfast().layer(pool.clone());
     tx.send(Ok(Update::Reset(Vec::new()))).unwrap();

@@ -32,6 +32,15 @@ async fn run_all(
 
 type SourceItemT = Result<Update, DiscoveryError>;
 
+/// Empty-push protection alone: what it holds and lets go of, without mass-removal protection
+/// (which holds more: see the `mass_removal` tests).
+fn empty_push_only() -> ControllerConfig {
+    ControllerConfig {
+        removal_protection: None,
+        ..ControllerConfig::default()
+    }
+}
+
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn queued_updates_form_one_batch_and_one_rebuild() {
     let (out, m) = run_all(
@@ -72,7 +81,7 @@ async fn batch_window_collects_updates_that_arrive_later() {
 
 #[test]
 fn empty_push_is_held_and_counted_and_later_updates_apply_to_the_real_set() {
-    let mut c = Controller::new(ControllerConfig::default());
+    let mut c = Controller::new(empty_push_only());
     let first = c.apply_batch(vec![Update::Reset(vec![spec("a:1", 1), spec("b:1", 1)])]);
     assert_eq!(first.map(|s| s.len()), Some(2));
     let keys = vec![EndpointKey::from("a:1"), EndpointKey::from("b:1")];
@@ -92,7 +101,7 @@ fn empty_push_is_held_and_counted_and_later_updates_apply_to_the_real_set() {
 
 #[test]
 fn the_held_set_is_the_published_one_exactly() {
-    let mut c = Controller::new(ControllerConfig::default());
+    let mut c = Controller::new(empty_push_only());
     c.apply_batch(vec![Update::Reset(vec![spec("a:1", 1), spec("b:1", 1)])])
         .expect("published");
     // A batch that changes the set and then empties it holds the set published before it,
@@ -233,7 +242,7 @@ fn a_held_empty_push_stays_held_through_health_changes_and_ejections() {
     )));
     let mut c = Controller::new(ControllerConfig {
         outlier: Some(outlier),
-        ..ControllerConfig::default()
+        ..empty_push_only()
     })
     .with_clock(clock);
     let first = c
@@ -422,8 +431,16 @@ proptest::proptest! {
                 1 => Update::Add(specs_of()),
                 _ => Update::Remove(keys.iter().map(|k| EndpointKey::from(format!("h{k}:1").as_str())).collect()),
             };
-            apply(&mut specs, &mut ordered, update);
+            let keys_of = |v: &[EndpointSpec]| v.iter().map(|s| s.key.as_str().to_owned()).collect::<std::collections::BTreeSet<_>>();
+            let before = keys_of(&specs);
+            let mut removed = Vec::new();
+            apply(&mut specs, &mut ordered, update, Some(&mut removed));
             proptest::prop_assert!(ordered);
+            // What left the list is what `apply` says it removed, each once.
+            let mut gone: Vec<String> = removed.iter().map(|s| s.key.as_str().to_owned()).collect();
+            gone.sort();
+            let expected: Vec<String> = before.difference(&keys_of(&specs)).cloned().collect();
+            proptest::prop_assert_eq!(gone, expected);
         }
         let got: Vec<(String, u32)> = specs.iter().map(|s| (s.key.as_str().to_owned(), s.weight)).collect();
         proptest::prop_assert_eq!(got, model(&ops));
@@ -453,4 +470,186 @@ async fn an_initial_set_is_served_before_the_source_speaks() {
     drop(tx);
     assert_eq!(addrs(&snaps.recv().await.expect("next")), vec![("b:1", 1)]);
     task.await.expect("ends with its source");
+}
+
+/// What a target was told of mass-removal protection.
+#[derive(Default)]
+struct Told {
+    published: Vec<Arc<Snapshot>>,
+    events: Vec<RemovalEvent>,
+}
+
+impl Target for Told {
+    fn publish(&mut self, snapshot: Arc<Snapshot>, _now: Timestamp) -> Vec<EndpointKey> {
+        self.published.push(snapshot);
+        Vec::new()
+    }
+
+    fn removal(&mut self, event: &RemovalEvent) {
+        self.events.push(event.clone());
+    }
+}
+
+fn ten() -> Vec<EndpointSpec> {
+    (0..10).map(|i| spec(&format!("p{i}:1"), 1)).collect()
+}
+
+fn keys(range: std::ops::Range<usize>) -> Vec<EndpointKey> {
+    range
+        .map(|i| EndpointKey::from(format!("p{i}:1").as_str()))
+        .collect()
+}
+
+/// Six of ten providers removed at once: all ten stay served, counted and told; each leaves
+/// when confirmed gone — a failed health check, an ejection, or the confirmation time.
+#[test]
+fn mass_removal_of_six_of_ten_is_held_until_each_is_confirmed() {
+    let (clock, manual) = Clock::manual(Timestamp::from_millis(1_000));
+    let outlier = OutlierConfig {
+        consecutive_failures: Some(2),
+        max_ejection_percent: 100,
+        ..OutlierConfig::default()
+    };
+    let mut c = Controller::new(ControllerConfig {
+        outlier: Some(outlier),
+        ..ControllerConfig::default()
+    })
+    .with_clock(clock);
+    let mut told = Told::default();
+    c.apply_into(vec![Update::Reset(ten())], &mut told);
+    c.apply_into(vec![Update::Remove(keys(0..6))], &mut told);
+    let held = told.published.last().expect("published");
+    assert_eq!(held.len(), 10, "all ten served");
+    assert_eq!(c.desired().len(), 4);
+    let m = c.metrics();
+    assert_eq!((m.removals_held(), m.held()), (6, 6));
+    assert!(matches!(&told.events[0], RemovalEvent::Held { keys, serving: 10 } if keys.len() == 6));
+    // A failed health check confirms one.
+    let s = c
+        .set_health(keys(0..1)[0].clone(), false)
+        .expect("published");
+    assert_eq!(s.len(), 9);
+    // An ejection another.
+    for _ in 0..2 {
+        let e = s
+            .endpoints()
+            .iter()
+            .find(|e| e.address() == "p1:1")
+            .expect("p1");
+        e.stats().record(
+            Duration::ZERO,
+            Timestamp::from_millis(1_500),
+            lbkit_core::Outcome::Failure(lbkit_core::FailureKind::Server),
+        );
+    }
+    let s = c
+        .tick_outliers(Timestamp::from_millis(2_000))
+        .expect("published");
+    assert_eq!(s.len(), 8);
+    // The rest by time.
+    manual.advance(Duration::from_secs(119));
+    assert!(c.expire_held(manual.now()).is_none());
+    manual.advance(Duration::from_secs(1));
+    let s = c.expire_held(manual.now()).expect("published");
+    assert_eq!(s.len(), 4);
+    assert_eq!((m.removals_confirmed(), m.held()), (6, 0));
+    assert_eq!(c.serving(), c.desired());
+}
+
+/// Removals that come one by one within the window (each transaction's own, or a source that
+/// sends them apart) are held together once they pass the share, earlier ones back in; the
+/// last one empties the set, and empty-push protection holds all of it.
+#[test]
+fn removals_one_by_one_within_the_window_are_held_together() {
+    let (clock, manual) = Clock::manual(Timestamp::from_millis(1_000));
+    let mut c = Controller::new(ControllerConfig::default()).with_clock(clock);
+    let three = vec![spec("a:1", 1), spec("b:1", 1), spec("c:1", 1)];
+    c.apply_batch(vec![Update::Reset(three.clone())]);
+    let one = |k: &str| vec![Update::Remove(vec![EndpointKey::from(k)])];
+    assert_eq!(c.apply_batch(one("a:1")).map(|s| s.len()), Some(2));
+    manual.advance(Duration::from_secs(1));
+    assert_eq!(c.apply_batch(one("b:1")).map(|s| s.len()), Some(3));
+    manual.advance(Duration::from_secs(1));
+    assert!(
+        c.apply_batch(one("c:1")).is_none(),
+        "held by empty-push protection"
+    );
+    assert_eq!(c.serving().len(), 3);
+    // All back: nothing held any more.
+    let back = c
+        .apply_batch(vec![Update::Reset(three)])
+        .expect("published");
+    assert_eq!(back.len(), 3);
+    assert_eq!(c.metrics().held(), 0);
+    assert_eq!(c.serving(), c.desired());
+}
+
+/// Leaving a held empty push with a set that lacks most of the old one (the first provider to
+/// register again after a registry outage) holds the rest, which rejoin as they come back.
+#[test]
+fn leaving_an_empty_push_holds_what_the_new_set_lacks() {
+    let mut c = Controller::new(ControllerConfig::default());
+    c.apply_batch(vec![Update::Reset(ten())]);
+    assert!(c.apply_batch(vec![Update::Reset(vec![])]).is_none());
+    let first = c
+        .apply_batch(vec![Update::Reset(ten()[..1].to_vec())])
+        .expect("published");
+    assert_eq!(first.len(), 10, "the nine others held");
+    assert_eq!(c.metrics().held(), 9);
+    let all = c
+        .apply_batch(vec![Update::Reset(ten())])
+        .expect("published");
+    assert_eq!((all.len(), c.metrics().held()), (10, 0));
+}
+
+/// Off, or under the share, removals apply at once.
+#[test]
+fn removals_under_the_share_or_with_protection_off_apply_at_once() {
+    let mut on = Controller::new(ControllerConfig::default());
+    on.apply_batch(vec![Update::Reset(ten())]);
+    let s = on
+        .apply_batch(vec![Update::Remove(keys(0..5))])
+        .expect("published");
+    assert_eq!(s.len(), 5, "half is not more than half");
+    let mut off = Controller::new(ControllerConfig {
+        removal_protection: None,
+        ..ControllerConfig::default()
+    });
+    off.apply_batch(vec![Update::Reset(ten())]);
+    let s = off
+        .apply_batch(vec![Update::Remove(keys(0..6))])
+        .expect("published");
+    assert_eq!(s.len(), 4);
+}
+
+/// The run loop lets held endpoints go when their confirmation time runs out, with no other
+/// event (tokio's paused clock).
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_run_loop_lets_held_endpoints_go_on_time() {
+    let (tx, stream) = source::channel();
+    let config = ControllerConfig {
+        removal_protection: Some(RemovalProtection {
+            confirm_after: Duration::from_secs(5),
+            ..RemovalProtection::default()
+        }),
+        ..ControllerConfig::default()
+    };
+    let (snap_tx, mut snaps) = tokio::sync::mpsc::unbounded_channel();
+    let publish = move |s: Arc<Snapshot>| {
+        let _ = snap_tx.send(s);
+    };
+    let (clock, manual) = Clock::manual(Timestamp::from_millis(1_000));
+    let c = Controller::new(config).with_clock(clock);
+    let task = tokio::spawn(c.run(stream, publish));
+    tx.send(Ok(Update::Reset(ten()))).await.expect("send");
+    assert_eq!(snaps.recv().await.expect("first").len(), 10);
+    tx.send(Ok(Update::Remove(keys(0..8)))).await.expect("send");
+    assert_eq!(snaps.recv().await.expect("held").len(), 10);
+    let started = tokio::time::Instant::now();
+    // The controller's clock moves with tokio's (both virtual here).
+    manual.advance(Duration::from_secs(5));
+    assert_eq!(snaps.recv().await.expect("let go").len(), 2);
+    assert!(started.elapsed() >= Duration::from_secs(5));
+    drop(tx);
+    task.await.expect("ends");
 }

@@ -459,6 +459,7 @@ impl Consumer {
                 () = self.tx.closed() => return End::Gone,
             };
             // Handle what is already queued before sending: a burst becomes one update.
+            let mut synced = false;
             loop {
                 self.status.send_modify(|s| s.events += 1);
                 match event.event_type {
@@ -487,6 +488,27 @@ impl Consumer {
                             }
                             relist = true;
                         }
+                    }
+                }
+                if let Some(next) = watcher.changed().now_or_never() {
+                    event = next;
+                    continue;
+                }
+                let connected = self.status.borrow().connected;
+                if std::mem::replace(&mut synced, true)
+                    || !connected
+                    || event.event_type == EventType::Session
+                {
+                    break;
+                }
+                // One round trip first: ZooKeeper sends the events of a transaction before
+                // its answer to any later request of this session, so once the answer is
+                // here, every event of the transactions committed so far is queued (the
+                // deletions of one `multi`, sessions expiring together): they become one
+                // update, not one each.
+                if let Err(e) = client.check_stat(&self.dir).await {
+                    if ends_session(&e) {
+                        return End::Lost(registry_err(&self.dir, e));
                     }
                 }
                 match watcher.changed().now_or_never() {

@@ -69,6 +69,15 @@ pub(super) fn default_connect_timeout_ms() -> u64 {
 pub(super) fn default_upstream_idle_ms() -> u64 {
     50_000
 }
+pub(super) fn default_removal_share() -> f64 {
+    0.5
+}
+pub(super) fn default_removal_window_ms() -> u64 {
+    10_000
+}
+pub(super) fn default_removal_confirm_ms() -> u64 {
+    120_000
+}
 pub(super) fn default_upstream_max_idle() -> usize {
     256
 }

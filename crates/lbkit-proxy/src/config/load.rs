@@ -211,6 +211,21 @@ impl ServiceConfig {
         if self.upstream_idle_timeout_ms == 0 {
             return Err(err("upstream_idle_timeout_ms", "must be > 0".into()));
         }
+        let rp = &self.removal_protection;
+        if !(rp.max_share > 0.0 && rp.max_share <= 1.0) {
+            return Err(err(
+                "removal_protection.max_share",
+                "must be above 0 and at most 1".into(),
+            ));
+        }
+        if rp.window_ms == 0 || rp.confirm_ms == 0 {
+            let field = if rp.window_ms == 0 {
+                "removal_protection.window_ms"
+            } else {
+                "removal_protection.confirm_ms"
+            };
+            return Err(err(field, "must be > 0".into()));
+        }
         if self.outlier_detection.interval_ms == 0 {
             return Err(err("outlier_detection.interval_ms", "must be > 0".into()));
         }
@@ -236,6 +251,16 @@ impl ServiceConfig {
             }
         }
         Ok(())
+    }
+
+    /// The service's mass-removal protection for its control loop (`None` when off).
+    pub fn removal_protection(&self) -> Option<lbkit_discovery::RemovalProtection> {
+        let rp = &self.removal_protection;
+        rp.enabled.then(|| lbkit_discovery::RemovalProtection {
+            max_share: rp.max_share,
+            window: Duration::from_millis(rp.window_ms),
+            confirm_after: Duration::from_millis(rp.confirm_ms),
+        })
     }
 
     /// How long an idle upstream connection stays pooled (`upstream_idle_timeout_ms`).

@@ -50,6 +50,8 @@
 //! forwarded_headers = ["x-forwarded-for", "forwarded"]  # default both: the headers the client is appended to (`forwarded` is RFC 7239's, with proto and host); one left out is passed on as the client sent it; [] appends none (HAProxy without `option forwardfor`)
 //! availability = { max_in_flight = 0 }  # default 0 = unlimited; plus `circuit_breaker` (default false)
 //! outlier_detection = { enabled = true, interval_ms = 10000, consecutive_failures = 5, base_ejection_ms = 30000, max_ejection_percent = 10 }
+//! removal_protection = { enabled = true, max_share = 0.5, window_ms = 10000, confirm_ms = 120000 }
+//! #   mass-removal protection (default on): when the source removes more than max_share of the endpoints within window_ms (more than one endpoint), they stay served until each is confirmed gone — its health check fails, outlier detection ejects it, or confirm_ms passes — as Eureka's self-preservation holds instances; the empty set is held as before (Dubbo's empty-push protection). Logged ("mass removal held"), counted (lbkit_discovery_removals_held_total, lbkit_discovery_endpoints_held)
 //! health_check = { kind = "http", path = "/healthz", expect_status = 200, interval_ms = 5000, timeout_ms = 1000, rise = 2, fall = 3 }
 //! tags = { header = "dubbo.tag", force_header = "dubbo.force.tag", default = "gray", force = false }
 //! trace = { path = "api.lbkt", sample_rate = 0.01, max_bytes = 67108864 }
@@ -299,6 +301,9 @@ pub struct ServiceConfig {
     /// Passive outlier detection.
     #[serde(default)]
     pub outlier_detection: OutlierDetection,
+    /// Mass-removal protection. Default on.
+    #[serde(default)]
+    pub removal_protection: RemovalProtectionConfig,
     /// Active health check. Default none.
     #[serde(default)]
     pub health_check: Option<HealthCheck>,
@@ -510,6 +515,38 @@ impl Default for OutlierDetection {
             consecutive_failures: default_consecutive(),
             base_ejection_ms: default_base_ejection_ms(),
             max_ejection_percent: default_max_ejection_percent(),
+        }
+    }
+}
+
+/// `removal_protection = { .. }`: mass-removal protection of the service's endpoint set
+/// (`lbkit_discovery::RemovalProtection`).
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RemovalProtectionConfig {
+    /// On or off. Default true.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// Removals of more than this share of the endpoints within `window_ms` are held. Default
+    /// 0.5; above 0, at most 1.
+    #[serde(default = "default_removal_share")]
+    pub max_share: f64,
+    /// How far back removals count together, ms. Default 10 000.
+    #[serde(default = "default_removal_window_ms")]
+    pub window_ms: u64,
+    /// Longest a held endpoint is served when neither its health check nor outlier detection
+    /// confirms it gone, ms. Default 120 000.
+    #[serde(default = "default_removal_confirm_ms")]
+    pub confirm_ms: u64,
+}
+
+impl Default for RemovalProtectionConfig {
+    fn default() -> Self {
+        RemovalProtectionConfig {
+            enabled: true,
+            max_share: default_removal_share(),
+            window_ms: default_removal_window_ms(),
+            confirm_ms: default_removal_confirm_ms(),
         }
     }
 }

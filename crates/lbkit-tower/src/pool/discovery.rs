@@ -47,6 +47,7 @@ where
     let mut controller = Controller::new(ControllerConfig {
         policy: config.policy,
         outlier: config.outlier,
+        removal_protection: config.removal,
         refresh: Some(config.tick),
         ..ControllerConfig::default()
     })
@@ -165,6 +166,20 @@ where
         if let Some(inner) = self.inner.upgrade() {
             inner.status.send_modify(|s| s.empty_held += 1);
         }
+    }
+
+    fn removal(&mut self, event: &lbkit_discovery::RemovalEvent) {
+        use lbkit_discovery::RemovalEvent;
+        let Some(inner) = self.inner.upgrade() else {
+            return;
+        };
+        inner.status.send_modify(|s| match event {
+            RemovalEvent::Held { keys, .. } => {
+                s.removals_held += keys.len() as u64;
+                s.held += keys.len();
+            }
+            RemovalEvent::Confirmed { .. } => s.held = s.held.saturating_sub(1),
+        });
     }
 
     fn source_ended(&mut self) {

@@ -88,6 +88,11 @@ pub struct PoolStatus {
     /// Updates held back by empty-push protection (they would have emptied the set; the last
     /// set kept serving).
     pub empty_held: u64,
+    /// Endpoints whose removal mass-removal protection held back so far
+    /// ([`PoolBuilder::removal_protection`]).
+    pub removals_held: u64,
+    /// Endpoints held now: removed by the source, served until confirmed gone.
+    pub held: usize,
 }
 
 /// One endpoint's client service and metric handles. Immutable.
@@ -285,6 +290,7 @@ pub struct PoolBuilder<S = BoxStrategy> {
     tick: Duration,
     policy: SnapshotPolicy,
     outlier: Option<OutlierConfig>,
+    removal: Option<lbkit_discovery::RemovalProtection>,
     #[cfg(feature = "health-checks")]
     health: Option<HealthChecks>,
     trace: Option<Arc<lbkit_trace::Recorder>>,
@@ -343,8 +349,9 @@ impl<S: Strategy> PoolBuilder<S> {
     ///
     /// Defaults: name `"default"`, the system clock, the core's [`Availability`] filter
     /// (Ribbon's circuit breaker: 3 failures in a row pass an endpoint over for 10–30 s),
-    /// [`DEFAULT_READINESS_PROBES`], [`DEFAULT_TICK_INTERVAL`], no snapshot policy and no
-    /// outlier detection.
+    /// [`DEFAULT_READINESS_PROBES`], [`DEFAULT_TICK_INTERVAL`], no snapshot policy, no
+    /// outlier detection, and the default mass-removal protection
+    /// ([`lbkit_discovery::RemovalProtection`]).
     pub fn new(strategy: S) -> Self {
         PoolBuilder {
             strategy,
@@ -355,6 +362,7 @@ impl<S: Strategy> PoolBuilder<S> {
             tick: DEFAULT_TICK_INTERVAL,
             policy: SnapshotPolicy::default(),
             outlier: None,
+            removal: Some(lbkit_discovery::RemovalProtection::default()),
             #[cfg(feature = "health-checks")]
             health: None,
             trace: None,
@@ -398,6 +406,7 @@ impl<S: Strategy> PoolBuilder<S> {
             tick: self.tick,
             policy: self.policy,
             outlier: self.outlier,
+            removal: self.removal,
             #[cfg(feature = "health-checks")]
             health: self.health,
             trace: self.trace,
@@ -438,6 +447,18 @@ impl<S: Strategy> PoolBuilder<S> {
     /// Build snapshots under `policy` (panic threshold, slow start).
     pub fn snapshot_policy(mut self, policy: SnapshotPolicy) -> Self {
         self.policy = policy;
+        self
+    }
+
+    /// Mass-removal protection: removals of more than a share of the endpoints within a window
+    /// are held until each endpoint is confirmed gone (see
+    /// [`lbkit_discovery::RemovalProtection`]); `None` turns it off. Default on, with its
+    /// defaults (more than half within 10 s; served at most 120 s unconfirmed).
+    pub fn removal_protection(
+        mut self,
+        config: Option<lbkit_discovery::RemovalProtection>,
+    ) -> Self {
+        self.removal = config;
         self
     }
 

@@ -1,6 +1,6 @@
 //! `lbkit watch`: a service's providers in ZooKeeper, then every change.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io::{self, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -15,7 +15,7 @@ use lbkit::discovery::source::Pace;
 use lbkit::discovery::zookeeper::{
     Layout, ProviderFilter, ServicePath, WatchMode, ZkConfig, ZkSource,
 };
-use lbkit::discovery::{Controller, ControllerConfig, DiscoveryError};
+use lbkit::discovery::{Controller, ControllerConfig, DiscoveryError, RemovalProtection};
 use lbkit::{Clock, Endpoint, EndpointIdx, EndpointKey, Snapshot};
 use tracing::level_filters::LevelFilter;
 
@@ -161,12 +161,15 @@ async fn watch(
     }
     let (updates, status) = source.spawn();
     let mut updates = updates.peekable();
-    // Registry contents are shown as they are: no empty-push protection here.
+    // Registry contents are shown as they are: no empty-push or mass-removal protection here
+    // (a line says when a change is one a consumer holds back).
     let mut controller = Controller::new(ControllerConfig {
         empty_protection: false,
+        removal_protection: None,
         ..ControllerConfig::default()
     });
     let mut printer = Printer::new(dir);
+    let mut mass = MassRemoval::new(RemovalProtection::default());
     let deadline = tokio::time::Instant::now() + args.registry.timeout();
     let mut last_error: Option<DiscoveryError> = None;
     // No change is taken before the last one's end plus what it cost to apply and print
@@ -200,7 +203,10 @@ async fn watch(
                 }
                 let began = tokio::time::Instant::now();
                 if let Some(snapshot) = controller.apply_batch(batch) {
-                    printer.print(&snapshot)?;
+                    let (listed, gone) = (printer.listed(), printer.print(&snapshot)?);
+                    if let Some(note) = mass.note(gone, listed, began) {
+                        println!("{note}");
+                    }
                 } else if !printer.shown() {
                     // The first listing equals the empty start: still show it.
                     printer.print(&Arc::new(Snapshot::new(0, vec![])))?;
@@ -260,11 +266,17 @@ impl Printer {
         self.last.is_some()
     }
 
-    fn print(&mut self, snapshot: &Snapshot) -> io::Result<()> {
+    /// The providers of the last set shown.
+    fn listed(&self) -> usize {
+        self.last.as_ref().map_or(0, HashMap::len)
+    }
+
+    /// Show `snapshot`; returns how many providers of the last set it no longer has.
+    fn print(&mut self, snapshot: &Snapshot) -> io::Result<usize> {
         self.write(snapshot, &mut io::stdout().lock())
     }
 
-    fn write<W: Write>(&mut self, snapshot: &Snapshot, mut out: W) -> io::Result<()> {
+    fn write<W: Write>(&mut self, snapshot: &Snapshot, mut out: W) -> io::Result<usize> {
         let now = self.clock.now();
         self.shown += 1;
         let set = self.shown;
@@ -306,7 +318,7 @@ impl Printer {
                     .map(|e| (e.key().clone(), (e.clone(), set)))
                     .collect(),
             );
-            return Ok(());
+            return Ok(0);
         };
         writeln!(out, "# change: {} providers", snapshot.len())?;
         for (i, e) in snapshot.endpoints().iter().enumerate() {
@@ -348,8 +360,8 @@ impl Printer {
         }
         // What the last set held and this one does not: every key of this set is in `last`
         // now, marked with this set's number, so anything beyond them is gone.
+        let mut gone: Vec<EndpointKey> = Vec::new();
         if last.len() > snapshot.len() {
-            let mut gone: Vec<EndpointKey> = Vec::new();
             last.retain(|k, (_, seen)| {
                 let stays = *seen == set;
                 if !stays {
@@ -358,11 +370,57 @@ impl Printer {
                 stays
             });
             gone.sort();
-            for key in gone {
+            for key in &gone {
                 writeln!(out, "- {key}")?;
             }
         }
-        out.flush()
+        out.flush()?;
+        Ok(gone.len())
+    }
+}
+
+/// Says when a change of the registry is a mass removal that `lbkit proxy` and tower pools
+/// hold back ([`RemovalProtection`], with its default rule): `lbkit watch` shows the registry
+/// as it is, and this line says what a consumer keeps serving.
+struct MassRemoval {
+    rule: RemovalProtection,
+    /// Removals within the rule's window: when, how many.
+    recent: VecDeque<(tokio::time::Instant, usize)>,
+}
+
+impl MassRemoval {
+    fn new(rule: RemovalProtection) -> Self {
+        MassRemoval {
+            rule,
+            recent: VecDeque::new(),
+        }
+    }
+
+    /// The line for a change at `now` that took `gone` providers from a set of `listed`.
+    fn note(&mut self, gone: usize, listed: usize, now: tokio::time::Instant) -> Option<String> {
+        let window = self.rule.window;
+        while self
+            .recent
+            .front()
+            .is_some_and(|(t, _)| now.duration_since(*t) > window)
+        {
+            self.recent.pop_front();
+        }
+        let recent: usize = self.recent.iter().map(|(_, n)| n).sum();
+        if !self.rule.holds(gone, recent, listed) {
+            if gone > 0 {
+                self.recent.push_back((now, gone));
+            }
+            return None;
+        }
+        self.recent.clear();
+        Some(format!(
+            "! mass removal: {} of {} providers gone within {} s; lbkit proxy and tower pools \
+             keep serving them until each is confirmed gone (removal_protection)",
+            recent + gone,
+            listed + recent,
+            window.as_secs()
+        ))
     }
 }
 
@@ -446,6 +504,27 @@ mod tests {
         assert_eq!(
             shown(&mut printer, &back),
             "# change: 4 providers\n+ a:1  weight 100  effective 100\n- e:1\n"
+        );
+    }
+
+    /// A change that removes more than half of the providers within the window (counting the
+    /// window's earlier removals) gets its line; a lone removal, or one after the window, not.
+    #[test]
+    fn a_mass_removal_gets_its_line() {
+        let mut m = MassRemoval::new(RemovalProtection::default());
+        let t0 = tokio::time::Instant::now();
+        let s = std::time::Duration::from_secs;
+        assert!(m.note(1, 5, t0).is_none(), "one of five");
+        assert!(m.note(0, 4, t0).is_none(), "nothing gone");
+        let line = m.note(2, 4, t0 + s(1)).expect("three of five within 10 s");
+        assert!(
+            line.starts_with("! mass removal: 3 of 5 providers gone within 10 s"),
+            "{line}"
+        );
+        assert!(m.note(1, 2, t0 + s(30)).is_none(), "one alone, later");
+        assert!(
+            m.note(1, 1, t0 + s(45)).is_none(),
+            "one alone, after the window"
         );
     }
 }

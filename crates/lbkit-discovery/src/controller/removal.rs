@@ -1,0 +1,302 @@
+//! **Mass-removal protection**: a change that would remove more than a share of the endpoints
+//! within a short window is held back, and the endpoints it removes stay served until each one
+//! is confirmed gone.
+//!
+//! Why: when many providers leave the registry at once while their servers still run — their
+//! ZooKeeper sessions expire together (a leader election, a partition between providers and the
+//! registry), an operator's script deletes the wrong nodes — the survivors would take all the
+//! traffic. Eureka's answer is self-preservation (it stops expiring instances when renewals
+//! drop below a threshold); Dubbo's empty-push protection is the 100 % case of the same idea,
+//! and stays as it was ([`ControllerConfig::empty_protection`](super::ControllerConfig)).
+//!
+//! The rule, per batch of updates: let `listed` be the endpoints the source listed before the
+//! batch, `recent` those it removed within [`RemovalProtection::window`] before it, and
+//! `removed` those the batch removes. When `recent + removed > max_share × (listed + recent)`
+//! (and it is more than one endpoint: a lone endpoint replaced goes through), the batch's removals and the window's recent ones are **held**: they stay in the serving set
+//! (their statistics and health as they were), while additions and changes apply at once. A
+//! held endpoint leaves when it is confirmed gone:
+//!
+//! * its active health check fails ([`Controller::set_health`](super::Controller::set_health));
+//! * the outlier detector ejects it (the next outlier tick);
+//! * it stays removed for [`RemovalProtection::confirm_after`];
+//! * or the source lists it again, and it is simply back.
+//!
+//! Each hold is logged (`mass removal held`), counted
+//! ([`ControllerMetrics::removals_held`](super::ControllerMetrics::removals_held)) and told to
+//! the [`Target`](super::Target) (`lbkit watch` prints a line; the proxy's and a tower pool's
+//! `/metrics` show the counters).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::Duration;
+
+use lbkit_core::{EndpointKey, EndpointSpec, Timestamp};
+
+/// When removals are held back, and for how long (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RemovalProtection {
+    /// Removals of more than this share of the endpoints within `window` are held. Default 0.5
+    /// ("more than half"), within 0..1.
+    pub max_share: f64,
+    /// How far back removals count together. Default 10 s: sessions that expire together go
+    /// within a few seconds of each other, while a rolling deploy replaces a few endpoints at
+    /// a time and stays under the share.
+    pub window: Duration,
+    /// How long a held endpoint is served at most when neither a health check nor the outlier
+    /// detector confirms it gone. Default 120 s: long enough for a registry partition or a
+    /// ZooKeeper election to heal (providers register again on reconnection), short enough that
+    /// a deliberate scale-down without health checks is followed within minutes.
+    pub confirm_after: Duration,
+}
+
+impl Default for RemovalProtection {
+    fn default() -> Self {
+        RemovalProtection {
+            max_share: 0.5,
+            window: Duration::from_secs(10),
+            confirm_after: Duration::from_secs(120),
+        }
+    }
+}
+
+impl RemovalProtection {
+    /// Whether `removed` endpoints leaving a set of `listed`, after `recent` others left it
+    /// within the window, are a mass removal this protection holds (the rule of the module
+    /// docs; `lbkit watch` says so with the same rule).
+    pub fn holds(&self, removed: usize, recent: usize, listed: usize) -> bool {
+        let n = recent + removed;
+        // One removal alone is never a mass removal: a lone endpoint replaced goes through.
+        removed > 0 && n >= 2 && n as f64 > self.max_share * (listed + recent) as f64
+    }
+}
+
+/// How a held endpoint was confirmed gone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Confirmed {
+    /// Its active health check failed.
+    HealthCheck,
+    /// The outlier detector ejected it.
+    Ejected,
+    /// It stayed removed for [`RemovalProtection::confirm_after`].
+    Time,
+}
+
+impl std::fmt::Display for Confirmed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Confirmed::HealthCheck => "its health check failed",
+            Confirmed::Ejected => "outlier detection ejected it",
+            Confirmed::Time => "it stayed removed for the confirmation time",
+        })
+    }
+}
+
+/// The endpoints held back, and the removals of the window. Owned by the controller.
+#[derive(Debug, Default)]
+pub(crate) struct Held {
+    config: Option<RemovalProtection>,
+    /// Removed by the source and still served: each one's spec and when it was held.
+    pending: BTreeMap<EndpointKey, (EndpointSpec, Timestamp)>,
+    /// Removals let through within the window, oldest first.
+    recent: VecDeque<(Timestamp, EndpointSpec)>,
+}
+
+impl Held {
+    pub(crate) fn new(config: Option<RemovalProtection>) -> Self {
+        Held {
+            config,
+            ..Held::default()
+        }
+    }
+
+    /// Whether removals are watched at all.
+    pub(crate) fn on(&self) -> bool {
+        self.config.is_some()
+    }
+
+    /// Endpoints held now.
+    pub(crate) fn len(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Forget everything held (an empty push holds the whole set instead).
+    pub(crate) fn clear(&mut self) {
+        self.pending.clear();
+        self.recent.clear();
+    }
+
+    /// Judge one batch at `now`: `removed` are the specs it removed from the source's set
+    /// (which had `listed` endpoints before it), `is_listed` tells whether a key is in the set
+    /// after it, and `confirmed` whether a key is already known to be gone (down, ejected).
+    /// Returns the keys newly held.
+    pub(crate) fn judge(
+        &mut self,
+        removed: Vec<EndpointSpec>,
+        listed: usize,
+        is_listed: impl Fn(&EndpointKey) -> bool,
+        confirmed: impl Fn(&EndpointKey) -> bool,
+        now: Timestamp,
+    ) -> Vec<EndpointKey> {
+        let Some(config) = self.config else {
+            return Vec::new();
+        };
+        // Listed again: simply back.
+        self.pending.retain(|key, _| !is_listed(key));
+        self.recent.retain(|(_, s)| !is_listed(&s.key));
+        let since = now.saturating_sub(config.window);
+        while self.recent.front().is_some_and(|(t, _)| *t < since) {
+            self.recent.pop_front();
+        }
+        let removed: Vec<_> = removed.into_iter().filter(|s| !is_listed(&s.key)).collect();
+        if removed.is_empty() {
+            return Vec::new();
+        }
+        if !config.holds(removed.len(), self.recent.len(), listed) {
+            self.recent.extend(removed.into_iter().map(|s| (now, s)));
+            return Vec::new();
+        }
+        let window = std::mem::take(&mut self.recent).into_iter().map(|(_, s)| s);
+        let mut held = Vec::new();
+        for spec in window.chain(removed) {
+            if !confirmed(&spec.key) && !self.pending.contains_key(&spec.key) {
+                held.push(spec.key.clone());
+                self.pending.insert(spec.key.clone(), (spec, now));
+            }
+        }
+        held
+    }
+
+    /// `key` is confirmed gone: whether it was held (it leaves the serving set).
+    pub(crate) fn confirm(&mut self, key: &EndpointKey) -> bool {
+        self.pending.remove(key).is_some()
+    }
+
+    /// Let go of the endpoints held for `confirm_after` by `now`; returns their keys.
+    pub(crate) fn expire(&mut self, now: Timestamp) -> Vec<EndpointKey> {
+        let Some(config) = self.config else {
+            return Vec::new();
+        };
+        let due: Vec<EndpointKey> = self
+            .pending
+            .iter()
+            .filter(|(_, (_, since))| now.saturating_duration_since(*since) >= config.confirm_after)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in &due {
+            self.pending.remove(key);
+        }
+        due
+    }
+
+    /// When the next held endpoint is due to be let go.
+    pub(crate) fn next_expiry(&self) -> Option<Timestamp> {
+        let after = self.config?.confirm_after;
+        let first = self.pending.values().map(|(_, since)| *since).min()?;
+        Some(first.saturating_add(after))
+    }
+
+    /// The keys held now.
+    pub(crate) fn keys(&self) -> impl Iterator<Item = &EndpointKey> {
+        self.pending.keys()
+    }
+
+    /// The serving set: `listed` (the source's set) and the held specs, in key order when
+    /// `listed` is; `None` when nothing is held.
+    pub(crate) fn serving(
+        &self,
+        listed: &[EndpointSpec],
+        ordered: bool,
+    ) -> Option<Vec<EndpointSpec>> {
+        if self.pending.is_empty() {
+            return None;
+        }
+        let held = self.pending.values().map(|(s, _)| s.clone());
+        let mut out = Vec::with_capacity(listed.len() + self.pending.len());
+        if !ordered {
+            out.extend_from_slice(listed);
+            out.extend(held);
+            return Some(out);
+        }
+        let mut held = held.peekable();
+        for spec in listed {
+            while let Some(h) = held.next_if(|h| h.key < spec.key) {
+                out.push(h);
+            }
+            out.push(spec.clone());
+        }
+        out.extend(held);
+        Some(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn specs(keys: &[&str]) -> Vec<EndpointSpec> {
+        keys.iter().map(|k| EndpointSpec::new(*k)).collect()
+    }
+
+    fn t(s: u64) -> Timestamp {
+        Timestamp::from_millis(s * 1000)
+    }
+
+    #[test]
+    fn removals_of_more_than_half_within_the_window_are_held_with_the_window_s_earlier_ones() {
+        let mut h = Held::new(Some(RemovalProtection::default()));
+        let listed =
+            |keys: &'static [&'static str]| move |k: &EndpointKey| keys.contains(&k.as_str());
+        // 1 of 3: let through.
+        let held = h.judge(specs(&["a:1"]), 3, listed(&["b:1", "c:1"]), |_| false, t(0));
+        assert!(held.is_empty());
+        // The second of 3 within 10 s: 2 > 1.5 — both held, the earlier one back in.
+        let held = h.judge(specs(&["b:1"]), 2, listed(&["c:1"]), |_| false, t(5));
+        assert_eq!(held.len(), 2);
+        let serving = h.serving(&specs(&["c:1"]), true).expect("held");
+        let keys: Vec<_> = serving.iter().map(|s| s.key.as_str().to_owned()).collect();
+        assert_eq!(keys, ["a:1", "b:1", "c:1"]);
+        // Confirmed by a health check; the other by time.
+        assert!(h.confirm(&EndpointKey::from("a:1")));
+        assert_eq!(h.next_expiry(), Some(t(125)));
+        assert!(h.expire(t(124)).is_empty());
+        assert_eq!(h.expire(t(125)), vec![EndpointKey::from("b:1")]);
+        assert!(h.serving(&specs(&["c:1"]), true).is_none());
+    }
+
+    #[test]
+    fn rolling_replacements_and_old_removals_are_let_through() {
+        let mut h = Held::new(Some(RemovalProtection::default()));
+        let all = |_: &EndpointKey| false;
+        // One of ten every 4 s, each replaced: never over half of what was listed.
+        for i in 0..10u64 {
+            let gone = format!("old{i}:1");
+            assert!(h
+                .judge(specs(&[&gone]), 10, all, |_| false, t(4 * i))
+                .is_empty());
+        }
+        // Six of ten at once, but already known down: nothing to hold.
+        let six = specs(&["a:1", "b:1", "c:1", "d:1", "e:1", "f:1"]);
+        assert!(h.judge(six, 10, all, |_| true, t(100)).is_empty());
+    }
+
+    #[test]
+    fn an_endpoint_listed_again_is_no_longer_held_and_off_means_nothing_is() {
+        let mut h = Held::new(Some(RemovalProtection::default()));
+        let none = |_: &EndpointKey| false;
+        assert_eq!(
+            h.judge(specs(&["a:1", "b:1"]), 3, none, |_| false, t(0))
+                .len(),
+            2
+        );
+        let back = |k: &EndpointKey| k.as_str() == "a:1";
+        assert!(h.judge(Vec::new(), 2, back, |_| false, t(1)).is_empty());
+        assert_eq!(
+            h.keys().map(EndpointKey::as_str).collect::<Vec<_>>(),
+            ["b:1"]
+        );
+        let mut off = Held::new(None);
+        assert!(off
+            .judge(specs(&["a:1", "b:1"]), 2, none, |_| false, t(0))
+            .is_empty());
+        assert!(off.serving(&[], true).is_none());
+    }
+}
