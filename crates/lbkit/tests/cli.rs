@@ -955,6 +955,56 @@ fn sim_records_fits_and_replays_a_trace() {
     assert!(tuned.contains("lbkit tune --trace: 4000 recorded requests of truth"));
     assert!(tuned_dir.join("index.html").is_file());
 
+    // With --format json, stdout is the JSON alone, for `jq`: the fit, its check and the
+    // progress go to stderr (issue 40: `sim --trace` printed the fit check first).
+    let refit = dir.join("refit.toml");
+    let (refit, replay_dir, tuned_dir) = (
+        refit.to_str().unwrap(),
+        replay_dir.to_str().unwrap(),
+        tuned_dir.to_str().unwrap(),
+    );
+    for (args, on_stderr) in [
+        (vec!["sim", "--fit", t, "--out", refit], ""),
+        (
+            vec![
+                "sim",
+                "--trace",
+                t,
+                "--strategies",
+                "p2c-ewma",
+                "--out",
+                replay_dir,
+            ],
+            "fit check: replaying round-robin",
+        ),
+        (
+            vec![
+                "tune",
+                "--trace",
+                t,
+                "--strategies",
+                "p2c-ewma",
+                "-n",
+                "3000",
+                "--out",
+                tuned_dir,
+            ],
+            "fit check: replaying round-robin",
+        ),
+    ] {
+        let args: Vec<&str> = args.into_iter().chain(["--format", "json"]).collect();
+        let out = lbkit(&args);
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert!(out.status.success(), "{args:?}: {stderr}");
+        let doc: serde_json::Value = serde_json::from_str(&stdout)
+            .unwrap_or_else(|e| panic!("{args:?}: stdout is not JSON alone ({e}):\n{stdout}"));
+        assert!(doc.is_object(), "{args:?}: {stdout}");
+        assert!(stderr.contains(on_stderr), "{args:?}: {stderr}");
+    }
+
     let junk = TempFile::new("junk-trace.lbkt", "nope");
     for (args, want) in [
         (vec!["sim", "--trace", junk.path()], "not an lbkit trace"),

@@ -93,6 +93,9 @@ pub(crate) fn run(args: SimArgs) -> anyhow::Result<()> {
         let fit = fit_trace(file, args.service.as_deref())?;
         let path = args.out.as_deref().unwrap_or(Path::new("scenario.toml"));
         fit.write(path).map_err(bad)?;
+        if args.format == SimFormat::Json {
+            return fit_json(&mut out, &fit, path);
+        }
         writeln!(
             out,
             "wrote {} ({} file(s) beside it): {} recorded requests of {} ({:.1} % sampled), strategy {}, recorded p50 {:.2} ms, p99 {:.2} ms, {:.2} % failed",
@@ -216,14 +219,38 @@ pub(super) fn fit_and_check(
     Ok(Fitted { fit, scenario, dir })
 }
 
-/// `lbkit sim --trace FILE`: fit, check the fit, compare.
+/// `lbkit sim --fit FILE --format json`: what was fitted and written, as one JSON object.
+fn fit_json(out: &mut impl Write, fit: &lbkit_sim::fit::Fit, path: &Path) -> anyhow::Result<()> {
+    let doc = serde_json::json!({
+        "scenario": path.display().to_string(),
+        "files": fit.files.len(),
+        "requests": fit.requests,
+        "service": fit.service,
+        "sample_rate": fit.sample_rate,
+        "strategy": fit.strategy,
+        "p50_ms": fit.p50_ms,
+        "p99_ms": fit.p99_ms,
+        "error_rate": fit.error_rate,
+        "notes": fit.notes,
+    });
+    writeln!(out, "{doc}")?;
+    Ok(())
+}
+
+/// `lbkit sim --trace FILE`: fit, check the fit, compare. With `--format json` the fit and
+/// its check go to stderr, so stdout carries the report's JSON alone.
 fn replay(args: &SimArgs, file: &Path, out: &mut impl Write) -> anyhow::Result<()> {
+    let mut stderr = std::io::stderr();
+    let mut notes: &mut dyn Write = match args.format {
+        SimFormat::Json => &mut stderr,
+        SimFormat::Table => out,
+    };
     let Fitted { fit, scenario, dir } = fit_and_check(
         file,
         args.service.as_deref(),
         args.out.as_deref(),
         ("lbkit sim --trace", "lbkit-sim-out"),
-        out,
+        &mut notes,
     )?;
     let mut strategies = vec![fit.strategy.clone()];
     strategies.extend(
