@@ -1,7 +1,8 @@
 //! Faults under load, end to end: real processes on loopback — backends, `lbkit proxy`,
 //! `lbkit register`, a private ZooKeeper — with traffic flowing while a backend is killed or
 //! hung, ZooKeeper is paused past the session timeout and restarted, the registry cache's
-//! directory turns read-only or full, and the configuration is reloaded every 100 ms.
+//! directory turns read-only or full, the configuration is reloaded every 100 ms, and three of
+//! five providers leave ZooKeeper in one transaction.
 //!
 //! `cargo test -p lbkit --test faults` runs every scenario briefly and fails when a property
 //! does not hold (CI); `scripts/faults.sh` runs the longer documented version (`-- --full`) and
@@ -517,6 +518,80 @@ async fn zookeeper(plan: Plan, dir: &Path, r: &mut Report) -> Result<()> {
     Ok(())
 }
 
+/// Three of five providers deleted from ZooKeeper in one transaction while their servers still
+/// answer (issue 40: sessions expiring together, an operator's script): mass-removal protection
+/// keeps all five served; when the three servers stop, their failing health checks confirm them
+/// gone and they leave; no request fails throughout.
+async fn mass(plan: Plan, dir: &Path, r: &mut Report) -> Result<()> {
+    if !zk_available(r) {
+        return Ok(());
+    }
+    let zk = ZooKeeper::start(&dir.join("zk"))?;
+    let mut backends = backends(5, dir).await?;
+    let mut registers = Vec::new();
+    for b in &backends {
+        registers.push(procs::register(&zk.addr, INTERFACE, b, dir).await?);
+    }
+    let path = dir.join("proxy.toml");
+    let source = format!(
+        "zookeeper = {{ zk = \"{}\", interface = \"{INTERFACE}\" }}\n\
+         health_check = {{ kind = \"tcp\", interval_ms = 100, timeout_ms = 250, rise = 1, fall = 1 }}",
+        zk.addr
+    );
+    let (listen, admin) = (free_port()?, free_port()?);
+    write_atomically(&path, &config(listen, admin, &source, "round-robin", 4))?;
+    let proxy = Proxy::start(&path, dir).await?;
+    let traffic =
+        Traffic::start(&proxy, &names(&backends), plan, |v| v.endpoints.len() == 5).await?;
+    traffic.serve(plan.warm).await?;
+    let deleted = traffic.now();
+    let nodes = procs::delete_together(&zk.addr, INTERFACE, &backends[..3]).await?;
+    proxy.proc.line("mass removal held").await?;
+    traffic.serve(plan.phase).await?;
+    let stopped = traffic.now();
+    for b in &mut backends[..3] {
+        b.proc.kill().await;
+    }
+    let gone = traffic
+        .until("the three gone", WAIT, |v| {
+            v.at > stopped && v.endpoints.len() == 2
+        })
+        .await?;
+    traffic.serve(plan.phase / 2).await?;
+    let (samples, views) = traffic.finish().await;
+    let held: Vec<&load::View> = views
+        .iter()
+        .filter(|v| v.at >= deleted && v.at < stopped)
+        .collect();
+    let fewest = held.iter().map(|v| v.endpoints.len()).min().unwrap_or(0);
+    let answered: std::collections::BTreeSet<usize> = between(&samples, deleted, stopped)
+        .iter()
+        .filter_map(|s| s.backend)
+        .collect();
+    r.requests(&samples);
+    r.figure("provider nodes deleted in one transaction", nodes);
+    r.figure(
+        "fewest endpoints served while held",
+        format!("{fewest} (of 5, {} admin samples)", held.len()),
+    );
+    r.figure("backends answering while held", answered.len());
+    r.figure(
+        "gone after their servers stopped",
+        ms(gone.saturating_sub(stopped)),
+    );
+    r.figure(
+        "holds logged (one transaction, one update: 1)",
+        proxy.proc.count("mass removal held"),
+    );
+    r.check("3 nodes deleted", nodes == 3);
+    r.check(
+        "all five served while held",
+        fewest == 5 && answered.len() == 5,
+    );
+    drop(registers);
+    Ok(())
+}
+
 /// The registry cache's directory read-only, then full, while providers change: service goes
 /// on and each run of failures is one error line.
 async fn cache(plan: Plan, dir: &Path, r: &mut Report) -> Result<()> {
@@ -686,7 +761,7 @@ type Scenario = for<'a> fn(
 )
     -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + 'a>>;
 
-const SCENARIOS: [(&str, &str, Scenario); 5] = [
+const SCENARIOS: [(&str, &str, Scenario); 6] = [
     (
         "sigkill",
         "a backend killed (SIGKILL) under load",
@@ -710,6 +785,11 @@ const SCENARIOS: [(&str, &str, Scenario); 5] = [
     ("reload", "a reload every 100 ms under load", |p, d, r| {
         Box::pin(reload(p, d, r))
     }),
+    (
+        "mass",
+        "three of five providers deleted from ZooKeeper in one transaction, their servers up, then stopped",
+        |p, d, r| Box::pin(mass(p, d, r)),
+    ),
 ];
 
 fn main() -> ExitCode {

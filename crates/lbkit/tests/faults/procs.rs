@@ -281,6 +281,35 @@ pub async fn register(zk: &str, interface: &str, backend: &Backend, dir: &Path) 
     Ok(proc)
 }
 
+/// Delete the provider nodes of `backends` under `interface` in one ZooKeeper transaction (a
+/// `multi`), as an operator's script does, or as sessions that expire together take them; their
+/// `lbkit register` processes and servers go on. Returns the nodes deleted.
+pub async fn delete_together(zk: &str, interface: &str, backends: &[Backend]) -> Result<usize> {
+    let err = |e: zookeeper_client::Error| format!("zookeeper {zk}: {e}");
+    let client = zookeeper_client::Client::connect(zk).await.map_err(err)?;
+    let dir = format!("/dubbo/{interface}/providers");
+    let nodes = client.list_children(&dir).await.map_err(err)?;
+    let mut multi = client.new_multi_writer();
+    let mut n = 0;
+    for node in &nodes {
+        // Node names are URL-encoded provider URLs: `...127.0.0.1%3APORT...`.
+        let ours = backends
+            .iter()
+            .any(|b| node.contains(&format!("{}%3A{}", b.addr.ip(), b.addr.port())));
+        if ours {
+            multi
+                .add_delete(&format!("{dir}/{node}"), None)
+                .map_err(err)?;
+            n += 1;
+        }
+    }
+    multi
+        .commit()
+        .await
+        .map_err(|e| format!("zookeeper multi: {e}"))?;
+    Ok(n)
+}
+
 /// `scripts/zookeeper.sh restart` for the server in `dir` (same port and data).
 pub fn zk_restart(dir: &Path) -> Result<()> {
     zk_script(dir, "restart").map(drop)
