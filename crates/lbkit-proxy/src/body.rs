@@ -33,52 +33,13 @@ enum Inner {
 pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A client's request body as the engine serving the client received it: hyper's (HTTP/1.x on
-/// hyper's engine) or an HTTP/2 stream of the proxy's own HTTP/2 server (`h2s/`).
-#[derive(Debug)]
-pub(crate) enum Inbound {
-    /// From hyper's HTTP/1 server.
-    Hyper(Incoming),
-    /// From the HTTP/2 server.
-    H2(crate::h2body::H2Body),
-}
-
-impl Body for Inbound {
-    type Data = Bytes;
-    type Error = BodyError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
-        let polled = match self.get_mut() {
-            Inbound::Hyper(b) => ready!(Pin::new(b).poll_frame(cx)).map(|f| f.map_err(box_err)),
-            Inbound::H2(b) => ready!(Pin::new(b).poll_frame(cx)).map(|f| f.map_err(box_err)),
-        };
-        Poll::Ready(polled)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match self {
-            Inbound::Hyper(b) => b.is_end_stream(),
-            Inbound::H2(b) => b.is_end_stream(),
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match self {
-            Inbound::Hyper(b) => b.size_hint(),
-            Inbound::H2(b) => b.size_hint(),
-        }
-    }
-}
-
-fn box_err(e: impl std::error::Error + Send + Sync + 'static) -> BodyError {
-    Box::new(e)
-}
+/// hyper's engine) or an HTTP/2 stream of the proxy's own HTTP/2 server (`h2s/`). Its error is
+/// boxed (`http_body_util::Either`'s).
+pub(crate) type Inbound = Either<Incoming, crate::h2body::H2Body>;
 
 /// An upstream's answer body: from hyper's client (HTTP/1.1 upstreams) or from the h2c client
 /// (`h2c.rs`). Its error is boxed (`http_body_util::Either`'s).
-pub(crate) type UpstreamAnswer = Either<Incoming, crate::h2c::H2Body>;
+pub(crate) type UpstreamAnswer = Either<Incoming, crate::h2body::H2Body>;
 
 // === impl ProxyBody ===
 

@@ -13,7 +13,9 @@ use h2::{Reason, RecvStream, SendStream};
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 
-use crate::body::BodyError;
+/// A body's error, boxed (what `crate::body::BodyError` is; named here so that this module
+/// needs nothing above it).
+type BodyError = Box<dyn std::error::Error + Send + Sync>;
 
 /// An incoming HTTP/2 stream's body, handing back flow-control window as it is read (so the
 /// peer can send more), then its trailers. Counts the bytes it reads into `progress`, when it

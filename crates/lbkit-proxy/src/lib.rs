@@ -32,10 +32,13 @@
 //! head is parsed in place with `httparse`, the rewritten request goes out on a connection from
 //! the thread's own keep-alive pool, and the answer (any framing: length, chunked, until close)
 //! is relayed as it arrives — all in the client connection's task, with no allocation and no
-//! timer registration per request, as nginx does it. Everything else (HTTP/2 cleartext, HTTP/1.0,
-//! `Upgrade`, `Expect`, chunked or large request bodies, absolute-form targets, services that
-//! speak h2c upstream) is served by hyper, to which the fast path hands the connection with the
-//! bytes it already read. Both engines share the call loop's rules, the balancer, the retry
+//! timer registration per request, as nginx does it. Everything else is handed over with the
+//! bytes already read: HTTP/2 cleartext (prior knowledge) to the proxy's own HTTP/2 server on
+//! the `h2` crate (`h2s/`: per-connection accounting of streams reset before their answer,
+//! `GOAWAY ENHANCE_YOUR_CALM` past `max_premature_resets`, `max_requests_per_connection`, a
+//! per-stream idle limit; its module docs have the table), and HTTP/1.0, `Upgrade`, `Expect`,
+//! chunked or large request bodies, absolute-form targets and services that speak h2c upstream
+//! to hyper's HTTP/1 server. Every engine shares the call loop's rules, the balancer, the retry
 //! budget, the call guards and the metrics. Services with `h2c = true` are called on the `h2`
 //! crate's client directly (`h2c.rs`: one HTTP/2 connection per endpoint and thread, the
 //! request sent from its own task), not through hyper's client, whose dispatch task, per-request
@@ -80,10 +83,10 @@
 //! | layer | modules | what |
 //! |---|---|---|
 //! | process | `supervisor`, `server` | signals and reloads; binding, worker threads, accept loops, handing each connection to an engine |
-//! | engines | `h1/` (fast path), `forward` + `tunnel` (hyper), `tcp`, `admin` | the wire; each HTTP engine runs a request as route → `Envelope` → call loop |
+//! | engines | `h1/` (fast path), `h2s/` (HTTP/2 server), `forward` + `tunnel` (hyper's HTTP/1 and the HTTP/2 server's requests), `tcp`, `admin` | the wire; each HTTP engine runs a request as route → `Envelope` → call loop |
 //! | shared below the engines | `hub` (live state, connection slots and holds, accept), `request` (`Host` validation, path normalisation), `envelope` (a request's metrics from start to end, the answer to a failed call, body limits) | what every listener needs |
-//! | services | `state` (routes, running services), `upkeep` (the control loop), `check`, `service` (balancer, clients, budget, `pick`/`retry`), `h2c` (the HTTP/2 upstream client), `exposition`, `metrics` | |
-//! | base | `config`, `headers`, `body`, `error`, `worker` | |
+//! | services | `state` (routes, running services), `upkeep` (the control loop), `check`, `service` (balancer, clients, budget, `pick`/`retry`), `h2c` (the HTTP/2 upstream client), `upstream` (the HTTP/1.1 upstream client's connector and bounded pool), `exposition`, `metrics` | |
+//! | base | `config`, `headers`, `body`, `h2body` (HTTP/2 stream bodies both ways), `error`, `worker` | |
 //!
 //! `h1/` itself: `wire` (parsing and writing HTTP/1.1 in place), `pool` (the thread's idle
 //! upstream connections), `buffers` (exchange buffers lent per request), `timer` (lazily

@@ -465,7 +465,7 @@ impl HttpConn {
             // times before it first runs (into hyper's stream future, then into the spawned
             // task); a box moves as a pointer.
             let resp = Box::pin(async move {
-                let req = req.map(Inbound::Hyper);
+                let req = req.map(Inbound::Left);
                 let (mut resp, _) = forward::serve(&hub, peer, req).await;
                 if last {
                     // hyper closes the connection after this answer.

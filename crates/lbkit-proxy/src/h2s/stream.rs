@@ -51,7 +51,7 @@ pub(super) async fn serve(
     let progress = Arc::new(AtomicU64::new(0));
     let (parts, recv) = req.into_parts();
     let body = H2Body::new(recv, &parts.headers).with_progress(progress.clone());
-    let req = Request::from_parts(parts, Inbound::H2(body));
+    let req = Request::from_parts(parts, Inbound::Right(body));
     let mut idle = Idle::new();
     let limit = shared.stream_idle;
     // Boxed: the request's future is large (see `server.rs`), and a box moves as a pointer.
