@@ -74,13 +74,16 @@ wait_grpc() {
 }
 
 # lbkit_conf FRONT ADMIN B1 B2 B3 STRATEGY [LIMITS]: default limits (plus LIMITS lines, e.g.
-# "header_read_timeout_ms = 60000"), retries, outlier detection.
+# "header_read_timeout_ms = 60000"), retries, outlier detection. No cap on requests per client
+# connection (the default is 1 000, as nginx's keepalive_requests, which bench-grpc.sh raises
+# too): h2load does not reconnect after a GOAWAY, and HAProxy and Envoy have no cap.
 lbkit_conf() {
   cat <<CONF
 [admin]
 bind = "127.0.0.1:$2"
 [limits]
 max_connections = 4096
+max_requests_per_connection = 0
 ${7:-}
 [[listener]]
 bind = "127.0.0.1:$1"
