@@ -111,7 +111,8 @@ pub enum RetryWhen {
 }
 
 /// What one attempt's result means: what the endpoint's statistics record, and whether it may
-/// be retried. Made by [`Observed::classify`] (the table in the [module docs](self)).
+/// be retried. Made by [`Observed::classify`] (the table in the module docs of
+/// `crates/lbkit-core/src/attempt.rs`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Classified {
     /// Recorded against the endpoint (`guard.finish(outcome)`).
@@ -174,8 +175,8 @@ pub enum Observed {
 // === impl Observed ===
 
 impl Observed {
-    /// The table of the [module docs](self): what the endpoint is charged with, and when the
-    /// request may go to another endpoint.
+    /// The table of the module docs (`crates/lbkit-core/src/attempt.rs`): what the endpoint is
+    /// charged with, and when the request may go to another endpoint.
     pub const fn classify(self) -> Classified {
         use RetryWhen::*;
         let (outcome, retry) = match self {
@@ -234,7 +235,7 @@ pub enum Stop {
 }
 
 /// The attempts of one call. Made per call by the driver, moved along with it; see the
-/// [module docs](self).
+/// module docs (`crates/lbkit-core/src/attempt.rs`).
 ///
 /// ```
 /// use std::sync::Arc;

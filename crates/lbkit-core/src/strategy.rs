@@ -41,7 +41,7 @@ pub trait Strategy: Send + Sync + 'static {
 
     /// `Some(decay)`: the time constant this strategy wants for the endpoints' peak-EWMA latency
     /// (linkerd's and Finagle's `decay`). A [`Balancer`](crate::Balancer) running the strategy
-    /// sets it on every endpoint it publishes ([`EndpointStats::set_ewma_decay`]); a shadow
+    /// sets it on the statistics of every endpoint it publishes; a shadow
     /// does not (it reads the live strategy's statistics). `None` leaves the statistics' own
     /// ([`SnapshotBuilder::with_ewma_decay`](crate::SnapshotBuilder::with_ewma_decay), default
     /// [`DEFAULT_EWMA_DECAY`](crate::DEFAULT_EWMA_DECAY)).

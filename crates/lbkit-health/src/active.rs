@@ -79,7 +79,7 @@ impl Probe for TcpProbe {
     }
 }
 
-/// `GET path` answers `expect_status` (over HTTP/1.1, or h2c with [`HttpProbe::h2c`]).
+/// `GET path` answers `expect_status` (over HTTP/1.1, or h2c with [`HttpProbe::with_h2c`]).
 #[derive(Clone, Debug)]
 pub struct HttpProbe {
     path: String,
