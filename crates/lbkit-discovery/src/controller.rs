@@ -705,11 +705,7 @@ impl Controller {
         while target.alive()
             && (source_open || health.is_some() || ticking || self.removal.len() > 0)
         {
-            // The next held endpoint due to be let go, on tokio's clock.
-            let expiry = self.next_expiry().map(|t| {
-                let left = t.saturating_duration_since(self.clock.now());
-                tokio::time::Instant::now() + left
-            });
+            let expiry = self.expiry();
             tokio::select! {
                 item = source.next(), if source_open => {
                     let ended = match item {
@@ -748,6 +744,14 @@ impl Controller {
                 }
             }
         }
+    }
+
+    /// When the next held endpoint is due to be let go, on tokio's clock.
+    fn expiry(&self) -> Option<tokio::time::Instant> {
+        let left = self
+            .next_expiry()?
+            .saturating_duration_since(self.clock.now());
+        Some(tokio::time::Instant::now() + left)
     }
 
     /// One batch starting with `first`; returns whether the source ended.

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::Request;
+use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -17,7 +17,7 @@ use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use crate::body::Inbound;
+use crate::body::{Inbound, ProxyBody};
 use crate::config::{Config, Limits, Protocol};
 use crate::error::ProxyError;
 use crate::forward;
@@ -460,29 +460,13 @@ impl HttpConn {
             }
             let busy = busy.begin();
             let last = cap > 0 && served.fetch_add(1, Relaxed) + 1 >= cap;
-            let hub = hub.clone();
             // Boxed: the request's future is over 3 KB, and hyper and tokio move it several
             // times before it first runs (into hyper's stream future, then into the spawned
             // task); a box moves as a pointer.
-            let resp = Box::pin(async move {
-                let req = req.map(Inbound::Left);
-                let (mut resp, _) = forward::serve(&hub, peer, req).await;
-                if last {
-                    // hyper closes the connection after this answer.
-                    Defences::count(&hub.defences.capped);
-                    let close = http::HeaderValue::from_static("close");
-                    resp.headers_mut().insert(http::header::CONNECTION, close);
-                }
-                resp
-            });
+            let resp = Box::pin(http1_request(hub.clone(), peer, req, last));
             async move { Ok::<_, Infallible>(resp.await.map(|body| BusyBody::new(body, busy))) }
         });
-        let ms = Duration::from_millis;
-        let watched = watchdog::Limits {
-            head: ms(limits.header_read_timeout_ms),
-            idle: ms(limits.idle_timeout_ms),
-            stream_idle: ms(limits.stream_idle_timeout_ms),
-        };
+        let watched = watchdog::Limits::of(limits);
         // Boxed: most connections never get here, and their tasks stay small.
         let io = TokioIo::new(io);
         let mut conn = Box::pin(self.builder.serve_connection(io, svc).with_upgrades());
@@ -506,6 +490,25 @@ impl HttpConn {
             }
         }
     }
+}
+
+/// One request on hyper's HTTP/1 server; the connection's `last` request under
+/// `max_requests_per_connection` is answered with `Connection: close`, after which hyper
+/// closes the connection (an upgrade's 101 keeps its `Connection: upgrade`: its tunnel ends the
+/// connection's requests anyway).
+async fn http1_request(
+    hub: Arc<Hub>,
+    peer: SocketAddr,
+    req: Request<Incoming>,
+    last: bool,
+) -> Response<ProxyBody> {
+    let (mut resp, _) = forward::serve(&hub, peer, req.map(Inbound::Left)).await;
+    if last && resp.status() != http::StatusCode::SWITCHING_PROTOCOLS {
+        Defences::count(&hub.defences.capped);
+        let close = http::HeaderValue::from_static("close");
+        resp.headers_mut().insert(http::header::CONNECTION, close);
+    }
+    resp
 }
 
 async fn serve_tcp(mut from: Arrivals, hub: Arc<Hub>, mut shutdown: watch::Receiver<bool>) {

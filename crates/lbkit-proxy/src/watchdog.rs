@@ -113,6 +113,18 @@ pub(crate) struct Limits {
     pub(crate) stream_idle: Duration,
 }
 
+impl Limits {
+    /// The limits of a listener's `[limits]`.
+    pub(crate) fn of(limits: &crate::config::Limits) -> Self {
+        let ms = Duration::from_millis;
+        Limits {
+            head: ms(limits.header_read_timeout_ms),
+            idle: ms(limits.idle_timeout_ms),
+            stream_idle: ms(limits.stream_idle_timeout_ms),
+        }
+    }
+}
+
 /// Which limit a connection passed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Expired {

@@ -79,10 +79,16 @@ async fn a_paced_rapid_reset_gets_goaway_and_bounded_upstream_connects() {
     'rounds: for round in 0u8..40 {
         let mut ids = Vec::new();
         for _ in 0..50 {
-            ids.push(h2.request("GET", "/", true).await.expect("HEADERS"));
+            // The proxy may have closed the connection meanwhile: its GOAWAY is queued.
+            let Ok(id) = h2.request("GET", "/", true).await else {
+                break 'rounds;
+            };
+            ids.push(id);
             opened += 1;
         }
-        h2.ping([round; 8]).await.expect("PING");
+        if h2.ping([round; 8]).await.is_err() {
+            break 'rounds;
+        }
         loop {
             match frame(&mut h2).await {
                 Some(f) if f.kind == PING && f.flags & 1 == 1 && f.payload == [round; 8] => break,
@@ -109,9 +115,12 @@ async fn a_paced_rapid_reset_gets_goaway_and_bounded_upstream_connects() {
     assert!(opened <= 300, "GOAWAY only after {opened} streams");
     // ... and the connection closes.
     assert!(until(&mut h2, |_| false).await.is_none());
+    // At most one upstream connection a stream, and so bounded with the streams: about half
+    // of them take one (those whose request was sent before their reset came; 63-140 in
+    // runs here), the others none (reset before routing, or a connect kept spare).
     let connects = accepted.load(Ordering::SeqCst) - connects_before;
     assert!(
-        connects <= 150,
+        connects <= opened,
         "{connects} upstream connections for {opened} streams"
     );
     // Another client is served at once.

@@ -129,16 +129,24 @@ enum Event {
     Expired(Expired),
 }
 
+/// What the loop does after an event.
+enum Next {
+    /// Wait for the next event.
+    Wait,
+    /// The connection is over.
+    End,
+    /// Send `GOAWAY` (with this error; `None`: graceful), then close within the head limit.
+    Close(Option<Reason>),
+}
+
+/// `h2`'s end of a client connection.
+type Served = h2::server::Connection<Rewind, Bytes>;
+
 impl Conn {
     /// Serve the connection (its preface is the first of `io`'s bytes) until it closes.
     pub(crate) async fn serve(mut self, io: Rewind) {
-        let ms = Duration::from_millis;
         let limits = &self.limits;
-        let watched = watchdog::Limits {
-            head: ms(limits.header_read_timeout_ms),
-            idle: ms(limits.idle_timeout_ms),
-            stream_idle: ms(limits.stream_idle_timeout_ms),
-        };
+        let watched = watchdog::Limits::of(limits);
         let mut watchdog = pin!(watchdog::watch(&self.activity, watched));
         let handshake = builder(limits).handshake::<_, Bytes>(io);
         let mut h2 = tokio::select! {
@@ -157,7 +165,6 @@ impl Conn {
             premature: AtomicU64::new(0),
             calm: Notify::new(),
         });
-        let cap = limits.max_requests_per_connection;
         let mut draining = false;
         loop {
             let event = tokio::select! {
@@ -167,53 +174,65 @@ impl Conn {
                 _ = self.shutdown.changed(), if !draining => Event::Drain,
                 why = &mut watchdog => Event::Expired(why),
             };
-            let (shutdown, bound) = match event {
-                Event::Accepted(Some(Ok((req, respond)))) => {
-                    let opened = shared.opened.fetch_add(1, Relaxed) + 1;
-                    let busy = self.activity.begin();
-                    tokio::spawn(stream::serve(req, respond, shared.clone(), busy));
-                    if cap > 0 && opened >= cap && !draining {
-                        Defences::count(&self.hub.defences.capped);
-                        h2.graceful_shutdown();
-                        draining = true;
+            match self.on(event, &mut h2, &shared, &mut draining) {
+                Next::Wait => {}
+                Next::End => return,
+                Next::Close(reason) => {
+                    match reason {
+                        Some(reason) => h2.abrupt_shutdown(reason),
+                        None => h2.graceful_shutdown(),
                     }
-                    continue;
-                }
-                Event::Accepted(Some(Err(e))) => {
-                    tracing::debug!(peer = %self.peer, error = %e, "HTTP/2 connection error");
+                    // The GOAWAY goes out, then the connection closes (bounded: a client that
+                    // stops reading does not keep it).
+                    let closed = poll_fn(|cx| h2.poll_closed(cx));
+                    let _ = tokio::time::timeout(watched.head, closed).await;
                     return;
                 }
-                Event::Accepted(None) => return,
-                Event::Drain => {
-                    h2.graceful_shutdown();
-                    draining = true;
-                    continue;
-                }
-                Event::Calm => {
-                    Defences::count(&self.hub.defences.calmed);
-                    tracing::warn!(
-                        peer = %self.peer,
-                        resets = shared.premature.load(Relaxed),
-                        streams = shared.opened.load(Relaxed),
-                        "HTTP/2 client reset too many streams before their answer: GOAWAY ENHANCE_YOUR_CALM"
-                    );
-                    (Some(Reason::ENHANCE_YOUR_CALM), watched.head)
-                }
-                // Nothing in flight: a graceful close loses nothing.
-                Event::Expired(Expired::Idle) => (None, watched.head),
-                Event::Expired(why) => {
-                    tracing::debug!(peer = %self.peer, ?why, "client connection closed by its watchdog");
-                    return;
-                }
-            };
-            match shutdown {
-                Some(reason) => h2.abrupt_shutdown(reason),
-                None => h2.graceful_shutdown(),
             }
-            // The GOAWAY goes out, then the connection closes (bounded: a client that stops
-            // reading does not keep it).
-            let _ = tokio::time::timeout(bound, poll_fn(|cx| h2.poll_closed(cx))).await;
-            return;
+        }
+    }
+
+    /// What `event` means for the connection.
+    fn on(&self, event: Event, h2: &mut Served, shared: &Arc<Shared>, draining: &mut bool) -> Next {
+        match event {
+            Event::Accepted(Some(Ok((req, respond)))) => {
+                let opened = shared.opened.fetch_add(1, Relaxed) + 1;
+                let busy = self.activity.begin();
+                tokio::spawn(stream::serve(req, respond, shared.clone(), busy));
+                let cap = self.limits.max_requests_per_connection;
+                if cap > 0 && opened >= cap && !*draining {
+                    Defences::count(&self.hub.defences.capped);
+                    h2.graceful_shutdown();
+                    *draining = true;
+                }
+                Next::Wait
+            }
+            Event::Accepted(Some(Err(e))) => {
+                tracing::debug!(peer = %self.peer, error = %e, "HTTP/2 connection error");
+                Next::End
+            }
+            Event::Accepted(None) => Next::End,
+            Event::Drain => {
+                h2.graceful_shutdown();
+                *draining = true;
+                Next::Wait
+            }
+            Event::Calm => {
+                Defences::count(&self.hub.defences.calmed);
+                tracing::warn!(
+                    peer = %self.peer,
+                    resets = shared.premature.load(Relaxed),
+                    streams = shared.opened.load(Relaxed),
+                    "HTTP/2 client reset too many streams before their answer: GOAWAY ENHANCE_YOUR_CALM"
+                );
+                Next::Close(Some(Reason::ENHANCE_YOUR_CALM))
+            }
+            // Nothing in flight: a graceful close loses nothing.
+            Event::Expired(Expired::Idle) => Next::Close(None),
+            Event::Expired(why) => {
+                tracing::debug!(peer = %self.peer, ?why, "client connection closed by its watchdog");
+                Next::End
+            }
         }
     }
 }

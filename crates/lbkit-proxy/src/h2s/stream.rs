@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use h2::server::SendResponse;
-use h2::{Reason, RecvStream};
+use h2::{Reason, RecvStream, SendStream};
 use http::{Request, Response};
 use http_body::Body;
 use tokio::time::Instant;
@@ -66,24 +66,9 @@ pub(super) async fn serve(
             return Defences::count(&shared.hub.defences.idle_resets);
         }
     };
-    let (mut parts, body) = resp.into_parts();
-    let eos = body.is_end_stream();
-    if let Some(n) = body.size_hint().exact().filter(|_| !eos) {
-        parts
-            .headers
-            .entry(http::header::CONTENT_LENGTH)
-            .or_insert_with(|| http::HeaderValue::from(n));
-    }
-    let tx = match respond.send_response(Response::from_parts(parts, ()), eos) {
-        Ok(tx) => tx,
-        Err(e) => {
-            tracing::debug!(error = %e, "HTTP/2 answer head not sent");
-            return respond.send_reset(Reason::INTERNAL_ERROR);
-        }
-    };
-    if eos {
+    let Some((tx, body)) = send_head(resp, &mut respond) else {
         return;
-    }
+    };
     // Waiting for the client's window is bounded by the route's timeout too.
     let stalled = route_timeout.map_or(limit, |t| t.min(limit));
     let mut pipe = Pipe::new(body, tx);
@@ -104,6 +89,31 @@ pub(super) async fn serve(
     if expired {
         pipe.reset(Reason::CANCEL);
         Defences::count(&shared.hub.defences.idle_resets);
+    }
+}
+
+/// Send the answer's head (with a `Content-Length` when its body's size is known, as hyper's
+/// server adds it); the stream and the body still to send, or `None` when the answer is
+/// complete (or could not be sent: the stream is reset).
+fn send_head(
+    resp: Response<ProxyBody>,
+    respond: &mut SendResponse<Bytes>,
+) -> Option<(SendStream<Bytes>, ProxyBody)> {
+    let (mut parts, body) = resp.into_parts();
+    let eos = body.is_end_stream();
+    if let Some(n) = body.size_hint().exact().filter(|_| !eos) {
+        parts
+            .headers
+            .entry(http::header::CONTENT_LENGTH)
+            .or_insert_with(|| http::HeaderValue::from(n));
+    }
+    match respond.send_response(Response::from_parts(parts, ()), eos) {
+        Ok(tx) => (!eos).then_some((tx, body)),
+        Err(e) => {
+            tracing::debug!(error = %e, "HTTP/2 answer head not sent");
+            respond.send_reset(Reason::INTERNAL_ERROR);
+            None
+        }
     }
 }
 
