@@ -478,7 +478,8 @@ impl Controller {
     }
 
     /// Mass-removal protection's verdict on a batch that removed `removed` from a set of
-    /// `listed`: the serving set is the source's plus whatever stays held.
+    /// `listed` (the source's set is `desired` now): the serving set is the source's plus
+    /// whatever stays held.
     fn judge_removals(&mut self, removed: Vec<EndpointSpec>, listed: usize) {
         if self.removal.on() {
             let now = self.clock.now();
@@ -493,9 +494,10 @@ impl Controller {
             let confirmed = |k: &EndpointKey| {
                 down.contains(k) || detector.as_ref().is_some_and(|d| d.ejection(k).is_some())
             };
+            let sizes = (listed, desired.len());
             let keys = self
                 .removal
-                .judge(removed, listed, is_listed, confirmed, now);
+                .judge(removed, sizes, is_listed, confirmed, now);
             if !keys.is_empty() {
                 let n = u64::try_from(keys.len()).unwrap_or(u64::MAX);
                 self.metrics.removals_held.fetch_add(n, Relaxed);
@@ -599,6 +601,7 @@ impl Controller {
         for key in keys {
             self.removal.confirm(key);
         }
+        self.metrics.held.store(self.removal.len() as u64, Relaxed);
         self.desired.retain(|s| !gone.contains(&s.key));
         if let Some(held) = &mut self.held {
             held.retain(|s| !gone.contains(&s.key));

@@ -107,11 +107,10 @@ impl Spares {
     fn take(&self, address: &str) -> Option<TcpStream> {
         let now = Instant::now();
         let mut idle = self.lock();
+        self.sweep(&mut idle, now);
         let list = idle.get_mut(address)?;
-        while let Some((stream, since)) = list.pop() {
-            if now.saturating_duration_since(since) < self.idle_for
-                && crate::h1::still_open(&stream)
-            {
+        while let Some((stream, _)) = list.pop() {
+            if crate::h1::still_open(&stream) {
                 return Some(stream);
             }
         }
@@ -119,15 +118,24 @@ impl Spares {
         None
     }
 
-    /// Keep `stream` (dropping expired ones of its address first), unless `max` are kept.
+    /// Keep `stream`, unless `max` are kept for its address.
     fn put(&self, address: Box<str>, stream: TcpStream) {
         let now = Instant::now();
         let mut idle = self.lock();
+        self.sweep(&mut idle, now);
         let list = idle.entry(address).or_default();
-        list.retain(|(_, since)| now.saturating_duration_since(*since) < self.idle_for);
         if list.len() < self.max {
             list.push((stream, now));
         }
+    }
+
+    /// Close the spares past `idle_for`, of every address (one whose endpoint left keeps none
+    /// beyond the next take or put). Spares are few, and both are rare: on the connect path.
+    fn sweep(&self, idle: &mut ByAddress, now: Instant) {
+        idle.retain(|_, list| {
+            list.retain(|(_, since)| now.saturating_duration_since(*since) < self.idle_for);
+            !list.is_empty()
+        });
     }
 }
 

@@ -17,25 +17,34 @@ use lbkit_testkit::h2raw::{self, Frame, RawH2, CANCEL, ENHANCE_YOUR_CALM, GOAWAY
 use tokio::time::Instant;
 
 /// An HTTP/1.1 backend that answers after `delay` (its service time), counting the connections
-/// it accepted and those that ended.
-async fn slow_counting_backend(
-    delay: Duration,
-) -> (std::net::SocketAddr, Arc<AtomicUsize>, Arc<AtomicUsize>) {
-    let ended = Arc::new(AtomicUsize::new(0));
-    let done = ended.clone();
+/// it accepted and those that ended, and the requests that arrived.
+struct Counted {
+    addr: std::net::SocketAddr,
+    accepted: Arc<AtomicUsize>,
+    ended: Arc<AtomicUsize>,
+    requests: Arc<AtomicUsize>,
+}
+
+async fn slow_counting_backend(delay: Duration) -> Counted {
+    let (ended, requests) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (done, arrived) = (ended.clone(), requests.clone());
     let (addr, accepted) = counting_server(move |stream| {
-        let done = done.clone();
+        let (done, arrived) = (done.clone(), arrived.clone());
         async move {
-            let svc = hyper::service::service_fn(move |req: http::Request<_>| async move {
-                let _: &http::Request<hyper::body::Incoming> = &req;
-                // A backend's service time, not a wait for a condition.
-                tokio::time::sleep(delay).await;
-                let body = if req.uri().path() == "/big" {
-                    Bytes::from(vec![b'x'; 256 * 1024])
-                } else {
-                    Bytes::from_static(b"ok")
-                };
-                Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(body)))
+            let svc = hyper::service::service_fn(move |req: http::Request<_>| {
+                let arrived = arrived.clone();
+                async move {
+                    let _: &http::Request<hyper::body::Incoming> = &req;
+                    arrived.fetch_add(1, Ordering::SeqCst);
+                    // A backend's service time, not a wait for a condition.
+                    tokio::time::sleep(delay).await;
+                    let body = if req.uri().path() == "/big" {
+                        Bytes::from(vec![b'x'; 256 * 1024])
+                    } else {
+                        Bytes::from_static(b"ok")
+                    };
+                    Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(body)))
+                }
             });
             let _ = hyper::server::conn::http1::Builder::new()
                 .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
@@ -44,7 +53,12 @@ async fn slow_counting_backend(
         }
     })
     .await;
-    (addr, accepted, ended)
+    Counted {
+        addr,
+        accepted,
+        ended,
+        requests,
+    }
 }
 
 /// The next frame within the test's bound; `None` when the connection closed.
@@ -61,24 +75,27 @@ async fn until(h2: &mut RawH2, what: impl FnMut(&Frame) -> bool) -> Option<Frame
         .expect("the frame or the end within the bound")
 }
 
-/// A client that opens 50 streams and a `PING`, waits for the `PING`'s `ACK` (so the streams
-/// were accepted: `h2`'s own guard counts only streams reset before that), then resets all 50,
-/// again and again: the connection gets `GOAWAY ENHANCE_YOUR_CALM` after
-/// `max_premature_resets` (100) such streams and closes, the upstream connections made for
-/// them stay bounded, and another client is served meanwhile. Before the proxy's own HTTP/2
-/// server, one connection opened 122 000–148 000 streams in 5 s and the proxy opened an
-/// upstream connection for nearly each one.
+/// A client that opens 10 streams and a `PING`, waits for the `PING`'s `ACK` (and, to be
+/// sure, for the requests to reach the backend), then resets all 10, again and again: the
+/// connection gets `GOAWAY ENHANCE_YOUR_CALM` after `max_premature_resets` (100) such streams
+/// and closes, the upstream connections made for them stay bounded, and another client is
+/// served meanwhile. Its streams are all accepted before their reset, which `h2`'s own guard
+/// does not count (it counts streams reset before they were accepted): only the proxy's
+/// accounting can stop it. Before the proxy's own HTTP/2 server, one connection opened
+/// 122 000–148 000 streams in 5 s and the proxy opened an upstream connection for nearly each.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paced_rapid_reset_gets_goaway_and_bounded_upstream_connects() {
-    let (backend, accepted, _) = slow_counting_backend(Duration::from_millis(200)).await;
+    let b = slow_counting_backend(Duration::from_millis(200)).await;
+    let (backend, accepted) = (b.addr, b.accepted.clone());
     let proxy = start(&config_for(&[backend], "round-robin", "")).await;
     let connects_before = accepted.load(Ordering::SeqCst);
+    let requests_before = b.requests.load(Ordering::SeqCst);
     let to = proxy.listeners()[0];
     let mut h2 = RawH2::connect(to, &[]).await.expect("connect");
     let (mut opened, mut goaway) = (0, None);
-    'rounds: for round in 0u8..40 {
+    'rounds: for round in 0u8..200 {
         let mut ids = Vec::new();
-        for _ in 0..50 {
+        for _ in 0..10 {
             // The proxy may have closed the connection meanwhile: its GOAWAY is queued.
             let Ok(id) = h2.request("GET", "/", true).await else {
                 break 'rounds;
@@ -100,6 +117,26 @@ async fn a_paced_rapid_reset_gets_goaway_and_bounded_upstream_connects() {
                 None => break 'rounds,
             }
         }
+        // The round's requests reach the backend, unless the proxy ended the connection first.
+        let arrived = || b.requests.load(Ordering::SeqCst) - requests_before;
+        let forwarded = async {
+            while arrived() < opened {
+                tokio::task::yield_now().await;
+            }
+        };
+        let ended = tokio::time::timeout(WAIT, async {
+            tokio::select! {
+                () = forwarded => None,
+                f = h2.until(|f| f.kind == GOAWAY) => Some(f),
+            }
+        });
+        let ended = ended
+            .await
+            .expect("the requests forwarded, or a GOAWAY, within the bound");
+        if let Some(f) = ended {
+            goaway = f;
+            break 'rounds;
+        }
         for id in ids {
             if h2.reset(id, CANCEL).await.is_err() {
                 break 'rounds;
@@ -115,9 +152,8 @@ async fn a_paced_rapid_reset_gets_goaway_and_bounded_upstream_connects() {
     assert!(opened <= 300, "GOAWAY only after {opened} streams");
     // ... and the connection closes.
     assert!(until(&mut h2, |_| false).await.is_none());
-    // At most one upstream connection a stream, and so bounded with the streams: about half
-    // of them take one (those whose request was sent before their reset came; 63-140 in
-    // runs here), the others none (reset before routing, or a connect kept spare).
+    // At most one upstream connection a stream (each request here reached the backend before
+    // its reset), and so bounded with the streams.
     let connects = accepted.load(Ordering::SeqCst) - connects_before;
     assert!(
         connects <= opened,
@@ -139,7 +175,8 @@ async fn a_paced_rapid_reset_gets_goaway_and_bounded_upstream_connects() {
 /// connection's watchdog alone never fired: they kept it busy).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_stuck_on_a_zero_window_is_reset_while_others_work() {
-    let (backend, _, ended) = slow_counting_backend(Duration::ZERO).await;
+    let b = slow_counting_backend(Duration::ZERO).await;
+    let (backend, ended) = (b.addr, b.ended.clone());
     let limits = "stream_idle_timeout_ms = 1000\n";
     let text = config_for(&[backend], "round-robin", "")
         .replace("[limits]\n", &format!("[limits]\n{limits}"));
@@ -193,7 +230,7 @@ async fn a_stream_stuck_on_a_zero_window_is_reset_while_others_work() {
 /// is shorter than `stream_idle_timeout_ms` (each write's limit, as on the HTTP/1.1 fast path).
 #[tokio::test]
 async fn a_zero_window_answer_is_bounded_by_its_route_timeout() {
-    let (backend, _, _) = slow_counting_backend(Duration::ZERO).await;
+    let backend = slow_counting_backend(Duration::ZERO).await.addr;
     let text =
         config_for(&[backend], "round-robin", "").replace("timeout_ms = 5000", "timeout_ms = 800");
     let proxy = start(&text).await;
@@ -218,7 +255,7 @@ async fn a_zero_window_answer_is_bounded_by_its_route_timeout() {
 /// graceful `GOAWAY` (`NO_ERROR`), every stream is answered, and it closes.
 #[tokio::test]
 async fn http2_connections_are_capped_at_max_requests() {
-    let (backend, _, _) = slow_counting_backend(Duration::ZERO).await;
+    let backend = slow_counting_backend(Duration::ZERO).await.addr;
     let text = config_for(&[backend], "round-robin", "")
         .replace("[limits]\n", "[limits]\nmax_requests_per_connection = 5\n");
     let proxy = start(&text).await;
@@ -248,12 +285,44 @@ async fn http2_connections_are_capped_at_max_requests() {
     assert_eq!(sample(&proxy, capped).await, 1.0);
 }
 
+/// An idle HTTP/2 connection is closed gracefully: a stream the client opened before it saw
+/// the `GOAWAY` (here: after it, while the proxy still waits for its `PING`'s answer, so
+/// before the final `GOAWAY` names the last stream taken) is still answered, then the
+/// connection closes. (The first version stopped taking streams at the idle `GOAWAY`.)
+#[tokio::test]
+async fn a_stream_racing_the_idle_goaway_is_still_answered() {
+    let backend = slow_counting_backend(Duration::ZERO).await.addr;
+    let text = config_for(&[backend], "round-robin", "")
+        .replace("[limits]\n", "[limits]\nidle_timeout_ms = 300\n");
+    let proxy = start(&text).await;
+    let mut h2 = RawH2::connect(proxy.listeners()[0], &[])
+        .await
+        .expect("connect");
+    h2.stop_answering_pings();
+    let first = h2.request("GET", "/", true).await.expect("HEADERS");
+    let answered = until(&mut h2, |f| f.stream == first && f.ends_stream()).await;
+    assert!(answered.is_some(), "a first request");
+    // Then idle: the graceful GOAWAY comes.
+    let goaway = until(&mut h2, |f| f.kind == GOAWAY)
+        .await
+        .expect("a GOAWAY");
+    assert_eq!(goaway.error_code(), Some(0));
+    let id = h2.request("GET", "/", true).await.expect("HEADERS");
+    let answered = until(&mut h2, |f| f.stream == id && f.ends_stream()).await;
+    assert!(
+        answered.is_some(),
+        "the stream sent before the last GOAWAY is answered"
+    );
+    // ... and the connection closes (within the head limit, 300 ms here).
+    assert!(until(&mut h2, |_| false).await.is_none());
+}
+
 /// `max_requests_per_connection` on the HTTP/1.1 fast path: the last request's answer carries
 /// `Connection: close` and the connection closes (nginx's `keepalive_requests`); a request
 /// pipelined after it is not served.
 #[tokio::test]
 async fn http1_connections_are_capped_at_max_requests() {
-    let (backend, _, _) = slow_counting_backend(Duration::ZERO).await;
+    let backend = slow_counting_backend(Duration::ZERO).await.addr;
     let text = config_for(&[backend], "round-robin", "")
         .replace("[limits]\n", "[limits]\nmax_requests_per_connection = 3\n");
     let proxy = start(&text).await;
@@ -272,7 +341,7 @@ async fn http1_connections_are_capped_at_max_requests() {
 /// the server accepted them) still meets `h2`'s own guard: `GOAWAY ENHANCE_YOUR_CALM`.
 #[tokio::test]
 async fn a_burst_rapid_reset_gets_goaway() {
-    let (backend, _, _) = slow_counting_backend(Duration::ZERO).await;
+    let backend = slow_counting_backend(Duration::ZERO).await.addr;
     let proxy = start(&config_for(&[backend], "round-robin", "")).await;
     let mut h2 = RawH2::connect(proxy.listeners()[0], &[])
         .await
@@ -296,7 +365,8 @@ async fn a_burst_rapid_reset_gets_goaway() {
 /// decodes into one) end the connection; no request reaches the backend.
 #[tokio::test]
 async fn continuation_floods_and_oversized_header_lists_end_the_connection() {
-    let (backend, accepted, _) = slow_counting_backend(Duration::ZERO).await;
+    let b = slow_counting_backend(Duration::ZERO).await;
+    let (backend, accepted) = (b.addr, b.accepted.clone());
     let proxy = start(&config_for(&[backend], "round-robin", "")).await;
     let before = accepted.load(Ordering::SeqCst);
     let to = proxy.listeners()[0];

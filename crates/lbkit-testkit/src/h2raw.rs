@@ -86,6 +86,8 @@ pub struct RawH2 {
     frames: mpsc::UnboundedReceiver<Frame>,
     next_stream: u32,
     authority: String,
+    /// Whether the server's `PING`s are answered.
+    pongs: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl RawH2 {
@@ -107,12 +109,15 @@ impl RawH2 {
         });
         let (tx, frames) = mpsc::unbounded_channel();
         let answers = out.clone();
+        let pongs = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let answering = pongs.clone();
         tokio::spawn(async move {
             while let Ok(frame) = read_frame(&mut rd).await {
                 let ack = frame.flags & 0x1 != 0;
+                let pong = answering.load(std::sync::atomic::Ordering::Relaxed);
                 if frame.kind == SETTINGS && !ack {
                     let _ = answers.send(encode(SETTINGS, 0x1, 0, &[]));
-                } else if frame.kind == PING && !ack {
+                } else if frame.kind == PING && !ack && pong {
                     let _ = answers.send(encode(PING, 0x1, 0, &frame.payload));
                 }
                 if tx.send(frame).is_err() {
@@ -132,6 +137,7 @@ impl RawH2 {
             frames,
             next_stream: 1,
             authority: addr.to_string(),
+            pongs,
         })
     }
 
@@ -156,6 +162,13 @@ impl RawH2 {
         let flags = 0x4 | u8::from(end);
         send(&self.out, encode(HEADERS, flags, id, &block))?;
         Ok(id)
+    }
+
+    /// Stop answering the server's `PING`s (a graceful `GOAWAY` then waits for its round trip
+    /// before it names the last stream it took).
+    pub fn stop_answering_pings(&self) {
+        self.pongs
+            .store(false, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// `RST_STREAM` for `stream` with `code`.

@@ -9,12 +9,16 @@
 //! drop below a threshold); Dubbo's empty-push protection is the 100 % case of the same idea,
 //! and stays as it was ([`ControllerConfig::empty_protection`](super::ControllerConfig)).
 //!
-//! The rule, per batch of updates: let `listed` be the endpoints the source listed before the
-//! batch, `recent` those it removed within [`RemovalProtection::window`] before it, and
-//! `removed` those the batch removes. When `recent + removed > max_share × (listed + recent)`
-//! (and it is more than one endpoint: a lone endpoint replaced goes through), the batch's removals and the window's recent ones are **held**: they stay in the serving set
-//! (their statistics and health as they were), while additions and changes apply at once. A
-//! held endpoint leaves when it is confirmed gone:
+//! The rule, per batch of updates: let `peak` be the most endpoints the source listed at any
+//! time within [`RemovalProtection::window`] before the batch, and `after` how many it lists
+//! after it. When the set shrank by more than `max_share × peak` (and by more than one
+//! endpoint: a lone endpoint replaced goes through), the batch's removals and the window's
+//! earlier ones are **held**: they stay in the serving set (their statistics and health as they
+//! were), while additions and changes apply at once. Additions count: a blue/green switch that
+//! replaces every address at once, or a rolling restart onto new addresses, does not shrink the
+//! set and holds nothing (the old endpoints are gone on purpose; holding them would send
+//! traffic to dead servers until each was confirmed gone). A held endpoint leaves when it is
+//! confirmed gone:
 //!
 //! * its active health check fails ([`Controller::set_health`](super::Controller::set_health));
 //! * the outlier detector ejects it (the next outlier tick);
@@ -59,13 +63,13 @@ impl Default for RemovalProtection {
 }
 
 impl RemovalProtection {
-    /// Whether `removed` endpoints leaving a set of `listed`, after `recent` others left it
-    /// within the window, are a mass removal this protection holds (the rule of the module
+    /// Whether a set that listed `peak` endpoints at most within the window and lists `after`
+    /// now shrank enough to be a mass removal this protection holds (the rule of the module
     /// docs; `lbkit watch` says so with the same rule).
-    pub fn holds(&self, removed: usize, recent: usize, listed: usize) -> bool {
-        let n = recent + removed;
-        // One removal alone is never a mass removal: a lone endpoint replaced goes through.
-        removed > 0 && n >= 2 && n as f64 > self.max_share * (listed + recent) as f64
+    pub fn holds(&self, peak: usize, after: usize) -> bool {
+        let shrink = peak.saturating_sub(after);
+        // One endpoint alone is never a mass removal: a lone endpoint replaced goes through.
+        shrink >= 2 && shrink as f64 > self.max_share * peak as f64
     }
 }
 
@@ -98,6 +102,8 @@ pub(crate) struct Held {
     pending: BTreeMap<EndpointKey, (EndpointSpec, Timestamp)>,
     /// Removals let through within the window, oldest first.
     recent: VecDeque<(Timestamp, EndpointSpec)>,
+    /// The size of the source's set before each batch within the window, oldest first.
+    sizes: VecDeque<(Timestamp, usize)>,
 }
 
 impl Held {
@@ -122,16 +128,17 @@ impl Held {
     pub(crate) fn clear(&mut self) {
         self.pending.clear();
         self.recent.clear();
+        self.sizes.clear();
     }
 
-    /// Judge one batch at `now`: `removed` are the specs it removed from the source's set
-    /// (which had `listed` endpoints before it), `is_listed` tells whether a key is in the set
-    /// after it, and `confirmed` whether a key is already known to be gone (down, ejected).
-    /// Returns the keys newly held.
+    /// Judge one batch at `now`: `removed` are the specs it removed from the source's set,
+    /// which listed `before` endpoints before it and `after` after it; `is_listed` tells
+    /// whether a key is in the set after it, and `confirmed` whether a key is already known to
+    /// be gone (down, ejected). Returns the keys newly held.
     pub(crate) fn judge(
         &mut self,
         removed: Vec<EndpointSpec>,
-        listed: usize,
+        (before, after): (usize, usize),
         is_listed: impl Fn(&EndpointKey) -> bool,
         confirmed: impl Fn(&EndpointKey) -> bool,
         now: Timestamp,
@@ -146,11 +153,16 @@ impl Held {
         while self.recent.front().is_some_and(|(t, _)| *t < since) {
             self.recent.pop_front();
         }
+        while self.sizes.front().is_some_and(|(t, _)| *t < since) {
+            self.sizes.pop_front();
+        }
+        self.sizes.push_back((now, before));
         let removed: Vec<_> = removed.into_iter().filter(|s| !is_listed(&s.key)).collect();
         if removed.is_empty() {
             return Vec::new();
         }
-        if !config.holds(removed.len(), self.recent.len(), listed) {
+        let peak = self.sizes.iter().map(|(_, n)| *n).max().unwrap_or(before);
+        if !config.holds(peak, after) {
             self.recent.extend(removed.into_iter().map(|s| (now, s)));
             return Vec::new();
         }
@@ -240,16 +252,24 @@ mod tests {
         Timestamp::from_millis(s * 1000)
     }
 
+    fn listed(keys: &'static [&'static str]) -> impl Fn(&EndpointKey) -> bool {
+        move |k: &EndpointKey| keys.contains(&k.as_str())
+    }
+
     #[test]
-    fn removals_of_more_than_half_within_the_window_are_held_with_the_window_s_earlier_ones() {
+    fn a_shrink_of_more_than_half_within_the_window_is_held_with_the_window_s_earlier_removals() {
         let mut h = Held::new(Some(RemovalProtection::default()));
-        let listed =
-            |keys: &'static [&'static str]| move |k: &EndpointKey| keys.contains(&k.as_str());
-        // 1 of 3: let through.
-        let held = h.judge(specs(&["a:1"]), 3, listed(&["b:1", "c:1"]), |_| false, t(0));
+        // 3 → 2: let through.
+        let held = h.judge(
+            specs(&["a:1"]),
+            (3, 2),
+            listed(&["b:1", "c:1"]),
+            |_| false,
+            t(0),
+        );
         assert!(held.is_empty());
-        // The second of 3 within 10 s: 2 > 1.5 — both held, the earlier one back in.
-        let held = h.judge(specs(&["b:1"]), 2, listed(&["c:1"]), |_| false, t(5));
+        // 2 → 1 within 10 s: down by 2 from the peak of 3 — both held, the earlier one back in.
+        let held = h.judge(specs(&["b:1"]), (2, 1), listed(&["c:1"]), |_| false, t(5));
         assert_eq!(held.len(), 2);
         let serving = h.serving(&specs(&["c:1"]), true).expect("held");
         let keys: Vec<_> = serving.iter().map(|s| s.key.as_str().to_owned()).collect();
@@ -263,19 +283,39 @@ mod tests {
     }
 
     #[test]
-    fn rolling_replacements_and_old_removals_are_let_through() {
+    fn replacements_rolling_removals_and_known_dead_ones_are_let_through() {
         let mut h = Held::new(Some(RemovalProtection::default()));
-        let all = |_: &EndpointKey| false;
-        // One of ten every 4 s, each replaced: never over half of what was listed.
-        for i in 0..10u64 {
-            let gone = format!("old{i}:1");
+        let none = |_: &EndpointKey| false;
+        // Blue/green: all ten replaced at once, the set as large as before.
+        let ten: Vec<String> = (0..10).map(|i| format!("old{i}:1")).collect();
+        let ten: Vec<&str> = ten.iter().map(String::as_str).collect();
+        assert!(h
+            .judge(specs(&ten), (10, 10), none, |_| false, t(0))
+            .is_empty());
+        // A rolling restart of two onto new addresses within the window: 2 → 3 → 2 → 3 → 2.
+        assert!(h
+            .judge(Vec::new(), (2, 3), none, |_| false, t(20))
+            .is_empty());
+        assert!(h
+            .judge(specs(&["r1:1"]), (3, 2), none, |_| false, t(21))
+            .is_empty());
+        assert!(h
+            .judge(Vec::new(), (2, 3), none, |_| false, t(22))
+            .is_empty());
+        assert!(h
+            .judge(specs(&["r2:1"]), (3, 2), none, |_| false, t(23))
+            .is_empty());
+        // One of ten every 4 s, not replaced: never down by more than half within 10 s.
+        for i in 0..5u64 {
+            let gone = format!("x{i}:1");
+            let n = 10 - i as usize;
             assert!(h
-                .judge(specs(&[&gone]), 10, all, |_| false, t(4 * i))
+                .judge(specs(&[&gone]), (n, n - 1), none, |_| false, t(100 + 4 * i))
                 .is_empty());
         }
         // Six of ten at once, but already known down: nothing to hold.
         let six = specs(&["a:1", "b:1", "c:1", "d:1", "e:1", "f:1"]);
-        assert!(h.judge(six, 10, all, |_| true, t(100)).is_empty());
+        assert!(h.judge(six, (10, 4), none, |_| true, t(200)).is_empty());
     }
 
     #[test]
@@ -283,19 +323,21 @@ mod tests {
         let mut h = Held::new(Some(RemovalProtection::default()));
         let none = |_: &EndpointKey| false;
         assert_eq!(
-            h.judge(specs(&["a:1", "b:1"]), 3, none, |_| false, t(0))
+            h.judge(specs(&["a:1", "b:1"]), (3, 1), none, |_| false, t(0))
                 .len(),
             2
         );
         let back = |k: &EndpointKey| k.as_str() == "a:1";
-        assert!(h.judge(Vec::new(), 2, back, |_| false, t(1)).is_empty());
+        assert!(h
+            .judge(Vec::new(), (1, 2), back, |_| false, t(1))
+            .is_empty());
         assert_eq!(
             h.keys().map(EndpointKey::as_str).collect::<Vec<_>>(),
             ["b:1"]
         );
         let mut off = Held::new(None);
         assert!(off
-            .judge(specs(&["a:1", "b:1"]), 2, none, |_| false, t(0))
+            .judge(specs(&["a:1", "b:1"]), (2, 0), none, |_| false, t(0))
             .is_empty());
         assert!(off.serving(&[], true).is_none());
     }

@@ -602,6 +602,21 @@ fn leaving_an_empty_push_holds_what_the_new_set_lacks() {
     assert_eq!((all.len(), c.metrics().held()), (10, 0));
 }
 
+/// A set replaced whole (blue/green: every address new, as many endpoints as before) is no
+/// mass removal: the old endpoints go at once, nothing is held.
+#[test]
+fn a_set_replaced_whole_is_not_held() {
+    let mut c = Controller::new(ControllerConfig::default());
+    c.apply_batch(vec![Update::Reset(ten())]);
+    let green: Vec<EndpointSpec> = (0..10).map(|i| spec(&format!("g{i}:1"), 1)).collect();
+    let s = c
+        .apply_batch(vec![Update::Reset(green)])
+        .expect("published");
+    assert_eq!(s.len(), 10);
+    assert!(s.endpoints().iter().all(|e| e.address().starts_with('g')));
+    assert_eq!(c.metrics().held(), 0);
+}
+
 /// Off, or under the share, removals apply at once.
 #[test]
 fn removals_under_the_share_or_with_protection_off_apply_at_once() {

@@ -3,6 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures_util::future::Either;
 use futures_util::stream::FuturesUnordered;
@@ -25,6 +26,10 @@ use crate::governance::{
     parse_yaml_configurators, yaml_configurators_path, Overrides, RuleNode, RULES_METADATA,
 };
 use crate::source::{ChannelStream, Pace, SourceItem, Status, UpdateStream, SOURCE_QUEUE};
+
+/// Longest wait for the round trip after a burst of events (`Consumer::sync`): ZooKeeper answers
+/// in milliseconds; beyond this the connection is in trouble and the changes go out as seen.
+const SYNC_WAIT: Duration = Duration::from_secs(1);
 
 /// State and counters of a [`ZkSource`].
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -501,21 +506,32 @@ impl Consumer {
                 {
                     break;
                 }
-                // One round trip first: ZooKeeper sends the events of a transaction before
-                // its answer to any later request of this session, so once the answer is
-                // here, every event of the transactions committed so far is queued (the
-                // deletions of one `multi`, sessions expiring together): they become one
-                // update, not one each.
-                if let Err(e) = client.check_stat(&self.dir).await {
-                    if ends_session(&e) {
-                        return End::Lost(registry_err(&self.dir, e));
-                    }
+                if let Some(end) = self.sync(client).await {
+                    return end;
                 }
                 match watcher.changed().now_or_never() {
                     Some(next) => event = next,
                     None => break,
                 }
             }
+        }
+    }
+
+    /// One round trip after a burst of events: ZooKeeper sends the events of a transaction
+    /// before its answer to any later request of this session, so once the answer is here,
+    /// every event of the transactions committed so far is queued (the deletions of one
+    /// `multi`, sessions expiring together), and they become one update, not one each.
+    /// Bounded by [`SYNC_WAIT`]: a connection lost meanwhile holds the request until the
+    /// session is back, and what was already seen goes out first. `Some`: the session or the
+    /// consumer is gone.
+    async fn sync(&self, client: &Client) -> Option<End> {
+        let synced = tokio::select! {
+            r = tokio::time::timeout(SYNC_WAIT, client.check_stat(&self.dir)) => r.ok(),
+            () = self.tx.closed() => return Some(End::Gone),
+        };
+        match synced {
+            Some(Err(e)) if ends_session(&e) => Some(End::Lost(registry_err(&self.dir, e))),
+            _ => None,
         }
     }
 

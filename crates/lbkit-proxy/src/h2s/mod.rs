@@ -32,7 +32,7 @@ mod stream;
 use std::future::poll_fn;
 use std::net::SocketAddr;
 use std::pin::pin;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -105,12 +105,18 @@ struct Shared {
     premature: AtomicU64,
     /// Told when `premature` passes the limit.
     calm: Notify,
+    /// The connection is closing with an error (its `GOAWAY`, or the client's protocol
+    /// error): `h2` ends every stream with it, which is no reset of the client's.
+    closing: AtomicBool,
 }
 
 impl Shared {
     /// A stream its client reset before its answer started: counted, and past the limit the
     /// connection is told to close.
     fn premature_reset(&self) {
+        if self.closing.load(Relaxed) {
+            return;
+        }
         Defences::count(&self.hub.defences.premature_resets);
         let n = self.premature.fetch_add(1, Relaxed) + 1;
         let opened = self.opened.load(Relaxed);
@@ -127,6 +133,20 @@ enum Event {
     Calm,
     Drain,
     Expired(Expired),
+    /// An idle connection closing gracefully ran out of time.
+    Deadline,
+}
+
+/// Where the connection's loop stands.
+#[derive(Debug, Default)]
+struct Phase {
+    /// A graceful `GOAWAY` was sent: streams still come (those the client sent before it saw
+    /// it) and are served, until `h2` says the connection is over.
+    draining: bool,
+    /// The watchdog fired (its future is done: never polled again).
+    watched: bool,
+    /// An idle connection being closed gracefully is cut at this moment at the latest.
+    deadline: Option<tokio::time::Instant>,
 }
 
 /// What the loop does after an event.
@@ -135,8 +155,8 @@ enum Next {
     Wait,
     /// The connection is over.
     End,
-    /// Send `GOAWAY` (with this error; `None`: graceful), then close within the head limit.
-    Close(Option<Reason>),
+    /// Send `GOAWAY` with this error, then close within the head limit.
+    Close(Reason),
 }
 
 /// `h2`'s end of a client connection.
@@ -164,24 +184,25 @@ impl Conn {
             opened: AtomicU64::new(0),
             premature: AtomicU64::new(0),
             calm: Notify::new(),
+            closing: AtomicBool::new(false),
         });
-        let mut draining = false;
+        let mut phase = Phase::default();
         loop {
+            let deadline = phase.deadline;
             let event = tokio::select! {
                 biased;
                 () = shared.calm.notified() => Event::Calm,
                 accepted = poll_fn(|cx| h2.poll_accept(cx)) => Event::Accepted(accepted),
-                _ = self.shutdown.changed(), if !draining => Event::Drain,
-                why = &mut watchdog => Event::Expired(why),
+                _ = self.shutdown.changed(), if !phase.draining => Event::Drain,
+                why = &mut watchdog, if !phase.watched => Event::Expired(why),
+                () = sleep_until(deadline), if deadline.is_some() => Event::Deadline,
             };
-            match self.on(event, &mut h2, &shared, &mut draining) {
+            match self.on(event, &mut h2, &shared, &mut phase) {
                 Next::Wait => {}
                 Next::End => return,
                 Next::Close(reason) => {
-                    match reason {
-                        Some(reason) => h2.abrupt_shutdown(reason),
-                        None => h2.graceful_shutdown(),
-                    }
+                    shared.closing.store(true, Relaxed);
+                    h2.abrupt_shutdown(reason);
                     // The GOAWAY goes out, then the connection closes (bounded: a client that
                     // stops reading does not keep it).
                     let closed = poll_fn(|cx| h2.poll_closed(cx));
@@ -193,28 +214,30 @@ impl Conn {
     }
 
     /// What `event` means for the connection.
-    fn on(&self, event: Event, h2: &mut Served, shared: &Arc<Shared>, draining: &mut bool) -> Next {
+    fn on(&self, event: Event, h2: &mut Served, shared: &Arc<Shared>, phase: &mut Phase) -> Next {
         match event {
             Event::Accepted(Some(Ok((req, respond)))) => {
                 let opened = shared.opened.fetch_add(1, Relaxed) + 1;
                 let busy = self.activity.begin();
                 tokio::spawn(stream::serve(req, respond, shared.clone(), busy));
                 let cap = self.limits.max_requests_per_connection;
-                if cap > 0 && opened >= cap && !*draining {
+                if cap > 0 && opened >= cap && !phase.draining {
                     Defences::count(&self.hub.defences.capped);
                     h2.graceful_shutdown();
-                    *draining = true;
+                    phase.draining = true;
                 }
                 Next::Wait
             }
             Event::Accepted(Some(Err(e))) => {
+                // The streams end with the connection's error: none is the client's reset.
+                shared.closing.store(true, Relaxed);
                 tracing::debug!(peer = %self.peer, error = %e, "HTTP/2 connection error");
                 Next::End
             }
             Event::Accepted(None) => Next::End,
             Event::Drain => {
                 h2.graceful_shutdown();
-                *draining = true;
+                phase.draining = true;
                 Next::Wait
             }
             Event::Calm => {
@@ -225,15 +248,31 @@ impl Conn {
                     streams = shared.opened.load(Relaxed),
                     "HTTP/2 client reset too many streams before their answer: GOAWAY ENHANCE_YOUR_CALM"
                 );
-                Next::Close(Some(Reason::ENHANCE_YOUR_CALM))
+                Next::Close(Reason::ENHANCE_YOUR_CALM)
             }
-            // Nothing in flight: a graceful close loses nothing.
-            Event::Expired(Expired::Idle) => Next::Close(None),
+            // Nothing in flight: a graceful close loses nothing. Streams the client opened
+            // before it saw the GOAWAY are still served, within the head limit.
+            Event::Expired(Expired::Idle) => {
+                h2.graceful_shutdown();
+                phase.watched = true;
+                phase.draining = true;
+                let head = Duration::from_millis(self.limits.header_read_timeout_ms);
+                phase.deadline = Some(tokio::time::Instant::now() + head);
+                Next::Wait
+            }
             Event::Expired(why) => {
                 tracing::debug!(peer = %self.peer, ?why, "client connection closed by its watchdog");
                 Next::End
             }
+            Event::Deadline => Next::End,
         }
+    }
+}
+
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 

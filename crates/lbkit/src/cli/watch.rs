@@ -204,7 +204,8 @@ async fn watch(
                 let began = tokio::time::Instant::now();
                 if let Some(snapshot) = controller.apply_batch(batch) {
                     let (listed, gone) = (printer.listed(), printer.print(&snapshot)?);
-                    if let Some(note) = mass.note(gone, listed, began) {
+                    let change = (gone, listed, snapshot.len());
+                    if let Some(note) = mass.note(change, began) {
                         println!("{note}");
                     }
                 } else if !printer.shown() {
@@ -384,41 +385,42 @@ impl Printer {
 /// as it is, and this line says what a consumer keeps serving.
 struct MassRemoval {
     rule: RemovalProtection,
-    /// Removals within the rule's window: when, how many.
-    recent: VecDeque<(tokio::time::Instant, usize)>,
+    /// The providers listed before each change within the rule's window: when, how many.
+    sizes: VecDeque<(tokio::time::Instant, usize)>,
 }
 
 impl MassRemoval {
     fn new(rule: RemovalProtection) -> Self {
         MassRemoval {
             rule,
-            recent: VecDeque::new(),
+            sizes: VecDeque::new(),
         }
     }
 
-    /// The line for a change at `now` that took `gone` providers from a set of `listed`.
-    fn note(&mut self, gone: usize, listed: usize, now: tokio::time::Instant) -> Option<String> {
+    /// The line for a change at `now` that took `gone` providers from a set of `listed`,
+    /// leaving `after`.
+    fn note(
+        &mut self,
+        (gone, listed, after): (usize, usize, usize),
+        now: tokio::time::Instant,
+    ) -> Option<String> {
         let window = self.rule.window;
         while self
-            .recent
+            .sizes
             .front()
             .is_some_and(|(t, _)| now.duration_since(*t) > window)
         {
-            self.recent.pop_front();
+            self.sizes.pop_front();
         }
-        let recent: usize = self.recent.iter().map(|(_, n)| n).sum();
-        if !self.rule.holds(gone, recent, listed) {
-            if gone > 0 {
-                self.recent.push_back((now, gone));
-            }
+        self.sizes.push_back((now, listed));
+        let peak = self.sizes.iter().map(|(_, n)| *n).max().unwrap_or(listed);
+        if gone == 0 || !self.rule.holds(peak, after) {
             return None;
         }
-        self.recent.clear();
+        self.sizes.clear();
         Some(format!(
-            "! mass removal: {} of {} providers gone within {} s; lbkit proxy and tower pools \
-             keep serving them until each is confirmed gone (removal_protection)",
-            recent + gone,
-            listed + recent,
+            "! mass removal: {peak} -> {after} providers within {} s; lbkit proxy and tower \
+             pools keep serving the ones gone until each is confirmed gone (removal_protection)",
             window.as_secs()
         ))
     }
@@ -507,24 +509,25 @@ mod tests {
         );
     }
 
-    /// A change that removes more than half of the providers within the window (counting the
-    /// window's earlier removals) gets its line; a lone removal, or one after the window, not.
+    /// A change that leaves fewer than half of the providers listed within the window gets
+    /// its line; one provider gone, or a set replaced whole, or one after the window, not.
     #[test]
     fn a_mass_removal_gets_its_line() {
         let mut m = MassRemoval::new(RemovalProtection::default());
         let t0 = tokio::time::Instant::now();
         let s = std::time::Duration::from_secs;
-        assert!(m.note(1, 5, t0).is_none(), "one of five");
-        assert!(m.note(0, 4, t0).is_none(), "nothing gone");
-        let line = m.note(2, 4, t0 + s(1)).expect("three of five within 10 s");
+        assert!(m.note((1, 5, 4), t0).is_none(), "one of five");
         assert!(
-            line.starts_with("! mass removal: 3 of 5 providers gone within 10 s"),
+            m.note((4, 4, 4), t0).is_none(),
+            "four replaced by four others"
+        );
+        let line = m
+            .note((2, 4, 2), t0 + s(1))
+            .expect("five to two within 10 s");
+        assert!(
+            line.starts_with("! mass removal: 5 -> 2 providers within 10 s"),
             "{line}"
         );
-        assert!(m.note(1, 2, t0 + s(30)).is_none(), "one alone, later");
-        assert!(
-            m.note(1, 1, t0 + s(45)).is_none(),
-            "one alone, after the window"
-        );
+        assert!(m.note((1, 2, 1), t0 + s(30)).is_none(), "one alone, later");
     }
 }
