@@ -88,8 +88,8 @@ pub struct ControllerConfig {
     /// (thousands of endpoints, a change every few milliseconds) costs at most about half a
     /// core here, not all of it.
     pub batch_window: Duration,
-    /// **Mass-removal protection** ([`RemovalProtection`]): removals of more than half of the
-    /// endpoints within 10 s are held back, the endpoints served until each is confirmed gone
+    /// **Mass-removal protection** ([`RemovalProtection`]): when the set shrinks by more than
+    /// half within 10 s, its removals are held back, the endpoints served until each is confirmed gone
     /// (a failed health check, an ejection, or 120 s), and counted in
     /// [`ControllerMetrics::removals_held`]. Default on; `None` turns it off.
     pub removal_protection: Option<RemovalProtection>,

@@ -38,12 +38,12 @@ use lbkit_core::{EndpointKey, EndpointSpec, Timestamp};
 /// When removals are held back, and for how long (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RemovalProtection {
-    /// Removals of more than this share of the endpoints within `window` are held. Default 0.5
-    /// ("more than half"), within 0..1.
+    /// A set that shrinks by more than this share of its largest size within `window` has its
+    /// removals held. Default 0.5 ("more than half"), above 0, at most 1.
     pub max_share: f64,
-    /// How far back removals count together. Default 10 s: sessions that expire together go
-    /// within a few seconds of each other, while a rolling deploy replaces a few endpoints at
-    /// a time and stays under the share.
+    /// How far back the set's largest size counts. Default 10 s: sessions that expire
+    /// together go within a few seconds of each other, while a rolling deploy replaces a few
+    /// endpoints at a time (and its replacements keep the set's size).
     pub window: Duration,
     /// How long a held endpoint is served at most when neither a health check nor the outlier
     /// detector confirms it gone. Default 120 s: long enough for a registry partition or a

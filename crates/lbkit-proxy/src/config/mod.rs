@@ -51,7 +51,7 @@
 //! availability = { max_in_flight = 0 }  # default 0 = unlimited; plus `circuit_breaker` (default false)
 //! outlier_detection = { enabled = true, interval_ms = 10000, consecutive_failures = 5, base_ejection_ms = 30000, max_ejection_percent = 10 }
 //! removal_protection = { enabled = true, max_share = 0.5, window_ms = 10000, confirm_ms = 120000 }
-//! #   mass-removal protection (default on): when the source removes more than max_share of the endpoints within window_ms (more than one endpoint), they stay served until each is confirmed gone — its health check fails, outlier detection ejects it, or confirm_ms passes — as Eureka's self-preservation holds instances; the empty set is held as before (Dubbo's empty-push protection). Logged ("mass removal held"), counted (lbkit_discovery_removals_held_total, lbkit_discovery_endpoints_held)
+//! #   mass-removal protection (default on): when the source's set shrinks by more than max_share of its largest size within window_ms (by more than one endpoint; additions count, so a blue/green switch holds nothing), the endpoints gone stay served until each is confirmed gone — its health check fails, outlier detection ejects it, or confirm_ms passes — as Eureka's self-preservation holds instances; the empty set is held as before (Dubbo's empty-push protection). Logged ("mass removal held"), counted (lbkit_discovery_removals_held_total, lbkit_discovery_endpoints_held)
 //! health_check = { kind = "http", path = "/healthz", expect_status = 200, interval_ms = 5000, timeout_ms = 1000, rise = 2, fall = 3 }
 //! tags = { header = "dubbo.tag", force_header = "dubbo.force.tag", default = "gray", force = false }
 //! trace = { path = "api.lbkt", sample_rate = 0.01, max_bytes = 67108864 }
@@ -527,11 +527,11 @@ pub struct RemovalProtectionConfig {
     /// On or off. Default true.
     #[serde(default = "yes")]
     pub enabled: bool,
-    /// Removals of more than this share of the endpoints within `window_ms` are held. Default
-    /// 0.5; above 0, at most 1.
+    /// A set that shrinks by more than this share of its largest size within `window_ms` has
+    /// its removals held. Default 0.5; above 0, at most 1.
     #[serde(default = "default_removal_share")]
     pub max_share: f64,
-    /// How far back removals count together, ms. Default 10 000.
+    /// How far back the set's largest size counts, ms. Default 10 000.
     #[serde(default = "default_removal_window_ms")]
     pub window_ms: u64,
     /// Longest a held endpoint is served when neither its health check nor outlier detection

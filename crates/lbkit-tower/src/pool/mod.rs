@@ -450,10 +450,10 @@ impl<S: Strategy> PoolBuilder<S> {
         self
     }
 
-    /// Mass-removal protection: removals of more than a share of the endpoints within a window
-    /// are held until each endpoint is confirmed gone (see
+    /// Mass-removal protection: when the set shrinks by more than a share of its size within a
+    /// window, its removals are held until each endpoint is confirmed gone (see
     /// [`lbkit_discovery::RemovalProtection`]); `None` turns it off. Default on, with its
-    /// defaults (more than half within 10 s; served at most 120 s unconfirmed).
+    /// defaults (a shrink by more than half within 10 s; served at most 120 s unconfirmed).
     pub fn removal_protection(
         mut self,
         config: Option<lbkit_discovery::RemovalProtection>,
