@@ -29,7 +29,7 @@
 //! host = "api.example.com"              # default any host (compared without port, case-insensitively)
 //! path_prefix = "/api/"                 # default "/"
 //! service = "api"                       # required: a [service.NAME]
-//! timeout_ms = 15000                    # default 15 s: whole upstream exchange, retries included; once a large answer streams, each read or write (HTTP/1 fast path); a client connection hyper serves (h2c, HTTP/1.0, ...) whose writes make no progress for the longest route timeout is closed
+//! timeout_ms = 15000                    # default 15 s: whole upstream exchange, retries included; once a large answer streams, each read or write (HTTP/1 fast path); an HTTP/2 answer waiting this long for the client's flow-control window is reset (give long-lived streaming routes, such as server-streaming gRPC to slow readers, a longer one); a client connection whose writes make no progress for the longest route timeout is closed
 //! per_try_timeout_ms = 2000             # default none: each attempt's limit inside timeout_ms (Envoy's per_try_timeout); an attempt that times out is retried on another endpoint (idempotent requests) while timeout_ms has time left
 //! hash_key = "header:x-user"            # default none; `header:NAME`, `cookie:NAME`, `path` (without the query), `uri` (with it), `query:NAME`, `source-ip`: read as lbkit-tower reads them, so a key picks the same endpoint through both
 //!
