@@ -224,3 +224,75 @@ fn register_is_watched_and_sigterm_deregisters() {
         assert!(text.contains(": 0 providers"), "gone at once: {text}");
     }
 }
+
+/// Child processes killed when dropped, so a failed assertion leaves none behind.
+struct Children(Vec<Child>);
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// `lbkit` with `args`, its stdout read line by line.
+fn spawn_lines(args: &[&str], children: &mut Children) -> mpsc::Receiver<String> {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lbkit"))
+        .args(args)
+        .env("LBKIT_LOG", "off")
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn lbkit");
+    let out = lines(&mut child);
+    children.0.push(child);
+    out
+}
+
+/// Three of five providers deleted in one ZooKeeper transaction: `lbkit watch` shows the
+/// registry as it is (three `-` lines) and says the change is a mass removal, which the
+/// proxy and tower pools hold back (issue 40).
+#[test]
+fn watch_says_when_a_change_is_a_mass_removal() {
+    let Some(zk) = zk() else { return };
+    let interface = format!("lbkit.test.cli.mass{}", std::process::id());
+    let (mut children, mut nodes) = (Children(Vec::new()), Vec::new());
+    for i in 1..=5 {
+        let address = format!("10.9.1.{i}:20880");
+        let args = ["register", "--zk", &zk, "--interface", &interface];
+        let out = spawn_lines(
+            &[&args[..], &["--address", &address]].concat(),
+            &mut children,
+        );
+        let first = out.recv_timeout(WAIT).expect("registered line");
+        let node = first.strip_prefix("registered ").expect("a node path");
+        nodes.push(node.to_owned());
+    }
+    let args = ["watch", "--zk", &zk, "--interface", &interface];
+    let shown = spawn_lines(&args, &mut children);
+    let until = |what: &dyn Fn(&str) -> bool| loop {
+        let line = shown.recv_timeout(WAIT).expect("a line in time");
+        if what(&line) {
+            return line;
+        }
+    };
+    until(&|l: &str| l.ends_with(": 5 providers"));
+    let runtime = tokio::runtime::Runtime::new().expect("a runtime");
+    runtime.block_on(async {
+        let client = zookeeper_client::Client::connect(&zk)
+            .await
+            .expect("connect");
+        let mut multi = client.new_multi_writer();
+        for node in &nodes[..3] {
+            multi.add_delete(node, None).expect("a delete");
+        }
+        multi.commit().await.expect("deleted in one transaction");
+    });
+    until(&|l: &str| l.starts_with("# change: 2 providers"));
+    let line = until(&|l: &str| l.starts_with('!'));
+    assert!(
+        line.starts_with("! mass removal: 5 -> 2 providers within 10 s"),
+        "{line}"
+    );
+}
