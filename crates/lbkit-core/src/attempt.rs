@@ -445,9 +445,16 @@ impl Attempts {
     ///
     /// A driver that first saw an answer's head and then its body break before anything
     /// reached the client may call this again for the same attempt with the later result.
+    ///
+    /// The budget is withdrawn before the next endpoint is picked: a driver whose pick may
+    /// find nowhere to go uses [`retry`](Self::retry), or [`may_retry`](Self::may_retry), its
+    /// own pick and then [`grant`](Self::grant), so that a retry never sent costs no budget.
     pub fn after<B: Budget + ?Sized>(&mut self, c: Classified, budget: &B, clock: &Clock) -> Next {
-        match self.decide(c, budget, clock) {
-            Ok(_) => Next::Retry,
+        match self
+            .may_retry(c, clock)
+            .and_then(|now| Attempts::grant(budget, now))
+        {
+            Ok(()) => Next::Retry,
             Err(stop) => Next::Answer(stop),
         }
     }
@@ -457,6 +464,8 @@ impl Attempts {
     /// synchronously does after every attempt, in one call. `Ok` has the next attempt's guard
     /// and that moment (finish the failed attempt's guard at it); `Err` says why the call
     /// answers with this attempt's result ([`Stop::AllTried`] when no untried endpoint is left).
+    /// The budget is withdrawn only once the retry has its endpoint: a retry that is not sent
+    /// costs none.
     ///
     /// ```
     /// # use std::sync::Arc;
@@ -495,20 +504,27 @@ impl Attempts {
         route: Route<'_>,
         rng: &mut FastRng,
     ) -> Result<(CallGuard, Timestamp), Stop> {
-        let now = self.decide(c, budget, clock)?;
-        match self.pick(balancer, now, route, rng) {
-            Ok(guard) => Ok((guard, now)),
-            Err(_) => Err(Stop::AllTried),
-        }
+        let now = self.may_retry(c, clock)?;
+        let guard = {
+            let mut cx = self.context(now, rng).with_route(route);
+            let endpoint = balancer
+                .select_untried(&mut cx)
+                .map_err(|_| Stop::AllTried)?;
+            Attempts::grant(budget, now)?;
+            balancer.start_call(endpoint, &mut cx)
+        };
+        self.trace = guard.trace_id();
+        self.begin(guard.endpoint());
+        Ok((guard, now))
     }
 
-    /// The rule of [`after`](Self::after); `Ok` with the moment a granted retry was decided.
-    fn decide<B: Budget + ?Sized>(
-        &mut self,
-        c: Classified,
-        budget: &B,
-        clock: &Clock,
-    ) -> Result<Timestamp, Stop> {
+    /// The rule of [`after`](Self::after) without the budget: `Ok` with the moment a retry
+    /// was found allowed. For drivers that pick the retry's endpoint themselves: pick, then
+    /// [`grant`](Self::grant), so that a retry with nowhere to go spends no budget.
+    ///
+    /// # Errors
+    /// Why there is no retry (never [`Stop::BudgetExhausted`] or [`Stop::AllTried`]).
+    pub fn may_retry(&mut self, c: Classified, clock: &Clock) -> Result<Timestamp, Stop> {
         let allowed = match c.retry {
             RetryWhen::Never => false,
             RetryWhen::Idempotent => self.idempotent,
@@ -527,10 +543,20 @@ impl Attempts {
         if self.deadline_passed(now) {
             return Err(Stop::DeadlinePassed);
         }
-        if !budget.withdraw(now) {
-            return Err(Stop::BudgetExhausted);
-        }
         Ok(now)
+    }
+
+    /// Withdraw one retry from `budget` at `now`, once the retry has an endpoint to go to.
+    ///
+    /// # Errors
+    /// [`Stop::BudgetExhausted`] when the budget is spent.
+    #[inline]
+    pub fn grant<B: Budget + ?Sized>(budget: &B, now: Timestamp) -> Result<(), Stop> {
+        if budget.withdraw(now) {
+            Ok(())
+        } else {
+            Err(Stop::BudgetExhausted)
+        }
     }
 
     /// Take one extra concurrent attempt (a fork) from `budget`: forks are retries sent early.

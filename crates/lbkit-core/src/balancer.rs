@@ -534,10 +534,21 @@ impl<S: Strategy> Balancer<S> {
     /// See [`Prepared::select_untried`].
     #[inline(always)]
     pub fn pick_untried(&self, cx: &mut PickContext<'_>) -> Result<CallGuard, PickError> {
+        let endpoint = self.select_untried(cx)?;
+        Ok(self.start_call(endpoint, cx))
+    }
+
+    /// The endpoint [`pick_untried`](Self::pick_untried) would call, without starting the call:
+    /// for a driver that must check something else (the retry budget) between the choice and
+    /// the call. Start it with [`start_call`](Self::start_call).
+    ///
+    /// # Errors
+    /// See [`Prepared::select_untried`].
+    #[inline]
+    pub fn select_untried(&self, cx: &mut PickContext<'_>) -> Result<Endpoint, PickError> {
         let prepared = self.current.load();
         let idx = prepared.select_untried(cx, &self.availability)?;
-        let endpoint = prepared.snapshot.endpoint(idx).clone();
-        Ok(self.start_call(endpoint, cx))
+        Ok(prepared.snapshot.endpoint(idx).clone())
     }
 
     /// Let the shadow pick for the request of `cx`, whose first attempt goes to `live` (out
@@ -675,6 +686,14 @@ impl CallGuard {
     /// When the call started.
     pub fn started(&self) -> Timestamp {
         self.started
+    }
+
+    /// The call was never sent (a retry whose budget was refused after its endpoint was
+    /// chosen): the endpoint's in-flight count goes back and nothing is recorded, neither an
+    /// outcome nor a trace record.
+    pub fn abandon(mut self) {
+        self.done = true;
+        self.endpoint.stats().abandon();
     }
 
     /// Finish the call now (one clock read) with `outcome`.

@@ -432,6 +432,12 @@ impl EndpointStats {
         self.live.start();
     }
 
+    /// A call counted by [`start`](Self::start) was never sent: in flight goes back, nothing
+    /// is recorded.
+    pub fn abandon(&self) {
+        self.live.end();
+    }
+
     /// A call handed out at `started` finished at `now` with `outcome`.
     pub fn finish(&self, started: Timestamp, now: Timestamp, outcome: Outcome) {
         // Saturating: never wraps below zero even if finish is called without start.

@@ -63,6 +63,14 @@ impl Completion {
             .endpoint()
     }
 
+    /// The call was never sent (its retry budget was refused after the pick): nothing is
+    /// recorded against the endpoint.
+    pub(crate) fn abandon(mut self) {
+        if let Some(guard) = self.guard.take() {
+            guard.abandon();
+        }
+    }
+
     /// End the call now (one clock read) with `outcome`.
     pub fn finish(mut self, outcome: Outcome) {
         if let Some(guard) = self.guard.take() {

@@ -67,3 +67,70 @@ async fn the_default_budget_allows_normal_failover() {
         assert_eq!(svc.ready().await.unwrap().call(id).await.unwrap(), "b");
     }
 }
+
+/// Counts what the call path deposits and withdraws; never refuses.
+#[derive(Default)]
+struct Counting {
+    deposits: std::sync::atomic::AtomicU32,
+    withdrawals: std::sync::atomic::AtomicU32,
+}
+
+impl lbkit_core::Budget for Counting {
+    fn deposit(&self, _: lbkit_core::Timestamp) {
+        self.deposits
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    fn withdraw(&self, _: lbkit_core::Timestamp) -> bool {
+        self.withdrawals
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        true
+    }
+}
+
+/// A retry or a fork with no untried endpoint left is not sent, so it takes nothing from the
+/// budget (issue 41): two failing endpoints and five retries allowed make one retry per
+/// request, one withdrawal; forking to three over two endpoints sends one fork, one withdrawal.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_retry_not_sent_spends_no_budget() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let farm = Farm::new(&["a", "b"]);
+    for n in ["a", "b"] {
+        farm.get(n).set(Behaviour::Fail);
+    }
+    let pool = PoolBuilder::new(RoundRobin::default())
+        .availability(Availability::OFF)
+        .spawn_static(farm.specs(&["a", "b"]), farm.maker());
+    let budget = Arc::new(Counting::default());
+    let mut svc = BalanceLayer::new()
+        .requests(CloneRequests::idempotent())
+        .failover(5)
+        .budget(budget.clone())
+        .layer(pool.clone());
+    for id in 0..10 {
+        let err = svc.ready().await.unwrap().call(id).await.unwrap_err();
+        let err = err.downcast::<Error>().unwrap();
+        assert_ne!(err.kind(), ErrorKind::BudgetExhausted);
+    }
+    assert_eq!(budget.deposits.load(Relaxed), 10);
+    assert_eq!(budget.withdrawals.load(Relaxed), 10, "one retry each");
+    let snap = pool.snapshot();
+    let cancelled: u64 = snap
+        .endpoints()
+        .iter()
+        .map(|e| e.stats().cancellations())
+        .sum();
+    assert_eq!(cancelled, 0, "no call begun and dropped");
+
+    farm.get("a").set(Behaviour::Ok);
+    farm.get("b").set(Behaviour::Ok);
+    let forks = Arc::new(Counting::default());
+    let mut svc = BalanceLayer::new()
+        .requests(CloneRequests::idempotent())
+        .forking(3)
+        .budget(forks.clone())
+        .layer(pool.clone());
+    for id in 0..10 {
+        svc.ready().await.unwrap().call(id).await.unwrap();
+    }
+    assert_eq!(forks.withdrawals.load(Relaxed), 10, "one fork each");
+}

@@ -246,8 +246,8 @@ fn a_retry_goes_to_an_untried_endpoint_or_nowhere() {
 }
 
 // `retry` is `after` plus the pick, at the moment the decision read the clock; each way of
-// not retrying is the same `Stop` as `after`'s, and a granted retry with no endpoint left is
-// `AllTried`.
+// not retrying is the same `Stop` as `after`'s, and an allowed retry with no endpoint left is
+// `AllTried` and withdraws nothing from the budget.
 #[test]
 fn retry_decides_as_after_does_then_picks_at_the_decision_time() {
     let snap = Arc::new(Snapshot::from_specs(
@@ -268,8 +268,14 @@ fn retry_decides_as_after_does_then_picks_at_the_decision_time() {
         .expect("a retry");
     assert_eq!((second.endpoint().address(), at), ("b:1", t(5)));
     first.finish_at(fail.outcome, at);
+    assert_eq!(budget.withdrawals.load(Relaxed), 1);
     let again = call.retry(fail, &budget, &balancer, &clock, Route::default(), &mut rng);
     assert_eq!(again.err(), Some(Stop::AllTried));
+    assert_eq!(
+        budget.withdrawals.load(Relaxed),
+        1,
+        "a retry with nowhere to go spends no budget"
+    );
     second.finish_at(fail.outcome, at);
     // Not retried: the same reasons as `after`.
     let ok = Observed::Status(200).classify();

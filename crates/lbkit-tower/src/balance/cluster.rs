@@ -9,7 +9,7 @@ use std::time::Duration;
 use futures_util::stream::{FuturesOrdered, FuturesUnordered};
 use futures_util::StreamExt;
 use lbkit_core::trace::TraceId;
-use lbkit_core::{Attempts, FastRng, Next, Stop, Strategy, Timestamp, TriedSet};
+use lbkit_core::{Attempts, FastRng, Stop, Strategy, Timestamp, TriedSet};
 use tower::Service;
 
 use super::attempt::{send, Sent};
@@ -187,10 +187,7 @@ fn decide<Svc, Q, R, S: Strategy, F, Resp>(
     attempts: &mut Attempts,
     sent: &Sent<Resp>,
 ) -> Option<Stop> {
-    match attempts.after(sent.classified(), &*s.budget, s.clock()) {
-        Next::Retry => None,
-        Next::Answer(stop) => Some(stop),
-    }
+    attempts.may_retry(sent.classified(), s.clock()).err()
 }
 
 /// Hand `sent` to the caller; a budget refusal is counted and wraps the error.
@@ -242,6 +239,10 @@ where
             Ok(next) => next,
             Err(_) => return sent.finish(&s.responses),
         };
+        if let Err(stop) = Attempts::grant(&*s.budget, now) {
+            next.call.abandon();
+            return answer(s, sent, stop);
+        }
         sent.discard();
         attempts.begin(next.call.endpoint());
         if attempts.begun() <= attempts.policy().retries {
@@ -293,10 +294,6 @@ where
         let Some(copy) = s.requests.replay(&req) else {
             break;
         };
-        if !attempts.withdraw_fork(&*s.budget, now) {
-            crate::telemetry::inc(&s.pool.inner.metrics.budget_exhausted);
-            break;
-        }
         let again = Again {
             attempt: 0,
             tried: &tried,
@@ -307,7 +304,13 @@ where
             break;
         };
         if tried.contains(sel.call.endpoint()) {
-            break; // every available endpoint has its fork (the pick records a cancellation)
+            sel.call.abandon();
+            break; // every available endpoint has its fork
+        }
+        if !attempts.withdraw_fork(&*s.budget, now) {
+            sel.call.abandon();
+            crate::telemetry::inc(&s.pool.inner.metrics.budget_exhausted);
+            break;
         }
         tried.insert(sel.call.endpoint());
         copies.push((sel, copy));
