@@ -3,7 +3,7 @@
 //! | request | answer |
 //! |---|---|
 //! | `GET /healthz` | `ok` |
-//! | `GET /endpoints` | JSON: per service, its strategy and each endpoint's address, weight, effective weight, eligible, healthy, ejected, in_flight, ewma_ms, requests, failures |
+//! | `GET /endpoints` | JSON: per service, its strategy and each endpoint's address, weight, effective weight, eligible, healthy, ejected, in_flight, ewma_ms, requests, failures, the last load report (`load`: utilization, qps, eps, age_ms, flowing_ms; ORCA `endpoint-load-metrics` from the answers) and the strategy's note on it (`strategy_note`: for `adaptive`, its share and where its weight comes from) |
 //! | `GET /metrics` | OpenMetrics text (Prometheus reads it; every family with `# HELP` and `# TYPE`): per service `lbkit_proxy_requests_total`, `lbkit_proxy_failures_total`, `lbkit_proxy_in_flight`, `lbkit_proxy_request_duration_seconds`; the families a tower pool writes too (`lbkit_tower::telemetry`): retries and refused retries, discovery (snapshots published, source errors, empty pushes held), per endpoint calls, failures by kind, cancellations, in-flight, ejections, eligibility, call latency histogram; client connections open (`lbkit_proxy_client_connections`, upgraded tunnels included) and their limit; with several workers, the connections each serves (`lbkit_proxy_worker_connections{worker}`) |
 //! | `PUT /services/{name}/strategy` | body `{"strategy": "p2c-ewma", "params": {"default_rtt_ms": 20}}`: switch at run time |
 //! | `PUT /services/{name}/shadow` | the same body: run that strategy as a shadow beside the live one (it picks for every first attempt too, nothing is sent; it survives strategy switches, not reloads) |
@@ -215,7 +215,8 @@ pub(crate) fn endpoints_json<'a>(
     let mut out = serde_json::Map::new();
     for (name, service) in services {
         let active = service.active();
-        let snapshot = active.balancer.snapshot();
+        let prepared = active.balancer.current();
+        let snapshot = prepared.snapshot();
         let now = service.clock().now();
         let endpoints: Vec<_> = snapshot
             .endpoints()
@@ -240,6 +241,14 @@ pub(crate) fn endpoints_json<'a>(
                     "ewma_ms": e.stats().ewma_at(now).map(|d| d.as_secs_f64() * 1e3),
                     "requests": e.stats().total(),
                     "failures": e.stats().failures(),
+                    "load": e.stats().load_report().map(|l| json!({
+                        "utilization": l.utilization,
+                        "qps": l.qps,
+                        "eps": l.eps,
+                        "age_ms": now.saturating_duration_since(l.at).as_millis() as u64,
+                        "flowing_ms": now.saturating_duration_since(l.since).as_millis() as u64,
+                    })),
+                    "strategy_note": e.is_eligible().then(|| prepared.picker().explain(idx, now)).flatten(),
                 })
             })
             .collect();

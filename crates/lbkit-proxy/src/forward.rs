@@ -37,6 +37,7 @@ use lbkit_core::{
 };
 use lbkit_strategy::KeyExtractor;
 use lbkit_tower::http::{grpc_failure, HttpKeySource, SourceAddr};
+use lbkit_tower::orca;
 use lbkit_tower::policy::GrpcCodes;
 
 use crate::body::{
@@ -120,7 +121,10 @@ async fn forward(
             return fault;
         }
         let c = match &tried {
-            Ok(resp) => classify_head(resp.status(), resp.headers()),
+            Ok(resp) => {
+                orca::record(resp.headers(), guard.endpoint().stats(), service.clock());
+                classify_head(resp.status(), resp.headers())
+            }
             Err(observed) => observed.classify(),
         };
         let retry = match c.retry {
@@ -365,6 +369,9 @@ async fn relay(
     match tokio::time::timeout(limit, rbody.collect()).await {
         Ok(Ok(body)) => {
             let trailers = body.trailers().cloned();
+            if let Some(t) = &trailers {
+                orca::record(t, guard.endpoint().stats(), clock);
+            }
             // A failing `grpc-status` in the trailers makes a success a failure, as the
             // streamed body's `TrackBody` does.
             let outcome = match trailers.as_ref().map(|t| classify_head(rparts.status, t)) {

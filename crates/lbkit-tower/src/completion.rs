@@ -71,6 +71,15 @@ impl Completion {
         }
     }
 
+    /// Record the load report in `headers` (an answer's head or trailers), if any, as the
+    /// endpoint's last ([`crate::orca::record`]).
+    #[cfg(feature = "http")]
+    pub fn record_load(&self, headers: &http::HeaderMap) {
+        if let Some(guard) = &self.guard {
+            crate::orca::record(headers, guard.endpoint().stats(), &self.clock);
+        }
+    }
+
     /// End the call now (one clock read) with `outcome`.
     pub fn finish(mut self, outcome: Outcome) {
         if let Some(guard) = self.guard.take() {

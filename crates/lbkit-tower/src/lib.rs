@@ -66,6 +66,8 @@ pub mod telemetry;
 
 #[cfg(feature = "http")]
 pub mod http;
+#[cfg(feature = "http")]
+pub mod orca;
 
 pub use balance::{
     default_budget, AtomicBudget, Balance, BalanceLayer, FailbackConfig, Fallback, Mode,

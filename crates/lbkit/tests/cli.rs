@@ -458,6 +458,29 @@ fn adaptive_from_reported_load() {
     let picks = lines(&["pick", "-s", "adaptive", "-f", f.path(), "-n", "400"]);
     let a = picks.iter().filter(|p| *p == "a:1").count();
     assert_eq!(a, 300, "weights 400 : 133 = 3 : 1");
+    // Utilisation alone (ORCA's cpu_utilization, no rps) weighs too; --explain shows the
+    // report and the weight it gives.
+    let f = TempFile::new(
+        "cpu.toml",
+        "[[endpoint]]\naddress = \"a:1\"\nutilization = 0.9\n[[endpoint]]\naddress = \"b:1\"\nutilization = 0.1\n",
+    );
+    let picks = lines(&["pick", "-s", "adaptive", "-f", f.path(), "-n", "1111"]);
+    let a = picks.iter().filter(|p| *p == "a:1").count();
+    assert_eq!(a, 111, "weights 1/0.9 : 1/0.1");
+    let args = ["pick", "-s", "adaptive", "-f", f.path(), "--explain"];
+    let out = ok(&args);
+    assert!(
+        out.contains("load report: utilization 0.900, qps 0, eps 0"),
+        "{out}"
+    );
+    assert!(out.contains("from its load report"), "{out}");
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(&[&args[..], &["--format", "json"]].concat())).expect("JSON");
+    let b = &json["endpoints"][1];
+    assert_eq!(
+        (b["address"].as_str(), b["load"]["utilization"].as_f64()),
+        (Some("b:1"), Some(0.1))
+    );
 }
 
 #[test]

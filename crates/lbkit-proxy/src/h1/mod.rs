@@ -31,6 +31,7 @@ use lbkit_core::{
     AttemptPolicy, Attempts, CallGuard, Clock, FastRng, Observed, Outcome, RequestTagBuf, Route,
     Timestamp,
 };
+use lbkit_tower::orca;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
@@ -372,8 +373,8 @@ impl Conn<'_> {
         let (mut tick, mut now) = (c.tick, c.started);
         loop {
             self.call_timer.set(deadline(tick, attempts.timeout(now)));
-            let address = guard.endpoint().address();
-            let (next, at, outcome) = match self.attempt(&c, address, tick, &mut attempts).await {
+            let endpoint = guard.endpoint();
+            let (next, at, outcome) = match self.attempt(&c, endpoint, tick, &mut attempts).await {
                 Step::Answered {
                     outcome,
                     status,
@@ -408,15 +409,19 @@ impl Conn<'_> {
     async fn attempt(
         &mut self,
         c: &Call<'_>,
-        address: &str,
+        endpoint: &lbkit_core::Endpoint,
         tick: Instant,
         attempts: &mut Attempts,
     ) -> Step {
-        let idempotent = attempts.is_idempotent();
+        let (idempotent, address) = (attempts.is_idempotent(), endpoint.address());
         let (stream, head) = match self.head(c, address, tick, idempotent).await {
             Ok(answer) => answer,
             Err(observed) => return Step::Failed(observed),
         };
+        if let Some((bin, at)) = &head.load {
+            let value = &self.b.response[at.clone()];
+            orca::record_value(*bin, value, endpoint.stats(), c.service.clock());
+        }
         let cl = crate::forward::classify_answer(head.code, || head.grpc_failure);
         // Only a failure may be retried: an answer's head costs no decision.
         if cl.is_failure() {

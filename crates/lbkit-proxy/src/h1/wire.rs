@@ -11,6 +11,7 @@ use std::ops::Range;
 use lbkit_core::FailureKind;
 use lbkit_strategy::KeySource;
 use lbkit_tower::http::grpc_status_failure;
+use lbkit_tower::orca;
 use lbkit_tower::policy::GrpcCodes;
 
 use crate::config::ForwardedHeaders;
@@ -155,6 +156,9 @@ pub(super) struct RespHead {
     pub(super) listed: bool,
     /// The failure a `grpc-status` in the head stands for (a trailers-only grpc-web answer).
     pub(super) grpc_failure: Option<FailureKind>,
+    /// A load report's value in the head: `endpoint-load-metrics-bin` (true) if present, else
+    /// `endpoint-load-metrics` (`lbkit_tower::orca`).
+    pub(super) load: Option<(bool, Range<usize>)>,
 }
 
 /// Parse the response head at the start of `buf`; `Ok(None)` while incomplete, `Err` when it
@@ -177,7 +181,7 @@ pub(super) fn parse_response(
     let reason = resp.reason.map_or(len..len, |r| offsets(buf, r.as_bytes()));
     let (mut length, mut coded, mut chunked, mut close, mut listed) =
         (None, false, false, false, false);
-    let mut grpc_failure = None;
+    let (mut grpc_failure, mut load) = (None, None);
     hdrs.clear();
     for h in resp.headers.iter() {
         let name = h.name.as_bytes();
@@ -202,6 +206,10 @@ pub(super) fn parse_response(
             }
         } else if is(name, "grpc-status") {
             grpc_failure = grpc_status_failure(h.value, GrpcCodes::DEFAULT);
+        } else if is(name, orca::HEADER_BIN) {
+            load = Some((true, offsets(buf, h.value)));
+        } else if is(name, orca::HEADER) && !load.as_ref().is_some_and(|(bin, _)| *bin) {
+            load = Some((false, offsets(buf, h.value)));
         }
         hdrs.push(Hdr {
             name: offsets(buf, name),
@@ -228,6 +236,7 @@ pub(super) fn parse_response(
         coded,
         listed,
         grpc_failure,
+        load,
     }))
 }
 

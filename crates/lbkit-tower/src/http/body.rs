@@ -140,11 +140,13 @@ impl<B: Body> Body for TrackBody<B> {
         let polled = ready!(body.as_mut().poll_frame(cx));
         let end = match &polled {
             Some(Ok(frame)) => {
-                if let Some(kind) = frame
-                    .trailers_ref()
-                    .and_then(|t| grpc_failure(t, *this.grpc))
-                {
-                    *this.outcome = Outcome::Failure(kind);
+                if let Some(trailers) = frame.trailers_ref() {
+                    if let Some(kind) = grpc_failure(trailers, *this.grpc) {
+                        *this.outcome = Outcome::Failure(kind);
+                    }
+                    if let Some(call) = &this.call.0 {
+                        call.record_load(trailers);
+                    }
                 }
                 *this.at == CompleteAt::FirstFrame || body.is_end_stream()
             }

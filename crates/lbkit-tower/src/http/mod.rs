@@ -8,6 +8,9 @@
 //! * [`HttpResponses`]: 5xx is a failure (504 a timeout), as is a failing `grpc-status` in the
 //!   headers (trailers-only) or, when tracked to the end, in the trailers. The call ends at the
 //!   end of the body stream by default, or at the first frame ([`CompleteAt`]).
+//! * Load reports: an ORCA `endpoint-load-metrics` header in the head (when the answer is
+//!   completed) or in the trailers (at the end of the body) becomes the endpoint's last report,
+//!   which the `adaptive` strategy weighs ([`crate::orca`]).
 //! * [`SetOrigin`]: points a request at the endpoint's address (for hyper-util's client).
 //! * [`BufferRequest`]: collects a request body into `Full<Bytes>` so it can be replayed.
 
@@ -368,6 +371,7 @@ where
         outcome: Outcome,
         call: Completion,
     ) -> Self::Output {
+        call.record_load(resp.headers());
         resp.map(|b| TrackBody::new(b, call, outcome, self.complete_at, self.grpc))
     }
 }

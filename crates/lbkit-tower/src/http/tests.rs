@@ -246,3 +246,36 @@ fn tags_are_read_by_their_prepared_header_names() {
         None
     );
 }
+
+/// A load report in the head (when the answer is completed) or in the trailers (when the
+/// body is read to its end) becomes the endpoint's last report: the tower layer's half of
+/// `lbkit_tower::orca` (issue 41).
+#[tokio::test]
+async fn load_reports_in_heads_and_trailers_are_recorded() {
+    let (c, stats) = call();
+    let resp = http::Response::builder()
+        .header(
+            crate::orca::HEADER,
+            "TEXT cpu_utilization=0.9, rps_fractional=12",
+        )
+        .body(stream(vec!["a"], None))
+        .unwrap();
+    let tracked = HttpResponses::new().complete(resp, Outcome::Success, c);
+    let got = stats.load_report().expect("a report from the head");
+    assert_eq!((got.utilization, got.qps), (0.9, 12.0));
+    tracked.into_body().collect().await.unwrap();
+
+    let (c, stats) = call();
+    let mut t = grpc_trailers("0");
+    t.insert(crate::orca::HEADER_BIN, "CZqZmZmZmbk/".parse().unwrap());
+    let body = TrackBody::new(
+        stream(vec!["a"], Some(t)),
+        c,
+        Outcome::Success,
+        CompleteAt::EndOfStream,
+        GrpcCodes::DEFAULT,
+    );
+    assert!(stats.load_report().is_none());
+    body.collect().await.unwrap();
+    assert_eq!(stats.load_report().map(|r| r.utilization), Some(0.1));
+}

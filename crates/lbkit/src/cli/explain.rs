@@ -45,6 +45,8 @@ struct Row {
     ewma_ms: Option<f64>,
     failures: u64,
     consecutive_failures: u32,
+    /// The server's last load report (ORCA), which `adaptive` weighs.
+    load: Option<lbkit_core::LoadReport>,
     note: Option<String>,
     /// The registry's override rules that changed the endpoint (`RULE sets k=v`), in order.
     rules: Vec<String>,
@@ -103,6 +105,7 @@ impl Report {
                     ewma_ms: e.stats().ewma_at(now).map(ms),
                     failures: e.stats().failures(),
                     consecutive_failures: e.stats().consecutive_failures(),
+                    load: e.stats().load_report(),
                     rules: applied_rules(e.metadata())
                         .into_iter()
                         .map(str::to_owned)
@@ -136,6 +139,17 @@ fn routed_name(set: Routed) -> &'static str {
         Routed::Untagged => "the untagged endpoints",
         Routed::Fallback => "the untagged endpoints (no endpoint has the tag)",
     }
+}
+
+/// A load report as `--explain --format json` shows it.
+fn load_json(l: &lbkit_core::LoadReport, now: Timestamp) -> Value {
+    json!({
+        "utilization": l.utilization,
+        "qps": l.qps,
+        "eps": l.eps,
+        "age_ms": now.saturating_duration_since(l.at).as_millis() as u64,
+        "flowing_ms": now.saturating_duration_since(l.since).as_millis() as u64,
+    })
 }
 
 fn ms(d: std::time::Duration) -> f64 {
@@ -282,6 +296,17 @@ pub(crate) fn text(out: &mut impl Write, r: &Report, picks: &[String]) -> std::i
             x.failures, x.consecutive_failures
         );
         writeln!(out, "      stats: {stats}")?;
+        if let Some(l) = &x.load {
+            writeln!(
+                out,
+                "      load report: utilization {:.3}, qps {}, eps {}; {} ms old, flowing for {} ms",
+                l.utilization,
+                l.qps,
+                l.eps,
+                r.now.saturating_duration_since(l.at).as_millis(),
+                r.now.saturating_duration_since(l.since).as_millis()
+            )?;
+        }
         if let Some(n) = &x.note {
             writeln!(out, "      {}: {n}", r.strategy)?;
         }
@@ -311,6 +336,7 @@ pub(crate) fn json(out: &mut impl Write, r: &Report, picks: &[String]) -> std::i
                 "failures": x.failures,
                 "consecutive_failures": x.consecutive_failures,
                 "strategy_note": x.note,
+                "load": x.load.map(|l| load_json(&l, r.now)),
                 "rules": x.rules,
                 "tags": x.tags,
                 "routed": x.routed,

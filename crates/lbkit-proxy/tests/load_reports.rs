@@ -1,0 +1,133 @@
+//! Load reports on the wire (issue 41): ORCA's `endpoint-load-metrics` in an answer's head or
+//! trailers reaches the endpoint's statistics through both engines of the proxy, `/endpoints`
+//! shows it, and `adaptive` sends clearly less traffic to the server that reports 0.9 than to
+//! the one that reports 0.1.
+
+mod common;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use common::{client, config_for, endpoint_json, get, h2c_client, serve_hyper, start, WAIT};
+use http::{HeaderMap, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+
+/// `OrcaLoadReport { cpu_utilization: 0.1 }`, base64.
+const CPU_01_BIN: &str = "CZqZmZmZmbk/";
+
+/// A backend answering its `name` with `header: value` in the head, or in the trailers when
+/// `trailer` (as gRPC servers send reports).
+async fn reporting(
+    name: &'static str,
+    header: &'static str,
+    value: &'static str,
+    trailer: bool,
+) -> SocketAddr {
+    serve_hyper(move |_req| async move {
+        let body = Full::new(Bytes::from(name));
+        let mut resp = Response::builder().status(200);
+        if !trailer {
+            resp = resp.header(header, value);
+        }
+        let body = body.with_trailers(async move {
+            trailer.then(|| {
+                let mut t = HeaderMap::new();
+                t.insert(header, value.parse().expect("value"));
+                Ok(t)
+            })
+        });
+        resp.body(body).expect("response")
+    })
+    .await
+}
+
+const ADAPTIVE: &str = "params = { blackout_ms = 0, period_ms = 20 }";
+
+/// Wait until `/endpoints` shows a load report of `utilization` for `addr`, and `adaptive`
+/// weighs it.
+async fn reported(
+    proxy: &lbkit_proxy::Proxy,
+    addr: SocketAddr,
+    utilization: f64,
+) -> serde_json::Value {
+    tokio::time::timeout(WAIT, async {
+        loop {
+            let e = endpoint_json(proxy, addr).await;
+            let weighed = e["strategy_note"]
+                .as_str()
+                .is_some_and(|n| n.contains("from its load report"));
+            if e["load"]["utilization"].as_f64() == Some(utilization) && weighed {
+                return e;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("a load report of {utilization} from {addr} in time"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reports_in_heads_reach_adaptive_through_the_fast_path() {
+    let busy = reporting(
+        "busy",
+        "endpoint-load-metrics",
+        "TEXT cpu_utilization=0.9",
+        false,
+    )
+    .await;
+    let idle = reporting("idle", "endpoint-load-metrics-bin", CPU_01_BIN, false).await;
+    let proxy = start(&config_for(&[busy, idle], "adaptive", ADAPTIVE)).await;
+    let addr = proxy.listeners()[0];
+    let client = client();
+    for _ in 0..4 {
+        assert_eq!(get(&client, addr, "/", &[]).await.0, StatusCode::OK);
+    }
+    let e = reported(&proxy, busy, 0.9).await;
+    assert_eq!(e["load"]["qps"], 0.0, "{e}");
+    reported(&proxy, idle, 0.1).await;
+    let mut answers: HashMap<String, u32> = HashMap::new();
+    for _ in 0..200 {
+        let (status, body, _) = get(&client, addr, "/", &[]).await;
+        assert_eq!(status, StatusCode::OK);
+        *answers.entry(body).or_default() += 1;
+    }
+    let (busy_n, idle_n) = (answers["busy"], answers["idle"]);
+    assert!(idle_n >= 5 * busy_n, "idle {idle_n}, busy {busy_n}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reports_in_trailers_reach_the_endpoint_over_h2c() {
+    let busy = reporting(
+        "busy",
+        "endpoint-load-metrics",
+        "JSON {\"cpu_utilization\": 0.9}",
+        true,
+    )
+    .await;
+    let idle = reporting(
+        "idle",
+        "endpoint-load-metrics",
+        &*Box::leak(format!("BIN {CPU_01_BIN}").into_boxed_str()),
+        true,
+    )
+    .await;
+    let extra = format!("{ADAPTIVE}\nh2c = true");
+    let proxy = start(&config_for(&[busy, idle], "adaptive", &extra)).await;
+    let addr = proxy.listeners()[0];
+    let h2 = h2c_client();
+    for _ in 0..4 {
+        let req = http::Request::get(format!("http://{addr}/"))
+            .body(Full::new(Bytes::new()))
+            .expect("request");
+        let resp = tokio::time::timeout(WAIT, h2.request(req))
+            .await
+            .expect("in time")
+            .expect("answer");
+        assert_eq!(resp.status(), StatusCode::OK);
+        let body = resp.into_body().collect().await.expect("body");
+        assert!(body.trailers().is_some(), "the trailers are relayed");
+    }
+    reported(&proxy, busy, 0.9).await;
+    reported(&proxy, idle, 0.1).await;
+}
