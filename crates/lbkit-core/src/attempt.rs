@@ -205,6 +205,30 @@ pub const fn status_failure(code: u16) -> Option<FailureKind> {
     }
 }
 
+/// An HTTP answer classified by its `status`, else by the failure a `grpc-status` in it
+/// stands for (`grpc`, asked only when the status is no failure: a trailers-only gRPC or
+/// grpc-web answer, or the trailers of a streamed one), which makes an HTTP 200 a failure when
+/// its code is one (`UNAVAILABLE`, ...). Such a failure is retried only for an idempotent
+/// request, as a 5xx is. The one rule for the tower layer and both engines of the proxy.
+///
+/// ```
+/// use lbkit_core::{classify_answer, FailureKind, Outcome};
+/// let c = classify_answer(200, || Some(FailureKind::Server));
+/// assert_eq!(c.outcome, Outcome::Failure(FailureKind::Server));
+/// assert_eq!(classify_answer(503, || None).outcome, Outcome::Failure(FailureKind::Server));
+/// assert!(!classify_answer(404, || None).is_failure());
+/// ```
+pub fn classify_answer(status: u16, grpc: impl FnOnce() -> Option<FailureKind>) -> Classified {
+    let by_status = Observed::Status(status).classify();
+    if by_status.is_failure() {
+        return by_status;
+    }
+    match grpc() {
+        Some(kind) => Classified::answer(Outcome::Failure(kind)),
+        None => by_status,
+    }
+}
+
 /// What to do after an attempt.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Next {

@@ -68,7 +68,8 @@ mod time;
 pub mod trace;
 
 pub use attempt::{
-    status_failure, AttemptPolicy, Attempts, Budget, Classified, Next, Observed, RetryWhen, Stop,
+    classify_answer, status_failure, AttemptPolicy, Attempts, Budget, Classified, Next, Observed,
+    RetryWhen, Stop,
 };
 pub use availability::{Availability, CircuitBreaker, Unavailable};
 pub use balancer::{Balancer, CallGuard, Prepared, MAX_PROBES, WARMUP_REFRESH};

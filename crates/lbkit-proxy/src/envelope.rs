@@ -60,10 +60,11 @@ impl<'a> Envelope<'a> {
         self.started
     }
 
-    /// The request was answered with `status`; it ended at `ended` (read now when `None`).
+    /// The request was answered with `status`; it ended at `ended` (read now when `None`). It
+    /// failed when the status stands for a failure by lbkit-core's one rule (5xx).
     #[inline]
     pub(crate) fn close(mut self, status: u16, ended: Option<Timestamp>) {
-        self.end(status >= 500, ended);
+        self.end(lbkit_core::status_failure(status).is_some(), ended);
     }
 
     fn end(&mut self, failed: bool, ended: Option<Timestamp>) {

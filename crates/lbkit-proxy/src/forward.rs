@@ -32,11 +32,11 @@ use http_body::Body as _;
 use http_body_util::{BodyExt, Either, Full};
 use lbkit_core::http::is_idempotent_method;
 use lbkit_core::{
-    Attempts, CallGuard, Classified, Clock, FailureKind, FastRng, Observed, Outcome, RequestTagBuf,
-    RetryWhen, Route, Stop,
+    classify_answer, Attempts, CallGuard, Classified, Clock, FastRng, Observed, Outcome,
+    RequestTagBuf, RetryWhen, Route, Stop,
 };
 use lbkit_strategy::KeyExtractor;
-use lbkit_tower::http::{grpc_failure, HttpKeySource, SourceAddr};
+use lbkit_tower::http::{grpc_failure, trailers_outcome, HttpKeySource, SourceAddr};
 use lbkit_tower::orca;
 use lbkit_tower::policy::GrpcCodes;
 
@@ -372,12 +372,11 @@ async fn relay(
             if let Some(t) = &trailers {
                 orca::record(t, guard.endpoint().stats(), clock);
             }
-            // A failing `grpc-status` in the trailers makes a success a failure, as the
-            // streamed body's `TrackBody` does.
-            let outcome = match trailers.as_ref().map(|t| classify_head(rparts.status, t)) {
-                Some(c) if c.is_failure() && outcome == Outcome::Success => c.outcome,
-                _ => outcome,
-            };
+            // The streamed body's rule (`TrackBody`): a failing `grpc-status` in the trailers
+            // makes a success a failure.
+            let outcome = trailers.as_ref().map_or(outcome, |t| {
+                trailers_outcome(outcome, t, GrpcCodes::DEFAULT)
+            });
             guard.finish(outcome);
             Response::from_parts(rparts, ProxyBody::whole(body.to_bytes(), trailers))
         }
@@ -392,26 +391,7 @@ async fn relay(
     }
 }
 
-/// An answer classified as the tower layer's `HttpResponses` classifies it: by its `status`,
-/// else by the failure a `grpc-status` in its head stands for (`grpc`, asked only when the
-/// status is no failure: a trailers-only gRPC or grpc-web answer), which makes an HTTP 200 a
-/// failure when its code is one (`UNAVAILABLE`, ...). Such a failure is retried only for an
-/// idempotent request, as a 5xx is. Every driver of the proxy classifies answers here.
-pub(crate) fn classify_answer(
-    status: u16,
-    grpc: impl FnOnce() -> Option<FailureKind>,
-) -> Classified {
-    let by_status = Observed::Status(status).classify();
-    if by_status.is_failure() {
-        return by_status;
-    }
-    match grpc() {
-        Some(kind) => Classified::answer(Outcome::Failure(kind)),
-        None => by_status,
-    }
-}
-
-/// [`classify_answer`] of an answer's head (or trailers) as `http` parsed it.
+/// lbkit-core's [`classify_answer`] of an answer's head (or trailers) as `http` parsed it.
 fn classify_head(status: StatusCode, headers: &http::HeaderMap) -> Classified {
     classify_answer(status.as_u16(), || {
         grpc_failure(headers, GrpcCodes::DEFAULT)

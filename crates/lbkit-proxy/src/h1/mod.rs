@@ -422,7 +422,7 @@ impl Conn<'_> {
             let value = &self.b.response[at.clone()];
             orca::record_value(*bin, value, endpoint.stats(), c.service.clock());
         }
-        let cl = crate::forward::classify_answer(head.code, || head.grpc_failure);
+        let cl = lbkit_core::classify_answer(head.code, || head.grpc_failure);
         // Only a failure may be retried: an answer's head costs no decision.
         if cl.is_failure() {
             if let Ok((next, at)) = c.service.retry(attempts, cl, c.route, &mut self.rng) {

@@ -9,7 +9,7 @@ use http_body::{Body, Frame, SizeHint};
 use lbkit_core::{FailureKind, Outcome};
 use pin_project_lite::pin_project;
 
-use super::grpc_failure;
+use super::trailers_outcome;
 use crate::completion::Completion;
 use crate::policy::GrpcCodes;
 
@@ -141,9 +141,7 @@ impl<B: Body> Body for TrackBody<B> {
         let end = match &polled {
             Some(Ok(frame)) => {
                 if let Some(trailers) = frame.trailers_ref() {
-                    if let Some(kind) = grpc_failure(trailers, *this.grpc) {
-                        *this.outcome = Outcome::Failure(kind);
-                    }
+                    *this.outcome = trailers_outcome(*this.outcome, trailers, *this.grpc);
                     if let Some(call) = &this.call.0 {
                         call.record_load(trailers);
                     }

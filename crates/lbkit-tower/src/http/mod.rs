@@ -343,6 +343,17 @@ pub fn grpc_failure(headers: &HeaderMap, codes: GrpcCodes) -> Option<FailureKind
     grpc_status_failure(headers.get(&GRPC_STATUS)?.as_bytes(), codes)
 }
 
+/// The outcome of an answer whose head was classified as `head` once its `trailers` arrived:
+/// a failing `grpc-status` in them (by `codes`) makes a success a failure; a head that was a
+/// failure stays the failure it was (its status spoke first). The one rule for the end of a
+/// body, used by [`TrackBody`] and by the proxy for the answers it buffers.
+pub fn trailers_outcome(head: Outcome, trailers: &HeaderMap, codes: GrpcCodes) -> Outcome {
+    if head != Outcome::Success {
+        return head;
+    }
+    grpc_failure(trailers, codes).map_or(head, Outcome::Failure)
+}
+
 /// The failure a `grpc-status` value stands for, if any (a code that is not a number is none).
 pub fn grpc_status_failure(value: &[u8], codes: GrpcCodes) -> Option<FailureKind> {
     let code = std::str::from_utf8(value)
@@ -360,9 +371,10 @@ where
     type Output = http::Response<TrackBody<B>>;
 
     fn classify(&self, resp: &http::Response<B>) -> Outcome {
-        status_failure(resp.status())
-            .or_else(|| grpc_failure(resp.headers(), self.grpc))
-            .map_or(Outcome::Success, Outcome::Failure)
+        lbkit_core::classify_answer(resp.status().as_u16(), || {
+            grpc_failure(resp.headers(), self.grpc)
+        })
+        .outcome
     }
 
     fn complete(

@@ -279,3 +279,24 @@ async fn load_reports_in_heads_and_trailers_are_recorded() {
     body.collect().await.unwrap();
     assert_eq!(stats.load_report().map(|r| r.utilization), Some(0.1));
 }
+
+/// The end of a body: a failing `grpc-status` trailer makes a success a failure, and a head
+/// that failed stays the failure its status said; the proxy's buffered answers use the same
+/// function.
+#[test]
+fn trailers_decide_only_a_successful_head() {
+    let unavailable = grpc_trailers("14");
+    let server = Outcome::Failure(FailureKind::Server);
+    let timeout = Outcome::Failure(FailureKind::Timeout);
+    let d = GrpcCodes::DEFAULT;
+    assert_eq!(trailers_outcome(Outcome::Success, &unavailable, d), server);
+    assert_eq!(
+        trailers_outcome(Outcome::Success, &grpc_trailers("0"), d),
+        Outcome::Success
+    );
+    assert_eq!(trailers_outcome(timeout, &unavailable, d), timeout);
+    assert_eq!(
+        trailers_outcome(Outcome::Success, &HeaderMap::new(), d),
+        Outcome::Success
+    );
+}
