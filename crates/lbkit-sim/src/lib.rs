@@ -13,6 +13,14 @@
 //! queue, and the best-known baseline `oracle-sed` (shortest expected delay with true queues and
 //! service rates).
 //!
+//! Every simulated request runs lbkit-core's [`Attempts`](lbkit_core::Attempts) — the state
+//! machine of the tower layer and of the proxy: retries only on endpoints not tried yet, the
+//! retry budget (the proxy's default unless the scenario says otherwise), the idempotency rule,
+//! the per-attempt and overall deadlines — and every membership change goes through the
+//! [`Controller`](lbkit_discovery::Controller) those clients run (key order, empty-push and
+//! mass-removal protection, outlier detection), with virtual time on its clock. So a result
+//! with retries on is what an lbkit client would do.
+//!
 //! ```
 //! use lbkit_sim::{run, RunOptions, Scenario};
 //! let scenario = Scenario::named("slow-provider").unwrap();

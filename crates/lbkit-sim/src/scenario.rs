@@ -24,7 +24,12 @@
 //! think_ms = 0.0               # closed: mean think time between calls (exponential; 0 = none)
 //! balancer = "per-client"      # per-client (each client its own balancer and statistics) | shared
 //! timeout_ms = 0.0             # per attempt; 0 = none. A timed-out attempt is cancelled
-//! retries = 0                  # failover attempts after an error or a timeout, on untried endpoints
+//! retries = 0                  # failover attempts after an error or a timeout, on untried endpoints,
+//!                              # decided by lbkit-core's `Attempts` as in the tower layer and the proxy
+//! deadline_ms = 0.0            # overall, per request, all attempts included; 0 = none
+//! idempotent = true            # false: a server error is not retried (a refused connection is)
+//! retry_budget_percent = 20.0  # retries allowed as a share of requests (the proxy's default)
+//! retry_budget_min_per_sec = 10 # retries always allowed per second
 //! key_count = 0                # request keys for hash strategies; 0 = no keys
 //! key_distribution = "uniform" # uniform | zipf
 //! zipf_exponent = 1.1
@@ -227,6 +232,18 @@ pub struct Workload {
     /// Failover retries.
     #[serde(default)]
     pub retries: u32,
+    /// Overall deadline of a request, ms, attempts included (0 = none).
+    #[serde(default)]
+    pub deadline_ms: f64,
+    /// Requests may be sent again after they reached a server (default true).
+    #[serde(default = "default_true")]
+    pub idempotent: bool,
+    /// Retry budget: retries as a percentage of requests over 10 s (default 20, as the proxy).
+    #[serde(default = "default_budget_percent")]
+    pub retry_budget_percent: f64,
+    /// Retry budget: retries always allowed per second (default 10, as the proxy).
+    #[serde(default = "default_budget_min")]
+    pub retry_budget_min_per_sec: u32,
     /// Number of distinct request keys (0 = none).
     #[serde(default)]
     pub key_count: u32,
@@ -245,6 +262,16 @@ pub struct Workload {
     /// Envoy's panic threshold, a fraction (0 = off).
     #[serde(default = "default_panic")]
     pub panic_threshold: f64,
+}
+
+fn default_true() -> bool {
+    true
+}
+fn default_budget_percent() -> f64 {
+    20.0
+}
+fn default_budget_min() -> u32 {
+    10
 }
 
 fn default_panic() -> f64 {
@@ -554,6 +581,10 @@ impl Scenario {
         positive("workload.clients", f64::from(w.clients))?;
         non_negative("workload.think_ms", w.think_ms)?;
         non_negative("workload.timeout_ms", w.timeout_ms)?;
+        non_negative("workload.deadline_ms", w.deadline_ms)?;
+        if !(0.0..=100_000.0).contains(&w.retry_budget_percent) {
+            return Err("workload.retry_budget_percent must be within 0..=100000".into());
+        }
         positive("workload.burst_on_ms", w.burst_on_ms)?;
         positive("workload.burst_off_ms", w.burst_off_ms)?;
         if !(0.0..=1.0).contains(&w.panic_threshold) {

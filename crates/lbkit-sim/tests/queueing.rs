@@ -327,8 +327,17 @@ fn a_crash_fails_calls_until_recovery_and_failover_hides_it() {
         "{}",
         plain.error_rate
     );
-    let failover = one(&text(1), "round-robin", 8_000);
+    // Failover with a budget that allows a retry of every request hides the crash.
+    let generous = text(1).replace("retries = 1", "retries = 1\nretry_budget_percent = 100.0");
+    let failover = one(&generous, "round-robin", 8_000);
     assert!(failover.error_rate < 0.001, "{}", failover.error_rate);
+    // With the proxy's default budget (10 a second and 20 % of the requests), as lbkit's
+    // clients run, half the calls failing for 10 s outrun it: retries stay within the budget
+    // and part of the failures reach the callers.
+    let budgeted = one(&text(1), "round-robin", 8_000);
+    let retried = budgeted.attempts_per_request - 1.0;
+    assert!(retried <= 0.2 + 10.0 * 40.0 / 8_000.0 + 0.01, "{retried}");
+    assert!(budgeted.error_rate > 0.05, "{}", budgeted.error_rate);
 }
 
 /// Issue 17's fair demo: in the demo's scenario every timer-driven strategy re-weighs often
@@ -435,5 +444,61 @@ count = 3
     assert!(
         bad.to_string().contains("refresh_ms must be positive"),
         "{bad}"
+    );
+}
+
+/// The simulator's attempts are lbkit-core's `Attempts` (issue 41): a retry never goes back to
+/// an endpoint already tried (two failing servers and five retries allowed make exactly two
+/// attempts), a request that is not idempotent is not retried after a server error, and the
+/// overall deadline bounds every request, attempts included.
+#[test]
+fn attempts_follow_the_one_call_path() {
+    let failing =
+        "name = \"f\"\n[workload]\nrate = 100.0\nretries = 5\nretry_budget_percent = 1000.0\n\
+                   [[server]]\ncount = 2\nerror_rate = 1.0\n";
+    let r = one(failing, "round-robin", 2_000);
+    assert_eq!(r.attempts_per_request, 2.0, "each endpoint once");
+    assert_eq!(r.error_rate, 1.0);
+    let unsafe_ = failing.replace("retries = 5", "retries = 5\nidempotent = false");
+    let r = one(&unsafe_, "round-robin", 2_000);
+    assert_eq!(r.attempts_per_request, 1.0, "a server error is final");
+    // Each attempt may take 40 ms, the request 100 ms: a 1 s service time ends every request
+    // at the deadline after three attempts (40 + 40 + 20 ms).
+    let slow = "name = \"d\"\n[workload]\nrate = 10.0\nretries = 5\ntimeout_ms = 40.0\n\
+                deadline_ms = 100.0\nretry_budget_percent = 1000.0\n\
+                [[server]]\ncount = 4\nconcurrency = 1000\nservice = { dist = \"constant\", mean_ms = 1000.0 }\n";
+    let r = one(slow, "round-robin", 500);
+    assert_eq!(r.timeout_rate, 1.0);
+    assert_eq!(r.attempts_per_request, 3.0, "the deadline stops the fourth");
+}
+
+/// Membership changes go through the Controller every lbkit client runs (issue 41): three of
+/// five servers leaving at once is a mass removal, which the Controller holds back, so they
+/// keep serving until each is confirmed gone (here: never within the run). One leaving alone
+/// is applied at once.
+#[test]
+fn membership_goes_through_the_controller() {
+    let text = |leaving: &[&str]| {
+        let mut t = String::from("name = \"m\"\n[workload]\nrate = 200.0\n[[server]]\ncount = 5\n");
+        for s in leaving {
+            t += &format!("[[event]]\nat_ms = 10000.0\nserver = \"{s}\"\naction = \"leave\"\n");
+        }
+        t
+    };
+    let share = |r: &lbkit_sim::StrategyResult, name: &str| {
+        r.servers
+            .iter()
+            .find(|s| s.name == name)
+            .map_or(0.0, |s| s.share)
+    };
+    let mass = one(&text(&["s1", "s2", "s3"]), "round-robin", 8_000);
+    for s in ["s1", "s2", "s3"] {
+        assert!(share(&mass, s) > 0.18, "{s} held: {}", share(&mass, s));
+    }
+    let one_leaves = one(&text(&["s1"]), "round-robin", 8_000);
+    assert!(
+        share(&one_leaves, "s1") < 0.06,
+        "{}",
+        share(&one_leaves, "s1")
     );
 }

@@ -23,19 +23,21 @@ impl Engine<'_> {
         spec
     }
 
-    /// Send `update` to every balancer's endpoint source.
+    /// Send `update` to every balancer's control loop, and publish what it makes of it.
     fn publish(&mut self, update: Update) {
-        let now = Timestamp::from_nanos(self.now);
+        let now = self.virtual_now();
         for lb in &mut self.lbs {
-            let base = lb.builder.apply(update.clone(), now);
-            let overlay = lb
-                .detector
-                .as_ref()
-                .map(|d| d.overlay().clone())
-                .unwrap_or_default();
-            let snap = base.derive(base.version(), &lb.policy, &overlay);
-            lb.balancer.publish(std::sync::Arc::new(snap), now);
+            if let Some(snap) = lb.controller.apply_batch(vec![update.clone()]) {
+                lb.balancer.publish(snap, now);
+            }
         }
+    }
+
+    /// The time now, also set on the clock the control loops and `Attempts` read.
+    pub(super) fn virtual_now(&self) -> Timestamp {
+        let now = Timestamp::from_nanos(self.now);
+        self.clock.1.set(now);
+        now
     }
 
     pub(super) fn join(&mut self, i: usize) {
@@ -84,7 +86,8 @@ impl Engine<'_> {
         for attempt in lost {
             if let Some(a) = self.attempts.get_mut(attempt) {
                 a.on_server = false;
-                a.failed = true;
+                // A reset before any byte of the answer: retried when idempotent.
+                a.failure = Some(lbkit_core::Observed::ResetBeforeResponse);
             }
             self.answer(attempt, now);
         }
@@ -105,8 +108,14 @@ impl Engine<'_> {
     }
 
     pub(super) fn tick(&mut self) {
-        let now = Timestamp::from_nanos(self.now);
-        for lb in &self.lbs {
+        let now = self.virtual_now();
+        for lb in &mut self.lbs {
+            // Removals held by mass-removal protection end when confirmed or expired.
+            if lb.controller.next_expiry().is_some_and(|at| at <= now) {
+                if let Some(snap) = lb.controller.expire_held(now) {
+                    lb.balancer.publish(snap, now);
+                }
+            }
             lb.balancer.tick(now);
         }
         if self.running() {
@@ -142,17 +151,15 @@ impl Engine<'_> {
     }
 
     pub(super) fn outlier(&mut self) {
-        let now = Timestamp::from_nanos(self.now);
-        let mut interval = None;
+        let now = self.virtual_now();
+        let interval = self
+            .scenario
+            .workload
+            .outlier_detection
+            .then(|| lbkit_health::OutlierConfig::default().interval);
         for lb in &mut self.lbs {
-            let Some(d) = lb.detector.as_mut() else {
-                continue;
-            };
-            interval = Some(d.config().interval);
-            let current = lb.balancer.snapshot();
-            if d.tick(&current, now) {
-                let next = current.derive(current.version() + 1, &lb.policy, d.overlay());
-                lb.balancer.publish(std::sync::Arc::new(next), now);
+            if let Some(snap) = lb.controller.tick_outliers(now) {
+                lb.balancer.publish(snap, now);
             }
         }
         if let (Some(every), true) = (interval, self.running()) {

@@ -1,7 +1,6 @@
 //! Requests and attempts: pick, queue, serve, answer, time out, fail over.
 
-use lbkit_core::trace::TraceId;
-use lbkit_core::{FailureKind, Outcome, PickContext, Timestamp, TriedSet};
+use lbkit_core::{Attempts, CallGuard, Classified, Observed, Route, Timestamp};
 
 use super::{Attempt, Engine, Ev, Request, REFUSED, REJECTED};
 use crate::dist::exponential;
@@ -83,68 +82,61 @@ impl Engine<'_> {
             (Some(z), _) => z.sample(&mut self.rng) as u32,
             (None, n) => self.rng.index(n) as u32,
         };
+        let lb = &self.lbs[self.clients[client as usize].balancer];
+        let now = Timestamp::from_nanos(self.now);
+        let mut attempts = Attempts::start(
+            self.policy,
+            &lb.budget,
+            self.scenario.workload.idempotent,
+            true,
+            now,
+        );
+        let route = Route::key(self.keys.get(key as usize).map(|k| k.as_bytes()));
+        let first = attempts.pick(&lb.balancer, now, route, &mut self.rng);
         let id = self.requests.insert(Request {
             client,
             start: self.now,
             key,
-            tries: 0,
-            tried: TriedSet::new(),
-            trace: TraceId::UNDECIDED,
+            attempts,
         });
         self.metrics.request_started(self.now);
-        self.try_request(id);
+        match first {
+            Ok(guard) => self.send(id, guard),
+            Err(_) => self.end_request(id, End::Error),
+        }
     }
 
-    /// Send one attempt of request `id`, or end it when nothing can be picked.
-    fn try_request(&mut self, id: Id) {
+    /// Send the attempt of request `id` that `guard` began.
+    fn send(&mut self, id: Id, guard: CallGuard) {
         let now = self.now;
-        let Some(req) = self.requests.get_mut(id) else {
-            return;
-        };
-        req.tries += 1;
-        let (client, key, tries) = (req.client, req.key, req.tries);
-        let lb = &self.lbs[self.clients[client as usize].balancer];
-        let no_tries = TriedSet::new();
-        let tried = if tries > 1 { &req.tried } else { &no_tries };
-        let mut cx = PickContext::new(Timestamp::from_nanos(now), &mut self.rng)
-            .with_tried(tries - 1, tried)
-            .with_trace(req.trace);
-        if !self.keys.is_empty() {
-            cx = cx.with_key(self.keys[key as usize].as_bytes());
-        }
-        let guard = match lb.balancer.pick(&mut cx) {
-            Ok(g) => g,
-            Err(_) => return self.end_request(id, End::Error),
-        };
         let server = self.server_of(guard.endpoint());
-        if self.scenario.workload.retries > 0 {
-            if let Some(req) = self.requests.get_mut(id) {
-                req.tried.insert(guard.endpoint());
-                req.trace = guard.trace_id();
-            }
-        }
+        let limit = self
+            .requests
+            .get(id)
+            .and_then(|r| r.attempts.timeout(Timestamp::from_nanos(now)));
         let attempt = self.attempts.insert(Attempt {
             request: id,
             server,
             guard: Some(guard),
             awaited: true,
             on_server: false,
-            failed: false,
+            failure: None,
             pause_mark: 0,
             service: 0,
         });
         let outstanding = self.servers[server as usize].outstanding();
         self.metrics.attempt(server as usize, outstanding + 1);
-        if self.timeout > 0 {
-            self.at(now + self.timeout, Ev::Timeout(attempt));
+        if let Some(limit) = limit {
+            let ns = u64::try_from(limit.as_nanos()).unwrap_or(u64::MAX);
+            self.at(now.saturating_add(ns.max(1)), Ev::Timeout(attempt));
         }
         let s = &self.servers[server as usize];
         if s.crashed {
-            self.fail_fast(attempt, REFUSED);
+            self.fail_fast(attempt, REFUSED, Observed::ConnectFailed);
         } else if s.has_free_worker() {
             self.serve(attempt);
         } else if s.queue_full() {
-            self.fail_fast(attempt, REJECTED);
+            self.fail_fast(attempt, REJECTED, Observed::Status(503));
         } else {
             self.set_on_server(attempt);
             self.servers[server as usize].waiting.push_back(attempt);
@@ -158,9 +150,9 @@ impl Engine<'_> {
         }
     }
 
-    fn fail_fast(&mut self, attempt: Id, after: u64) {
+    fn fail_fast(&mut self, attempt: Id, after: u64, observed: Observed) {
         if let Some(a) = self.attempts.get_mut(attempt) {
-            a.failed = true;
+            a.failure = Some(observed);
         }
         self.at(self.now + after, Ev::Respond(attempt));
     }
@@ -178,7 +170,7 @@ impl Engine<'_> {
         let failed = s.draws_error(&mut self.rng);
         let begin = now.max(s.paused_until);
         a.on_server = true;
-        a.failed = failed;
+        a.failure = failed.then_some(Observed::Status(500));
         a.pause_mark = s.pause_total;
         a.service = service;
         self.at(begin + service, Ev::Respond(attempt));
@@ -205,7 +197,7 @@ impl Engine<'_> {
             s.note_busy(now);
             s.serving.retain(|&x| x != attempt);
             s.completions += 1;
-            if a.failed {
+            if a.failure.is_some() {
                 s.errors += 1;
             }
             if let Some(next) = s.waiting.pop_front() {
@@ -228,20 +220,16 @@ impl Engine<'_> {
             return;
         }
         a.awaited = false;
-        let (failed, request) = (a.failed, a.request);
-        let outcome = if failed {
-            Outcome::Failure(FailureKind::Server)
-        } else {
-            Outcome::Success
-        };
+        let request = a.request;
+        let c = a.failure.unwrap_or(Observed::Status(200)).classify();
         if let Some(g) = a.guard.take() {
-            g.finish_at(outcome, Timestamp::from_nanos(now));
+            g.finish_at(c.outcome, Timestamp::from_nanos(now));
         }
         if !a.on_server {
             self.attempts.remove(attempt);
         }
-        if failed {
-            self.retry_or_end(request, End::Error);
+        if c.is_failure() {
+            self.retry_or_end(request, c, End::Error);
         } else {
             self.end_request(request, End::Ok);
         }
@@ -257,24 +245,36 @@ impl Engine<'_> {
         }
         a.awaited = false;
         let request = a.request;
+        let c = Observed::Timeout.classify();
         if let Some(g) = a.guard.take() {
-            g.finish_at(
-                Outcome::Failure(FailureKind::Timeout),
-                Timestamp::from_nanos(now),
-            );
+            g.finish_at(c.outcome, Timestamp::from_nanos(now));
         }
         if !a.on_server {
             self.attempts.remove(attempt);
         }
-        self.retry_or_end(request, End::Timeout);
+        self.retry_or_end(request, c, End::Timeout);
     }
 
-    fn retry_or_end(&mut self, request: Id, end: End) {
-        let retries = self.scenario.workload.retries;
-        match self.requests.get(request) {
-            Some(r) if r.tries <= retries => self.try_request(request),
-            Some(_) => self.end_request(request, end),
-            None => {}
+    /// After a failed attempt classified as `c`: the next attempt where [`Attempts`] allows
+    /// one (an untried endpoint, attempts, budget and deadline left), else the end.
+    fn retry_or_end(&mut self, request: Id, c: Classified, end: End) {
+        let Some(req) = self.requests.get_mut(request) else {
+            return;
+        };
+        let lb = &self.lbs[self.clients[req.client as usize].balancer];
+        let route = Route::key(self.keys.get(req.key as usize).map(|k| k.as_bytes()));
+        self.clock.1.set(Timestamp::from_nanos(self.now)); // what `retry` reads
+        let next = req.attempts.retry(
+            c,
+            &lb.budget,
+            &lb.balancer,
+            &self.clock.0,
+            route,
+            &mut self.rng,
+        );
+        match next {
+            Ok((guard, _)) => self.send(request, guard),
+            Err(_) => self.end_request(request, end),
         }
     }
 

@@ -5,13 +5,14 @@ use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 use std::sync::Arc;
 
-use lbkit_core::{
-    Availability, Balancer, BoxStrategy, CallGuard, FastRng, SnapshotBuilder, SnapshotPolicy,
-    Timestamp, TriedSet, Update,
-};
-use lbkit_health::{OutlierConfig, OutlierDetector};
+use std::time::Duration;
 
-use lbkit_core::trace::TraceId;
+use lbkit_core::{
+    AttemptPolicy, Attempts, Availability, Balancer, BoxStrategy, CallGuard, Clock, FastRng,
+    ManualClock, Observed, RetryBudget, SnapshotPolicy, Timestamp, Update,
+};
+use lbkit_discovery::{Controller, ControllerConfig};
+use lbkit_health::OutlierConfig;
 
 use crate::dist::{exponential, Zipf};
 use crate::metrics::{Collector, StrategyResult};
@@ -47,6 +48,17 @@ enum Ev {
     Sample,
 }
 
+/// The attempt policy of a scenario's workload: `retries` after the first attempt, each
+/// attempt bounded by `timeout_ms`, all of them by `deadline_ms` (0: none).
+fn attempt_policy(w: &crate::scenario::Workload) -> AttemptPolicy {
+    let ms = |v: f64| (v > 0.0).then(|| Duration::from_nanos((v * 1e6) as u64));
+    AttemptPolicy {
+        retries: w.retries,
+        per_try: ms(w.timeout_ms),
+        overall: ms(w.deadline_ms),
+    }
+}
+
 /// A scheduled event, ordered by time then by scheduling order (earliest first in the heap).
 #[derive(Debug, PartialEq, Eq)]
 struct Entry {
@@ -67,15 +79,14 @@ impl PartialOrd for Entry {
     }
 }
 
+/// A request: its attempts are decided by lbkit-core's [`Attempts`], the state machine the
+/// tower layer and the proxy run (retries on untried endpoints only, the retry budget, the
+/// idempotency rule, the per-attempt and overall deadlines, the trace id carried along).
 struct Request {
     client: u32,
     start: u64,
     key: u32,
-    tries: u32,
-    tried: TriedSet,
-    /// The first attempt's tracing decision, carried to the retries so that a recorded
-    /// request keeps all its attempts under one id.
-    trace: TraceId,
+    attempts: Attempts,
 }
 
 struct Attempt {
@@ -86,7 +97,8 @@ struct Attempt {
     awaited: bool,
     /// Still on the server (waiting or served).
     on_server: bool,
-    failed: bool,
+    /// What went wrong, as a driver would see it (`None`: a good answer).
+    failure: Option<Observed>,
     pause_mark: u64,
     service: u64,
 }
@@ -97,9 +109,12 @@ struct Client {
 
 struct Lb {
     balancer: Balancer<BoxStrategy>,
-    builder: SnapshotBuilder,
-    detector: Option<OutlierDetector>,
-    policy: SnapshotPolicy,
+    /// The retry budget of this balancer's calls.
+    budget: RetryBudget,
+    /// The control loop every lbkit client runs (the tower pool's and the proxy's): the
+    /// scenario's membership changes go through its rules (key order, empty-push and
+    /// mass-removal protection), its outlier detection and snapshot policy, in virtual time.
+    controller: Controller,
 }
 
 /// One run of one strategy over one scenario.
@@ -124,7 +139,10 @@ pub(crate) struct Engine<'a> {
     total: u64,
     next_client: u32,
     burst_on: bool,
-    timeout: u64,
+    /// Every request's attempt policy (the scenario's retries, timeout and deadline).
+    policy: AttemptPolicy,
+    /// Virtual time as `Attempts` reads it, set before each decision.
+    clock: (Clock, Arc<ManualClock>),
     watch: usize,
     sample_every: u64,
     oracle: Option<Arc<crate::oracle::Queues>>,
@@ -171,22 +189,31 @@ impl<'a> Engine<'a> {
             panic_threshold: w.panic_threshold,
             slow_start: None,
         };
+        let clock = Clock::manual(Timestamp::ZERO);
         let lbs = (0..n_lbs)
             .map(|_| {
-                let mut builder = SnapshotBuilder::new();
-                let snap = builder.apply(Update::Reset(Vec::new()), Timestamp::ZERO);
+                let config = ControllerConfig {
+                    policy,
+                    outlier: w.outlier_detection.then(OutlierConfig::default),
+                    ..ControllerConfig::default()
+                };
+                let mut controller = Controller::new(config).with_clock(clock.0.clone());
+                let snap = controller
+                    .apply_batch(vec![Update::Reset(Vec::new())])
+                    .expect("the first batch is published");
                 let balancer =
                     Balancer::new(make(), snap, Timestamp::ZERO).with_availability(availability);
                 Lb {
+                    budget: RetryBudget::new(
+                        Duration::from_secs(10),
+                        w.retry_budget_min_per_sec,
+                        w.retry_budget_percent / 100.0,
+                    ),
                     balancer: match record {
                         Some(r) => r.attach(balancer, &scenario.name),
                         None => balancer,
                     },
-                    builder,
-                    detector: w
-                        .outlier_detection
-                        .then(|| OutlierDetector::new(OutlierConfig::default())),
-                    policy,
+                    controller,
                 }
             })
             .collect();
@@ -241,7 +268,8 @@ impl<'a> Engine<'a> {
             total: requests,
             next_client: 0,
             burst_on: true,
-            timeout: (w.timeout_ms * 1e6) as u64,
+            policy: attempt_policy(w),
+            clock,
             watch,
             sample_every: ((expected_ns / 200.0) as u64).max(1_000_000),
             oracle,
