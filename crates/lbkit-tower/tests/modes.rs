@@ -195,3 +195,69 @@ async fn failfast_makes_one_attempt() {
     assert_eq!(results.iter().filter(|ok| !**ok).count(), 2);
     assert_eq!(farm.get("a").calls() + farm.get("b").calls(), 4);
 }
+
+/// Broadcast's calls are bounded by the overall deadline when no per-attempt limit is set
+/// (they waited forever for a hung endpoint before; issue 41).
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn broadcast_honours_the_overall_deadline() {
+    let farm = Farm::new(&["a", "b"]);
+    farm.get("b").set(Behaviour::Hang);
+    let pool = PoolBuilder::default()
+        .availability(Availability::OFF)
+        .spawn_static(farm.specs(&["a", "b"]), farm.maker());
+    let mut svc = BalanceLayer::new()
+        .requests(CloneRequests::default())
+        .broadcast()
+        .deadline(Duration::from_millis(300))
+        .layer(pool);
+    let before = tokio::time::Instant::now();
+    let call = svc.ready().await.unwrap().call(1);
+    let err = tokio::time::timeout(Duration::from_secs(60), call)
+        .await
+        .expect("answered within the deadline")
+        .unwrap_err();
+    assert_eq!(before.elapsed(), Duration::from_millis(300));
+    let err = err.downcast::<Error>().unwrap();
+    assert_eq!(
+        err.kind(),
+        ErrorKind::Broadcast {
+            failed: 1,
+            total: 2
+        }
+    );
+}
+
+/// Failback's background attempts draw on the retry budget: with none left, a failed request
+/// is not sent again (issue 41).
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn failback_draws_on_the_retry_budget() {
+    let farm = Farm::new(&["a"]);
+    farm.get("a").set(Behaviour::Fail);
+    let pool = PoolBuilder::default()
+        .availability(Availability::OFF)
+        .spawn_static(farm.specs(&["a"]), farm.maker());
+    let spent = std::sync::Arc::new(lbkit_core::RetryBudget::new(
+        Duration::from_secs(10),
+        0,
+        0.0,
+    ));
+    let mut svc = BalanceLayer::new()
+        .requests(CloneRequests::default())
+        .failback(FailbackConfig::default(), |_: &lbkit_tower::BoxError| {
+            "accepted".to_owned()
+        })
+        .budget(spent)
+        .layer(pool);
+    assert_eq!(
+        svc.ready().await.unwrap().call(7).await.unwrap(),
+        "accepted"
+    );
+    // Three periods of 5 s in paused time: every background attempt has had its turn.
+    tokio::time::sleep(Duration::from_secs(16)).await;
+    assert_eq!(svc.failback_pending(), 0, "given up");
+    assert_eq!(
+        farm.get("a").calls(),
+        1,
+        "no background attempt without budget"
+    );
+}

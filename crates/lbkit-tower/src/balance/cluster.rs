@@ -1,6 +1,18 @@
 //! The cluster modes, each an async function over the shared state. The rules of one call's
 //! attempts (tried set, idempotency, budget, deadlines, retry or answer) are lbkit-core's
 //! [`Attempts`]; this module only drives it.
+//!
+//! Where a mode differs, and why:
+//! * **Forking** sends copies at once, not one after another: its copies go to distinct
+//!   endpoints (a tried set of its own, since [`Attempts`] counts attempts in sequence), each
+//!   copy past the first withdraws from the budget once it has an endpoint, and all share the
+//!   call's per-attempt limit inside its overall deadline.
+//! * **Broadcast** calls every endpoint once by definition: there is no retry, so it neither
+//!   deposits into nor withdraws from the budget (the budget is a share of retryable calls),
+//!   and no idempotency rule applies; each call is bounded by the per-attempt limit inside the
+//!   overall deadline.
+//! * **Failback** retries in the background after the caller has its answer; see
+//!   `failback.rs`.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -365,12 +377,14 @@ where
         }
     }
     reqs.push(req);
+    // One attempt each, bounded by the per-attempt limit inside the overall deadline.
+    let timeout = Attempts::resume(s.attempt_policy(), false, false, now).timeout(now);
     let calls: FuturesOrdered<_> = targets
         .into_iter()
         .zip(reqs)
         .map(|(target, req)| async move {
             match target {
-                Ok(sel) => Ok(s.send(sel, req, s.policy.per_try).await),
+                Ok(sel) => Ok(s.send(sel, req, timeout).await),
                 Err(e) => Err(e),
             }
         })

@@ -1,5 +1,15 @@
 //! Failback: record a failed request and retry it in the background (Dubbo's
 //! `FailbackClusterInvoker`), bounded in pending requests and attempts.
+//!
+//! How it differs from failover's [`Attempts`](lbkit_core::Attempts), and why:
+//! * **No idempotency check**: failback is at-least-once by design (Dubbo uses it for
+//!   notifications); choosing it for a service says its requests may be repeated.
+//! * **A fresh pick each time, the failed endpoint included**: the attempts are `period` (5 s)
+//!   apart, long enough for an endpoint to recover, and the caller already has its answer.
+//! * **The retry budget still bounds them**: each background attempt withdraws from the
+//!   layer's budget once it has an endpoint ([`Attempts::grant`](lbkit_core::Attempts::grant));
+//!   a refused one is skipped (counted in `budget_exhausted`) and the next period tries again.
+//!   So failing requests cannot add more retries than failover's would.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -105,6 +115,11 @@ where
             },
             &mut rng,
         ) {
+            if lbkit_core::Attempts::grant(&*s.budget, now).is_err() {
+                sel.call.abandon();
+                crate::telemetry::inc(&s.pool.inner.metrics.budget_exhausted);
+                continue;
+            }
             let sent = s.send(sel, req, s.policy.per_try).await;
             let ok = !sent.is_failure();
             sent.discard();
