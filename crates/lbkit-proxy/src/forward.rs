@@ -81,8 +81,37 @@ pub(crate) async fn serve(
     (resp, route.policy.overall)
 }
 
-/// What one attempt gave: the answer's head, or no answer.
-type Tried = Result<Response<UpstreamAnswer>, Observed>;
+/// What one attempt gave: the answer (its head, with a small body read whole), or no answer.
+type Tried = Result<Response<Answer>, Observed>;
+
+/// An upstream answer's body: streamed to the client as it comes, or, when it is small (an
+/// exact length of at most [`MAX_BUFFERED_RESPONSE`]), read whole within the attempt, so that
+/// one that breaks or stalls before its end is the attempt's failure, retried by the attempt
+/// table's rule as the HTTP/1.1 fast path does, and head and body leave in one write (nginx's
+/// proxy_buffering).
+enum Answer {
+    Streamed(UpstreamAnswer),
+    Whole(http_body_util::Collected<Bytes>),
+}
+
+/// The answer `resp`, its body read whole within `limit` when it is small: a body that breaks
+/// is a reset before the response, one that does not end in time a timeout.
+async fn read_small(resp: Response<UpstreamAnswer>, limit: Option<Duration>) -> Tried {
+    let small = resp
+        .body()
+        .size_hint()
+        .exact()
+        .is_some_and(|n| n <= MAX_BUFFERED_RESPONSE);
+    if !small {
+        return Ok(resp.map(Answer::Streamed));
+    }
+    let (parts, body) = resp.into_parts();
+    match tokio::time::timeout(limit.unwrap_or(Duration::MAX), body.collect()).await {
+        Ok(Ok(whole)) => Ok(Response::from_parts(parts, Answer::Whole(whole))),
+        Ok(Err(_)) => Err(Observed::ResetBeforeResponse),
+        Err(_) => Err(Observed::Timeout),
+    }
+}
 
 /// Forward `req` from `client` on its route (`envelope`) and return the response for the
 /// client.
@@ -114,7 +143,8 @@ async fn forward(
             Ok(resp) if resp.status() == StatusCode::SWITCHING_PROTOCOLS => {
                 return switch(out.upgrade.take(), resp, guard);
             }
-            tried => tried,
+            Ok(resp) => read_small(resp, attempts.timeout(service.clock().now())).await,
+            Err(observed) => Err(observed),
         };
         if let Some(fault) = client_fault(&tried, out.upload.as_ref()) {
             guard.finish(Observed::ClientGone.classify().outcome);
@@ -142,23 +172,22 @@ async fn forward(
                 guard.finish_at(c.outcome, at);
                 guard = next;
             }
-            Err(stop) => return answer(service, &attempts, tried, guard, c.outcome, stop).await,
+            Err(stop) => return answer(service, tried, guard, c.outcome, stop),
         }
     }
 }
 
 /// The call's answer after its last attempt (`tried`, recorded as `outcome`), which stopped
 /// for `stop`: the upstream's answer relayed, or the proxy's when there was none.
-async fn answer(
+fn answer(
     service: &Service,
-    attempts: &Attempts,
     tried: Tried,
     guard: CallGuard,
     outcome: Outcome,
     stop: Stop,
 ) -> Response<ProxyBody> {
     match tried {
-        Ok(resp) => relay(resp, guard, service.clock(), outcome, attempts).await,
+        Ok(resp) => relay(resp, guard, service.clock(), outcome),
         Err(observed) => {
             guard.finish(outcome);
             let (code, text) = failure_answer(observed, stop);
@@ -195,7 +224,7 @@ async fn send(
     service: &Service,
     upstream: Request<UpstreamBody>,
     limit: Option<Duration>,
-) -> Tried {
+) -> Result<Response<UpstreamAnswer>, Observed> {
     let limit = limit.unwrap_or(Duration::MAX);
     if service.config().h2c {
         return match tokio::time::timeout(limit, service.h2c().request(upstream)).await {
@@ -345,50 +374,30 @@ fn switch(
 }
 
 /// The upstream's answer for the client, the call ending with its body (`outcome` unless the
-/// body breaks). A small body is read whole within the time `attempts` leaves the call, so head
-/// and body leave in one write (nginx's proxy_buffering).
-async fn relay(
-    resp: Response<UpstreamAnswer>,
+/// body breaks or its trailers say otherwise).
+fn relay(
+    resp: Response<Answer>,
     guard: CallGuard,
     clock: &Clock,
     outcome: Outcome,
-    attempts: &Attempts,
 ) -> Response<ProxyBody> {
     let (mut rparts, rbody) = resp.into_parts();
     headers::strip_hop_by_hop(&mut rparts.headers);
-    let small = rbody
-        .size_hint()
-        .exact()
-        .is_some_and(|n| n <= MAX_BUFFERED_RESPONSE);
-    if !small {
-        let body = ProxyBody::answer(rbody, guard, clock.clone(), outcome);
-        return Response::from_parts(rparts, body);
-    }
-    // The clock is read for the call's time left only when it bounds a read.
-    let limit = attempts.timeout(clock.now()).unwrap_or(Duration::MAX);
-    match tokio::time::timeout(limit, rbody.collect()).await {
-        Ok(Ok(body)) => {
+    let body = match rbody {
+        Answer::Streamed(body) => ProxyBody::answer(body, guard, clock.clone(), outcome),
+        Answer::Whole(body) => {
             let trailers = body.trailers().cloned();
-            if let Some(t) = &trailers {
-                orca::record(t, guard.endpoint().stats(), clock);
-            }
             // The streamed body's rule (`TrackBody`): a failing `grpc-status` in the trailers
             // makes a success a failure.
             let outcome = trailers.as_ref().map_or(outcome, |t| {
+                orca::record(t, guard.endpoint().stats(), clock);
                 trailers_outcome(outcome, t, GrpcCodes::DEFAULT)
             });
             guard.finish(outcome);
-            Response::from_parts(rparts, ProxyBody::whole(body.to_bytes(), trailers))
+            ProxyBody::whole(body.to_bytes(), trailers)
         }
-        Ok(Err(_)) => {
-            guard.finish(Observed::ResetBeforeResponse.classify().outcome);
-            local(StatusCode::BAD_GATEWAY, "upstream failed\n")
-        }
-        Err(_) => {
-            guard.finish(Observed::Timeout.classify().outcome);
-            local(StatusCode::GATEWAY_TIMEOUT, "upstream timed out\n")
-        }
-    }
+    };
+    Response::from_parts(rparts, body)
 }
 
 /// lbkit-core's [`classify_answer`] of an answer's head (or trailers) as `http` parsed it.

@@ -35,6 +35,9 @@ enum Fault {
     ResetBeforeResponse,
     /// Answers 200 with a 200 000-byte length, sends 64 KiB of it, closes.
     ResetMidResponse,
+    /// Answers 200 with a 10-byte length, sends 3 bytes of it, closes (a small answer, which
+    /// the proxy reads whole before it answers).
+    ResetSmallResponse,
     /// Reads the request and never answers.
     Hang,
     /// Answers with this status.
@@ -127,6 +130,12 @@ async fn play(stream: &mut TcpStream, fault: Option<Fault>) -> bool {
             let head = b"HTTP/1.1 200 OK\r\ncontent-length: 200000\r\n\r\n";
             let _ = stream.write_all(head).await;
             let _ = stream.write_all(&[b'x'; 64 * 1024]).await;
+            false
+        }
+        Some(Fault::ResetSmallResponse) => {
+            let _ = stream
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc")
+                .await;
             false
         }
         // A hung server: holds the connection, answers nothing (not a wait for a condition).
@@ -402,6 +411,29 @@ async fn one_fault_script_gives_the_same_attempts_answers_and_outcomes_through_e
         assert_eq!(fast, want, "proxy fast path: {fault:?} {method}");
         let hyper = through_proxy(fault, method, "1.0").await;
         assert_eq!(hyper, want, "proxy hyper engine: {fault:?} {method}");
+    }
+}
+
+// A small answer (a length of at most 16 KiB) that breaks before its end: both engines of
+// the proxy read it whole before answering, so nothing reached the client and it is a reset
+// before the response, retried when idempotent (the hyper engine answered 502 instead). The
+// tower layer hands the head to its caller and cannot take it back: it is not in the script.
+#[tokio::test]
+async fn a_small_answer_that_breaks_is_retried_by_both_engines_when_idempotent() {
+    let run = |hits, answer, recorded| Run {
+        hits,
+        answer,
+        recorded,
+    };
+    let cases = [
+        ("GET", run((1, 1), good(), ((1, 1), (1, 0)))),
+        ("POST", run((1, 0), Answer::Failed, ((1, 1), (0, 0)))),
+    ];
+    for (method, want) in cases {
+        let fast = through_proxy(Fault::ResetSmallResponse, method, "1.1").await;
+        assert_eq!(fast, want, "proxy fast path: {method}");
+        let hyper = through_proxy(Fault::ResetSmallResponse, method, "1.0").await;
+        assert_eq!(hyper, want, "proxy hyper engine: {method}");
     }
 }
 
