@@ -480,7 +480,7 @@ impl fmt::Debug for Endpoint {
 }
 
 fn key_hash(key: &EndpointKey) -> u64 {
-    crate::strategy::key_hash(key.as_str().as_bytes())
+    crate::hash::key_hash(key.as_str().as_bytes())
 }
 
 /// Dubbo's warm-up weight (`AbstractLoadBalance.getWeight` and `calculateWarmupWeight`).

@@ -52,6 +52,7 @@ mod balancer;
 mod budget;
 mod endpoint;
 mod error;
+mod hash;
 pub mod http;
 mod live;
 mod policy;
@@ -66,6 +67,7 @@ pub mod sync;
 mod tagged;
 mod time;
 pub mod trace;
+mod trace_id;
 
 pub use attempt::{
     classify_answer, status_failure, AttemptPolicy, Attempts, Budget, Classified, Next, Observed,
@@ -78,6 +80,7 @@ pub use endpoint::{
     warmup_weight, Endpoint, EndpointKey, EndpointSpec, Metadata, DEFAULT_WARMUP, DEFAULT_WEIGHT,
 };
 pub use error::PickError;
+pub use hash::key_hash;
 pub use live::{exp_small, LiveStats};
 pub use policy::{HealthOverlay, SlowStart, SnapshotPolicy, DEFAULT_PANIC_THRESHOLD};
 pub use rng::FastRng;
@@ -87,5 +90,5 @@ pub use stats::{
     EndpointStats, FailureKind, LatencyHistogram, LoadReport, Outcome, StatsSeed,
     DEFAULT_EWMA_DECAY, LATENCY_BUCKETS, LOAD_REPORT_GAP, SLOT, SLOTS,
 };
-pub use strategy::{key_hash, BoxStrategy, PickContext, Picker, Strategy, TriedSet};
+pub use strategy::{BoxStrategy, PickContext, Picker, Strategy, TriedSet};
 pub use time::{Clock, ManualClock, Timestamp};

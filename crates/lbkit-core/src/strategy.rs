@@ -14,7 +14,7 @@ use crate::rng::FastRng;
 use crate::route::{RequestTag, Route};
 use crate::snapshot::{EndpointIdx, Snapshot};
 use crate::time::Timestamp;
-use crate::trace::TraceId;
+use crate::trace_id::TraceId;
 
 /// Builds per-snapshot state (tables, cycles, cumulative weights). Never on the hot path.
 ///
@@ -88,7 +88,7 @@ pub struct PickContext<'a> {
     /// The time of this call, read once by the caller.
     pub now: Timestamp,
     /// A precomputed 64-bit hash of the request (e.g. from a header the caller already hashed).
-    /// Strategies that need a `u64` use it, else [`key_hash`] of `key`.
+    /// Strategies that need a `u64` use it, else [`key_hash`](crate::key_hash) of `key`.
     pub hash: Option<u64>,
     /// The request key itself, for strategies that must hash it their own way (Dubbo's MD5
     /// ring, nginx's CRC32 ring).
@@ -141,7 +141,7 @@ impl<'a> PickContext<'a> {
     }
 
     /// Set the request key. Strategies hash it their own way (Dubbo's MD5, nginx's CRC32) or with
-    /// [`key_hash`]; no hash is computed here, so keyed picks pay only for the hash they use.
+    /// [`key_hash`](crate::key_hash); no hash is computed here, so keyed picks pay only for the hash they use.
     pub fn with_key(mut self, key: &'a [u8]) -> Self {
         self.key = Some(key);
         self
@@ -178,17 +178,6 @@ impl<'a> PickContext<'a> {
         self.tried = tried;
         self
     }
-}
-
-/// lbkit's default 64-bit hash of a request key (SipHash-2-4 with fixed keys: stable across
-/// processes and versions of lbkit, so every client of a fleet hashes a key alike).
-pub fn key_hash(key: &[u8]) -> u64 {
-    use std::hash::Hasher;
-    #[allow(deprecated)]
-    // SipHasher is deprecated only in favour of DefaultHasher, whose output may change
-    let mut h = std::hash::SipHasher::new_with_keys(0x6c62_6b69_745f_6b65, 0x795f_6861_7368_0002);
-    h.write(key);
-    h.finish()
 }
 
 /// Endpoints a call already tried, for retry exclusion. Fixed capacity, no allocation.

@@ -16,8 +16,6 @@ use lbkit_tower::http::{CompleteAt, TrackBody};
 use lbkit_tower::policy::GrpcCodes;
 use lbkit_tower::Completion;
 
-use crate::envelope::MAX_REPLAY_BODY;
-
 /// A response body: proxy-made or streamed from an upstream.
 #[derive(Debug)]
 pub struct ProxyBody(Inner);
@@ -31,6 +29,14 @@ enum Inner {
 
 /// The error of a [`ProxyBody`]: the upstream's body broke (hyper's or h2's error).
 pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Largest request body buffered so that the request can be retried (64 KiB).
+pub const MAX_REPLAY_BODY: u64 = 64 * 1024;
+
+/// Largest response body (announced by `Content-Length`) read whole before answering, so that
+/// head and body go out in one write, as nginx's `proxy_buffering` does; larger or unannounced
+/// bodies stream. 16 KiB: most API answers, and a bounded buffer per request.
+pub const MAX_BUFFERED_RESPONSE: u64 = 16 * 1024;
 
 /// A client's request body as the engine serving the client received it: hyper's (HTTP/1.x on
 /// hyper's engine) or an HTTP/2 stream of the proxy's own HTTP/2 server (`h2s/`). Its error is

@@ -11,13 +11,7 @@ use lbkit_core::{Observed, Stop, Timestamp};
 use crate::service::Service;
 use crate::state::RouteEntry;
 
-/// Largest request body buffered so that the request can be retried (64 KiB).
-pub const MAX_REPLAY_BODY: u64 = 64 * 1024;
-
-/// Largest response body (announced by `Content-Length`) read whole before answering, so that
-/// head and body go out in one write, as nginx's `proxy_buffering` does; larger or unannounced
-/// bodies stream. 16 KiB: most API answers, and a bounded buffer per request.
-pub const MAX_BUFFERED_RESPONSE: u64 = 16 * 1024;
+pub use crate::body::{MAX_BUFFERED_RESPONSE, MAX_REPLAY_BODY};
 
 /// A request in flight on its route: counted as started in its service's metrics when opened,
 /// and as ended when closed with its status — or, when the request is dropped unanswered (the

@@ -84,9 +84,9 @@
 //! |---|---|---|
 //! | process | `supervisor`, `server` | signals and reloads; binding, worker threads, accept loops, handing each connection to an engine |
 //! | engines | `h1/` (fast path), `h2s/` (HTTP/2 server), `forward` + `tunnel` (hyper's HTTP/1 and the HTTP/2 server's requests), `tcp`, `admin` | the wire; each HTTP engine runs a request as route → `Envelope` → call loop |
-//! | shared below the engines | `hub` (live state, connection slots and holds, accept), `request` (`Host` validation, path normalisation), `envelope` (a request's metrics from start to end, the answer to a failed call, body limits) | what every listener needs |
+//! | shared below the engines | `hub` (live state, connection slots and holds, accept), `request` (`Host` validation, path normalisation), `envelope` (a request's metrics from start to end, the answer to a failed call) | what every listener needs |
 //! | services | `state` (routes, running services), `upkeep` (the control loop), `check`, `service` (balancer, clients, budget, `pick`/`retry`), `h2c` (the HTTP/2 upstream client), `upstream` (the HTTP/1.1 upstream client's connector and bounded pool), `exposition`, `metrics` | |
-//! | base | `config`, `headers`, `body`, `h2body` (HTTP/2 stream bodies both ways), `error`, `worker` | |
+//! | base | `config`, `headers`, `body` (bodies both ways and their limits), `h2body` (HTTP/2 stream bodies both ways), `error`, `worker` | |
 //!
 //! `h1/` itself: `wire` (parsing and writing HTTP/1.1 in place), `pool` (the thread's idle
 //! upstream connections), `buffers` (exchange buffers lent per request), `timer` (lazily

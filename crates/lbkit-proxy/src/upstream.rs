@@ -13,9 +13,10 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use http::Uri;
@@ -110,7 +111,7 @@ impl Spares {
         self.sweep(&mut idle, now);
         let list = idle.get_mut(address)?;
         while let Some((stream, _)) = list.pop() {
-            if crate::h1::still_open(&stream) {
+            if still_open(&stream) {
                 return Some(stream);
             }
         }
@@ -137,6 +138,18 @@ impl Spares {
             !list.is_empty()
         });
     }
+}
+
+/// Whether an idle connection is still open with nothing unasked to read. Usually answered by
+/// the readiness the runtime already knows (polled with a no-op waker: nobody waits on it), no
+/// system call; only when the last read left readiness set does a one-byte read check.
+pub(crate) fn still_open(stream: &TcpStream) -> bool {
+    let mut cx = Context::from_waker(Waker::noop());
+    if stream.poll_read_ready(&mut cx).is_pending() {
+        return true;
+    }
+    let mut probe = [0u8; 1];
+    matches!(stream.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
 }
 
 #[cfg(test)]

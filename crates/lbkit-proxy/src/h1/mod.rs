@@ -39,7 +39,7 @@ use tokio::time::Instant;
 
 use buffers::{reserve, Buffers};
 pub(crate) use gate::pin_runtime_thread;
-pub(crate) use pool::{open as still_open, sweep_idle};
+pub(crate) use pool::sweep_idle;
 pub(crate) use rewind::Rewind;
 pub(crate) use timer::Timer;
 use timer::{deadline, FAR};

@@ -2,9 +2,7 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::io;
 use std::sync::{Arc, Weak};
-use std::task::{Context, Waker};
 use std::time::Duration;
 
 use tokio::net::TcpStream;
@@ -60,7 +58,9 @@ pub(super) fn take(service: &Arc<Service>, address: &str, now: Instant) -> Optio
         let idle_for = entry.idle_for;
         let idle = entry.idle.get_mut(address)?;
         while let Some((stream, since)) = idle.pop() {
-            if now.saturating_duration_since(since) < idle_for && open(&stream) {
+            if now.saturating_duration_since(since) < idle_for
+                && crate::upstream::still_open(&stream)
+            {
                 return Some(stream);
             }
         }
@@ -148,16 +148,4 @@ pub(crate) async fn sweep_idle<T>(owner: Weak<T>) {
             return;
         }
     }
-}
-
-/// Whether an idle connection is still open with nothing unasked to read. Usually answered by
-/// the readiness the runtime already knows (polled with a no-op waker: nobody waits on it), no
-/// system call; only when the last read left readiness set does a one-byte read check.
-pub(crate) fn open(stream: &TcpStream) -> bool {
-    let mut cx = Context::from_waker(Waker::noop());
-    if stream.poll_read_ready(&mut cx).is_pending() {
-        return true;
-    }
-    let mut probe = [0u8; 1];
-    matches!(stream.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
 }
