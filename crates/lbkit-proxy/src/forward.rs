@@ -96,7 +96,10 @@ enum Answer {
 
 /// The answer `resp`, its body read whole within `limit` when it is small: a body that breaks
 /// is a reset before the response, one that does not end in time a timeout.
-async fn read_small(resp: Response<UpstreamAnswer>, limit: Option<Duration>) -> Tried {
+async fn read_small(
+    resp: Response<UpstreamAnswer>,
+    deadline: Option<tokio::time::Instant>,
+) -> Tried {
     let small = resp
         .body()
         .size_hint()
@@ -106,7 +109,13 @@ async fn read_small(resp: Response<UpstreamAnswer>, limit: Option<Duration>) -> 
         return Ok(resp.map(Answer::Streamed));
     }
     let (parts, body) = resp.into_parts();
-    match tokio::time::timeout(limit.unwrap_or(Duration::MAX), body.collect()).await {
+    let read = async {
+        match deadline {
+            Some(at) => tokio::time::timeout_at(at, body.collect()).await,
+            None => Ok(body.collect().await),
+        }
+    };
+    match read.await {
         Ok(Ok(whole)) => Ok(Response::from_parts(parts, Answer::Whole(whole))),
         Ok(Err(_)) => Err(Observed::ResetBeforeResponse),
         Err(_) => Err(Observed::Timeout),
@@ -139,22 +148,28 @@ async fn forward(
             return local(StatusCode::BAD_REQUEST, "bad request target\n");
         };
         let limit = attempts.timeout(service.clock().now());
+        let deadline = limit.map(|l| tokio::time::Instant::now() + l);
         let tried = match send(service, upstream, limit).await {
             Ok(resp) if resp.status() == StatusCode::SWITCHING_PROTOCOLS => {
                 return switch(out.upgrade.take(), resp, guard);
             }
-            Ok(resp) => read_small(resp, attempts.timeout(service.clock().now())).await,
-            Err(observed) => Err(observed),
-        };
-        if let Some(fault) = client_fault(&tried, out.upload.as_ref()) {
-            guard.finish(Observed::ClientGone.classify().outcome);
-            return fault;
-        }
-        let c = match &tried {
             Ok(resp) => {
                 orca::record(resp.headers(), guard.endpoint().stats(), service.clock());
-                classify_head(resp.status(), resp.headers())
+                // The body of a small answer is read within what is left of the attempt's limit
+                // (one timer for head and body, as on the fast path); a failure then is the
+                // endpoint's, never the client's upload's.
+                read_small(resp, deadline).await
             }
+            Err(observed) => match client_fault(observed, out.upload.as_ref()) {
+                Some(fault) => {
+                    guard.finish(Observed::ClientGone.classify().outcome);
+                    return fault;
+                }
+                None => Err(observed),
+            },
+        };
+        let c = match &tried {
+            Ok(resp) => classify_head(resp.status(), resp.headers()),
             Err(observed) => observed.classify(),
         };
         let retry = match c.retry {
@@ -200,10 +215,8 @@ fn answer(
 /// The answer when an attempt failed because of the client, not the endpoint: its upload broke
 /// (malformed framing, or it went away mid-body: 400), or the attempt timed out while the
 /// upload was still coming (too slow a client: 408, as nginx's `client_body_timeout`).
-fn client_fault(tried: &Tried, upload: Option<&UploadState>) -> Option<Response<ProxyBody>> {
-    let (Err(observed), Some(upload)) = (tried, upload) else {
-        return None;
-    };
+fn client_fault(observed: Observed, upload: Option<&UploadState>) -> Option<Response<ProxyBody>> {
+    let upload = upload?;
     match (upload.get(), observed) {
         (Upload::Broken, _) => Some(local(StatusCode::BAD_REQUEST, "bad request body\n")),
         (Upload::Streaming, Observed::Timeout) => Some(local(

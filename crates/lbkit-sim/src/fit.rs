@@ -310,6 +310,9 @@ pub fn fit(trace: &Trace, service: Option<&str>) -> Result<Fit, SimError> {
          balancer = \"shared\"\n\
          timeout_ms = {timeout_ms}\n\
          retries = {retries}\n\
+         # Retries draw on a retry budget, the proxy's default unless set here:\n\
+         # retry_budget_percent = 20.0\n\
+         # retry_budget_min_per_sec = 10\n\
          panic_threshold = 0.0\n\
          {servers}",
         comment(&chosen),

@@ -42,6 +42,10 @@ pub const HEADER: &str = "endpoint-load-metrics";
 /// gRPC's binary header: a base64 `OrcaLoadReport`.
 pub const HEADER_BIN: &str = "endpoint-load-metrics-bin";
 
+/// Most named, utilisation and cost metrics a TEXT report may carry (they are checked for
+/// duplicates, and not used): a peer cannot make the check quadratic.
+const MAX_MAP_METRICS: usize = 64;
+
 /// Base64 with or without padding (grpc-go sends none).
 const BASE64: GeneralPurpose = GeneralPurpose::new(
     &base64::alphabet::STANDARD,
@@ -240,6 +244,11 @@ fn parse_text(text: &[u8]) -> Result<OrcaReport, OrcaError> {
             checked(name, number)?;
             if maps.contains(&name) {
                 return Err(OrcaError::Duplicate(name.to_owned()));
+            }
+            if maps.len() >= MAX_MAP_METRICS {
+                return Err(OrcaError::Unknown(format!(
+                    "{name} (more than {MAX_MAP_METRICS} map metrics)"
+                )));
             }
             maps.push(name);
             continue;

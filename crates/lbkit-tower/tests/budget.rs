@@ -133,4 +133,38 @@ async fn a_retry_not_sent_spends_no_budget() {
         svc.ready().await.unwrap().call(id).await.unwrap();
     }
     assert_eq!(forks.withdrawals.load(Relaxed), 10, "one fork each");
+    // A budget that refuses once the fork has its endpoint: the fork is not sent, and its pick
+    // leaves nothing behind (no call in flight, no cancellation recorded).
+    let refusing = Arc::new(lbkit_core::RetryBudget::new(
+        std::time::Duration::from_secs(10),
+        0,
+        0.0,
+    ));
+    let mut svc = BalanceLayer::new()
+        .requests(CloneRequests::idempotent())
+        .forking(2)
+        .budget(refusing)
+        .layer(pool.clone());
+    let calls_before: u32 = ["a", "b"].iter().map(|n| farm.get(n).calls()).sum();
+    let cancelled = |pool: &lbkit_tower::Pool<_, _>| -> u64 {
+        pool.snapshot()
+            .endpoints()
+            .iter()
+            .map(|e| e.stats().cancellations())
+            .sum()
+    };
+    let cancelled_before = cancelled(&pool);
+    for id in 0..10 {
+        svc.ready().await.unwrap().call(id).await.unwrap();
+    }
+    let calls: u32 = ["a", "b"].iter().map(|n| farm.get(n).calls()).sum();
+    assert_eq!(calls - calls_before, 10, "no fork sent");
+    for e in pool.snapshot().endpoints() {
+        assert_eq!(e.stats().in_flight(), 0);
+    }
+    assert_eq!(
+        cancelled(&pool),
+        cancelled_before,
+        "the abandoned picks record nothing"
+    );
 }

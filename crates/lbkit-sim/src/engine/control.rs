@@ -129,7 +129,8 @@ impl Engine<'_> {
         let reports: Vec<(EndpointKey, (f64, f64, f64))> = self
             .servers
             .iter_mut()
-            .filter(|s| s.member && !s.crashed)
+            // Members and servers held after they left (the balancers filter by what they serve).
+            .filter(|s| !s.crashed)
             .map(|s| {
                 (
                     EndpointKey::from(s.address.as_str()),

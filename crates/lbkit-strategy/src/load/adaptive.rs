@@ -16,10 +16,10 @@
 //! * **Behaviour under trouble**: an overloaded server reports high utilisation and its weight
 //!   falls within a period; a server returning errors is penalised through `eps`; a server that
 //!   stops reporting falls back to the mean after the expiry.
-//! * **Differences from the origin**: a report without queries per second (a server that sends
-//!   only `cpu_utilization`, as many ORCA servers do) weighs `1 / utilization`, as if every
-//!   endpoint served the same rate, where gRPC gives it no weight (the mean); mix such reports
-//!   with full ones only knowingly, since the two scales differ. The scheduler is lbkit's smooth
+//! * **Differences from the origin**: when no endpoint reports queries per second (servers
+//!   that send only `cpu_utilization`, as many ORCA servers do), each weighs `1 / utilization`,
+//!   as if every endpoint served the same rate, where gRPC gives them no weight (the mean).
+//!   When some do, a report without qps gets no weight (the mean), as in gRPC. The scheduler is lbkit's smooth
 //!   weighted round robin instead of gRPC's stride over `u16` weights, with the same shares.
 //! * **Where reports come from**: `lbkit_tower::orca` reads ORCA's `endpoint-load-metrics`
 //!   headers and trailers in the tower layer and both engines of `lbkit proxy`.
@@ -124,14 +124,24 @@ impl Strategy for Adaptive {
     }
 
     fn prepare(&self, snapshot: &Arc<Snapshot>, now: Timestamp) -> AdaptivePicker {
-        let raw: Vec<(EndpointIdx, Result<f64, &'static str>)> = snapshot
+        let reports: Vec<(EndpointIdx, Option<LoadReport>)> = snapshot
             .eligible()
             .iter()
-            .map(|&i| {
-                (
-                    i,
-                    self.weight(snapshot.endpoint(i).stats().load_report(), now),
-                )
+            .map(|&i| (i, snapshot.endpoint(i).stats().load_report()))
+            .collect();
+        // Reports without qps weigh 1 / utilisation only when no endpoint reports qps: the two
+        // scales must not meet (an idle server reporting zero qps would sink to the floor).
+        let with_qps = reports
+            .iter()
+            .any(|(_, r)| r.is_some_and(|r| r.qps > 0.0 && self.weight(Some(r), now).is_ok()));
+        let raw: Vec<(EndpointIdx, Result<f64, &'static str>)> = reports
+            .iter()
+            .map(|&(i, r)| {
+                let w = match r {
+                    Some(r) if with_qps && r.qps <= 0.0 => Err("zero qps"),
+                    r => self.weight(r, now),
+                };
+                (i, w)
             })
             .collect();
         let usable: Vec<f64> = raw.iter().filter_map(|(_, w)| w.ok()).collect();
@@ -271,6 +281,23 @@ mod tests {
             a.weight(s.endpoints()[0].stats().load_report(), T),
             Ok(1.0 / 0.9)
         );
+    }
+
+    // Once any endpoint reports qps, one that reports none gets the mean, as in gRPC: it is
+    // not weighed on the other scale (where 1 / 0.5 = 2 would sink it to the floor).
+    #[test]
+    fn reports_without_qps_do_not_mix_with_full_ones() {
+        let a = Adaptive::default();
+        let s = snap(
+            &[Some((0.5, 100.0, 0.0)), Some((0.5, 0.0, 0.0))],
+            T - Duration::from_secs(60),
+        );
+        let p = a.prepare(&s, T);
+        assert_eq!(shares(&p, 2), [1_000, 1_000]);
+        assert!(p
+            .explain(EndpointIdx::new(1), T)
+            .unwrap()
+            .contains("zero qps"));
     }
 
     #[test]

@@ -315,10 +315,8 @@ where
         let Ok(sel) = s.repick(&copy, now, again, &mut rng) else {
             break;
         };
-        if tried.contains(sel.call.endpoint()) {
-            sel.call.abandon();
-            break; // every available endpoint has its fork
-        }
+        // `repick` picks among the untried only (`AllTried` otherwise).
+        debug_assert!(!tried.contains(sel.call.endpoint()));
         if !attempts.withdraw_fork(&*s.budget, now) {
             sel.call.abandon();
             crate::telemetry::inc(&s.pool.inner.metrics.budget_exhausted);

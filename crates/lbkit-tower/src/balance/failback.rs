@@ -6,8 +6,8 @@
 //!   notifications); choosing it for a service says its requests may be repeated.
 //! * **A fresh pick each time, the failed endpoint included**: the attempts are `period` (5 s)
 //!   apart, long enough for an endpoint to recover, and the caller already has its answer.
-//! * **The retry budget still bounds them**: each background attempt withdraws from the
-//!   layer's budget once it has an endpoint ([`Attempts::grant`](lbkit_core::Attempts::grant));
+//! * **The retry budget still bounds them**: every failback call deposits, as a failover call
+//!   does, and each background attempt withdraws from the layer's budget once it has an endpoint ([`Attempts::grant`](lbkit_core::Attempts::grant));
 //!   a refused one is skipped (counted in `budget_exhausted`) and the next period tries again.
 //!   So failing requests cannot add more retries than failover's would.
 

@@ -289,6 +289,10 @@ where
             )
         };
         Attempts::deposit(&policy, &*shared.budget, now);
+        if matches!(shared.mode, Mode::Failback(_)) {
+            // Failback may retry any call in the background: it deposits as failover does.
+            shared.budget.deposit(now);
+        }
         let first = shared.requests.with_route(&req, |route| {
             let input = crate::pool::PickInput {
                 now,
