@@ -60,7 +60,7 @@ async fn reported(
             if e["load"]["utilization"].as_f64() == Some(utilization) && weighed {
                 return e;
             }
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            tokio::task::yield_now().await;
         }
     })
     .await

@@ -59,6 +59,47 @@ fn attempt_policy(w: &crate::scenario::Workload) -> AttemptPolicy {
     }
 }
 
+/// One client's balancer (or the shared one): the strategy from `make`, its retry budget, and
+/// the control loop that publishes its endpoints, reading `clock` (virtual time).
+fn new_lb(
+    scenario: &Scenario,
+    make: &dyn Fn() -> BoxStrategy,
+    record: Option<&lbkit_trace::Recorder>,
+    clock: &Clock,
+) -> Lb {
+    let w = &scenario.workload;
+    let availability = if w.circuit_breaker {
+        Availability::default()
+    } else {
+        Availability::OFF
+    };
+    let config = ControllerConfig {
+        policy: SnapshotPolicy {
+            panic_threshold: w.panic_threshold,
+            slow_start: None,
+        },
+        outlier: w.outlier_detection.then(OutlierConfig::default),
+        ..ControllerConfig::default()
+    };
+    let mut controller = Controller::new(config).with_clock(clock.clone());
+    let snap = controller
+        .apply_batch(vec![Update::Reset(Vec::new())])
+        .expect("the first batch is published");
+    let balancer = Balancer::new(make(), snap, Timestamp::ZERO).with_availability(availability);
+    Lb {
+        budget: RetryBudget::new(
+            Duration::from_secs(10),
+            w.retry_budget_min_per_sec,
+            w.retry_budget_percent / 100.0,
+        ),
+        balancer: match record {
+            Some(r) => r.attach(balancer, &scenario.name),
+            None => balancer,
+        },
+        controller,
+    }
+}
+
 /// A scheduled event, ordered by time then by scheduling order (earliest first in the heap).
 #[derive(Debug, PartialEq, Eq)]
 struct Entry {
@@ -180,42 +221,9 @@ impl<'a> Engine<'a> {
         } else {
             w.clients as usize
         };
-        let availability = if w.circuit_breaker {
-            Availability::default()
-        } else {
-            Availability::OFF
-        };
-        let policy = SnapshotPolicy {
-            panic_threshold: w.panic_threshold,
-            slow_start: None,
-        };
         let clock = Clock::manual(Timestamp::ZERO);
         let lbs = (0..n_lbs)
-            .map(|_| {
-                let config = ControllerConfig {
-                    policy,
-                    outlier: w.outlier_detection.then(OutlierConfig::default),
-                    ..ControllerConfig::default()
-                };
-                let mut controller = Controller::new(config).with_clock(clock.0.clone());
-                let snap = controller
-                    .apply_batch(vec![Update::Reset(Vec::new())])
-                    .expect("the first batch is published");
-                let balancer =
-                    Balancer::new(make(), snap, Timestamp::ZERO).with_availability(availability);
-                Lb {
-                    budget: RetryBudget::new(
-                        Duration::from_secs(10),
-                        w.retry_budget_min_per_sec,
-                        w.retry_budget_percent / 100.0,
-                    ),
-                    balancer: match record {
-                        Some(r) => r.attach(balancer, &scenario.name),
-                        None => balancer,
-                    },
-                    controller,
-                }
-            })
+            .map(|_| new_lb(scenario, make, record, &clock.0))
             .collect();
         let clients = (0..w.clients)
             .map(|c| Client {

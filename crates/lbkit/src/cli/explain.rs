@@ -141,6 +141,18 @@ fn routed_name(set: Routed) -> &'static str {
     }
 }
 
+/// A load report as `--explain` shows it in text.
+fn load_line(l: &lbkit_core::LoadReport, now: Timestamp) -> String {
+    format!(
+        "load report: utilization {:.3}, qps {}, eps {}; {} ms old, flowing for {} ms",
+        l.utilization,
+        l.qps,
+        l.eps,
+        now.saturating_duration_since(l.at).as_millis(),
+        now.saturating_duration_since(l.since).as_millis()
+    )
+}
+
 /// A load report as `--explain --format json` shows it.
 fn load_json(l: &lbkit_core::LoadReport, now: Timestamp) -> Value {
     json!({
@@ -297,15 +309,7 @@ pub(crate) fn text(out: &mut impl Write, r: &Report, picks: &[String]) -> std::i
         );
         writeln!(out, "      stats: {stats}")?;
         if let Some(l) = &x.load {
-            writeln!(
-                out,
-                "      load report: utilization {:.3}, qps {}, eps {}; {} ms old, flowing for {} ms",
-                l.utilization,
-                l.qps,
-                l.eps,
-                r.now.saturating_duration_since(l.at).as_millis(),
-                r.now.saturating_duration_since(l.since).as_millis()
-            )?;
+            writeln!(out, "      {}", load_line(l, r.now))?;
         }
         if let Some(n) = &x.note {
             writeln!(out, "      {}: {n}", r.strategy)?;
