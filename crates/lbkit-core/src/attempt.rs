@@ -33,7 +33,9 @@
 //! | the client went away or its request broke ([`ClientGone`](Observed::ClientGone)) | `Cancelled` (not the endpoint's failure) | never |
 //!
 //! Every retry further needs: attempts left (`retries` after the first), a copy of the request
-//! (`replayable`), an endpoint not tried yet, time left before the overall deadline, and a
+//! (`replayable`), an endpoint not tried yet, time left before the overall deadline (the
+//! route's, cut to the caller's own: [`Attempts::limit`]), a pushback it can wait out
+//! ([`Attempts::pushed_back`]: the retry waits [`Attempts::retry_wait`] first), and a
 //! withdrawal from the retry budget. A pooled connection that the upstream had closed before it
 //! accepted the request is a transport matter, not an attempt: drivers send once more on a new
 //! connection to the same endpoint without charging it (hyper's client does the same).
@@ -48,6 +50,7 @@ use crate::budget::RetryBudget;
 use crate::error::PickError;
 use crate::rng::FastRng;
 use crate::route::Route;
+use crate::signal::{Pushback, MAX_RETRY_WAIT};
 use crate::stats::{FailureKind, Outcome};
 use crate::strategy::{PickContext, Strategy, TriedSet};
 use crate::time::{duration_nanos, Clock, Timestamp};
@@ -74,6 +77,11 @@ impl Budget for RetryBudget {
         RetryBudget::withdraw(self, now)
     }
 }
+
+/// [`Attempts::pushback_ms`]: no pushback (a zero wait is none).
+const NO_PUSHBACK: u32 = 0;
+/// [`Attempts::pushback_ms`]: the answer asked for no retry.
+const STOP_PUSHBACK: u32 = u32::MAX;
 
 /// How many attempts a call may make and how long each may take.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -256,6 +264,11 @@ pub enum Stop {
     /// A retry was allowed, but every eligible endpoint was tried already
     /// ([`Attempts::retry`]).
     AllTried,
+    /// The answer asked for no retry (a negative or malformed `grpc-retry-pushback-ms`), or
+    /// for a wait longer than the call can give: past its deadline, or beyond
+    /// [`MAX_RETRY_WAIT`](crate::signal::MAX_RETRY_WAIT) when it has none
+    /// ([`Attempts::pushed_back`]).
+    PushedBack,
 }
 
 /// The attempts of one call. Made per call by the driver, moved along with it; see the
@@ -303,6 +316,9 @@ pub struct Attempts {
     started: Timestamp,
     /// The request's tracing decision, from its first attempt's guard.
     trace: TraceId,
+    /// What the last attempt's answer asked for before a retry, in milliseconds (4 bytes that
+    /// fit the state's padding): [`NO_PUSHBACK`], [`STOP_PUSHBACK`] or the wait.
+    pushback_ms: u32,
 }
 
 // === impl Attempts ===
@@ -350,6 +366,61 @@ impl Attempts {
             replayable,
             started,
             trace: TraceId::UNDECIDED,
+            pushback_ms: NO_PUSHBACK,
+        }
+    }
+
+    /// Cut the call's overall deadline to `deadline` from its start when that is sooner: the
+    /// caller's own (`grpc-timeout`, a deadline header: [`crate::signal`]). Every attempt's
+    /// [`timeout`](Self::timeout) is then at most what is left of it, and no retry starts
+    /// past it.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use lbkit_core::{AttemptPolicy, Attempts, Timestamp};
+    /// let policy = AttemptPolicy { retries: 1, per_try: None, overall: Some(Duration::from_secs(5)) };
+    /// let mut call = Attempts::resume(policy, true, true, Timestamp::ZERO);
+    /// call.limit(Duration::from_millis(300));
+    /// assert_eq!(call.timeout(Timestamp::from_millis(100)), Some(Duration::from_millis(200)));
+    /// call.limit(Duration::from_secs(9)); // a longer one changes nothing
+    /// assert_eq!(call.policy().overall, Some(Duration::from_millis(300)));
+    /// ```
+    #[inline]
+    pub fn limit(&mut self, deadline: Duration) {
+        let overall = self.policy.overall.map_or(deadline, |o| o.min(deadline));
+        self.policy.overall = Some(overall);
+    }
+
+    /// The last attempt's answer pushed back ([`crate::signal::pushback`]): a retry waits
+    /// [`retry_wait`](Self::retry_wait) before it is sent, and none is made when the answer
+    /// asked for none or for a wait the call cannot give ([`Stop::PushedBack`], or
+    /// [`Stop::DeadlinePassed`] when the wait outlasts the deadline).
+    #[inline]
+    pub fn pushed_back(&mut self, pushback: Pushback) {
+        self.pushback_ms = match pushback {
+            Pushback::Stop => STOP_PUSHBACK,
+            Pushback::Wait(w) => {
+                let ms = w.as_nanos().div_ceil(1_000_000);
+                u32::try_from(ms).map_or(STOP_PUSHBACK - 1, |ms| ms.min(STOP_PUSHBACK - 1))
+            }
+        };
+    }
+
+    fn pushback(&self) -> Option<Pushback> {
+        match self.pushback_ms {
+            NO_PUSHBACK => None,
+            STOP_PUSHBACK => Some(Pushback::Stop),
+            ms => Some(Pushback::Wait(Duration::from_millis(u64::from(ms)))),
+        }
+    }
+
+    /// How long a retry of this call waits before it is picked and sent: the last answer's
+    /// pushback, zero when none. Ask only once [`may_retry`](Self::may_retry) allows one.
+    #[inline]
+    pub fn retry_wait(&self) -> Duration {
+        match self.pushback() {
+            Some(Pushback::Wait(w)) => w,
+            _ => Duration::ZERO,
         }
     }
 
@@ -417,6 +488,7 @@ impl Attempts {
     pub fn begin(&mut self, endpoint: &crate::Endpoint) {
         self.tried.insert(endpoint);
         self.begun += 1;
+        self.pushback_ms = NO_PUSHBACK;
     }
 
     /// Pick the next attempt's endpoint with `balancer` (an endpoint not tried yet) and begin
@@ -546,9 +618,13 @@ impl Attempts {
     /// was found allowed. For drivers that pick the retry's endpoint themselves: pick, then
     /// [`grant`](Self::grant), so that a retry with nowhere to go spends no budget.
     ///
+    /// A pushback ([`pushed_back`](Self::pushed_back)) must fit: the retry is found allowed
+    /// only when its wait ends before the overall deadline (or, without one, is at most
+    /// [`MAX_RETRY_WAIT`](crate::signal::MAX_RETRY_WAIT)).
+    ///
     /// # Errors
     /// Why there is no retry (never [`Stop::BudgetExhausted`] or [`Stop::AllTried`]).
-    pub fn may_retry(&mut self, c: Classified, clock: &Clock) -> Result<Timestamp, Stop> {
+    pub fn may_retry(&self, c: Classified, clock: &Clock) -> Result<Timestamp, Stop> {
         let allowed = match c.retry {
             RetryWhen::Never => false,
             RetryWhen::Idempotent => self.idempotent,
@@ -567,7 +643,22 @@ impl Attempts {
         if self.deadline_passed(now) {
             return Err(Stop::DeadlinePassed);
         }
+        self.pushback_fits(now)?;
         Ok(now)
+    }
+
+    /// Whether the last answer's pushback lets a retry start after its wait.
+    fn pushback_fits(&self, now: Timestamp) -> Result<(), Stop> {
+        let wait = match self.pushback() {
+            None => return Ok(()),
+            Some(Pushback::Stop) => return Err(Stop::PushedBack),
+            Some(Pushback::Wait(w)) => w,
+        };
+        match self.policy.overall {
+            Some(_) if self.deadline_passed(now.saturating_add(wait)) => Err(Stop::DeadlinePassed),
+            None if wait > MAX_RETRY_WAIT => Err(Stop::PushedBack),
+            _ => Ok(()),
+        }
     }
 
     /// Withdraw one retry from `budget` at `now`, once the retry has an endpoint to go to.

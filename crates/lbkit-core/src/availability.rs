@@ -7,7 +7,9 @@
 //!   trips the breaker for `min(2^(failures − threshold) × base, max)` = 10 s, 20 s, then 30 s
 //!   from the last failure (`ServerStats.getCircuitBreakerBlackoutPeriod`); or
 //! * at or above **`max_in_flight`** concurrent calls (Ribbon's `activeConnectionsLimit`,
-//!   unlimited by default).
+//!   unlimited by default); or
+//! * **pushed back**: it answered `429`, `503` with `Retry-After`, or `grpc-retry-pushback-ms`
+//!   and the time it asked for has not passed ([`crate::signal`]; on by default).
 //!
 //! As in Ribbon, when every endpoint is filtered out the filter is ignored rather than failing
 //! the call, and the re-pick loop is bounded (Ribbon tries 10 times, then falls back).
@@ -84,6 +86,9 @@ pub struct Availability {
     pub circuit_breaker: Option<CircuitBreaker>,
     /// Pass over endpoints with at least this many calls in flight (`None`: no limit).
     pub max_in_flight: Option<u32>,
+    /// Pass over endpoints that pushed back until the time they asked for
+    /// ([`EndpointStats::push_back`](crate::EndpointStats::push_back)).
+    pub pushback: bool,
 }
 
 impl Default for Availability {
@@ -91,6 +96,7 @@ impl Default for Availability {
         Availability {
             circuit_breaker: Some(CircuitBreaker::default()),
             max_in_flight: None,
+            pushback: true,
         }
     }
 }
@@ -110,6 +116,11 @@ pub enum Unavailable {
         /// The limit.
         limit: u32,
     },
+    /// The endpoint pushed back until this time.
+    PushedBack {
+        /// When the pushback ends.
+        until: Timestamp,
+    },
 }
 
 // === impl Availability ===
@@ -119,6 +130,7 @@ impl Availability {
     pub const OFF: Availability = Availability {
         circuit_breaker: None,
         max_in_flight: None,
+        pushback: false,
     };
 
     /// Whether `endpoint` may be picked at `now`.
@@ -142,6 +154,11 @@ impl Availability {
                 return Some(Unavailable::Busy { in_flight, limit });
             }
         }
+        if self.pushback {
+            if let Some(until) = stats.pushed_back_until(now) {
+                return Some(Unavailable::PushedBack { until });
+            }
+        }
         let breaker = self.circuit_breaker.as_ref()?;
         breaker
             .tripped_until_live(stats, now)
@@ -153,6 +170,25 @@ impl Availability {
 mod tests {
     use super::*;
     use crate::{EndpointSpec, EndpointStats, FailureKind, Outcome};
+
+    #[test]
+    fn a_pushback_passes_the_endpoint_over_until_it_ends() {
+        let e = Endpoint::new(
+            EndpointSpec::new("a:1"),
+            Arc::new(EndpointStats::default()),
+            Timestamp::ZERO,
+        );
+        e.stats()
+            .push_back(Timestamp::from_millis(1_000), Duration::from_secs(2));
+        let until = Timestamp::from_millis(3_000);
+        let f = Availability::default();
+        assert_eq!(
+            f.check(&e, Timestamp::from_millis(2_999)),
+            Some(Unavailable::PushedBack { until })
+        );
+        assert!(f.admits(&e, until));
+        assert!(Availability::OFF.admits(&e, Timestamp::from_millis(2_000)));
+    }
     use std::sync::Arc;
 
     #[test]
@@ -212,6 +248,7 @@ mod tests {
         let f = Availability {
             circuit_breaker: None,
             max_in_flight: Some(2),
+            pushback: false,
         };
         e.stats().start();
         assert!(f.admits(&e, Timestamp::ZERO));

@@ -59,6 +59,7 @@ mod policy;
 mod rng;
 pub mod route;
 pub mod shadow;
+pub mod signal;
 mod snapshot;
 mod stats;
 mod strategy;

@@ -90,6 +90,7 @@ pub struct LiveStats {
     success_nanos: AtomicU64,
     last_failure_ns: AtomicU64, // 0 = never
     ewma: PeakEwma,
+    pushback_until_ns: AtomicU64, // 0 = never
 }
 
 #[cfg(not(lbkit_loom))]
@@ -106,6 +107,7 @@ impl LiveStats {
             success_nanos: AtomicU64::new(0),
             last_failure_ns: AtomicU64::new(0),
             ewma: PeakEwma::new(Duration::from_secs(1)),
+            pushback_until_ns: AtomicU64::new(0),
         }
     }
 
@@ -134,6 +136,7 @@ impl LiveStats {
         self.successes.store(0, Relaxed);
         self.success_nanos.store(0, Relaxed);
         self.last_failure_ns.store(0, Relaxed);
+        self.pushback_until_ns.store(0, Relaxed);
         self.ewma.reset(ewma_decay);
     }
 
@@ -171,6 +174,21 @@ impl LiveStats {
             0 => None,
             ns => Some(Timestamp::from_nanos(ns)),
         }
+    }
+
+    /// Until when the endpoint asked to be left alone (a `429`, a `503` with `Retry-After`,
+    /// `grpc-retry-pushback-ms`: [`crate::signal`]), if that is after `now`.
+    #[inline]
+    pub fn pushed_back_until(&self, now: Timestamp) -> Option<Timestamp> {
+        let until = self.pushback_until_ns.load(Relaxed);
+        (until > now.as_nanos()).then(|| Timestamp::from_nanos(until))
+    }
+
+    /// Leave the endpoint alone until `until` (a later pushback extends, an earlier one does
+    /// not shorten one already running).
+    pub(crate) fn push_back(&self, until: Timestamp) {
+        self.pushback_until_ns
+            .fetch_max(until.as_nanos().max(1), Relaxed);
     }
 
     /// Peak-EWMA latency in nanoseconds projected to `now`, or `None` before the first sample.

@@ -305,6 +305,30 @@ impl EndpointStats {
         }
     }
 
+    /// The endpoint asked at `now` to be left alone for `wait` (a pushback:
+    /// [`crate::signal`]): picks pass it over until then when the balancer's
+    /// [`Availability`](crate::Availability) honours pushback (the default). At most
+    /// [`MAX_ENDPOINT_PUSHBACK`](crate::signal::MAX_ENDPOINT_PUSHBACK); a later pushback
+    /// extends, an earlier one does not shorten the one running.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use lbkit_core::{EndpointStats, Timestamp};
+    /// let stats = EndpointStats::default();
+    /// stats.push_back(Timestamp::from_millis(1_000), Duration::from_secs(2));
+    /// assert_eq!(stats.pushed_back_until(Timestamp::from_millis(2_000)), Some(Timestamp::from_millis(3_000)));
+    /// assert_eq!(stats.pushed_back_until(Timestamp::from_millis(3_000)), None);
+    /// ```
+    pub fn push_back(&self, now: Timestamp, wait: Duration) {
+        let wait = wait.min(crate::signal::MAX_ENDPOINT_PUSHBACK);
+        self.live.push_back(now.saturating_add(wait));
+    }
+
+    /// Until when the endpoint asked to be left alone, if that is after `now`.
+    pub fn pushed_back_until(&self, now: Timestamp) -> Option<Timestamp> {
+        self.live.pushed_back_until(now)
+    }
+
     /// The last load report, if any.
     pub fn load_report(&self) -> Option<LoadReport> {
         let at = self.load_at_ns.load(Relaxed);

@@ -3,7 +3,7 @@
 //! | request | answer |
 //! |---|---|
 //! | `GET /healthz` | `ok` |
-//! | `GET /endpoints` | JSON: per service, its strategy and each endpoint's address, weight, effective weight, eligible, healthy, ejected, in_flight, ewma_ms, requests, failures, the last load report (`load`: utilization, qps, eps, age_ms, flowing_ms; ORCA `endpoint-load-metrics` from the answers) and the strategy's note on it (`strategy_note`: for `adaptive`, its share and where its weight comes from) |
+//! | `GET /endpoints` | JSON: per service, its strategy and each endpoint's address, weight, effective weight, eligible, healthy, ejected, in_flight, ewma_ms, requests, failures, the last load report (`load`: utilization, qps, eps, age_ms, flowing_ms; ORCA `endpoint-load-metrics` from the answers) the strategy's note on it (`strategy_note`: for `adaptive`, its share and where its weight comes from) and, while it asks to be left alone (`429`, `503` with `Retry-After`, `grpc-retry-pushback-ms`), the milliseconds left (`pushed_back_ms`, else null; picks pass it over meanwhile) |
 //! | `GET /metrics` | OpenMetrics text (Prometheus reads it; every family with `# HELP` and `# TYPE`): per service `lbkit_proxy_requests_total`, `lbkit_proxy_failures_total`, `lbkit_proxy_in_flight`, `lbkit_proxy_request_duration_seconds`; the families a tower pool writes too (`lbkit_tower::telemetry`): retries and refused retries, discovery (snapshots published, source errors, empty pushes held), per endpoint calls, failures by kind, cancellations, in-flight, ejections, eligibility, call latency histogram; client connections open (`lbkit_proxy_client_connections`, upgraded tunnels included) and their limit; with several workers, the connections each serves (`lbkit_proxy_worker_connections{worker}`) |
 //! | `PUT /services/{name}/strategy` | body `{"strategy": "p2c-ewma", "params": {"default_rtt_ms": 20}}`: switch at run time |
 //! | `PUT /services/{name}/shadow` | the same body: run that strategy as a shadow beside the live one (it picks for every first attempt too, nothing is sent; it survives strategy switches, not reloads) |
@@ -249,6 +249,8 @@ pub(crate) fn endpoints_json<'a>(
                         "flowing_ms": now.saturating_duration_since(l.since).as_millis() as u64,
                     })),
                     "strategy_note": e.is_eligible().then(|| prepared.picker().explain(idx, now)).flatten(),
+                    "pushed_back_ms": e.stats().pushed_back_until(now)
+                        .map(|until| until.saturating_duration_since(now).as_millis() as u64),
                 })
             })
             .collect();

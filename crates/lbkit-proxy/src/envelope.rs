@@ -79,17 +79,18 @@ impl Drop for Envelope<'_> {
 }
 
 /// The proxy's answer to a call whose last attempt got no answer (`observed`) and stopped for
-/// `stop`: 504 after a timeout, else 502, saying when the retry budget was the reason.
+/// `stop`: 504 after a timeout or once the deadline passed, else 502, saying when the retry
+/// budget or the deadline was the reason.
 pub(crate) fn failure_answer(observed: Observed, stop: Stop) -> (u16, &'static str) {
-    let code = if observed == Observed::Timeout {
+    let code = if observed == Observed::Timeout || stop == Stop::DeadlinePassed {
         504
     } else {
         502
     };
-    let text = if stop == Stop::BudgetExhausted {
-        "upstream failed (retry budget exhausted)\n"
-    } else {
-        "upstream failed\n"
+    let text = match stop {
+        Stop::BudgetExhausted => "upstream failed (retry budget exhausted)\n",
+        Stop::DeadlinePassed => "deadline exceeded\n",
+        _ => "upstream failed\n",
     };
     (code, text)
 }

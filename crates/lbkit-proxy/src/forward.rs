@@ -36,7 +36,10 @@ use lbkit_core::{
     RequestTagBuf, RetryWhen, Route, Stop,
 };
 use lbkit_strategy::KeyExtractor;
-use lbkit_tower::http::{grpc_failure, trailers_outcome, HttpKeySource, SourceAddr};
+use lbkit_tower::http::{
+    deadline, grpc_failure, is_grpc, propagate_deadline, record_pushback, trailers_outcome,
+    HttpKeySource, SourceAddr,
+};
 use lbkit_tower::orca;
 use lbkit_tower::policy::GrpcCodes;
 
@@ -76,8 +79,10 @@ pub(crate) async fn serve(
         return (local(StatusCode::NOT_FOUND, "no route\n"), None);
     };
     let envelope = Envelope::open(route);
+    let grpc = is_grpc(req.headers());
     let resp = forward(&envelope, req, peer).await;
     envelope.close(resp.status().as_u16(), None);
+    let resp = if grpc { grpc_local(resp) } else { resp };
     (resp, route.policy.overall)
 }
 
@@ -137,6 +142,12 @@ async fn forward(
     let (policy, started) = (envelope.route().policy, envelope.started());
     // A streamed body is replayable until it outgrows the bound (checked before each retry).
     let mut attempts = Attempts::start(policy, service.budget(), out.idempotent, true, started);
+    if let Some(d) = out.deadline {
+        attempts.limit(d);
+    }
+    if attempts.deadline_passed(service.clock().now()) {
+        return local(StatusCode::GATEWAY_TIMEOUT, "deadline exceeded\n");
+    }
     let mut rng = FastRng::from_entropy();
     let mut guard = match service.pick(&mut attempts, started, out.route(), &mut rng) {
         Ok(g) => g,
@@ -149,12 +160,18 @@ async fn forward(
         };
         let limit = attempts.timeout(service.clock().now());
         let deadline = limit.map(|l| tokio::time::Instant::now() + l);
+        let upstream = out.tell_deadline(upstream, limit, service);
         let tried = match send(service, upstream, limit).await {
             Ok(resp) if resp.status() == StatusCode::SWITCHING_PROTOCOLS => {
                 return switch(out.upgrade.take(), resp, guard);
             }
             Ok(resp) => {
                 orca::record(resp.headers(), guard.endpoint().stats(), service.clock());
+                let stats = guard.endpoint().stats();
+                let now = service.clock().now();
+                if let Some(p) = record_pushback(resp.status(), resp.headers(), stats, now) {
+                    attempts.pushed_back(p);
+                }
                 // The body of a small answer is read within what is left of the attempt's limit
                 // (one timer for head and body, as on the fast path); a failure then is the
                 // endpoint's, never the client's upload's.
@@ -182,6 +199,7 @@ async fn forward(
             let back = out.reclaim(left.map_or(RECLAIM_WAIT, |l| l.min(RECLAIM_WAIT)));
             attempts.set_replayable(back.await);
         }
+        service.wait_pushback(&attempts, c).await;
         match service.retry(&mut attempts, c, out.route(), &mut rng) {
             Ok((next, at)) => {
                 guard.finish_at(c.outcome, at);
@@ -270,6 +288,10 @@ struct Outgoing {
     upgrade: Option<tunnel::Ask>,
     idempotent: bool,
     h2c: bool,
+    /// The caller's deadline (`grpc-timeout`, the service's `deadline_header`), from the start.
+    deadline: Option<Duration>,
+    /// A gRPC request: its upstream is told the time left in `grpc-timeout`.
+    grpc: bool,
 }
 
 impl Outgoing {
@@ -292,7 +314,10 @@ impl Outgoing {
             u.ask_upstream(&mut parts.headers);
         }
         let idempotent = is_idempotent_method(parts.method.as_str().as_bytes());
-        let limit = envelope.route().policy.overall.unwrap_or(Duration::MAX);
+        let deadline = deadline(&parts.headers, service.deadline_header());
+        let grpc = is_grpc(&parts.headers);
+        let route_limit = envelope.route().policy.overall.unwrap_or(Duration::MAX);
+        let limit = deadline.map_or(route_limit, |d| d.min(route_limit));
         let (body, upload, reclaim) = replayable(body, limit).await?;
         Ok(Outgoing {
             parts,
@@ -304,7 +329,24 @@ impl Outgoing {
             upgrade,
             idempotent,
             h2c,
+            deadline,
+            grpc,
         })
+    }
+
+    /// `upstream` telling the endpoint how long it has (`limit`, this attempt's time left):
+    /// in `grpc-timeout` for gRPC, and in the service's `deadline_header` when configured.
+    fn tell_deadline(
+        &self,
+        mut upstream: Request<UpstreamBody>,
+        limit: Option<Duration>,
+        service: &Service,
+    ) -> Request<UpstreamBody> {
+        if let Some(left) = limit {
+            let header = service.deadline_header();
+            propagate_deadline(upstream.headers_mut(), left, self.grpc, header);
+        }
+        upstream
     }
 
     /// The request's hash key and routing tag.
@@ -404,6 +446,7 @@ fn relay(
             // makes a success a failure.
             let outcome = trailers.as_ref().map_or(outcome, |t| {
                 orca::record(t, guard.endpoint().stats(), clock);
+                record_pushback(rparts.status, t, guard.endpoint().stats(), clock.now());
                 trailers_outcome(outcome, t, GrpcCodes::DEFAULT)
             });
             guard.finish(outcome);
@@ -420,15 +463,50 @@ fn classify_head(status: StatusCode, headers: &http::HeaderMap) -> Classified {
     })
 }
 
+/// Marks a proxy-made response ([`local`]).
+#[derive(Clone, Copy, Debug)]
+struct Local;
+
 /// A proxy-made response.
 pub(crate) fn local(status: StatusCode, text: &str) -> Response<ProxyBody> {
     let mut resp = Response::new(ProxyBody::local(Bytes::copy_from_slice(text.as_bytes())));
+    resp.extensions_mut().insert(Local);
     *resp.status_mut() = status;
     resp.headers_mut().insert(
         http::header::CONTENT_TYPE,
         http::HeaderValue::from_static("text/plain; charset=utf-8"),
     );
     resp
+}
+
+/// A proxy-made answer to a gRPC request, as gRPC clients read one: trailers-only (`200`,
+/// `grpc-status`, `grpc-message`), the status by gRPC's HTTP mapping, except that `504` (the
+/// deadline passed, the caller's or the route's) is `DEADLINE_EXCEEDED` (4). Upstream answers
+/// pass as they came.
+fn grpc_local(resp: Response<ProxyBody>) -> Response<ProxyBody> {
+    if resp.extensions().get::<Local>().is_none() {
+        return resp;
+    }
+    let code = match resp.status().as_u16() {
+        504 => "4",        // DEADLINE_EXCEEDED
+        400 | 408 => "13", // INTERNAL
+        401 => "16",       // UNAUTHENTICATED
+        403 => "7",        // PERMISSION_DENIED
+        404 => "12",       // UNIMPLEMENTED
+        _ => "14",         // UNAVAILABLE (429, 502, 503 and the rest)
+    };
+    let text = resp.status().canonical_reason().unwrap_or("proxy error");
+    let mut answer = Response::new(ProxyBody::local(Bytes::new()));
+    let h = answer.headers_mut();
+    h.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/grpc"),
+    );
+    h.insert("grpc-status", http::HeaderValue::from_static(code));
+    if let Ok(v) = http::HeaderValue::from_str(text) {
+        h.insert("grpc-message", v);
+    }
+    answer
 }
 
 /// A request body as it goes upstream: the body, how far a streamed one got, and how to take a

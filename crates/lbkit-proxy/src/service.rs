@@ -73,6 +73,8 @@ pub struct Service {
     tags: HttpTags,
     /// The trace recorder (`trace`), attached to every balancer the service builds.
     trace: Option<Arc<lbkit_trace::Recorder>>,
+    /// `deadline_header`, its name prepared (validated with the configuration).
+    deadline_header: Option<http::HeaderName>,
 }
 
 // === impl Service ===
@@ -140,9 +142,18 @@ impl Service {
             ejections: ArcSwap::default(),
             discovery: std::sync::OnceLock::new(),
             tags: HttpTags::new(config.tags.headers()),
+            deadline_header: config
+                .deadline_header
+                .as_deref()
+                .and_then(|h| http::HeaderName::from_bytes(h.as_bytes()).ok()),
             config: config.clone(),
             trace,
         })
+    }
+
+    /// The request header carrying the caller's deadline in milliseconds, if configured.
+    pub(crate) fn deadline_header(&self) -> Option<&http::HeaderName> {
+        self.deadline_header.as_ref()
     }
 
     /// Run the strategy `name` with `params` as a shadow beside the live one (see
@@ -257,6 +268,16 @@ impl Service {
         next
     }
 
+    /// Wait out the last answer's pushback (`Attempts::retry_wait`) before a retry, when a
+    /// retry is allowed at all: a retry that honours `Retry-After` or `grpc-retry-pushback-ms`
+    /// instead of hammering the next endpoint at once.
+    pub(crate) async fn wait_pushback(&self, attempts: &Attempts, c: Classified) {
+        let wait = attempts.retry_wait();
+        if !wait.is_zero() && attempts.may_retry(c, &self.clock).is_ok() {
+            tokio::time::sleep(wait).await;
+        }
+    }
+
     /// Request counters.
     pub fn metrics(&self) -> &ServiceMetrics {
         &self.metrics
@@ -338,6 +359,7 @@ fn balancer(
             .then(CircuitBreaker::default),
         max_in_flight: (config.availability.max_in_flight > 0)
             .then_some(config.availability.max_in_flight),
+        pushback: config.availability.pushback,
     };
     let balancer = Balancer::new(strategy, snapshot, clock.now())
         .with_availability(availability)

@@ -253,7 +253,9 @@ fn parse_answer(got: &[u8]) -> Answer {
             .then(|| v.trim().parse::<usize>().ok())
             .flatten()
     });
-    let from_proxy = body.starts_with("upstream failed") || body.starts_with("upstream timed out");
+    let from_proxy = body.starts_with("upstream failed")
+        || body.starts_with("upstream timed out")
+        || body.starts_with("deadline exceeded");
     match length {
         Some(n) if body.len() < n => Answer::Truncated(code),
         _ if from_proxy && (code == 502 || code == 504) => Answer::Failed,

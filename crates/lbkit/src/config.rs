@@ -28,6 +28,7 @@
 //! | `availability.breaker_base_ms` | `10000` | first blackout, doubled per further failure |
 //! | `availability.breaker_max_ms` | `30000` | longest blackout |
 //! | `availability.max_in_flight` | unlimited | pass over endpoints with this many calls in flight |
+//! | `availability.pushback` | `true` | pass over endpoints that answered `429`, `503` with `Retry-After` or `grpc-retry-pushback-ms`, for the time asked (at most 60 s) |
 //!
 //! Snapshot-wide policies, per service (inherited from `[defaults]`, not per method):
 //!
@@ -197,6 +198,9 @@ struct AvailabilityEntry {
     breaker_base_ms: Option<u64>,
     breaker_max_ms: Option<u64>,
     max_in_flight: Option<u32>,
+    /// Pass over endpoints that pushed back (429, 503 with Retry-After,
+    /// grpc-retry-pushback-ms) until the time they asked for; default true.
+    pushback: Option<bool>,
 }
 
 impl AvailabilityEntry {
@@ -208,6 +212,7 @@ impl AvailabilityEntry {
             breaker_base_ms: self.breaker_base_ms.or(parent.breaker_base_ms),
             breaker_max_ms: self.breaker_max_ms.or(parent.breaker_max_ms),
             max_in_flight: self.max_in_flight.or(parent.max_in_flight),
+            pushback: self.pushback.or(parent.pushback),
         }
     }
 
@@ -221,6 +226,7 @@ impl AvailabilityEntry {
         Availability {
             circuit_breaker: self.circuit_breaker.unwrap_or(true).then_some(breaker),
             max_in_flight: self.max_in_flight,
+            pushback: self.pushback.unwrap_or(true),
         }
     }
 }
@@ -468,7 +474,8 @@ strategy = "weighted-response-time"
             svc.availability,
             Availability {
                 circuit_breaker: None,
-                max_in_flight: Some(50)
+                max_in_flight: Some(50),
+                pushback: true,
             }
         );
         let hello = c.resolve("com.acme.Greeter", Some("sayHello"));

@@ -375,12 +375,81 @@ fn a_timeout_is_retried_only_while_the_overall_deadline_has_time_left() {
 #[test]
 fn the_state_is_small_and_allocation_free() {
     // A driver keeps it in its future for the whole call (200 bytes since it carries the
-    // request's tracing decision, 8 of them).
+    // request's tracing decision, 8 of them; 208 with the last answer's pushback).
     assert!(
-        std::mem::size_of::<Attempts>() <= 200,
+        std::mem::size_of::<Attempts>() <= 208,
         "{}",
         std::mem::size_of::<Attempts>()
     );
     fn copy<T: Copy + Send + Sync + 'static>() {}
     copy::<Attempts>();
+}
+
+#[test]
+fn a_callers_deadline_cuts_every_attempt_and_stops_retries() {
+    let budget = Counting::allowing(10);
+    let with_overall = AttemptPolicy {
+        retries: 3,
+        per_try: Some(Duration::from_millis(400)),
+        overall: Some(Duration::from_secs(5)),
+    };
+    let mut call = Attempts::start(with_overall, &budget, true, true, t(0));
+    call.limit(Duration::from_millis(500));
+    assert_eq!(call.timeout(t(0)), Some(Duration::from_millis(400)));
+    assert_eq!(call.timeout(t(300)), Some(Duration::from_millis(200)));
+    let (clock, hand) = Clock::manual(t(500));
+    let c = Observed::Timeout.classify();
+    assert_eq!(
+        call.after(c, &budget, &clock),
+        Next::Answer(Stop::DeadlinePassed)
+    );
+    hand.set(t(499));
+    assert_eq!(call.after(c, &budget, &clock), Next::Retry);
+    // Without a route deadline the caller's is the call's.
+    let mut bare = Attempts::resume(policy(1), true, true, t(0));
+    bare.limit(Duration::from_millis(50));
+    assert_eq!(bare.timeout(t(20)), Some(Duration::from_millis(30)));
+    assert!(bare.deadline_passed(t(50)));
+}
+
+#[test]
+fn a_pushback_delays_the_retry_or_ends_the_call() {
+    let budget = Counting::allowing(10);
+    let (clock, _hand) = Clock::manual(t(0));
+    let c = Observed::Status(503).classify();
+    let deadline = AttemptPolicy {
+        retries: 2,
+        per_try: None,
+        overall: Some(Duration::from_millis(1_000)),
+    };
+    let mut call = Attempts::start(deadline, &budget, true, true, t(0));
+    call.pushed_back(Pushback::Wait(Duration::from_millis(200)));
+    assert_eq!(call.may_retry(c, &clock), Ok(t(0)));
+    assert_eq!(call.retry_wait(), Duration::from_millis(200));
+    // A wait that outlasts the deadline: answer now.
+    call.pushed_back(Pushback::Wait(Duration::from_millis(1_000)));
+    assert_eq!(call.may_retry(c, &clock), Err(Stop::DeadlinePassed));
+    call.pushed_back(Pushback::Stop);
+    assert_eq!(
+        call.after(c, &budget, &clock),
+        Next::Answer(Stop::PushedBack)
+    );
+    // Without a deadline, up to MAX_RETRY_WAIT.
+    let mut open = Attempts::start(policy(2), &budget, true, true, t(0));
+    open.pushed_back(Pushback::Wait(crate::signal::MAX_RETRY_WAIT));
+    assert!(open.may_retry(c, &clock).is_ok());
+    open.pushed_back(Pushback::Wait(crate::signal::MAX_RETRY_WAIT * 2));
+    assert_eq!(open.may_retry(c, &clock), Err(Stop::PushedBack));
+    // The next attempt starts clean.
+    let snap = Arc::new(Snapshot::from_specs(
+        vec![EndpointSpec::new("a:1"), EndpointSpec::new("b:1")],
+        t(0),
+    ));
+    let balancer = Balancer::new(FirstUntried, snap, t(0));
+    let mut rng = FastRng::seed_from_u64(1);
+    let g = open
+        .pick(&balancer, t(0), Route::default(), &mut rng)
+        .unwrap();
+    assert_eq!(open.retry_wait(), Duration::ZERO);
+    g.finish(Outcome::Success);
 }

@@ -237,6 +237,12 @@ impl ServiceConfig {
                 return Err(err(field, format!("{name:?} is not a header name")));
             }
         }
+        if let Some(name) = &self.deadline_header {
+            if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                let why = format!("{name:?} is not a header name");
+                return Err(err("deadline_header", why));
+            }
+        }
         if let Some(t) = &self.trace {
             if let Err(lbkit_trace::TraceError::Config { field, reason }) = t.config().validate() {
                 return Err(err(&format!("trace.{field}"), reason));

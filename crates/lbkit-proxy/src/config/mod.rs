@@ -47,8 +47,11 @@
 //! upstream_idle_timeout_ms = 50000      # default 50 s: an idle upstream keep-alive connection is closed after this (keep it below the upstreams' own idle limit)
 //! upstream_max_idle = 256               # default 256, at least 1: idle upstream HTTP/1.1 connections kept per endpoint and worker thread; an upstream connect finished after its request went (an HTTP/2 client reset the stream) waits there for the next request instead of being closed unused (nginx's upstream `keepalive`, 32 per worker there; Envoy keeps all)
 //! h2c = false                           # default false: talk HTTP/2 cleartext to the upstreams (`:authority` = the endpoint's address, no `Host`, RFC 9113 §8.3.1; the client's host goes in `Forwarded: host=`; a connection on which a call gave up waiting is sent a PING, and closed when no PONG comes within connect_timeout_ms)
+//! deadline_header = "x-request-timeout"  # default none: a request header of whole milliseconds that cuts the route's timeout_ms (the caller's deadline), rewritten to the time left on each attempt; gRPC's `grpc-timeout` is always honoured and rewritten the same way (Dubbo's timeout-countdown, gRPC deadline propagation); a deadline that has passed is answered 504, or `grpc-status: 4` (DEADLINE_EXCEEDED) to gRPC, with no attempt
 //! forwarded_headers = ["x-forwarded-for", "forwarded"]  # default both: the headers the client is appended to (`forwarded` is RFC 7239's, with proto and host); one left out is passed on as the client sent it; [] appends none (HAProxy without `option forwardfor`)
 //! availability = { max_in_flight = 0 }  # default 0 = unlimited; plus `circuit_breaker` (default false)
+//!                                       # and `pushback` (default true: pass over an endpoint that
+//!                                       # answered 429, 503 + Retry-After or grpc-retry-pushback-ms)
 //! outlier_detection = { enabled = true, interval_ms = 10000, consecutive_failures = 5, base_ejection_ms = 30000, max_ejection_percent = 10 }
 //! removal_protection = { enabled = true, max_share = 0.5, window_ms = 10000, confirm_ms = 120000 }
 //! #   mass-removal protection (default on): when the source's set shrinks by more than max_share of its largest size within window_ms (by more than one endpoint; additions count, so a blue/green switch holds nothing), the endpoints gone stay served until each is confirmed gone — its health check fails, outlier detection ejects it, or confirm_ms passes — as Eureka's self-preservation holds instances; the empty set is held as before (Dubbo's empty-push protection). Logged ("mass removal held"), counted (lbkit_discovery_removals_held_total, lbkit_discovery_endpoints_held)
@@ -295,6 +298,11 @@ pub struct ServiceConfig {
     /// The headers the client is appended to. Default both.
     #[serde(default)]
     pub forwarded_headers: ForwardedHeaders,
+    /// A request header of whole milliseconds carrying the caller's deadline
+    /// (`x-request-timeout`), honoured and rewritten to the time left on each attempt.
+    /// `grpc-timeout` is honoured always. Default none.
+    #[serde(default)]
+    pub deadline_header: Option<String>,
     /// Pick-time filters.
     #[serde(default)]
     pub availability: AvailabilityConfig,
@@ -475,7 +483,7 @@ pub struct ZooKeeper {
 }
 
 /// `availability = { .. }`.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AvailabilityConfig {
     /// Most calls in flight per endpoint; 0 = unlimited (default).
@@ -484,6 +492,20 @@ pub struct AvailabilityConfig {
     /// Ribbon's circuit breaker. Default false (outlier detection does that job here).
     #[serde(default)]
     pub circuit_breaker: bool,
+    /// Pass over an endpoint that pushed back (429, 503 with `Retry-After`,
+    /// `grpc-retry-pushback-ms`) until the time it asked for, at most 60 s. Default true.
+    #[serde(default = "yes")]
+    pub pushback: bool,
+}
+
+impl Default for AvailabilityConfig {
+    fn default() -> Self {
+        AvailabilityConfig {
+            max_in_flight: 0,
+            circuit_breaker: false,
+            pushback: true,
+        }
+    }
 }
 
 /// `outlier_detection = { .. }`.

@@ -306,7 +306,20 @@ impl Conn<'_> {
         self.b.upstream.clear();
         let (input, hdrs) = (&self.input, &self.req_headers);
         let which = route.service.config().forwarded_headers;
-        wire::write_request(&mut self.b.upstream, input, head, hdrs, &self.client, which);
+        let deadline_header = route
+            .service
+            .deadline_header()
+            .map(http::HeaderName::as_str);
+        let rewrite = (which, deadline_header);
+        let deadline_at = wire::write_request(
+            &mut self.b.upstream,
+            input,
+            head,
+            hdrs,
+            &self.client,
+            rewrite,
+        );
+        let deadline = deadline_header.and_then(|name| self.deadline(head, name));
         let method = &self.input[head.method.clone()];
         let call = Call {
             service: envelope.service(),
@@ -320,6 +333,8 @@ impl Conn<'_> {
             started: envelope.started(),
             tick: Instant::now(),
             policy: route.policy,
+            deadline,
+            deadline_at,
         };
         let (status, close, ended) = self.call(call).await;
         envelope.close(status, ended);
@@ -330,26 +345,32 @@ impl Conn<'_> {
         }
     }
 
-    /// The request's hash key for `route`, read as the tower layer reads it.
-    fn hash_key(&self, route: &RouteEntry, head: &ReqHead) -> Option<Vec<u8>> {
-        let source = wire::Source {
+    /// The request, as hash keys, tags and deadlines read it.
+    fn source(&self, head: &ReqHead) -> wire::Source<'_> {
+        wire::Source {
             buf: &self.input,
             hdrs: &self.req_headers,
             target: &self.input[head.target.clone()],
             ip: self.peer.ip(),
-        };
+        }
+    }
+
+    /// The request's hash key for `route`, read as the tower layer reads it.
+    fn hash_key(&self, route: &RouteEntry, head: &ReqHead) -> Option<Vec<u8>> {
+        let source = self.source(head);
         let key = route.hash_key.as_ref()?.extract(&source)?;
         Some(key.into_owned())
     }
 
+    /// The caller's deadline in the request's header `name` (whole milliseconds).
+    fn deadline(&self, head: &ReqHead, name: &str) -> Option<Duration> {
+        let source = self.source(head);
+        lbkit_core::signal::parse_timeout_ms(lbkit_strategy::KeySource::header(&source, name)?)
+    }
+
     /// The request's routing tag, read as the tower layer reads it.
     fn tag(&self, route: &RouteEntry, head: &ReqHead) -> Option<RequestTagBuf> {
-        let source = wire::Source {
-            buf: &self.input,
-            hdrs: &self.req_headers,
-            target: &self.input[head.target.clone()],
-            ip: self.peer.ip(),
-        };
+        let source = self.source(head);
         route
             .service
             .tags()
@@ -365,6 +386,12 @@ impl Conn<'_> {
         // The request (head and body) stays in the input buffer: every attempt can resend it.
         let mut attempts =
             Attempts::start(c.policy, service.budget(), c.idempotent, true, c.started);
+        if let Some(d) = c.deadline {
+            attempts.limit(d);
+            if attempts.deadline_passed(service.clock().now()) {
+                return self.refuse(504, "deadline exceeded\n", c.closing).await;
+            }
+        }
         // One clock read per request on the way in: the first pick uses the start.
         let mut guard = match service.pick(&mut attempts, c.started, c.route, &mut self.rng) {
             Ok(g) => g,
@@ -372,7 +399,11 @@ impl Conn<'_> {
         };
         let (mut tick, mut now) = (c.tick, c.started);
         loop {
-            self.call_timer.set(deadline(tick, attempts.timeout(now)));
+            let limit = attempts.timeout(now);
+            self.call_timer.set(deadline(tick, limit));
+            if let Some(at) = c.deadline_at {
+                wire::patch_deadline(&mut self.b.upstream, at, limit);
+            }
             let endpoint = guard.endpoint();
             let (next, at, outcome) = match self.attempt(&c, endpoint, tick, &mut attempts).await {
                 Step::Answered {
@@ -388,6 +419,7 @@ impl Conn<'_> {
                 Step::Retried { next, at, outcome } => (next, at, outcome),
                 Step::Failed(observed) => {
                     let cl = observed.classify();
+                    service.wait_pushback(&attempts, cl).await;
                     match service.retry(&mut attempts, cl, c.route, &mut self.rng) {
                         Ok((next, at)) => (next, at, cl.outcome),
                         Err(stop) => {
@@ -418,13 +450,19 @@ impl Conn<'_> {
             Ok(answer) => answer,
             Err(observed) => return Step::Failed(observed),
         };
-        if let Some((bin, at)) = &head.load {
+        let signals = &head.signals;
+        if let Some((bin, at)) = &signals.load {
             let value = &self.b.response[at.clone()];
             orca::record_value(*bin, value, endpoint.stats(), c.service.clock());
         }
-        let cl = lbkit_core::classify_answer(head.code, || head.grpc_failure);
+        if let Some(p) = signals.pushback(&self.b.response, head.code, c.service.clock().now()) {
+            p.record(endpoint.stats(), c.service.clock().now());
+            attempts.pushed_back(p);
+        }
+        let cl = lbkit_core::classify_answer(head.code, || signals.grpc_failure);
         // Only a failure may be retried: an answer's head costs no decision.
         if cl.is_failure() {
+            c.service.wait_pushback(attempts, cl).await;
             if let Ok((next, at)) = c.service.retry(attempts, cl, c.route, &mut self.rng) {
                 let outcome = cl.outcome;
                 return Step::Retried { next, at, outcome };
@@ -660,6 +698,10 @@ struct Call<'a> {
     tick: Instant,
     /// The route's limits and the service's retries.
     policy: AttemptPolicy,
+    /// The caller's deadline (the service's `deadline_header`), from `started`.
+    deadline: Option<Duration>,
+    /// Where the upstream request's deadline value is, rewritten per attempt.
+    deadline_at: Option<usize>,
 }
 
 enum SendError {

@@ -8,7 +8,10 @@
 use std::net::IpAddr;
 use std::ops::Range;
 
-use lbkit_core::FailureKind;
+use std::time::Duration;
+
+use lbkit_core::signal::Pushback;
+use lbkit_core::{FailureKind, Timestamp};
 use lbkit_strategy::KeySource;
 use lbkit_tower::http::grpc_status_failure;
 use lbkit_tower::orca;
@@ -154,11 +157,51 @@ pub(super) struct RespHead {
     pub(super) coded: bool,
     /// `Connection` names headers to drop.
     pub(super) listed: bool,
+    /// What the head says to the balancer beyond its status.
+    pub(super) signals: Signals,
+}
+
+/// What a response head says to the balancer beyond its status: a `grpc-status`, a load
+/// report, a pushback. Values are ranges of the buffer the head was parsed from.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Signals {
     /// The failure a `grpc-status` in the head stands for (a trailers-only grpc-web answer).
     pub(super) grpc_failure: Option<FailureKind>,
     /// A load report's value in the head: `endpoint-load-metrics-bin` (true) if present, else
     /// `endpoint-load-metrics` (`lbkit_tower::orca`).
     pub(super) load: Option<(bool, Range<usize>)>,
+    /// `Retry-After`.
+    retry_after: Option<Range<usize>>,
+    /// `grpc-retry-pushback-ms`.
+    grpc_pushback: Option<Range<usize>>,
+}
+
+impl Signals {
+    /// Take note of the header `name: value` (slices of `buf`) if it is one of these.
+    fn note(&mut self, buf: &[u8], name: &[u8], value: &[u8]) {
+        if is(name, "grpc-status") {
+            self.grpc_failure = grpc_status_failure(value, GrpcCodes::DEFAULT);
+        } else if is(name, orca::HEADER_BIN) {
+            self.load = Some((true, offsets(buf, value)));
+        } else if is(name, orca::HEADER) && !self.load.as_ref().is_some_and(|(bin, _)| *bin) {
+            self.load = Some((false, offsets(buf, value)));
+        } else if is(name, "retry-after") {
+            self.retry_after = Some(offsets(buf, value));
+        } else if is(name, "grpc-retry-pushback-ms") {
+            self.grpc_pushback = Some(offsets(buf, value));
+        }
+    }
+
+    /// The pushback of an answer with status `code` whose head is in `buf`
+    /// (`lbkit_core::signal::pushback`).
+    pub(super) fn pushback(&self, buf: &[u8], code: u16, now: Timestamp) -> Option<Pushback> {
+        let value = |r: &Option<Range<usize>>| r.clone().and_then(|r| buf.get(r));
+        let (retry_after, grpc) = (value(&self.retry_after), value(&self.grpc_pushback));
+        if retry_after.is_none() && grpc.is_none() {
+            return None;
+        }
+        lbkit_core::signal::pushback(code, retry_after, grpc, now)
+    }
 }
 
 /// Parse the response head at the start of `buf`; `Ok(None)` while incomplete, `Err` when it
@@ -181,7 +224,7 @@ pub(super) fn parse_response(
     let reason = resp.reason.map_or(len..len, |r| offsets(buf, r.as_bytes()));
     let (mut length, mut coded, mut chunked, mut close, mut listed) =
         (None, false, false, false, false);
-    let (mut grpc_failure, mut load) = (None, None);
+    let mut signals = Signals::default();
     hdrs.clear();
     for h in resp.headers.iter() {
         let name = h.name.as_bytes();
@@ -204,12 +247,8 @@ pub(super) fn parse_response(
                     listed = true;
                 }
             }
-        } else if is(name, "grpc-status") {
-            grpc_failure = grpc_status_failure(h.value, GrpcCodes::DEFAULT);
-        } else if is(name, orca::HEADER_BIN) {
-            load = Some((true, offsets(buf, h.value)));
-        } else if is(name, orca::HEADER) && !load.as_ref().is_some_and(|(bin, _)| *bin) {
-            load = Some((false, offsets(buf, h.value)));
+        } else {
+            signals.note(buf, name, h.value);
         }
         hdrs.push(Hdr {
             name: offsets(buf, name),
@@ -235,22 +274,23 @@ pub(super) fn parse_response(
         keep_alive: version == 1 && !close && framing != Framing::Close,
         coded,
         listed,
-        grpc_failure,
-        load,
+        signals,
     }))
 }
 
 /// Append the upstream request: the client's request line and headers minus hop-by-hop ones,
 /// `X-Forwarded-For` and `Forwarded` with the client (`fwd`) appended, those of them that
-/// `which` names (the others go on as sent), then the body.
+/// `which` names (the others go on as sent), the `deadline` header (the service's
+/// `deadline_header`) with a blank value of [`DEADLINE_WIDTH`] bytes whose offset in `out` is
+/// returned, for [`patch_deadline`] to fill per attempt, then the body.
 pub(super) fn write_request(
     out: &mut Vec<u8>,
     buf: &[u8],
     head: &ReqHead,
     hdrs: &[Hdr],
     fwd: &ClientAddr,
-    which: ForwardedHeaders,
-) {
+    (which, deadline): (ForwardedHeaders, Option<&str>),
+) -> Option<usize> {
     out.extend_from_slice(&buf[head.method.clone()]);
     out.push(b' ');
     out.extend_from_slice(&buf[head.target.clone()]);
@@ -267,7 +307,7 @@ pub(super) fn write_request(
             fwds = true;
             continue;
         }
-        if dropped(name, conn) {
+        if dropped(name, conn) || deadline.is_some_and(|d| is(name, d)) {
             continue;
         }
         push_header(out, name, &buf[h.value.clone()]);
@@ -290,8 +330,38 @@ pub(super) fn write_request(
         }
         out.extend_from_slice(b"\r\n");
     }
+    let at = deadline.map(|name| {
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(b": ");
+        let at = out.len();
+        out.extend_from_slice(&[b' '; DEADLINE_WIDTH]);
+        out.extend_from_slice(b"\r\n");
+        at
+    });
     out.extend_from_slice(b"\r\n");
     out.extend_from_slice(&buf[head.len..head.len + head.body]);
+    at
+}
+
+/// The width of the deadline header's value in a written request: ten digits of milliseconds
+/// (115 days), right-aligned after blanks (optional whitespace that every parser trims).
+pub(super) const DEADLINE_WIDTH: usize = 10;
+
+/// Write `left` (whole milliseconds, rounded down; the widest value when there is no limit)
+/// into the deadline value that [`write_request`] left blank at `at` in `out`.
+pub(super) fn patch_deadline(out: &mut [u8], at: usize, left: Option<Duration>) {
+    let Some(field) = out.get_mut(at..at + DEADLINE_WIDTH) else {
+        return;
+    };
+    let mut ms = left.map_or(u128::MAX, |l| l.as_millis()).min(9_999_999_999);
+    field.fill(b' ');
+    for b in field.iter_mut().rev() {
+        *b = b'0' + (ms % 10) as u8;
+        ms /= 10;
+        if ms == 0 {
+            break;
+        }
+    }
 }
 
 /// Start the header `name` (lowercase) that the client is appended to: `name: `, then the
@@ -703,6 +773,39 @@ mod tests {
     }
 
     #[test]
+    fn the_deadline_header_is_rewritten_in_place_per_attempt() {
+        let text = "GET /x HTTP/1.1\r\nHost: h\r\nX-Request-Timeout: 900\r\nX-Kept: 1\r\n\r\n";
+        let (head, hdrs) = plain(text);
+        let fwd = ClientAddr::new("127.0.0.1".parse().unwrap());
+        let mut out = Vec::new();
+        let rewrite = (ForwardedHeaders::NONE, Some("x-request-timeout"));
+        let at = write_request(&mut out, text.as_bytes(), &head, &hdrs, &fwd, rewrite).unwrap();
+        patch_deadline(&mut out, at, Some(Duration::from_micros(250_900)));
+        let written = String::from_utf8(out.clone()).unwrap();
+        assert_eq!(
+            written,
+            "GET /x HTTP/1.1\r\nHost: h\r\nX-Kept: 1\r\nx-request-timeout:        250\r\n\r\n"
+        );
+        // httparse (hyper's parser) reads the value as a server would.
+        let mut raw = [httparse::EMPTY_HEADER; 8];
+        let mut req = httparse::Request::new(&mut raw);
+        req.parse(&out).unwrap();
+        let v = req
+            .headers
+            .iter()
+            .find(|h| h.name == "x-request-timeout")
+            .unwrap();
+        assert_eq!(
+            lbkit_core::signal::parse_timeout_ms(v.value),
+            Some(Duration::from_millis(250))
+        );
+        patch_deadline(&mut out, at, None);
+        assert!(String::from_utf8(out)
+            .unwrap()
+            .contains("x-request-timeout: 9999999999\r\n"));
+    }
+
+    #[test]
     fn upstream_request_drops_hop_by_hop_and_appends_the_client() {
         let text = "PUT /x HTTP/1.1\r\nHost: api.test\r\nConnection: keep-alive, X-Secret\r\n\
                     X-Secret: 1\r\nKeep-Alive: timeout=5\r\nTE: trailers\r\nX-Forwarded-For: 10.0.0.1\r\n\
@@ -713,7 +816,7 @@ mod tests {
         let fwd = ClientAddr::new("127.0.0.1".parse().unwrap());
         let written = |which| {
             let mut out = Vec::new();
-            write_request(&mut out, text.as_bytes(), &head, &hdrs, &fwd, which);
+            write_request(&mut out, text.as_bytes(), &head, &hdrs, &fwd, (which, None));
             String::from_utf8(out).unwrap()
         };
         let both = ForwardedHeaders::BOTH;
@@ -751,7 +854,7 @@ mod tests {
             &head,
             &hdrs,
             &v6,
-            both,
+            (both, None),
         );
         let out = String::from_utf8(out).unwrap();
         assert!(out.contains("x-forwarded-for: ::1\r\n"), "{out}");

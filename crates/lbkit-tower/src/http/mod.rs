@@ -11,12 +11,17 @@
 //! * Load reports: an ORCA `endpoint-load-metrics` header in the head (when the answer is
 //!   completed) or in the trailers (at the end of the body) becomes the endpoint's last report,
 //!   which the `adaptive` strategy weighs ([`crate::orca`]).
+//! * Deadlines and pushback ([`deadline`], [`propagate_deadline`], [`pushback`]): the caller's
+//!   `grpc-timeout` (or a configured header of milliseconds) cuts the call's deadline and the
+//!   upstream gets what is left; `429`/`503` with `Retry-After` and `grpc-retry-pushback-ms`
+//!   make the endpoint passed over for that long and a retry wait it out.
 //! * [`SetOrigin`]: points a request at the endpoint's address (for hyper-util's client).
 //! * [`BufferRequest`]: collects a request body into `Full<Bytes>` so it can be replayed.
 
 mod body;
 mod buffer;
 mod origin;
+mod signal;
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -32,6 +37,10 @@ use crate::policy::{grpc_code_kind, GrpcCodes, RequestPolicy, ResponsePolicy};
 pub use body::{CompleteAt, TrackBody};
 pub use buffer::{BufferRequest, BufferRequestLayer, DEFAULT_BUFFER_LIMIT};
 pub use origin::SetOrigin;
+pub use signal::{
+    deadline, is_grpc, propagate_deadline, pushback, record_pushback, GRPC_RETRY_PUSHBACK_MS,
+    GRPC_TIMEOUT,
+};
 
 /// Request extension marking a request as safe to send again after it reached a server.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

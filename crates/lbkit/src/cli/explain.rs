@@ -217,6 +217,13 @@ fn state(
             format!("passed over: {in_flight} calls in flight, limit {limit}"),
             true,
         ),
+        Some(Unavailable::PushedBack { until }) => (
+            format!(
+                "passed over: pushed back (429, Retry-After or grpc-retry-pushback-ms) for {} ms more",
+                until.as_millis().saturating_sub(now.as_millis())
+            ),
+            true,
+        ),
     }
 }
 
