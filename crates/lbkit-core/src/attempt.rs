@@ -97,6 +97,22 @@ pub struct AttemptPolicy {
 }
 
 impl AttemptPolicy {
+    /// The policy with its overall deadline cut to `deadline` when that is sooner (the
+    /// caller's own: [`Attempts::limit`]).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use lbkit_core::AttemptPolicy;
+    /// let p = AttemptPolicy { retries: 1, per_try: None, overall: Some(Duration::from_secs(5)) };
+    /// assert_eq!(p.cut_to(Duration::from_secs(1)).overall, Some(Duration::from_secs(1)));
+    /// assert_eq!(p.cut_to(Duration::from_secs(9)).overall, Some(Duration::from_secs(5)));
+    /// ```
+    pub fn cut_to(mut self, deadline: Duration) -> Self {
+        let overall = self.overall.map_or(deadline, |o| o.min(deadline));
+        self.overall = Some(overall);
+        self
+    }
+
     /// The first attempt's limit: the shorter of `per_try` and `overall` (what
     /// [`Attempts::timeout`] gives at the start).
     pub fn first_timeout(&self) -> Option<Duration> {
@@ -387,8 +403,7 @@ impl Attempts {
     /// ```
     #[inline]
     pub fn limit(&mut self, deadline: Duration) {
-        let overall = self.policy.overall.map_or(deadline, |o| o.min(deadline));
-        self.policy.overall = Some(overall);
+        self.policy = self.policy.cut_to(deadline);
     }
 
     /// The last attempt's answer pushed back ([`crate::signal::pushback`]): a retry waits

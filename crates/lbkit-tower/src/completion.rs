@@ -80,6 +80,11 @@ impl Completion {
         }
     }
 
+    /// The clock this call's end is read from.
+    pub(crate) fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
     /// End the call now (one clock read) with `outcome`.
     pub fn finish(mut self, outcome: Outcome) {
         if let Some(guard) = self.guard.take() {

@@ -34,6 +34,9 @@ pub enum ErrorKind {
     Timeout(Duration),
     /// A retry was due but the retry budget was empty; the source is the last failure.
     BudgetExhausted,
+    /// The caller's deadline (`RequestPolicy::deadline`) had passed before an attempt could
+    /// start: nothing was sent.
+    DeadlineExceeded,
     /// The request cannot be copied, so the mode (forking, broadcast) cannot send it twice.
     NotReplayable,
     /// Broadcast: this many of `total` endpoints failed; the source is the first failure.
@@ -110,9 +113,10 @@ impl Error {
     /// idempotent; `Some(true)` when it did; `None` when unknown (a timeout).
     pub fn reached_server(&self) -> Option<bool> {
         match self.kind {
-            ErrorKind::NoEndpoint(_) | ErrorKind::NoService | ErrorKind::NotReplayable => {
-                Some(false)
-            }
+            ErrorKind::NoEndpoint(_)
+            | ErrorKind::NoService
+            | ErrorKind::NotReplayable
+            | ErrorKind::DeadlineExceeded => Some(false),
             ErrorKind::Failed(FailureKind::Connect) => Some(false),
             ErrorKind::Failed(FailureKind::Timeout) | ErrorKind::Timeout(_) => None,
             _ => Some(true),
@@ -140,6 +144,7 @@ impl fmt::Display for Error {
             ErrorKind::Service => f.write_str("the service returned an error")?,
             ErrorKind::Timeout(d) => write!(f, "no answer within {d:?}")?,
             ErrorKind::BudgetExhausted => f.write_str("retry budget exhausted")?,
+            ErrorKind::DeadlineExceeded => f.write_str("the caller's deadline had passed")?,
             ErrorKind::NotReplayable => f.write_str("the request cannot be sent twice")?,
             ErrorKind::Broadcast { failed, total } => {
                 write!(f, "broadcast: {failed} of {total} endpoints failed")?;

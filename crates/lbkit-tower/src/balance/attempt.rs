@@ -3,6 +3,7 @@
 use std::future::Future;
 use std::time::Duration;
 
+use lbkit_core::signal::Pushback;
 use lbkit_core::{Classified, Outcome};
 use tower::{Service, ServiceExt};
 use tracing::Instrument;
@@ -20,6 +21,8 @@ pub(crate) enum Sent<Resp> {
         resp: Resp,
         outcome: Outcome,
         call: Completion,
+        /// What the answer asked of the client ([`noted_pushback`]).
+        pushback: Option<Pushback>,
     },
     /// The call failed (or timed out).
     Failed {
@@ -63,6 +66,14 @@ impl<Resp> Sent<Resp> {
         }
     }
 
+    /// The pushback the answer carried, if any.
+    pub(crate) fn pushback(&self) -> Option<Pushback> {
+        match self {
+            Sent::Response { pushback, .. } => *pushback,
+            Sent::Failed { .. } => None,
+        }
+    }
+
     /// Hand the result to the caller: the response through the policy, the error boxed.
     pub(crate) fn finish<R>(self, policy: &R) -> Result<R::Output, BoxError>
     where
@@ -73,6 +84,7 @@ impl<Resp> Sent<Resp> {
                 resp,
                 outcome,
                 call,
+                ..
             } => Ok(policy.complete(resp, outcome, call)),
             Sent::Failed { err, outcome, call } => {
                 call.finish(outcome);
@@ -202,10 +214,12 @@ where
     match result {
         Ok(Ok(resp)) => {
             let outcome = policy.classify(&resp);
+            let pushback = noted_pushback(policy, &resp, outcome, &call);
             Sent::Response {
                 resp,
                 outcome,
                 call,
+                pushback,
             }
         }
         Ok(Err(source)) => {
@@ -229,6 +243,21 @@ where
             Sent::Failed { err, outcome, call }
         }
     }
+}
+
+/// The pushback of an answer classified as `outcome` (the policy's
+/// [`pushback`](ResponsePolicy::pushback)), recorded against the endpoint of `call`: picks
+/// pass it over for the time asked.
+#[inline]
+pub(crate) fn noted_pushback<Resp, R: ResponsePolicy<Resp>>(
+    policy: &R,
+    resp: &Resp,
+    outcome: Outcome,
+    call: &Completion,
+) -> Option<Pushback> {
+    let p = policy.pushback(resp, outcome, call.clock())?;
+    p.record(call.endpoint().stats(), call.clock().now());
+    Some(p)
 }
 
 async fn exchange<Req, Svc>(mut svc: Svc, ready: bool, req: Req) -> Result<Svc::Response, BoxError>

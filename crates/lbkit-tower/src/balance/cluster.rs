@@ -108,24 +108,30 @@ async fn once<Req, Svc, Q, R, S: Strategy, F>(
 where
     Svc: Service<Req>,
     Svc::Error: Into<BoxError>,
+    Q: RequestPolicy<Req>,
     R: ResponsePolicy<Svc::Response>,
 {
     s.send(first?, req, timeout).await.finish(&s.responses)
 }
 
 impl<Svc, Q, R, S: Strategy, F> Shared<Svc, Q, R, S, F> {
-    /// [`send`] with this balance's span fields, under `timeout`.
+    /// [`send`] with this balance's span fields, under `timeout`, which the endpoint is told
+    /// ([`RequestPolicy::tell_deadline`]).
     pub(crate) fn send<'a, Req: 'a>(
         &'a self,
         sel: Selected<Svc>,
-        req: Req,
+        mut req: Req,
         timeout: Option<Duration>,
     ) -> impl Future<Output = Sent<Svc::Response>> + 'a
     where
         Svc: Service<Req> + 'a,
         Svc::Error: Into<BoxError>,
+        Q: RequestPolicy<Req>,
         R: ResponsePolicy<Svc::Response>,
     {
+        if let Some(left) = timeout {
+            self.requests.tell_deadline(&mut req, left);
+        }
         let pool = self.pool.name();
         let strategy = self.pool.balancer().strategy().name();
         let metrics = &self.pool.inner.metrics;
@@ -193,12 +199,16 @@ where
     }
 }
 
-/// What `attempts` says after `sent`: `None` to retry, else why not.
+/// What `attempts` says after `sent` (and the pushback its answer carried): `None` to retry,
+/// else why not.
 fn decide<Svc, Q, R, S: Strategy, F, Resp>(
     s: &Shared<Svc, Q, R, S, F>,
     attempts: &mut Attempts,
     sent: &Sent<Resp>,
 ) -> Option<Stop> {
+    if let Some(p) = sent.pushback() {
+        attempts.pushed_back(p);
+    }
     attempts.may_retry(sent.classified(), s.clock()).err()
 }
 
@@ -236,6 +246,11 @@ where
         let Some(req) = spare.take() else {
             return sent.finish(&s.responses);
         };
+        // The answer asked for a pause before another try (`decide` found it fits).
+        let wait = attempts.retry_wait();
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
         let now = s.clock().now();
         let next = match s.repick(
             &req,
@@ -353,6 +368,7 @@ pub(crate) async fn broadcast<Req, Svc, Q, R, S: Strategy, F>(
     shared: Arc<Shared<Svc, Q, R, S, F>>,
     req: Req,
     now: Timestamp,
+    deadline: Option<Duration>,
 ) -> Result<Output<R, Svc::Response>, BoxError>
 where
     Svc: Service<Req> + Clone,
@@ -375,8 +391,13 @@ where
         }
     }
     reqs.push(req);
-    // One attempt each, bounded by the per-attempt limit inside the overall deadline.
-    let timeout = Attempts::resume(s.attempt_policy(), false, false, now).timeout(now);
+    // One attempt each, bounded by the per-attempt limit inside the overall deadline (cut to
+    // the caller's).
+    let mut attempts = Attempts::resume(s.attempt_policy(), false, false, now);
+    if let Some(d) = deadline {
+        attempts.limit(d);
+    }
+    let timeout = attempts.timeout(now);
     let calls: FuturesOrdered<_> = targets
         .into_iter()
         .zip(reqs)

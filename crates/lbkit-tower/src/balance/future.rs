@@ -20,7 +20,7 @@ use lbkit_core::{Attempts, Classified, RetryWhen, Strategy, Timestamp};
 use pin_project_lite::pin_project;
 use tower::Service;
 
-use super::attempt::{sent, Sent};
+use super::attempt::{noted_pushback, sent, Sent};
 use super::cluster::failover_owned;
 use super::Shared;
 use crate::completion::Completion;
@@ -88,6 +88,8 @@ pub(crate) struct Retry {
     pub(crate) idempotent: bool,
     /// When the request started (the overall deadline counts from it).
     pub(crate) started: Timestamp,
+    /// The caller's deadline, from `started` (`RequestPolicy::deadline`).
+    pub(crate) deadline: Option<Duration>,
 }
 
 pin_project! {
@@ -212,6 +214,7 @@ where
             // response is a copy): an answer that is not retried.
             Ok(Ok(resp)) => {
                 let outcome = policy.classify(&resp);
+                let pushback = noted_pushback(policy, &resp, outcome, &call);
                 let retried =
                     retry.is_some() && Classified::answer(outcome).retry != RetryWhen::Never;
                 if !retried {
@@ -221,6 +224,7 @@ where
                     resp,
                     outcome,
                     call,
+                    pushback,
                 }
             }
             other => {
@@ -243,6 +247,9 @@ where
             retry.started,
         )
         .with_trace(trace);
+        if let Some(d) = retry.deadline {
+            attempts.limit(d);
+        }
         attempts.begin(sent.endpoint());
         let mut fut: BoxResponse<R::Output> =
             Box::pin(failover_owned(shared.clone(), sent, spare, attempts));

@@ -270,13 +270,23 @@ where
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: Req) -> Self::Future {
+    fn call(&mut self, mut req: Req) -> Self::Future {
         let shared = self.shared.clone();
         let now = shared.clock().now();
-        if shared.mode == Mode::Broadcast {
-            return ResponseFuture::boxed(Box::pin(cluster::broadcast(shared, req, now)));
+        let deadline = shared.requests.deadline(&req);
+        if deadline.is_some_and(|d| d.is_zero()) {
+            let e: BoxError =
+                Box::new(crate::error::Error::new(crate::ErrorKind::DeadlineExceeded));
+            return ResponseFuture::boxed(Box::pin(std::future::ready(Err(e))));
         }
-        let policy = shared.attempt_policy();
+        if shared.mode == Mode::Broadcast {
+            let call = cluster::broadcast(shared, req, now, deadline);
+            return ResponseFuture::boxed(Box::pin(call));
+        }
+        let policy = match deadline {
+            Some(d) => shared.attempt_policy().cut_to(d),
+            None => shared.attempt_policy(),
+        };
         // A copy for a retry, and whether it may be sent after reaching a server, only when a
         // retry is possible at all.
         let single = policy.retries == 0;
@@ -313,14 +323,18 @@ where
                 let crate::pool::Selected { call, mut svc, .. } = sel;
                 let (pool, strategy) = shared.names();
                 let span = attempt::start(&call, &shared.pool.inner.metrics, pool, strategy);
+                let timeout = policy.first_timeout();
+                if let Some(left) = timeout {
+                    shared.requests.tell_deadline(&mut req, left);
+                }
                 let response = {
                     let _entered = span.enter();
                     svc.call(req)
                 };
-                let timeout = policy.first_timeout();
                 let retry = (!single).then_some(future::Retry {
                     idempotent,
                     started: now,
+                    deadline,
                 });
                 ResponseFuture::once(shared, call, response, span, timeout, spare, retry)
             }

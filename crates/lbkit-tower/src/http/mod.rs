@@ -105,6 +105,8 @@ pub struct HttpRequests {
     key: Option<KeyExtractor>,
     by_method: bool,
     tags: Option<HttpTags>,
+    deadlines: bool,
+    deadline_header: Option<HeaderName>,
 }
 
 impl Default for HttpRequests {
@@ -113,6 +115,8 @@ impl Default for HttpRequests {
             key: None,
             by_method: true,
             tags: Some(HttpTags::new(TagHeaders::default())),
+            deadlines: true,
+            deadline_header: None,
         }
     }
 }
@@ -236,6 +240,31 @@ impl HttpRequests {
         self.tags = tags.map(HttpTags::new);
         self
     }
+
+    /// Also read the caller's deadline from `header` (whole milliseconds, such as
+    /// `x-request-timeout`), and tell each attempt's endpoint the time left in it. gRPC's
+    /// `grpc-timeout` is read (and rewritten for gRPC requests) either way ([`deadline`]).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use http::HeaderName;
+    /// use lbkit_tower::http::HttpRequests;
+    /// use lbkit_tower::RequestPolicy;
+    /// let requests = HttpRequests::new().deadline_header(HeaderName::from_static("x-request-timeout"));
+    /// let req = http::Request::get("/").header("x-request-timeout", "250").body(String::new()).unwrap();
+    /// assert_eq!(requests.deadline(&req), Some(Duration::from_millis(250)));
+    /// ```
+    pub fn deadline_header(mut self, header: HeaderName) -> Self {
+        self.deadline_header = Some(header);
+        self
+    }
+
+    /// Whether requests carry deadlines at all (default `true`): `false` reads none and tells
+    /// the endpoints nothing, saving a header lookup a request.
+    pub fn deadlines(mut self, on: bool) -> Self {
+        self.deadlines = on;
+        self
+    }
 }
 
 impl<B: ReplayBody + Send + 'static> RequestPolicy<http::Request<B>> for HttpRequests {
@@ -262,6 +291,22 @@ impl<B: ReplayBody + Send + 'static> RequestPolicy<http::Request<B>> for HttpReq
 
     fn replay(&self, req: &http::Request<B>) -> Option<http::Request<B>> {
         replay_request(req)
+    }
+
+    fn deadline(&self, req: &http::Request<B>) -> Option<std::time::Duration> {
+        if !self.deadlines {
+            return None;
+        }
+        deadline(req.headers(), self.deadline_header.as_ref())
+    }
+
+    fn tell_deadline(&self, req: &mut http::Request<B>, left: std::time::Duration) {
+        if !self.deadlines {
+            return;
+        }
+        let grpc = is_grpc(req.headers());
+        let header = self.deadline_header.as_ref();
+        propagate_deadline(req.headers_mut(), left, grpc, header);
     }
 }
 
@@ -384,6 +429,20 @@ where
             grpc_failure(resp.headers(), self.grpc)
         })
         .outcome
+    }
+
+    /// `Retry-After` on a `429` or `503`, `grpc-retry-pushback-ms` on a failure; a success
+    /// other than `429` costs one comparison.
+    fn pushback(
+        &self,
+        resp: &http::Response<B>,
+        outcome: Outcome,
+        clock: &lbkit_core::Clock,
+    ) -> Option<lbkit_core::signal::Pushback> {
+        if outcome == Outcome::Success && resp.status() != StatusCode::TOO_MANY_REQUESTS {
+            return None;
+        }
+        pushback(resp.status(), resp.headers(), clock.now())
     }
 
     fn complete(

@@ -9,7 +9,10 @@
 
 mod classify;
 
-use lbkit_core::{Outcome, Route};
+use std::time::Duration;
+
+use lbkit_core::signal::Pushback;
+use lbkit_core::{Clock, Outcome, Route};
 use lbkit_strategy::{KeyExtractor, KeySource};
 
 use crate::completion::Completion;
@@ -49,6 +52,21 @@ pub trait RequestPolicy<Req>: Send + Sync + 'static {
         let _ = req;
         None
     }
+
+    /// The caller's deadline the request carries, counted from now (gRPC's `grpc-timeout`, a
+    /// header of milliseconds): the call's overall deadline is cut to it, no attempt starts
+    /// past it, and one that has passed fails the call at once with
+    /// [`ErrorKind::DeadlineExceeded`](crate::ErrorKind::DeadlineExceeded). Default none.
+    fn deadline(&self, req: &Req) -> Option<Duration> {
+        let _ = req;
+        None
+    }
+
+    /// Tell the endpoint how long it has (`left`: this attempt's time, inside the call's
+    /// deadline), just before the attempt is sent. Default: nothing.
+    fn tell_deadline(&self, req: &mut Req, left: Duration) {
+        let _ = (req, left);
+    }
 }
 
 /// What the balance asks of a response.
@@ -65,6 +83,15 @@ pub trait ResponsePolicy<Resp>: Send + Sync + 'static {
     /// [`default_error_outcome`].
     fn classify_error(&self, err: &(dyn std::error::Error + 'static)) -> Outcome {
         default_error_outcome(err)
+    }
+
+    /// What the answer, classified as `outcome`, asked of the client: to leave its endpoint
+    /// alone for a while, or not to retry (`lbkit_core::signal`). The balance records it
+    /// against the endpoint (picks pass it over meanwhile) and a retry waits it out. Read
+    /// `clock` only when there is one. Default none.
+    fn pushback(&self, resp: &Resp, outcome: Outcome, clock: &Clock) -> Option<Pushback> {
+        let _ = (resp, outcome, clock);
+        None
     }
 
     /// Hand the response out and decide when the call ends: finish `call` now with `outcome`,

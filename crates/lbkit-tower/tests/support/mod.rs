@@ -178,8 +178,12 @@ impl Farm {
 /// What a real server does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Reply {
+    /// 200 with the server's name, echoing the deadline headers it got (`x-seen-grpc-timeout`,
+    /// `x-seen-timeout` for `x-request-timeout`).
     Ok,
     Status503,
+    /// This status with this header (`Retry-After`, `grpc-retry-pushback-ms`).
+    Pushback(u16, &'static str, &'static str),
     /// Never answer; report the drop of the handler (the client went away).
     Hang,
 }
@@ -211,14 +215,32 @@ impl HttpServer {
                     return;
                 };
                 let (h, tx) = (h.clone(), tx.clone());
-                let svc = hyper::service::service_fn(move |_req: hyper::Request<Incoming>| {
+                let svc = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
                     h.fetch_add(1, SeqCst);
                     let tx = tx.clone();
+                    let seen: Vec<_> = [
+                        ("grpc-timeout", "x-seen-grpc-timeout"),
+                        ("x-request-timeout", "x-seen-timeout"),
+                    ]
+                    .into_iter()
+                    .filter_map(|(from, to)| Some((to, req.headers().get(from)?.clone())))
+                    .collect();
                     async move {
                         match reply {
-                            Reply::Ok => Ok::<_, Infallible>(hyper::Response::new(Full::new(
-                                Bytes::from(name),
-                            ))),
+                            Reply::Ok => {
+                                let mut resp = hyper::Response::new(Full::new(Bytes::from(name)));
+                                for (to, v) in seen {
+                                    resp.headers_mut().insert(to, v);
+                                }
+                                Ok::<_, Infallible>(resp)
+                            }
+                            Reply::Pushback(status, header, value) => {
+                                Ok(hyper::Response::builder()
+                                    .status(status)
+                                    .header(header, value)
+                                    .body(Full::new(Bytes::from(name)))
+                                    .unwrap())
+                            }
                             Reply::Status503 => Ok(hyper::Response::builder()
                                 .status(503)
                                 .body(Full::new(Bytes::from_static(b"unavailable")))
