@@ -50,6 +50,9 @@
 //!   # | by-load{file (CSV rows in_flight,latency_ms: latency drawn by the server's load)}
 //! slow_factor = 1.0            # service times x this
 //! error_rate = 0.0             # probability that a served request fails
+//! hidden_load = 0.0            # share of the server's workers (0..1) held by work the clients
+//!                              # cannot see (other tenants, batch jobs): their calls get the
+//!                              # rest (at least one), and its load reports count it
 //! stall_every_ms = 0.0         # mean time between GC-like pauses (exponential; 0 = none)
 //! stall_ms = 0.0               # length of a pause: nothing progresses on the server
 //! cold_factor = 1.0            # right after joining, service times x this ...
@@ -60,7 +63,8 @@
 //! [[event]]                    # changes over time
 //! at_ms = 20000.0
 //! server = "s3"
-//! action = "slow"              # slow{factor} | weight{weight} | crash | recover | leave | join
+//! action = "slow"              # slow{factor} | weight{weight} | hidden{factor: the new
+//!                              # hidden_load} | crash | recover | leave | join
 //! factor = 10.0
 //! ```
 //!
@@ -377,6 +381,10 @@ pub struct ServerSpec {
     /// Probability of an error.
     #[serde(default)]
     pub error_rate: f64,
+    /// Share of the server's workers held by work the clients cannot see (0..1): their calls
+    /// get the rest (at least one), and the server's load reports count the hidden work.
+    #[serde(default)]
+    pub hidden_load: f64,
     /// Mean time between pauses, ms (0 = none).
     #[serde(default)]
     pub stall_every_ms: f64,
@@ -424,6 +432,8 @@ pub enum Action {
     Slow,
     /// Set the configured weight to `weight`.
     Weight,
+    /// Set the hidden load to `factor` (0..1).
+    Hidden,
     /// The server dies: requests in progress fail, new ones are refused.
     Crash,
     /// The server is back.
@@ -461,6 +471,7 @@ const BUILT_IN: &[(&str, &str)] = &[
     ("degraded", include_str!("../scenarios/degraded.toml")),
     ("crash", include_str!("../scenarios/crash.toml")),
     ("hot-keys", include_str!("../scenarios/hot-keys.toml")),
+    ("hidden-load", include_str!("../scenarios/hidden-load.toml")),
     (
         "heterogeneous",
         include_str!("../scenarios/heterogeneous.toml"),
@@ -616,6 +627,9 @@ impl Scenario {
             ] {
                 non_negative(&at(f), v)?;
             }
+            if !(0.0..1.0).contains(&s.hidden_load) {
+                return Err(at("hidden_load must be within 0..1 (1 would never serve)"));
+            }
             if !(0.0..=1.0).contains(&s.error_rate) {
                 return Err(at("error_rate must be within 0..=1"));
             }
@@ -647,6 +661,12 @@ impl Scenario {
                 Action::Slow if !e.factor.is_some_and(|f| f > 0.0 && f.is_finite()) => {
                     return Err(format!(
                         "event at {} ms: action \"slow\" needs a positive factor",
+                        e.at_ms
+                    ));
+                }
+                Action::Hidden if !e.factor.is_some_and(|f| (0.0..1.0).contains(&f)) => {
+                    return Err(format!(
+                        "event at {} ms: action \"hidden\" needs a factor within 0..1",
                         e.at_ms
                     ));
                 }

@@ -19,6 +19,8 @@ pub(crate) struct Server {
     concurrency: u32,
     queue_cap: usize,
     pub(crate) slow: f64,
+    /// Share of the server's workers held by work the clients cannot see.
+    pub(crate) hidden: f64,
     error_rate: f64,
     stall_every: f64,
     stall_len: f64,
@@ -62,6 +64,7 @@ impl Server {
             concurrency,
             queue_cap: spec.queue as usize,
             slow: spec.slow_factor,
+            hidden: spec.hidden_load,
             error_rate: spec.error_rate,
             stall_every: spec.stall_every_ms * 1e6,
             stall_len: spec.stall_ms * 1e6,
@@ -88,9 +91,11 @@ impl Server {
         format!("10.0.{}.{}:20880", index / 250, index % 250 + 1)
     }
 
-    /// Mean service time at full speed, scaled by the slow factor (to find "the slowest").
+    /// Mean time a call takes at full load, scaled by the slow factor and by the workers the
+    /// hidden load leaves (to find "the slowest").
     pub(crate) fn nominal_mean(&self) -> f64 {
-        self.service.mean() * self.slow
+        let workers = f64::from(self.workers().min(self.concurrency));
+        self.service.mean() * self.slow * f64::from(self.concurrency) / workers
     }
 
     /// Calls on the server: served plus waiting.
@@ -99,7 +104,7 @@ impl Server {
     }
 
     pub(crate) fn has_free_worker(&self) -> bool {
-        (self.serving.len() as u32) < self.concurrency
+        (self.serving.len() as u32) < self.workers()
     }
 
     pub(crate) fn queue_full(&self) -> bool {
@@ -110,7 +115,21 @@ impl Server {
     pub(crate) fn service_time(&self, rng: &mut FastRng, now: u64) -> u64 {
         // The calls on the server besides this one (already counted among those served).
         let load = u32::try_from(self.outstanding().saturating_sub(1)).unwrap_or(u32::MAX);
-        (self.service.sample_at(rng, load) * self.slow * self.cold(now)).max(1.0) as u64
+        (self.service.sample_at(rng, load) * self.speed(now)).max(1.0) as u64
+    }
+
+    /// What service times are multiplied by at `now`: the slow factor and the cold start.
+    fn speed(&self, now: u64) -> f64 {
+        self.slow * self.cold(now)
+    }
+
+    /// Workers left to the clients' calls: those the hidden work does not hold (at least one).
+    fn workers(&self) -> u32 {
+        if self.concurrency == u32::MAX || self.hidden <= 0.0 {
+            return self.concurrency;
+        }
+        let held = (f64::from(self.concurrency) * self.hidden).round() as u32;
+        self.concurrency.saturating_sub(held).max(1)
     }
 
     /// The cold-start multiplier at `now`.
@@ -130,8 +149,8 @@ impl Server {
         if self.crashed || (!self.has_free_worker() && self.queue_full()) {
             return u64::MAX;
         }
-        let m = self.service.mean() * self.slow * self.cold(now);
-        let c = f64::from(self.concurrency);
+        let m = self.service.mean() * self.speed(now);
+        let c = f64::from(self.workers());
         let ahead = (self.outstanding() as f64 + 1.0 - c).max(0.0);
         let pause = self.paused_until.saturating_sub(now) as f64;
         (m + ahead * m / c + pause).min(u64::MAX as f64 / 2.0) as u64
@@ -164,7 +183,10 @@ impl Server {
     pub(crate) fn take_load_report(&mut self, now: u64, period: u64) -> (f64, f64, f64) {
         self.note_busy(now);
         let secs = period as f64 / 1e9;
-        let util = self.busy_area / (period as f64 * f64::from(self.concurrency));
+        // The workers the hidden work holds are busy whatever the clients send.
+        let held = f64::from(self.concurrency - self.workers().min(self.concurrency));
+        let busy = self.busy_area / period as f64 + held;
+        let util = (busy / f64::from(self.concurrency)).min(1.0);
         let report = (
             util,
             self.completions as f64 / secs,

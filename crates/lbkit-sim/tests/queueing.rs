@@ -502,3 +502,33 @@ fn membership_goes_through_the_controller() {
         share(&one_leaves, "s1")
     );
 }
+
+#[test]
+fn hidden_load_holds_workers_until_it_is_let_go() {
+    // Eight closed-loop clients on one server of four workers, 10 ms a call: 400 calls/s.
+    let free = "name = \"h\"\n[workload]\nkind = \"closed\"\nclients = 8\n[[server]]\nconcurrency = 4\nservice = { dist = \"constant\", mean_ms = 10.0 }\n";
+    let r = one(free, "round-robin", 4_000);
+    assert!(
+        (r.throughput / 400.0 - 1.0).abs() < 0.02,
+        "{}",
+        r.throughput
+    );
+    // Work the clients cannot see holds three of the four workers: 100 calls/s.
+    let held = free.replace("concurrency = 4", "concurrency = 4\nhidden_load = 0.75");
+    let r = one(&held, "round-robin", 1_000);
+    assert!(
+        (r.throughput / 100.0 - 1.0).abs() < 0.02,
+        "{}",
+        r.throughput
+    );
+    // Let go after 5 s (500 calls): the other 4 000 take 10 s more, at 400/s.
+    let released = format!(
+        "{held}[[event]]\nat_ms = 5000.0\nserver = \"s\"\naction = \"hidden\"\nfactor = 0.0\n"
+    );
+    let r = one(&released, "round-robin", 4_500);
+    assert!((r.duration_s / 15.0 - 1.0).abs() < 0.02, "{}", r.duration_s);
+    // A share of 1 would never serve.
+    let bad = free.replace("concurrency = 4", "concurrency = 4\nhidden_load = 1.0");
+    let err = Scenario::parse(&bad, "inline").unwrap_err().to_string();
+    assert!(err.contains("hidden_load"), "{err}");
+}

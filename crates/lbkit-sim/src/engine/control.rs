@@ -56,6 +56,11 @@ impl Engine<'_> {
         };
         match e.action {
             Action::Slow => self.servers[i].slow = e.factor.unwrap_or(1.0),
+            Action::Hidden => {
+                self.servers[i].note_busy(self.now);
+                self.servers[i].hidden = e.factor.unwrap_or(0.0);
+                self.start_waiting(i);
+            }
             Action::Weight => {
                 self.servers[i].weight = e.weight.unwrap_or(self.servers[i].weight);
                 if self.servers[i].member {

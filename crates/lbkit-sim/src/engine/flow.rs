@@ -30,9 +30,11 @@ impl Engine<'_> {
         if self.issued >= self.total {
             return;
         }
-        let clients = self.scenario.workload.clients;
-        let c = self.next_client % clients;
-        self.next_client = self.next_client.wrapping_add(1);
+        // Each arrival comes from a client drawn at random: open arrivals of a fleet are
+        // independent streams. (Dealing them out in turn kept the clients' round-robin
+        // positions in lockstep: with 400 clients, 400 calls in a row went to one server.)
+        let clients = self.scenario.workload.clients as usize;
+        let c = self.rng.index(clients) as u32;
         self.new_request(c);
         if let Some(arrivals) = &self.arrivals {
             if let Some(&next) = arrivals.get(self.issued as usize) {
@@ -176,6 +178,17 @@ impl Engine<'_> {
         self.at(begin + service, Ev::Respond(attempt));
     }
 
+    /// Serve waiting calls on `server` while it has free workers (one freed, or more when its
+    /// hidden load fell).
+    pub(super) fn start_waiting(&mut self, server: usize) {
+        while self.servers[server].has_free_worker() {
+            let Some(next) = self.servers[server].waiting.pop_front() else {
+                return;
+            };
+            self.serve(next);
+        }
+    }
+
     /// The server is done with `attempt` (or refused it); the client hears back unless it gave up.
     fn respond(&mut self, attempt: Id) {
         let now = self.now;
@@ -200,9 +213,7 @@ impl Engine<'_> {
             if a.failure.is_some() {
                 s.errors += 1;
             }
-            if let Some(next) = s.waiting.pop_front() {
-                self.serve(next);
-            }
+            self.start_waiting(server);
             self.touched(server);
         }
         self.answer(attempt, now);

@@ -178,7 +178,6 @@ pub(crate) struct Engine<'a> {
     issued: u64,
     done: u64,
     total: u64,
-    next_client: u32,
     burst_on: bool,
     /// Every request's attempt policy (the scenario's retries, timeout and deadline).
     policy: AttemptPolicy,
@@ -274,7 +273,6 @@ impl<'a> Engine<'a> {
             issued: 0,
             done: 0,
             total: requests,
-            next_client: 0,
             burst_on: true,
             policy: attempt_policy(w),
             clock,
