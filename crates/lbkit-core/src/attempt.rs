@@ -676,6 +676,54 @@ impl Attempts {
         }
     }
 
+    /// Whether a hedge of this call may go out at `now` (its first attempt still open):
+    /// the request may be sent again after it reached a server and is held for that, an
+    /// attempt is left, and the overall deadline has time. The budget is asked by
+    /// [`hedge`](Self::hedge), once the hedge has an endpoint.
+    #[inline]
+    pub fn may_hedge(&self, now: Timestamp) -> bool {
+        self.idempotent
+            && self.replayable
+            && self.begun <= self.policy.retries
+            && !self.deadline_passed(now)
+    }
+
+    /// Send a hedge at `now` ([`crate::hedge`]): pick an endpoint not tried yet (the pick is
+    /// marked as a hedge for strategies and traces), withdraw one retry from `budget` once it
+    /// has one, and begin the attempt. The driver then waits for whichever attempt answers
+    /// first and cancels the other (`CallGuard::finish(Outcome::Cancelled)`: not a failure).
+    ///
+    /// # Errors
+    /// Why no hedge is sent: [`Stop::Final`] for a request that may not be sent twice,
+    /// [`Stop::NoAttemptsLeft`], [`Stop::DeadlinePassed`], [`Stop::AllTried`],
+    /// [`Stop::BudgetExhausted`].
+    pub fn hedge<S: Strategy, B: Budget + ?Sized>(
+        &mut self,
+        budget: &B,
+        balancer: &Balancer<S>,
+        now: Timestamp,
+        route: Route<'_>,
+        rng: &mut FastRng,
+    ) -> Result<CallGuard, Stop> {
+        if !self.may_hedge(now) {
+            return Err(match () {
+                () if !self.idempotent || !self.replayable => Stop::Final,
+                () if self.begun > self.policy.retries => Stop::NoAttemptsLeft,
+                () => Stop::DeadlinePassed,
+            });
+        }
+        let guard = {
+            let mut cx = self.context(now, rng).with_route(route).as_hedge();
+            let endpoint = balancer
+                .select_untried(&mut cx)
+                .map_err(|_| Stop::AllTried)?;
+            Attempts::grant(budget, now)?;
+            balancer.start_call(endpoint, &mut cx)
+        };
+        self.begin(guard.endpoint());
+        Ok(guard)
+    }
+
     /// Withdraw one retry from `budget` at `now`, once the retry has an endpoint to go to.
     ///
     /// # Errors

@@ -53,6 +53,7 @@ mod budget;
 mod endpoint;
 mod error;
 mod hash;
+mod hedge;
 pub mod http;
 mod live;
 mod policy;
@@ -82,6 +83,7 @@ pub use endpoint::{
 };
 pub use error::PickError;
 pub use hash::key_hash;
+pub use hedge::{HedgeDelay, HedgeTimer, HEDGE_MIN_SAMPLES};
 pub use live::{exp_small, LiveStats};
 pub use policy::{HealthOverlay, SlowStart, SnapshotPolicy, DEFAULT_PANIC_THRESHOLD};
 pub use rng::FastRng;

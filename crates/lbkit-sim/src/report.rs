@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
-use lbkit_core::{BoxStrategy, Strategy as _};
+use lbkit_core::{BoxStrategy, HedgeDelay, Strategy as _};
 use lbkit_strategy::catalog::{self, Params};
 use serde::Serialize;
 
@@ -69,9 +69,14 @@ pub(crate) fn with_refresh(label: &str, refresh_ms: Option<f64>) -> String {
     let Some(ms) = refresh_ms else {
         return label.to_owned();
     };
+    // The parameters go before a `+hedge` suffix.
+    let (label, hedge) = match label.find("+hedge") {
+        Some(at) => label.split_at(at),
+        None => (label, ""),
+    };
     let name = label.split(':').next().unwrap_or_default().trim();
     let Some((_, params)) = TIMERS.iter().find(|(n, _)| *n == name) else {
-        return label.to_owned();
+        return format!("{label}{hedge}");
     };
     let given: Vec<&str> = label
         .split(':')
@@ -82,6 +87,7 @@ pub(crate) fn with_refresh(label: &str, refresh_ms: Option<f64>) -> String {
     for p in params.iter().filter(|p| !given.contains(p)) {
         let _ = write!(out, ":{p}={}", ms.round() as u64);
     }
+    out.push_str(hedge);
     out
 }
 
@@ -115,8 +121,43 @@ fn fairness_notes(results: &[StrategyResult], parsed: &[(String, Params)]) -> Ve
     notes
 }
 
-/// A strategy label parsed into something buildable.
+/// A label's strategy and its hedging: `NAME[:k=v...]` alone, or with `+hedge` (the
+/// scenario's `workload.hedge`, default p95) or `+hedge=p90` / `+hedge=20ms`.
+///
+/// # Errors
+/// A hedge delay that does not parse.
+pub(crate) fn split_hedge<'l>(
+    label: &'l str,
+    scenario: Option<&Scenario>,
+) -> Result<(&'l str, Option<HedgeDelay>), SimError> {
+    let Some((base, hedge)) = label.split_once("+hedge") else {
+        return Ok((label, None));
+    };
+    let spec = match hedge.strip_prefix('=') {
+        Some(spec) => spec,
+        None if hedge.is_empty() => scenario
+            .and_then(|s| s.workload.hedge.as_deref())
+            .unwrap_or("p95"),
+        None => {
+            return Err(SimError::input(
+                format!("strategy {label:?}"),
+                "write +hedge or +hedge=DELAY",
+            ))
+        }
+    };
+    let delay = HedgeDelay::parse(spec).ok_or_else(|| {
+        SimError::input(
+            format!("strategy {label:?}"),
+            format!("hedge delay {spec:?}: a quantile (p95) or a delay (20ms, 1.5s)"),
+        )
+    })?;
+    Ok((base, Some(delay)))
+}
+
+/// A strategy label parsed into something buildable (a `+hedge` suffix is the run's, not the
+/// strategy's: [`split_hedge`]).
 pub(crate) fn parse_label(label: &str) -> Result<(String, Params), SimError> {
+    let (label, _) = split_hedge(label, None)?;
     let mut parts = label.split(':');
     let name = parts.next().unwrap_or_default().trim().to_owned();
     let mut params = Params::new();
@@ -154,7 +195,12 @@ pub fn run(
     };
     let labels: Vec<String> = labels
         .iter()
-        .map(|l| with_refresh(l, scenario.refresh_ms))
+        .flat_map(|l| {
+            let hedged =
+                (scenario.compare_hedging && !l.contains("+hedge")).then(|| format!("{l}+hedge"));
+            std::iter::once(l.clone()).chain(hedged)
+        })
+        .map(|l| with_refresh(&l, scenario.refresh_ms))
         .collect();
     let parsed = labels
         .iter()
@@ -244,8 +290,10 @@ fn simulate(
     seed: u64,
     progress: &mut dyn FnMut(&str, f64),
 ) -> Result<StrategyResult, SimError> {
+    let (_, hedge) = split_hedge(label, Some(scenario))?;
     let engine = Engine::new(scenario, make, oracle, record, requests, seed)
-        .map_err(|e| SimError::input(&scenario.name, e))?;
+        .map_err(|e| SimError::input(&scenario.name, e))?
+        .with_hedge(hedge);
     progress(label, 0.0);
     let result = engine.run(label.to_owned(), &mut |done| {
         progress(label, done as f64 / requests as f64)

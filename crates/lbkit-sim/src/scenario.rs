@@ -7,7 +7,9 @@
 //! requests = 100000            # client requests to simulate
 //! seed = 1                     # default seed (the CLI's --seed wins)
 //! watch = "s10"                # server whose queue is plotted (default: the slowest)
-//! strategies = ["round-robin", "ketama:balance_factor=1.25"]  # default: all
+//! strategies = ["round-robin", "ketama:balance_factor=1.25"]  # default: all; NAME+hedge hedges
+//!   # (workload.hedge says when), NAME+hedge=p90 or NAME+hedge=20ms with its own delay
+//! compare_hedging = false      # true: run every strategy twice, as NAME and as NAME+hedge
 //! refresh_ms = 1000            # how fast timer-driven strategies learn here (default: their own)
 //!   # weighted-response-time: interval_ms (Ribbon's 30 s); adaptive: period_ms and blackout_ms
 //!   # (gRPC's 1 s and 10 s). A strategy label that sets the parameter wins. The report warns
@@ -30,6 +32,9 @@
 //! idempotent = true            # false: a server error is not retried (a refused connection is)
 //! retry_budget_percent = 20.0  # retries allowed as a share of requests (the proxy's default)
 //! retry_budget_min_per_sec = 10 # retries always allowed per second
+//! hedge = "p95"                # the hedge delay of strategies run as `NAME+hedge`: a quantile
+//!                              # of recent latencies (pNN) or a fixed delay (20ms, 1.5s); a
+//!                              # hedge is an attempt: it needs `retries` >= 1 and the budget
 //! key_count = 0                # request keys for hash strategies; 0 = no keys
 //! key_distribution = "uniform" # uniform | zipf
 //! zipf_exponent = 1.1
@@ -124,9 +129,13 @@ pub struct Scenario {
     /// Which server to follow in the queue plot (default: the slowest).
     #[serde(default)]
     pub watch: Option<String>,
-    /// Strategies to compare by default (`name` or `name:param=value:...`); empty = all.
+    /// Strategies to compare by default (`name` or `name:param=value:...`, with `+hedge` to
+    /// hedge); empty = all.
     #[serde(default)]
     pub strategies: Vec<String>,
+    /// Run every strategy twice: as it is, and hedged (`NAME+hedge`).
+    #[serde(default)]
+    pub compare_hedging: bool,
     /// How fast timer-driven strategies learn in this scenario, ms: `weighted-response-time`'s
     /// `interval_ms` and `adaptive`'s `period_ms` and `blackout_ms`, unless a strategy label
     /// sets them (default: each strategy's own).
@@ -248,6 +257,9 @@ pub struct Workload {
     /// Retry budget: retries always allowed per second (default 10, as the proxy).
     #[serde(default = "default_budget_min")]
     pub retry_budget_min_per_sec: u32,
+    /// The hedge delay of strategies run as `NAME+hedge` (`p95`, `20ms`); default p95.
+    #[serde(default)]
+    pub hedge: Option<String>,
     /// Number of distinct request keys (0 = none).
     #[serde(default)]
     pub key_count: u32,
@@ -472,6 +484,7 @@ const BUILT_IN: &[(&str, &str)] = &[
     ("crash", include_str!("../scenarios/crash.toml")),
     ("hot-keys", include_str!("../scenarios/hot-keys.toml")),
     ("hidden-load", include_str!("../scenarios/hidden-load.toml")),
+    ("tail", include_str!("../scenarios/tail.toml")),
     (
         "heterogeneous",
         include_str!("../scenarios/heterogeneous.toml"),
@@ -600,6 +613,13 @@ impl Scenario {
         positive("workload.burst_off_ms", w.burst_off_ms)?;
         if !(0.0..=1.0).contains(&w.panic_threshold) {
             return Err("workload.panic_threshold must be within 0..=1".into());
+        }
+        if let Some(h) = &w.hedge {
+            if lbkit_core::HedgeDelay::parse(h).is_none() {
+                return Err(format!(
+                    "workload.hedge is {h:?}: a quantile (p95) or a delay (20ms, 1.5s)"
+                ));
+            }
         }
         if w.retries > 16 {
             return Err("workload.retries: at most 16".into());

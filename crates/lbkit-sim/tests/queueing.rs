@@ -532,3 +532,43 @@ fn hidden_load_holds_workers_until_it_is_let_go() {
     let err = Scenario::parse(&bad, "inline").unwrap_err().to_string();
     assert!(err.contains("hidden_load"), "{err}");
 }
+
+#[test]
+fn hedging_at_p95_cuts_the_tail_for_a_few_more_attempts() {
+    let s = Scenario::named("tail").unwrap();
+    let opts = RunOptions {
+        requests: Some(40_000),
+        strategies: vec!["p2c-ewma".into()],
+        skip_oracle: true,
+        ..RunOptions::default()
+    };
+    let r = run(&s, &opts, &mut |_, _| {}).unwrap();
+    let names: Vec<&str> = r.results.iter().map(|x| x.strategy.as_str()).collect();
+    assert_eq!(names, ["p2c-ewma", "p2c-ewma+hedge"]);
+    let (plain, hedged) = (&r.results[0], &r.results[1]);
+    assert!(
+        hedged.p99_ms * 2.0 < plain.p99_ms,
+        "p99 {} ms hedged vs {} ms",
+        hedged.p99_ms,
+        plain.p99_ms
+    );
+    assert_eq!(plain.attempts_per_request, 1.0);
+    assert!(
+        (1.01..1.15).contains(&hedged.attempts_per_request),
+        "{}",
+        hedged.attempts_per_request
+    );
+    // A fixed delay works too, and a delay that does not parse is named.
+    let fixed = RunOptions {
+        strategies: vec!["p2c-ewma+hedge=20ms".into()],
+        ..opts.clone()
+    };
+    let f = run(&s, &fixed, &mut |_, _| {}).unwrap();
+    assert!(f.results[0].p99_ms * 2.0 < plain.p99_ms);
+    let bad = RunOptions {
+        strategies: vec!["p2c-ewma+hedge=soon".into()],
+        ..opts
+    };
+    let err = run(&s, &bad, &mut |_, _| {}).unwrap_err().to_string();
+    assert!(err.contains("hedge delay \"soon\""), "{err}");
+}

@@ -453,3 +453,35 @@ fn a_pushback_delays_the_retry_or_ends_the_call() {
     assert_eq!(open.retry_wait(), Duration::ZERO);
     g.finish(Outcome::Success);
 }
+
+#[test]
+fn a_hedge_goes_to_an_untried_endpoint_and_draws_on_the_budget() {
+    let snap = Arc::new(Snapshot::from_specs(
+        vec![EndpointSpec::new("a:1"), EndpointSpec::new("b:1")],
+        t(0),
+    ));
+    let balancer = Balancer::new(FirstUntried, snap, t(0));
+    let mut rng = FastRng::seed_from_u64(3);
+    let budget = Counting::allowing(1);
+    let mut call = Attempts::start(policy(2), &budget, true, true, t(0));
+    let first = call
+        .pick(&balancer, t(0), Route::default(), &mut rng)
+        .unwrap();
+    assert!(call.may_hedge(t(5)));
+    let hedge = call
+        .hedge(&budget, &balancer, t(5), Route::default(), &mut rng)
+        .unwrap();
+    assert_ne!(hedge.endpoint().key(), first.endpoint().key());
+    assert_eq!((call.begun(), budget.withdrawals.load(Relaxed)), (2, 1));
+    // Nowhere left to go: no budget spent.
+    let none = call.hedge(&budget, &balancer, t(6), Route::default(), &mut rng);
+    assert_eq!(none.err(), Some(Stop::AllTried));
+    assert_eq!(budget.withdrawals.load(Relaxed), 1);
+    // The winner finishes, the other attempt is cancelled: not its endpoint's failure.
+    hedge.finish_at(Outcome::Success, t(7));
+    first.finish_at(Outcome::Cancelled, t(7));
+    assert_eq!(balancer.snapshot().endpoints()[0].stats().failures(), 0);
+    // A request that may not be sent twice is never hedged.
+    let once = Attempts::start(policy(2), &budget, false, true, t(0));
+    assert!(!once.may_hedge(t(5)));
+}

@@ -122,6 +122,9 @@ impl Engine<'_> {
                 }
             }
             lb.balancer.tick(now);
+            if let Some(h) = &lb.hedge {
+                h.refresh(&lb.balancer.snapshot());
+            }
         }
         if self.running() {
             self.at(self.now + TICK, Ev::Tick);

@@ -1,6 +1,6 @@
 //! Requests and attempts: pick, queue, serve, answer, time out, fail over.
 
-use lbkit_core::{Attempts, CallGuard, Classified, Observed, Route, Timestamp};
+use lbkit_core::{Attempts, CallGuard, Classified, HedgeTimer, Observed, Route, Timestamp};
 
 use super::{Attempt, Engine, Ev, Request, REFUSED, REJECTED};
 use crate::dist::exponential;
@@ -16,6 +16,7 @@ impl Engine<'_> {
             Ev::ClientReady(c) => self.new_request(c),
             Ev::Respond(a) => self.respond(a),
             Ev::Timeout(a) => self.timeout(a),
+            Ev::Hedge(r) => self.hedge(r),
             Ev::Stall(s) => self.stall(s as usize),
             Ev::Change(i) => self.change(i as usize),
             Ev::Join(s) => self.join(s as usize),
@@ -100,6 +101,7 @@ impl Engine<'_> {
             start: self.now,
             key,
             attempts,
+            open: [None, None],
         });
         self.metrics.request_started(self.now);
         match first {
@@ -126,6 +128,7 @@ impl Engine<'_> {
             pause_mark: 0,
             service: 0,
         });
+        self.opened(id, attempt);
         let outstanding = self.servers[server as usize].outstanding();
         self.metrics.attempt(server as usize, outstanding + 1);
         if let Some(limit) = limit {
@@ -144,6 +147,81 @@ impl Engine<'_> {
             self.servers[server as usize].waiting.push_back(attempt);
         }
         self.touched(server as usize);
+    }
+
+    /// Note that request `id` waits for `attempt`; after its first attempt, schedule its hedge
+    /// when this run hedges and the delay is known.
+    fn opened(&mut self, id: Id, attempt: Id) {
+        let Some(req) = self.requests.get_mut(id) else {
+            return;
+        };
+        if let Some(slot) = req.open.iter_mut().find(|s| s.is_none()) {
+            *slot = Some(attempt);
+        }
+        if req.attempts.begun() != 1 {
+            return;
+        }
+        let lb = &self.lbs[self.clients[req.client as usize].balancer];
+        if let Some(delay) = lb.hedge.as_ref().and_then(HedgeTimer::delay) {
+            let ns = u64::try_from(delay.as_nanos()).unwrap_or(u64::MAX);
+            self.at(self.now.saturating_add(ns.max(1)), Ev::Hedge(id));
+        }
+    }
+
+    /// Request `id` no longer waits for `attempt`: whether it still waits for another one (a
+    /// failure then is not the request's end: the other attempt may still answer).
+    fn closed(&mut self, id: Id, attempt: Id) -> bool {
+        let Some(req) = self.requests.get_mut(id) else {
+            return false;
+        };
+        for slot in &mut req.open {
+            if *slot == Some(attempt) {
+                *slot = None;
+            }
+        }
+        req.open.iter().any(Option::is_some)
+    }
+
+    /// The hedge of request `id`: a second attempt on an endpoint not tried yet, when its
+    /// first has no answer yet and `Attempts` allows one (idempotent, attempts and budget left).
+    fn hedge(&mut self, id: Id) {
+        let now = self.now;
+        let Some(req) = self.requests.get_mut(id) else {
+            return;
+        };
+        if req.attempts.begun() != 1 || req.open.iter().flatten().count() != 1 {
+            return;
+        }
+        let lb = &self.lbs[self.clients[req.client as usize].balancer];
+        let route = Route::key(self.keys.get(req.key as usize).map(|k| k.as_bytes()));
+        let at = Timestamp::from_nanos(now);
+        if let Ok(guard) = req
+            .attempts
+            .hedge(&lb.budget, &lb.balancer, at, route, &mut self.rng)
+        {
+            self.send(id, guard);
+        }
+    }
+
+    /// The request ended: the client no longer waits for its other attempt (a hedge that lost),
+    /// which is cancelled — not its endpoint's failure.
+    fn cancel_open(&mut self, open: [Option<Id>; 2]) {
+        let at = Timestamp::from_nanos(self.now);
+        for attempt in open.into_iter().flatten() {
+            let Some(a) = self.attempts.get_mut(attempt) else {
+                continue;
+            };
+            if !a.awaited {
+                continue;
+            }
+            a.awaited = false;
+            if let Some(g) = a.guard.take() {
+                g.finish_at(lbkit_core::Outcome::Cancelled, at);
+            }
+            if !a.on_server {
+                self.attempts.remove(attempt);
+            }
+        }
     }
 
     fn set_on_server(&mut self, attempt: Id) {
@@ -239,10 +317,11 @@ impl Engine<'_> {
         if !a.on_server {
             self.attempts.remove(attempt);
         }
-        if c.is_failure() {
-            self.retry_or_end(request, c, End::Error);
-        } else {
+        let racing = self.closed(request, attempt);
+        if !c.is_failure() {
             self.end_request(request, End::Ok);
+        } else if !racing {
+            self.retry_or_end(request, c, End::Error);
         }
     }
 
@@ -263,7 +342,9 @@ impl Engine<'_> {
         if !a.on_server {
             self.attempts.remove(attempt);
         }
-        self.retry_or_end(request, c, End::Timeout);
+        if !self.closed(request, attempt) {
+            self.retry_or_end(request, c, End::Timeout);
+        }
     }
 
     /// After a failed attempt classified as `c`: the next attempt where [`Attempts`] allows
@@ -293,6 +374,7 @@ impl Engine<'_> {
         let Some(req) = self.requests.remove(id) else {
             return;
         };
+        self.cancel_open(req.open);
         self.metrics.request_ended(req.start, self.now, end);
         self.done += 1;
         let w = &self.scenario.workload;

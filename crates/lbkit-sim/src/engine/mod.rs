@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use lbkit_core::{
     AttemptPolicy, Attempts, Availability, Balancer, BoxStrategy, CallGuard, Clock, FastRng,
-    ManualClock, Observed, RetryBudget, SnapshotPolicy, Timestamp, Update,
+    HedgeDelay, HedgeTimer, ManualClock, Observed, RetryBudget, SnapshotPolicy, Timestamp, Update,
 };
 use lbkit_discovery::{Controller, ControllerConfig};
 use lbkit_health::OutlierConfig;
@@ -39,6 +39,8 @@ enum Ev {
     ClientReady(u32),
     Respond(Id),
     Timeout(Id),
+    /// Hedge request `Id` if it is still waiting for its first attempt.
+    Hedge(Id),
     Stall(u32),
     Change(u32),
     Join(u32),
@@ -97,6 +99,7 @@ fn new_lb(
             None => balancer,
         },
         controller,
+        hedge: None,
     }
 }
 
@@ -128,6 +131,8 @@ struct Request {
     start: u64,
     key: u32,
     attempts: Attempts,
+    /// Its attempts the client still waits for (two while a hedge races the first).
+    open: [Option<Id>; 2],
 }
 
 struct Attempt {
@@ -156,6 +161,8 @@ struct Lb {
     /// scenario's membership changes go through its rules (key order, empty-push and
     /// mass-removal protection), its outlier detection and snapshot policy, in virtual time.
     controller: Controller,
+    /// When its requests are hedged (learned from its endpoints' latencies at each tick).
+    hedge: Option<HedgeTimer>,
 }
 
 /// One run of one strategy over one scenario.
@@ -181,6 +188,8 @@ pub(crate) struct Engine<'a> {
     burst_on: bool,
     /// Every request's attempt policy (the scenario's retries, timeout and deadline).
     policy: AttemptPolicy,
+    /// Hedging of this run (`NAME+hedge`): each balancer's timer.
+    hedge: Option<HedgeDelay>,
     /// Virtual time as `Attempts` reads it, set before each decision.
     clock: (Clock, Arc<ManualClock>),
     watch: usize,
@@ -275,12 +284,22 @@ impl<'a> Engine<'a> {
             total: requests,
             burst_on: true,
             policy: attempt_policy(w),
+            hedge: None,
             clock,
             watch,
             sample_every: ((expected_ns / 200.0) as u64).max(1_000_000),
             oracle,
             arrivals,
         })
+    }
+
+    /// Hedge every request whose first attempt has no answer after `delay` (`None`: never).
+    pub(crate) fn with_hedge(mut self, delay: Option<HedgeDelay>) -> Self {
+        self.hedge = delay;
+        for lb in &mut self.lbs {
+            lb.hedge = delay.map(HedgeTimer::new);
+        }
+        self
     }
 
     /// The server behind an endpoint.

@@ -8,7 +8,8 @@
 //!    active-request bias, default RTT and peak-EWMA decay, response-time windows and
 //!    intervals, the adaptive penalty and blackout, the bounded-load balance factor. A service on a consistent-hashing
 //!    strategy needs its keys' affinity, so its candidates are the hashing strategies; any other
-//!    service's are the rest.
+//!    service's are the rest. When the scenario's requests may be hedged (idempotent, with
+//!    `retries` ≥ 1) and need no affinity, each strategy is also tried hedged at [`HEDGE_DELAYS`] (`NAME+hedge=p95`).
 //! 2. **Successive halving over seeds** (the racing of Jamieson and Talwalkar, *Non-stochastic
 //!    best arm identification and hyperparameter optimization*, 2016): every candidate runs one
 //!    seed, the best third (at least two) two seeds more, the best third of those (at least two)
@@ -41,7 +42,7 @@
 //! assert!(tuning.gain.high < 0.0, "the winner's p99 is lower on every reading");
 //! ```
 //!
-//! Not searched, because lbkit has neither yet: aperture sizes, hedging delays.
+//! Not searched, because lbkit has none yet: aperture sizes.
 
 use std::sync::atomic::AtomicU64;
 
@@ -51,6 +52,9 @@ use serde::Serialize;
 use crate::error::SimError;
 use crate::report::{parse_label, with_refresh, Report, TIMERS};
 use crate::scenario::{Scenario, MAX_REQUESTS};
+
+/// The hedge delays searched for each strategy, when the scenario's requests may be hedged.
+pub const HEDGE_DELAYS: [&str; 3] = ["p90", "p95", "p99"];
 
 /// Fresh seeds the winner and the current setting run for the verdict.
 pub const FINAL_SEEDS: u64 = 10;
@@ -264,6 +268,14 @@ pub fn search_space(scenario: &Scenario, current: &str) -> Result<Vec<String>, S
                 .collect();
         }
         labels.extend(combos);
+        // A hedge goes to another endpoint: not for a service that needs its keys' affinity.
+        if hedgeable(scenario) && !keyed {
+            labels.extend(
+                HEDGE_DELAYS
+                    .iter()
+                    .map(|d| format!("{}+hedge={d}", info.name)),
+            );
+        }
     }
     let mut seen = std::collections::HashSet::new();
     Ok(labels
@@ -271,6 +283,11 @@ pub fn search_space(scenario: &Scenario, current: &str) -> Result<Vec<String>, S
         .map(|l| with_refresh(&l, scenario.refresh_ms))
         .filter(|l| seen.insert(l.clone()))
         .collect())
+}
+
+/// Whether the scenario's requests may be hedged: idempotent, with an attempt beyond the first.
+fn hedgeable(scenario: &Scenario) -> bool {
+    scenario.workload.idempotent && scenario.workload.retries >= 1
 }
 
 /// The labels [`tune`] searches for `options` (its candidates, else [`search_space`]), each

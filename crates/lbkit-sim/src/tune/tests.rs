@@ -27,6 +27,23 @@ fn the_search_space_holds_every_family_member_and_tuned_value_once() {
 }
 
 #[test]
+fn hedge_delays_are_searched_where_requests_may_be_hedged() {
+    let tail = Scenario::named("tail").unwrap();
+    let space = search_space(&tail, "round-robin").unwrap();
+    for d in HEDGE_DELAYS {
+        assert!(space.contains(&format!("p2c-ewma+hedge={d}")), "{space:?}");
+    }
+    // No attempt beyond the first: nothing to hedge with.
+    let mut once = tail.clone();
+    once.workload.retries = 0;
+    let space = search_space(&once, "round-robin").unwrap();
+    assert!(!space.iter().any(|l| l.contains("+hedge")));
+    // A keyed service keeps its affinity.
+    let space = search_space(&tail, "ketama").unwrap();
+    assert!(!space.iter().any(|l| l.contains("+hedge")));
+}
+
+#[test]
 fn the_plan_counts_its_runs() {
     // 9 candidates: 10 runs, then 3 + current run 2 seeds more (8), then 2 + current run 6
     // more (18); the verdict 2 × 10, the comparison 4 + 1 + oracle.
