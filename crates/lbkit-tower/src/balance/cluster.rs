@@ -56,6 +56,13 @@ where
     let timeout = attempts.timeout(attempts.started());
     match s.mode {
         Mode::Failover { .. } => {
+            let now = attempts.started();
+            let delay = s.hedge.as_ref().filter(|_| attempts.may_hedge(now));
+            let delay = delay.and_then(|h| h.delay(now, || s.pool.snapshot()));
+            if let Some(delay) = delay {
+                let first = first?;
+                return Box::pin(super::hedge::hedged(s, first, req, spare, attempts, delay)).await;
+            }
             let sent = s.send(first?, req, timeout).await;
             failover(s, sent, spare, attempts).await
         }
@@ -181,7 +188,7 @@ pub(crate) struct Again<'a> {
 
 /// After an attempt: answer with it, or (boxed: the rare path) send the request again on an
 /// endpoint not tried yet, as long as [`Attempts`] says so.
-async fn failover<Req, Svc, Q, R, S: Strategy, F>(
+pub(crate) async fn failover<Req, Svc, Q, R, S: Strategy, F>(
     s: &Shared<Svc, Q, R, S, F>,
     sent: Sent<Svc::Response>,
     spare: Option<Req>,

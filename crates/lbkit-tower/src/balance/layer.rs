@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::Arc;
 use std::time::Duration;
 
-use lbkit_core::{FastRng, Strategy};
+use lbkit_core::{FastRng, HedgeDelay, Strategy};
 use tower::retry::budget::Budget;
 use tower::Layer;
 
@@ -46,6 +46,7 @@ pub struct BalanceLayer<Q = NoReplay, R = AnyResponse, F = NoFallback> {
     deadline: Option<Duration>,
     budget: Arc<dyn lbkit_core::Budget>,
     seed: Option<u64>,
+    hedge: Option<HedgeDelay>,
 }
 
 impl Default for BalanceLayer {
@@ -69,6 +70,7 @@ impl BalanceLayer {
             deadline: None,
             budget: Arc::new(lbkit_core::RetryBudget::default()),
             seed: None,
+            hedge: None,
         }
     }
 }
@@ -96,6 +98,7 @@ impl<Q, R, F> BalanceLayer<Q, R, F> {
             deadline: self.deadline,
             budget: self.budget,
             seed: self.seed,
+            hedge: self.hedge,
         }
     }
 
@@ -110,6 +113,7 @@ impl<Q, R, F> BalanceLayer<Q, R, F> {
             deadline: self.deadline,
             budget: self.budget,
             seed: self.seed,
+            hedge: self.hedge,
         }
     }
 
@@ -124,6 +128,7 @@ impl<Q, R, F> BalanceLayer<Q, R, F> {
             deadline: self.deadline,
             budget: self.budget,
             seed: self.seed,
+            hedge: self.hedge,
         }
     }
 
@@ -193,6 +198,26 @@ impl<Q, R, F> BalanceLayer<Q, R, F> {
         self
     }
 
+    /// Hedge idempotent requests under failover ([`lbkit_core::HedgeDelay`]: "The Tail at
+    /// Scale"): when the first attempt has no answer after `delay` — fixed, or a quantile of
+    /// the pool's recent latencies (`HedgeDelay::parse("p95")`) — a second attempt goes to an
+    /// endpoint not tried yet; the first answer wins and the other attempt is cancelled, which
+    /// is not its endpoint's failure. A hedge is an attempt of the call: it needs a retry left
+    /// (`failover(n)`, n ≥ 1), a copy of the request, time before the deadline, and a
+    /// withdrawal from the retry budget, so hedging never sends more than the budget's share
+    /// twice. Counted with the retries (`lbkit_retries_total`: attempts after the first).
+    ///
+    /// ```
+    /// use lbkit_core::HedgeDelay;
+    /// use lbkit_tower::BalanceLayer;
+    /// let layer = BalanceLayer::http().failover(1).hedge(HedgeDelay::parse("p95").unwrap());
+    /// # let _ = layer;
+    /// ```
+    pub fn hedge(mut self, delay: HedgeDelay) -> Self {
+        self.hedge = Some(delay);
+        self
+    }
+
     /// Seed the balance's random source (deterministic picks in tests).
     pub fn seed(mut self, seed: u64) -> Self {
         self.seed = Some(seed);
@@ -240,6 +265,7 @@ where
             budget: self.budget.clone(),
             failback_pending: AtomicUsize::new(0),
             seeds: AtomicU64::new(seed),
+            hedge: self.hedge.map(super::Hedging::new),
         });
         Balance::from_shared(shared)
     }

@@ -184,6 +184,8 @@ pub enum Reply {
     Status503,
     /// This status with this header (`Retry-After`, `grpc-retry-pushback-ms`).
     Pushback(u16, &'static str, &'static str),
+    /// 200 with the server's name after this many milliseconds.
+    Delay(u64),
     /// Never answer; report the drop of the handler (the client went away).
     Hang,
 }
@@ -233,6 +235,10 @@ impl HttpServer {
                                     resp.headers_mut().insert(to, v);
                                 }
                                 Ok::<_, Infallible>(resp)
+                            }
+                            Reply::Delay(ms) => {
+                                tokio::time::sleep(Duration::from_millis(ms)).await;
+                                Ok(hyper::Response::new(Full::new(Bytes::from(name))))
                             }
                             Reply::Pushback(status, header, value) => {
                                 Ok(hyper::Response::builder()

@@ -1,0 +1,87 @@
+//! Hedged requests through the tower layer (issue 41), against hyper servers on loopback: an
+//! idempotent request whose first attempt is slow is answered by its hedge on another
+//! endpoint, the slow attempt is cancelled without being charged, and a request that may not
+//! be sent twice is never hedged.
+
+mod support;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use lbkit_core::{Availability, Endpoint, EndpointSpec, HedgeDelay};
+use lbkit_strategy::RoundRobin;
+use lbkit_tower::http::SetOrigin;
+use lbkit_tower::{BalanceLayer, PoolBuilder, TryMake};
+use support::*;
+use tower::{Layer, Service, ServiceExt};
+
+fn request(method: &str) -> http::Request<Full<Bytes>> {
+    http::Request::builder()
+        .method(method)
+        .uri("/")
+        .body(Full::new(Bytes::new()))
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_slow_first_attempt_is_raced_by_a_hedge_on_another_endpoint() {
+    let slow = HttpServer::start("slow", Reply::Delay(1_500)).await;
+    let fast = HttpServer::start("fast", Reply::Ok).await;
+    let client = client(false);
+    let pool = PoolBuilder::new(RoundRobin::default())
+        .availability(Availability::OFF)
+        .spawn_static(
+            vec![
+                EndpointSpec::new(slow.addr.to_string()),
+                EndpointSpec::new(fast.addr.to_string()),
+            ],
+            TryMake(move |ep: &Endpoint| SetOrigin::http(client.clone(), ep.address())),
+        );
+    let hedge = HedgeDelay::Fixed(Duration::from_millis(50));
+    let mut svc = BalanceLayer::http()
+        .failover(1)
+        .hedge(hedge)
+        .seed(SEED)
+        .layer(pool.clone());
+    // Round robin's first attempts meet the slow server (every one here: each hedge takes the
+    // next position too); each is hedged.
+    within(async {
+        for _ in 0..4 {
+            let t = tokio::time::Instant::now();
+            let resp = svc
+                .ready()
+                .await
+                .unwrap()
+                .call(request("GET"))
+                .await
+                .unwrap();
+            let body = resp.into_body().collect().await.unwrap().to_bytes();
+            assert_eq!(body, "fast");
+            assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+        }
+    })
+    .await;
+    assert!(slow.hits() >= 2, "{}", slow.hits());
+    let snap = pool.snapshot();
+    let slow_stats =
+        snap.endpoints()[snap.find(&slow.addr.to_string().into()).unwrap().get()].stats();
+    assert_eq!(slow_stats.failures(), 0, "a lost race is no failure");
+    assert_eq!(slow_stats.cancellations(), u64::from(slow.hits()));
+    // A POST may not be sent twice: the slow server answers it, late.
+    let mut answered = Vec::new();
+    within(async {
+        for _ in 0..2 {
+            let resp = svc
+                .ready()
+                .await
+                .unwrap()
+                .call(request("POST"))
+                .await
+                .unwrap();
+            answered.push(resp.into_body().collect().await.unwrap().to_bytes());
+        }
+    })
+    .await;
+    assert!(answered.contains(&Bytes::from("slow")), "{answered:?}");
+}
