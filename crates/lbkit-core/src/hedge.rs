@@ -5,8 +5,10 @@
 //!
 //! The delay is fixed, or a quantile of the endpoint set's recent latencies
 //! ([`HedgeDelay::Quantile`]: p95 hedges about one call in twenty). A [`HedgeTimer`] learns
-//! the quantile off the request path, from the endpoints' latency histograms, when its owner's
-//! control loop calls [`HedgeTimer::refresh`]; a call reads it with one atomic load.
+//! the quantile from the endpoints' latency histograms: when its owner's control loop calls
+//! [`HedgeTimer::refresh`], or, for drivers without one, at most every [`HEDGE_REFRESH`] by
+//! the call of [`HedgeTimer::delay_at`] that finds it due (one compare-and-swap decides which;
+//! every other call reads one atomic).
 //!
 //! A hedge is an attempt like a retry ([`Attempts::hedge`](crate::Attempts::hedge)): it goes
 //! to an endpoint not tried yet, counts against the call's attempts, needs the request
@@ -19,9 +21,13 @@ use std::time::Duration;
 use crate::snapshot::Snapshot;
 use crate::stats::LATENCY_BUCKETS;
 use crate::sync::{AtomicU64, Ordering::Relaxed};
+use crate::time::{duration_nanos, Timestamp};
 
 /// Calls a quantile is learned from before it is used, and before it is learned again.
 pub const HEDGE_MIN_SAMPLES: u64 = 200;
+
+/// How often [`HedgeTimer::delay_at`] learns the quantile again.
+pub const HEDGE_REFRESH: Duration = Duration::from_millis(100);
 
 /// When a hedge is sent.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -85,6 +91,8 @@ pub struct HedgeTimer {
     learned_ns: AtomicU64,
     /// The set's calls per latency bucket when the quantile was last learned.
     seen: [AtomicU64; LATENCY_BUCKETS.len() + 1],
+    /// When [`delay_at`](Self::delay_at) last refreshed, ns.
+    refreshed_ns: AtomicU64,
 }
 
 impl HedgeTimer {
@@ -94,7 +102,30 @@ impl HedgeTimer {
             delay,
             learned_ns: AtomicU64::new(0),
             seen: std::array::from_fn(|_| AtomicU64::new(0)),
+            refreshed_ns: AtomicU64::new(0),
         }
+    }
+
+    /// [`delay`](Self::delay) at `now`, learning the quantile again from `snapshot` first when
+    /// the last refresh is [`HEDGE_REFRESH`] old (the one call that claims it pays for it).
+    pub fn delay_at(
+        &self,
+        now: Timestamp,
+        snapshot: impl FnOnce() -> std::sync::Arc<Snapshot>,
+    ) -> Option<Duration> {
+        if matches!(self.delay, HedgeDelay::Quantile { .. }) {
+            let last = self.refreshed_ns.load(Relaxed);
+            let due = now.as_nanos().saturating_sub(last) >= duration_nanos(HEDGE_REFRESH);
+            if due
+                && self
+                    .refreshed_ns
+                    .compare_exchange(last, now.as_nanos(), Relaxed, Relaxed)
+                    .is_ok()
+            {
+                self.refresh(&snapshot());
+            }
+        }
+        self.delay()
     }
 
     /// The policy.

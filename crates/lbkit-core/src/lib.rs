@@ -83,7 +83,7 @@ pub use endpoint::{
 };
 pub use error::PickError;
 pub use hash::key_hash;
-pub use hedge::{HedgeDelay, HedgeTimer, HEDGE_MIN_SAMPLES};
+pub use hedge::{HedgeDelay, HedgeTimer, HEDGE_MIN_SAMPLES, HEDGE_REFRESH};
 pub use live::{exp_small, LiveStats};
 pub use policy::{HealthOverlay, SlowStart, SnapshotPolicy, DEFAULT_PANIC_THRESHOLD};
 pub use rng::FastRng;

@@ -31,6 +31,7 @@ use http::{Request, Response, StatusCode, Uri, Version};
 use http_body::Body as _;
 use http_body_util::{BodyExt, Either, Full};
 use lbkit_core::http::is_idempotent_method;
+use lbkit_core::signal::Pushback;
 use lbkit_core::{
     classify_answer, Attempts, CallGuard, Classified, Clock, FastRng, Observed, Outcome,
     RequestTagBuf, RetryWhen, Route, Stop,
@@ -154,37 +155,14 @@ async fn forward(
         Err(e) => return local(StatusCode::SERVICE_UNAVAILABLE, &format!("{e}\n")),
     };
     loop {
-        let last = attempts.begun() > attempts.policy().retries;
-        let Some(upstream) = out.request(guard.endpoint().address(), last) else {
-            return local(StatusCode::BAD_REQUEST, "bad request target\n");
-        };
-        let limit = attempts.timeout(service.clock().now());
-        let deadline = limit.map(|l| tokio::time::Instant::now() + l);
-        let upstream = out.tell_deadline(upstream, limit, service);
-        let tried = match send(service, upstream, limit).await {
-            Ok(resp) if resp.status() == StatusCode::SWITCHING_PROTOCOLS => {
-                return switch(out.upgrade.take(), resp, guard);
-            }
-            Ok(resp) => {
-                orca::record(resp.headers(), guard.endpoint().stats(), service.clock());
-                let stats = guard.endpoint().stats();
-                let now = service.clock().now();
-                if let Some(p) = record_pushback(resp.status(), resp.headers(), stats, now) {
-                    attempts.pushed_back(p);
-                }
-                // The body of a small answer is read within what is left of the attempt's limit
-                // (one timer for head and body, as on the fast path); a failure then is the
-                // endpoint's, never the client's upload's.
-                read_small(resp, deadline).await
-            }
-            Err(observed) => match client_fault(observed, out.upload.as_ref()) {
-                Some(fault) => {
-                    guard.finish(Observed::ClientGone.classify().outcome);
-                    return fault;
-                }
-                None => Err(observed),
+        let (tried, g) = match hedge_delay(envelope, &out, &attempts) {
+            Some(delay) => hedged(service, &mut out, &mut attempts, guard, &mut rng, delay).await,
+            None => match one(service, &mut out, &mut attempts, guard).await {
+                Ok(tried) => tried,
+                Err(early) => return early,
             },
         };
+        guard = g;
         let c = match &tried {
             Ok(resp) => classify_head(resp.status(), resp.headers()),
             Err(observed) => observed.classify(),
@@ -208,6 +186,166 @@ async fn forward(
             Err(stop) => return answer(service, tried, guard, c.outcome, stop),
         }
     }
+}
+
+/// One attempt of the call on `guard`'s endpoint: what it gave, or the call's answer when it
+/// ends here (an upgrade's `101`, a fault of the client's, a target that cannot be sent).
+async fn one(
+    service: &Service,
+    out: &mut Outgoing,
+    attempts: &mut Attempts,
+    guard: CallGuard,
+) -> Result<(Tried, CallGuard), Response<ProxyBody>> {
+    let last = attempts.begun() > attempts.policy().retries;
+    let Some(upstream) = out.request(guard.endpoint().address(), last) else {
+        return Err(local(StatusCode::BAD_REQUEST, "bad request target\n"));
+    };
+    let limit = attempts.timeout(service.clock().now());
+    let deadline = limit.map(|l| tokio::time::Instant::now() + l);
+    let upstream = out.tell_deadline(upstream, limit, service);
+    let tried = match send(service, upstream, limit).await {
+        Ok(resp) if resp.status() == StatusCode::SWITCHING_PROTOCOLS => {
+            return Err(switch(out.upgrade.take(), resp, guard));
+        }
+        Ok(resp) => {
+            if let Some(p) = noted(service, &resp, guard.endpoint()) {
+                attempts.pushed_back(p);
+            }
+            // The body of a small answer is read within what is left of the attempt's limit
+            // (one timer for head and body, as on the fast path); a failure then is the
+            // endpoint's, never the client's upload's.
+            read_small(resp, deadline).await
+        }
+        Err(observed) => match client_fault(observed, out.upload.as_ref()) {
+            Some(fault) => {
+                guard.finish(Observed::ClientGone.classify().outcome);
+                return Err(fault);
+            }
+            None => Err(observed),
+        },
+    };
+    Ok((tried, guard))
+}
+
+/// An answer's load report and pushback, recorded against `endpoint`; the pushback, for the
+/// call's attempts.
+fn noted(
+    service: &Service,
+    resp: &Response<UpstreamAnswer>,
+    endpoint: &lbkit_core::Endpoint,
+) -> Option<Pushback> {
+    orca::record(resp.headers(), endpoint.stats(), service.clock());
+    let now = service.clock().now();
+    record_pushback(resp.status(), resp.headers(), endpoint.stats(), now)
+}
+
+/// When the call's first attempt is hedged: on a route that hedges (`hedge`), for an
+/// idempotent request with a buffered body and no upgrade, while `Attempts` allows a hedge and
+/// the delay is known.
+fn hedge_delay(envelope: &Envelope<'_>, out: &Outgoing, attempts: &Attempts) -> Option<Duration> {
+    let timer = envelope.route().hedge.as_ref()?;
+    let buffered = matches!(out.body, Either::Left(_)) && out.upgrade.is_none();
+    let service = envelope.service();
+    let now = service.clock().now();
+    if !(out.idempotent && buffered && attempts.begun() == 1 && attempts.may_hedge(now)) {
+        return None;
+    }
+    timer.delay_at(now, || service.active().balancer.snapshot())
+}
+
+/// The first attempt on `first`, raced after `delay` without an answer by a hedge on an
+/// endpoint not tried yet (lbkit-core's `hedge`): the first answer that is not a failure wins
+/// and the other attempt is cancelled (not its endpoint's failure); a failure waits for the
+/// other attempt. What the deciding attempt gave, and its guard.
+async fn hedged(
+    service: &Service,
+    out: &mut Outgoing,
+    attempts: &mut Attempts,
+    first: CallGuard,
+    rng: &mut FastRng,
+    delay: Duration,
+) -> (Tried, CallGuard) {
+    let a = exchange(service, out, attempts, first.endpoint());
+    tokio::pin!(a);
+    let second = tokio::select! {
+        r = &mut a => return settle(attempts, r, first),
+        () = tokio::time::sleep(delay) => match service.hedge(attempts, out.route(), rng) {
+            Ok(second) => second,
+            Err(_) => return settle(attempts, a.await, first),
+        },
+    };
+    let b = exchange(service, out, attempts, second.endpoint());
+    tokio::pin!(b);
+    tokio::select! {
+        r = &mut a => finish_race(attempts, r, first, second, b).await,
+        r = &mut b => finish_race(attempts, r, second, first, a).await,
+    }
+}
+
+/// One exchange of a hedged call with `endpoint`: the request built and told its time left
+/// (at the start), sent, its answer's signals noted, a small body read whole.
+fn exchange<'s>(
+    service: &'s Service,
+    out: &mut Outgoing,
+    attempts: &Attempts,
+    endpoint: &lbkit_core::Endpoint,
+) -> impl std::future::Future<Output = (Tried, Option<Pushback>)> + 's {
+    let limit = attempts.timeout(service.clock().now());
+    let upstream = out
+        .request(endpoint.address(), false)
+        .map(|up| out.tell_deadline(up, limit, service));
+    let endpoint = endpoint.clone();
+    async move {
+        let Some(upstream) = upstream else {
+            return (Err(Observed::ResetBeforeResponse), None);
+        };
+        let deadline = limit.map(|l| tokio::time::Instant::now() + l);
+        match send(service, upstream, limit).await {
+            Ok(resp) => {
+                let p = noted(service, &resp, &endpoint);
+                (read_small(resp, deadline).await, p)
+            }
+            Err(observed) => (Err(observed), None),
+        }
+    }
+}
+
+/// The race after one attempt (`won`, its result `r`) answered first: an answer that is no
+/// failure wins and `other` is cancelled; a failure is recorded and the other attempt (`rest`)
+/// decides.
+async fn finish_race<F>(
+    attempts: &mut Attempts,
+    r: (Tried, Option<Pushback>),
+    won: CallGuard,
+    other: CallGuard,
+    rest: std::pin::Pin<&mut F>,
+) -> (Tried, CallGuard)
+where
+    F: std::future::Future<Output = (Tried, Option<Pushback>)>,
+{
+    let c = match &r.0 {
+        Ok(resp) => classify_head(resp.status(), resp.headers()),
+        Err(observed) => observed.classify(),
+    };
+    if !c.is_failure() {
+        other.finish(Outcome::Cancelled);
+        return settle(attempts, r, won);
+    }
+    won.finish(c.outcome);
+    let r = rest.await;
+    settle(attempts, r, other)
+}
+
+/// The deciding attempt's result, its pushback given to the call's attempts.
+fn settle(
+    attempts: &mut Attempts,
+    (tried, pushback): (Tried, Option<Pushback>),
+    guard: CallGuard,
+) -> (Tried, CallGuard) {
+    if let Some(p) = pushback {
+        attempts.pushed_back(p);
+    }
+    (tried, guard)
 }
 
 /// The call's answer after its last attempt (`tried`, recorded as `outcome`), which stopped

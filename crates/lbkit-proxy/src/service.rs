@@ -268,6 +268,24 @@ impl Service {
         next
     }
 
+    /// A hedge of the call's open first attempt (`Attempts::hedge` with this service's
+    /// budget and balancer at the service's clock), counted as a retry sent or refused.
+    pub(crate) fn hedge(
+        &self,
+        attempts: &mut Attempts,
+        route: Route<'_>,
+        rng: &mut FastRng,
+    ) -> Result<CallGuard, Stop> {
+        let balancer = &self.active().balancer;
+        let next = attempts.hedge(&self.budget, balancer, self.clock.now(), route, rng);
+        match next {
+            Ok(_) => self.metrics.retried(),
+            Err(Stop::BudgetExhausted) => self.metrics.retry_refused(),
+            Err(_) => {}
+        }
+        next
+    }
+
     /// Wait out the last answer's pushback (`Attempts::retry_wait`) before a retry, when a
     /// retry is allowed at all: a retry that honours `Retry-After` or `grpc-retry-pushback-ms`
     /// instead of hammering the next endpoint at once.

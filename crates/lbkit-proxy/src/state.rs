@@ -23,6 +23,8 @@ pub(crate) struct RouteEntry {
     /// The route's limits and the service's retries: what a call's `Attempts` follow.
     pub(crate) policy: AttemptPolicy,
     pub(crate) hash_key: Option<KeyExtractor>,
+    /// When idempotent requests are hedged (`hedge`), learned from the service's endpoints.
+    pub(crate) hedge: Option<lbkit_core::HedgeTimer>,
 }
 
 /// A service and its background tasks, which stop when the last configuration using it goes.
@@ -90,6 +92,11 @@ impl State {
                     overall: Some(Duration::from_millis(r.timeout_ms)),
                 },
                 hash_key: r.hash_key.as_ref().and_then(|k| k.parse().ok()),
+                hedge: r
+                    .hedge
+                    .as_deref()
+                    .and_then(lbkit_core::HedgeDelay::parse)
+                    .map(lbkit_core::HedgeTimer::new),
             });
         }
         Ok(State {

@@ -87,32 +87,6 @@ async fn send(
     (parts.status, text, parts.headers)
 }
 
-/// A proxy started on `config`, once its service lists every endpoint (read from
-/// `/endpoints`, so that no request reaches a backend before the test's own).
-async fn published(config: &str) -> lbkit_proxy::Proxy {
-    lbkit_proxy::Proxy::pin_runtime_thread();
-    let proxy = lbkit_proxy::Proxy::start(common::parse(config))
-        .await
-        .expect("proxy starts");
-    let admin = client();
-    tokio::time::timeout(WAIT, async {
-        loop {
-            let (_, body) = common::admin(&admin, &proxy, "GET", "/endpoints", "").await;
-            let doc: serde_json::Value = serde_json::from_str(&body).expect("JSON");
-            if doc["services"]["svc"]["endpoints"]
-                .as_array()
-                .is_some_and(|e| e.len() == 2)
-            {
-                return;
-            }
-            tokio::task::yield_now().await;
-        }
-    })
-    .await
-    .expect("endpoints published in time");
-    proxy
-}
-
 fn header(h: &HeaderMap, name: &str) -> Option<String> {
     h.get(name)
         .map(|v| v.to_str().expect("ascii").trim().to_owned())
@@ -212,7 +186,7 @@ async fn a_429_with_retry_after_takes_its_endpoint_out_of_the_picks() {
         let (limited, limited_hits) =
             backend(429, &[("retry-after", "30")], Duration::ZERO, "limited").await;
         let (ok, _) = backend(200, &[], Duration::ZERO, "ok").await;
-        let proxy = published(&config_for(&[limited, ok], "round-robin", "")).await;
+        let proxy = common::published(&config_for(&[limited, ok], "round-robin", "")).await;
         let addr = proxy.listeners()[0];
         let mut answers = Vec::new();
         for _ in 0..12 {
@@ -237,7 +211,7 @@ async fn a_retry_waits_out_the_pushback_of_a_503() {
     for (engine, client) in engines() {
         let (busy, busy_hits) = backend(503, &[("retry-after", "1")], Duration::ZERO, "busy").await;
         let (ok, _) = backend(200, &[], Duration::ZERO, "ok").await;
-        let proxy = published(&config_for(&[busy, ok], "round-robin", "retries = 2")).await;
+        let proxy = common::published(&config_for(&[busy, ok], "round-robin", "retries = 2")).await;
         let addr = proxy.listeners()[0];
         // Round robin meets the busy one within two requests; that request is answered by
         // the other endpoint, after the second the busy one asked for.

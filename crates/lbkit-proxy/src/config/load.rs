@@ -149,6 +149,12 @@ impl Config {
                 key.parse::<KeyExtractor>()
                     .map_err(|e| err(format!("route[{i}].hash_key"), e.to_string()))?;
             }
+            if let Some(h) = &r.hedge {
+                if lbkit_core::HedgeDelay::parse(h).is_none() {
+                    let why = format!("{h:?}: a quantile (p95) or a delay (20ms, 1.5s)");
+                    return Err(err(format!("route[{i}].hedge"), why));
+                }
+            }
         }
         for (name, svc) in &self.services {
             svc.validate(&|field: &str, reason: String| {

@@ -31,6 +31,7 @@
 //! service = "api"                       # required: a [service.NAME]
 //! timeout_ms = 15000                    # default 15 s: whole upstream exchange, retries included; once a large answer streams, each read or write (HTTP/1 fast path); an HTTP/2 answer waiting this long for the client's flow-control window is reset (give long-lived streaming routes, such as server-streaming gRPC to slow readers, a longer one); a client connection whose writes make no progress for the longest route timeout is closed
 //! per_try_timeout_ms = 2000             # default none: each attempt's limit inside timeout_ms (Envoy's per_try_timeout); an attempt that times out is retried on another endpoint (idempotent requests) while timeout_ms has time left
+//! hedge = "p95"                         # default none: hedge idempotent requests with a buffered body — after the service's recent p95 latency (or a delay: "20ms") without an answer, a second attempt goes to an endpoint not tried yet, the first answer wins and the other is cancelled (not the endpoint's failure); a hedge is an attempt (it needs retries >= 1) and draws on the retry budget. HTTP/1.1 requests it may hedge go through hyper's engine
 //! hash_key = "header:x-user"            # default none; `header:NAME`, `cookie:NAME`, `path` (without the query), `uri` (with it), `query:NAME`, `source-ip`: read as lbkit-tower reads them, so a key picks the same endpoint through both
 //!
 //! [service.api]
@@ -250,6 +251,10 @@ pub struct Route {
     /// Hash key for hash strategies, as `KeyExtractor` text. Default none.
     #[serde(default)]
     pub hash_key: Option<String>,
+    /// Hedge idempotent requests: `p95` (a quantile of the service's recent latencies) or a
+    /// delay (`20ms`). Default none.
+    #[serde(default)]
+    pub hedge: Option<String>,
 }
 
 /// `[service.NAME]`.

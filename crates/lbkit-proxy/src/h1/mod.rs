@@ -297,7 +297,11 @@ impl Conn<'_> {
         let Some(route) = path.and_then(|p| state.route(host, p)) else {
             return self.answer(404, "no route\n", closing).await;
         };
-        if route.service.config().h2c {
+        // h2c upstreams, and requests a hedge may race (two upstream exchanges at once), are
+        // hyper's engine's.
+        let hedged =
+            route.hedge.is_some() && is_idempotent_method(&self.input[head.method.clone()]);
+        if route.service.config().h2c || hedged {
             return Served::Other;
         }
         let envelope = Envelope::open(route);

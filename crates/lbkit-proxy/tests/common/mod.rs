@@ -305,6 +305,31 @@ where
     addr
 }
 
+/// A proxy started on `config`, once its service `svc` lists two endpoints (read from
+/// `/endpoints`, so that no request reaches a backend before the test's own).
+#[allow(dead_code)] // not every test binary starts a proxy this way
+pub async fn published(config: &str) -> Proxy {
+    Proxy::pin_runtime_thread();
+    let proxy = Proxy::start(parse(config)).await.expect("proxy starts");
+    let api = client();
+    tokio::time::timeout(WAIT, async {
+        loop {
+            let (_, body) = admin(&api, &proxy, "GET", "/endpoints", "").await;
+            let doc: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+            if doc["services"]["svc"]["endpoints"]
+                .as_array()
+                .is_some_and(|e| e.len() == 2)
+            {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("endpoints published in time");
+    proxy
+}
+
 /// What the admin API's `GET /endpoints` says of service `svc`'s endpoint at `addr`.
 pub async fn endpoint_json(proxy: &Proxy, addr: SocketAddr) -> serde_json::Value {
     let (status, body) = admin(&client(), proxy, "GET", "/endpoints", "").await;

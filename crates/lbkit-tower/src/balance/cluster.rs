@@ -58,7 +58,7 @@ where
         Mode::Failover { .. } => {
             let now = attempts.started();
             let delay = s.hedge.as_ref().filter(|_| attempts.may_hedge(now));
-            let delay = delay.and_then(|h| h.delay(now, || s.pool.snapshot()));
+            let delay = delay.and_then(|h| h.delay_at(now, || s.pool.snapshot()));
             if let Some(delay) = delay {
                 let first = first?;
                 return Box::pin(super::hedge::hedged(s, first, req, spare, attempts, delay)).await;

@@ -265,7 +265,7 @@ where
             budget: self.budget.clone(),
             failback_pending: AtomicUsize::new(0),
             seeds: AtomicU64::new(seed),
-            hedge: self.hedge.map(super::Hedging::new),
+            hedge: self.hedge.map(lbkit_core::HedgeTimer::new),
         });
         Balance::from_shared(shared)
     }

@@ -143,47 +143,7 @@ pub(crate) struct Shared<Svc, Q, R, S: Strategy, F> {
     pub(crate) failback_pending: AtomicUsize,
     seeds: AtomicU64,
     /// Hedging of idempotent requests under failover, if configured.
-    pub(crate) hedge: Option<Hedging>,
-}
-
-/// A balance's hedge delay: the policy, and the quantile learned from the pool's endpoints,
-/// refreshed at most every [`HEDGE_REFRESH`] by the call that finds it due (one
-/// compare-and-swap decides which).
-pub(crate) struct Hedging {
-    timer: lbkit_core::HedgeTimer,
-    refreshed_ns: AtomicU64,
-}
-
-/// How often a learned hedge delay is learned again.
-const HEDGE_REFRESH: std::time::Duration = std::time::Duration::from_millis(100);
-
-impl Hedging {
-    pub(crate) fn new(delay: lbkit_core::HedgeDelay) -> Self {
-        Hedging {
-            timer: lbkit_core::HedgeTimer::new(delay),
-            refreshed_ns: AtomicU64::new(0),
-        }
-    }
-
-    /// The delay after which a call is hedged at `now` (`None` while a quantile is not
-    /// learned), learning it again from `snapshot` when that is due.
-    pub(crate) fn delay(
-        &self,
-        now: lbkit_core::Timestamp,
-        snapshot: impl FnOnce() -> Arc<lbkit_core::Snapshot>,
-    ) -> Option<std::time::Duration> {
-        let last = self.refreshed_ns.load(Relaxed);
-        let due = now.as_nanos().saturating_sub(last) >= HEDGE_REFRESH.as_nanos() as u64;
-        if due
-            && self
-                .refreshed_ns
-                .compare_exchange(last, now.as_nanos(), Relaxed, Relaxed)
-                .is_ok()
-        {
-            self.timer.refresh(&snapshot());
-        }
-        self.timer.delay()
-    }
+    pub(crate) hedge: Option<lbkit_core::HedgeTimer>,
 }
 
 impl<Svc, Q, R, S: Strategy, F> Shared<Svc, Q, R, S, F> {

@@ -1,0 +1,89 @@
+//! Hedged requests through `lbkit proxy` (issue 41): on a route with `hedge`, an idempotent
+//! request whose first attempt is slow is answered by its hedge on another endpoint, through
+//! both engines (HTTP/1.1 requests a hedge may race go through hyper's engine), the slow
+//! attempt is cancelled without being charged, and a POST is never hedged.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::{client, endpoint_json, h2c_client, serve_hyper, WAIT};
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+
+/// A backend answering its name after `delay`, counting its requests.
+async fn backend(name: &'static str, delay: Duration) -> (SocketAddr, Arc<AtomicUsize>) {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let count = hits.clone();
+    let addr = serve_hyper(move |_req: Request<hyper::body::Incoming>| {
+        let count = count.clone();
+        async move {
+            count.fetch_add(1, SeqCst);
+            tokio::time::sleep(delay).await;
+            Response::new(Full::new(Bytes::from(name)))
+        }
+    })
+    .await;
+    (addr, hits)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_first_attempt_is_raced_by_a_hedge() {
+    let (slow, slow_hits) = backend("slow", Duration::from_millis(1_500)).await;
+    let (fast, _) = backend("fast", Duration::ZERO).await;
+    let config = format!(
+        "{}[[route]]\nservice = \"svc\"\ntimeout_ms = 5000\nhedge = \"30ms\"\n\
+         [service.svc]\nendpoints = [\"{slow}\", \"{fast}\"]\nstrategy = \"round-robin\"\nretries = 1\n\
+         outlier_detection = {{ enabled = false }}\n",
+        common::LISTENERS
+    );
+    let proxy = common::published(&config).await;
+    let addr = proxy.listeners()[0];
+    for (engine, client) in [("HTTP/1.1", client()), ("HTTP/2", h2c_client())] {
+        for _ in 0..4 {
+            let req = Request::get(format!("http://{addr}/"))
+                .body(Full::new(Bytes::new()))
+                .unwrap();
+            let t = tokio::time::Instant::now();
+            let resp = tokio::time::timeout(WAIT, client.request(req))
+                .await
+                .expect("in time")
+                .expect("answer");
+            assert_eq!(resp.status(), StatusCode::OK, "{engine}");
+            let body = resp.into_body().collect().await.unwrap().to_bytes();
+            assert_eq!(body, "fast", "{engine}");
+            assert!(
+                t.elapsed() < Duration::from_secs(1),
+                "{engine}: {:?}",
+                t.elapsed()
+            );
+        }
+    }
+    assert!(
+        slow_hits.load(SeqCst) >= 2,
+        "first attempts met the slow server"
+    );
+    let e = endpoint_json(&proxy, slow).await;
+    assert_eq!(e["failures"], 0, "a lost race is no failure: {e}");
+    // A POST may not be sent twice: never hedged, so round robin's turn on the slow server
+    // waits for it.
+    let before = slow_hits.load(SeqCst);
+    let mut bodies = Vec::new();
+    for _ in 0..2 {
+        let req = Request::post(format!("http://{addr}/"))
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let resp = tokio::time::timeout(WAIT, client().request(req))
+            .await
+            .expect("in time")
+            .expect("answer");
+        bodies.push(resp.into_body().collect().await.unwrap().to_bytes());
+    }
+    assert!(bodies.contains(&Bytes::from("slow")), "{bodies:?}");
+    assert_eq!(slow_hits.load(SeqCst), before + 1);
+    proxy.shutdown(Duration::from_secs(1)).await;
+}
