@@ -180,3 +180,26 @@ async fn a_retry_waits_out_the_pushback_and_a_negative_one_stops_it() {
     assert!(statuses.contains(&503), "{statuses:?}");
     assert_eq!(refusing.hits(), 1);
 }
+
+#[tokio::test]
+async fn a_retried_answer_still_leaves_its_load_report() {
+    let busy = HttpServer::start(
+        "busy",
+        Reply::Pushback(503, "endpoint-load-metrics", "TEXT cpu_utilization=0.7"),
+    )
+    .await;
+    let ok = HttpServer::start("ok", Reply::Ok).await;
+    let pool = pool_of(&[busy.addr, ok.addr], Availability::OFF);
+    let mut svc = BalanceLayer::http().seed(SEED).layer(pool.clone());
+    within(async {
+        for _ in 0..2 {
+            let resp = svc.ready().await.unwrap().call(get(&[])).await.unwrap();
+            assert_eq!(resp.status(), 200, "the 503 was retried");
+        }
+    })
+    .await;
+    assert!(busy.hits() >= 1);
+    let snap = pool.snapshot();
+    let e = &snap.endpoints()[snap.find(&busy.addr.to_string().into()).unwrap().get()];
+    assert_eq!(e.stats().load_report().map(|r| r.utilization), Some(0.7));
+}

@@ -245,9 +245,9 @@ where
     }
 }
 
-/// The pushback of an answer classified as `outcome` (the policy's
-/// [`pushback`](ResponsePolicy::pushback)), recorded against the endpoint of `call`: picks
-/// pass it over for the time asked.
+/// The policy's [`signals`](ResponsePolicy::signals) of an answer classified as `outcome`,
+/// for every answer (retried ones too): its load report and pushback recorded against the
+/// endpoint of `call`, the pushback returned for the call's attempts.
 #[inline]
 pub(crate) fn noted_pushback<Resp, R: ResponsePolicy<Resp>>(
     policy: &R,
@@ -255,9 +255,7 @@ pub(crate) fn noted_pushback<Resp, R: ResponsePolicy<Resp>>(
     outcome: Outcome,
     call: &Completion,
 ) -> Option<Pushback> {
-    let p = policy.pushback(resp, outcome, call.clock())?;
-    p.record(call.endpoint().stats(), call.clock().now());
-    Some(p)
+    policy.signals(resp, outcome, call)
 }
 
 async fn exchange<Req, Svc>(mut svc: Svc, ready: bool, req: Req) -> Result<Svc::Response, BoxError>

@@ -34,6 +34,9 @@ pin_project! {
         at: CompleteAt,
         grpc: GrpcCodes,
         outcome: Outcome,
+        // After a call ended at the first frame: where a load report in the trailers still
+        // goes (the endpoint, the clock).
+        late: Option<(lbkit_core::Endpoint, lbkit_core::Clock)>,
     }
 }
 
@@ -92,6 +95,7 @@ impl<B: Body> TrackBody<B> {
             at,
             grpc,
             outcome,
+            late: None,
         }
     }
 }
@@ -105,6 +109,7 @@ impl<B> TrackBody<B> {
             at: CompleteAt::EndOfStream,
             grpc: GrpcCodes::DEFAULT,
             outcome: Outcome::Success,
+            late: None,
         }
     }
 
@@ -116,6 +121,7 @@ impl<B> TrackBody<B> {
             at: CompleteAt::EndOfStream,
             grpc: GrpcCodes::DEFAULT,
             outcome: Outcome::Success,
+            late: None,
         }
     }
 
@@ -144,7 +150,15 @@ impl<B: Body> Body for TrackBody<B> {
                     *this.outcome = trailers_outcome(*this.outcome, trailers, *this.grpc);
                     if let Some(call) = &this.call.0 {
                         call.record_load(trailers);
+                    } else if let Some((endpoint, clock)) = this.late.as_ref() {
+                        crate::orca::record(trailers, endpoint.stats(), clock);
                     }
+                }
+                let first = *this.at == CompleteAt::FirstFrame && this.call.0.is_some();
+                if first && !body.is_end_stream() {
+                    // The call ends now; its trailers may still carry a load report.
+                    let call = this.call.0.as_ref();
+                    *this.late = call.map(|c| (c.endpoint().clone(), c.clock().clone()));
                 }
                 *this.at == CompleteAt::FirstFrame || body.is_end_stream()
             }

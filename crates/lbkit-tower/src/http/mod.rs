@@ -431,18 +431,21 @@ where
         .outcome
     }
 
-    /// `Retry-After` on a `429` or `503`, `grpc-retry-pushback-ms` on a failure; a success
-    /// other than `429` costs one comparison.
-    fn pushback(
+    /// The head's load report (`crate::orca`), for every answer; `Retry-After` on a `429` or
+    /// `503` and `grpc-retry-pushback-ms` on a failure (a success other than `429` costs one
+    /// comparison).
+    fn signals(
         &self,
         resp: &http::Response<B>,
         outcome: Outcome,
-        clock: &lbkit_core::Clock,
+        call: &Completion,
     ) -> Option<lbkit_core::signal::Pushback> {
+        call.record_load(resp.headers());
         if outcome == Outcome::Success && resp.status() != StatusCode::TOO_MANY_REQUESTS {
             return None;
         }
-        pushback(resp.status(), resp.headers(), clock.now())
+        let stats = call.endpoint().stats();
+        record_pushback(resp.status(), resp.headers(), stats, call.clock().now())
     }
 
     fn complete(
@@ -451,7 +454,7 @@ where
         outcome: Outcome,
         call: Completion,
     ) -> Self::Output {
-        call.record_load(resp.headers());
+        // The head's load report was noted with the answer's other signals (`signals`).
         resp.map(|b| TrackBody::new(b, call, outcome, self.complete_at, self.grpc))
     }
 }

@@ -260,7 +260,10 @@ async fn load_reports_in_heads_and_trailers_are_recorded() {
         )
         .body(stream(vec!["a"], None))
         .unwrap();
-    let tracked = HttpResponses::new().complete(resp, Outcome::Success, c);
+    // The balance notes every answer's signals (the head's report) before it completes one.
+    let policy = HttpResponses::new();
+    assert_eq!(policy.signals(&resp, Outcome::Success, &c), None);
+    let tracked = policy.complete(resp, Outcome::Success, c);
     let got = stats.load_report().expect("a report from the head");
     assert_eq!((got.utilization, got.qps), (0.9, 12.0));
     tracked.into_body().collect().await.unwrap();
@@ -277,6 +280,20 @@ async fn load_reports_in_heads_and_trailers_are_recorded() {
     );
     assert!(stats.load_report().is_none());
     body.collect().await.unwrap();
+    assert_eq!(stats.load_report().map(|r| r.utilization), Some(0.1));
+    // A call that ends at the first frame still records the report its trailers carry.
+    let (c, stats) = call();
+    let mut t = grpc_trailers("0");
+    t.insert(crate::orca::HEADER_BIN, "CZqZmZmZmbk/".parse().unwrap());
+    let body = TrackBody::new(
+        stream(vec!["a", "b"], Some(t)),
+        c,
+        Outcome::Success,
+        CompleteAt::FirstFrame,
+        GrpcCodes::DEFAULT,
+    );
+    body.collect().await.unwrap();
+    assert_eq!(stats.in_flight(), 0, "ended at the first frame");
     assert_eq!(stats.load_report().map(|r| r.utilization), Some(0.1));
 }
 

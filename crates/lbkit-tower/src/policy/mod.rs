@@ -12,7 +12,7 @@ mod classify;
 use std::time::Duration;
 
 use lbkit_core::signal::Pushback;
-use lbkit_core::{Clock, Outcome, Route};
+use lbkit_core::{Outcome, Route};
 use lbkit_strategy::{KeyExtractor, KeySource};
 
 use crate::completion::Completion;
@@ -85,12 +85,14 @@ pub trait ResponsePolicy<Resp>: Send + Sync + 'static {
         default_error_outcome(err)
     }
 
-    /// What the answer, classified as `outcome`, asked of the client: to leave its endpoint
-    /// alone for a while, or not to retry (`lbkit_core::signal`). The balance records it
-    /// against the endpoint (picks pass it over meanwhile) and a retry waits it out. Read
-    /// `clock` only when there is one. Default none.
-    fn pushback(&self, resp: &Resp, outcome: Outcome, clock: &Clock) -> Option<Pushback> {
-        let _ = (resp, outcome, clock);
+    /// Take note of what the answer, classified as `outcome`, says beyond its outcome, for
+    /// `call`'s endpoint: a load report (recorded against it), and a pushback — to leave the
+    /// endpoint alone for a while, or not to retry (`lbkit_core::signal`) — recorded against
+    /// it (picks pass it over meanwhile) and returned, so that a retry waits it out. The
+    /// balance calls this for every answer, the ones it retries included, before
+    /// [`complete`](Self::complete). Default: nothing.
+    fn signals(&self, resp: &Resp, outcome: Outcome, call: &Completion) -> Option<Pushback> {
+        let _ = (resp, outcome, call);
         None
     }
 
