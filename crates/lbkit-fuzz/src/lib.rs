@@ -449,6 +449,12 @@ pub fn h1_response(data: &[u8]) {
         at_once, in_pieces,
         "{framing:?} body fed whole and in pieces of {piece}"
     );
+    // A complete chunked answer: its trailers are read backwards from its end, within it.
+    if let (Ok((n, true)), proxy::ResponseFraming::Chunked) = (at_once, framing) {
+        let answer = &buf[..len + n];
+        let (_, load) = proxy::chunked_trailers(answer);
+        assert!(load.is_none_or(|r| r.start <= r.end && r.end <= answer.len()));
+    }
 }
 
 /// What hyper's engine made of the first request on a connection.

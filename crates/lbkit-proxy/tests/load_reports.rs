@@ -131,3 +131,47 @@ async fn reports_in_trailers_reach_the_endpoint_over_h2c() {
     reported(&proxy, busy, 0.9).await;
     reported(&proxy, idle, 0.1).await;
 }
+
+/// A raw HTTP/1.1 backend answering every request chunked, with a load report of `value` in
+/// its trailers (hyper sends trailers on HTTP/1.1 only to a client that asked with `TE`, a
+/// header the proxy does not pass on).
+async fn chunked_reporting(value: &'static str) -> SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (addr, _) = common::counting_server(move |mut s| async move {
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            let Ok(n) = s.read(&mut chunk).await else {
+                return;
+            };
+            if n == 0 {
+                return;
+            }
+            buf.extend_from_slice(&chunk[..n]);
+            while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                buf.drain(..end + 4);
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n4\r\nbusy\r\n0\r\n\
+                     endpoint-load-metrics: {value}\r\n\r\n"
+                );
+                if s.write_all(answer.as_bytes()).await.is_err() {
+                    return;
+                }
+            }
+        }
+    })
+    .await;
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reports_in_chunked_trailers_reach_the_endpoint_through_the_fast_path() {
+    let busy = chunked_reporting("TEXT cpu_utilization=0.9").await;
+    let proxy = start(&config_for(&[busy], "round-robin", "")).await;
+    let addr = proxy.listeners()[0];
+    let (status, body, _) = get(&client(), addr, "/", &[]).await;
+    assert_eq!((status, body.as_str()), (StatusCode::OK, "busy"));
+    // Recorded before the client had the answer's last bytes.
+    let e = endpoint_json(&proxy, busy).await;
+    assert_eq!(e["load"]["utilization"], 0.9, "{e}");
+}

@@ -60,6 +60,17 @@ pub fn response(
     Ok(Some((h.len, h.code, h.framing, h.keep_alive)))
 }
 
+/// What the fast path reads from the trailers at the end of a chunked answer `buf` (its head
+/// and whole body): whether a `grpc-status` trailer fails the call, and where a load report's
+/// value is.
+pub fn chunked_trailers(buf: &[u8]) -> (bool, Option<std::ops::Range<usize>>) {
+    let (outcome, load) = wire::chunked_trailers(buf, lbkit_core::Outcome::Success);
+    (
+        outcome != lbkit_core::Outcome::Success,
+        load.map(|(_, r)| r),
+    )
+}
+
 /// A response body being read, fed in pieces as they arrive.
 #[derive(Debug)]
 pub struct Body(BodyCursor);

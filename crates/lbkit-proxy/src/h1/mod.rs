@@ -196,6 +196,9 @@ enum Step {
         outcome: Outcome,
         status: u16,
         close: bool,
+        /// A load report in a chunked answer's trailers: its encoding (binary?) and where
+        /// its value is in `output`.
+        load: Option<(bool, std::ops::Range<usize>)>,
     },
     /// The attempt failed with `outcome`; the call goes on with `next`, picked at `at`.
     Retried {
@@ -414,10 +417,15 @@ impl Conn<'_> {
                     outcome,
                     status,
                     close,
+                    load,
                 } => {
+                    if let Some((bin, at)) = load {
+                        let stats = guard.endpoint().stats();
+                        orca::record_value(bin, &self.b.output[at], stats, service.clock());
+                    }
                     return self
                         .deliver(service.clock(), guard, outcome, status, close)
-                        .await
+                        .await;
                 }
                 Step::Broken(observed) => return broken(guard, observed),
                 Step::Retried { next, at, outcome } => (next, at, outcome),
@@ -556,11 +564,17 @@ impl Conn<'_> {
             self.call_timer
                 .set(deadline(Instant::now(), Some(stream_timeout)));
         }
+        // A chunked answer's trailers (gRPC's status, a load report) end its call too.
+        let (outcome, load) = match head.framing {
+            wire::Framing::Chunked => wire::chunked_trailers(&self.b.output, outcome),
+            _ => (outcome, None),
+        };
         let status = head.code;
         Step::Answered {
             outcome,
             status,
             close,
+            load,
         }
     }
 

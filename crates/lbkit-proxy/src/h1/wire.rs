@@ -11,7 +11,7 @@ use std::ops::Range;
 use std::time::Duration;
 
 use lbkit_core::signal::Pushback;
-use lbkit_core::{FailureKind, Timestamp};
+use lbkit_core::{FailureKind, Outcome, Timestamp};
 use lbkit_strategy::KeySource;
 use lbkit_tower::http::grpc_status_failure;
 use lbkit_tower::orca;
@@ -457,6 +457,50 @@ pub(super) fn write_local(out: &mut Vec<u8>, code: u16, text: &str, close: bool)
     out.extend_from_slice(text.as_bytes());
 }
 
+/// What the trailer section at the end of a chunked answer says (`grpc-status`, a load
+/// report): `buf` ends with the answer's last bytes, from its `0` size line on (the trailer
+/// fields, then the final blank line). The outcome `head` gave becomes a failure when a
+/// `grpc-status` trailer fails (lbkit-tower's `trailers_outcome` rule); the load report's
+/// value is returned as a range of `buf`. `head` and no report when the section does not lie
+/// within `buf` (a streamed answer flushed in its middle).
+pub(super) fn chunked_trailers(
+    buf: &[u8],
+    head: Outcome,
+) -> (Outcome, Option<(bool, Range<usize>)>) {
+    let Some(signals) = trailer_signals(buf) else {
+        return (head, None);
+    };
+    let outcome = match (head, signals.grpc_failure) {
+        (Outcome::Success, Some(kind)) => Outcome::Failure(kind),
+        _ => head,
+    };
+    (outcome, signals.load)
+}
+
+/// The trailer fields at the end of `buf`, read backwards from the final blank line to the
+/// last chunk's size line (`0`, with any extension): a field line has a colon, a size line none.
+fn trailer_signals(buf: &[u8]) -> Option<Signals> {
+    let body = buf.strip_suffix(b"\r\n")?;
+    let mut signals = Signals::default();
+    let mut end = body.len();
+    loop {
+        let line_end = end.checked_sub(2).filter(|&e| &body[e..end] == b"\r\n")?;
+        let start = body[..line_end]
+            .windows(2)
+            .rposition(|w| w == b"\r\n")
+            .map_or(0, |p| p + 2);
+        let line = &body[start..line_end];
+        match line.iter().position(|&b| b == b':') {
+            Some(colon) => {
+                let name = line[..colon].trim_ascii();
+                signals.note(buf, name, line[colon + 1..].trim_ascii());
+            }
+            None => return (line.first() == Some(&b'0')).then_some(signals),
+        }
+        end = start;
+    }
+}
+
 /// Where a response body ends, fed the bytes as they arrive.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum BodyCursor {
@@ -770,6 +814,34 @@ mod tests {
             parse_request(many.as_bytes(), &mut Vec::new(), 10),
             Parsed::Other
         ));
+    }
+
+    #[test]
+    fn a_chunked_answers_trailers_decide_its_end() {
+        let head = "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n";
+        let with = format!(
+            "{head}7\r\na:b\r\n\r\n\r\n0\r\ngrpc-status: 14\r\n\
+             endpoint-load-metrics: TEXT cpu_utilization=0.5\r\n\r\n"
+        );
+        let (outcome, load) = chunked_trailers(with.as_bytes(), Outcome::Success);
+        assert!(matches!(outcome, Outcome::Failure(_)), "{outcome:?}");
+        let (bin, at) = load.expect("a load report");
+        assert_eq!((bin, &with[at]), (false, "TEXT cpu_utilization=0.5"));
+        // No trailers, a size line with an extension, an OK status: the head's outcome.
+        for end in ["0\r\n\r\n", "0;x=1\r\ngrpc-status: 0\r\n\r\n"] {
+            let text = format!("{head}2\r\nhi\r\n{end}");
+            assert_eq!(
+                chunked_trailers(text.as_bytes(), Outcome::Success),
+                (Outcome::Success, None),
+                "{end:?}"
+            );
+        }
+        // A section that does not lie within the buffer (flushed in its middle): unread.
+        let cut = b"grpc-status: 14\r\n\r\n";
+        assert_eq!(
+            chunked_trailers(cut, Outcome::Success),
+            (Outcome::Success, None)
+        );
     }
 
     #[test]
