@@ -169,7 +169,7 @@ fn no_allocation<S: Strategy>(make: &impl Fn() -> S, name: &str) {
     let b = balancer(make(), snap.clone());
     let picker = make().prepare(&snap, Timestamp::ZERO);
     let mut rng = FastRng::seed_from_u64(SEED);
-    let run = |rng: &mut FastRng| {
+    let run = |b: &Balancer<S>, rng: &mut FastRng| {
         for _ in 0..1_000 {
             let _ = picker.pick(&mut PickContext::new(Timestamp::ZERO, rng));
             let guard = b
@@ -178,7 +178,16 @@ fn no_allocation<S: Strategy>(make: &impl Fn() -> S, name: &str) {
             guard.finish_at(Outcome::Success, Timestamp::ZERO);
         }
     };
-    run(&mut rng); // warm up thread-locals (arc-swap registers this thread once)
-    let ((), n) = allocations_in(|| run(&mut rng));
+    run(&b, &mut rng); // warm up thread-locals (arc-swap registers this thread once)
+    let ((), n) = allocations_in(|| run(&b, &mut rng));
     assert_eq!(n, 0, "{name}: picks allocated {n} times");
+    // The default availability filter (breaker, pushback) with an endpoint pushed back (a 429
+    // with Retry-After), which picks pass over: still none.
+    let filtered = Balancer::new(make(), snap.clone(), Timestamp::ZERO);
+    snap.endpoints()[0]
+        .stats()
+        .push_back(Timestamp::ZERO, std::time::Duration::from_secs(1));
+    run(&filtered, &mut rng);
+    let ((), n) = allocations_in(|| run(&filtered, &mut rng));
+    assert_eq!(n, 0, "{name}: picks around a pushback allocated {n} times");
 }
