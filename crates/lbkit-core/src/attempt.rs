@@ -688,9 +688,9 @@ impl Attempts {
             && !self.deadline_passed(now)
     }
 
-    /// Send a hedge at `now` ([`crate::hedge`]): pick an endpoint not tried yet (the pick is
-    /// marked as a hedge for strategies and traces), withdraw one retry from `budget` once it
-    /// has one, and begin the attempt. The driver then waits for whichever attempt answers
+    /// Send a hedge at `now` (its delay: [`HedgeTimer`](crate::HedgeTimer)): pick an endpoint
+    /// not tried yet (the pick is marked as a hedge for strategies and traces), withdraw one
+    /// retry from `budget` once it has one, and begin the attempt. The driver then waits for whichever attempt answers
     /// first and cancels the other (`CallGuard::finish(Outcome::Cancelled)`: not a failure).
     ///
     /// # Errors

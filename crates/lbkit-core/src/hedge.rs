@@ -84,6 +84,14 @@ impl std::fmt::Display for HedgeDelay {
 }
 
 /// The hedge delay of one endpoint set: fixed, or learned from its calls' latencies.
+///
+/// Hedged requests ("The Tail at Scale"; gRPC's `hedgingPolicy`, Envoy's `hedge_policy`): when
+/// an idempotent call has no answer after this delay, a second attempt goes to another endpoint
+/// ([`Attempts::hedge`](crate::Attempts::hedge)), the first answer wins and the other attempt is
+/// cancelled — not its endpoint's failure. A hedge is an attempt of the call and a withdrawal
+/// from the retry budget, so hedging never sends more than the budget's share twice. A quantile
+/// is learned from the endpoints' latency histograms by [`refresh`](Self::refresh) (a control
+/// loop's tick) or lazily by [`delay_at`](Self::delay_at); a call reads it with one atomic load.
 #[derive(Debug)]
 pub struct HedgeTimer {
     delay: HedgeDelay,

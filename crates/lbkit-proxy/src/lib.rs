@@ -69,6 +69,17 @@
 //! path, a pooled connection the upstream had already closed is not an attempt: the request is
 //! sent once more on a new connection when it was not accepted or is idempotent.
 //!
+//! Signals on the wire (`lbkit_core::signal`): a caller's deadline (`grpc-timeout`, the
+//! service's `deadline_header`) cuts the route's `timeout_ms`, each attempt tells the upstream
+//! the time left (in the same headers), and a deadline that has passed is answered 504 — to gRPC
+//! callers `grpc-status: 4` trailers-only, as every local answer to a gRPC request is a gRPC
+//! status — with no attempt. A `429` or `503` with `Retry-After`, or `grpc-retry-pushback-ms`,
+//! takes its endpoint out of the picks for the time asked (at most 60 s; `availability.pushback`)
+//! and makes a retry wait it out. A route's `hedge` races an idempotent request's first attempt
+//! with a second one on another endpoint after a delay (fixed, or the service's recent p95:
+//! `forward.rs`'s `hedged`); HTTP/1.1 requests a hedge may race take hyper's engine. Load reports
+//! (`endpoint-load-metrics`) are read from heads and trailers by both engines.
+//!
 //! The HTTP rules are written once: idempotent methods (`lbkit_core::http`), hash keys
 //! (`lbkit_strategy::KeyExtractor` over the request target, headers and peer address; a
 //! request is read as `lbkit_tower::http::HttpKeySource` reads it, so one key picks the same

@@ -206,6 +206,20 @@ impl<Svc, Q, R, S: Strategy, F> Shared<Svc, Q, R, S, F> {
 /// linkerd's and Finagle's numbers; any tower [`Budget`] fits). An empty budget ends failover with
 /// [`ErrorKind::BudgetExhausted`](crate::ErrorKind::BudgetExhausted) and counts
 /// `lbkit_retry_budget_exhausted_total`.
+///
+/// # Signals on the wire
+/// * **Deadlines**: the request policy's [`RequestPolicy::deadline`] (for HTTP and gRPC,
+///   `grpc-timeout` or a configured header of milliseconds:
+///   [`HttpRequests::deadline_header`](crate::http::HttpRequests::deadline_header)) cuts the
+///   call's deadline; each attempt tells the endpoint the time left
+///   ([`RequestPolicy::tell_deadline`]); a deadline already spent fails the call at once with
+///   [`ErrorKind::DeadlineExceeded`](crate::ErrorKind::DeadlineExceeded).
+/// * **Pushback and load reports**: [`ResponsePolicy::signals`] notes every answer's load report
+///   and pushback (`429`/`503` with `Retry-After`, `grpc-retry-pushback-ms`) against its
+///   endpoint, which picks then pass over for the time asked; a failover retry waits it out.
+/// * **Hedging** ([`BalanceLayer::hedge`]): under failover, an idempotent request whose first
+///   attempt has no answer after the hedge delay is raced by a second attempt on another
+///   endpoint; the first answer that is no failure wins, the other is cancelled.
 pub struct Balance<Svc, Q, R, S: Strategy = BoxStrategy, F = NoFallback> {
     shared: Arc<Shared<Svc, Q, R, S, F>>,
     rng: FastRng,
