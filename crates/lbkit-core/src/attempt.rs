@@ -429,6 +429,16 @@ impl Attempts {
         }
     }
 
+    /// The driver waited out the pushback ([`retry_wait`](Self::retry_wait)): it no longer
+    /// counts against the retry that follows (whose deadline check reads the clock after the
+    /// wait).
+    #[inline]
+    pub fn waited(&mut self) {
+        if self.pushback_ms != STOP_PUSHBACK {
+            self.pushback_ms = NO_PUSHBACK;
+        }
+    }
+
     /// How long a retry of this call waits before it is picked and sent: the last answer's
     /// pushback, zero when none. Ask only once [`may_retry`](Self::may_retry) allows one.
     #[inline]

@@ -69,7 +69,8 @@ impl HedgeDelay {
             (text.strip_suffix('s')?, 1.0)
         };
         let secs = n.trim().parse::<f64>().ok()? * scale;
-        (secs.is_finite() && secs > 0.0 && secs < 86_400.0)
+        // At least a millisecond: a zero delay would hedge every call at once.
+        (secs.is_finite() && (1e-3..86_400.0).contains(&secs))
             .then(|| HedgeDelay::Fixed(Duration::from_secs_f64(secs)))
     }
 }
@@ -267,7 +268,9 @@ mod tests {
             let d = HedgeDelay::parse(text).unwrap();
             assert_eq!(HedgeDelay::parse(&d.to_string()), Some(d), "{text}");
         }
-        for bad in ["", "p0", "p100", "-3ms", "ms", "fast", "1e9s"] {
+        for bad in [
+            "", "p0", "p100", "-3ms", "ms", "fast", "1e9s", "1e-300s", "0.5ms",
+        ] {
             assert_eq!(HedgeDelay::parse(bad), None, "{bad}");
         }
     }

@@ -155,12 +155,13 @@ async fn forward(
         Err(e) => return local(StatusCode::SERVICE_UNAVAILABLE, &format!("{e}\n")),
     };
     loop {
-        let (tried, g) = match hedge_delay(envelope, &out, &attempts) {
+        let tried = match hedge_delay(envelope, &out, &attempts) {
             Some(delay) => hedged(service, &mut out, &mut attempts, guard, &mut rng, delay).await,
-            None => match one(service, &mut out, &mut attempts, guard).await {
-                Ok(tried) => tried,
-                Err(early) => return early,
-            },
+            None => one(service, &mut out, &mut attempts, guard).await,
+        };
+        let (tried, g) = match tried {
+            Ok(tried) => tried,
+            Err(early) => return early,
         };
         guard = g;
         let c = match &tried {
@@ -177,10 +178,12 @@ async fn forward(
             let back = out.reclaim(left.map_or(RECLAIM_WAIT, |l| l.min(RECLAIM_WAIT)));
             attempts.set_replayable(back.await);
         }
-        service.wait_pushback(&attempts, c).await;
+        // Its latency ends when its answer came, not after a pushback's wait.
+        let answered = service.clock().now();
+        service.wait_pushback(&mut attempts, c).await;
         match service.retry(&mut attempts, c, out.route(), &mut rng) {
-            Ok((next, at)) => {
-                guard.finish_at(c.outcome, at);
+            Ok((next, _)) => {
+                guard.finish_at(c.outcome, answered);
                 guard = next;
             }
             Err(stop) => return answer(service, tried, guard, c.outcome, stop),
@@ -256,7 +259,8 @@ fn hedge_delay(envelope: &Envelope<'_>, out: &Outgoing, attempts: &Attempts) -> 
 /// The first attempt on `first`, raced after `delay` without an answer by a hedge on an
 /// endpoint not tried yet (lbkit-core's `hedge`): the first answer that is not a failure wins
 /// and the other attempt is cancelled (not its endpoint's failure); a failure waits for the
-/// other attempt. What the deciding attempt gave, and its guard.
+/// other attempt. What the deciding attempt gave, and its guard; `Err` is the call's answer
+/// when the request cannot be sent (a bad target, as in [`one`]).
 async fn hedged(
     service: &Service,
     out: &mut Outgoing,
@@ -264,41 +268,47 @@ async fn hedged(
     first: CallGuard,
     rng: &mut FastRng,
     delay: Duration,
-) -> (Tried, CallGuard) {
-    let a = exchange(service, out, attempts, first.endpoint());
+) -> Result<(Tried, CallGuard), Response<ProxyBody>> {
+    let Some(req) = out.request(first.endpoint().address(), false) else {
+        return Err(local(StatusCode::BAD_REQUEST, "bad request target\n"));
+    };
+    let a = exchange(service, out, attempts, req, first.endpoint());
     tokio::pin!(a);
-    let second = tokio::select! {
-        r = &mut a => return settle(attempts, r, first),
+    let (second, req) = tokio::select! {
+        r = &mut a => return Ok(settle(attempts, r, first)),
         () = tokio::time::sleep(delay) => match service.hedge(attempts, out.route(), rng) {
-            Ok(second) => second,
-            Err(_) => return settle(attempts, a.await, first),
+            Ok(second) => match out.request(second.endpoint().address(), false) {
+                Some(req) => (second, req),
+                None => {
+                    // An address the request cannot go to: no hedge after all.
+                    second.finish(Outcome::Cancelled);
+                    return Ok(settle(attempts, a.await, first));
+                }
+            },
+            Err(_) => return Ok(settle(attempts, a.await, first)),
         },
     };
-    let b = exchange(service, out, attempts, second.endpoint());
+    let b = exchange(service, out, attempts, req, second.endpoint());
     tokio::pin!(b);
-    tokio::select! {
+    Ok(tokio::select! {
         r = &mut a => finish_race(attempts, r, first, second, b).await,
         r = &mut b => finish_race(attempts, r, second, first, a).await,
-    }
+    })
 }
 
-/// One exchange of a hedged call with `endpoint`: the request built and told its time left
-/// (at the start), sent, its answer's signals noted, a small body read whole.
+/// One exchange of a hedged call with `endpoint`: `upstream` told its time left (at the start),
+/// sent, its answer's signals noted, a small body read whole.
 fn exchange<'s>(
     service: &'s Service,
-    out: &mut Outgoing,
+    out: &Outgoing,
     attempts: &Attempts,
+    upstream: Request<UpstreamBody>,
     endpoint: &lbkit_core::Endpoint,
 ) -> impl std::future::Future<Output = (Tried, Option<Pushback>)> + 's {
     let limit = attempts.timeout(service.clock().now());
-    let upstream = out
-        .request(endpoint.address(), false)
-        .map(|up| out.tell_deadline(up, limit, service));
+    let upstream = out.tell_deadline(upstream, limit, service);
     let endpoint = endpoint.clone();
     async move {
-        let Some(upstream) = upstream else {
-            return (Err(Observed::ResetBeforeResponse), None);
-        };
         let deadline = limit.map(|l| tokio::time::Instant::now() + l);
         match send(service, upstream, limit).await {
             Ok(resp) => {
@@ -428,8 +438,6 @@ struct Outgoing {
     h2c: bool,
     /// The caller's deadline (`grpc-timeout`, the service's `deadline_header`), from the start.
     deadline: Option<Duration>,
-    /// A gRPC request: its upstream is told the time left in `grpc-timeout`.
-    grpc: bool,
 }
 
 impl Outgoing {
@@ -453,7 +461,6 @@ impl Outgoing {
         }
         let idempotent = is_idempotent_method(parts.method.as_str().as_bytes());
         let deadline = deadline(&parts.headers, service.deadline_header());
-        let grpc = is_grpc(&parts.headers);
         let route_limit = envelope.route().policy.overall.unwrap_or(Duration::MAX);
         let limit = deadline.map_or(route_limit, |d| d.min(route_limit));
         let (body, upload, reclaim) = replayable(body, limit).await?;
@@ -468,12 +475,11 @@ impl Outgoing {
             idempotent,
             h2c,
             deadline,
-            grpc,
         })
     }
 
-    /// `upstream` telling the endpoint how long it has (`limit`, this attempt's time left):
-    /// in `grpc-timeout` for gRPC, and in the service's `deadline_header` when configured.
+    /// `upstream` telling the endpoint how long it has (`limit`, this attempt's time left), in
+    /// the deadline headers the caller sent (`grpc-timeout`, the service's `deadline_header`).
     fn tell_deadline(
         &self,
         mut upstream: Request<UpstreamBody>,
@@ -482,7 +488,7 @@ impl Outgoing {
     ) -> Request<UpstreamBody> {
         if let Some(left) = limit {
             let header = service.deadline_header();
-            propagate_deadline(upstream.headers_mut(), left, self.grpc, header);
+            propagate_deadline(upstream.headers_mut(), left, header);
         }
         upstream
     }

@@ -289,11 +289,21 @@ impl Service {
     /// Wait out the last answer's pushback (`Attempts::retry_wait`) before a retry, when a
     /// retry is allowed at all: a retry that honours `Retry-After` or `grpc-retry-pushback-ms`
     /// instead of hammering the next endpoint at once.
-    pub(crate) async fn wait_pushback(&self, attempts: &Attempts, c: Classified) {
+    ///
+    /// It waits only when a retry may follow (allowed, and an endpoint not tried yet is
+    /// eligible), then clears the pushback (`Attempts::waited`). `true` when it waited.
+    pub(crate) async fn wait_pushback(&self, attempts: &mut Attempts, c: Classified) -> bool {
         let wait = attempts.retry_wait();
-        if !wait.is_zero() && attempts.may_retry(c, &self.clock).is_ok() {
-            tokio::time::sleep(wait).await;
+        if wait.is_zero() || attempts.may_retry(c, &self.clock).is_err() {
+            return false;
         }
+        let eligible = self.active().balancer.snapshot().eligible().len();
+        if eligible <= attempts.tried().len() {
+            return false;
+        }
+        tokio::time::sleep(wait).await;
+        attempts.waited();
+        true
     }
 
     /// Request counters.

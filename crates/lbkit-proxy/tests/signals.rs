@@ -104,11 +104,10 @@ async fn the_callers_deadline_reaches_the_upstream_cut_to_what_is_left() {
         assert_eq!(status, StatusCode::OK, "{engine}");
         let seen: u64 = header(&h, "x-seen-timeout").expect("sent").parse().unwrap();
         assert!((1..=800).contains(&seen), "{engine}: {seen} ms");
-        // Without one, the route's timeout (5 s) is the call's deadline, and the upstream
-        // hears of it too.
+        // Without one, the upstream hears of none: the route's timeout is the proxy's own
+        // limit, not a deadline for a stream the upstream sends.
         let (_, _, h) = send(&client, addr, "GET", &[]).await;
-        let seen: u64 = header(&h, "x-seen-timeout").expect("sent").parse().unwrap();
-        assert!((800..=5_000).contains(&seen), "{engine}: {seen} ms");
+        assert_eq!(header(&h, "x-seen-timeout"), None, "{engine}");
     }
     // gRPC: grpc-timeout in, the time left out, over HTTP/2.
     let grpc = [

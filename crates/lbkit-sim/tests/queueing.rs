@@ -572,3 +572,70 @@ fn hedging_at_p95_cuts_the_tail_for_a_few_more_attempts() {
     let err = run(&s, &bad, &mut |_, _| {}).unwrap_err().to_string();
     assert!(err.contains("hedge delay \"soon\""), "{err}");
 }
+
+/// The fault script of `crates/lbkit-proxy/tests/one_path.rs` (which runs it through the tower
+/// layer and both proxy engines), as far as the simulator models its faults: one request, two
+/// servers, round robin's first pick on `s1`, which refuses (crashed), resets before answering
+/// (crashes while serving), answers 500, or hangs past the attempt's timeout. The attempts
+/// made and the answer are those of every other driver: lbkit-core's `Attempts` decides.
+/// (429s and gRPC codes are not modelled by the simulator's servers.)
+#[test]
+fn the_fault_script_runs_the_same_in_the_simulator() {
+    const GOOD: (f64, f64) = (2.0, 0.0); // two attempts, the request answered
+    const FAILED: (f64, f64) = (1.0, 1.0); // one attempt, the request failed
+    let rows: [(&str, &str, bool, (f64, f64)); 7] = [
+        // Nothing was sent: any request goes to the next endpoint.
+        (
+            "refused",
+            "[[event]]\nat_ms = 0.0\nserver = \"s1\"\naction = \"crash\"\n",
+            false,
+            GOOD,
+        ),
+        // Reached the server: retried only when idempotent.
+        (
+            "reset",
+            "[[event]]\nat_ms = 5.0\nserver = \"s1\"\naction = \"crash\"\n",
+            true,
+            GOOD,
+        ),
+        (
+            "reset",
+            "[[event]]\nat_ms = 5.0\nserver = \"s1\"\naction = \"crash\"\n",
+            false,
+            FAILED,
+        ),
+        ("5xx", "", true, GOOD),
+        ("5xx", "", false, FAILED),
+        // The per-attempt timeout, well inside the overall one.
+        ("hang", "", true, GOOD),
+        ("hang", "", false, FAILED),
+    ];
+    for (fault, events, idempotent, (attempts, failed)) in rows {
+        let first = match fault {
+            "5xx" => "error_rate = 1.0\n",
+            "hang" => "slow_factor = 1000.0\n",
+            _ => "",
+        };
+        let text = format!(
+            "name = \"script\"\nrequests = 1\n[workload]\nkind = \"closed\"\nclients = 1\n\
+             retries = 2\ntimeout_ms = 100.0\nidempotent = {idempotent}\n\
+             [[server]]\nname = \"s1\"\nservice = {{ dist = \"constant\", mean_ms = 10.0 }}\n{first}\
+             [[server]]\nname = \"s2\"\nservice = {{ dist = \"constant\", mean_ms = 10.0 }}\n{events}"
+        );
+        let r = one(&text, "round-robin", 1);
+        let shares: Vec<f64> = r.servers.iter().map(|s| s.share).collect();
+        let got = (r.attempts_per_request, r.error_rate + r.timeout_rate);
+        assert_eq!(
+            got,
+            (attempts, failed),
+            "{fault}, idempotent {idempotent}: {shares:?}"
+        );
+        // The first attempt went to s1, a second one (if any) to s2: never s1 again.
+        let want_shares = if attempts == 2.0 {
+            vec![0.5, 0.5]
+        } else {
+            vec![1.0, 0.0]
+        };
+        assert_eq!(shares, want_shares, "{fault}, idempotent {idempotent}");
+    }
+}

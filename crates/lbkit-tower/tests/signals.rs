@@ -77,10 +77,9 @@ async fn the_callers_deadline_reaches_the_endpoint_as_the_time_left() {
             left > Duration::ZERO && left <= Duration::from_millis(300),
             "{value}"
         );
-        // Without one, the layer's own deadline is what the endpoint hears of.
+        // Without one, the endpoint hears of none (the layer's own deadline is its limit).
         let resp = svc.ready().await.unwrap().call(get(&[])).await.unwrap();
-        let ms: u64 = seen(&resp, "x-seen-timeout").parse().unwrap();
-        assert!((400..=5_000).contains(&ms), "{ms}");
+        assert!(!resp.headers().contains_key("x-seen-timeout"));
     })
     .await;
 }

@@ -485,3 +485,31 @@ fn a_hedge_goes_to_an_untried_endpoint_and_draws_on_the_budget() {
     let once = Attempts::start(policy(2), &budget, false, true, t(0));
     assert!(!once.may_hedge(t(5)));
 }
+
+#[test]
+fn a_pushback_waited_out_is_not_counted_twice() {
+    let budget = Counting::allowing(10);
+    let (clock, hand) = Clock::manual(t(0));
+    let c = Observed::Status(503).classify();
+    let deadline = AttemptPolicy {
+        retries: 2,
+        per_try: None,
+        overall: Some(Duration::from_millis(1_000)),
+    };
+    let mut call = Attempts::start(deadline, &budget, true, true, t(0));
+    call.pushed_back(Pushback::Wait(Duration::from_millis(600)));
+    assert!(call.may_retry(c, &clock).is_ok());
+    // The driver waits 600 ms; the retry's decision then reads the clock once more.
+    hand.set(t(600));
+    assert_eq!(
+        call.may_retry(c, &clock),
+        Err(Stop::DeadlinePassed),
+        "counted twice"
+    );
+    call.waited();
+    assert_eq!(call.may_retry(c, &clock), Ok(t(600)));
+    // A "do not retry" stays.
+    call.pushed_back(Pushback::Stop);
+    call.waited();
+    assert_eq!(call.may_retry(c, &clock), Err(Stop::PushedBack));
+}

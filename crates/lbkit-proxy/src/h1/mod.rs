@@ -200,11 +200,13 @@ enum Step {
         /// its value is in `output`.
         load: Option<(bool, std::ops::Range<usize>)>,
     },
-    /// The attempt failed with `outcome`; the call goes on with `next`, picked at `at`.
+    /// The attempt failed with `outcome` (its answer came at `answered`); the call goes on
+    /// with `next`, picked at `at` (later, when a pushback was waited out).
     Retried {
         next: CallGuard,
         at: Timestamp,
         outcome: Outcome,
+        answered: Timestamp,
     },
     /// Failed before anything reached the client.
     Failed(Observed),
@@ -311,13 +313,16 @@ impl Conn<'_> {
         let key = self.hash_key(route, head);
         let tag = self.tag(route, head);
         self.b.upstream.clear();
-        let (input, hdrs) = (&self.input, &self.req_headers);
         let which = route.service.config().forwarded_headers;
         let deadline_header = route
             .service
             .deadline_header()
             .map(http::HeaderName::as_str);
-        let rewrite = (which, deadline_header);
+        let deadline = deadline_header.and_then(|name| self.deadline(head, name));
+        // The caller's deadline header, rewritten per attempt to the time left (only when it
+        // sent one: a route's own timeout is no deadline for the upstream).
+        let rewrite = (which, deadline_header.filter(|_| deadline.is_some()));
+        let (input, hdrs) = (&self.input, &self.req_headers);
         let deadline_at = wire::write_request(
             &mut self.b.upstream,
             input,
@@ -326,7 +331,6 @@ impl Conn<'_> {
             &self.client,
             rewrite,
         );
-        let deadline = deadline_header.and_then(|name| self.deadline(head, name));
         let method = &self.input[head.method.clone()];
         let call = Call {
             service: envelope.service(),
@@ -428,10 +432,21 @@ impl Conn<'_> {
                         .await;
                 }
                 Step::Broken(observed) => return broken(guard, observed),
-                Step::Retried { next, at, outcome } => (next, at, outcome),
+                Step::Retried {
+                    next,
+                    at,
+                    outcome,
+                    answered,
+                } => {
+                    // Its latency ends when its answer came, not after a pushback's wait.
+                    guard.finish_at(outcome, answered);
+                    guard = next;
+                    (tick, now) = (Instant::now(), at);
+                    continue;
+                }
                 Step::Failed(observed) => {
+                    // No answer, so no pushback: the retry's decision is at once.
                     let cl = observed.classify();
-                    service.wait_pushback(&attempts, cl).await;
                     match service.retry(&mut attempts, cl, c.route, &mut self.rng) {
                         Ok((next, at)) => (next, at, cl.outcome),
                         Err(stop) => {
@@ -474,10 +489,22 @@ impl Conn<'_> {
         let cl = lbkit_core::classify_answer(head.code, || signals.grpc_failure);
         // Only a failure may be retried: an answer's head costs no decision.
         if cl.is_failure() {
-            c.service.wait_pushback(attempts, cl).await;
+            let answered = c.service.clock().now();
+            let waited = c.service.wait_pushback(attempts, cl).await;
             if let Ok((next, at)) = c.service.retry(attempts, cl, c.route, &mut self.rng) {
                 let outcome = cl.outcome;
-                return Step::Retried { next, at, outcome };
+                return Step::Retried {
+                    next,
+                    at,
+                    outcome,
+                    answered,
+                };
+            }
+            if waited {
+                // The wait spent the attempt's timer: the answer is read within what is left
+                // of the call's.
+                let left = attempts.timeout(c.service.clock().now());
+                self.call_timer.set(deadline(Instant::now(), left));
             }
         }
         self.relay(c, address, tick, stream, &head, cl.outcome)

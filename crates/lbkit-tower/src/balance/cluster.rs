@@ -253,10 +253,13 @@ where
         let Some(req) = spare.take() else {
             return sent.finish(&s.responses);
         };
-        // The answer asked for a pause before another try (`decide` found it fits).
+        // The answer asked for a pause before another try (`decide` found it fits): waited
+        // only when an endpoint not tried yet is eligible, so that a retry may follow.
         let wait = attempts.retry_wait();
-        if !wait.is_zero() {
+        let untried = s.pool.snapshot().eligible().len() > attempts.tried().len();
+        if !wait.is_zero() && untried {
             tokio::time::sleep(wait).await;
+            attempts.waited();
         }
         let now = s.clock().now();
         let next = match s.repick(

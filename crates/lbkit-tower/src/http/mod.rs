@@ -304,9 +304,8 @@ impl<B: ReplayBody + Send + 'static> RequestPolicy<http::Request<B>> for HttpReq
         if !self.deadlines {
             return;
         }
-        let grpc = is_grpc(req.headers());
         let header = self.deadline_header.as_ref();
-        propagate_deadline(req.headers_mut(), left, grpc, header);
+        propagate_deadline(req.headers_mut(), left, header);
     }
 }
 

@@ -48,21 +48,18 @@ pub fn deadline(headers: &HeaderMap, header: Option<&HeaderName>) -> Option<Dura
     }
 }
 
-/// Tell the upstream how long it has: `left` in `grpc-timeout` for a gRPC request (`grpc`),
-/// and in `header` (whole milliseconds, rounded down) when configured.
-pub fn propagate_deadline(
-    headers: &mut HeaderMap,
-    left: Duration,
-    grpc: bool,
-    header: Option<&HeaderName>,
-) {
-    if grpc {
+/// Tell the upstream how long it has: the deadline headers the caller sent — `grpc-timeout`,
+/// and `header` (whole milliseconds, rounded down) when configured — rewritten to `left`.
+/// A request without one gets none: a route's own timeout is no deadline for the upstream
+/// (a server-streaming call may outlive it).
+pub fn propagate_deadline(headers: &mut HeaderMap, left: Duration, header: Option<&HeaderName>) {
+    if headers.contains_key(&GRPC_TIMEOUT) {
         let value = GrpcTimeout::new(left);
         if let Ok(v) = HeaderValue::from_bytes(value.as_bytes()) {
             headers.insert(GRPC_TIMEOUT.clone(), v);
         }
     }
-    if let Some(h) = header {
+    if let Some(h) = header.filter(|h| headers.contains_key(*h)) {
         let ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX);
         headers.insert(h.clone(), HeaderValue::from(ms));
     }
@@ -104,7 +101,12 @@ mod tests {
     fn propagation_writes_what_is_left() {
         let mut h = HeaderMap::new();
         let name = HeaderName::from_static("x-request-timeout");
-        propagate_deadline(&mut h, Duration::from_micros(1_500_700), true, Some(&name));
+        // Nothing sent, nothing told.
+        propagate_deadline(&mut h, Duration::from_secs(1), Some(&name));
+        assert!(h.is_empty());
+        h.insert("grpc-timeout", HeaderValue::from_static("5S"));
+        h.insert("x-request-timeout", HeaderValue::from_static("5000"));
+        propagate_deadline(&mut h, Duration::from_micros(1_500_700), Some(&name));
         assert_eq!(h["grpc-timeout"], "1500700u");
         assert_eq!(h["x-request-timeout"], "1500");
         assert_eq!(deadline(&h, None), Some(Duration::from_micros(1_500_700)));
