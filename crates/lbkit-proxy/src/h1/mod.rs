@@ -313,24 +313,7 @@ impl Conn<'_> {
         let key = self.hash_key(route, head);
         let tag = self.tag(route, head);
         self.b.upstream.clear();
-        let which = route.service.config().forwarded_headers;
-        let deadline_header = route
-            .service
-            .deadline_header()
-            .map(http::HeaderName::as_str);
-        let deadline = deadline_header.and_then(|name| self.deadline(head, name));
-        // The caller's deadline header, rewritten per attempt to the time left (only when it
-        // sent one: a route's own timeout is no deadline for the upstream).
-        let rewrite = (which, deadline_header.filter(|_| deadline.is_some()));
-        let (input, hdrs) = (&self.input, &self.req_headers);
-        let deadline_at = wire::write_request(
-            &mut self.b.upstream,
-            input,
-            head,
-            hdrs,
-            &self.client,
-            rewrite,
-        );
+        let (deadline, deadline_at) = self.write_upstream(route, head);
         let method = &self.input[head.method.clone()];
         let call = Call {
             service: envelope.service(),
@@ -371,6 +354,28 @@ impl Conn<'_> {
         let source = self.source(head);
         let key = route.hash_key.as_ref()?.extract(&source)?;
         Some(key.into_owned())
+    }
+
+    /// Write the upstream request into `upstream` (forwarding headers per the service); the
+    /// caller's deadline (the service's `deadline_header`) and where its value is in
+    /// `upstream`, rewritten per attempt to the time left — only when the caller sent one: a
+    /// route's own timeout is no deadline for the upstream.
+    fn write_upstream(
+        &mut self,
+        route: &RouteEntry,
+        head: &ReqHead,
+    ) -> (Option<Duration>, Option<usize>) {
+        let which = route.service.config().forwarded_headers;
+        let header = route
+            .service
+            .deadline_header()
+            .map(http::HeaderName::as_str);
+        let deadline = header.and_then(|name| self.deadline(head, name));
+        let rewrite = (which, header.filter(|_| deadline.is_some()));
+        let (input, hdrs) = (&self.input, &self.req_headers);
+        let out = &mut self.b.upstream;
+        let at = wire::write_request(out, input, head, hdrs, &self.client, rewrite);
+        (deadline, at)
     }
 
     /// The caller's deadline in the request's header `name` (whole milliseconds).
@@ -592,10 +597,7 @@ impl Conn<'_> {
                 .set(deadline(Instant::now(), Some(stream_timeout)));
         }
         // A chunked answer's trailers (gRPC's status, a load report) end its call too.
-        let (outcome, load) = match head.framing {
-            wire::Framing::Chunked => wire::chunked_trailers(&self.b.output, outcome),
-            _ => (outcome, None),
-        };
+        let (outcome, load) = wire::trailers(head.framing, &self.b.output, outcome);
         let status = head.code;
         Step::Answered {
             outcome,

@@ -457,6 +457,18 @@ pub(super) fn write_local(out: &mut Vec<u8>, code: u16, text: &str, close: bool)
     out.extend_from_slice(text.as_bytes());
 }
 
+/// [`chunked_trailers`] for a chunked answer (`framing`), else the head's outcome.
+pub(super) fn trailers(
+    framing: Framing,
+    buf: &[u8],
+    head: Outcome,
+) -> (Outcome, Option<(bool, Range<usize>)>) {
+    match framing {
+        Framing::Chunked => chunked_trailers(buf, head),
+        _ => (head, None),
+    }
+}
+
 /// What the trailer section at the end of a chunked answer says (`grpc-status`, a load
 /// report): `buf` ends with the answer's last bytes, from its `0` size line on (the trailer
 /// fields, then the final blank line). The outcome `head` gave becomes a failure when a

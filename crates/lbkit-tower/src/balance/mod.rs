@@ -265,7 +265,11 @@ impl<Svc, Q, R, S: Strategy, F> fmt::Debug for Balance<Svc, Q, R, S, F> {
     }
 }
 
-static NOTHING_TRIED: lbkit_core::TriedSet = lbkit_core::TriedSet::new();
+/// The answer to a request whose deadline had passed before an attempt could start.
+fn expired<O: Send + 'static>() -> future::BoxResponse<O> {
+    let e: BoxError = Box::new(crate::error::Error::new(crate::ErrorKind::DeadlineExceeded));
+    Box::pin(std::future::ready(Err(e)))
+}
 
 impl<Req, Svc, Q, R, S, F> Service<Req> for Balance<Svc, Q, R, S, F>
 where
@@ -292,9 +296,7 @@ where
         let now = shared.clock().now();
         let deadline = shared.requests.deadline(&req);
         if deadline.is_some_and(|d| d.is_zero()) {
-            let e: BoxError =
-                Box::new(crate::error::Error::new(crate::ErrorKind::DeadlineExceeded));
-            return ResponseFuture::boxed(Box::pin(std::future::ready(Err(e))));
+            return ResponseFuture::boxed(expired());
         }
         if shared.mode == Mode::Broadcast {
             let call = cluster::broadcast(shared, req, now, deadline);
@@ -320,16 +322,11 @@ where
             // Failback may retry any call in the background: it deposits as failover does.
             shared.budget.deposit(now);
         }
+        let rng = &mut self.rng;
         let first = shared.requests.with_route(&req, |route| {
-            let input = crate::pool::PickInput {
-                now,
-                route,
-                attempt: 0,
-                tried: &NOTHING_TRIED,
-                trace: lbkit_core::trace::TraceId::UNDECIDED,
-                hedge: false,
-            };
-            shared.pool.select(&input, &mut self.rng)
+            shared
+                .pool
+                .select(&crate::pool::PickInput::first(now, route), rng)
         });
         // Hedging waits on a timer beside the first attempt: the boxed path.
         let hedging = shared.hedge.is_some() && idempotent && spare.is_some();

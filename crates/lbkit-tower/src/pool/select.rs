@@ -51,6 +51,21 @@ pub(crate) struct PickInput<'a> {
     pub(crate) hedge: bool,
 }
 
+impl<'a> PickInput<'a> {
+    /// A request's first pick at `now` on `route`: nothing tried, no tracing decision yet.
+    pub(crate) fn first(now: Timestamp, route: lbkit_core::Route<'a>) -> Self {
+        static NOTHING_TRIED: TriedSet = TriedSet::new();
+        PickInput {
+            now,
+            route,
+            attempt: 0,
+            tried: &NOTHING_TRIED,
+            trace: TraceId::UNDECIDED,
+            hedge: false,
+        }
+    }
+}
+
 // === impl Pool (selection) ===
 
 impl<Svc, S: Strategy> Pool<Svc, S> {
