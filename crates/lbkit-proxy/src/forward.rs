@@ -607,14 +607,16 @@ fn classify_head(status: StatusCode, headers: &http::HeaderMap) -> Classified {
     })
 }
 
-/// Marks a proxy-made response ([`local`]).
-#[derive(Clone, Copy, Debug)]
-struct Local;
+/// Marks a proxy-made response ([`local`]) and keeps its text (for a gRPC caller's
+/// `grpc-message`).
+#[derive(Clone, Debug)]
+struct Local(String);
 
 /// A proxy-made response.
 pub(crate) fn local(status: StatusCode, text: &str) -> Response<ProxyBody> {
     let mut resp = Response::new(ProxyBody::local(Bytes::copy_from_slice(text.as_bytes())));
-    resp.extensions_mut().insert(Local);
+    resp.extensions_mut()
+        .insert(Local(text.trim_end().to_owned()));
     *resp.status_mut() = status;
     resp.headers_mut().insert(
         http::header::CONTENT_TYPE,
@@ -628,9 +630,9 @@ pub(crate) fn local(status: StatusCode, text: &str) -> Response<ProxyBody> {
 /// deadline passed, the caller's or the route's) is `DEADLINE_EXCEEDED` (4). Upstream answers
 /// pass as they came.
 fn grpc_local(resp: Response<ProxyBody>) -> Response<ProxyBody> {
-    if resp.extensions().get::<Local>().is_none() {
+    let Some(Local(text)) = resp.extensions().get::<Local>().cloned() else {
         return resp;
-    }
+    };
     let code = match resp.status().as_u16() {
         504 => "4",        // DEADLINE_EXCEEDED
         400 | 408 => "13", // INTERNAL
@@ -639,7 +641,6 @@ fn grpc_local(resp: Response<ProxyBody>) -> Response<ProxyBody> {
         404 => "12",       // UNIMPLEMENTED
         _ => "14",         // UNAVAILABLE (429, 502, 503 and the rest)
     };
-    let text = resp.status().canonical_reason().unwrap_or("proxy error");
     let mut answer = Response::new(ProxyBody::local(Bytes::new()));
     let h = answer.headers_mut();
     h.insert(
@@ -647,10 +648,24 @@ fn grpc_local(resp: Response<ProxyBody>) -> Response<ProxyBody> {
         http::HeaderValue::from_static("application/grpc"),
     );
     h.insert("grpc-status", http::HeaderValue::from_static(code));
-    if let Ok(v) = http::HeaderValue::from_str(text) {
+    if let Ok(v) = http::HeaderValue::from_str(&grpc_message(&text)) {
         h.insert("grpc-message", v);
     }
     answer
+}
+
+/// `text` as a `grpc-message` value: percent-encoded UTF-8, as gRPC's HTTP/2 protocol writes it
+/// (every byte outside printable ASCII, and `%`).
+fn grpc_message(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if (0x20..0x7f).contains(&b) && b != b'%' {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 /// A request body as it goes upstream: the body, how far a streamed one got, and how to take a

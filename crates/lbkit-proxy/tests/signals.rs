@@ -140,6 +140,10 @@ async fn a_deadline_that_has_passed_is_answered_without_an_attempt() {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(header(&h, "grpc-status").as_deref(), Some("4"));
     assert_eq!(
+        header(&h, "grpc-message").as_deref(),
+        Some("deadline exceeded")
+    );
+    assert_eq!(
         header(&h, "content-type").as_deref(),
         Some("application/grpc")
     );

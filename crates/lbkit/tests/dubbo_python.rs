@@ -875,6 +875,16 @@ async fn say(
     sender.ready().await.map_err(|e| e.to_string())?;
     let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
     let status = resp.status();
+    // A trailers-only gRPC answer (the proxy's own, to a gRPC caller): its status and message.
+    let grpc = |name: &str| {
+        resp.headers()
+            .get(name)
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+    };
+    if let Some(code) = grpc("grpc-status").filter(|c| c != "0") {
+        let message = grpc("grpc-message").unwrap_or_default();
+        return Err(format!("grpc-status {code}: {message}"));
+    }
     let mut body = resp
         .into_body()
         .collect()
@@ -983,7 +993,11 @@ async fn tag_routing_follows_provider_tags_and_the_registrys_tag_rule() {
     )
     .await;
     let err = forced.expect_err("a forced unknown tag has no provider");
-    assert!(err.starts_with("503") && err.contains("tag"), "{err}");
+    // UNAVAILABLE, the gRPC status of the proxy's 503, with its reason.
+    assert!(
+        err.starts_with("grpc-status 14") && err.contains("tag"),
+        "{err}"
+    );
 
     // dubbo-admin's tag rule for the providers' application: gray is rust-a.
     let node = format!("/{root}/config/{root}/shop.tag-router");
