@@ -116,9 +116,11 @@ fn check_page(bin: &str, page: &Path, dir: &Path) {
         "{}: the plots are not on the screenshot ({counts:?})",
         page.display()
     );
+    // The sim page's plots cover about 0.9 % of its screenshot (30 800 of 3.6 M pixels in
+    // the strategies' colours, 2026-12-05); a page without its plots has none of them.
     assert!(
-        counts.iter().sum::<usize>() * 100 > total,
-        "{}: plots cover under 1 % of the page ({counts:?} of {total})",
+        counts.iter().sum::<usize>() * 200 > total,
+        "{}: plots cover under 0.5 % of the page ({counts:?} of {total})",
         page.display()
     );
 }
