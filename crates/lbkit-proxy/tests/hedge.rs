@@ -5,36 +5,19 @@
 
 mod common;
 
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
-use std::sync::Arc;
+use std::sync::atomic::Ordering::SeqCst;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{client, endpoint_json, h2c_client, serve_hyper, WAIT};
-use http::{Request, Response, StatusCode};
+use common::{client, endpoint_json, h2c_client, WAIT};
+use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
-
-/// A backend answering its name after `delay`, counting its requests.
-async fn backend(name: &'static str, delay: Duration) -> (SocketAddr, Arc<AtomicUsize>) {
-    let hits = Arc::new(AtomicUsize::new(0));
-    let count = hits.clone();
-    let addr = serve_hyper(move |_req: Request<hyper::body::Incoming>| {
-        let count = count.clone();
-        async move {
-            count.fetch_add(1, SeqCst);
-            tokio::time::sleep(delay).await;
-            Response::new(Full::new(Bytes::from(name)))
-        }
-    })
-    .await;
-    (addr, hits)
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_first_attempt_is_raced_by_a_hedge() {
-    let (slow, slow_hits) = backend("slow", Duration::from_millis(1_500)).await;
-    let (fast, _) = backend("fast", Duration::ZERO).await;
+    let (slow, slow_hits) =
+        common::scripted_backend(200, &[], Duration::from_millis(1_500), "slow").await;
+    let (fast, _) = common::scripted_backend(200, &[], Duration::ZERO, "fast").await;
     let config = format!(
         "{}[[route]]\nservice = \"svc\"\ntimeout_ms = 5000\nhedge = \"30ms\"\n\
          [service.svc]\nendpoints = [\"{slow}\", \"{fast}\"]\nstrategy = \"round-robin\"\nretries = 1\n\

@@ -12,13 +12,12 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
-use std::sync::Arc;
+use std::sync::atomic::Ordering::SeqCst;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{client, config_for, endpoint_json, h2c_client, serve_hyper, start, WAIT};
-use http::{HeaderMap, Request, Response, StatusCode};
+use common::{client, config_for, endpoint_json, h2c_client, start, WAIT};
+use http::{HeaderMap, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 
@@ -27,40 +26,6 @@ type TestClient = Client<HttpConnector, Full<Bytes>>;
 /// The two ways into the proxy: HTTP/1.1 (its fast path) and HTTP/2 (hyper's engine).
 fn engines() -> [(&'static str, TestClient); 2] {
     [("fast path", client()), ("hyper engine", h2c_client())]
-}
-
-/// A backend answering `status` with `headers` after `delay`, echoing the deadline headers it
-/// received (`x-seen-timeout`, `x-seen-grpc-timeout`), counting its requests.
-async fn backend(
-    status: u16,
-    headers: &'static [(&'static str, &'static str)],
-    delay: Duration,
-    name: &'static str,
-) -> (SocketAddr, Arc<AtomicUsize>) {
-    let hits = Arc::new(AtomicUsize::new(0));
-    let count = hits.clone();
-    let addr = serve_hyper(move |req: Request<hyper::body::Incoming>| {
-        let count = count.clone();
-        async move {
-            count.fetch_add(1, SeqCst);
-            tokio::time::sleep(delay).await;
-            let mut resp = Response::builder().status(status);
-            for (k, v) in headers {
-                resp = resp.header(*k, *v);
-            }
-            for (from, to) in [
-                ("x-request-timeout", "x-seen-timeout"),
-                ("grpc-timeout", "x-seen-grpc-timeout"),
-            ] {
-                if let Some(v) = req.headers().get(from) {
-                    resp = resp.header(to, v.clone());
-                }
-            }
-            resp.body(Full::new(Bytes::from(name))).expect("response")
-        }
-    })
-    .await;
-    (addr, hits)
 }
 
 /// Send `method` `path` with `headers` through `proxy`: status, body, headers.
@@ -96,7 +61,7 @@ const DEADLINE: &str = "deadline_header = \"x-request-timeout\"";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_callers_deadline_reaches_the_upstream_cut_to_what_is_left() {
-    let (up, _) = backend(200, &[], Duration::ZERO, "up").await;
+    let (up, _) = common::scripted_backend(200, &[], Duration::ZERO, "up").await;
     let proxy = start(&config_for(&[up], "round-robin", DEADLINE)).await;
     let addr = proxy.listeners()[0];
     for (engine, client) in engines() {
@@ -125,7 +90,7 @@ async fn the_callers_deadline_reaches_the_upstream_cut_to_what_is_left() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deadline_that_has_passed_is_answered_without_an_attempt() {
-    let (up, hits) = backend(200, &[], Duration::ZERO, "up").await;
+    let (up, hits) = common::scripted_backend(200, &[], Duration::ZERO, "up").await;
     let proxy = start(&config_for(&[up], "round-robin", DEADLINE)).await;
     let addr = proxy.listeners()[0];
     let before = hits.load(SeqCst);
@@ -153,8 +118,9 @@ async fn a_deadline_that_has_passed_is_answered_without_an_attempt() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_upstream_is_not_retried_past_the_callers_deadline() {
-    let (slow, slow_hits) = backend(200, &[], Duration::from_secs(3), "slow").await;
-    let (fast, _) = backend(200, &[], Duration::ZERO, "fast").await;
+    let (slow, slow_hits) =
+        common::scripted_backend(200, &[], Duration::from_secs(3), "slow").await;
+    let (fast, _) = common::scripted_backend(200, &[], Duration::ZERO, "fast").await;
     let extra = format!("{DEADLINE}\nretries = 2");
     let proxy = start(&config_for(&[fast, slow], "round-robin", &extra)).await;
     let addr = proxy.listeners()[0];
@@ -187,8 +153,9 @@ async fn a_slow_upstream_is_not_retried_past_the_callers_deadline() {
 async fn a_429_with_retry_after_takes_its_endpoint_out_of_the_picks() {
     for (engine, client) in engines() {
         let (limited, limited_hits) =
-            backend(429, &[("retry-after", "30")], Duration::ZERO, "limited").await;
-        let (ok, _) = backend(200, &[], Duration::ZERO, "ok").await;
+            common::scripted_backend(429, &[("retry-after", "30")], Duration::ZERO, "limited")
+                .await;
+        let (ok, _) = common::scripted_backend(200, &[], Duration::ZERO, "ok").await;
         let proxy = common::published(&config_for(&[limited, ok], "round-robin", "")).await;
         let addr = proxy.listeners()[0];
         let mut answers = Vec::new();
@@ -212,8 +179,9 @@ async fn a_429_with_retry_after_takes_its_endpoint_out_of_the_picks() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_waits_out_the_pushback_of_a_503() {
     for (engine, client) in engines() {
-        let (busy, busy_hits) = backend(503, &[("retry-after", "1")], Duration::ZERO, "busy").await;
-        let (ok, _) = backend(200, &[], Duration::ZERO, "ok").await;
+        let (busy, busy_hits) =
+            common::scripted_backend(503, &[("retry-after", "1")], Duration::ZERO, "busy").await;
+        let (ok, _) = common::scripted_backend(200, &[], Duration::ZERO, "ok").await;
         let proxy = common::published(&config_for(&[busy, ok], "round-robin", "retries = 2")).await;
         let addr = proxy.listeners()[0];
         // Round robin meets the busy one within two requests; that request is answered by

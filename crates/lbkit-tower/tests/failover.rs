@@ -5,10 +5,10 @@ mod support;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use lbkit_core::{Availability, Endpoint, EndpointSpec, FailureKind};
+use lbkit_core::{Availability, FailureKind};
 use lbkit_strategy::RoundRobin;
 use lbkit_tower::http::SetOrigin;
-use lbkit_tower::{BalanceLayer, CloneRequests, Error, ErrorKind, PoolBuilder, TryMake};
+use lbkit_tower::{BalanceLayer, CloneRequests, Error, ErrorKind, PoolBuilder};
 use support::*;
 use tower::{Layer, Service, ServiceExt};
 
@@ -90,16 +90,7 @@ fn http_pool(
     addrs: &[std::net::SocketAddr],
     h2: bool,
 ) -> lbkit_tower::Pool<SetOrigin<Client>, RoundRobin> {
-    let client = client(h2);
-    PoolBuilder::new(RoundRobin::default())
-        .availability(Availability::OFF)
-        .spawn_static(
-            addrs
-                .iter()
-                .map(|a| EndpointSpec::new(a.to_string()))
-                .collect(),
-            TryMake(move |ep: &Endpoint| SetOrigin::http(client.clone(), ep.address())),
-        )
+    round_robin_pool(addrs, h2, Availability::OFF)
 }
 
 fn post(path: &str) -> http::Request<Full<Bytes>> {

@@ -11,26 +11,17 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::HeaderName;
 use http_body_util::Full;
-use lbkit_core::{Availability, Endpoint, EndpointSpec};
+use lbkit_core::Availability;
 use lbkit_strategy::RoundRobin;
 use lbkit_tower::http::{HttpRequests, SetOrigin};
-use lbkit_tower::{BalanceLayer, Error, ErrorKind, PoolBuilder, TryMake};
+use lbkit_tower::{BalanceLayer, Error, ErrorKind};
 use support::*;
 use tower::{Layer, Service, ServiceExt};
 
 type Pool = lbkit_tower::Pool<SetOrigin<Client>, RoundRobin>;
 
 fn pool_of(addrs: &[std::net::SocketAddr], availability: Availability) -> Pool {
-    let client = client(false);
-    PoolBuilder::new(RoundRobin::default())
-        .availability(availability)
-        .spawn_static(
-            addrs
-                .iter()
-                .map(|a| EndpointSpec::new(a.to_string()))
-                .collect(),
-            TryMake(move |ep: &Endpoint| SetOrigin::http(client.clone(), ep.address())),
-        )
+    round_robin_pool(addrs, false, availability)
 }
 
 fn get(headers: &[(&str, &str)]) -> http::Request<Full<Bytes>> {

@@ -330,6 +330,41 @@ pub async fn published(config: &str) -> Proxy {
     proxy
 }
 
+/// A backend answering `status` with `headers` after `delay`, echoing the deadline headers it
+/// received (`x-seen-timeout`, `x-seen-grpc-timeout`), counting its requests.
+#[allow(dead_code)] // not every test binary uses it
+pub async fn scripted_backend(
+    status: u16,
+    headers: &'static [(&'static str, &'static str)],
+    delay: Duration,
+    name: &'static str,
+) -> (SocketAddr, Arc<AtomicUsize>) {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let count = hits.clone();
+    let addr = serve_hyper(move |req: Request<hyper::body::Incoming>| {
+        let count = count.clone();
+        async move {
+            count.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(delay).await;
+            let mut resp = http::Response::builder().status(status);
+            for (k, v) in headers {
+                resp = resp.header(*k, *v);
+            }
+            for (from, to) in [
+                ("x-request-timeout", "x-seen-timeout"),
+                ("grpc-timeout", "x-seen-grpc-timeout"),
+            ] {
+                if let Some(v) = req.headers().get(from) {
+                    resp = resp.header(to, v.clone());
+                }
+            }
+            resp.body(Full::new(Bytes::from(name))).expect("response")
+        }
+    })
+    .await;
+    (addr, hits)
+}
+
 /// What the admin API's `GET /endpoints` says of service `svc`'s endpoint at `addr`.
 pub async fn endpoint_json(proxy: &Proxy, addr: SocketAddr) -> serde_json::Value {
     let (status, body) = admin(&client(), proxy, "GET", "/endpoints", "").await;

@@ -299,6 +299,28 @@ pub fn client(h2: bool) -> Client {
         .build_http()
 }
 
+/// A round-robin pool over the hyper servers at `addrs` (HTTP/2 only with `h2`), picks
+/// filtered by `availability`.
+#[allow(dead_code)] // not every test binary uses it
+pub fn round_robin_pool(
+    addrs: &[SocketAddr],
+    h2: bool,
+    availability: lbkit_core::Availability,
+) -> lbkit_tower::Pool<lbkit_tower::http::SetOrigin<Client>, lbkit_strategy::RoundRobin> {
+    let client = client(h2);
+    lbkit_tower::PoolBuilder::new(lbkit_strategy::RoundRobin::default())
+        .availability(availability)
+        .spawn_static(
+            addrs
+                .iter()
+                .map(|a| EndpointSpec::new(a.to_string()))
+                .collect(),
+            lbkit_tower::TryMake(move |ep: &Endpoint| {
+                lbkit_tower::http::SetOrigin::http(client.clone(), ep.address())
+            }),
+        )
+}
+
 /// Run `f` with a 10 s limit.
 pub async fn within<T>(f: impl Future<Output = T>) -> T {
     tokio::time::timeout(Duration::from_secs(10), f)
