@@ -42,7 +42,10 @@ async fn reporting(
     .await
 }
 
-const ADAPTIVE: &str = "params = { blackout_ms = 0, period_ms = 20 }";
+/// gRPC's schedule (`choice = "wrr"`): picks follow the reported weights whatever the latency,
+/// so a backend that reports 0.9 keeps getting some calls (the default `p2c` choice would also
+/// weigh the latency, which favours whichever backend answered first at this low load).
+const ADAPTIVE: &str = "params = { blackout_ms = 0, period_ms = 20, choice = \"wrr\" }";
 
 /// Wait until `/endpoints` shows a load report of `utilization` for `addr`, and `adaptive`
 /// weighs it.

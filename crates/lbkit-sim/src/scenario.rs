@@ -14,6 +14,8 @@
 //!   # weighted-response-time: interval_ms (Ribbon's 30 s); adaptive: period_ms and blackout_ms
 //!   # (gRPC's 1 s and 10 s). A strategy label that sets the parameter wins. The report warns
 //!   # when a timer fires fewer than 10 times in the run: such a strategy never got a fair run.
+//! report_ms = 1000             # how often servers send each balancer a load report (ORCA's
+//!   # out-of-band stream): utilisation, qps and eps over the last report_ms (10 ms..60 s)
 //!
 //! [workload]
 //! kind = "open"                # open (arrivals at `rate`) | closed (clients wait, think, repeat)
@@ -141,6 +143,10 @@ pub struct Scenario {
     /// sets them (default: each strategy's own).
     #[serde(default)]
     pub refresh_ms: Option<f64>,
+    /// How often servers send each balancer a load report, ms (ORCA's out-of-band stream;
+    /// default 1 000): utilisation, qps and eps over the last period.
+    #[serde(default = "default_report_ms")]
+    pub report_ms: f64,
     /// The clients.
     #[serde(default)]
     pub workload: Workload,
@@ -157,6 +163,10 @@ pub struct Scenario {
 
 fn default_requests() -> u64 {
     100_000
+}
+
+fn default_report_ms() -> f64 {
+    1_000.0
 }
 
 fn default_seed() -> u64 {
@@ -592,6 +602,12 @@ impl Scenario {
             if r > 3_600_000.0 {
                 return Err(format!("refresh_ms is {r}: at most 3600000 (an hour)"));
             }
+        }
+        if !(10.0..=60_000.0).contains(&self.report_ms) {
+            return Err(format!(
+                "report_ms is {}: it must be within 10..60000",
+                self.report_ms
+            ));
         }
         self.within_limits()?;
         if w.kind == WorkloadKind::Open && w.arrivals.is_none() {

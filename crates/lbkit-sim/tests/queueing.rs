@@ -639,3 +639,49 @@ fn the_fault_script_runs_the_same_in_the_simulator() {
         assert_eq!(shares, want_shares, "{fault}, idempotent {idempotent}");
     }
 }
+
+// The `hidden-load` scenario's claim: with 200 clients, each seeing a loaded server only in its
+// own few calls, `adaptive` (reports shared by every client, p2c on latency scaled by them)
+// beats `p2c-ewma` and gRPC's weighted round robin (`choice=wrr`). The first 20 s: s1, s2 and
+// s3 take turns.
+#[test]
+fn hidden_load_reports_beat_latency_alone_with_many_clients() {
+    let s = Scenario::named("hidden-load").unwrap();
+    assert_eq!(s.report_ms, 1_000.0);
+    let opts = RunOptions {
+        requests: Some(40_000),
+        strategies: vec![
+            "adaptive".into(),
+            "adaptive:choice=wrr".into(),
+            "p2c-ewma".into(),
+        ],
+        skip_oracle: true,
+        ..RunOptions::default()
+    };
+    let r = run(&s, &opts, &mut |_, _| {}).unwrap();
+    let p99: Vec<f64> = r.results.iter().map(|x| x.p99_ms).collect();
+    assert!(p99[0] < 0.5 * p99[1], "adaptive vs wrr: {p99:?}");
+    assert!(p99[0] < 0.5 * p99[2], "adaptive vs p2c-ewma: {p99:?}");
+    // Faster reports help every choice; a period below 10 ms is refused.
+    let fast = Scenario::parse(
+        &include_str!("../scenarios/hidden-load.toml")
+            .replace("refresh_ms = 1000", "refresh_ms = 100\nreport_ms = 100"),
+        "fast",
+    )
+    .unwrap();
+    let f = run(&fast, &opts, &mut |_, _| {}).unwrap();
+    assert!(
+        f.results[0].p99_ms < p99[0],
+        "{} vs {p99:?}",
+        f.results[0].p99_ms
+    );
+    assert!(
+        f.results[1].p99_ms < p99[1],
+        "{} vs {p99:?}",
+        f.results[1].p99_ms
+    );
+    let bad = include_str!("../scenarios/hidden-load.toml")
+        .replace("refresh_ms", "report_ms = 5\nrefresh_ms");
+    let err = Scenario::parse(&bad, "inline").unwrap_err().to_string();
+    assert!(err.contains("report_ms"), "{err}");
+}

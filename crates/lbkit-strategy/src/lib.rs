@@ -17,7 +17,7 @@
 //! | `p2c-ewma` | [`P2cEwma`] | Finagle / linkerd peak EWMA |
 //! | `shortest-response` | [`ShortestResponse`] | Dubbo `ShortestResponseLoadBalance` |
 //! | `best-available` | [`BestAvailable`] | Ribbon `BestAvailableRule` |
-//! | `adaptive` | [`Adaptive`] | gRPC weighted round robin over ORCA load reports |
+//! | `adaptive` | [`Adaptive`] | gRPC weighted round robin over ORCA load reports; by default picked by two choices on latency scaled by them |
 //! | `consistent-hash` | [`ConsistentHash`] | Dubbo `ConsistentHashLoadBalance` (bit-compatible MD5 ring) |
 //! | `ketama` | [`Ketama`] | nginx `hash $key consistent` (bit-compatible CRC32 ring) |
 //! | `maglev` | [`Maglev`] | Maglev lookup table (Eisenbud et al., NSDI 2016; Envoy) |
@@ -67,8 +67,8 @@ pub use hash::{
     Rendezvous, RendezvousPicker, RingPicker,
 };
 pub use load::{
-    Adaptive, AdaptiveConfig, BestAvailable, LeastActive, LeastRequest, P2cEwma, P2cLeastLoaded,
-    ShortestResponse, ZoneAware,
+    Adaptive, AdaptiveChoice, AdaptiveConfig, BestAvailable, LeastActive, LeastRequest, P2cEwma,
+    P2cLeastLoaded, ShortestResponse, ZoneAware,
 };
 pub use random::{Random, RandomPicker};
 pub use response_time::{

@@ -68,9 +68,23 @@ fn best_available() {
     check(BestAvailable::default, Shares::Any);
 }
 
+// Without reports, the default choice is p2c-ewma (equal weights).
 #[test]
-fn adaptive_without_reports_is_round_robin() {
-    check(Adaptive::default, Shares::Uniform);
+fn adaptive_without_reports_is_p2c_ewma() {
+    check(Adaptive::default, Shares::Any);
+}
+
+#[test]
+fn adaptive_wrr_without_reports_is_round_robin() {
+    check(
+        || {
+            Adaptive::new(AdaptiveConfig {
+                choice: AdaptiveChoice::Wrr,
+                ..AdaptiveConfig::default()
+            })
+        },
+        Shares::Uniform,
+    );
 }
 
 #[test]

@@ -455,16 +455,22 @@ fn adaptive_from_reported_load() {
         "orca.toml",
         "[[endpoint]]\naddress = \"a:1\"\nutilization = 0.25\nqps = 100\n[[endpoint]]\naddress = \"b:1\"\nutilization = 0.75\nqps = 100\n",
     );
-    let picks = lines(&["pick", "-s", "adaptive", "-f", f.path(), "-n", "400"]);
+    let wrr = ["-s", "adaptive", "-p", "choice=wrr"];
+    let picks = lines(&[&["pick", "-f", f.path(), "-n", "400"][..], &wrr].concat());
     let a = picks.iter().filter(|p| *p == "a:1").count();
     assert_eq!(a, 300, "weights 400 : 133 = 3 : 1");
+    // The default choice compares latency × calls in flight scaled by the weights; `pick -n`
+    // holds its picks in flight, so they spread 3 : 1 too.
+    let picks = lines(&["pick", "-s", "adaptive", "-f", f.path(), "-n", "400"]);
+    let a = picks.iter().filter(|p| *p == "a:1").count();
+    assert!((295..=305).contains(&a), "{a}");
     // Utilisation alone (ORCA's cpu_utilization, no rps) weighs too; --explain shows the
     // report and the weight it gives.
     let f = TempFile::new(
         "cpu.toml",
         "[[endpoint]]\naddress = \"a:1\"\nutilization = 0.9\n[[endpoint]]\naddress = \"b:1\"\nutilization = 0.1\n",
     );
-    let picks = lines(&["pick", "-s", "adaptive", "-f", f.path(), "-n", "1111"]);
+    let picks = lines(&[&["pick", "-f", f.path(), "-n", "1111"][..], &wrr].concat());
     let a = picks.iter().filter(|p| *p == "a:1").count();
     assert_eq!(a, 111, "weights 1/0.9 : 1/0.1");
     let args = ["pick", "-s", "adaptive", "-f", f.path(), "--explain"];
@@ -474,6 +480,7 @@ fn adaptive_from_reported_load() {
         "{out}"
     );
     assert!(out.contains("from its load report"), "{out}");
+    assert!(out.contains("× 9.00 (reported load)"), "{out}");
     let json: serde_json::Value =
         serde_json::from_str(&ok(&[&args[..], &["--format", "json"]].concat())).expect("JSON");
     let b = &json["endpoints"][1];

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use lbkit_core::{EndpointKey, EndpointSpec, Timestamp, Update};
 
-use super::{Engine, Ev, REPORT, TICK};
+use super::{Engine, Ev, TICK};
 use crate::scenario::Action;
 
 impl Engine<'_> {
@@ -131,9 +131,15 @@ impl Engine<'_> {
         }
     }
 
+    /// The servers' load-report period, ns.
+    pub(super) fn report_every(&self) -> u64 {
+        (self.scenario.report_ms * 1e6) as u64
+    }
+
     /// Servers report utilisation, qps and eps to every balancer (ORCA-style).
     pub(super) fn report(&mut self) {
         let now = Timestamp::from_nanos(self.now);
+        let every = self.report_every();
         let reports: Vec<(EndpointKey, (f64, f64, f64))> = self
             .servers
             .iter_mut()
@@ -142,7 +148,7 @@ impl Engine<'_> {
             .map(|s| {
                 (
                     EndpointKey::from(s.address.as_str()),
-                    s.take_load_report(self.now, REPORT),
+                    s.take_load_report(self.now, every),
                 )
             })
             .collect();
@@ -155,7 +161,7 @@ impl Engine<'_> {
             }
         }
         if self.running() {
-            self.at(self.now + REPORT, Ev::Report);
+            self.at(self.now + every, Ev::Report);
         }
     }
 

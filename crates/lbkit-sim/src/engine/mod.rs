@@ -26,7 +26,6 @@ mod flow;
 /// Period of balancer refresh ticks (warm-up, response-time and adaptive weights).
 const TICK: u64 = 100_000_000;
 /// Period of server load reports (ORCA-style), as gRPC's default weight update period.
-const REPORT: u64 = 1_000_000_000;
 /// A refused connection fails this fast.
 const REFUSED: u64 = 1_000_000;
 /// A full waiting room rejects this fast.
@@ -414,7 +413,7 @@ impl<'a> Engine<'a> {
             }
         }
         self.at(TICK, Ev::Tick);
-        self.at(REPORT, Ev::Report);
+        self.at(self.report_every(), Ev::Report);
         self.at(10_000_000_000, Ev::Outlier);
         self.at(self.sample_every, Ev::Sample);
     }

@@ -1,26 +1,41 @@
 //! `adaptive`: weights from the load servers report about themselves.
 //!
-//! * **Algorithm**: each endpoint's weight is `qps / (utilization + eps / qps × penalty)` from
+//! * **Weights**: each endpoint's weight is `qps / (utilization + eps / qps × penalty)` from
 //!   its last load report ([`EndpointStats::report_load`](lbkit_core::EndpointStats::report_load):
 //!   ORCA-style utilisation, queries and errors per second). A report counts only after reports
 //!   have flowed for `blackout_ms` (10 s: a new endpoint's first numbers are noisy) and until it is
 //!   `expiry_ms` old (3 min). Endpoints without a usable weight get the mean of the usable ones;
-//!   with none usable, all weights are equal. Weights are clamped to `[mean / 100, 10 × mean]`,
-//!   scaled to integers (the largest to 1 000) and scheduled by the smooth weighted round-robin
-//!   machinery — an exact nginx cycle, or a static golden-ratio stride computed per pick for
-//!   large sets (never unrolled into a table: it is rebuilt every period).
-//!   Recomputed every `period_ms` (1 s).
+//!   with none usable, all weights are equal. Weights are clamped to `[mean / 100, 10 × mean]`
+//!   and recomputed every `period_ms` (1 s).
+//! * **Picks** (`choice`):
+//!   - `p2c` (the default): two endpoints drawn uniformly, the cheaper taken, costing
+//!     `peak EWMA latency × (in flight + 1) × (largest weight / its weight)` — `p2c-ewma`'s cost
+//!     scaled by the reports. A report reaches every client at once, while each client sees a
+//!     loaded server only in its own calls; the latency and calls in flight correct the weights
+//!     between reports, which alone lag by up to a report period plus a weight period. Before any
+//!     report counts, all weights are equal and this is exactly `p2c-ewma`.
+//!   - `wrr`: gRPC's schedule. Weights scaled to integers (the largest to 1 000) and scheduled
+//!     by the smooth weighted round-robin machinery — an exact nginx cycle, or a static
+//!     golden-ratio stride computed per pick for large sets (never unrolled into a table: it is
+//!     rebuilt every period). Picks follow the weights whatever the latency.
 //! * **Origin**: gRPC `weighted_round_robin` (gRFC A58: formula, blackout, expiry, clamping,
-//!   static stride scheduler); Dubbo 3's adaptive load balancing uses server-reported load too.
+//!   static stride scheduler); Dubbo 3's adaptive load balancing uses server-reported load too;
+//!   the `p2c` cost is Finagle's and linkerd's peak EWMA.
 //! * **Complexity**: prepare O(n) per period; pick O(1).
 //! * **Behaviour under trouble**: an overloaded server reports high utilisation and its weight
 //!   falls within a period; a server returning errors is penalised through `eps`; a server that
-//!   stops reporting falls back to the mean after the expiry.
-//! * **Differences from the origin**: when no endpoint reports queries per second (servers
+//!   stops reporting falls back to the mean after the expiry. In the simulator's `hidden-load`
+//!   scenario (200 clients; a server busy with work the clients cannot see, reported every
+//!   second), `p2c` cuts p99 about 4× against `p2c-ewma` and `wrr` (BENCHMARKS.md, issue 41);
+//!   with few clients, each seeing many calls, `p2c-ewma` alone does as well.
+//! * **Differences from the origin**: `p2c` is lbkit's: gRPC's weighted round robin lets a
+//!   server that just became loaded keep its share until the next report and weight period,
+//!   and queues build meanwhile. When no endpoint reports queries per second (servers
 //!   that send only `cpu_utilization`, as many ORCA servers do), each weighs `1 / utilization`,
 //!   as if every endpoint served the same rate, where gRPC gives them no weight (the mean).
-//!   When some do, a report without qps gets no weight (the mean), as in gRPC. The scheduler is lbkit's smooth
-//!   weighted round robin instead of gRPC's stride over `u16` weights, with the same shares.
+//!   When some do, a report without qps gets no weight (the mean), as in gRPC. The `wrr`
+//!   scheduler is lbkit's smooth weighted round robin instead of gRPC's stride over `u16`
+//!   weights, with the same shares.
 //! * **Where reports come from**: `lbkit_tower::orca` reads ORCA's `endpoint-load-metrics`
 //!   headers and trailers in the tower layer and both engines of `lbkit proxy`.
 
@@ -35,13 +50,41 @@ use crate::common::share;
 use crate::round_robin::{counter, SharedCounter};
 use crate::smooth_weighted::SmoothWeightedPicker;
 
+use super::p2c::P2cPicker;
+
 /// Largest scaled weight. Weights are clamped to within 1 000× of each other, so 1 000 steps keep
 /// every ratio; a larger scale would only lengthen the nginx cycle the scheduler precomputes
 /// (at 65 535, gRPC's `u16` scale, ten endpoints made a 570 000-entry cycle and a 20 ms prepare
 /// every second).
 const SCALE: f64 = 1_000.0;
 
-/// gRPC WRR defaults.
+/// How `adaptive` turns weights into picks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AdaptiveChoice {
+    /// Power of two choices on peak-EWMA latency × (in flight + 1) × (largest weight / the
+    /// endpoint's weight): the reports set each endpoint's standing, the latency and calls in
+    /// flight of this client correct it between reports. Equal weights (before any report) make
+    /// it exactly `p2c-ewma`.
+    #[default]
+    P2c,
+    /// gRPC's schedule: each endpoint gets picks in proportion to its weight (smooth weighted
+    /// round robin), whatever its latency.
+    Wrr,
+}
+
+impl std::str::FromStr for AdaptiveChoice {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "p2c" => Ok(AdaptiveChoice::P2c),
+            "wrr" => Ok(AdaptiveChoice::Wrr),
+            _ => Err("expected p2c or wrr".into()),
+        }
+    }
+}
+
+/// gRPC WRR defaults, and lbkit's choice.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AdaptiveConfig {
     /// Reports must have flowed this long before they count (`blackout_period`, 10 s).
@@ -52,6 +95,8 @@ pub struct AdaptiveConfig {
     pub penalty: f64,
     /// Recompute period (`weight_update_period`, 1 s).
     pub period: Duration,
+    /// How weights become picks ([`AdaptiveChoice::P2c`] unless set).
+    pub choice: AdaptiveChoice,
 }
 
 impl Default for AdaptiveConfig {
@@ -61,6 +106,7 @@ impl Default for AdaptiveConfig {
             expiry: Duration::from_secs(180),
             penalty: 1.0,
             period: Duration::from_secs(1),
+            choice: AdaptiveChoice::default(),
         }
     }
 }
@@ -114,16 +160,13 @@ impl Adaptive {
         }
         Ok(w)
     }
-}
 
-impl Strategy for Adaptive {
-    type Picker = AdaptivePicker;
-
-    fn name(&self) -> &str {
-        "adaptive"
-    }
-
-    fn prepare(&self, snapshot: &Arc<Snapshot>, now: Timestamp) -> AdaptivePicker {
+    /// Each eligible endpoint's raw weight (or why it has none).
+    fn raw_weights(
+        &self,
+        snapshot: &Snapshot,
+        now: Timestamp,
+    ) -> Vec<(EndpointIdx, Result<f64, &'static str>)> {
         let reports: Vec<(EndpointIdx, Option<LoadReport>)> = snapshot
             .eligible()
             .iter()
@@ -134,7 +177,7 @@ impl Strategy for Adaptive {
         let with_qps = reports
             .iter()
             .any(|(_, r)| r.is_some_and(|r| r.qps > 0.0 && self.weight(Some(r), now).is_ok()));
-        let raw: Vec<(EndpointIdx, Result<f64, &'static str>)> = reports
+        reports
             .iter()
             .map(|&(i, r)| {
                 let w = match r {
@@ -143,26 +186,58 @@ impl Strategy for Adaptive {
                 };
                 (i, w)
             })
-            .collect();
-        let usable: Vec<f64> = raw.iter().filter_map(|(_, w)| w.ok()).collect();
-        let mean = if usable.is_empty() {
-            1.0
-        } else {
-            usable.iter().sum::<f64>() / usable.len() as f64
-        };
-        let clamped: Vec<f64> = raw
-            .iter()
-            .map(|(_, w)| w.unwrap_or(mean).clamp(mean / 100.0, mean * 10.0))
-            .collect();
+            .collect()
+    }
+}
+
+/// Weights filled with the mean of the usable ones and clamped to `[mean / 100, 10 × mean]`.
+fn clamped(raw: &[(EndpointIdx, Result<f64, &'static str>)]) -> Vec<f64> {
+    let usable: Vec<f64> = raw.iter().filter_map(|(_, w)| w.ok()).collect();
+    let mean = if usable.is_empty() {
+        1.0
+    } else {
+        usable.iter().sum::<f64>() / usable.len() as f64
+    };
+    raw.iter()
+        .map(|(_, w)| w.unwrap_or(mean).clamp(mean / 100.0, mean * 10.0))
+        .collect()
+}
+
+impl Strategy for Adaptive {
+    type Picker = AdaptivePicker;
+
+    fn name(&self) -> &str {
+        "adaptive"
+    }
+
+    fn prepare(&self, snapshot: &Arc<Snapshot>, now: Timestamp) -> AdaptivePicker {
+        let raw = self.raw_weights(snapshot, now);
+        let clamped = clamped(&raw);
         let max = clamped.iter().copied().fold(0.0f64, f64::max);
         let weights: Vec<(EndpointIdx, u64)> = raw
             .iter()
             .zip(&clamped)
             .map(|((i, _), &w)| (*i, ((w / max * SCALE).round() as u64).max(1)))
             .collect();
+        let order = match self.config.choice {
+            AdaptiveChoice::Wrr => Order::Wrr(SmoothWeightedPicker::from_weights(
+                weights.clone(),
+                self.counter.clone(),
+            )),
+            AdaptiveChoice::P2c => {
+                // Endpoints not eligible keep factor 1: the picker never draws them.
+                let mut scale = vec![1.0; snapshot.len()].into_boxed_slice();
+                for ((i, _), &w) in raw.iter().zip(&clamped) {
+                    scale[i.get()] = max / w;
+                }
+                Order::P2c(P2cPicker::ewma_scaled(snapshot, scale))
+            }
+        };
         AdaptivePicker {
             reasons: raw.iter().map(|(i, w)| (*i, w.err())).collect(),
-            order: SmoothWeightedPicker::from_weights(weights, self.counter.clone()),
+            total: weights.iter().map(|&(_, w)| w).sum(),
+            weights: weights.into(),
+            order,
         }
     }
 
@@ -171,26 +246,48 @@ impl Strategy for Adaptive {
     }
 }
 
+#[derive(Debug)]
+enum Order {
+    P2c(P2cPicker),
+    Wrr(SmoothWeightedPicker),
+}
+
 /// Prepared [`Adaptive`].
 #[derive(Debug)]
 pub struct AdaptivePicker {
-    order: SmoothWeightedPicker,
+    order: Order,
+    weights: Box<[(EndpointIdx, u64)]>,
+    total: u64,
     reasons: Box<[(EndpointIdx, Option<&'static str>)]>,
+}
+
+impl AdaptivePicker {
+    /// `idx`'s scaled weight (1..=1 000) and the sum of all, if it is eligible.
+    fn weight_of(&self, idx: EndpointIdx) -> Option<(u64, u64)> {
+        let &(_, w) = self.weights.iter().find(|&&(i, _)| i == idx)?;
+        Some((w, self.total))
+    }
 }
 
 impl Picker for AdaptivePicker {
     #[inline]
     fn pick(&self, cx: &mut PickContext<'_>) -> Result<EndpointIdx, PickError> {
-        self.order.pick(cx)
+        match &self.order {
+            Order::P2c(p) => p.pick(cx),
+            Order::Wrr(o) => o.pick(cx),
+        }
     }
 
-    fn explain(&self, idx: EndpointIdx, _now: Timestamp) -> Option<String> {
-        let (w, total) = self.order.weight_of(idx)?;
+    fn explain(&self, idx: EndpointIdx, now: Timestamp) -> Option<String> {
+        let (w, total) = self.weight_of(idx)?;
         let reason = self.reasons.iter().find(|(i, _)| *i == idx)?.1;
         let source = reason.map_or("from its load report".to_owned(), |r| {
             format!("mean weight ({r})")
         });
-        Some(format!("{}; {source}", share(w, total)))
+        Some(match &self.order {
+            Order::Wrr(_) => format!("{}; {source}", share(w, total)),
+            Order::P2c(p) => format!("weight {w} of 1000, {source}; {}", p.explain(idx, now)?),
+        })
     }
 }
 
@@ -219,7 +316,7 @@ mod tests {
 
     fn shares(p: &AdaptivePicker, n: usize) -> Vec<u64> {
         (0..n)
-            .map(|i| p.order.weight_of(EndpointIdx::new(i)).map_or(0, |(w, _)| w))
+            .map(|i| p.weight_of(EndpointIdx::new(i)).map_or(0, |(w, _)| w))
             .collect()
     }
 
@@ -260,27 +357,67 @@ mod tests {
     }
 
     // Reports of utilisation alone (ORCA's `cpu_utilization=0.9`, no `rps_fractional`) weigh
-    // 1 / utilisation: with default parameters, 0.1 gets about nine times the picks of 0.9.
+    // 1 / utilisation: with gRPC's schedule, 0.1 gets about nine times the picks of 0.9.
     #[test]
     fn utilization_alone_weighs() {
-        let a = Adaptive::default();
+        let a = Adaptive::new(AdaptiveConfig {
+            choice: AdaptiveChoice::Wrr,
+            ..AdaptiveConfig::default()
+        });
         let s = snap(
             &[Some((0.9, 0.0, 0.0)), Some((0.1, 0.0, 0.0))],
             T - Duration::from_secs(60),
         );
         let p = a.prepare(&s, T);
         assert_eq!(shares(&p, 2), [111, 1_000]);
-        let mut rng = FastRng::seed_from_u64(3);
-        let mut picks = [0u32; 2];
-        for _ in 0..11_110 {
-            let i = p.pick(&mut PickContext::new(T, &mut rng)).expect("a pick");
-            picks[i.get()] += 1;
-        }
-        assert_eq!(picks, [1_110, 10_000]);
+        assert_eq!(picks(&p, 11_110, T), [1_110, 10_000, 0]);
         assert_eq!(
             a.weight(s.endpoints()[0].stats().load_report(), T),
             Ok(1.0 / 0.9)
         );
+    }
+
+    fn picks(p: &AdaptivePicker, n: u32, now: Timestamp) -> [u32; 3] {
+        let mut rng = FastRng::seed_from_u64(3);
+        let mut picks = [0u32; 3];
+        for _ in 0..n {
+            picks[p
+                .pick(&mut PickContext::new(now, &mut rng))
+                .expect("a pick")
+                .get()] += 1;
+        }
+        picks
+    }
+
+    // The default choice: two choices on peak EWMA × (in flight + 1) × (largest weight / own
+    // weight). With equal latency and nothing in flight, the endpoint reporting 0.1 wins every
+    // comparison against the one reporting 0.9; a third without a report has the mean weight.
+    // Once the 0.1 endpoint is nine times slower than the 0.9 one (and more), the latency wins.
+    #[test]
+    fn default_choice_weighs_latency_by_reports() {
+        let a = Adaptive::default();
+        let s = snap(
+            &[Some((0.9, 0.0, 0.0)), Some((0.1, 0.0, 0.0)), None],
+            T - Duration::from_secs(60),
+        );
+        for e in s.endpoints() {
+            e.stats()
+                .record(Duration::from_millis(10), T, lbkit_core::Outcome::Success);
+        }
+        let p = a.prepare(&s, T);
+        let [slow, fast, mean] = picks(&p, 9_000, T);
+        assert_eq!(slow, 0, "the 0.9 endpoint loses to both others");
+        assert!(fast > 5_500 && mean > 2_500, "{fast} {mean}");
+        let why = p.explain(EndpointIdx::new(0), T).unwrap();
+        assert!(why.contains("× 9.00 (reported load)"), "{why}");
+        // The 0.1 endpoint's latency rises to 100 ms (its peak EWMA jumps at once).
+        s.endpoints()[1].stats().record(
+            Duration::from_millis(100),
+            T,
+            lbkit_core::Outcome::Success,
+        );
+        let [slow, fast, _] = picks(&p, 9_000, T);
+        assert!(slow > 2_500 && fast == 0, "{slow} {fast}");
     }
 
     // Once any endpoint reports qps, one that reports none gets the mean, as in gRPC: it is

@@ -11,7 +11,7 @@ mod p2c;
 mod shortest_response;
 mod zone;
 
-pub use adaptive::{Adaptive, AdaptiveConfig, AdaptivePicker};
+pub use adaptive::{Adaptive, AdaptiveChoice, AdaptiveConfig, AdaptivePicker};
 pub use best_available::{BestAvailable, BestAvailablePicker};
 pub use least_active::{LeastActive, LeastActivePicker};
 pub use least_request::{LeastRequest, LeastRequestPicker};
@@ -69,12 +69,13 @@ const INFOS: &[StrategyInfo] = &[
     },
     StrategyInfo {
         name: "adaptive",
-        summary: "weights from server-reported load: qps / (utilization + eps/qps x penalty) (gRPC WRR / ORCA)",
+        summary: "weights from server-reported load, qps / (utilization + eps/qps x penalty) (gRPC WRR / ORCA), picked by two choices on latency / weight",
         params: &[
             ParamInfo { name: "blackout_ms", default: "10000", doc: "reports count after flowing this long, ms", tune: &["1000", "10000"] },
             ParamInfo { name: "expiry_ms", default: "180000", doc: "reports older than this are ignored, ms", tune: &[] },
             ParamInfo { name: "penalty", default: "1.0", doc: "error utilization penalty (0-100)", tune: &["0.5", "1.0", "2.0"] },
             ParamInfo { name: "period_ms", default: "1000", doc: "weight recomputation period, ms", tune: &[] },
+            ParamInfo { name: "choice", default: "p2c", doc: "p2c: two choices on peak EWMA x in flight / weight; wrr: gRPC's weighted round robin", tune: &["p2c", "wrr"] },
         ],
     },
 ];
@@ -112,6 +113,7 @@ fn build(name: &str, p: &Params) -> Option<Result<BoxStrategy, ParamError>> {
                     expiry: p.ms(name, "expiry_ms", d.expiry)?,
                     penalty: p.f64_in(name, "penalty", 0.0..=100.0, d.penalty)?,
                     period: p.ms(name, "period_ms", d.period)?,
+                    choice: p.parse(name, "choice")?.unwrap_or(d.choice),
                 }))
             }
             _ => {

@@ -124,6 +124,9 @@ pub struct P2cPicker {
     snapshot: Arc<Snapshot>,
     eligible: IndexList,
     cost: Cost,
+    /// Per-endpoint factors on the EWMA cost, by endpoint index (`adaptive`'s reported-load
+    /// weights: the largest weight's factor is 1). `None`: every factor is 1.
+    scale: Option<Box<[f64]>>,
 }
 
 impl P2cPicker {
@@ -132,7 +135,29 @@ impl P2cPicker {
             snapshot: snapshot.clone(),
             eligible: IndexList::new(snapshot.eligible().into()),
             cost,
+            scale: None,
         }
+    }
+
+    /// p2c-ewma whose costs are multiplied by `scale[endpoint index]` (every factor finite and
+    /// positive, one per endpoint of `snapshot`).
+    pub(crate) fn ewma_scaled(snapshot: &Arc<Snapshot>, scale: Box<[f64]>) -> Self {
+        debug_assert_eq!(scale.len(), snapshot.len());
+        P2cPicker {
+            scale: Some(scale),
+            ..P2cPicker::new(
+                snapshot,
+                Cost::Ewma {
+                    default_rtt_ns: DEFAULT_RTT.as_nanos() as f64,
+                },
+            )
+        }
+    }
+
+    /// The factor on `idx`'s cost.
+    #[inline]
+    fn factor(&self, idx: EndpointIdx) -> f64 {
+        self.scale.as_ref().map_or(1.0, |s| s[idx.get()])
     }
 
     /// The cost of `idx` at `now` (lower wins).
@@ -143,7 +168,7 @@ impl P2cPicker {
             Cost::InFlight => f64::from(live.in_flight()) + 1.0,
             Cost::Ewma { default_rtt_ns } => {
                 let (base, x) = ewma_terms(live, now, default_rtt_ns);
-                base * exp_small(x)
+                base * self.factor(idx) * exp_small(x)
             }
         }
     }
@@ -172,6 +197,10 @@ impl Picker for P2cPicker {
                 // with one: b wins when base_b × e^(x_b − x_a) < base_a, i.e. cost(b) < cost(a).
                 let (base_a, xa) = ewma_terms(la, cx.now, default_rtt_ns);
                 let (base_b, xb) = ewma_terms(lb, cx.now, default_rtt_ns);
+                let (base_a, base_b) = match &self.scale {
+                    Some(s) => (base_a * s[a.get()], base_b * s[b.get()]),
+                    None => (base_a, base_b),
+                };
                 // Clamped so that e^d stays finite: a difference beyond 700 time constants
                 // decides the comparison either way.
                 base_b * exp_small((xb - xa).clamp(-700.0, 700.0)) < base_a
@@ -189,11 +218,17 @@ impl Picker for P2cPicker {
                     Some(ns) => (ns, "peak EWMA"),
                     None => (default_rtt_ns, "default RTT"),
                 };
+                let f = self.factor(idx);
+                let load = if f == 1.0 {
+                    String::new()
+                } else {
+                    format!(" × {f:.2} (reported load)")
+                };
                 format!(
-                    "cost {:.3} ms × {} = {:.3} ({src})",
+                    "cost {:.3} ms × {}{load} = {:.3} ({src})",
                     rtt / 1e6,
                     stats.in_flight() + 1,
-                    rtt / 1e6 * f64::from(stats.in_flight() + 1)
+                    rtt / 1e6 * f64::from(stats.in_flight() + 1) * f
                 )
             }
         })

@@ -221,12 +221,6 @@ impl SmoothWeightedPicker {
         }
     }
 
-    /// The weight this picker gives `idx`, and the total.
-    pub(crate) fn weight_of(&self, idx: EndpointIdx) -> Option<(u64, u64)> {
-        let &(_, w) = self.weights.iter().find(|&&(i, _)| i == idx)?;
-        Some((w, self.total))
-    }
-
     /// Whether the exact nginx cycle is kept (rather than the golden-ratio stride).
     pub fn is_exact_nginx_order(&self) -> bool {
         matches!(self.order, Order::Cycle(_, CycleKind::Nginx))
