@@ -31,7 +31,7 @@ use lbkit_core::{
     Availability, Balancer, EndpointIdx, FastRng, Outcome, PickContext, Picker, Snapshot, Strategy,
 };
 use lbkit_strategy::{
-    Adaptive, BestAvailable, LeastActive, LeastRequest, P2cEwma, P2cLeastLoaded, ShortestResponse,
+    Adaptive, AdaptiveChoice, AdaptiveConfig, BestAvailable, LeastActive, LeastRequest, P2cEwma, P2cLeastLoaded, ShortestResponse,
 };
 
 fn main() {
@@ -113,10 +113,21 @@ mod pick {
         );
     }
 
-    /// Weights from the load reports (blackout passed), scheduled by smooth weighted round robin.
+    /// Weights from the load reports (blackout passed), picked by two choices on peak EWMA ×
+    /// in flight scaled by the weights (the default choice since issue 41).
     #[divan::bench(args = N)]
     fn adaptive(b: Bencher, n: usize) {
         bench_pick(b, Adaptive::default(), loaded_snapshot(n, Weights::Uniform));
+    }
+
+    /// The same weights scheduled by smooth weighted round robin (`choice = "wrr"`, gRPC's).
+    #[divan::bench(args = N)]
+    fn adaptive_wrr(b: Bencher, n: usize) {
+        let wrr = AdaptiveConfig {
+            choice: AdaptiveChoice::Wrr,
+            ..AdaptiveConfig::default()
+        };
+        bench_pick(b, Adaptive::new(wrr), loaded_snapshot(n, Weights::Uniform));
     }
 }
 

@@ -37,7 +37,9 @@
 //!   scheduler is lbkit's smooth weighted round robin instead of gRPC's stride over `u16`
 //!   weights, with the same shares.
 //! * **Where reports come from**: `lbkit_tower::orca` reads ORCA's `endpoint-load-metrics`
-//!   headers and trailers in the tower layer and both engines of `lbkit proxy`.
+//!   headers and trailers in the tower layer and both engines of `lbkit proxy`;
+//!   `lbkit_tower::orca::oob` streams them out of band (`OpenRcaService`) from every endpoint
+//!   of a gRPC pool.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -226,9 +228,10 @@ impl Strategy for Adaptive {
             )),
             AdaptiveChoice::P2c => {
                 // Endpoints not eligible keep factor 1: the picker never draws them.
-                let mut scale = vec![1.0; snapshot.len()].into_boxed_slice();
+                let mut scale = vec![1.0f32; snapshot.len()].into_boxed_slice();
                 for ((i, _), &w) in raw.iter().zip(&clamped) {
-                    scale[i.get()] = max / w;
+                    // At most 1 000 (the clamp): exact enough in f32.
+                    scale[i.get()] = (max / w) as f32;
                 }
                 Order::P2c(P2cPicker::ewma_scaled(snapshot, scale))
             }
