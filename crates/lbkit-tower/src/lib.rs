@@ -46,7 +46,8 @@
 //!
 //! # Features
 //! * `http` (default): the [`http`] module.
-//! * `tonic` (default): `tonic::Status` errors classified by gRPC code.
+//! * `tonic` (default): `tonic::Status` errors classified by gRPC code; with `http`,
+//!   out-of-band ORCA load reports from every endpoint of a gRPC pool ([`orca::oob`]).
 #![forbid(unsafe_code)]
 #![warn(
     missing_docs,

@@ -210,18 +210,28 @@ pub fn parse_bin(value: &[u8]) -> Result<OrcaReport, OrcaError> {
     }
     let wire = <WireReport as prost::Message>::decode(&bytes[..])
         .map_err(|e| OrcaError::Binary(e.to_string()))?;
-    let rps = if wire.rps_fractional > 0.0 {
-        wire.rps_fractional
-    } else {
-        wire.rps as f64
-    };
-    Ok(OrcaReport {
-        cpu_utilization: checked("cpu_utilization", wire.cpu_utilization)?,
-        mem_utilization: checked("mem_utilization", wire.mem_utilization)?,
-        application_utilization: checked("application_utilization", wire.application_utilization)?,
-        rps_fractional: checked("rps_fractional", rps)?,
-        eps: checked("eps", wire.eps)?,
-    })
+    OrcaReport::from_wire(wire)
+}
+
+impl OrcaReport {
+    /// A decoded `OrcaLoadReport`, checked: every number finite and non-negative.
+    fn from_wire(wire: WireReport) -> Result<OrcaReport, OrcaError> {
+        let rps = if wire.rps_fractional > 0.0 {
+            wire.rps_fractional
+        } else {
+            wire.rps as f64
+        };
+        Ok(OrcaReport {
+            cpu_utilization: checked("cpu_utilization", wire.cpu_utilization)?,
+            mem_utilization: checked("mem_utilization", wire.mem_utilization)?,
+            application_utilization: checked(
+                "application_utilization",
+                wire.application_utilization,
+            )?,
+            rps_fractional: checked("rps_fractional", rps)?,
+            eps: checked("eps", wire.eps)?,
+        })
+    }
 }
 
 /// `name=value` (or `name:value`) pairs separated by commas.
@@ -344,6 +354,9 @@ fn keep(parsed: Result<OrcaReport, OrcaError>, stats: &EndpointStats, clock: &Cl
         Err(e) => tracing::debug!(error = %e, "load report rejected"),
     }
 }
+
+#[cfg(feature = "tonic")]
+pub mod oob;
 
 #[cfg(test)]
 mod tests;
