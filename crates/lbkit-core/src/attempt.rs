@@ -123,6 +123,36 @@ impl AttemptPolicy {
     }
 }
 
+/// A service's call settings as configured: each one unset leaves the driver's own. What
+/// `lbkit::config` resolves a service's `call` table to, and what lbkit-tower's
+/// `BalanceLayer::call_policy` applies (`lbkit proxy` has the same settings in its own file).
+///
+/// ```
+/// use std::time::Duration;
+/// use lbkit_core::{CallPolicy, HedgeDelay};
+/// let p = CallPolicy {
+///     retries: Some(1),
+///     overall: Some(Duration::from_millis(800)),
+///     hedge: HedgeDelay::parse("p95"),
+///     ..CallPolicy::default()
+/// };
+/// assert_eq!(p.per_try, None);
+/// ```
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CallPolicy {
+    /// Attempts after the first ([`AttemptPolicy::retries`]).
+    pub retries: Option<u32>,
+    /// One attempt's limit ([`AttemptPolicy::per_try`]).
+    pub per_try: Option<Duration>,
+    /// The whole call's limit, retries and hedges included ([`AttemptPolicy::overall`]).
+    pub overall: Option<Duration>,
+    /// When to hedge idempotent calls ([`HedgeDelay`](crate::HedgeDelay)).
+    pub hedge: Option<crate::HedgeDelay>,
+    /// The request header carrying the caller's deadline in whole milliseconds (HTTP;
+    /// `grpc-timeout` is always read).
+    pub deadline_header: Option<String>,
+}
+
 /// When a failed attempt may be sent again elsewhere.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RetryWhen {

@@ -72,8 +72,8 @@ pub mod trace;
 mod trace_id;
 
 pub use attempt::{
-    classify_answer, status_failure, AttemptPolicy, Attempts, Budget, Classified, Next, Observed,
-    RetryWhen, Stop,
+    classify_answer, status_failure, AttemptPolicy, Attempts, Budget, CallPolicy, Classified, Next,
+    Observed, RetryWhen, Stop,
 };
 pub use availability::{Availability, CircuitBreaker, Unavailable};
 pub use balancer::{Balancer, CallGuard, Prepared, MAX_PROBES, WARMUP_REFRESH};

@@ -105,6 +105,19 @@ fn parameters_are_searched_and_the_snippet_sets_them() {
     );
     // Parameters at their default are left out of the config.
     assert!(!snippet.contains("active_request_bias = 1.0"), "{snippet}");
+    // A hedged winner: the strategy, and where its hedge goes (the TOML still parses).
+    let mut hedged = t.clone();
+    hedged.winner = "p2c-ewma+hedge=p95".into();
+    let snippet = hedged.snippet("api");
+    assert!(
+        snippet.contains("# call = { hedge = \"p95\" }"),
+        "{snippet}"
+    );
+    let table: toml::Table = snippet.split("\n\n").next().unwrap().parse().unwrap();
+    assert_eq!(
+        table["service"]["api"]["strategy"].as_str(),
+        Some("p2c-ewma")
+    );
 }
 
 #[test]

@@ -85,3 +85,40 @@ async fn a_slow_first_attempt_is_raced_by_a_hedge_on_another_endpoint() {
     .await;
     assert!(answered.contains(&Bytes::from("slow")), "{answered:?}");
 }
+
+// A service's configured call settings (`lbkit::config`'s `call` table resolves to a
+// `CallPolicy`) set the same hedge: one retry, a 50 ms hedge, a 5 s deadline.
+#[tokio::test]
+async fn a_call_policy_sets_retries_hedge_and_deadline() {
+    let slow = HttpServer::start("slow", Reply::Delay(1_500)).await;
+    let fast = HttpServer::start("fast", Reply::Ok).await;
+    let pool = round_robin_pool(&[slow.addr, fast.addr], false, Availability::OFF);
+    let call = lbkit_core::CallPolicy {
+        retries: Some(1),
+        overall: Some(Duration::from_secs(5)),
+        hedge: Some(HedgeDelay::Fixed(Duration::from_millis(50))),
+        ..lbkit_core::CallPolicy::default()
+    };
+    let mut svc = BalanceLayer::http()
+        .failfast()
+        .call_policy(&call)
+        .seed(SEED)
+        .layer(pool);
+    within(async {
+        for _ in 0..2 {
+            let t = tokio::time::Instant::now();
+            let resp = svc.ready().await.unwrap().call(request("GET")).await;
+            let body = resp
+                .unwrap()
+                .into_body()
+                .collect()
+                .await
+                .unwrap()
+                .to_bytes();
+            assert_eq!(body, "fast");
+            assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+        }
+    })
+    .await;
+    assert!(slow.hits() >= 1, "the slow server got a first attempt");
+}

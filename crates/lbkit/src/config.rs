@@ -41,6 +41,20 @@
 //! | `policy.outlier_detection` | `true` | Envoy's outlier detection with its default rules |
 //! | `policy.zone` | none | the caller's zone: prefer endpoints there (zone-aware wrapper) |
 //!
+//! Call settings, per service (inherited from `[defaults]` key by key), for the layer that
+//! sends the calls: [`Resolved::call`] is an [`lbkit_core::CallPolicy`], which lbkit-tower's
+//! `BalanceLayer::call_policy` applies (each as the method shown; the deadline header is the
+//! request policy's). `lbkit proxy` has the same settings in its own file (`retries` and
+//! `deadline_header` per service; `timeout_ms`, `per_try_timeout_ms` and `hedge` per route):
+//!
+//! | field | default | meaning | lbkit-tower |
+//! |---|---|---|---|
+//! | `call.retries` | the layer's | further attempts, each on an endpoint not tried yet | `.failover(n)` |
+//! | `call.timeout_ms` | the layer's | the whole call, retries and hedges included | `.deadline(d)` |
+//! | `call.per_try_timeout_ms` | the layer's | one attempt | `.timeout(d)` |
+//! | `call.hedge` | none | hedge idempotent calls after a quantile of recent latency (`"p95"`) or a delay (`"20ms"`); a hedge is an attempt, so it needs `retries` ≥ 1 | `.hedge(delay)` |
+//! | `call.deadline_header` | none | a request header of whole milliseconds carrying the caller's deadline (`grpc-timeout` is always read) | `HttpRequests::default().deadline_header(name)` |
+//!
 //! Unknown fields, unknown strategy names and unknown or invalid parameters are errors that
 //! name the field, checked when the file is loaded.
 
@@ -50,7 +64,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use lbkit_core::{
-    Availability, BoxStrategy, CircuitBreaker, SlowStart, SnapshotPolicy, DEFAULT_PANIC_THRESHOLD,
+    Availability, BoxStrategy, CallPolicy, CircuitBreaker, HedgeDelay, SlowStart, SnapshotPolicy,
+    DEFAULT_PANIC_THRESHOLD,
 };
 use lbkit_strategy::catalog::{self, Params};
 use lbkit_strategy::ZoneAware;
@@ -103,7 +118,74 @@ struct ServiceEntry {
     #[serde(default)]
     policy: PolicyEntry,
     #[serde(default)]
+    call: CallEntry,
+    #[serde(default)]
     method: BTreeMap<String, Entry>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CallEntry {
+    retries: Option<u32>,
+    timeout_ms: Option<u64>,
+    per_try_timeout_ms: Option<u64>,
+    hedge: Option<String>,
+    deadline_header: Option<String>,
+}
+
+impl CallEntry {
+    /// `self` where set, else `parent`.
+    fn or(&self, parent: &CallEntry) -> CallEntry {
+        CallEntry {
+            retries: self.retries.or(parent.retries),
+            timeout_ms: self.timeout_ms.or(parent.timeout_ms),
+            per_try_timeout_ms: self.per_try_timeout_ms.or(parent.per_try_timeout_ms),
+            hedge: self.hedge.clone().or_else(|| parent.hedge.clone()),
+            deadline_header: self
+                .deadline_header
+                .clone()
+                .or_else(|| parent.deadline_header.clone()),
+        }
+    }
+
+    /// The field at fault and why, if any (checked on the settings a service ends up with).
+    fn check(&self) -> Result<(), (&'static str, String)> {
+        if self.retries.is_some_and(|r| r > 15) {
+            return Err(("retries", "at most 15".into()));
+        }
+        if self.timeout_ms == Some(0) {
+            return Err(("timeout_ms", "must be positive".into()));
+        }
+        if self.per_try_timeout_ms == Some(0) {
+            return Err(("per_try_timeout_ms", "must be positive".into()));
+        }
+        if let Some(h) = &self.hedge {
+            if HedgeDelay::parse(h).is_none() {
+                let why = format!("{h:?}: a quantile (p95) or a delay (20ms, 1.5s)");
+                return Err(("hedge", why));
+            }
+            if self.retries == Some(0) {
+                let why = "a hedge is an attempt: it needs retries >= 1".into();
+                return Err(("hedge", why));
+            }
+        }
+        if let Some(name) = &self.deadline_header {
+            if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                return Err(("deadline_header", format!("{name:?} is not a header name")));
+            }
+        }
+        Ok(())
+    }
+
+    fn build(&self) -> CallPolicy {
+        CallPolicy {
+            retries: self.retries,
+            overall: self.timeout_ms.map(Duration::from_millis),
+            per_try: self.per_try_timeout_ms.map(Duration::from_millis),
+            hedge: self.hedge.as_deref().and_then(HedgeDelay::parse),
+            deadline_header: self.deadline_header.clone(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -248,6 +330,8 @@ pub struct Resolved {
     pub outlier_detection: bool,
     /// The caller's zone, when zone preference is on.
     pub zone: Option<String>,
+    /// The service's call settings (retries, timeout, hedging, deadline header).
+    pub call: CallPolicy,
 }
 
 // === impl Resolved ===
@@ -332,10 +416,12 @@ impl Config {
             policy: defaults.policy.policy(),
             outlier_detection: defaults.policy.outlier_detection.unwrap_or(true),
             zone: defaults.policy.zone.clone(),
+            call: defaults.call.build(),
         };
         let Some(svc) = self.service.get(service) else {
             return r;
         };
+        r.call = svc.call.or(&defaults.call).build();
         let policy = svc.policy.or(&defaults.policy);
         r.policy = policy.policy();
         r.outlier_detection = policy.outlier_detection.unwrap_or(true);
@@ -386,6 +472,7 @@ impl Config {
                 reason,
             })?;
         }
+        self.check_calls(origin)?;
         let mut targets: Vec<(String, Option<String>)> = vec![(String::new(), None)];
         for (name, svc) in &self.service {
             targets.push((name.clone(), None));
@@ -397,6 +484,42 @@ impl Config {
                 origin: origin.to_owned(),
                 field: r.field.clone(),
                 reason: e.to_string(),
+            })?;
+        }
+        Ok(())
+    }
+}
+
+impl Config {
+    /// Each service's call settings as it ends up with them (and the defaults'), checked; the
+    /// error names the table that set the field at fault.
+    fn check_calls(&self, origin: &str) -> Result<(), ConfigError> {
+        let d = &self.defaults.call;
+        let calls = std::iter::once(("defaults".to_owned(), d.clone(), d)).chain(
+            self.service
+                .iter()
+                .map(|(n, s)| (format!("service.{}", quote(n)), s.call.or(d), &s.call)),
+        );
+        for (at, call, own) in calls {
+            call.check().map_err(|(mut field, mut reason)| {
+                if field == "hedge" && own.hedge.is_none() && own.retries == Some(0) {
+                    field = "retries";
+                    reason =
+                        "0, but the hedge it inherits from [defaults] needs retries >= 1".into();
+                }
+                let set_here = match field {
+                    "retries" => own.retries.is_some(),
+                    "timeout_ms" => own.timeout_ms.is_some(),
+                    "per_try_timeout_ms" => own.per_try_timeout_ms.is_some(),
+                    "hedge" => own.hedge.is_some(),
+                    _ => own.deadline_header.is_some(),
+                };
+                let at = if set_here { at.as_str() } else { "defaults" };
+                ConfigError {
+                    origin: origin.to_owned(),
+                    field: format!("{at}.call.{field}"),
+                    reason,
+                }
             })?;
         }
         Ok(())
@@ -512,6 +635,59 @@ strategy = "weighted-response-time"
             Config::default().resolve("x", None).policy,
             SnapshotPolicy::envoy()
         );
+    }
+
+    #[test]
+    fn call_settings_inherit_key_by_key_and_are_checked() {
+        let c = Config::from_toml(
+            "[defaults.call]\nretries = 1\ndeadline_header = \"x-request-timeout\"\n\
+             [service.a]\ncall = { hedge = \"p95\", timeout_ms = 800 }\n\
+             [service.b.call]\nretries = 3\nhedge = \"20ms\"\n",
+            "lbkit.toml",
+        )
+        .unwrap();
+        let a = c.resolve("a", Some("m")).call;
+        assert_eq!(a.retries, Some(1));
+        assert_eq!(a.overall, Some(Duration::from_millis(800)));
+        assert_eq!(a.per_try, None);
+        assert_eq!(a.hedge, HedgeDelay::parse("p95"));
+        assert_eq!(a.deadline_header.as_deref(), Some("x-request-timeout"));
+        let b = c.resolve("b", None).call;
+        assert_eq!(
+            (b.retries, b.hedge),
+            (Some(3), Some(HedgeDelay::Fixed(Duration::from_millis(20))))
+        );
+        assert_eq!(c.resolve("other", None).call.hedge, None);
+        assert_eq!(
+            Config::default().resolve("x", None).call,
+            CallPolicy::default()
+        );
+        for (text, want) in [
+            (
+                "[service.a.call]\nhedge = \"soon\"\n",
+                "service.a.call.hedge: \"soon\": a quantile (p95) or a delay (20ms, 1.5s)",
+            ),
+            // The retries come from the defaults; the hedge that needs them is the service's.
+            (
+                "[defaults.call]\nretries = 0\n[service.a.call]\nhedge = \"p99\"\n",
+                "service.a.call.hedge: a hedge is an attempt: it needs retries >= 1",
+            ),
+            (
+                "[defaults.call]\nhedge = \"p99\"\n[service.a.call]\nretries = 0\n",
+                "service.a.call.retries: 0, but the hedge it inherits from [defaults] needs retries >= 1",
+            ),
+            ("[defaults.call]\nretries = 16\n", "defaults.call.retries: at most 15"),
+            (
+                "[service.a.call]\ntimeout_ms = 0\n",
+                "service.a.call.timeout_ms: must be positive",
+            ),
+            (
+                "[service.a.call]\ndeadline_header = \"x timeout\"\n",
+                "service.a.call.deadline_header: \"x timeout\" is not a header name",
+            ),
+        ] {
+            assert_eq!(err(text), format!("lbkit.toml: {want}"), "{text}");
+        }
     }
 
     #[test]

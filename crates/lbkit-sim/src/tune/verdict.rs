@@ -100,6 +100,14 @@ impl Tuning {
         if !set.is_empty() {
             let _ = writeln!(out, "params = {{ {} }}", toml_params.join(", "));
         }
+        if let Ok((_, Some(delay))) = crate::report::split_hedge(&self.winner, None) {
+            let _ = write!(
+                out,
+                "# hedged at {delay} (idempotent requests; retries >= 1): in a service config,\n\
+                 # call = {{ hedge = \"{delay}\" }}\n\
+                 # in proxy.toml, hedge = \"{delay}\" on each [[route]] to this service\n"
+            );
+        }
         let body = if set.is_empty() {
             format!("{{\"strategy\": \"{name}\"}}")
         } else {
@@ -111,7 +119,7 @@ impl Tuning {
         let _ = write!(
             out,
             "\n# or live, through the proxy's admin API (its [admin] bind; 127.0.0.1:9901 by\n\
-             # default): shadow it first, then switch\n\
+             # default): shadow it first, then switch (the strategy; a hedge needs the config)\n\
              curl -X PUT localhost:9901/services/{service}/shadow -d '{body}'\n\
              curl localhost:9901/services/{service}/shadow\n\
              curl -X PUT localhost:9901/services/{service}/strategy -d '{body}'\n"

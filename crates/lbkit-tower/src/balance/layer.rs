@@ -218,6 +218,30 @@ impl<Q, R, F> BalanceLayer<Q, R, F> {
         self
     }
 
+    /// Apply a service's configured call settings (`lbkit::config`'s `call` table): each one
+    /// set replaces this layer's — `retries` as [`failover`](Self::failover) (whatever the mode
+    /// was), `per_try` as [`timeout`](Self::timeout), `overall` as [`deadline`](Self::deadline),
+    /// `hedge` as [`hedge`](Self::hedge). The deadline header is the request policy's
+    /// ([`HttpRequests::deadline_header`](crate::http::HttpRequests::deadline_header)).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use lbkit_core::{CallPolicy, HedgeDelay};
+    /// use lbkit_tower::BalanceLayer;
+    /// let call = CallPolicy { retries: Some(1), hedge: HedgeDelay::parse("p95"), ..CallPolicy::default() };
+    /// let layer = BalanceLayer::http().call_policy(&call);
+    /// assert!(format!("{layer:?}").contains("Failover { retries: 1 }"));
+    /// ```
+    pub fn call_policy(mut self, call: &lbkit_core::CallPolicy) -> Self {
+        if let Some(retries) = call.retries {
+            self = self.failover(retries);
+        }
+        self.timeout = call.per_try.or(self.timeout);
+        self.deadline = call.overall.or(self.deadline);
+        self.hedge = call.hedge.or(self.hedge);
+        self
+    }
+
     /// Seed the balance's random source (deterministic picks in tests).
     pub fn seed(mut self, seed: u64) -> Self {
         self.seed = Some(seed);
