@@ -164,8 +164,13 @@ impl HedgeTimer {
         };
         let mut now = [0u64; LATENCY_BUCKETS.len() + 1];
         for e in snapshot.endpoints() {
-            for (sum, c) in now.iter_mut().zip(e.stats().latency_histogram().counts) {
-                *sum = sum.saturating_add(c);
+            // Cancelled attempts count at the time they had run (censored): a hedge's beaten
+            // first attempt is a slow call, and leaving it out would pull the quantile down,
+            // which hedges more calls, which leaves more out.
+            let finished = e.stats().latency_histogram().counts;
+            let cancelled = e.stats().cancelled_counts();
+            for ((sum, f), c) in now.iter_mut().zip(finished).zip(cancelled) {
+                *sum = sum.saturating_add(f).saturating_add(c);
             }
         }
         let seen: [u64; LATENCY_BUCKETS.len() + 1] =
@@ -260,6 +265,26 @@ mod tests {
             HedgeTimer::new(HedgeDelay::Fixed(Duration::from_millis(3))).delay(),
             Some(Duration::from_millis(3))
         );
+    }
+
+    // 900 calls answered in (2.5, 5] ms and 100 first attempts that hedges beat, cancelled
+    // after 150 ms: the slow ones stay in the tail. Without them p95 would be under 5 ms,
+    // hedging every call slower than that, whose cancellations would then be left out too.
+    #[test]
+    fn attempts_a_hedge_beat_count_at_the_time_they_had_run() {
+        let snap = Snapshot::from_specs(vec![EndpointSpec::new("a:1")], Timestamp::ZERO);
+        let timer = HedgeTimer::new(HedgeDelay::parse("p95").unwrap());
+        let stats = snap.endpoints()[0].stats();
+        for (ms, outcome, n) in [(4, Outcome::Success, 900), (150, Outcome::Cancelled, 100)] {
+            for _ in 0..n {
+                stats.record(Duration::from_millis(ms), Timestamp::ZERO, outcome);
+            }
+        }
+        timer.refresh(&snap);
+        let d = timer.delay().unwrap();
+        // p95: half-way through the (100, 250] ms bucket's 100 calls.
+        assert!((d.as_secs_f64() * 1e3 - 175.0).abs() < 0.01, "{d:?}");
+        assert_eq!(stats.latency_histogram().count(), 900, "not a finished call");
     }
 
     #[test]

@@ -219,6 +219,10 @@ pub struct EndpointStats {
     failures: AtomicU64,
     by_kind: [AtomicU64; 4],
     cancellations: AtomicU64,
+    // How long cancelled calls had run (a lower bound of their latency), per latency bucket:
+    // what a hedge timer counts so that the slow attempts a hedge beat keep their place in
+    // the tail (`crate::hedge`).
+    cancelled_buckets: [AtomicU64; LATENCY_BUCKETS.len() + 1],
     failure_nanos: AtomicU64,
     // Server-reported load; f64 bits. Written by whoever receives reports.
     load_utilization: AtomicU64,
@@ -254,6 +258,7 @@ impl EndpointStats {
             failures: AtomicU64::new(0),
             by_kind: Default::default(),
             cancellations: AtomicU64::new(0),
+            cancelled_buckets: Default::default(),
             window: WindowedMean::default(),
             buckets: Default::default(),
             failure_nanos: AtomicU64::new(0),
@@ -429,6 +434,23 @@ impl EndpointStats {
         }
     }
 
+    /// How long the cancelled calls had run when they were cancelled, counted per bucket of
+    /// [`LATENCY_BUCKETS`] (the last: above them). Each is a lower bound of a latency never
+    /// seen: a hedge timer counts them with [`latency_histogram`](Self::latency_histogram)'s, or
+    /// the slow attempts its hedges beat would leave the tail and the quantile drift down.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use lbkit_core::{EndpointStats, Outcome, Timestamp};
+    /// let stats = EndpointStats::default();
+    /// stats.record(Duration::from_millis(70), Timestamp::ZERO, Outcome::Cancelled);
+    /// assert_eq!(stats.cancelled_counts()[6], 1); // above 50 ms, at most 100 ms
+    /// assert_eq!(stats.latency_histogram().count(), 0);
+    /// ```
+    pub fn cancelled_counts(&self) -> [u64; LATENCY_BUCKETS.len() + 1] {
+        std::array::from_fn(|i| self.cancelled_buckets[i].load(Relaxed))
+    }
+
     /// Change the peak EWMA's time constant (the estimate is kept). A
     /// [`Balancer`](crate::Balancer) does this for a strategy that names its own
     /// ([`Strategy::ewma_decay`](crate::Strategy::ewma_decay)).
@@ -487,7 +509,8 @@ impl EndpointStats {
     /// [`record`](Self::record) of a latency in nanoseconds.
     #[inline]
     fn record_ns(&self, ns: u64, now: Timestamp, outcome: Outcome) {
-        let bucket = || &self.buckets[BUCKET_NS.partition_point(|&b| b < ns)];
+        let at = || BUCKET_NS.partition_point(|&b| b < ns);
+        let bucket = || &self.buckets[at()];
         match outcome {
             Outcome::Success => {
                 bucket().fetch_add(1, Relaxed);
@@ -503,6 +526,7 @@ impl EndpointStats {
             }
             Outcome::Cancelled => {
                 self.cancellations.fetch_add(1, Relaxed);
+                self.cancelled_buckets[at()].fetch_add(1, Relaxed);
             }
         }
         // Last: the counters above need not wait for the EWMA's floating-point steps.

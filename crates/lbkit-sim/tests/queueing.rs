@@ -553,8 +553,10 @@ fn hedging_at_p95_cuts_the_tail_for_a_few_more_attempts() {
         plain.p99_ms
     );
     assert_eq!(plain.attempts_per_request, 1.0);
+    // p95 hedges about 5 % of the calls: the first attempts a hedge beat count in the
+    // quantile at the time they had run (left out, they pulled it down to 7 % more attempts).
     assert!(
-        (1.01..1.15).contains(&hedged.attempts_per_request),
+        (1.03..1.06).contains(&hedged.attempts_per_request),
         "{}",
         hedged.attempts_per_request
     );
