@@ -284,7 +284,11 @@ mod tests {
         let d = timer.delay().unwrap();
         // p95: half-way through the (100, 250] ms bucket's 100 calls.
         assert!((d.as_secs_f64() * 1e3 - 175.0).abs() < 0.01, "{d:?}");
-        assert_eq!(stats.latency_histogram().count(), 900, "not a finished call");
+        assert_eq!(
+            stats.latency_histogram().count(),
+            900,
+            "not a finished call"
+        );
     }
 
     #[test]

@@ -201,3 +201,49 @@ async fn a_retry_waits_out_the_pushback_of_a_503() {
         proxy.shutdown(Duration::from_secs(1)).await;
     }
 }
+
+/// A raw HTTP/1.1 backend answering every request `200`, chunked, with
+/// `grpc-retry-pushback-ms: 30000` in its trailers (as a gRPC-over-HTTP/1.1 server would send
+/// it after its answer).
+async fn pushing_back_in_trailers() -> SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (addr, _) = common::counting_server(|mut s| async move {
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        while let Ok(n @ 1..) = s.read(&mut chunk).await {
+            buf.extend_from_slice(&chunk[..n]);
+            while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                buf.drain(..end + 4);
+                let answer = "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n\
+                              4\r\nbusy\r\n0\r\ngrpc-retry-pushback-ms: 30000\r\n\r\n";
+                if s.write_all(answer.as_bytes()).await.is_err() {
+                    return;
+                }
+            }
+        }
+    })
+    .await;
+    addr
+}
+
+// The fast path reads a pushback in a chunked answer's trailers (the hyper engine reads
+// trailers through hyper): the answer is delivered, and its endpoint is passed over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pushback_in_chunked_trailers_passes_the_endpoint_over() {
+    let pushing = pushing_back_in_trailers().await;
+    let (ok, ok_hits) = common::scripted_backend(200, &[], Duration::ZERO, "ok").await;
+    let proxy = common::published(&config_for(&[pushing, ok], "round-robin", "")).await;
+    let addr = proxy.listeners()[0];
+    let mut bodies = Vec::new();
+    for _ in 0..6 {
+        let (status, body, _) = send(&client(), addr, "GET", &[]).await;
+        assert_eq!(status, StatusCode::OK);
+        bodies.push(body);
+    }
+    assert_eq!(bodies.iter().filter(|b| *b == "busy").count(), 1, "{bodies:?}");
+    assert_eq!(ok_hits.load(SeqCst), 5);
+    let e = endpoint_json(&proxy, pushing).await;
+    let left = e["pushed_back_ms"].as_u64().expect("pushed back");
+    assert!((1..=30_000).contains(&left), "{e}");
+    proxy.shutdown(Duration::from_secs(1)).await;
+}

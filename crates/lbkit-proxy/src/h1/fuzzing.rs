@@ -64,10 +64,10 @@ pub fn response(
 /// and whole body): whether a `grpc-status` trailer fails the call, and where a load report's
 /// value is.
 pub fn chunked_trailers(buf: &[u8]) -> (bool, Option<std::ops::Range<usize>>) {
-    let (outcome, load) = wire::chunked_trailers(buf, lbkit_core::Outcome::Success);
+    let (outcome, signals) = wire::chunked_trailers(buf, lbkit_core::Outcome::Success);
     (
         outcome != lbkit_core::Outcome::Success,
-        load.map(|(_, r)| r),
+        signals.and_then(|s| s.load).map(|(_, r)| r),
     )
 }
 

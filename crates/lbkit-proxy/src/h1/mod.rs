@@ -196,9 +196,8 @@ enum Step {
         outcome: Outcome,
         status: u16,
         close: bool,
-        /// A load report in a chunked answer's trailers: its encoding (binary?) and where
-        /// its value is in `output`.
-        load: Option<(bool, std::ops::Range<usize>)>,
+        /// A chunked answer's trailers (a load report, a pushback), as ranges of `output`.
+        trailer: Option<wire::Signals>,
     },
     /// The attempt failed with `outcome` (its answer came at `answered`); the call goes on
     /// with `next`, picked at `at` (later, when a pushback was waited out).
@@ -426,11 +425,11 @@ impl Conn<'_> {
                     outcome,
                     status,
                     close,
-                    load,
+                    trailer,
                 } => {
-                    if let Some((bin, at)) = load {
+                    if let Some(t) = trailer {
                         let stats = guard.endpoint().stats();
-                        orca::record_value(bin, &self.b.output[at], stats, service.clock());
+                        t.record_trailers(&self.b.output, status, stats, service.clock());
                     }
                     return self
                         .deliver(service.clock(), guard, outcome, status, close)
@@ -597,13 +596,13 @@ impl Conn<'_> {
                 .set(deadline(Instant::now(), Some(stream_timeout)));
         }
         // A chunked answer's trailers (gRPC's status, a load report) end its call too.
-        let (outcome, load) = wire::trailers(head.framing, &self.b.output, outcome);
+        let (outcome, trailer) = wire::trailers(head.framing, &self.b.output, outcome);
         let status = head.code;
         Step::Answered {
             outcome,
             status,
             close,
-            load,
+            trailer,
         }
     }
 

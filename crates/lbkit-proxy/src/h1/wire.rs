@@ -11,7 +11,7 @@ use std::ops::Range;
 use std::time::Duration;
 
 use lbkit_core::signal::Pushback;
-use lbkit_core::{FailureKind, Outcome, Timestamp};
+use lbkit_core::{Clock, EndpointStats, FailureKind, Outcome, Timestamp};
 use lbkit_strategy::KeySource;
 use lbkit_tower::http::grpc_status_failure;
 use lbkit_tower::orca;
@@ -163,7 +163,7 @@ pub(super) struct RespHead {
 
 /// What a response head says to the balancer beyond its status: a `grpc-status`, a load
 /// report, a pushback. Values are ranges of the buffer the head was parsed from.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub(super) struct Signals {
     /// The failure a `grpc-status` in the head stands for (a trailers-only grpc-web answer).
     pub(super) grpc_failure: Option<FailureKind>,
@@ -201,6 +201,27 @@ impl Signals {
             return None;
         }
         lbkit_core::signal::pushback(code, retry_after, grpc, now)
+    }
+
+    /// Record what the trailers at the end of `buf` (an answer with status `code`) say about
+    /// its endpoint: a load report, and a pushback — the answer is delivered, so the pushback
+    /// only passes the endpoint over for the time asked.
+    pub(super) fn record_trailers(
+        &self,
+        buf: &[u8],
+        code: u16,
+        stats: &EndpointStats,
+        clock: &Clock,
+    ) {
+        if let Some((bin, at)) = &self.load {
+            if let Some(value) = buf.get(at.clone()) {
+                orca::record_value(*bin, value, stats, clock);
+            }
+        }
+        let now = clock.now();
+        if let Some(p) = self.pushback(buf, code, now) {
+            p.record(stats, now);
+        }
     }
 }
 
@@ -458,11 +479,7 @@ pub(super) fn write_local(out: &mut Vec<u8>, code: u16, text: &str, close: bool)
 }
 
 /// [`chunked_trailers`] for a chunked answer (`framing`), else the head's outcome.
-pub(super) fn trailers(
-    framing: Framing,
-    buf: &[u8],
-    head: Outcome,
-) -> (Outcome, Option<(bool, Range<usize>)>) {
+pub(super) fn trailers(framing: Framing, buf: &[u8], head: Outcome) -> (Outcome, Option<Signals>) {
     match framing {
         Framing::Chunked => chunked_trailers(buf, head),
         _ => (head, None),
@@ -470,15 +487,12 @@ pub(super) fn trailers(
 }
 
 /// What the trailer section at the end of a chunked answer says (`grpc-status`, a load
-/// report): `buf` ends with the answer's last bytes, from its `0` size line on (the trailer
-/// fields, then the final blank line). The outcome `head` gave becomes a failure when a
-/// `grpc-status` trailer fails (lbkit-tower's `trailers_outcome` rule); the load report's
-/// value is returned as a range of `buf`. `head` and no report when the section does not lie
-/// within `buf` (a streamed answer flushed in its middle).
-pub(super) fn chunked_trailers(
-    buf: &[u8],
-    head: Outcome,
-) -> (Outcome, Option<(bool, Range<usize>)>) {
+/// report, a pushback): `buf` ends with the answer's last bytes, from its `0` size line on (the
+/// trailer fields, then the final blank line). The outcome `head` gave becomes a failure when a
+/// `grpc-status` trailer fails (lbkit-tower's `trailers_outcome` rule); the trailers' signals
+/// are returned as ranges of `buf`. `head` and none when the section does not lie within `buf`
+/// (a streamed answer flushed in its middle).
+pub(super) fn chunked_trailers(buf: &[u8], head: Outcome) -> (Outcome, Option<Signals>) {
     let Some(signals) = trailer_signals(buf) else {
         return (head, None);
     };
@@ -486,7 +500,7 @@ pub(super) fn chunked_trailers(
         (Outcome::Success, Some(kind)) => Outcome::Failure(kind),
         _ => head,
     };
-    (outcome, signals.load)
+    (outcome, Some(signals))
 }
 
 /// The trailer fields at the end of `buf`, read backwards from the final blank line to the
@@ -835,19 +849,29 @@ mod tests {
             "{head}7\r\na:b\r\n\r\n\r\n0\r\ngrpc-status: 14\r\n\
              endpoint-load-metrics: TEXT cpu_utilization=0.5\r\n\r\n"
         );
-        let (outcome, load) = chunked_trailers(with.as_bytes(), Outcome::Success);
+        let (outcome, signals) = chunked_trailers(with.as_bytes(), Outcome::Success);
         assert!(matches!(outcome, Outcome::Failure(_)), "{outcome:?}");
-        let (bin, at) = load.expect("a load report");
+        let (bin, at) = signals.expect("trailers").load.expect("a load report");
         assert_eq!((bin, &with[at]), (false, "TEXT cpu_utilization=0.5"));
         // No trailers, a size line with an extension, an OK status: the head's outcome.
         for end in ["0\r\n\r\n", "0;x=1\r\ngrpc-status: 0\r\n\r\n"] {
             let text = format!("{head}2\r\nhi\r\n{end}");
-            assert_eq!(
-                chunked_trailers(text.as_bytes(), Outcome::Success),
-                (Outcome::Success, None),
-                "{end:?}"
-            );
+            let (outcome, signals) = chunked_trailers(text.as_bytes(), Outcome::Success);
+            assert_eq!(outcome, Outcome::Success, "{end:?}");
+            assert_eq!(signals.and_then(|s| s.load), None, "{end:?}");
         }
+        // A pushback in the trailers is the endpoint's.
+        let pushed = format!("{head}2\r\nhi\r\n0\r\ngrpc-retry-pushback-ms: 250\r\n\r\n");
+        let (_, signals) = chunked_trailers(pushed.as_bytes(), Outcome::Success);
+        let stats = EndpointStats::default();
+        let (clock, _) = Clock::manual(Timestamp::from_millis(1_000));
+        signals
+            .unwrap()
+            .record_trailers(pushed.as_bytes(), 200, &stats, &clock);
+        assert_eq!(
+            stats.pushed_back_until(Timestamp::from_millis(1_000)),
+            Some(Timestamp::from_millis(1_250))
+        );
         // A section that does not lie within the buffer (flushed in its middle): unread.
         let cut = b"grpc-status: 14\r\n\r\n";
         assert_eq!(
