@@ -157,6 +157,7 @@ impl Scrape {
                 service: name,
                 retries: s.metrics().retries(),
                 retries_refused: s.metrics().retries_refused(),
+                hedges: s.metrics().hedges(),
                 discovery: s.discovery(),
             })
             .collect();

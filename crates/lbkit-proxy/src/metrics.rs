@@ -25,6 +25,7 @@ struct Shard {
     failures: AtomicU64,
     retries: AtomicU64,
     retries_refused: AtomicU64,
+    hedges: AtomicU64,
     /// Starts minus ends on this shard, wrapping: a request may end on another shard than it
     /// started on (a multi-threaded runtime), only the sum over the shards means anything.
     in_flight: AtomicU64,
@@ -84,6 +85,16 @@ impl ServiceMetrics {
     /// A retry was sent.
     pub fn retried(&self) {
         self.shard().retries.fetch_add(1, Relaxed);
+    }
+
+    /// A hedge was sent (counted as a retry too).
+    pub fn hedged(&self) {
+        self.shard().hedges.fetch_add(1, Relaxed);
+    }
+
+    /// Hedges sent.
+    pub fn hedges(&self) -> u64 {
+        self.sum(|s| &s.hedges)
     }
 
     /// A retry was refused by the budget.

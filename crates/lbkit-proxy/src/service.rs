@@ -279,7 +279,10 @@ impl Service {
         let balancer = &self.active().balancer;
         let next = attempts.hedge(&self.budget, balancer, self.clock.now(), route, rng);
         match next {
-            Ok(_) => self.metrics.retried(),
+            Ok(_) => {
+                self.metrics.retried();
+                self.metrics.hedged();
+            }
             Err(Stop::BudgetExhausted) => self.metrics.retry_refused(),
             Err(_) => {}
         }

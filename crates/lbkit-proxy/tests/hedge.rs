@@ -52,6 +52,10 @@ async fn a_slow_first_attempt_is_raced_by_a_hedge() {
     );
     let e = endpoint_json(&proxy, slow).await;
     assert_eq!(e["failures"], 0, "a lost race is no failure: {e}");
+    // Every hedge is counted, as a hedge and as a retry.
+    let hedges = common::sample(&proxy, "lbkit_hedges_total").await;
+    assert_eq!(hedges, slow_hits.load(SeqCst) as f64);
+    assert!(common::sample(&proxy, "lbkit_retries_total").await >= hedges);
     // A POST may not be sent twice: never hedged, so round robin's turn on the slow server
     // waits for it.
     let before = slow_hits.load(SeqCst);

@@ -240,7 +240,11 @@ async fn a_pushback_in_chunked_trailers_passes_the_endpoint_over() {
         assert_eq!(status, StatusCode::OK);
         bodies.push(body);
     }
-    assert_eq!(bodies.iter().filter(|b| *b == "busy").count(), 1, "{bodies:?}");
+    assert_eq!(
+        bodies.iter().filter(|b| *b == "busy").count(),
+        1,
+        "{bodies:?}"
+    );
     assert_eq!(ok_hits.load(SeqCst), 5);
     let e = endpoint_json(&proxy, pushing).await;
     let left = e["pushed_back_ms"].as_u64().expect("pushed back");

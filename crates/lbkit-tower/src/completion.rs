@@ -86,9 +86,16 @@ impl Completion {
     }
 
     /// End the call now (one clock read) with `outcome`.
-    pub fn finish(mut self, outcome: Outcome) {
+    pub fn finish(self, outcome: Outcome) {
+        let now = self.clock.now();
+        self.finish_at(outcome, now);
+    }
+
+    /// End the call with `outcome` as of `at` (its answer came then; the caller did something
+    /// else since, such as waiting out a pushback).
+    pub(crate) fn finish_at(mut self, outcome: Outcome, at: lbkit_core::Timestamp) {
         if let Some(guard) = self.guard.take() {
-            guard.finish_at(outcome, self.clock.now());
+            guard.finish_at(outcome, at);
         }
     }
 }

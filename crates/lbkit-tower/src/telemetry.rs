@@ -27,6 +27,7 @@
 //! | `lbkit_endpoint_call_duration_seconds` | histogram | `service`, `endpoint` | latency of every finished call |
 //! | `lbkit_retries_total` | counter | `service` | attempts after the first (failover) |
 //! | `lbkit_retries_refused_total` | counter | `service` | retries not sent for lack of budget |
+//! | `lbkit_hedges_total` | counter | `service` | hedges sent: second attempts raced against a slow first one (counted in `lbkit_retries_total` too) |
 //! | `lbkit_discovery_published_total` | counter | `service` | snapshots published by the control loop |
 //! | `lbkit_discovery_source_errors_total` | counter | `service` | source errors (the last good set stayed) |
 //! | `lbkit_discovery_empty_held_total` | counter | `service` | updates held back by empty-push protection |
@@ -75,6 +76,8 @@ pub struct ServiceRow<'a> {
     pub retries: u64,
     /// Retries refused by the budget.
     pub retries_refused: u64,
+    /// Hedges sent (among the retries).
+    pub hedges: u64,
     /// The control loop's counters, once it runs.
     pub discovery: Option<&'a ControllerMetrics>,
 }
@@ -179,11 +182,16 @@ fn each(
 /// The encoder's.
 pub fn encode_services(enc: &mut DescriptorEncoder<'_>, rows: &[ServiceRow<'_>]) -> fmt::Result {
     type Value = fn(&ServiceRow<'_>) -> u64;
-    let counters: [(&str, &str, Value); 7] = [
+    let counters: [(&str, &str, Value); 8] = [
         (
             "lbkit_retries",
             "Attempts after the first, each on an endpoint not tried yet.",
             |r| r.retries,
+        ),
+        (
+            "lbkit_hedges",
+            "Hedges sent: second attempts raced against a slow first one (counted as retries too).",
+            |r| r.hedges,
         ),
         (
             "lbkit_retries_refused",
@@ -266,6 +274,7 @@ pub fn histogram(enc: &mut MetricEncoder<'_>, h: &LatencyHistogram) -> fmt::Resu
 pub(crate) struct PoolMetrics {
     pub(crate) attempts: AtomicU64,
     pub(crate) retries: AtomicU64,
+    pub(crate) hedges: AtomicU64,
     pub(crate) budget_exhausted: AtomicU64,
     pub(crate) pass_over: AtomicU64,
     /// scheduled, succeeded, dropped, exhausted.
@@ -384,6 +393,7 @@ impl prometheus_client::collector::Collector for PoolCollector {
             service: name,
             retries: m.retries.load(Relaxed),
             retries_refused: m.budget_exhausted.load(Relaxed),
+            hedges: m.hedges.load(Relaxed),
             discovery: discovery.as_deref(),
         };
         encode_services(&mut enc, &[row])?;

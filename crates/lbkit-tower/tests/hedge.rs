@@ -93,6 +93,8 @@ async fn a_call_policy_sets_retries_hedge_and_deadline() {
     let slow = HttpServer::start("slow", Reply::Delay(1_500)).await;
     let fast = HttpServer::start("fast", Reply::Ok).await;
     let pool = round_robin_pool(&[slow.addr, fast.addr], false, Availability::OFF);
+    let mut registry = prometheus_client::registry::Registry::default();
+    registry.register_collector(Box::new(pool.collector()));
     let call = lbkit_core::CallPolicy {
         retries: Some(1),
         overall: Some(Duration::from_secs(5)),
@@ -121,4 +123,9 @@ async fn a_call_policy_sets_retries_hedge_and_deadline() {
     })
     .await;
     assert!(slow.hits() >= 1, "the slow server got a first attempt");
+    // Each hedge is counted as a hedge and as a retry.
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    let hedges = format!("lbkit_hedges_total{{service=\"default\"}} {}", slow.hits());
+    assert!(text.contains(&hedges), "{text}");
 }

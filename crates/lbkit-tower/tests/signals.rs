@@ -150,6 +150,14 @@ async fn a_retry_waits_out_the_pushback_and_a_negative_one_stops_it() {
     .await;
     let waited = waited.expect("the busy endpoint was met");
     assert!(waited >= Duration::from_millis(300), "{waited:?}");
+    // The busy endpoint's answer took no time: the wait after it is not its latency.
+    let snap = svc.pool().snapshot();
+    let i = snap.find(&busy.addr.to_string().into()).unwrap();
+    let h = snap.endpoint(i).stats().latency_histogram();
+    assert!(
+        h.count() >= 1 && h.sum < Duration::from_millis(250),
+        "{h:?}"
+    );
     // A negative pushback: the answer is the busy one's, not retried.
     let refusing = HttpServer::start(
         "refusing",

@@ -103,6 +103,15 @@ impl<Resp> Sent<Resp> {
         }
     }
 
+    /// [`discard`](Self::discard) as of `answered` (a retry waited out a pushback since).
+    pub(crate) fn discard_at(self, answered: lbkit_core::Timestamp) {
+        match self {
+            Sent::Response { outcome, call, .. } | Sent::Failed { outcome, call, .. } => {
+                call.finish_at(outcome, answered);
+            }
+        }
+    }
+
     /// Record the outcome and turn the result into an [`Error`] naming the endpoint (a failed
     /// broadcast).
     pub(crate) fn into_error(self) -> Error {

@@ -100,6 +100,7 @@ where
         *spare = Some(req);
         return None;
     }
+    crate::telemetry::inc(&s.pool.inner.metrics.hedges);
     attempts.begin(sel.call.endpoint());
     *spare = s.requests.replay(&req);
     attempts.set_replayable(spare.is_some());

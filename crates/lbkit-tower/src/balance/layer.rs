@@ -205,7 +205,8 @@ impl<Q, R, F> BalanceLayer<Q, R, F> {
     /// is not its endpoint's failure. A hedge is an attempt of the call: it needs a retry left
     /// (`failover(n)`, n ≥ 1), a copy of the request, time before the deadline, and a
     /// withdrawal from the retry budget, so hedging never sends more than the budget's share
-    /// twice. Counted with the retries (`lbkit_retries_total`: attempts after the first).
+    /// twice. Counted with the retries (`lbkit_retries_total`: attempts after the first) and on
+    /// its own (`lbkit_hedges_total`).
     ///
     /// ```
     /// use lbkit_core::HedgeDelay;
