@@ -439,16 +439,32 @@ impl Attempts {
     /// The last attempt's answer pushed back ([`crate::signal::pushback`]): a retry waits
     /// [`retry_wait`](Self::retry_wait) before it is sent, and none is made when the answer
     /// asked for none or for a wait the call cannot give ([`Stop::PushedBack`], or
-    /// [`Stop::DeadlinePassed`] when the wait outlasts the deadline).
+    /// [`Stop::DeadlinePassed`] when the wait outlasts the deadline). Several answers before the
+    /// next retry (both attempts of a hedged race failed): the strongest holds — "no retry",
+    /// else the longest wait.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use lbkit_core::signal::Pushback;
+    /// use lbkit_core::{AttemptPolicy, Attempts, RetryBudget, Timestamp};
+    /// let policy = AttemptPolicy { retries: 2, per_try: None, overall: None };
+    /// let mut a = Attempts::start(policy, &RetryBudget::default(), true, true, Timestamp::ZERO);
+    /// a.pushed_back(Pushback::Wait(Duration::from_millis(300)));
+    /// a.pushed_back(Pushback::Wait(Duration::from_millis(100)));
+    /// assert_eq!(a.retry_wait(), Duration::from_millis(300));
+    /// a.waited();
+    /// assert_eq!(a.retry_wait(), Duration::ZERO);
+    /// ```
     #[inline]
     pub fn pushed_back(&mut self, pushback: Pushback) {
-        self.pushback_ms = match pushback {
+        let ms = match pushback {
             Pushback::Stop => STOP_PUSHBACK,
             Pushback::Wait(w) => {
                 let ms = w.as_nanos().div_ceil(1_000_000);
                 u32::try_from(ms).map_or(STOP_PUSHBACK - 1, |ms| ms.min(STOP_PUSHBACK - 1))
             }
         };
+        self.pushback_ms = self.pushback_ms.max(ms);
     }
 
     fn pushback(&self) -> Option<Pushback> {

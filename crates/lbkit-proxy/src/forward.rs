@@ -342,6 +342,10 @@ where
         return settle(attempts, r, won);
     }
     won.finish(c.outcome);
+    // Its pushback holds for a retry after the race too (with the other's, the stronger).
+    if let Some(p) = r.1 {
+        attempts.pushed_back(p);
+    }
     let r = rest.await;
     settle(attempts, r, other)
 }

@@ -74,3 +74,38 @@ async fn a_slow_first_attempt_is_raced_by_a_hedge() {
     assert_eq!(slow_hits.load(SeqCst), before + 1);
     proxy.shutdown(Duration::from_secs(1)).await;
 }
+
+// Both attempts of a race fail with a pushback: the retry after it waits the longer one, the
+// hedge's (400 ms, answered first), not only the last answer's (the first attempt's 50 ms).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_after_a_lost_race_waits_the_stronger_pushback() {
+    const SHORT: &[(&str, &str)] = &[("grpc-retry-pushback-ms", "50")];
+    const LONG: &[(&str, &str)] = &[("grpc-retry-pushback-ms", "400")];
+    let (slow, _) = common::scripted_backend(503, SHORT, Duration::from_millis(150), "slow").await;
+    let (busy, _) = common::scripted_backend(503, LONG, Duration::ZERO, "busy").await;
+    let (ok, _) = common::scripted_backend(200, &[], Duration::ZERO, "ok").await;
+    let config = format!(
+        "{}[[route]]\nservice = \"svc\"\ntimeout_ms = 5000\nhedge = \"20ms\"\n\
+         [service.svc]\nendpoints = [\"{slow}\", \"{busy}\", \"{ok}\"]\nstrategy = \"round-robin\"\n\
+         retries = 2\noutlier_detection = {{ enabled = false }}\n",
+        common::LISTENERS
+    );
+    let proxy = common::published(&config).await;
+    let addr = proxy.listeners()[0];
+    let req = Request::get(format!("http://{addr}/"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let t = tokio::time::Instant::now();
+    let resp = tokio::time::timeout(WAIT, h2c_client().request(req))
+        .await
+        .expect("in time")
+        .expect("answer");
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body, "ok");
+    assert!(
+        t.elapsed() >= Duration::from_millis(400),
+        "{:?}",
+        t.elapsed()
+    );
+    proxy.shutdown(Duration::from_secs(1)).await;
+}

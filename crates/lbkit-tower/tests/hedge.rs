@@ -129,3 +129,45 @@ async fn a_call_policy_sets_retries_hedge_and_deadline() {
     let hedges = format!("lbkit_hedges_total{{service=\"default\"}} {}", slow.hits());
     assert!(text.contains(&hedges), "{text}");
 }
+
+// Both attempts of a race fail with a pushback: the retry after it waits the longer one, the
+// hedge's (400 ms, answered first), not only the last answer's (the first attempt's 50 ms).
+#[tokio::test]
+async fn a_retry_after_a_lost_race_waits_the_stronger_pushback() {
+    let slow = HttpServer::start(
+        "slow",
+        Reply::PushbackAfter(150, 503, "grpc-retry-pushback-ms", "50"),
+    )
+    .await;
+    let busy = HttpServer::start(
+        "busy",
+        Reply::Pushback(503, "grpc-retry-pushback-ms", "400"),
+    )
+    .await;
+    let ok = HttpServer::start("ok", Reply::Ok).await;
+    let pool = round_robin_pool(&[slow.addr, busy.addr, ok.addr], false, Availability::OFF);
+    let mut svc = BalanceLayer::http()
+        .failover(2)
+        .hedge(HedgeDelay::Fixed(Duration::from_millis(20)))
+        .seed(SEED)
+        .layer(pool);
+    within(async {
+        let t = tokio::time::Instant::now();
+        let resp = svc
+            .ready()
+            .await
+            .unwrap()
+            .call(request("GET"))
+            .await
+            .unwrap();
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(body, "ok");
+        assert!(
+            t.elapsed() >= Duration::from_millis(400),
+            "{:?}",
+            t.elapsed()
+        );
+    })
+    .await;
+    assert_eq!((slow.hits(), busy.hits()), (1, 1));
+}

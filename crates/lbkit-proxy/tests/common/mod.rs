@@ -305,7 +305,7 @@ where
     addr
 }
 
-/// A proxy started on `config`, once its service `svc` lists two endpoints (read from
+/// A proxy started on `config`, once its service `svc` lists two endpoints or more (read from
 /// `/endpoints`, so that no request reaches a backend before the test's own).
 #[allow(dead_code)] // not every test binary starts a proxy this way
 pub async fn published(config: &str) -> Proxy {
@@ -318,7 +318,7 @@ pub async fn published(config: &str) -> Proxy {
             let doc: serde_json::Value = serde_json::from_str(&body).expect("JSON");
             if doc["services"]["svc"]["endpoints"]
                 .as_array()
-                .is_some_and(|e| e.len() == 2)
+                .is_some_and(|e| e.len() >= 2)
             {
                 return;
             }

@@ -56,7 +56,11 @@ where
                     drop(racing);
                     return failover(s, sent, spare, attempts).await;
                 }
-                // A failure while the other attempt may still answer.
+                // A failure while the other attempt may still answer; its pushback holds for
+                // a retry after the race (with the other's, the stronger).
+                if let Some(p) = sent.pushback() {
+                    attempts.pushed_back(p);
+                }
                 sent.discard();
             }
         }

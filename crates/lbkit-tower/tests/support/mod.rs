@@ -186,6 +186,8 @@ pub enum Reply {
     Pushback(u16, &'static str, &'static str),
     /// 200 with the server's name after this many milliseconds.
     Delay(u64),
+    /// [`Reply::Pushback`] after this many milliseconds.
+    PushbackAfter(u64, u16, &'static str, &'static str),
     /// Never answer; report the drop of the handler (the client went away).
     Hang,
 }
@@ -239,6 +241,14 @@ impl HttpServer {
                             Reply::Delay(ms) => {
                                 tokio::time::sleep(Duration::from_millis(ms)).await;
                                 Ok(hyper::Response::new(Full::new(Bytes::from(name))))
+                            }
+                            Reply::PushbackAfter(ms, status, header, value) => {
+                                tokio::time::sleep(Duration::from_millis(ms)).await;
+                                Ok(hyper::Response::builder()
+                                    .status(status)
+                                    .header(header, value)
+                                    .body(Full::new(Bytes::from(name)))
+                                    .unwrap())
                             }
                             Reply::Pushback(status, header, value) => {
                                 Ok(hyper::Response::builder()
