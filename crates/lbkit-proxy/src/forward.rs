@@ -80,10 +80,24 @@ pub(crate) async fn serve(
         return (local(StatusCode::NOT_FOUND, "no route\n"), None);
     };
     let envelope = Envelope::open(route);
-    let grpc = is_grpc(req.headers());
+    // gRPC-web callers get their own content type back on a local answer.
+    let grpc = is_grpc(req.headers()).then(|| {
+        let web = req
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc-web"));
+        if web {
+            "application/grpc-web"
+        } else {
+            "application/grpc"
+        }
+    });
     let resp = forward(&envelope, req, peer).await;
     envelope.close(resp.status().as_u16(), None);
-    let resp = if grpc { grpc_local(resp) } else { resp };
+    let resp = match grpc {
+        Some(content_type) => grpc_local(resp, content_type),
+        None => resp,
+    };
     (resp, route.policy.overall)
 }
 
@@ -631,9 +645,9 @@ pub(crate) fn local(status: StatusCode, text: &str) -> Response<ProxyBody> {
 
 /// A proxy-made answer to a gRPC request, as gRPC clients read one: trailers-only (`200`,
 /// `grpc-status`, `grpc-message`), the status by gRPC's HTTP mapping, except that `504` (the
-/// deadline passed, the caller's or the route's) is `DEADLINE_EXCEEDED` (4). Upstream answers
-/// pass as they came.
-fn grpc_local(resp: Response<ProxyBody>) -> Response<ProxyBody> {
+/// deadline passed, the caller's or the route's) is `DEADLINE_EXCEEDED` (4), with
+/// `content_type` (`application/grpc`, or gRPC-web's). Upstream answers pass as they came.
+fn grpc_local(resp: Response<ProxyBody>, content_type: &'static str) -> Response<ProxyBody> {
     let Some(Local(text)) = resp.extensions().get::<Local>().cloned() else {
         return resp;
     };
@@ -649,7 +663,7 @@ fn grpc_local(resp: Response<ProxyBody>) -> Response<ProxyBody> {
     let h = answer.headers_mut();
     h.insert(
         http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("application/grpc"),
+        http::HeaderValue::from_static(content_type),
     );
     h.insert("grpc-status", http::HeaderValue::from_static(code));
     if let Ok(v) = http::HeaderValue::from_str(&grpc_message(&text)) {

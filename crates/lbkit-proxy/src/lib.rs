@@ -37,8 +37,9 @@
 //! the `h2` crate (`h2s/`: per-connection accounting of streams reset before their answer,
 //! `GOAWAY ENHANCE_YOUR_CALM` past `max_premature_resets`, `max_requests_per_connection`, a
 //! per-stream idle limit; its module docs have the table), and HTTP/1.0, `Upgrade`, `Expect`,
-//! chunked or large request bodies, absolute-form targets and services that speak h2c upstream
-//! to hyper's HTTP/1 server. Every engine shares the call loop's rules, the balancer, the retry
+//! chunked or large request bodies, absolute-form targets, services that speak h2c upstream,
+//! requests a route's `hedge` may race, and gRPC on HTTP/1.1 (gRPC-web: its `grpc-timeout` is
+//! rewritten and its local answers are gRPC-shaped there) to hyper's HTTP/1 server. Every engine shares the call loop's rules, the balancer, the retry
 //! budget, the call guards and the metrics. Services with `h2c = true` are called on the `h2`
 //! crate's client directly (`h2c.rs`: one HTTP/2 connection per endpoint and thread, the
 //! request sent from its own task), not through hyper's client, whose dispatch task, per-request

@@ -86,6 +86,27 @@ async fn the_callers_deadline_reaches_the_upstream_cut_to_what_is_left() {
         left > Duration::ZERO && left <= Duration::from_millis(300),
         "{seen}"
     );
+    // gRPC-web over HTTP/1.1: the same (hyper's engine serves it, not the fast path).
+    let web = [
+        ("content-type", "application/grpc-web+proto"),
+        ("grpc-timeout", "300m"),
+    ];
+    let (_, _, h) = send(&client(), addr, "POST", &web).await;
+    let seen = header(&h, "x-seen-grpc-timeout").expect("grpc-timeout sent");
+    let left = lbkit_core::signal::parse_grpc_timeout(seen.as_bytes()).expect("valid");
+    assert!(left <= Duration::from_millis(300), "{seen}");
+    // And a passed deadline is DEADLINE_EXCEEDED, trailers-only.
+    let passed = [
+        ("content-type", "application/grpc-web+proto"),
+        ("grpc-timeout", "0m"),
+    ];
+    let (status, _, h) = send(&client(), addr, "POST", &passed).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(header(&h, "grpc-status").as_deref(), Some("4"));
+    assert_eq!(
+        header(&h, "content-type").as_deref(),
+        Some("application/grpc-web")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

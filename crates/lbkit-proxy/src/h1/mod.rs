@@ -301,11 +301,12 @@ impl Conn<'_> {
         let Some(route) = path.and_then(|p| state.route(host, p)) else {
             return self.answer(404, "no route\n", closing).await;
         };
-        // h2c upstreams, and requests a hedge may race (two upstream exchanges at once), are
-        // hyper's engine's.
+        // h2c upstreams, requests a hedge may race (two upstream exchanges at once), and gRPC
+        // on HTTP/1.1 (gRPC-web: its `grpc-timeout` and gRPC-shaped local answers) are hyper's
+        // engine's.
         let hedged =
             route.hedge.is_some() && is_idempotent_method(&self.input[head.method.clone()]);
-        if route.service.config().h2c || hedged {
+        if route.service.config().h2c || hedged || self.is_grpc(head) {
             return Served::Other;
         }
         let envelope = Envelope::open(route);
@@ -346,6 +347,14 @@ impl Conn<'_> {
             target: &self.input[head.target.clone()],
             ip: self.peer.ip(),
         }
+    }
+
+    /// Whether the request is gRPC's (`content-type: application/grpc…`, gRPC-web's too), as
+    /// lbkit-tower's `is_grpc` reads it.
+    fn is_grpc(&self, head: &ReqHead) -> bool {
+        let source = self.source(head);
+        lbkit_strategy::KeySource::header(&source, "content-type")
+            .is_some_and(|v| v.starts_with(b"application/grpc"))
     }
 
     /// The request's hash key for `route`, read as the tower layer reads it.
