@@ -595,7 +595,6 @@ impl Scenario {
     }
 
     fn validate(&self) -> Result<(), String> {
-        let w = &self.workload;
         positive("requests", self.requests as f64)?;
         if let Some(r) = self.refresh_ms {
             positive("refresh_ms", r)?;
@@ -610,6 +609,44 @@ impl Scenario {
             ));
         }
         self.within_limits()?;
+        self.workload.check()?;
+        if self.servers.is_empty() {
+            return Err("at least one [[server]] is needed".into());
+        }
+        for s in &self.servers {
+            s.check()?;
+        }
+        let names = self.server_names();
+        let mut seen = HashSet::new();
+        for n in &names {
+            if !seen.insert(n) {
+                return Err(format!("two servers are named {n:?}"));
+            }
+        }
+        if let Some(wn) = &self.watch {
+            if !seen.contains(wn) {
+                return Err(format!("watch: no server named {wn:?}"));
+            }
+        }
+        for e in &self.events {
+            if !seen.contains(&e.server) {
+                return Err(format!(
+                    "event at {} ms: no server named {:?} (servers: {})",
+                    e.at_ms,
+                    e.server,
+                    names.join(", ")
+                ));
+            }
+            e.check()?;
+        }
+        Ok(())
+    }
+}
+
+impl Workload {
+    /// The workload's fields, each within its range.
+    fn check(&self) -> Result<(), String> {
+        let w = self;
         if w.kind == WorkloadKind::Open && w.arrivals.is_none() {
             positive("workload.rate", w.rate)?;
         }
@@ -645,77 +682,54 @@ impl Scenario {
         {
             return Err("workload.zipf_exponent must be positive".into());
         }
-        if self.servers.is_empty() {
-            return Err("at least one [[server]] is needed".into());
-        }
-        for s in &self.servers {
-            let at = |f: &str| format!("server {:?}: {f}", s.name);
-            positive(&at("count"), f64::from(s.count))?;
-            positive(&at("concurrency"), f64::from(s.concurrency))?;
-            positive(&at("slow_factor"), s.slow_factor)?;
-            positive(&at("cold_factor"), s.cold_factor)?;
-            for (f, v) in [
-                ("stall_every_ms", s.stall_every_ms),
-                ("stall_ms", s.stall_ms),
-                ("cold_ms", s.cold_ms),
-                ("join_ms", s.join_ms),
-                ("warmup_ms", s.warmup_ms),
-            ] {
-                non_negative(&at(f), v)?;
-            }
-            if !(0.0..1.0).contains(&s.hidden_load) {
-                return Err(at("hidden_load must be within 0..1 (1 would never serve)"));
-            }
-            if !(0.0..=1.0).contains(&s.error_rate) {
-                return Err(at("error_rate must be within 0..=1"));
-            }
-            crate::dist::ServiceTime::check(&s.service).map_err(|e| at(&e))?;
-        }
-        let names = self.server_names();
-        let mut seen = HashSet::new();
-        for n in &names {
-            if !seen.insert(n) {
-                return Err(format!("two servers are named {n:?}"));
-            }
-        }
-        if let Some(wn) = &self.watch {
-            if !seen.contains(wn) {
-                return Err(format!("watch: no server named {wn:?}"));
-            }
-        }
-        for e in &self.events {
-            non_negative("event.at_ms", e.at_ms)?;
-            if !seen.contains(&e.server) {
-                return Err(format!(
-                    "event at {} ms: no server named {:?} (servers: {})",
-                    e.at_ms,
-                    e.server,
-                    names.join(", ")
-                ));
-            }
-            match e.action {
-                Action::Slow if !e.factor.is_some_and(|f| f > 0.0 && f.is_finite()) => {
-                    return Err(format!(
-                        "event at {} ms: action \"slow\" needs a positive factor",
-                        e.at_ms
-                    ));
-                }
-                Action::Hidden if !e.factor.is_some_and(|f| (0.0..1.0).contains(&f)) => {
-                    return Err(format!(
-                        "event at {} ms: action \"hidden\" needs a factor within 0..1",
-                        e.at_ms
-                    ));
-                }
-                Action::Weight if e.weight.is_none() => {
-                    return Err(format!(
-                        "event at {} ms: action \"weight\" needs weight",
-                        e.at_ms
-                    ));
-                }
-                _ => {}
-            }
-        }
         Ok(())
+    }
+}
+
+impl ServerSpec {
+    /// The server's fields, each within its range; errors name the server.
+    fn check(&self) -> Result<(), String> {
+        let s = self;
+        let at = |f: &str| format!("server {:?}: {f}", s.name);
+        positive(&at("count"), f64::from(s.count))?;
+        positive(&at("concurrency"), f64::from(s.concurrency))?;
+        positive(&at("slow_factor"), s.slow_factor)?;
+        positive(&at("cold_factor"), s.cold_factor)?;
+        for (f, v) in [
+            ("stall_every_ms", s.stall_every_ms),
+            ("stall_ms", s.stall_ms),
+            ("cold_ms", s.cold_ms),
+            ("join_ms", s.join_ms),
+            ("warmup_ms", s.warmup_ms),
+        ] {
+            non_negative(&at(f), v)?;
+        }
+        if !(0.0..1.0).contains(&s.hidden_load) {
+            return Err(at("hidden_load must be within 0..1 (1 would never serve)"));
+        }
+        if !(0.0..=1.0).contains(&s.error_rate) {
+            return Err(at("error_rate must be within 0..=1"));
+        }
+        crate::dist::ServiceTime::check(&s.service).map_err(|e| at(&e))
+    }
+}
+
+impl EventSpec {
+    /// The event's time and the fields its action needs (its server is checked by the
+    /// scenario, which knows the names).
+    fn check(&self) -> Result<(), String> {
+        non_negative("event.at_ms", self.at_ms)?;
+        let needs = match self.action {
+            Action::Slow if !self.factor.is_some_and(|f| f > 0.0 && f.is_finite()) => {
+                "action \"slow\" needs a positive factor"
+            }
+            Action::Hidden if !self.factor.is_some_and(|f| (0.0..1.0).contains(&f)) => {
+                "action \"hidden\" needs a factor within 0..1"
+            }
+            Action::Weight if self.weight.is_none() => "action \"weight\" needs weight",
+            _ => return Ok(()),
+        };
+        Err(format!("event at {} ms: {needs}", self.at_ms))
     }
 }
 
