@@ -249,7 +249,11 @@ async fn a_server_without_orca_is_asked_once_and_bad_reports_are_rejected() {
     let reports = oob::watch(&pool, FAST);
     // The flaky server's stream ends after each pair of reports and is opened again after the
     // backoff: three rounds, each one report rejected and one recorded.
-    until(|| reports.counts().opened >= 4 && reports.counts().rejected >= 3).await;
+    until(|| {
+        let c = reports.counts();
+        c.opened >= 4 && c.rejected >= 3 && c.unimplemented >= 1
+    })
+    .await;
     let c: OobCounts = reports.counts();
     assert_eq!(c.unimplemented, 1, "{c:?}");
     assert!(c.reports >= 2 && c.failed >= 2, "{c:?}");
@@ -282,5 +286,39 @@ async fn a_stream_ends_when_its_endpoint_leaves_and_all_end_with_the_pool() {
     until(|| b.open.load(SeqCst) == 0).await;
     assert_eq!(a.open.load(SeqCst), 1, "the other stream stays");
     drop(pool);
+    until(|| a.open.load(SeqCst) == 0).await;
+}
+
+// Without a pool (as `lbkit proxy` calls it): the snapshots a balancer publishes, a client
+// service made per endpoint, streams following joins and leaves within a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_snapshot_source_can_be_followed() {
+    use lbkit_core::{Balancer, Clock, Snapshot, SnapshotBuilder};
+    let (a, b) = (
+        serve(Some(Script::Cpu(0.3))).await,
+        serve(Some(Script::Cpu(0.4))).await,
+    );
+    let clock = Clock::System;
+    let spec = |s: &Server| EndpointSpec::new(s.addr.to_string());
+    let mut builder = SnapshotBuilder::new();
+    let both = builder.apply(Update::Reset(vec![spec(&a), spec(&b)]), clock.now());
+    let balancer = Arc::new(Balancer::new(adaptive(), both.clone(), clock.now()));
+    let weak = Arc::downgrade(&balancer);
+    let current = move || weak.upgrade().map(|b| b.snapshot());
+    let make = |ep: &Endpoint| channel(ep).map_err(Into::into);
+    let reports = oob::watch_endpoints(current, clock.clone(), make, FAST);
+    let util = |snap: &Snapshot, s: &Server| {
+        let i = snap.find(&EndpointKey::from(s.addr.to_string().as_str()))?;
+        Some(snap.endpoint(i).stats().load_report()?.utilization)
+    };
+    until(|| util(&both, &a) == Some(0.3) && util(&both, &b) == Some(0.4)).await;
+    // b leaves: its stream is cancelled; a's stays.
+    let only_a = builder.apply(Update::Reset(vec![spec(&a)]), clock.now());
+    balancer.publish(only_a, clock.now());
+    until(|| b.open.load(SeqCst) == 0).await;
+    assert_eq!(a.open.load(SeqCst), 1);
+    assert!(reports.counts().reports >= 2);
+    // The source gone, every stream ends.
+    drop(balancer);
     until(|| a.open.load(SeqCst) == 0).await;
 }

@@ -44,14 +44,14 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::uri::PathAndQuery;
-use lbkit_core::{EndpointKey, Strategy};
+use lbkit_core::{Clock, Endpoint, EndpointKey, Snapshot, Strategy, Timestamp};
 use tokio::task::JoinHandle;
 use tonic::client::GrpcService;
 use tonic::{Code, Status};
 
 use super::{OrcaReport, WireReport};
 use crate::error::BoxError;
-use crate::pool::{Entry, Pool, PoolInner};
+use crate::pool::{Pool, PoolInner};
 
 /// The method every ORCA server serves.
 pub const PATH: &str = "/xds.service.orca.v3.OpenRcaService/StreamCoreMetrics";
@@ -142,6 +142,63 @@ impl OobReports {
     }
 }
 
+/// A client service an ORCA stream can run over (a tonic `Channel`, hyper's client behind
+/// [`SetOrigin`](crate::http::SetOrigin), any gRPC service).
+pub trait OrcaClient:
+    GrpcService<
+        tonic::body::Body,
+        Future: Send,
+        ResponseBody: http_body::Body<Data = Bytes, Error: Into<BoxError> + Send> + Send + 'static,
+    > + Clone
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<T> OrcaClient for T where
+    T: GrpcService<
+            tonic::body::Body,
+            Future: Send,
+            ResponseBody: http_body::Body<Data = Bytes, Error: Into<BoxError> + Send>
+                              + Send
+                              + 'static,
+        > + Clone
+        + Send
+        + Sync
+        + 'static
+{
+}
+
+/// Where a stream's reports go: the endpoint's statistics in the current snapshot.
+trait Sink: Send + Sync + 'static {
+    /// The current endpoints and the time now; `None` once the owner is gone (streams stop).
+    fn current(&self) -> Option<(Arc<Snapshot>, Timestamp)>;
+}
+
+/// A pool's snapshots.
+struct PoolSink<Svc, S: Strategy>(Weak<PoolInner<Svc, S>>);
+
+impl<Svc: Send + Sync + 'static, S: Strategy> Sink for PoolSink<Svc, S> {
+    fn current(&self) -> Option<(Arc<Snapshot>, Timestamp)> {
+        let pool = self.0.upgrade()?;
+        let now = pool.balancer.clock().now();
+        Some((pool.balancer.snapshot(), now))
+    }
+}
+
+/// Any source of snapshots (a proxy service's balancer).
+struct FnSink<F>(F, Clock);
+
+impl<F> Sink for FnSink<F>
+where
+    F: Fn() -> Option<Arc<Snapshot>> + Send + Sync + 'static,
+{
+    fn current(&self) -> Option<(Arc<Snapshot>, Timestamp)> {
+        Some(((self.0)()?, self.1.now()))
+    }
+}
+
 /// Stream load reports from every endpoint of `pool` into its statistics, following the pool's
 /// membership, until the pool is dropped.
 ///
@@ -149,58 +206,150 @@ impl OobReports {
 /// Outside a tokio runtime.
 pub fn watch<Svc, S>(pool: &Pool<Svc, S>, config: OobConfig) -> OobReports
 where
-    Svc: GrpcService<tonic::body::Body> + Clone + Send + Sync + 'static,
-    Svc::Future: Send,
-    Svc::ResponseBody: http_body::Body<Data = Bytes> + Send + 'static,
-    <Svc::ResponseBody as http_body::Body>::Error: Into<BoxError> + Send,
+    Svc: OrcaClient,
     S: Strategy,
 {
     let counters = Arc::new(Counters::default());
     let status = pool.inner.status.subscribe();
     let inner = Arc::downgrade(&pool.inner);
-    tokio::spawn(follow(inner, status, config, counters.clone()));
+    let sink: Arc<dyn Sink> = Arc::new(PoolSink(inner.clone()));
+    tokio::spawn(follow_pool(inner, status, sink, config, counters.clone()));
     OobReports { counters }
 }
 
-/// A stream task per endpoint service, reconciled with the pool's services at every publish.
-async fn follow<Svc, S>(
+/// Stream load reports from every endpoint of the snapshots `current` returns (checked for
+/// joins and leaves every [`FOLLOW_EVERY`]), over a client service `make` makes per endpoint,
+/// into the endpoints' statistics at `clock`'s time — until `current` returns `None`. For
+/// callers without a [`Pool`], such as `lbkit proxy`'s services. An endpoint whose service
+/// cannot be made is left without a stream.
+///
+/// # Panics
+/// Outside a tokio runtime.
+pub fn watch_endpoints<Svc, C, M>(
+    current: C,
+    clock: Clock,
+    make: M,
+    config: OobConfig,
+) -> OobReports
+where
+    Svc: OrcaClient,
+    C: Fn() -> Option<Arc<Snapshot>> + Send + Sync + 'static,
+    M: FnMut(&Endpoint) -> Result<Svc, BoxError> + Send + 'static,
+{
+    let counters = Arc::new(Counters::default());
+    let sink = Arc::new(FnSink(current, clock));
+    tokio::spawn(follow_snapshots(sink, make, config, counters.clone()));
+    OobReports { counters }
+}
+
+/// How often [`watch_endpoints`] looks for joins and leaves.
+pub const FOLLOW_EVERY: Duration = Duration::from_secs(1);
+
+/// The streams of one owner, by endpoint: reconciled with its current endpoints.
+struct Streams<Svc> {
+    running: HashMap<EndpointKey, (Arc<str>, AbortOnDrop)>,
+    sink: Arc<dyn Sink>,
+    config: OobConfig,
+    counters: Arc<Counters>,
+    _svc: std::marker::PhantomData<fn() -> Svc>,
+}
+
+impl<Svc: OrcaClient> Streams<Svc> {
+    fn new(sink: Arc<dyn Sink>, config: OobConfig, counters: Arc<Counters>) -> Self {
+        Streams {
+            running: HashMap::new(),
+            sink,
+            config,
+            counters,
+            _svc: std::marker::PhantomData,
+        }
+    }
+
+    /// Keep a stream for each `(key, address)` of `endpoints` (a changed address is a new
+    /// stream), made with `make` when it is new; cancel the others.
+    fn reconcile<'e>(
+        &mut self,
+        endpoints: impl Iterator<Item = (&'e EndpointKey, &'e str)>,
+        mut make: impl FnMut(&EndpointKey) -> Option<Svc>,
+    ) {
+        let mut keep = HashMap::new();
+        for (key, address) in endpoints {
+            match self.running.remove(key) {
+                Some(entry) if *entry.0 == *address => {
+                    keep.insert(key.clone(), entry);
+                }
+                _ => {
+                    let Some(svc) = make(key) else { continue };
+                    let task = tokio::spawn(stream_endpoint(
+                        self.sink.clone(),
+                        key.clone(),
+                        svc,
+                        self.config,
+                        self.counters.clone(),
+                    ));
+                    keep.insert(key.clone(), (Arc::from(address), AbortOnDrop(task)));
+                }
+            }
+        }
+        // What is left in `running` is cancelled as it drops.
+        self.running = keep;
+    }
+}
+
+/// A stream task per endpoint service of a pool, reconciled at every publish.
+async fn follow_pool<Svc, S>(
     inner: Weak<PoolInner<Svc, S>>,
     mut status: tokio::sync::watch::Receiver<crate::pool::PoolStatus>,
+    sink: Arc<dyn Sink>,
     config: OobConfig,
     counters: Arc<Counters>,
 ) where
-    Svc: GrpcService<tonic::body::Body> + Clone + Send + Sync + 'static,
-    Svc::Future: Send,
-    Svc::ResponseBody: http_body::Body<Data = Bytes> + Send + 'static,
-    <Svc::ResponseBody as http_body::Body>::Error: Into<BoxError> + Send,
+    Svc: OrcaClient,
     S: Strategy,
 {
-    let mut running: HashMap<u64, (Arc<Entry<Svc>>, AbortOnDrop)> = HashMap::new();
+    let mut streams = Streams::<Svc>::new(sink, config, counters);
     loop {
         let Some(pool) = inner.upgrade() else { break };
         let services = pool.services.load_full();
         drop(pool);
-        running.retain(|h, (entry, _)| services.get(h).is_some_and(|e| Arc::ptr_eq(e, entry)));
-        for (h, entry) in services.iter() {
-            if running.contains_key(h) {
-                continue;
-            }
-            let task = tokio::spawn(stream_endpoint(
-                inner.clone(),
-                entry.key.clone(),
-                entry.svc.clone(),
-                config,
-                counters.clone(),
-            ));
-            running.insert(*h, (entry.clone(), AbortOnDrop(task)));
-        }
+        let by_key: HashMap<&EndpointKey, &Svc> =
+            services.values().map(|e| (&e.key, &e.svc)).collect();
+        let endpoints = services.values().map(|e| (&e.key, &*e.address));
+        streams.reconcile(endpoints, |key| by_key.get(key).map(|svc| (*svc).clone()));
         if status.changed().await.is_err() {
             break;
         }
     }
 }
 
-/// Aborts its task when dropped (the endpoint left, or the pool is gone).
+/// A stream task per endpoint of the current snapshot, reconciled every [`FOLLOW_EVERY`].
+async fn follow_snapshots<Svc, M>(
+    sink: Arc<dyn Sink>,
+    mut make: M,
+    config: OobConfig,
+    counters: Arc<Counters>,
+) where
+    Svc: OrcaClient,
+    M: FnMut(&Endpoint) -> Result<Svc, BoxError> + Send + 'static,
+{
+    let mut streams = Streams::<Svc>::new(sink.clone(), config, counters);
+    let mut version = None;
+    while let Some((snapshot, _)) = sink.current() {
+        if version != Some(snapshot.version()) {
+            version = Some(snapshot.version());
+            let endpoints = snapshot.endpoints().iter().map(|e| (e.key(), e.address()));
+            streams.reconcile(endpoints, |key| {
+                let e = snapshot.endpoint(snapshot.find(key)?);
+                make(e)
+                    .map_err(|err| tracing::warn!(endpoint = %key, error = %err, "no ORCA client"))
+                    .ok()
+            });
+        }
+        tokio::time::sleep(FOLLOW_EVERY).await;
+    }
+}
+
+/// Aborts its task when dropped (the endpoint left, or the owner is gone).
 #[derive(Debug)]
 struct AbortOnDrop(JoinHandle<()>);
 
@@ -211,25 +360,19 @@ impl Drop for AbortOnDrop {
 }
 
 /// Keep one endpoint's stream open: reopen after a backoff, stop at `UNIMPLEMENTED`.
-async fn stream_endpoint<Svc, S>(
-    inner: Weak<PoolInner<Svc, S>>,
+async fn stream_endpoint<Svc: OrcaClient>(
+    sink: Arc<dyn Sink>,
     key: EndpointKey,
     svc: Svc,
     config: OobConfig,
     counters: Arc<Counters>,
-) where
-    Svc: GrpcService<tonic::body::Body> + Clone + Send + Sync + 'static,
-    Svc::Future: Send,
-    Svc::ResponseBody: http_body::Body<Data = Bytes> + Send + 'static,
-    <Svc::ResponseBody as http_body::Body>::Error: Into<BoxError> + Send,
-    S: Strategy,
-{
+) {
     let mut backoff = config.backoff_min;
     loop {
         counters.opened.fetch_add(1, Relaxed);
         let mut received = 0u64;
-        let ended = stream_once(&inner, &key, svc.clone(), &config, &counters, &mut received).await;
-        if inner.strong_count() == 0 {
+        let ended = stream_once(&*sink, &key, svc.clone(), &config, &counters, &mut received).await;
+        if sink.current().is_none() {
             return;
         }
         match ended {
@@ -251,21 +394,14 @@ async fn stream_endpoint<Svc, S>(
 }
 
 /// One stream: open it, record every report until it ends.
-async fn stream_once<Svc, S>(
-    inner: &Weak<PoolInner<Svc, S>>,
+async fn stream_once<Svc: OrcaClient>(
+    sink: &dyn Sink,
     key: &EndpointKey,
     svc: Svc,
     config: &OobConfig,
     counters: &Counters,
     received: &mut u64,
-) -> Result<(), Status>
-where
-    Svc: GrpcService<tonic::body::Body> + Clone + Send + Sync + 'static,
-    Svc::Future: Send,
-    Svc::ResponseBody: http_body::Body<Data = Bytes> + Send + 'static,
-    <Svc::ResponseBody as http_body::Body>::Error: Into<BoxError> + Send,
-    S: Strategy,
-{
+) -> Result<(), Status> {
     let mut grpc = tonic::client::Grpc::new(svc);
     grpc.ready()
         .await
@@ -286,14 +422,13 @@ where
         .into_inner();
     while let Some(wire) = stream.message().await? {
         *received += 1;
-        let Some(pool) = inner.upgrade() else {
+        let Some((snapshot, now)) = sink.current() else {
             return Ok(());
         };
         match OrcaReport::from_wire(wire) {
             Ok(report) => {
-                let snapshot = pool.balancer.snapshot();
                 if let Some(i) = snapshot.find(key) {
-                    report.record(snapshot.endpoint(i).stats(), pool.balancer.clock().now());
+                    report.record(snapshot.endpoint(i).stats(), now);
                     counters.reports.fetch_add(1, Relaxed);
                 }
             }
