@@ -140,6 +140,7 @@ mod headers;
 mod hub;
 mod idle;
 pub mod metrics;
+mod oob;
 mod request;
 mod server;
 mod service;

@@ -1,5 +1,6 @@
 //! What keeps one service's endpoint set current: its source, its active health checks and
-//! its outlier detection feed lbkit-discovery's [`Controller`] — the one control loop, with
+//! its outlier detection feed lbkit-discovery's [`Controller`] (and, with `orca_oob_ms`, the
+//! endpoints' load-report streams run beside it) — the one control loop, with
 //! empty-push and mass-removal protection, the health overlay and `Balancer::tick` every [`REFRESH_TICK`] —
 //! which publishes on the service's balancer.
 //!
@@ -46,6 +47,8 @@ pub(crate) fn spawn(
     let mut tasks = Vec::new();
     let (tx, rx) = mpsc::channel(64);
     tasks.extend(check::spawn(service, tx));
+    // Its streams end with the service.
+    let _ = crate::oob::spawn(service);
     let mut controller = Controller::new(ControllerConfig {
         outlier: outlier_config(service),
         refresh: Some(REFRESH_TICK),

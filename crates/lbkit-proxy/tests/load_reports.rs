@@ -5,6 +5,9 @@
 
 mod common;
 
+#[path = "../../lbkit-tower/tests/support/orca_gen.rs"]
+mod orca_gen;
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
 
@@ -177,4 +180,66 @@ async fn reports_in_chunked_trailers_reach_the_endpoint_through_the_fast_path() 
     // Recorded before the client had the answer's last bytes.
     let e = endpoint_json(&proxy, busy).await;
     assert_eq!(e["load"]["utilization"], 0.9, "{e}");
+}
+
+/// An ORCA server (the service generated from the xds protos) reporting `cpu` every interval
+/// its client asks for.
+async fn orca_server(cpu: f64) -> SocketAddr {
+    use orca_gen::xds::data::orca::v3::OrcaLoadReport;
+    use orca_gen::xds::service::orca::v3::open_rca_service_server::{
+        OpenRcaService, OpenRcaServiceServer,
+    };
+    use orca_gen::xds::service::orca::v3::OrcaLoadReportRequest;
+    type Reports = std::pin::Pin<
+        Box<dyn futures_util::Stream<Item = Result<OrcaLoadReport, tonic::Status>> + Send>,
+    >;
+    struct Orca(f64);
+    #[tonic::async_trait]
+    impl OpenRcaService for Orca {
+        type StreamCoreMetricsStream = Reports;
+        async fn stream_core_metrics(
+            &self,
+            request: tonic::Request<OrcaLoadReportRequest>,
+        ) -> Result<tonic::Response<Reports>, tonic::Status> {
+            let d = request.into_inner().report_interval.unwrap_or_default();
+            let every = std::time::Duration::new(d.seconds as u64, d.nanos as u32);
+            let report = OrcaLoadReport {
+                cpu_utilization: self.0,
+                ..OrcaLoadReport::default()
+            };
+            let stream = futures_util::stream::unfold((), move |()| {
+                let report = report.clone();
+                async move {
+                    tokio::time::sleep(every).await;
+                    Some((Ok(report), ()))
+                }
+            });
+            Ok(tonic::Response::new(Box::pin(stream)))
+        }
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("address");
+    let incoming = tonic::transport::server::TcpIncoming::from(listener);
+    let server = tonic::transport::Server::builder()
+        .serve_with_incoming(OpenRcaServiceServer::new(Orca(cpu)), incoming);
+    tokio::spawn(server);
+    addr
+}
+
+// `orca_oob_ms`: reports streamed out of band (OpenRcaService; these servers serve nothing
+// else) reach the endpoints' statistics, and `adaptive` weighs them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_band_reports_reach_adaptive() {
+    let (busy, idle) = (orca_server(0.9).await, orca_server(0.1).await);
+    let extra = format!("{ADAPTIVE}\nh2c = true\norca_oob_ms = 20");
+    let proxy = start(&config_for(&[busy, idle], "adaptive", &extra)).await;
+    reported(&proxy, busy, 0.9).await;
+    let e = reported(&proxy, idle, 0.1).await;
+    assert!(
+        e["load"]["age_ms"].as_u64().is_some_and(|age| age < 5_000),
+        "{e}"
+    );
+    proxy.shutdown(std::time::Duration::from_secs(1)).await;
 }

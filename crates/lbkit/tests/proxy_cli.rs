@@ -87,6 +87,11 @@ fn check_errors_exit_2_with_one_line_naming_file_and_field() {
             GOOD.replacen("bind = \"127.0.0.1:0\"", "bind = \"0.0.0.0:0\"", 1),
             "admin.token",
         ),
+        (
+            "orca.toml",
+            GOOD.replace("strategy =", "orca_oob_ms = 1000\nstrategy ="),
+            "service.api.orca_oob_ms",
+        ),
     ] {
         let path = file(name, &text);
         let out = lbkit(&["proxy", "--check", path.to_str().unwrap()]);

@@ -217,6 +217,15 @@ impl ServiceConfig {
         if self.upstream_idle_timeout_ms == 0 {
             return Err(err("upstream_idle_timeout_ms", "must be > 0".into()));
         }
+        self.validate_protection(err)?;
+        self.validate_extras(err)
+    }
+
+    /// Removal protection and outlier detection.
+    fn validate_protection(
+        &self,
+        err: &dyn Fn(&str, String) -> ConfigError,
+    ) -> Result<(), ConfigError> {
         let rp = &self.removal_protection;
         if !(rp.max_share > 0.0 && rp.max_share <= 1.0) {
             return Err(err(
@@ -235,6 +244,14 @@ impl ServiceConfig {
         if self.outlier_detection.interval_ms == 0 {
             return Err(err("outlier_detection.interval_ms", "must be > 0".into()));
         }
+        Ok(())
+    }
+
+    /// Header names, load reports, the trace and the health check.
+    fn validate_extras(
+        &self,
+        err: &dyn Fn(&str, String) -> ConfigError,
+    ) -> Result<(), ConfigError> {
         for (field, name) in [
             ("tags.header", &self.tags.header),
             ("tags.force_header", &self.tags.force_header),
@@ -248,6 +265,14 @@ impl ServiceConfig {
                 let why = format!("{name:?} is not a header name");
                 return Err(err("deadline_header", why));
             }
+        }
+        match self.orca_oob_ms {
+            Some(0) => return Err(err("orca_oob_ms", "must be > 0".into())),
+            Some(_) if !self.h2c => {
+                let why = "needs h2c = true: the reports come on a gRPC stream".into();
+                return Err(err("orca_oob_ms", why));
+            }
+            _ => {}
         }
         if let Some(t) = &self.trace {
             if let Err(lbkit_trace::TraceError::Config { field, reason }) = t.config().validate() {

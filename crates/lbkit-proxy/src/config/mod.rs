@@ -49,6 +49,7 @@
 //! upstream_max_idle = 256               # default 256, at least 1: idle upstream HTTP/1.1 connections kept per endpoint and worker thread; an upstream connect finished after its request went (an HTTP/2 client reset the stream) waits there for the next request instead of being closed unused (nginx's upstream `keepalive`, 32 per worker there; Envoy keeps all)
 //! h2c = false                           # default false: talk HTTP/2 cleartext to the upstreams (`:authority` = the endpoint's address, no `Host`, RFC 9113 §8.3.1; the client's host goes in `Forwarded: host=`; a connection on which a call gave up waiting is sent a PING, and closed when no PONG comes within connect_timeout_ms)
 //! deadline_header = "x-request-timeout"  # default none: a request header of whole milliseconds that cuts the route's timeout_ms (the caller's deadline), rewritten to the time left on each attempt; gRPC's `grpc-timeout` is always honoured and rewritten the same way (Dubbo's timeout-countdown, gRPC deadline propagation); a deadline that has passed is answered 504, or `grpc-status: 4` (DEADLINE_EXCEEDED) to gRPC, with no attempt
+//! orca_oob_ms = 1000                    # default none: with h2c = true, ask every endpoint for ORCA load reports on a gRPC stream (xds.service.orca.v3.OpenRcaService/StreamCoreMetrics) every this many ms, into the endpoint's statistics (what `adaptive` weighs, what /endpoints shows), as gRPC's weighted_round_robin does with enable_oob_load_report; reports in answers (endpoint-load-metrics) are read either way; a server without the service (UNIMPLEMENTED) is asked once; a failed stream is opened again after 1 s, doubling to 120 s
 //! forwarded_headers = ["x-forwarded-for", "forwarded"]  # default both: the headers the client is appended to (`forwarded` is RFC 7239's, with proto and host); one left out is passed on as the client sent it; [] appends none (HAProxy without `option forwardfor`)
 //! availability = { max_in_flight = 0 }  # default 0 = unlimited; plus `circuit_breaker` (default false)
 //!                                       # and `pushback` (default true: pass over an endpoint that
@@ -308,6 +309,11 @@ pub struct ServiceConfig {
     /// `grpc-timeout` is honoured always. Default none.
     #[serde(default)]
     pub deadline_header: Option<String>,
+    /// ORCA's out-of-band load reports: each endpoint is asked on a gRPC stream
+    /// (`OpenRcaService`) for a report every this many milliseconds. Needs `h2c`. Default
+    /// none (reports come only in answers).
+    #[serde(default)]
+    pub orca_oob_ms: Option<u64>,
     /// Pick-time filters.
     #[serde(default)]
     pub availability: AvailabilityConfig,

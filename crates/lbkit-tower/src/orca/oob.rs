@@ -53,6 +53,10 @@ use super::{OrcaReport, WireReport};
 use crate::error::BoxError;
 use crate::pool::{Pool, PoolInner};
 
+/// The request body type of a stream's client service (tonic's), for building one without
+/// depending on tonic (a hyper client for `lbkit proxy`).
+pub type GrpcBody = tonic::body::Body;
+
 /// The method every ORCA server serves.
 pub const PATH: &str = "/xds.service.orca.v3.OpenRcaService/StreamCoreMetrics";
 
