@@ -119,3 +119,52 @@ async fn forks_are_hedges_of_one_request() {
         assert_eq!(h, [false, true], "the first copy and one fork: {hedges:?}");
     }
 }
+
+// A hedged request: its first attempt and the hedge, the hedge marked, the beaten attempt
+// recorded as cancelled (virtual time: the slow endpoint takes 1 s, the hedge goes at 50 ms).
+#[tokio::test(start_paused = true)]
+async fn hedges_are_marked_and_the_beaten_attempt_is_cancelled() {
+    let d = dir("hedge");
+    let config = TraceConfig::new(d.path().join("calls.lbkt")).with_sample_rate(1.0);
+    let specs = (1..=2)
+        .map(|i| EndpointSpec::new(format!("10.0.0.{i}:80")))
+        .collect();
+    let pool = PoolBuilder::new(build("round-robin", Params::new()).unwrap())
+        .name("shop")
+        .trace(&config)
+        .unwrap()
+        .spawn_static(specs, |ep: &Endpoint| {
+            let slow = ep.address() == "10.0.0.1:80";
+            tower::service_fn(move |_req: Req| async move {
+                if slow {
+                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                }
+                Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from_static(b"ok"))))
+            })
+        });
+    let recorder = pool.trace().unwrap().clone();
+    let delay = lbkit_core::HedgeDelay::Fixed(std::time::Duration::from_millis(50));
+    let mut svc = BalanceLayer::http()
+        .failover(1)
+        .hedge(delay)
+        .seed(7)
+        .layer(pool);
+    for _ in 0..4 {
+        let resp = svc.ready().await.unwrap().call(request()).await.unwrap();
+        assert_eq!(resp.status(), 200);
+    }
+    drop(svc);
+    recorder.flush();
+    let trace = read(&config.path).unwrap();
+    let hedges: Vec<_> = trace.records.iter().filter(|r| r.hedge).collect();
+    assert!(!hedges.is_empty(), "{:?}", trace.records);
+    for h in &hedges {
+        assert_eq!(h.attempt, 1, "{h:?}");
+        let first = trace
+            .records
+            .iter()
+            .find(|r| r.request == h.request && !r.hedge)
+            .expect("the first attempt");
+        assert_eq!(first.outcome, TraceOutcome::Cancelled, "{first:?}");
+    }
+}
