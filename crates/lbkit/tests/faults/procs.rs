@@ -199,8 +199,29 @@ impl Proxy {
     }
 }
 
-/// A free loopback port (bound, then released: the proxy binds it a moment later).
+/// A free loopback port (bound, then released: a child binds it a moment later). Taken below
+/// the kernel's ephemeral range, so that no outgoing connection of a test running beside this
+/// one (a ZooKeeper client, an HTTP client) takes it in that moment: a port the kernel handed
+/// out for `bind(0)` is one it may hand to the next `connect` too, which made a Python
+/// provider's export fail now and then. Successive calls in one process try successive ports.
 pub fn free_port() -> Result<u16> {
+    use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32_768);
+    let (low, high) = (10_000u32, ephemeral_low.max(10_100));
+    let span = high - low;
+    // Processes start at different places (their pid), then walk.
+    let base = std::process::id() * 7_919 % span;
+    for _ in 0..200 {
+        let port = low + (base + NEXT.fetch_add(1, Relaxed)) % span;
+        let port = u16::try_from(port).map_err(|e| e.to_string())?;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
