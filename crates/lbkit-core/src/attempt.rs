@@ -123,6 +123,11 @@ impl AttemptPolicy {
     }
 }
 
+/// Most retries a call may make: every attempt goes to an endpoint not tried yet, and a call
+/// remembers 16 of them ([`TriedSet::CAPACITY`](crate::TriedSet::CAPACITY)). Every config
+/// (the service config's `call.retries`, `lbkit proxy`'s `retries`) holds to it.
+pub const MAX_RETRIES: u32 = crate::TriedSet::CAPACITY as u32 - 1;
+
 /// A service's call settings as configured: each one unset leaves the driver's own. What
 /// `lbkit::config` resolves a service's `call` table to, and what lbkit-tower's
 /// `BalanceLayer::call_policy` applies (`lbkit proxy` has the same settings in its own file).

@@ -75,6 +75,26 @@ impl HedgeDelay {
     }
 }
 
+/// [`HedgeDelay::parse`], with what it takes as the error: the one message every config
+/// (the service config, `lbkit proxy`'s, a simulator scenario) gives.
+///
+/// ```
+/// use lbkit_core::HedgeDelay;
+/// assert!("p95".parse::<HedgeDelay>().is_ok());
+/// assert_eq!(
+///     "soon".parse::<HedgeDelay>().unwrap_err(),
+///     "\"soon\": a quantile (p95) or a delay (20ms, 1.5s)"
+/// );
+/// ```
+impl std::str::FromStr for HedgeDelay {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        HedgeDelay::parse(text)
+            .ok_or_else(|| format!("{text:?}: a quantile (p95) or a delay (20ms, 1.5s)"))
+    }
+}
+
 impl std::fmt::Display for HedgeDelay {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

@@ -73,7 +73,7 @@ mod trace_id;
 
 pub use attempt::{
     classify_answer, status_failure, AttemptPolicy, Attempts, Budget, CallPolicy, Classified, Next,
-    Observed, RetryWhen, Stop,
+    Observed, RetryWhen, Stop, MAX_RETRIES,
 };
 pub use availability::{Availability, CircuitBreaker, Unavailable};
 pub use balancer::{Balancer, CallGuard, Prepared, MAX_PROBES, WARMUP_REFRESH};

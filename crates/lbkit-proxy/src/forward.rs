@@ -38,7 +38,7 @@ use lbkit_core::{
 };
 use lbkit_strategy::KeyExtractor;
 use lbkit_tower::http::{
-    deadline, grpc_failure, is_grpc, propagate_deadline, record_pushback, trailers_outcome,
+    deadline, grpc_failure, propagate_deadline, record_pushback, trailers_outcome, GrpcKind,
     HttpKeySource, SourceAddr,
 };
 use lbkit_tower::orca;
@@ -81,21 +81,14 @@ pub(crate) async fn serve(
     };
     let envelope = Envelope::open(route);
     // gRPC-web callers get their own content type back on a local answer.
-    let grpc = is_grpc(req.headers()).then(|| {
-        let web = req
-            .headers()
-            .get(http::header::CONTENT_TYPE)
-            .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc-web"));
-        if web {
-            "application/grpc-web"
-        } else {
-            "application/grpc"
-        }
-    });
+    let grpc = req
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| GrpcKind::of(v.as_bytes()));
     let resp = forward(&envelope, req, peer).await;
     envelope.close(resp.status().as_u16(), None);
     let resp = match grpc {
-        Some(content_type) => grpc_local(resp, content_type),
+        Some(kind) => grpc_local(resp, kind.content_type()),
         None => resp,
     };
     (resp, route.policy.overall)

@@ -47,8 +47,7 @@ pub(crate) fn spawn(
     let mut tasks = Vec::new();
     let (tx, rx) = mpsc::channel(64);
     tasks.extend(check::spawn(service, tx));
-    // Its streams end with the service.
-    let _ = crate::oob::spawn(service);
+    tasks.extend(crate::oob::spawn(service));
     let mut controller = Controller::new(ControllerConfig {
         outlier: outlier_config(service),
         refresh: Some(REFRESH_TICK),

@@ -107,6 +107,15 @@ async fn the_callers_deadline_reaches_the_upstream_cut_to_what_is_left() {
         header(&h, "content-type").as_deref(),
         Some("application/grpc-web")
     );
+    let text = [
+        ("content-type", "application/grpc-web-text"),
+        ("grpc-timeout", "0m"),
+    ];
+    let (_, _, h) = send(&client(), addr, "POST", &text).await;
+    assert_eq!(
+        header(&h, "content-type").as_deref(),
+        Some("application/grpc-web-text")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

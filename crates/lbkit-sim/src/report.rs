@@ -145,11 +145,8 @@ pub(crate) fn split_hedge<'l>(
             ))
         }
     };
-    let delay = HedgeDelay::parse(spec).ok_or_else(|| {
-        SimError::input(
-            format!("strategy {label:?}"),
-            format!("hedge delay {spec:?}: a quantile (p95) or a delay (20ms, 1.5s)"),
-        )
+    let delay = spec.parse::<HedgeDelay>().map_err(|why| {
+        SimError::input(format!("strategy {label:?}"), format!("hedge delay {why}"))
     })?;
     Ok((base, Some(delay)))
 }

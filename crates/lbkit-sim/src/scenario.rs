@@ -668,11 +668,8 @@ impl Workload {
             return Err("workload.panic_threshold must be within 0..=1".into());
         }
         if let Some(h) = &w.hedge {
-            if lbkit_core::HedgeDelay::parse(h).is_none() {
-                return Err(format!(
-                    "workload.hedge is {h:?}: a quantile (p95) or a delay (20ms, 1.5s)"
-                ));
-            }
+            h.parse::<lbkit_core::HedgeDelay>()
+                .map_err(|why| format!("workload.hedge is {why}"))?;
         }
         if w.retries > 16 {
             return Err("workload.retries: at most 16".into());

@@ -16,6 +16,9 @@ pub struct Completion {
     guard: Option<CallGuard>,
     clock: Clock,
     attempt: u32,
+    /// Time the caller spent after the answer that is not the call's (a pushback waited out
+    /// before a retry): taken off its latency when it finishes.
+    held: std::time::Duration,
 }
 
 // === impl Completion ===
@@ -26,6 +29,7 @@ impl Completion {
             guard: Some(guard),
             clock,
             attempt,
+            held: std::time::Duration::ZERO,
         }
     }
 
@@ -37,6 +41,7 @@ impl Completion {
             guard: Some(guard),
             clock,
             attempt: 0,
+            held: std::time::Duration::ZERO,
         }
     }
 
@@ -86,24 +91,24 @@ impl Completion {
     }
 
     /// End the call now (one clock read) with `outcome`.
-    pub fn finish(self, outcome: Outcome) {
-        let now = self.clock.now();
-        self.finish_at(outcome, now);
+    pub fn finish(mut self, outcome: Outcome) {
+        if let Some(guard) = self.guard.take() {
+            guard.finish_at(outcome, self.clock.now().saturating_sub(self.held));
+        }
     }
 
-    /// End the call with `outcome` as of `at` (its answer came then; the caller did something
-    /// else since, such as waiting out a pushback).
-    pub(crate) fn finish_at(mut self, outcome: Outcome, at: lbkit_core::Timestamp) {
-        if let Some(guard) = self.guard.take() {
-            guard.finish_at(outcome, at);
-        }
+    /// The caller spent `d` after the answer on something that is not the call (waiting out
+    /// its pushback): however the call ends, its latency leaves `d` out.
+    pub(crate) fn hold(&mut self, d: std::time::Duration) {
+        self.held = self.held.saturating_add(d);
     }
 }
 
 impl Drop for Completion {
     fn drop(&mut self) {
         if let Some(guard) = self.guard.take() {
-            guard.finish_at(Outcome::Cancelled, self.clock.now());
+            let at = self.clock.now().saturating_sub(self.held);
+            guard.finish_at(Outcome::Cancelled, at);
         }
     }
 }

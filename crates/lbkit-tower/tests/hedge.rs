@@ -101,8 +101,10 @@ async fn a_call_policy_sets_retries_hedge_and_deadline() {
         hedge: Some(HedgeDelay::Fixed(Duration::from_millis(50))),
         ..lbkit_core::CallPolicy::default()
     };
+    // Another mode than failover keeps its mode: the retries are failover's.
+    let failfast = BalanceLayer::http().failfast().call_policy(&call);
+    assert!(format!("{failfast:?}").contains("Failfast"), "{failfast:?}");
     let mut svc = BalanceLayer::http()
-        .failfast()
         .call_policy(&call)
         .seed(SEED)
         .layer(pool);

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::Stream;
+use futures_util::{Stream, StreamExt};
 use lbkit_core::{Endpoint, EndpointKey, EndpointSpec, FastRng, PickContext, Picker, Update};
 use lbkit_strategy::{Adaptive, AdaptiveConfig};
 use lbkit_tower::orca::oob::{self, OobConfig, OobCounts};
@@ -38,6 +38,8 @@ enum Script {
     Cpu(f64),
     /// One report with a negative utilisation, then one good one, then the stream ends.
     BadThenEnd,
+    /// One report, then silence with the stream held open (a peer that vanished).
+    OneThenSilent,
 }
 
 /// An ORCA server; counts the streams open now and the intervals asked for.
@@ -91,6 +93,14 @@ impl OpenRcaService for Orca {
                 Ok(report(-1.0)),
                 Ok(report(0.5)),
             ])),
+            Script::OneThenSilent => Box::pin(
+                futures_util::stream::iter([Ok::<_, Status>(report(0.7))])
+                    .chain(futures_util::stream::pending())
+                    .map(move |r| {
+                        let _ = &guard;
+                        r
+                    }),
+            ),
         };
         Ok(Response::new(stream))
     }
@@ -179,6 +189,7 @@ const FAST: OobConfig = OobConfig {
     interval: Duration::from_millis(20),
     backoff_min: Duration::from_millis(10),
     backoff_max: Duration::from_millis(40),
+    silence: Duration::from_millis(200),
 };
 
 /// Wait (at most 10 s) until `ok` holds.
@@ -306,7 +317,7 @@ async fn any_snapshot_source_can_be_followed() {
     let weak = Arc::downgrade(&balancer);
     let current = move || weak.upgrade().map(|b| b.snapshot());
     let make = |ep: &Endpoint| channel(ep).map_err(Into::into);
-    let reports = oob::watch_endpoints(current, clock.clone(), make, FAST);
+    let (reports, _task) = oob::watch_endpoints(current, clock.clone(), make, FAST);
     let util = |snap: &Snapshot, s: &Server| {
         let i = snap.find(&EndpointKey::from(s.addr.to_string().as_str()))?;
         Some(snap.endpoint(i).stats().load_report()?.utilization)
@@ -321,4 +332,18 @@ async fn any_snapshot_source_can_be_followed() {
     // The source gone, every stream ends.
     drop(balancer);
     until(|| a.open.load(SeqCst) == 0).await;
+}
+
+// A stream that goes silent with its connection open is taken for dead after `silence` and
+// opened again, so an endpoint whose peer vanished without a reset is asked anew.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_stream_is_opened_again() {
+    let quiet = serve(Some(Script::OneThenSilent)).await;
+    let specs = vec![EndpointSpec::new(quiet.addr.to_string())];
+    let pool = PoolBuilder::new(adaptive()).spawn_static(specs, TryMake(channel));
+    let reports = oob::watch(&pool, FAST);
+    until(|| reports.counts().opened >= 3).await;
+    let c = reports.counts();
+    assert!(c.reports >= 2 && c.failed >= 2, "{c:?}");
+    assert_eq!(utilization(&pool, quiet.addr), Some(0.7));
 }

@@ -65,7 +65,7 @@ use std::time::Duration;
 
 use lbkit_core::{
     Availability, BoxStrategy, CallPolicy, CircuitBreaker, HedgeDelay, SlowStart, SnapshotPolicy,
-    DEFAULT_PANIC_THRESHOLD,
+    DEFAULT_PANIC_THRESHOLD, MAX_RETRIES,
 };
 use lbkit_strategy::catalog::{self, Params};
 use lbkit_strategy::ZoneAware;
@@ -150,8 +150,8 @@ impl CallEntry {
 
     /// The field at fault and why, if any (checked on the settings a service ends up with).
     fn check(&self) -> Result<(), (&'static str, String)> {
-        if self.retries.is_some_and(|r| r > 15) {
-            return Err(("retries", "at most 15".into()));
+        if self.retries.is_some_and(|r| r > MAX_RETRIES) {
+            return Err(("retries", format!("at most {MAX_RETRIES}")));
         }
         if self.timeout_ms == Some(0) {
             return Err(("timeout_ms", "must be positive".into()));
@@ -160,10 +160,7 @@ impl CallEntry {
             return Err(("per_try_timeout_ms", "must be positive".into()));
         }
         if let Some(h) = &self.hedge {
-            if HedgeDelay::parse(h).is_none() {
-                let why = format!("{h:?}: a quantile (p95) or a delay (20ms, 1.5s)");
-                return Err(("hedge", why));
-            }
+            h.parse::<HedgeDelay>().map_err(|why| ("hedge", why))?;
             if self.retries == Some(0) {
                 let why = "a hedge is an attempt: it needs retries >= 1".into();
                 return Err(("hedge", why));

@@ -88,6 +88,12 @@ fn check_errors_exit_2_with_one_line_naming_file_and_field() {
             "admin.token",
         ),
         (
+            "hedge.toml",
+            GOOD.replace("service = \"api\"", "service = \"api\"\nhedge = \"p95\"")
+                .replace("strategy =", "retries = 0\nstrategy ="),
+            "route[0].hedge",
+        ),
+        (
             "orca.toml",
             GOOD.replace("strategy =", "orca_oob_ms = 1000\nstrategy ="),
             "service.api.orca_oob_ms",

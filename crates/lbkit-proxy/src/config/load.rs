@@ -150,8 +150,13 @@ impl Config {
                     .map_err(|e| err(format!("route[{i}].hash_key"), e.to_string()))?;
             }
             if let Some(h) = &r.hedge {
-                if lbkit_core::HedgeDelay::parse(h).is_none() {
-                    let why = format!("{h:?}: a quantile (p95) or a delay (20ms, 1.5s)");
+                h.parse::<lbkit_core::HedgeDelay>()
+                    .map_err(|why| err(format!("route[{i}].hedge"), why))?;
+                if self.services[&r.service].retries == 0 {
+                    let why = format!(
+                        "a hedge is an attempt: service {:?} has retries = 0",
+                        r.service
+                    );
                     return Err(err(format!("route[{i}].hedge"), why));
                 }
             }

@@ -83,9 +83,8 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-/// Most `retries` a service may have: every attempt goes to an endpoint not tried yet, and a
-/// call remembers 16 of them (`lbkit_core::TriedSet::CAPACITY`).
-pub const MAX_RETRIES: u32 = 15;
+/// Most `retries` a service may have: lbkit-core's, for every config.
+pub use lbkit_core::MAX_RETRIES;
 
 /// Smallest `limits.max_header_bytes`: hyper's HTTP/1 read buffer cannot be smaller (8 KiB).
 pub const MIN_HEADER_BYTES: usize = 8192;

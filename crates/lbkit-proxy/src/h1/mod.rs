@@ -354,7 +354,7 @@ impl Conn<'_> {
     fn is_grpc(&self, head: &ReqHead) -> bool {
         let source = self.source(head);
         lbkit_strategy::KeySource::header(&source, "content-type")
-            .is_some_and(|v| v.starts_with(b"application/grpc"))
+            .is_some_and(|v| lbkit_tower::http::GrpcKind::of(v).is_some())
     }
 
     /// The request's hash key for `route`, read as the tower layer reads it.

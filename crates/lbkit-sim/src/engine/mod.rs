@@ -25,7 +25,6 @@ mod flow;
 
 /// Period of balancer refresh ticks (warm-up, response-time and adaptive weights).
 const TICK: u64 = 100_000_000;
-/// Period of server load reports (ORCA-style), as gRPC's default weight update period.
 /// A refused connection fails this fast.
 const REFUSED: u64 = 1_000_000;
 /// A full waiting room rejects this fast.

@@ -195,10 +195,12 @@ impl Adaptive {
 /// Weights filled with the mean of the usable ones and clamped to `[mean / 100, 10 × mean]`.
 fn clamped(raw: &[(EndpointIdx, Result<f64, &'static str>)]) -> Vec<f64> {
     let usable: Vec<f64> = raw.iter().filter_map(|(_, w)| w.ok()).collect();
+    // Each term divided first: weights near f64::MAX must not sum to infinity.
+    let n = usable.len() as f64;
     let mean = if usable.is_empty() {
         1.0
     } else {
-        usable.iter().sum::<f64>() / usable.len() as f64
+        usable.iter().map(|w| w / n).sum::<f64>()
     };
     raw.iter()
         .map(|(_, w)| w.unwrap_or(mean).clamp(mean / 100.0, mean * 10.0))
@@ -230,8 +232,8 @@ impl Strategy for Adaptive {
                 // Endpoints not eligible keep factor 1: the picker never draws them.
                 let mut scale = vec![1.0f32; snapshot.len()].into_boxed_slice();
                 for ((i, _), &w) in raw.iter().zip(&clamped) {
-                    // At most 1 000 (the clamp): exact enough in f32.
-                    scale[i.get()] = (max / w) as f32;
+                    // At most 1 000 (the clamp; `min` also takes a 0 / 0 to it): exact in f32.
+                    scale[i.get()] = (max / w).min(1_000.0) as f32;
                 }
                 Order::P2c(P2cPicker::ewma_scaled(snapshot, scale))
             }
@@ -461,6 +463,29 @@ mod tests {
     // Reports that make no sense (negative error rates, NaN or infinite values: a report is a
     // public struct anyone can build) give no weight, instead of a NaN or negative weight whose
     // mean makes `f64::clamp` in `prepare` panic.
+    // Weights near f64::MAX: their mean is taken term by term, so no factor becomes NaN.
+    #[test]
+    fn huge_weights_keep_finite_factors() {
+        let s = snap(
+            &[
+                Some((1.0, 1e308, 0.0)),
+                Some((1.0, 1e308, 0.0)),
+                Some((0.5, 100.0, 0.0)),
+            ],
+            T - Duration::from_secs(60),
+        );
+        let p = Adaptive::default().prepare(&s, T);
+        for i in 0..3 {
+            let why = p.explain(EndpointIdx::new(i), T).unwrap();
+            assert!(!why.contains("NaN") && !why.contains("inf"), "{why}");
+        }
+        assert_eq!(
+            picks(&p, 300, T)[2],
+            0,
+            "the weakest never wins a comparison"
+        );
+    }
+
     #[test]
     fn nonsense_reports_give_no_weight() {
         let a = Adaptive::default();

@@ -103,12 +103,11 @@ impl<Resp> Sent<Resp> {
         }
     }
 
-    /// [`discard`](Self::discard) as of `answered` (a retry waited out a pushback since).
-    pub(crate) fn discard_at(self, answered: lbkit_core::Timestamp) {
+    /// The caller waited `d` after this answer (its pushback): however the attempt ends —
+    /// discarded for a retry, or handed back when none follows — its latency leaves `d` out.
+    pub(crate) fn hold(&mut self, d: std::time::Duration) {
         match self {
-            Sent::Response { outcome, call, .. } | Sent::Failed { outcome, call, .. } => {
-                call.finish_at(outcome, answered);
-            }
+            Sent::Response { call, .. } | Sent::Failed { call, .. } => call.hold(d),
         }
     }
 

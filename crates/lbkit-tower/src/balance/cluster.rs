@@ -257,12 +257,11 @@ where
         // only when an endpoint not tried yet is eligible, so that a retry may follow.
         let wait = attempts.retry_wait();
         let untried = s.pool.snapshot().eligible().len() > attempts.tried().len();
-        // The failed attempt's latency ends with its answer, not after the wait.
-        let mut answered = None;
         if !wait.is_zero() && untried {
-            answered = Some(s.clock().now());
             tokio::time::sleep(wait).await;
             attempts.waited();
+            // The failed attempt's latency ends with its answer, not after the wait.
+            sent.hold(wait);
         }
         let now = s.clock().now();
         let next = match s.repick(
@@ -283,7 +282,7 @@ where
             next.call.abandon();
             return answer(s, sent, stop);
         }
-        sent.discard_at(answered.unwrap_or(now));
+        sent.discard();
         attempts.begin(next.call.endpoint());
         if attempts.begun() <= attempts.policy().retries {
             spare = s.requests.replay(&req);

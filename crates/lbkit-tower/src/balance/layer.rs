@@ -220,9 +220,11 @@ impl<Q, R, F> BalanceLayer<Q, R, F> {
     }
 
     /// Apply a service's configured call settings (`lbkit::config`'s `call` table): each one
-    /// set replaces this layer's — `retries` as [`failover`](Self::failover) (whatever the mode
-    /// was), `per_try` as [`timeout`](Self::timeout), `overall` as [`deadline`](Self::deadline),
-    /// `hedge` as [`hedge`](Self::hedge). The deadline header is the request policy's
+    /// set replaces this layer's — `retries` as [`failover`](Self::failover)'s count (only in
+    /// failover mode, the default: a failsafe, failback, forking or broadcast layer keeps its
+    /// mode), `per_try` as [`timeout`](Self::timeout), `overall` as
+    /// [`deadline`](Self::deadline), `hedge` as [`hedge`](Self::hedge). The deadline header is
+    /// the request policy's
     /// ([`HttpRequests::deadline_header`](crate::http::HttpRequests::deadline_header)).
     ///
     /// ```
@@ -234,7 +236,7 @@ impl<Q, R, F> BalanceLayer<Q, R, F> {
     /// assert!(format!("{layer:?}").contains("Failover { retries: 1 }"));
     /// ```
     pub fn call_policy(mut self, call: &lbkit_core::CallPolicy) -> Self {
-        if let Some(retries) = call.retries {
+        if let (Some(retries), Mode::Failover { .. }) = (call.retries, self.mode) {
             self = self.failover(retries);
         }
         self.timeout = call.per_try.or(self.timeout);

@@ -38,8 +38,8 @@ pub use body::{CompleteAt, TrackBody};
 pub use buffer::{BufferRequest, BufferRequestLayer, DEFAULT_BUFFER_LIMIT};
 pub use origin::SetOrigin;
 pub use signal::{
-    deadline, is_grpc, propagate_deadline, pushback, record_pushback, GRPC_RETRY_PUSHBACK_MS,
-    GRPC_TIMEOUT,
+    deadline, is_grpc, propagate_deadline, pushback, record_pushback, GrpcKind,
+    GRPC_RETRY_PUSHBACK_MS, GRPC_TIMEOUT,
 };
 
 /// Request extension marking a request as safe to send again after it reached a server.

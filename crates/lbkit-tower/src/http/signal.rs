@@ -17,7 +17,49 @@ pub static GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-re
 pub fn is_grpc(headers: &HeaderMap) -> bool {
     headers
         .get(http::header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+        .is_some_and(|v| GrpcKind::of(v.as_bytes()).is_some())
+}
+
+/// Which gRPC a content type names: the one reading of `application/grpc…` for every driver.
+///
+/// ```
+/// use lbkit_tower::http::GrpcKind;
+/// assert_eq!(GrpcKind::of(b"application/grpc+proto"), Some(GrpcKind::Grpc));
+/// assert_eq!(GrpcKind::of(b"application/grpc-web+proto"), Some(GrpcKind::Web));
+/// assert_eq!(GrpcKind::of(b"application/grpc-web-text"), Some(GrpcKind::WebText));
+/// assert_eq!(GrpcKind::of(b"application/json"), None);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GrpcKind {
+    /// gRPC over HTTP/2 (`application/grpc`, `+proto`, `+json`).
+    Grpc,
+    /// gRPC-web, binary (`application/grpc-web`, `+proto`).
+    Web,
+    /// gRPC-web, base64 (`application/grpc-web-text`).
+    WebText,
+}
+
+impl GrpcKind {
+    /// The kind `content_type` names, if it is gRPC's.
+    pub fn of(content_type: &[u8]) -> Option<GrpcKind> {
+        let rest = content_type.strip_prefix(b"application/grpc")?;
+        Some(if rest.starts_with(b"-web-text") {
+            GrpcKind::WebText
+        } else if rest.starts_with(b"-web") {
+            GrpcKind::Web
+        } else {
+            GrpcKind::Grpc
+        })
+    }
+
+    /// The content type of an answer the proxy makes itself for this kind of caller.
+    pub fn content_type(self) -> &'static str {
+        match self {
+            GrpcKind::Grpc => "application/grpc",
+            GrpcKind::Web => "application/grpc-web",
+            GrpcKind::WebText => "application/grpc-web-text",
+        }
+    }
 }
 
 /// The caller's deadline a request carries, from its start: the shorter of `grpc-timeout`

@@ -16,7 +16,8 @@
 //! * **Failures**: a server without the service (`UNIMPLEMENTED`) is not asked again while the
 //!   endpoint stays; any other error or an ended stream reopens it after a backoff that starts
 //!   at `backoff_min` and doubles to `backoff_max` (gRPC's 1 s and 120 s), reset by a stream that
-//!   delivered a report.
+//!   delivered a report. A stream silent for `silence` (90 s) is taken for dead and opened
+//!   again.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -70,6 +71,11 @@ pub struct OobConfig {
     pub backoff_min: Duration,
     /// Longest wait (120 s).
     pub backoff_max: Duration,
+    /// A stream with no report for this long (and at least `interval`) is taken for dead and
+    /// opened again: a peer that went away without a reset must not leave its endpoint without
+    /// reports. Default 90 s: three times the 30 s that gRPC servers send at most, unless
+    /// configured otherwise, whatever interval is asked for.
+    pub silence: Duration,
 }
 
 impl Default for OobConfig {
@@ -78,6 +84,7 @@ impl Default for OobConfig {
             interval: Duration::from_secs(10),
             backoff_min: Duration::from_secs(1),
             backoff_max: Duration::from_secs(120),
+            silence: Duration::from_secs(90),
         }
     }
 }
@@ -225,7 +232,7 @@ where
 /// joins and leaves every [`FOLLOW_EVERY`]), over a client service `make` makes per endpoint,
 /// into the endpoints' statistics at `clock`'s time — until `current` returns `None`. For
 /// callers without a [`Pool`], such as `lbkit proxy`'s services. An endpoint whose service
-/// cannot be made is left without a stream.
+/// cannot be made is left without a stream. Aborting the task returned stops every stream.
 ///
 /// # Panics
 /// Outside a tokio runtime.
@@ -234,7 +241,7 @@ pub fn watch_endpoints<Svc, C, M>(
     clock: Clock,
     make: M,
     config: OobConfig,
-) -> OobReports
+) -> (OobReports, JoinHandle<()>)
 where
     Svc: OrcaClient,
     C: Fn() -> Option<Arc<Snapshot>> + Send + Sync + 'static,
@@ -242,16 +249,23 @@ where
 {
     let counters = Arc::new(Counters::default());
     let sink = Arc::new(FnSink(current, clock));
-    tokio::spawn(follow_snapshots(sink, make, config, counters.clone()));
-    OobReports { counters }
+    let task = tokio::spawn(follow_snapshots(sink, make, config, counters.clone()));
+    (OobReports { counters }, task)
 }
+
+/// The shortest wait before a stream is opened again, whatever the config says.
+pub const MIN_BACKOFF: Duration = Duration::from_millis(10);
 
 /// How often [`watch_endpoints`] looks for joins and leaves.
 pub const FOLLOW_EVERY: Duration = Duration::from_secs(1);
 
+/// What makes an endpoint's stream the same one: its address and, in a pool, its client
+/// service's entry (an endpoint removed and added again gets a new client, and a new stream).
+type Identity = (Arc<str>, usize);
+
 /// The streams of one owner, by endpoint: reconciled with its current endpoints.
 struct Streams<Svc> {
-    running: HashMap<EndpointKey, (Arc<str>, AbortOnDrop)>,
+    running: HashMap<EndpointKey, (Identity, AbortOnDrop)>,
     sink: Arc<dyn Sink>,
     config: OobConfig,
     counters: Arc<Counters>,
@@ -269,17 +283,17 @@ impl<Svc: OrcaClient> Streams<Svc> {
         }
     }
 
-    /// Keep a stream for each `(key, address)` of `endpoints` (a changed address is a new
-    /// stream), made with `make` when it is new; cancel the others.
+    /// Keep a stream for each `(key, address, instance)` of `endpoints` (another address or
+    /// instance is a new stream), made with `make` when it is new; cancel the others.
     fn reconcile<'e>(
         &mut self,
-        endpoints: impl Iterator<Item = (&'e EndpointKey, &'e str)>,
+        endpoints: impl Iterator<Item = (&'e EndpointKey, &'e str, usize)>,
         mut make: impl FnMut(&EndpointKey) -> Option<Svc>,
     ) {
         let mut keep = HashMap::new();
-        for (key, address) in endpoints {
+        for (key, address, instance) in endpoints {
             match self.running.remove(key) {
-                Some(entry) if *entry.0 == *address => {
+                Some(entry) if *entry.0 .0 == *address && entry.0 .1 == instance => {
                     keep.insert(key.clone(), entry);
                 }
                 _ => {
@@ -291,7 +305,8 @@ impl<Svc: OrcaClient> Streams<Svc> {
                         self.config,
                         self.counters.clone(),
                     ));
-                    keep.insert(key.clone(), (Arc::from(address), AbortOnDrop(task)));
+                    let id = (Arc::from(address), instance);
+                    keep.insert(key.clone(), (id, AbortOnDrop(task)));
                 }
             }
         }
@@ -318,7 +333,9 @@ async fn follow_pool<Svc, S>(
         drop(pool);
         let by_key: HashMap<&EndpointKey, &Svc> =
             services.values().map(|e| (&e.key, &e.svc)).collect();
-        let endpoints = services.values().map(|e| (&e.key, &*e.address));
+        let endpoints = services
+            .values()
+            .map(|e| (&e.key, &*e.address, Arc::as_ptr(e) as usize));
         streams.reconcile(endpoints, |key| by_key.get(key).map(|svc| (*svc).clone()));
         if status.changed().await.is_err() {
             break;
@@ -341,7 +358,10 @@ async fn follow_snapshots<Svc, M>(
     while let Some((snapshot, _)) = sink.current() {
         if version != Some(snapshot.version()) {
             version = Some(snapshot.version());
-            let endpoints = snapshot.endpoints().iter().map(|e| (e.key(), e.address()));
+            let endpoints = snapshot
+                .endpoints()
+                .iter()
+                .map(|e| (e.key(), e.address(), 0));
             streams.reconcile(endpoints, |key| {
                 let e = snapshot.endpoint(snapshot.find(key)?);
                 make(e)
@@ -371,7 +391,10 @@ async fn stream_endpoint<Svc: OrcaClient>(
     config: OobConfig,
     counters: Arc<Counters>,
 ) {
-    let mut backoff = config.backoff_min;
+    // A zero or huge backoff from a hand-made config: no hot loop, no overflow.
+    let floor = config.backoff_min.max(MIN_BACKOFF);
+    let ceiling = config.backoff_max.max(floor);
+    let mut backoff = floor;
     loop {
         counters.opened.fetch_add(1, Relaxed);
         let mut received = 0u64;
@@ -390,10 +413,10 @@ async fn stream_endpoint<Svc: OrcaClient>(
         }
         counters.failed.fetch_add(1, Relaxed);
         if received > 0 {
-            backoff = config.backoff_min;
+            backoff = floor;
         }
         tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(config.backoff_max);
+        backoff = backoff.saturating_mul(2).min(ceiling);
     }
 }
 
@@ -424,7 +447,13 @@ async fn stream_once<Svc: OrcaClient>(
         .server_streaming(tonic::Request::new(request), path, codec)
         .await?
         .into_inner();
-    while let Some(wire) = stream.message().await? {
+    let silent = config.silence.max(config.interval);
+    loop {
+        let next = tokio::time::timeout(silent, stream.message()).await;
+        let Ok(next) = next else {
+            return Err(Status::unavailable(format!("no report for {silent:?}")));
+        };
+        let Some(wire) = next? else { break };
         *received += 1;
         let Some((snapshot, now)) = sink.current() else {
             return Ok(());

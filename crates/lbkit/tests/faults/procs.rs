@@ -214,7 +214,7 @@ pub fn free_port() -> Result<u16> {
     let (low, high) = (10_000u32, ephemeral_low.max(10_100));
     let span = high - low;
     // Processes start at different places (their pid), then walk.
-    let base = std::process::id() * 7_919 % span;
+    let base = (u64::from(std::process::id()) * 7_919 % u64::from(span)) as u32;
     for _ in 0..200 {
         let port = low + (base + NEXT.fetch_add(1, Relaxed)) % span;
         let port = u16::try_from(port).map_err(|e| e.to_string())?;
