@@ -5,6 +5,7 @@
 
 mod common;
 
+#[rustfmt::skip]
 #[path = "../../lbkit-tower/tests/support/orca_gen.rs"]
 mod orca_gen;
 

@@ -4,9 +4,13 @@
 //! once; a stream that ends or sends nonsense is handled; an endpoint that leaves has its stream
 //! cancelled.
 
+// Generated code, compared token by token with what the protos give (tests/codegen.rs):
+// rustfmt must leave it as generated.
+#[rustfmt::skip]
 #[path = "support/orca_gen.rs"]
 mod orca_gen;
 
+#[rustfmt::skip]
 #[path = "../examples/proto/echo.rs"]
 #[allow(dead_code, unreachable_pub, missing_docs, clippy::all)]
 mod echo;
