@@ -52,6 +52,22 @@ impl Config {
 
     fn validate(&self, path: &Path) -> Result<(), ConfigError> {
         let err = |field: String, reason: String| ConfigError::new(path, field, reason);
+        self.validate_limits(&err)?;
+        self.validate_listeners(&err)?;
+        self.validate_routes(&err)?;
+        for (name, svc) in &self.services {
+            svc.validate(&|field: &str, reason: String| {
+                err(format!("service.{name}.{field}"), reason)
+            })?;
+        }
+        Ok(())
+    }
+
+    /// The limits and the admin API's exposure.
+    fn validate_limits(
+        &self,
+        err: &dyn Fn(String, String) -> ConfigError,
+    ) -> Result<(), ConfigError> {
         if self.limits.max_header_bytes < MIN_HEADER_BYTES {
             return Err(err(
                 "limits.max_header_bytes".into(),
@@ -97,6 +113,14 @@ impl Config {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// Listeners: at least one, a TCP one with a known service, an HTTP one without.
+    fn validate_listeners(
+        &self,
+        err: &dyn Fn(String, String) -> ConfigError,
+    ) -> Result<(), ConfigError> {
         if self.listeners.is_empty() {
             return Err(err(
                 "listener".into(),
@@ -126,6 +150,14 @@ impl Config {
                 _ => {}
             }
         }
+        Ok(())
+    }
+
+    /// Routes: a known service, a path prefix, timeouts, hash keys, hedges.
+    fn validate_routes(
+        &self,
+        err: &dyn Fn(String, String) -> ConfigError,
+    ) -> Result<(), ConfigError> {
         for (i, r) in self.routes.iter().enumerate() {
             if !self.services.contains_key(&r.service) {
                 return Err(err(
@@ -160,11 +192,6 @@ impl Config {
                     return Err(err(format!("route[{i}].hedge"), why));
                 }
             }
-        }
-        for (name, svc) in &self.services {
-            svc.validate(&|field: &str, reason: String| {
-                err(format!("service.{name}.{field}"), reason)
-            })?;
         }
         Ok(())
     }
