@@ -11,6 +11,7 @@ use crate::error::PickError;
 use crate::route::{self, Lead, RequestTag, Routed, RoutedSet, TagTable};
 use crate::shadow::Shadow;
 use crate::snapshot::{EndpointIdx, Snapshot};
+use crate::stage::{Attr, StageReport, Staged, Stages};
 use crate::stats::Outcome;
 use crate::strategy::{BoxStrategy, PickContext, Picker, Strategy};
 use crate::sync::{ArcCell, AtomicBool, Ordering};
@@ -31,6 +32,7 @@ pub struct Prepared<P> {
     snapshot: Arc<Snapshot>,
     picker: P,
     tags: Option<Box<Tagged<P>>>,
+    staged: Option<Box<Staged<P>>>,
     prepared_at: Timestamp,
     refresh_at: Option<Timestamp>,
 }
@@ -92,7 +94,35 @@ impl<P: Picker> Prepared<P> {
     ) -> Result<EndpointIdx, PickError> {
         // The tag by reference, not copied: the copy was a 16-byte load of the context its
         // caller had just written field by field, which the store buffer cannot forward.
-        self.set(cx.tag.as_ref())?.1.select(cx, filter)
+        let (_, set, lead) = self.set(cx.tag.as_ref())?;
+        match (&self.staged, lead) {
+            (Some(staged), Some(tree)) => staged_set(staged, tree, cx)?.select(cx, filter),
+            _ => set.select(cx, filter),
+        }
+    }
+
+    /// What the stages ([`stage`](crate::stage)) decide for a request with `tag` and
+    /// `attrs`: its subset, tiers, zones and aperture. `None` when no stage runs (nothing
+    /// configured, one priority), or for a tag set beyond
+    /// [`MAX_TAG_SETS`](crate::route::MAX_TAG_SETS).
+    ///
+    /// # Errors
+    /// The tag's errors, as [`routed`](Self::routed); a subset fallback's.
+    pub fn stage_report(
+        &self,
+        tag: Option<RequestTag<'_>>,
+        attrs: &[Attr<'_>],
+    ) -> Result<Option<StageReport>, PickError> {
+        let (_, _, lead) = self.set(tag.as_ref())?;
+        match (&self.staged, lead) {
+            (Some(staged), Some(tree)) => staged.tree(tree).map(|t| t.report(attrs)).transpose(),
+            _ => Ok(None),
+        }
+    }
+
+    /// Whether stages run in front of the strategy.
+    pub fn is_staged(&self) -> bool {
+        self.staged.is_some()
     }
 
     /// The set a request with `tag` is routed to (all of the snapshot without tags, or one
@@ -105,7 +135,7 @@ impl<P: Picker> Prepared<P> {
         &self,
         tag: Option<RequestTag<'_>>,
     ) -> Result<(Routed, RoutedSet<'_>), PickError> {
-        self.set(tag.as_ref()).map(|(routed, set)| {
+        self.set(tag.as_ref()).map(|(routed, set, _)| {
             let members = match set.how {
                 How::Members(m) => Some(m),
                 How::Picker(_) => None,
@@ -114,29 +144,39 @@ impl<P: Picker> Prepared<P> {
         })
     }
 
-    /// The set a request with `tag` picks in, and its picker.
+    /// The set a request with `tag` picks in, its picker, and its stage tree (0 for the whole
+    /// snapshot, 1 + i for tag subset i; none for a member list).
     #[inline]
-    fn set(&self, tag: Option<&RequestTag<'_>>) -> Result<(Routed, Set<'_, P>), PickError> {
+    fn set(
+        &self,
+        tag: Option<&RequestTag<'_>>,
+    ) -> Result<(Routed, Set<'_, P>, Option<usize>), PickError> {
         let main = Set {
             snapshot: &self.snapshot,
             how: How::Picker(&self.picker),
         };
         let Some(tagged) = &self.tags else {
-            return route::untabled(tag).map(|(_, routed)| (routed, main));
+            return route::untabled(tag).map(|(_, routed)| (routed, main, Some(0)));
         };
         let (lead, routed) = tagged.table.lead(tag)?;
-        let set = match lead {
-            Lead::Subset(i) => Set {
-                snapshot: &tagged.table.subsets[i as usize],
-                how: How::Picker(&tagged.pickers[i as usize]),
-            },
-            Lead::Members(i) => Set {
-                snapshot: &self.snapshot,
-                how: How::Members(&tagged.table.members[i as usize]),
-            },
-            Lead::Main | Lead::Nothing => main,
+        let (set, tree) = match lead {
+            Lead::Subset(i) => (
+                Set {
+                    snapshot: &tagged.table.subsets[i as usize],
+                    how: How::Picker(&tagged.pickers[i as usize]),
+                },
+                Some(1 + i as usize),
+            ),
+            Lead::Members(i) => (
+                Set {
+                    snapshot: &self.snapshot,
+                    how: How::Members(&tagged.table.members[i as usize]),
+                },
+                None,
+            ),
+            Lead::Main | Lead::Nothing => (main, Some(0)),
         };
-        Ok((routed, set))
+        Ok((routed, set, tree))
     }
 
     /// How many subsets were prepared beside the whole snapshot for its tags.
@@ -166,6 +206,23 @@ impl<P: Picker> Prepared<P> {
         }
         Ok(idx)
     }
+}
+
+/// The leaf of the stages a request routed to `tree` reaches, as a set to pick in.
+#[inline]
+fn staged_set<'p, P: Picker>(
+    staged: &'p Staged<P>,
+    tree: usize,
+    cx: &mut PickContext<'_>,
+) -> Result<Set<'p, P>, PickError> {
+    let leaf = staged.leaf(tree, cx)?;
+    Ok(Set {
+        snapshot: &leaf.snapshot,
+        how: match &leaf.picker {
+            Some(p) => How::Picker(p),
+            None => How::Members(&leaf.members),
+        },
+    })
 }
 
 /// One set of a snapshot (all of it or a tag's) and how it is picked from: what a pick
@@ -326,6 +383,8 @@ pub struct Balancer<S: Strategy = BoxStrategy> {
     /// Whether this balancer's strategy sets the endpoints' EWMA decay
     /// ([`Strategy::ewma_decay`]): not for a shadow's candidate.
     owns_statistics: bool,
+    /// The stages in front of the strategy ([`crate::stage`]).
+    stages: ArcCell<Stages>,
 }
 
 // === impl Balancer ===
@@ -341,7 +400,8 @@ impl<S: Strategy> Balancer<S> {
     /// A balancer that reads the endpoints' statistics without setting them up for its
     /// strategy: a shadow's candidate.
     pub(crate) fn observing(strategy: S, snapshot: Arc<Snapshot>, now: Timestamp) -> Self {
-        let prepared = prepare(&strategy, snapshot, now);
+        let stages = Stages::default();
+        let prepared = prepare(&strategy, &stages, snapshot, now);
         Balancer {
             strategy,
             availability: Availability::default(),
@@ -352,7 +412,27 @@ impl<S: Strategy> Balancer<S> {
             shadow: ArcCell::from_pointee(None),
             shadowing: AtomicBool::new(false),
             owns_statistics: false,
+            stages: ArcCell::from_pointee(stages),
         }
+    }
+
+    /// Run `stages` in front of the strategy ([`crate::stage`]), re-preparing the current
+    /// snapshot at `now`.
+    pub fn with_stages(self, stages: Stages, now: Timestamp) -> Self {
+        self.set_stages(stages, now);
+        self
+    }
+
+    /// Replace the stages (an aperture's new coordinates, a reload) and publish the current
+    /// snapshot prepared with them at `now`.
+    pub fn set_stages(&self, stages: Stages, now: Timestamp) {
+        self.stages.store(Arc::new(stages));
+        self.publish(self.snapshot(), now);
+    }
+
+    /// The stages in front of the strategy.
+    pub fn stages(&self) -> Arc<Stages> {
+        self.stages.load_full()
     }
 
     fn owning_statistics(mut self) -> Self {
@@ -469,8 +549,9 @@ impl<S: Strategy> Balancer<S> {
         if self.owns_statistics {
             apply_decay(&self.strategy, &snapshot);
         }
+        let stages = self.stages.load();
         self.current
-            .store(Arc::new(prepare(&self.strategy, snapshot, now)));
+            .store(Arc::new(prepare(&self.strategy, &stages, snapshot, now)));
     }
 
     /// Whether the current picker asked to be re-prepared by `now`.
@@ -502,7 +583,12 @@ impl<S: Strategy> Balancer<S> {
             self.refreshing.store(false, Ordering::Release);
             return false;
         }
-        let next = Arc::new(prepare(&self.strategy, before.snapshot.clone(), now));
+        let next = Arc::new(prepare(
+            &self.strategy,
+            &self.stages.load(),
+            before.snapshot.clone(),
+            now,
+        ));
         let prev = self.current.compare_and_swap(&before, next);
         let swapped = Arc::ptr_eq(&prev, &before);
         self.refreshing.store(false, Ordering::Release);
@@ -600,6 +686,7 @@ fn apply_decay<S: Strategy>(strategy: &S, snapshot: &Snapshot) {
 
 fn prepare<S: Strategy>(
     strategy: &S,
+    stages: &Stages,
     snapshot: Arc<Snapshot>,
     now: Timestamp,
 ) -> Prepared<S::Picker> {
@@ -612,6 +699,8 @@ fn prepare<S: Strategy>(
             .collect();
         Box::new(Tagged { table, pickers })
     });
+    let tag_sets = tags.as_ref().map_or(&[][..], |t| &t.table.subsets[..]);
+    let staged = Staged::prepare(strategy, stages, &snapshot, tag_sets, now).map(Box::new);
     let periodic = strategy.refresh_interval().map(|d| now.saturating_add(d));
     let warming = snapshot
         .eligible()
@@ -626,6 +715,7 @@ fn prepare<S: Strategy>(
         snapshot,
         picker,
         tags,
+        staged,
         prepared_at: now,
         refresh_at,
     }

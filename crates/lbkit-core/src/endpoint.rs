@@ -212,6 +212,10 @@ pub struct EndpointSpec {
     pub warmup: Option<Duration>,
     /// `false` when marked down (health check, registry `disabled`): never picked.
     pub healthy: bool,
+    /// Priority tier, 0 the highest (Envoy's priority levels; nginx's and HAProxy's `backup`
+    /// is tier 1): traffic spills to a lower tier only as the tiers above lose health
+    /// ([`stage`](crate::stage)).
+    pub priority: u32,
 }
 
 // === impl EndpointSpec ===
@@ -229,6 +233,7 @@ impl EndpointSpec {
             registered_at: None,
             warmup: None,
             healthy: true,
+            priority: 0,
         }
     }
 
@@ -273,6 +278,12 @@ impl EndpointSpec {
         self.healthy = healthy;
         self
     }
+
+    /// Set the priority tier (0 the highest).
+    pub fn with_priority(mut self, priority: u32) -> Self {
+        self.priority = priority;
+        self
+    }
 }
 
 /// One endpoint of a [`Snapshot`](crate::Snapshot). Cheap to clone (one `Arc`).
@@ -293,6 +304,7 @@ struct EndpointInner {
     registered_at: Option<Timestamp>,
     warmup: Duration,
     healthy: bool,
+    priority: u32,
     /// Monotonic time this process first saw the key (kept across snapshots).
     added_at: Timestamp,
     // Atomics, shared with every snapshot that holds this key.
@@ -315,6 +327,7 @@ impl Endpoint {
             registered_at: spec.registered_at,
             warmup,
             healthy: spec.healthy,
+            priority: spec.priority,
             added_at,
             stats,
         }))
@@ -341,6 +354,7 @@ impl Endpoint {
             && e.registered_at == spec.registered_at
             && e.warmup == warmup_of(spec)
             && e.healthy == spec.healthy
+            && e.priority == spec.priority
             && *e.metadata == spec.metadata
     }
 
@@ -372,7 +386,13 @@ impl Endpoint {
             registered_at: e.registered_at,
             warmup: Some(e.warmup),
             healthy: e.healthy,
+            priority: e.priority,
         }
+    }
+
+    /// Priority tier, 0 the highest.
+    pub fn priority(&self) -> u32 {
+        self.0.priority
     }
 
     /// Stable identity.

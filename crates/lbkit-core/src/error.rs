@@ -27,6 +27,17 @@ pub enum PickError {
     /// The request has no tag and every eligible endpoint is reserved for a tag.
     #[error("every eligible endpoint is tagged, and the request has no tag")]
     AllTagged,
+    /// No subset matches the request's attributes, and the subset fallback is `none`
+    /// ([`stage`](crate::stage)).
+    #[error("no subset matches the request's attributes, and the subset fallback is none")]
+    NoSubset,
+    /// The request's subset has no eligible endpoint (down, ejected or drained), and the
+    /// subset fallback is `none`.
+    #[error("the request's subset has no eligible endpoint (down, ejected or drained), and the subset fallback is none")]
+    SubsetUnavailable,
+    /// No subset serves the request and the default subset has no eligible endpoint.
+    #[error("no subset serves the request, and the default subset has no eligible endpoint")]
+    DefaultSubsetEmpty,
     /// A user-defined picker refused to choose.
     #[error("the strategy declined to pick: {0}")]
     Declined(&'static str),

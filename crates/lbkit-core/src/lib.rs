@@ -62,6 +62,7 @@ pub mod route;
 pub mod shadow;
 pub mod signal;
 mod snapshot;
+pub mod stage;
 mod stats;
 mod strategy;
 #[doc(hidden)]

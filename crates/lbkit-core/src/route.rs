@@ -101,19 +101,26 @@ impl From<RequestTag<'_>> for RequestTagBuf {
     }
 }
 
-/// What a request says about where it may go: its consistent-hash key and its tag.
+/// What a request says about where it may go: its consistent-hash key, its tag and its
+/// attributes.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 pub struct Route<'a> {
     /// The request's hash key.
     pub key: Option<&'a [u8]>,
     /// The tag it asks for.
     pub tag: Option<RequestTag<'a>>,
+    /// Its attributes, for metadata subsets ([`stage`](crate::stage)).
+    pub attrs: &'a [crate::stage::Attr<'a>],
 }
 
 impl<'a> Route<'a> {
     /// A route with only a hash key.
     pub fn key(key: Option<&'a [u8]>) -> Self {
-        Route { key, tag: None }
+        Route {
+            key,
+            tag: None,
+            attrs: &[],
+        }
     }
 }
 

@@ -181,6 +181,30 @@ impl Snapshot {
         }
     }
 
+    /// The same snapshot with exactly `members` eligible (sorted by index; down ones too, when
+    /// a priority tier in panic admits them), and `panic` as its panic flag: what a stage
+    /// ([`stage`](crate::stage)) prepares its leaf's strategy on. Indices stay valid in `self`.
+    pub(crate) fn scoped(&self, members: &[EndpointIdx], panic: bool) -> Snapshot {
+        let mut is_eligible = vec![false; self.len()].into_boxed_slice();
+        for &i in members {
+            is_eligible[i.get()] = true;
+        }
+        Snapshot {
+            version: self.version,
+            endpoints: self.endpoints.clone(),
+            live: self.live.clone(),
+            eligible: members.into(),
+            is_eligible,
+            ejected_until: self.ejected_until.clone(),
+            ramp_from: self.ramp_from.clone(),
+            policy: self.policy,
+            panic,
+            unhealthy: self.unhealthy,
+            drained: self.drained,
+            ejected: self.ejected,
+        }
+    }
+
     /// A snapshot built from specs with fresh statistics, all first seen at `now`.
     pub fn from_specs(specs: Vec<EndpointSpec>, now: Timestamp) -> Self {
         let endpoints = specs
@@ -577,6 +601,7 @@ fn spec_of(e: &Endpoint) -> EndpointSpec {
         registered_at: e.registered_at(),
         warmup: (e.registered_at().is_some() || !e.warmup().is_zero()).then(|| e.warmup()),
         healthy: e.is_healthy(),
+        priority: e.priority(),
     }
 }
 

@@ -13,6 +13,7 @@ use crate::error::PickError;
 use crate::rng::FastRng;
 use crate::route::{RequestTag, Route};
 use crate::snapshot::{EndpointIdx, Snapshot};
+use crate::stage::Attr;
 use crate::time::Timestamp;
 use crate::trace_id::TraceId;
 
@@ -104,6 +105,9 @@ pub struct PickContext<'a> {
     /// The tag the request asks for (Dubbo's tag routing: see [`route`](crate::route)); the
     /// balancer picks among that tag's providers.
     pub tag: Option<RequestTag<'a>>,
+    /// The request's attributes (headers, gRPC metadata) that metadata subsets match on
+    /// ([`stage`](crate::stage)); empty by default.
+    pub attrs: &'a [Attr<'a>],
     /// The request's tracing decision ([`trace`](crate::trace)): undecided at a first attempt;
     /// a balancer with a tracer decides and writes it here, and retries carry it.
     pub trace: TraceId,
@@ -129,6 +133,7 @@ impl<'a> PickContext<'a> {
             tried: &NOTHING_TRIED,
             rng,
             tag: None,
+            attrs: &[],
             trace: TraceId::UNDECIDED,
             hedge: false,
         }
@@ -153,10 +158,17 @@ impl<'a> PickContext<'a> {
         self
     }
 
-    /// Set the request's hash key and tag.
+    /// Set the request's attributes, for metadata subsets.
+    pub fn with_attrs(mut self, attrs: &'a [Attr<'a>]) -> Self {
+        self.attrs = attrs;
+        self
+    }
+
+    /// Set the request's hash key, tag and attributes.
     pub fn with_route(mut self, route: Route<'a>) -> Self {
         self.key = route.key;
         self.tag = route.tag;
+        self.attrs = route.attrs;
         self
     }
 

@@ -43,6 +43,7 @@ pub mod file;
 pub mod governance;
 #[cfg(feature = "controller")]
 pub mod source;
+pub mod stages;
 mod static_list;
 #[cfg(feature = "zookeeper")]
 pub mod zookeeper;

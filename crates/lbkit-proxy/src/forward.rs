@@ -32,10 +32,12 @@ use http_body::Body as _;
 use http_body_util::{BodyExt, Either, Full};
 use lbkit_core::http::is_idempotent_method;
 use lbkit_core::signal::Pushback;
+use lbkit_core::stage::Attr;
 use lbkit_core::{
     classify_answer, Attempts, CallGuard, Classified, Clock, FastRng, Observed, Outcome,
     RequestTagBuf, RetryWhen, Route, Stop,
 };
+use lbkit_strategy::attrs::{attr_buf, MAX_ATTRS};
 use lbkit_strategy::KeyExtractor;
 use lbkit_tower::http::{
     deadline, grpc_failure, propagate_deadline, record_pushback, trailers_outcome, GrpcKind,
@@ -157,7 +159,8 @@ async fn forward(
         return local(StatusCode::GATEWAY_TIMEOUT, "deadline exceeded\n");
     }
     let mut rng = FastRng::from_entropy();
-    let mut guard = match service.pick(&mut attempts, started, out.route(), &mut rng) {
+    let mut guard = match service.pick(&mut attempts, started, out.route(&mut attr_buf()), &mut rng)
+    {
         Ok(g) => g,
         Err(e) => return local(StatusCode::SERVICE_UNAVAILABLE, &format!("{e}\n")),
     };
@@ -188,7 +191,7 @@ async fn forward(
         // Its latency ends when its answer came, not after a pushback's wait.
         let answered = service.clock().now();
         service.wait_pushback(&mut attempts, c).await;
-        match service.retry(&mut attempts, c, out.route(), &mut rng) {
+        match service.retry(&mut attempts, c, out.route(&mut attr_buf()), &mut rng) {
             Ok((next, _)) => {
                 guard.finish_at(c.outcome, answered);
                 guard = next;
@@ -283,7 +286,7 @@ async fn hedged(
     tokio::pin!(a);
     let (second, req) = tokio::select! {
         r = &mut a => return Ok(settle(attempts, r, first)),
-        () = tokio::time::sleep(delay) => match service.hedge(attempts, out.route(), rng) {
+        () = tokio::time::sleep(delay) => match service.hedge(attempts, out.route(&mut attr_buf()), rng) {
             Ok(second) => match out.request(second.endpoint().address(), false) {
                 Some(req) => (second, req),
                 None => {
@@ -444,6 +447,8 @@ struct Outgoing {
     key: Option<Vec<u8>>,
     /// The request's routing tag.
     tag: Option<RequestTagBuf>,
+    /// The request's attributes, for metadata subsets.
+    attrs: lbkit_strategy::OwnedAttrs,
     upgrade: Option<tunnel::Ask>,
     idempotent: bool,
     h2c: bool,
@@ -465,6 +470,9 @@ impl Outgoing {
         let tag = service
             .tags()
             .with_tag(&req, |tag| tag.map(RequestTagBuf::from));
+        let attrs = service
+            .attrs()
+            .read_owned(&lbkit_tower::http::HttpKeySource::new(&req));
         let (mut parts, body) = req.into_parts();
         prepare_headers(&mut parts, client, h2c, service.config().forwarded_headers);
         if let Some(u) = &upgrade {
@@ -482,6 +490,7 @@ impl Outgoing {
             reclaim,
             key,
             tag,
+            attrs,
             upgrade,
             idempotent,
             h2c,
@@ -504,11 +513,12 @@ impl Outgoing {
         upstream
     }
 
-    /// The request's hash key and routing tag.
-    fn route(&self) -> Route<'_> {
+    /// The request's hash key, routing tag and attributes (viewed through `view`).
+    fn route<'a>(&'a self, view: &'a mut [Attr<'a>; MAX_ATTRS]) -> Route<'a> {
         Route {
             key: self.key.as_deref(),
             tag: self.tag.as_ref().map(RequestTagBuf::get),
+            attrs: self.attrs.view(view),
         }
     }
 

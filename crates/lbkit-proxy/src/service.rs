@@ -71,6 +71,8 @@ pub struct Service {
     discovery: std::sync::OnceLock<Arc<ControllerMetrics>>,
     /// Where requests carry their routing tag (`tags`), names prepared for HTTP/2's header maps.
     tags: HttpTags,
+    /// Where requests carry the attributes subsets match on (`stages.subsets.headers`).
+    attrs: lbkit_strategy::AttrHeaders,
     /// The trace recorder (`trace`), attached to every balancer the service builds.
     trace: Option<Arc<lbkit_trace::Recorder>>,
     /// `deadline_header`, its name prepared (validated with the configuration).
@@ -142,6 +144,7 @@ impl Service {
             ejections: ArcSwap::default(),
             discovery: std::sync::OnceLock::new(),
             tags: HttpTags::new(config.tags.headers()),
+            attrs: lbkit_strategy::AttrHeaders::new(config.stages.attr_headers()),
             deadline_header: config
                 .deadline_header
                 .as_deref()
@@ -210,6 +213,19 @@ impl Service {
     #[inline]
     pub fn tags(&self) -> &HttpTags {
         &self.tags
+    }
+
+    /// Where requests carry the attributes metadata subsets match on.
+    #[inline]
+    pub fn attrs(&self) -> &lbkit_strategy::AttrHeaders {
+        &self.attrs
+    }
+
+    /// Replace the stages of the current balancer (an aperture's coordinates from the
+    /// registry); a strategy switch keeps them.
+    pub fn set_stages(&self, stages: lbkit_core::stage::Stages) {
+        let _order = self.publish_lock.lock();
+        self.active().balancer.set_stages(stages, self.clock.now());
     }
 
     /// The current balancer and strategy name.
@@ -364,6 +380,11 @@ impl Service {
             self.trace.as_deref(),
             &self.clock,
         );
+        // The stages as they stand (an aperture's coordinates may have come from the registry).
+        balancer.set_stages(
+            (*self.active.load().balancer.stages()).clone(),
+            self.clock.now(),
+        );
         // A running shadow goes on observing beside the new strategy, its counters kept.
         balancer.set_shadow(self.active.load().balancer.shadow(), self.clock.now());
         self.active.store(Arc::new(Active {
@@ -392,9 +413,12 @@ fn balancer(
             .then_some(config.availability.max_in_flight),
         pushback: config.availability.pushback,
     };
+    // Validated with the configuration; a stage table that does not build runs no stage.
+    let stages = config.stages.build().unwrap_or_default();
     let balancer = Balancer::new(strategy, snapshot, clock.now())
         .with_availability(availability)
-        .with_clock(clock.clone());
+        .with_clock(clock.clone())
+        .with_stages(stages, clock.now());
     match trace {
         Some(recorder) => recorder.attach(balancer, name),
         None => balancer,

@@ -48,6 +48,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 mod alias;
+pub mod attrs;
 mod basic;
 pub mod catalog;
 mod common;
@@ -61,6 +62,7 @@ mod sticky;
 pub mod tag;
 mod weighted_random;
 
+pub use attrs::{AttrHeaders, OwnedAttrs};
 pub use hash::split_target;
 pub use hash::{
     BalanceFactor, ConsistentHash, Ketama, KeyExtractor, KeySource, Maglev, MaglevPicker,

@@ -55,6 +55,11 @@
 //! | `call.hedge` | none | hedge idempotent calls after a quantile of recent latency (`"p95"`) or a delay (`"20ms"`); a hedge is an attempt, so it needs `retries` ≥ 1 | `.hedge(delay)` |
 //! | `call.deadline_header` | none | a request header of whole milliseconds carrying the caller's deadline (`grpc-timeout` is always read) | `HttpRequests::default().deadline_header(name)` |
 //!
+//! Which endpoints may serve a request, per service (inherited from `[defaults]` table by
+//! table): `stages.overprovisioning`, `stages.subsets`, `stages.localities` and
+//! `stages.aperture`, as `lbkit_discovery::stages` documents them (the proxy reads the same
+//! table). Priority tiers follow the endpoints' `priority` with no table.
+//!
 //! Unknown fields, unknown strategy names and unknown or invalid parameters are errors that
 //! name the field, checked when the file is loaded.
 
@@ -67,6 +72,7 @@ use lbkit_core::{
     Availability, BoxStrategy, CallPolicy, CircuitBreaker, HedgeDelay, SlowStart, SnapshotPolicy,
     DEFAULT_PANIC_THRESHOLD, MAX_RETRIES,
 };
+use lbkit_discovery::stages::StagesConfig;
 use lbkit_strategy::catalog::{self, Params};
 use lbkit_strategy::ZoneAware;
 use serde::Deserialize;
@@ -119,6 +125,8 @@ struct ServiceEntry {
     policy: PolicyEntry,
     #[serde(default)]
     call: CallEntry,
+    #[serde(default)]
+    stages: StagesConfig,
     #[serde(default)]
     method: BTreeMap<String, Entry>,
 }
@@ -329,6 +337,10 @@ pub struct Resolved {
     pub zone: Option<String>,
     /// The service's call settings (retries, timeout, hedging, deadline header).
     pub call: CallPolicy,
+    /// Which endpoints may serve a request (`stages`: subsets, localities, aperture), as
+    /// configured; [`StagesConfig::build`] makes the balancer's [`lbkit_core::stage::Stages`]
+    /// and [`StagesConfig::attr_headers`] says which headers carry the subsets' attributes.
+    pub stages: StagesConfig,
 }
 
 // === impl Resolved ===
@@ -414,11 +426,13 @@ impl Config {
             outlier_detection: defaults.policy.outlier_detection.unwrap_or(true),
             zone: defaults.policy.zone.clone(),
             call: defaults.call.build(),
+            stages: defaults.stages.clone(),
         };
         let Some(svc) = self.service.get(service) else {
             return r;
         };
         r.call = svc.call.or(&defaults.call).build();
+        r.stages = svc.stages.or(&defaults.stages);
         let policy = svc.policy.or(&defaults.policy);
         r.policy = policy.policy();
         r.outlier_detection = policy.outlier_detection.unwrap_or(true);
@@ -470,6 +484,7 @@ impl Config {
             })?;
         }
         self.check_calls(origin)?;
+        self.check_stages(origin)?;
         let mut targets: Vec<(String, Option<String>)> = vec![(String::new(), None)];
         for (name, svc) in &self.service {
             targets.push((name.clone(), None));
@@ -488,6 +503,24 @@ impl Config {
 }
 
 impl Config {
+    /// Each service's stages as it ends up with them (and the defaults'), checked.
+    fn check_stages(&self, origin: &str) -> Result<(), ConfigError> {
+        let d = &self.defaults.stages;
+        let all = std::iter::once(("defaults".to_owned(), d.clone())).chain(
+            self.service
+                .iter()
+                .map(|(n, s)| (format!("service.{}", quote(n)), s.stages.or(d))),
+        );
+        for (at, stages) in all {
+            stages.build().map_err(|(field, reason)| ConfigError {
+                origin: origin.to_owned(),
+                field: format!("{at}.stages.{field}"),
+                reason,
+            })?;
+        }
+        Ok(())
+    }
+
     /// Each service's call settings as it ends up with them (and the defaults'), checked; the
     /// error names the table that set the field at fault.
     fn check_calls(&self, origin: &str) -> Result<(), ConfigError> {

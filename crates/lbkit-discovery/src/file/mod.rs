@@ -16,6 +16,8 @@
 //! | `registered_at_ms` | integer | none | registration time, Unix epoch ms (enables warm-up) |
 //! | `warmup_ms` | integer | 600000 with `registered_at_ms` | warm-up window, ms |
 //! | `healthy` | bool | true | `false` = marked down |
+//! | `priority` | integer | 0 | priority tier, 0 the highest: traffic spills to a lower tier as the ones above lose health (Envoy's priority levels) |
+//! | `backup` | bool | false | `true` = priority 1 (nginx's and HAProxy's `backup`); not with `priority` |
 //! | `metadata` | table of strings | empty | free-form tags |
 //! | `in_flight` | integer | 0 | observed calls in flight |
 //! | `avg_response_ms` | number | none | observed average successful response time, ms |
@@ -151,6 +153,8 @@ struct Entry {
     registered_at_ms: Option<u64>,
     warmup_ms: Option<u64>,
     healthy: Option<bool>,
+    priority: Option<u32>,
+    backup: Option<bool>,
     #[serde(default)]
     metadata: BTreeMap<String, String>,
     #[serde(default)]
@@ -207,6 +211,13 @@ fn entry(e: Entry, now: Timestamp) -> Result<FileEndpoint, String> {
     spec.registered_at = e.registered_at_ms.map(Timestamp::from_millis);
     spec.warmup = e.warmup_ms.map(Duration::from_millis);
     spec.healthy = e.healthy.unwrap_or(true);
+    spec.priority = match (e.priority, e.backup) {
+        (Some(_), Some(_)) => {
+            return Err("give priority or backup, not both (backup = true is priority 1)".into())
+        }
+        (Some(p), None) => p,
+        (None, b) => u32::from(b.unwrap_or(false)),
+    };
     let observed = StatsSeed {
         in_flight: e.in_flight,
         avg_response: ms("avg_response_ms", e.avg_response_ms)?,

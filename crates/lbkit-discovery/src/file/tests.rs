@@ -143,3 +143,24 @@ fn format_by_extension() {
         .to_string()
         .contains("expected .toml"));
 }
+
+#[test]
+fn priority_and_backup() {
+    let eps = parse(
+        r#"[{"address":"a:1"},{"address":"b:1","priority":2},{"address":"c:1","backup":true},{"address":"d:1","backup":false}]"#,
+        Format::Json,
+        "eps.json",
+        NOW,
+    )
+    .unwrap();
+    let p: Vec<u32> = eps.iter().map(|e| e.spec.priority).collect();
+    assert_eq!(p, vec![0, 2, 1, 0]);
+    let e = toml("[[endpoint]]\naddress = \"a:1\"\npriority = 0\nbackup = true\n").unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("endpoint #1: give priority or backup"),
+        "{e}"
+    );
+    let e = toml("[[endpoint]]\naddress = \"a:1\"\npriority = -1\n").unwrap_err();
+    assert!(e.to_string().contains("eps.toml"), "{e}");
+}

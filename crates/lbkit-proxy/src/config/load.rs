@@ -306,6 +306,9 @@ impl ServiceConfig {
             }
             _ => {}
         }
+        if let Err((field, why)) = self.stages.build() {
+            return Err(err(&format!("stages.{field}"), why));
+        }
         if let Some(t) = &self.trace {
             if let Err(lbkit_trace::TraceError::Config { field, reason }) = t.config().validate() {
                 return Err(err(&format!("trace.{field}"), reason));

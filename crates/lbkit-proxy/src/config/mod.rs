@@ -331,6 +331,11 @@ pub struct ServiceConfig {
     /// A sampled trace of the calls (`[service.NAME.trace]`). Default none.
     #[serde(default)]
     pub trace: Option<TraceTable>,
+    /// Which endpoints may serve a request (`[service.NAME.stages]`: subsets, localities,
+    /// aperture, overprovisioning; `lbkit_discovery::stages`). Default none; priority tiers
+    /// follow the endpoints' `priority` regardless.
+    #[serde(default)]
+    pub stages: lbkit_discovery::stages::StagesConfig,
 }
 
 /// `forwarded_headers = [..]`: the headers the proxy appends the client to, on the way to the

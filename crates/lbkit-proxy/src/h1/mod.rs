@@ -312,6 +312,8 @@ impl Conn<'_> {
         let envelope = Envelope::open(route);
         let key = self.hash_key(route, head);
         let tag = self.tag(route, head);
+        let attrs = route.service.attrs().read_owned(&self.source(head));
+        let mut view = lbkit_strategy::attrs::attr_buf();
         self.b.upstream.clear();
         let (deadline, deadline_at) = self.write_upstream(route, head);
         let method = &self.input[head.method.clone()];
@@ -320,6 +322,7 @@ impl Conn<'_> {
             route: Route {
                 key: key.as_deref(),
                 tag: tag.as_ref().map(RequestTagBuf::get),
+                attrs: attrs.view(&mut view),
             },
             idempotent: is_idempotent_method(method),
             head_request: method == b"HEAD",

@@ -29,7 +29,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, Method, StatusCode};
 use http_body_util::{Empty, Full};
 use lbkit_core::{FailureKind, Outcome, Route};
-use lbkit_strategy::{KeyExtractor, KeySource, TagHeaders};
+use lbkit_strategy::{AttrHeaders, KeyExtractor, KeySource, TagHeaders};
 
 use crate::completion::Completion;
 use crate::policy::{grpc_code_kind, GrpcCodes, RequestPolicy, ResponsePolicy};
@@ -105,6 +105,7 @@ pub struct HttpRequests {
     key: Option<KeyExtractor>,
     by_method: bool,
     tags: Option<HttpTags>,
+    attrs: Option<AttrHeaders>,
     deadlines: bool,
     deadline_header: Option<HeaderName>,
 }
@@ -115,6 +116,7 @@ impl Default for HttpRequests {
             key: None,
             by_method: true,
             tags: Some(HttpTags::new(TagHeaders::default())),
+            attrs: None,
             deadlines: true,
             deadline_header: None,
         }
@@ -241,6 +243,20 @@ impl HttpRequests {
         self
     }
 
+    /// Read the request attributes that metadata subsets match on ([`lbkit_core::stage`])
+    /// with `attrs` (default: none, so every request takes the subset fallback).
+    ///
+    /// ```
+    /// use lbkit_strategy::AttrHeaders;
+    /// use lbkit_tower::http::HttpRequests;
+    /// let requests = HttpRequests::new().attributes(AttrHeaders::new([("version", "x-version")]));
+    /// # let _ = requests;
+    /// ```
+    pub fn attributes(mut self, attrs: AttrHeaders) -> Self {
+        self.attrs = (!attrs.is_empty()).then_some(attrs);
+        self
+    }
+
     /// Also read the caller's deadline from `header` (whole milliseconds, such as
     /// `x-request-timeout`), and tell each attempt's endpoint the time left in it. gRPC's
     /// `grpc-timeout` is read (and rewritten for gRPC requests) either way ([`deadline`]).
@@ -276,11 +292,11 @@ impl<B: ReplayBody + Send + 'static> RequestPolicy<http::Request<B>> for HttpReq
     }
 
     fn with_route<R>(&self, req: &http::Request<B>, pick: impl FnOnce(Route<'_>) -> R) -> R {
-        match &self.tags {
-            Some(tags) => tags.with_tag(req, |tag| {
-                self.with_hash_key(req, |key| pick(Route { key, tag }))
+        match &self.attrs {
+            None => self.route_with(req, &[], pick),
+            Some(a) => a.with_attrs(&HttpKeySource::new(req), |attrs| {
+                self.route_with(req, attrs, pick)
             }),
-            None => self.with_hash_key(req, |key| pick(Route { key, tag: None })),
         }
     }
 
@@ -306,6 +322,29 @@ impl<B: ReplayBody + Send + 'static> RequestPolicy<http::Request<B>> for HttpReq
         }
         let header = self.deadline_header.as_ref();
         propagate_deadline(req.headers_mut(), left, header);
+    }
+}
+
+impl HttpRequests {
+    /// The route of `req` with its attributes already read: tag, then hash key.
+    fn route_with<B: ReplayBody + Send + 'static, R>(
+        &self,
+        req: &http::Request<B>,
+        attrs: &[lbkit_core::stage::Attr<'_>],
+        pick: impl FnOnce(Route<'_>) -> R,
+    ) -> R {
+        match &self.tags {
+            Some(tags) => tags.with_tag(req, |tag| {
+                self.with_hash_key(req, |key| pick(Route { key, tag, attrs }))
+            }),
+            None => self.with_hash_key(req, |key| {
+                pick(Route {
+                    key,
+                    tag: None,
+                    attrs,
+                })
+            }),
+        }
     }
 }
 

@@ -5,8 +5,10 @@ use std::io::Write;
 use lbkit::health::EjectionRule;
 use lbkit::{Endpoint, EndpointIdx, Picker, Snapshot, Strategy, Timestamp, Unavailable};
 use lbkit::{RequestTag, Routed};
+use lbkit_core::stage::{Attr, StageReport};
 use lbkit_discovery::governance::applied_rules;
 use lbkit_discovery::governance::tag::describe_tags;
+use lbkit_discovery::stages::{report_json, report_lines};
 use serde_json::{json, Value};
 
 use super::pick::Run;
@@ -20,6 +22,9 @@ pub(crate) struct Report {
     panic: Option<f64>,
     /// Where the request's tag (or its lack) routes it, when the snapshot has tags.
     routing: Option<Routing>,
+    /// What the stages decide for the request (subset, tiers, zones, aperture), when any
+    /// runs; or why none serves it.
+    stages: Option<Result<StageReport, String>>,
 }
 
 /// The tag routing of the explained request.
@@ -66,7 +71,7 @@ struct Warmup {
 const AVG_WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl Report {
-    pub(crate) fn new(run: &Run, tag: Option<RequestTag<'_>>) -> Self {
+    pub(crate) fn new(run: &Run, tag: Option<RequestTag<'_>>, attrs: &[Attr<'_>]) -> Self {
         let prepared = run.balancer.current();
         let snapshot = prepared.snapshot();
         let now = run.now;
@@ -127,6 +132,10 @@ impl Report {
                 .in_panic()
                 .then(|| snapshot.policy().panic_threshold),
             routing,
+            stages: prepared
+                .stage_report(tag, attrs)
+                .map_err(|e| e.to_string())
+                .transpose(),
         }
     }
 }
@@ -262,6 +271,13 @@ pub(crate) fn text(out: &mut impl Write, r: &Report, picks: &[String]) -> std::i
         };
         writeln!(out, "tag routing: request with {request}{rule} -> {to}")?;
     }
+    match &r.stages {
+        Some(Ok(s)) => report_lines(s)
+            .iter()
+            .try_for_each(|l| writeln!(out, "{l}"))?,
+        Some(Err(e)) => writeln!(out, "stages: no endpoint: {e}")?,
+        None => {}
+    }
     let width = r.rows.iter().map(|x| x.address.len()).max().unwrap_or(0);
     for x in &r.rows {
         let zone = x
@@ -365,6 +381,11 @@ pub(crate) fn json(out: &mut impl Write, r: &Report, picks: &[String]) -> std::i
             "set": t.outcome.as_ref().ok().map(|s| routed_name(*s)),
             "error": t.outcome.as_ref().err(),
         })),
+        "stages": match &r.stages {
+            Some(Ok(s)) => report_json(s),
+            Some(Err(e)) => json!({ "error": e }),
+            None => Value::Null,
+        },
         "endpoints": endpoints,
         "picks": picks,
     });

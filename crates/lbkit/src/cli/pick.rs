@@ -11,6 +11,7 @@ use clap::{Args, ValueEnum};
 use lbkit::config::Config;
 use lbkit::discovery::file::{self, FileEndpoint};
 use lbkit::discovery::parse_static_list;
+use lbkit::discovery::stages::{ApertureConfig, LocalitiesConfig, StagesConfig};
 use lbkit::health::{Ejection, OutlierConfig, OutlierDetector};
 use lbkit::strategy::catalog::{self, Params};
 use lbkit::strategy::ZoneAware;
@@ -18,6 +19,7 @@ use lbkit::{
     Availability, Balancer, BoxStrategy, CallGuard, Clock, EndpointKey, FastRng, HealthOverlay,
     PickContext, RequestTag, SlowStart, Snapshot, SnapshotPolicy, StatsSeed, Timestamp,
 };
+use lbkit_core::stage::{Attr, Stages};
 
 use super::{bad, explain};
 
@@ -27,6 +29,7 @@ use super::{bad, explain};
 .txt (Dubbo provider URLs, one per line, plain or URL-encoded).\n\
 Picks are treated as calls still in flight, so load-aware strategies see each other's picks.\n\
 Tag routing follows Dubbo's TagRouter: --tag picks among that tag's endpoints (else the untagged ones, unless --force-tag); no --tag avoids tagged endpoints.\n\
+Stages run before the strategy: tag, subset (--subset-keys, --attr), priority tier (endpoint fields priority / backup, --overprovisioning), zone (--locality-weight), aperture (--aperture).\n\
 Exit status: 0 ok, 1 no endpoint could be picked, 2 bad input."
 )]
 pub(crate) struct PickArgs {
@@ -112,6 +115,41 @@ pub(crate) struct PickArgs {
     /// Do not run passive outlier detection over the observed statistics.
     #[arg(long)]
     no_outlier: bool,
+    /// A request attribute K=V (repeatable): what metadata subsets match on.
+    #[arg(long = "attr", value_name = "K=V")]
+    attrs: Vec<String>,
+    /// A subset key set K[,K...] (repeatable: tried in order): route a request to the endpoints
+    /// whose metadata carries its --attr values for those keys.
+    #[arg(long = "subset-keys", value_name = "K[,K...]")]
+    subset_keys: Vec<String>,
+    /// What a request no subset serves gets (also when its subset has no eligible endpoint):
+    /// none (no endpoint), any (every endpoint) or default (--subset-default) [default: any].
+    #[arg(long, value_name = "POLICY")]
+    subset_fallback: Option<String>,
+    /// The default subset, K=V[,K=V...] (with --subset-fallback default).
+    #[arg(long, value_name = "K=V[,K=V...]")]
+    subset_default: Option<String>,
+    /// Envoy's overprovisioning factor for priority tiers and zones [default: 1.4].
+    #[arg(long, value_name = "F")]
+    overprovisioning: Option<f64>,
+    /// Locality weight ZONE=W (repeatable): balance across zones by weight and health; zones not
+    /// named weigh 1.
+    #[arg(long = "locality-weight", value_name = "ZONE=W")]
+    locality_weights: Vec<String>,
+    /// Talk to only N endpoints: this client's aperture (with --client-index and
+    /// --client-count in deterministic mode).
+    #[arg(long, value_name = "N")]
+    aperture: Option<u32>,
+    /// This client's index among --client-count clients (deterministic aperture).
+    #[arg(long, value_name = "I", requires = "aperture")]
+    client_index: Option<u32>,
+    /// How many clients share the endpoints (deterministic aperture).
+    #[arg(long, value_name = "C", requires = "aperture")]
+    client_count: Option<u32>,
+    /// How the aperture is chosen: deterministic (Finagle's ring coordinates) or random (gRPC
+    /// A68, seeded by --seed) [default: deterministic].
+    #[arg(long, value_name = "MODE", requires = "aperture")]
+    aperture_mode: Option<String>,
     /// List the strategies and their parameters.
     #[arg(long, exclusive = true)]
     list: bool,
@@ -145,6 +183,12 @@ pub(crate) fn run(args: PickArgs) -> anyhow::Result<()> {
     }
     let endpoints = endpoints(&args, clock_now)?;
     let policy = policy(&args, setup.policy)?;
+    let stages = stages(&args, &setup.stages)?;
+    let attrs = attrs(&args.attrs)?;
+    let attrs: Vec<Attr<'_>> = attrs
+        .iter()
+        .map(|(k, v)| (k.as_bytes(), v.as_bytes()))
+        .collect();
     let strategy = match args.zone.as_ref().or(setup.zone.as_ref()) {
         Some(zone) => BoxStrategy::new(ZoneAware::new(setup.strategy, zone.as_str())),
         None => setup.strategy,
@@ -169,6 +213,7 @@ pub(crate) fn run(args: PickArgs) -> anyhow::Result<()> {
         &policy,
         detector,
     );
+    run.balancer.set_stages(stages, clock_now);
     let mut rng = args
         .seed
         .map_or_else(FastRng::from_entropy, FastRng::seed_from_u64);
@@ -177,8 +222,10 @@ pub(crate) fn run(args: PickArgs) -> anyhow::Result<()> {
         name: t.as_bytes(),
         force: args.force_tag,
     });
-    let report = args.explain.then(|| explain::Report::new(&run, tag));
-    let picks = run.picks(count, &args.keys, tag, &mut rng)?;
+    let report = args
+        .explain
+        .then(|| explain::Report::new(&run, tag, &attrs));
+    let picks = run.picks(count, &args.keys, tag, &attrs, &mut rng)?;
     match (args.format, report) {
         (OutputFormat::Text, None) => picks.iter().try_for_each(|p| writeln!(out, "{p}"))?,
         (OutputFormat::Json, None) => writeln!(out, "{}", serde_json::to_string(&picks)?)?,
@@ -213,6 +260,7 @@ struct Setup {
     policy: SnapshotPolicy,
     outlier_detection: bool,
     zone: Option<String>,
+    stages: StagesConfig,
 }
 
 fn setup(args: &PickArgs) -> anyhow::Result<Setup> {
@@ -226,6 +274,7 @@ fn setup(args: &PickArgs) -> anyhow::Result<Setup> {
             policy: r.policy,
             outlier_detection: r.outlier_detection,
             zone: r.zone,
+            stages: r.stages,
         });
     }
     let name = args.strategy.as_deref().unwrap_or_default();
@@ -240,7 +289,94 @@ fn setup(args: &PickArgs) -> anyhow::Result<Setup> {
         policy: SnapshotPolicy::envoy(),
         outlier_detection: true,
         zone: None,
+        stages: StagesConfig::default(),
     })
+}
+
+/// The stages: the config's, with the flags given over them.
+fn stages(args: &PickArgs, base: &StagesConfig) -> anyhow::Result<Stages> {
+    let mut c = base.clone();
+    let subset_flags = !args.subset_keys.is_empty()
+        || args.subset_fallback.is_some()
+        || args.subset_default.is_some();
+    if subset_flags {
+        let mut s = c.subsets.clone().unwrap_or_default();
+        if !args.subset_keys.is_empty() {
+            s.keys = args.subset_keys.iter().map(|k| key_list(k)).collect();
+        }
+        if let Some(f) = &args.subset_fallback {
+            s.fallback = Some(f.clone());
+        }
+        if let Some(d) = &args.subset_default {
+            s.default = d
+                .split(',')
+                .map(|p| pair(p, "--subset-default"))
+                .collect::<anyhow::Result<_>>()?;
+        }
+        c.subsets = Some(s);
+    }
+    c.overprovisioning = args.overprovisioning.or(c.overprovisioning);
+    if !args.locality_weights.is_empty() {
+        let mut weights = std::collections::BTreeMap::new();
+        for w in &args.locality_weights {
+            let (zone, weight) = pair(w, "--locality-weight")?;
+            let weight = weight.parse().map_err(|_| {
+                bad(format!(
+                    "--locality-weight {w}: the weight is not a whole number"
+                ))
+            })?;
+            weights.insert(zone, weight);
+        }
+        c.localities = Some(LocalitiesConfig {
+            weights,
+            default_weight: None,
+        });
+    }
+    if let Some(size) = args.aperture {
+        let deterministic =
+            args.aperture_mode.as_deref().unwrap_or("deterministic") == "deterministic";
+        if deterministic && (args.client_index.is_none() || args.client_count.is_none()) {
+            return Err(bad(
+                "--aperture in deterministic mode needs --client-index and --client-count",
+            ));
+        }
+        c.aperture = Some(ApertureConfig {
+            size,
+            mode: args.aperture_mode.clone(),
+            client_index: args.client_index,
+            client_count: args.client_count,
+            seed: args.seed,
+        });
+    }
+    c.build().map_err(|(field, why)| {
+        let flag = match field.as_str() {
+            "overprovisioning" if args.overprovisioning.is_some() => "--overprovisioning",
+            "subsets.fallback" if subset_flags => "--subset-fallback",
+            f if f.starts_with("subsets") && subset_flags => "--subset-keys/--subset-default",
+            "aperture.mode" if args.aperture.is_some() => "--aperture-mode",
+            f if f.starts_with("aperture") && args.aperture.is_some() => "--aperture",
+            _ => return bad(format!("stages.{field}: {why}")),
+        };
+        bad(format!("{flag}: {why}"))
+    })
+}
+
+/// `a,b , c` → `["a", "b", "c"]`.
+fn key_list(s: &str) -> Vec<String> {
+    s.split(',').map(|k| k.trim().to_owned()).collect()
+}
+
+/// `K=V`, or an error naming `flag`.
+fn pair(s: &str, flag: &str) -> anyhow::Result<(String, String)> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_owned(), v.trim().to_owned())),
+        _ => Err(bad(format!("{flag} {s:?}: expected K=V"))),
+    }
+}
+
+/// The `--attr K=V` flags.
+fn attrs(flags: &[String]) -> anyhow::Result<Vec<(String, String)>> {
+    flags.iter().map(|a| pair(a, "--attr")).collect()
 }
 
 /// The snapshot policy: the flags where given, else `base` (the config's or Envoy's defaults).
@@ -345,12 +481,13 @@ impl Run {
         count: u64,
         keys: &[String],
         tag: Option<RequestTag<'_>>,
+        attrs: &[Attr<'_>],
         rng: &mut FastRng,
     ) -> anyhow::Result<Vec<String>> {
         let mut held: Vec<CallGuard> = Vec::new();
         let mut picks = Vec::new();
         for i in 0..count {
-            let mut cx = PickContext::new(self.now, rng);
+            let mut cx = PickContext::new(self.now, rng).with_attrs(attrs);
             cx.tag = tag;
             let mut cx = match keys.get(i as usize) {
                 Some(k) => cx.with_key(k.as_bytes()),

@@ -1,0 +1,476 @@
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::tiers::{plan, TierCounts};
+use super::*;
+use crate::{
+    Balancer, EndpointIdx, EndpointSpec, FastRng, HealthOverlay, PickContext, PickError, Picker,
+    Snapshot, SnapshotPolicy, Strategy, Timestamp,
+};
+
+/// Uniform over the eligible endpoints.
+struct Uniform;
+struct UniformPicker(Vec<EndpointIdx>);
+impl Picker for UniformPicker {
+    fn pick(&self, cx: &mut PickContext<'_>) -> Result<EndpointIdx, PickError> {
+        Ok(self.0[cx.rng.index(self.0.len())])
+    }
+}
+impl Strategy for Uniform {
+    type Picker = UniformPicker;
+    fn name(&self) -> &str {
+        "uniform"
+    }
+    fn prepare(&self, s: &Arc<Snapshot>, _: Timestamp) -> UniformPicker {
+        UniformPicker(s.eligible().to_vec())
+    }
+}
+
+/// Envoy's two-tier table: P0's healthy share → P0's load (P1 fully healthy).
+#[test]
+fn envoy_two_tier_vectors() {
+    for (healthy, want) in [(100, 100), (72, 100), (71, 99), (50, 70), (25, 35), (0, 0)] {
+        let p = plan(
+            &[
+                TierCounts {
+                    endpoints: 100,
+                    healthy,
+                },
+                TierCounts {
+                    endpoints: 100,
+                    healthy: 100,
+                },
+            ],
+            1.4,
+            0.5,
+        );
+        assert_eq!(p.load, vec![want, 100 - want], "P0 {healthy} % healthy");
+        assert_eq!(p.panic, vec![false, false], "total health is 100: no panic");
+    }
+}
+
+#[test]
+fn envoy_three_tier_normalised_vector() {
+    let t = |healthy| TierCounts {
+        endpoints: 100,
+        healthy,
+    };
+    // Envoy's documented split leaves panic aside (threshold 0).
+    let p = plan(&[t(25), t(25), t(20)], 1.4, 0.0);
+    assert_eq!(p.health, vec![35, 35, 28]);
+    assert_eq!(p.load, vec![36, 36, 28]);
+    assert_eq!(p.panic, vec![false, false, false]);
+    // With Envoy's default 50 % threshold all three are in panic: load follows the counts.
+    let p = plan(&[t(25), t(25), t(20)], 1.4, 0.5);
+    assert_eq!(p.panic, vec![true, true, true]);
+    assert_eq!(p.load, vec![34, 33, 33]);
+}
+
+#[test]
+fn panic_per_tier_and_total_panic() {
+    let t = |endpoints, healthy| TierCounts { endpoints, healthy };
+    // P0 40 % (health 56), P1 30 % (42): total 98 < 100, both under 50 %: total panic, load by
+    // endpoint counts.
+    let p = plan(&[t(10, 4), t(30, 9)], 1.4, 0.5);
+    assert_eq!(p.panic, vec![true, true]);
+    assert_eq!(p.load, vec![25, 75]);
+    // P0 40 % (56), P1 60 % (84): total 100, nobody panics.
+    let p = plan(&[t(10, 4), t(10, 6)], 1.4, 0.5);
+    assert_eq!(
+        (p.load.clone(), p.panic.clone()),
+        (vec![56, 44], vec![false, false])
+    );
+    // P0 30 % (42), P1 50 % (70): total 100 → no panic; with P1 at 40 % (56): 98, P0 panics,
+    // P1 too (40 < 50).
+    let p = plan(&[t(10, 3), t(10, 5)], 1.4, 0.5);
+    assert_eq!(p.panic, vec![false, false]);
+    // Panic off and nothing healthy: everything to P0 (Envoy's corner case).
+    let p = plan(&[t(10, 0), t(10, 0)], 1.4, 0.0);
+    assert_eq!(p.load, vec![100, 0]);
+}
+
+#[test]
+fn loads_add_up_to_100() {
+    let mut rng = FastRng::seed_from_u64(5);
+    for _ in 0..2_000 {
+        let n = 1 + rng.index(5);
+        let tiers: Vec<TierCounts> = (0..n)
+            .map(|_| {
+                let endpoints = 1 + rng.below(50) as u32;
+                TierCounts {
+                    endpoints,
+                    healthy: rng.below(u64::from(endpoints) + 1) as u32,
+                }
+            })
+            .collect();
+        let p = plan(&tiers, 1.0 + rng.unit_f64(), 0.5);
+        assert_eq!(p.load.iter().sum::<u32>(), 100, "{tiers:?} → {p:?}");
+    }
+}
+
+fn balancer(specs: Vec<EndpointSpec>, stages: Stages, policy: SnapshotPolicy) -> Balancer<Uniform> {
+    let base = Snapshot::from_specs(specs, Timestamp::ZERO);
+    let snap = Arc::new(base.derive(1, &policy, &HealthOverlay::default()));
+    Balancer::new(Uniform, snap, Timestamp::ZERO).with_stages(stages, Timestamp::ZERO)
+}
+
+fn shares(lb: &Balancer<Uniform>, attrs: &[Attr<'_>], n: u32) -> HashMap<String, u32> {
+    let mut rng = FastRng::seed_from_u64(9);
+    let mut out = HashMap::new();
+    for _ in 0..n {
+        let mut cx = PickContext::new(Timestamp::ZERO, &mut rng).with_attrs(attrs);
+        let g = lb.pick(&mut cx).expect("pick");
+        *out.entry(g.endpoint().address().to_owned()).or_insert(0) += 1;
+        g.abandon();
+    }
+    out
+}
+
+fn tier_of(out: &HashMap<String, u32>, prefix: &str) -> u32 {
+    out.iter()
+        .filter(|(k, _)| k.starts_with(prefix))
+        .map(|(_, v)| v)
+        .sum()
+}
+
+#[test]
+fn picks_follow_tier_loads() {
+    // P0: 10 endpoints, 5 up (health 70); P1 (backup): 10 up. 70 / 30 within 1.5 points.
+    let mut specs: Vec<EndpointSpec> = (0..10)
+        .map(|i| EndpointSpec::new(format!("p0-{i}:1")).with_healthy(i < 5))
+        .collect();
+    specs.extend((0..10).map(|i| EndpointSpec::new(format!("p1-{i}:1")).with_priority(1)));
+    let lb = balancer(specs, Stages::default(), SnapshotPolicy::envoy());
+    let report = lb.current().stage_report(None, &[]).unwrap().unwrap();
+    let loads: Vec<u32> = report.tiers.iter().map(|t| t.load_percent).collect();
+    assert_eq!(loads, vec![70, 30]);
+    let out = shares(&lb, &[], 40_000);
+    let p0 = f64::from(tier_of(&out, "p0-")) / 40_000.0;
+    assert!((p0 - 0.70).abs() < 0.015, "P0 took {p0}");
+    assert!(
+        (5..10).all(|i| !out.contains_key(&format!("p0-{i}:1"))),
+        "down endpoints are never picked: {out:?}"
+    );
+}
+
+#[test]
+fn tiers_replace_the_snapshot_wide_panic() {
+    // 12 of 22 down overall (45 % healthy < 50 %: the snapshot alone would panic and send
+    // traffic to dead P0 endpoints). P0 has 2 of 14 up; P1 all 8 up: P1 takes what P0 cannot.
+    let mut specs: Vec<EndpointSpec> = (0..14)
+        .map(|i| EndpointSpec::new(format!("p0-{i}:1")).with_healthy(i < 2))
+        .collect();
+    specs.extend((0..8).map(|i| EndpointSpec::new(format!("p1-{i}:1")).with_priority(1)));
+    let lb = balancer(specs, Stages::default(), SnapshotPolicy::envoy());
+    assert!(lb.snapshot().in_panic());
+    let out = shares(&lb, &[], 10_000);
+    assert!(
+        (2..14).all(|i| !out.contains_key(&format!("p0-{i}:1"))),
+        "no pick lands on a dead P0 endpoint: {out:?}"
+    );
+    // P0 health ⌊140 · 2 / 14⌋ = 20: 20 % of the picks.
+    let p0 = f64::from(tier_of(&out, "p0-")) / 10_000.0;
+    assert!((p0 - 0.20).abs() < 0.02, "P0 took {p0}");
+}
+
+#[test]
+fn envoy_locality_vector() {
+    // Envoy's table: X weight 1, Y weight 2 fully healthy; X's healthy share → X's traffic.
+    for (healthy, want) in [(10, 33.3), (7, 32.9), (5, 25.9), (0, 0.0)] {
+        let mut specs: Vec<EndpointSpec> = (0..10)
+            .map(|i| {
+                EndpointSpec::new(format!("x{i}:1"))
+                    .with_zone("x")
+                    .with_healthy(i < healthy)
+            })
+            .collect();
+        specs.extend((0..10).map(|i| EndpointSpec::new(format!("y{i}:1")).with_zone("y")));
+        let mut loc = Localities::default();
+        loc.weights.insert("x".into(), 1);
+        loc.weights.insert("y".into(), 2);
+        let stages = Stages {
+            localities: Some(loc),
+            ..Stages::default()
+        };
+        let lb = balancer(specs, stages, SnapshotPolicy::default());
+        let r = lb.current().stage_report(None, &[]).unwrap().unwrap();
+        let x = &r.tiers[0].localities[0];
+        assert!((x.share_percent - want).abs() < 0.1, "{healthy}: {x:?}");
+        let out = shares(&lb, &[], 30_000);
+        let got = 100.0 * f64::from(tier_of(&out, "x")) / 30_000.0;
+        assert!(
+            (got - want).abs() < 1.5,
+            "X {healthy}/10 healthy: {got} %, want {want}"
+        );
+    }
+}
+
+fn versioned() -> Vec<EndpointSpec> {
+    let e = |a: &str, v: &str, z: &str| {
+        EndpointSpec::new(a)
+            .with_meta("version", v)
+            .with_meta("zone", z)
+    };
+    vec![
+        e("a:1", "v1", "eu"),
+        e("b:1", "v1", "us"),
+        e("c:1", "v2", "eu"),
+        e("d:1", "v2", "us"),
+        EndpointSpec::new("e:1")
+            .with_meta("version", "v3")
+            .with_healthy(false),
+    ]
+}
+
+fn subsets(fallback: SubsetFallback) -> Stages {
+    let mut s = Subsets::new(
+        vec![
+            vec!["version".into(), "zone".into()],
+            vec!["version".into()],
+        ],
+        fallback,
+    );
+    if fallback == SubsetFallback::Default {
+        s.default = vec![("version".into(), "v1".into())];
+    }
+    Stages {
+        subsets: Some(s),
+        ..Stages::default()
+    }
+}
+
+#[test]
+fn subsets_try_key_sets_in_order_then_fall_back() {
+    let lb = balancer(
+        versioned(),
+        subsets(SubsetFallback::None),
+        SnapshotPolicy::default(),
+    );
+    let both: &[Attr<'_>] = &[(b"zone", b"us"), (b"version", b"v2")];
+    assert_eq!(
+        shares(&lb, both, 50).keys().collect::<Vec<_>>(),
+        vec!["d:1"]
+    );
+    let version: &[Attr<'_>] = &[(b"version", b"v2")];
+    let out = shares(&lb, version, 400);
+    assert_eq!(out.len(), 2, "v2's two endpoints: {out:?}");
+    assert!(out.contains_key("c:1") && out.contains_key("d:1"));
+    // v2 in a zone nobody has: the (version, zone) set has no such subset, (version) does.
+    let other_zone: &[Attr<'_>] = &[(b"version", b"v2"), (b"zone", b"ap")];
+    assert_eq!(shares(&lb, other_zone, 200).len(), 2);
+    let mut rng = FastRng::seed_from_u64(1);
+    let mut pick = |attrs: &[Attr<'_>]| {
+        lb.pick(&mut PickContext::new(Timestamp::ZERO, &mut rng).with_attrs(attrs))
+            .map(|g| g.endpoint().address().to_owned())
+    };
+    assert_eq!(pick(&[(b"version", b"v9")]), Err(PickError::NoSubset));
+    assert_eq!(pick(&[]), Err(PickError::NoSubset));
+    // v3's only endpoint is down: the subset matches but cannot serve.
+    assert_eq!(
+        pick(&[(b"version", b"v3")]),
+        Err(PickError::SubsetUnavailable)
+    );
+}
+
+#[test]
+fn fallback_any_and_default_also_cover_a_subset_with_nothing_eligible() {
+    let lb = balancer(
+        versioned(),
+        subsets(SubsetFallback::Any),
+        SnapshotPolicy::default(),
+    );
+    let v3: &[Attr<'_>] = &[(b"version", b"v3")];
+    assert_eq!(shares(&lb, v3, 400).len(), 4, "any: every serving endpoint");
+    let lb = balancer(
+        versioned(),
+        subsets(SubsetFallback::Default),
+        SnapshotPolicy::default(),
+    );
+    let out = shares(&lb, v3, 400);
+    assert_eq!(out.len(), 2, "default v1: {out:?}");
+    assert!(out.contains_key("a:1") && out.contains_key("b:1"));
+    let r = lb.current().stage_report(None, v3).unwrap().unwrap();
+    assert_eq!(
+        r.subset,
+        SubsetChoice::Fallback {
+            policy: SubsetFallback::Default,
+            matched_empty: true
+        }
+    );
+}
+
+#[test]
+fn default_subset_with_nothing_eligible_is_an_error() {
+    let mut stages = subsets(SubsetFallback::Default);
+    if let Some(s) = &mut stages.subsets {
+        s.default = vec![("version".into(), "v3".into())];
+    }
+    let lb = balancer(versioned(), stages, SnapshotPolicy::default());
+    let mut rng = FastRng::seed_from_u64(1);
+    let r = lb.pick(&mut PickContext::new(Timestamp::ZERO, &mut rng));
+    assert_eq!(r.err(), Some(PickError::DefaultSubsetEmpty));
+}
+
+#[test]
+fn deterministic_aperture_covers_every_server_evenly() {
+    // Finagle's coverage: every server is in the aperture of about size · clients / servers
+    // clients (here 12 · 100 / 60 = 20; each slice overlaps up to 2 partial servers more).
+    let (servers, clients, size) = (60usize, 100u32, 12u32);
+    let mut seen = vec![0u32; servers];
+    for index in 0..clients {
+        let slice = aperture_slice(
+            servers,
+            size,
+            Coordinates {
+                index,
+                count: clients,
+            },
+        );
+        assert!(
+            (12..=14).contains(&slice.len()),
+            "client {index}: {}",
+            slice.len()
+        );
+        for p in slice {
+            seen[p] += 1;
+        }
+    }
+    let (min, max) = (*seen.iter().min().unwrap(), *seen.iter().max().unwrap());
+    assert!(
+        min >= 20 && max <= 23,
+        "clients per server {min}..{max}: {seen:?}"
+    );
+}
+
+#[test]
+fn aperture_restricts_the_leaf_and_reports_it() {
+    let specs: Vec<EndpointSpec> = (0..60)
+        .map(|i| EndpointSpec::new(format!("s{i:02}:1")))
+        .collect();
+    for mode in [ApertureMode::Deterministic, ApertureMode::Random] {
+        let stages = Stages {
+            aperture: Some(Aperture {
+                size: 12,
+                mode,
+                coordinates: Some(Coordinates {
+                    index: 7,
+                    count: 100,
+                }),
+                seed: 3,
+            }),
+            ..Stages::default()
+        };
+        let lb = balancer(specs.clone(), stages, SnapshotPolicy::default());
+        let r = lb.current().stage_report(None, &[]).unwrap().unwrap();
+        let t = &r.tiers[0];
+        assert!(t.aperture && t.candidates == 60, "{mode}: {t:?}");
+        let out = shares(&lb, &[], 5_000);
+        assert_eq!(
+            out.len(),
+            t.picks_from as usize,
+            "{mode}: picks stay in the aperture"
+        );
+        assert!((12..=14).contains(&out.len()), "{mode}: {}", out.len());
+    }
+}
+
+#[test]
+fn aperture_with_nothing_up_in_its_slice_uses_the_whole_set() {
+    let specs: Vec<EndpointSpec> = (0..10)
+        .map(|i| EndpointSpec::new(format!("s{i}:1")).with_healthy(i >= 5))
+        .collect();
+    let stages = Stages {
+        aperture: Some(Aperture {
+            size: 2,
+            mode: ApertureMode::Deterministic,
+            coordinates: Some(Coordinates {
+                index: 0,
+                count: 10,
+            }),
+            seed: 0,
+        }),
+        ..Stages::default()
+    };
+    let lb = balancer(specs, stages, SnapshotPolicy::default());
+    assert_eq!(shares(&lb, &[], 500).len(), 5, "the 5 serving endpoints");
+}
+
+#[test]
+fn a_hash_key_keeps_its_tier() {
+    let mut specs: Vec<EndpointSpec> = (0..4)
+        .map(|i| EndpointSpec::new(format!("p0-{i}:1")).with_healthy(i < 2))
+        .collect();
+    specs.extend((0..4).map(|i| EndpointSpec::new(format!("p1-{i}:1")).with_priority(1)));
+    let lb = balancer(specs, Stages::default(), SnapshotPolicy::default());
+    let mut rng = FastRng::seed_from_u64(1);
+    for key in ["alpha", "beta", "gamma", "delta"] {
+        let tiers: std::collections::HashSet<bool> = (0..50)
+            .map(|_| {
+                let mut cx = PickContext::new(Timestamp::ZERO, &mut rng).with_key(key.as_bytes());
+                let g = lb.pick(&mut cx).unwrap();
+                g.endpoint().address().starts_with("p0")
+            })
+            .collect();
+        assert_eq!(tiers.len(), 1, "{key} stays in one tier");
+    }
+}
+
+#[test]
+fn tags_compose_with_tiers() {
+    let spec = |a: &str, tag: Option<&str>, p: u32, up: bool| {
+        let s = EndpointSpec::new(a).with_priority(p).with_healthy(up);
+        match tag {
+            Some(t) => s.with_meta(crate::route::TAG_KEY, t),
+            None => s,
+        }
+    };
+    let lb = balancer(
+        vec![
+            spec("g0:1", Some("gray"), 0, true),
+            spec("g1:1", Some("gray"), 1, true),
+            spec("u0:1", None, 0, true),
+            spec("u1:1", None, 1, true),
+        ],
+        Stages::default(),
+        SnapshotPolicy::default(),
+    );
+    let mut rng = FastRng::seed_from_u64(1);
+    for _ in 0..100 {
+        let mut cx =
+            PickContext::new(Timestamp::ZERO, &mut rng).with_tag(crate::RequestTag::new(b"gray"));
+        let g = lb.pick(&mut cx).unwrap();
+        assert_eq!(g.endpoint().address(), "g0:1", "gray's tier 0 takes it all");
+        let mut cx = PickContext::new(Timestamp::ZERO, &mut rng);
+        let g = lb.pick(&mut cx).unwrap();
+        assert_eq!(
+            g.endpoint().address(),
+            "u0:1",
+            "untagged tier 0 takes it all"
+        );
+    }
+}
+
+#[test]
+fn validation_names_the_problem() {
+    let mut s = Stages {
+        overprovisioning: 0.5,
+        ..Stages::default()
+    };
+    assert!(s.validate().unwrap_err().contains("overprovisioning"));
+    s.overprovisioning = 1.4;
+    s.subsets = Some(Subsets::new(vec![vec![]], SubsetFallback::Any));
+    assert!(s.validate().unwrap_err().contains("key set #1"));
+    s.subsets = Some(Subsets::new(
+        vec![vec!["v".into()]],
+        SubsetFallback::Default,
+    ));
+    assert!(s.validate().unwrap_err().contains("default subset"));
+    s.subsets = None;
+    s.aperture = Some(Aperture {
+        size: 3,
+        mode: ApertureMode::Deterministic,
+        coordinates: Some(Coordinates { index: 4, count: 4 }),
+        seed: 0,
+    });
+    assert!(s.validate().unwrap_err().contains("client index 4"));
+}

@@ -1,0 +1,509 @@
+//! The prepared stages of one snapshot: per set (the whole snapshot, each tag's set) a tree of
+//! subset index → tiers → zones → leaves, and the leaves' pickers. Built once per snapshot
+//! change; a pick walks it with a few comparisons and draws.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use super::aperture::{aperture_slice, random_slice};
+use super::tiers::{plan, TierCounts};
+use super::{ApertureMode, Attr, Stages, SubsetFallback, MAX_STAGE_SETS};
+use crate::error::PickError;
+use crate::hash::key_hash;
+use crate::snapshot::{EndpointIdx, Snapshot};
+use crate::strategy::{PickContext, Strategy};
+use crate::time::Timestamp;
+
+/// The stages of a snapshot: one tree per routed set, and the leaves they lead to.
+pub(crate) struct Staged<P> {
+    pub(super) trees: Box<[Tree]>,
+    pub(crate) leaves: Box<[Leaf<P>]>,
+}
+
+/// A set the stages lead to: a restriction of the snapshot with its picker, or (beyond
+/// [`MAX_STAGE_SETS`]) the base snapshot and the set's members to pick from at random.
+pub(crate) struct Leaf<P> {
+    pub(crate) snapshot: Arc<Snapshot>,
+    pub(crate) picker: Option<P>,
+    pub(crate) members: Box<[EndpointIdx]>,
+}
+
+/// One routed set's stages.
+pub(crate) struct Tree {
+    pub(super) subsets: Option<SubsetIndex>,
+    /// Every member of the set.
+    pub(super) any: Entry,
+}
+
+pub(super) struct SubsetIndex {
+    pub(super) key_sets: Box<[KeySet]>,
+    pub(super) fallback: SubsetFallback,
+    pub(super) default: Option<Entry>,
+}
+
+/// A subset's values, one per key of its key set.
+type Values = Box<[Box<[u8]>]>;
+
+/// One key set: its keys, and its subsets sorted by their values.
+pub(super) struct KeySet {
+    pub(super) keys: Box<[Box<[u8]>]>,
+    pub(super) entries: Box<[(Values, Entry)]>,
+}
+
+/// A subset: its stages, and how many of its endpoints serve (up, weighted, not ejected).
+pub(super) struct Entry {
+    pub(super) node: Node,
+    pub(super) endpoints: u32,
+    pub(super) serving: u32,
+}
+
+/// A stage: a leaf, a choice of tier, or a choice of zone.
+pub(super) enum Node {
+    Leaf(u32, Box<LeafInfo>),
+    /// Cumulative percent per tier (the last is 100).
+    Tiers(Box<[u8]>, Box<[Node]>, Box<[TierInfo]>),
+    /// Cumulative effective weight per zone.
+    Zones(Box<[u64]>, Box<[Node]>, Box<[ZoneInfo]>),
+}
+
+pub(super) struct LeafInfo {
+    /// Endpoints the leaf picks from, and of how many candidates (before the aperture).
+    pub(super) picks_from: u32,
+    pub(super) candidates: u32,
+    pub(super) aperture: bool,
+}
+
+pub(super) struct TierInfo {
+    pub(super) priority: u32,
+    pub(super) counts: TierCounts,
+    pub(super) health: u32,
+    pub(super) load: u32,
+    pub(super) panic: bool,
+}
+
+pub(super) struct ZoneInfo {
+    pub(super) zone: Box<str>,
+    pub(super) counts: TierCounts,
+    pub(super) weight: u32,
+    pub(super) effective: f64,
+}
+
+/// Resolution of effective zone weights in the cumulative table.
+const ZONE_SCALE: f64 = 1_048_576.0;
+
+// === impl Staged ===
+
+impl<P> Staged<P> {
+    /// Prepare the stages of `snapshot` (its tag sets `tag_sets`, whose members are their
+    /// eligible endpoints) with `strategy` at the leaves. `None` when nothing is staged: no
+    /// stage configured and a single priority.
+    pub(crate) fn prepare<S: Strategy<Picker = P>>(
+        strategy: &S,
+        stages: &Stages,
+        snapshot: &Arc<Snapshot>,
+        tag_sets: &[Arc<Snapshot>],
+        now: Timestamp,
+    ) -> Option<Staged<P>> {
+        let tiered = snapshot
+            .endpoints()
+            .windows(2)
+            .any(|w| w[0].priority() != w[1].priority());
+        if stages.is_default() && !tiered {
+            return None;
+        }
+        let mut b = Builder::new(strategy, stages, snapshot, now);
+        let all: Vec<EndpointIdx> = (0..snapshot.len()).map(EndpointIdx::new).collect();
+        let mut trees = vec![b.tree(&all)];
+        for set in tag_sets {
+            trees.push(b.tree(set.eligible()));
+        }
+        Some(Staged {
+            trees: trees.into_boxed_slice(),
+            leaves: b.leaves.into_boxed_slice(),
+        })
+    }
+
+    /// The leaf a request routed to set `tree` reaches.
+    ///
+    /// # Errors
+    /// [`PickError::NoSubset`], [`PickError::SubsetUnavailable`] under fallback `none`;
+    /// [`PickError::DefaultSubsetEmpty`].
+    #[inline]
+    pub(crate) fn leaf(
+        &self,
+        tree: usize,
+        cx: &mut PickContext<'_>,
+    ) -> Result<&Leaf<P>, PickError> {
+        let entry = self.trees[tree].route(cx.attrs)?;
+        let mut node = &entry.node;
+        loop {
+            match node {
+                Node::Leaf(i, _) => return Ok(&self.leaves[*i as usize]),
+                Node::Tiers(_, children, _) if children.len() == 1 => node = &children[0],
+                Node::Tiers(cum, children, _) => {
+                    let draw = (draw(cx) % 100) as u8;
+                    let at = cum.iter().position(|&c| draw < c).unwrap_or(cum.len() - 1);
+                    node = &children[at];
+                }
+                Node::Zones(cum, children, _) => {
+                    let total = cum.last().copied().unwrap_or(1).max(1);
+                    let draw = draw(cx) % total;
+                    let at = cum.partition_point(|&c| c <= draw).min(cum.len() - 1);
+                    node = &children[at];
+                }
+            }
+        }
+    }
+
+    /// The stages of set `tree`, for reports.
+    pub(crate) fn tree(&self, tree: usize) -> Option<&Tree> {
+        self.trees.get(tree)
+    }
+}
+
+/// A draw for a tier or zone: from the request's hash key when it has one (a key keeps its
+/// endpoint), else at random.
+#[inline]
+fn draw(cx: &mut PickContext<'_>) -> u64 {
+    match (cx.hash, cx.key) {
+        (Some(h), _) => h.rotate_left(17),
+        (None, Some(k)) => key_hash(k).rotate_left(17),
+        (None, None) => cx.rng.next_u64(),
+    }
+}
+
+// === impl Tree ===
+
+impl Tree {
+    /// The subset a request with `attrs` goes to: the first key set (in order) whose keys it
+    /// all carries and whose subset for its values has a serving endpoint, else the fallback.
+    #[inline]
+    pub(super) fn route(&self, attrs: &[Attr<'_>]) -> Result<&Entry, PickError> {
+        let Some(ix) = &self.subsets else {
+            return Ok(&self.any);
+        };
+        let mut matched = false;
+        for ks in ix.key_sets.iter() {
+            if let Some(e) = ks.find(attrs) {
+                if e.serving > 0 {
+                    return Ok(e);
+                }
+                matched = true;
+            }
+        }
+        match ix.fallback {
+            SubsetFallback::Any => Ok(&self.any),
+            SubsetFallback::Default => ix
+                .default
+                .as_ref()
+                .filter(|d| d.serving > 0)
+                .ok_or(PickError::DefaultSubsetEmpty),
+            SubsetFallback::None if matched => Err(PickError::SubsetUnavailable),
+            SubsetFallback::None => Err(PickError::NoSubset),
+        }
+    }
+
+    /// Which key set and values serve `attrs`, for reports: `(key set, entry)`, or `None` when
+    /// the fallback does.
+    pub(super) fn matched(&self, attrs: &[Attr<'_>]) -> Option<(usize, &Entry)> {
+        let ix = self.subsets.as_ref()?;
+        ix.key_sets
+            .iter()
+            .enumerate()
+            .find_map(|(i, ks)| ks.find(attrs).filter(|e| e.serving > 0).map(|e| (i, e)))
+    }
+}
+
+impl KeySet {
+    /// The subset for the values `attrs` gives this key set's keys (the first attribute of a
+    /// key counts), if the request carries them all and some endpoint has them.
+    #[inline]
+    pub(super) fn find(&self, attrs: &[Attr<'_>]) -> Option<&Entry> {
+        let mut values: [&[u8]; super::MAX_SUBSET_KEYS] = [&[]; super::MAX_SUBSET_KEYS];
+        for (slot, key) in values.iter_mut().zip(self.keys.iter()) {
+            *slot = attrs.iter().find(|(k, _)| *k == &**key)?.1;
+        }
+        let values = &values[..self.keys.len()];
+        let at = self
+            .entries
+            .binary_search_by(|(v, _)| v.iter().map(|b| &**b).cmp(values.iter().copied()))
+            .ok()?;
+        Some(&self.entries[at].1)
+    }
+}
+
+/// Prepares trees, sharing leaves between sets that reach the same endpoints.
+struct Builder<'b, S: Strategy> {
+    strategy: &'b S,
+    stages: &'b Stages,
+    snapshot: &'b Arc<Snapshot>,
+    now: Timestamp,
+    /// Per endpoint: up, weighted and not ejected.
+    serving: Vec<bool>,
+    leaves: Vec<Leaf<S::Picker>>,
+    seen: HashMap<(Vec<EndpointIdx>, bool), u32>,
+}
+
+impl<'b, S: Strategy> Builder<'b, S> {
+    fn new(
+        strategy: &'b S,
+        stages: &'b Stages,
+        snapshot: &'b Arc<Snapshot>,
+        now: Timestamp,
+    ) -> Self {
+        let serving = (0..snapshot.len())
+            .map(EndpointIdx::new)
+            .map(|i| snapshot.endpoint(i).is_eligible() && snapshot.ejected_until(i).is_none())
+            .collect();
+        Builder {
+            strategy,
+            stages,
+            snapshot,
+            now,
+            serving,
+            leaves: Vec::new(),
+            seen: HashMap::new(),
+        }
+    }
+
+    fn tree(&mut self, members: &[EndpointIdx]) -> Tree {
+        let any = self.entry(members);
+        let subsets = self.stages.subsets.as_ref().map(|cfg| {
+            let key_sets = cfg
+                .key_sets
+                .iter()
+                .map(|keys| self.key_set(keys, members))
+                .collect();
+            let default = (!cfg.default.is_empty()).then(|| {
+                let m = self.snapshot.endpoints();
+                let of: Vec<EndpointIdx> = members
+                    .iter()
+                    .copied()
+                    .filter(|&i| {
+                        let meta = m[i.get()].metadata();
+                        cfg.default.iter().all(|(k, v)| meta.get(k) == Some(v))
+                    })
+                    .collect();
+                self.entry(&of)
+            });
+            SubsetIndex {
+                key_sets,
+                fallback: cfg.fallback,
+                default,
+            }
+        });
+        Tree { subsets, any }
+    }
+
+    fn key_set(&mut self, keys: &[String], members: &[EndpointIdx]) -> KeySet {
+        let mut groups: BTreeMap<Vec<&str>, Vec<EndpointIdx>> = BTreeMap::new();
+        for &i in members {
+            let meta = self.snapshot.endpoint(i).metadata();
+            let values: Option<Vec<&str>> = keys
+                .iter()
+                .map(|k| meta.get(k).map(String::as_str))
+                .collect();
+            if let Some(v) = values {
+                groups.entry(v).or_default().push(i);
+            }
+        }
+        let entries = groups
+            .into_iter()
+            .map(|(values, of)| {
+                let values = values.iter().map(|v| v.as_bytes().into()).collect();
+                (values, self.entry(&of))
+            })
+            .collect();
+        KeySet {
+            keys: keys.iter().map(|k| k.as_bytes().into()).collect(),
+            entries,
+        }
+    }
+
+    fn entry(&mut self, members: &[EndpointIdx]) -> Entry {
+        Entry {
+            node: self.tiers(members),
+            endpoints: u32::try_from(members.len()).unwrap_or(u32::MAX),
+            serving: u32::try_from(members.iter().filter(|i| self.serving[i.get()]).count())
+                .unwrap_or(u32::MAX),
+        }
+    }
+
+    fn counts(&self, members: &[EndpointIdx]) -> TierCounts {
+        TierCounts {
+            endpoints: u32::try_from(members.len()).unwrap_or(u32::MAX),
+            healthy: u32::try_from(members.iter().filter(|i| self.serving[i.get()]).count())
+                .unwrap_or(u32::MAX),
+        }
+    }
+
+    /// Tiers (a node even for one tier, for its report: a pick passes it without a draw),
+    /// then zones.
+    fn tiers(&mut self, members: &[EndpointIdx]) -> Node {
+        let mut by_priority: BTreeMap<u32, Vec<EndpointIdx>> = BTreeMap::new();
+        for &i in members {
+            let p = self.snapshot.endpoint(i).priority();
+            by_priority.entry(p).or_default().push(i);
+        }
+        let tiers: Vec<(u32, Vec<EndpointIdx>)> = by_priority.into_iter().collect();
+        let counts: Vec<TierCounts> = tiers.iter().map(|(_, m)| self.counts(m)).collect();
+        let threshold = self.snapshot.policy().panic_threshold;
+        let plan = plan(&counts, self.stages.overprovisioning, threshold);
+        if tiers.is_empty() {
+            return self.leaf(&[], false);
+        }
+        let mut children = Vec::with_capacity(tiers.len());
+        let mut info = Vec::with_capacity(tiers.len());
+        for (k, (priority, m)) in tiers.iter().enumerate() {
+            children.push(self.zones(m, plan.panic[k]));
+            info.push(TierInfo {
+                priority: *priority,
+                counts: counts[k],
+                health: plan.health[k],
+                load: plan.load[k],
+                panic: plan.panic[k],
+            });
+        }
+        let mut sum = 0u32;
+        let cum = plan
+            .load
+            .iter()
+            .map(|&l| {
+                sum += l;
+                u8::try_from(sum.min(100)).unwrap_or(100)
+            })
+            .collect();
+        Node::Tiers(cum, children.into_boxed_slice(), info.into_boxed_slice())
+    }
+
+    /// Zones of one tier by effective weight, when localities are configured and it has more
+    /// than one; else the tier's leaf.
+    fn zones(&mut self, members: &[EndpointIdx], panic: bool) -> Node {
+        let Some(cfg) = self.stages.localities.clone() else {
+            return self.leaf(members, panic);
+        };
+        let mut by_zone: BTreeMap<&str, Vec<EndpointIdx>> = BTreeMap::new();
+        let snapshot = self.snapshot.clone();
+        for &i in members {
+            by_zone
+                .entry(snapshot.endpoint(i).zone().unwrap_or(""))
+                .or_default()
+                .push(i);
+        }
+        if by_zone.len() <= 1 {
+            return self.leaf(members, panic);
+        }
+        let over = self.stages.overprovisioning;
+        let info: Vec<ZoneInfo> = by_zone
+            .iter()
+            .map(|(zone, m)| {
+                let counts = self.counts(m);
+                let weight = cfg.weight(zone);
+                let ratio = f64::from(counts.healthy) / f64::from(counts.endpoints.max(1));
+                ZoneInfo {
+                    zone: (*zone).into(),
+                    counts,
+                    weight,
+                    effective: f64::from(weight) * (over * ratio).min(1.0),
+                }
+            })
+            .collect();
+        if info.iter().all(|z| z.effective <= 0.0) {
+            return self.leaf(members, panic);
+        }
+        let mut sum = 0u64;
+        let cum = info
+            .iter()
+            .map(|z| {
+                sum += (z.effective * ZONE_SCALE).round() as u64;
+                sum
+            })
+            .collect();
+        let children: Vec<Node> = by_zone.values().map(|m| self.leaf(m, panic)).collect();
+        Node::Zones(cum, children.into_boxed_slice(), info.into_boxed_slice())
+    }
+
+    /// The leaf of `members`: those admitted (serving, or in panic every weighted one), within
+    /// the aperture when one is configured and leaves someone admitted.
+    fn leaf(&mut self, members: &[EndpointIdx], panic: bool) -> Node {
+        let admitted: Vec<EndpointIdx> = members
+            .iter()
+            .copied()
+            .filter(|&i| self.serving[i.get()] || (panic && self.snapshot.endpoint(i).weight() > 0))
+            .collect();
+        let (chosen, aperture) = match self.aperture(members) {
+            Some(slice) => {
+                let inside: Vec<EndpointIdx> = admitted
+                    .iter()
+                    .copied()
+                    .filter(|i| slice.contains(i))
+                    .collect();
+                if inside.is_empty() {
+                    (admitted.clone(), true)
+                } else {
+                    (inside, true)
+                }
+            }
+            None => (admitted.clone(), false),
+        };
+        let info = Box::new(LeafInfo {
+            picks_from: u32::try_from(chosen.len()).unwrap_or(u32::MAX),
+            candidates: u32::try_from(admitted.len()).unwrap_or(u32::MAX),
+            aperture,
+        });
+        Node::Leaf(self.intern(chosen, panic), info)
+    }
+
+    /// The members in this client's aperture (sorted), if an aperture applies.
+    fn aperture(&self, members: &[EndpointIdx]) -> Option<Vec<EndpointIdx>> {
+        let a = self.stages.aperture?;
+        let mut ring: Vec<EndpointIdx> = members.to_vec();
+        ring.sort_by(|x, y| {
+            self.snapshot
+                .endpoint(*x)
+                .key()
+                .cmp(self.snapshot.endpoint(*y).key())
+        });
+        let positions = match (a.mode, a.coordinates) {
+            (ApertureMode::Deterministic, Some(c)) => aperture_slice(ring.len(), a.size, c),
+            (ApertureMode::Deterministic, None) => return None,
+            (ApertureMode::Random, c) => {
+                let seed = a.seed
+                    ^ c.map_or(0, |c| {
+                        u64::from(c.index).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                    });
+                random_slice(ring.len(), a.size, seed)
+            }
+        };
+        let mut slice: Vec<EndpointIdx> = positions.into_iter().map(|p| ring[p]).collect();
+        slice.sort_unstable_by_key(|i| i.get());
+        Some(slice)
+    }
+
+    /// The leaf for exactly `members` (eligible as given), shared when already prepared.
+    fn intern(&mut self, members: Vec<EndpointIdx>, panic: bool) -> u32 {
+        let key = (members, panic);
+        if let Some(&at) = self.seen.get(&key) {
+            return at;
+        }
+        let (members, panic) = key;
+        let leaf = if self.leaves.len() < MAX_STAGE_SETS {
+            let snapshot = Arc::new(self.snapshot.scoped(&members, panic));
+            Leaf {
+                picker: Some(self.strategy.prepare(&snapshot, self.now)),
+                snapshot,
+                members: Box::new([]),
+            }
+        } else {
+            Leaf {
+                snapshot: self.snapshot.clone(),
+                picker: None,
+                members: members.clone().into_boxed_slice(),
+            }
+        };
+        let at = u32::try_from(self.leaves.len()).unwrap_or(u32::MAX);
+        self.leaves.push(leaf);
+        self.seen.insert((members, panic), at);
+        at
+    }
+}
