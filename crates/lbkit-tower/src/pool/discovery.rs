@@ -35,7 +35,8 @@ where
     let now = config.clock.now();
     let balancer = Balancer::new(config.strategy, Arc::new(Snapshot::new(0, Vec::new())), now)
         .with_availability(config.availability)
-        .with_clock(config.clock.clone());
+        .with_clock(config.clock.clone())
+        .with_stages(config.stages, now);
     let balancer = match &config.trace {
         Some(recorder) => recorder.attach(balancer, &config.name),
         None => balancer,

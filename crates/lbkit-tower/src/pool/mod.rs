@@ -295,6 +295,7 @@ pub struct PoolBuilder<S = BoxStrategy> {
     health: Option<HealthChecks>,
     trace: Option<Arc<lbkit_trace::Recorder>>,
     shadow: Option<(String, BoxStrategy)>,
+    stages: lbkit_core::stage::Stages,
 }
 
 /// Active checks of a pool: the probe and its thresholds.
@@ -367,7 +368,27 @@ impl<S: Strategy> PoolBuilder<S> {
             health: None,
             trace: None,
             shadow: None,
+            stages: lbkit_core::stage::Stages::default(),
         }
+    }
+
+    /// Run `stages` in front of the strategy ([`lbkit_core::stage`]): metadata subsets,
+    /// locality weights, an aperture (priority tiers run whenever the endpoints carry more than
+    /// one priority). Requests carry their subset attributes through
+    /// [`HttpRequests::attributes`](crate::http::HttpRequests::attributes).
+    ///
+    /// ```
+    /// use lbkit_core::stage::{Stages, SubsetFallback, Subsets};
+    /// use lbkit_tower::PoolBuilder;
+    /// let builder = PoolBuilder::default().stages(Stages {
+    ///     subsets: Some(Subsets::new(vec![vec!["version".into()]], SubsetFallback::Any)),
+    ///     ..Stages::default()
+    /// });
+    /// # let _ = builder;
+    /// ```
+    pub fn stages(mut self, stages: lbkit_core::stage::Stages) -> Self {
+        self.stages = stages;
+        self
     }
 
     /// Start the pool with `strategy` running as a shadow, labelled `label` (see
@@ -411,6 +432,7 @@ impl<S: Strategy> PoolBuilder<S> {
             health: self.health,
             trace: self.trace,
             shadow: self.shadow,
+            stages: self.stages,
         }
     }
 
