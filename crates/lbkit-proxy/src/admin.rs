@@ -230,6 +230,8 @@ pub(crate) fn endpoints_json<'a>(
                 let tags = lbkit_discovery::governance::tag::describe_tags(e.metadata());
                 json!({
                     "address": e.address(),
+                    "priority": e.priority(),
+                    "zone": e.zone(),
                     "rules": rules,
                     "tags": tags,
                     "weight": e.weight(),
@@ -254,9 +256,16 @@ pub(crate) fn endpoints_json<'a>(
                 })
             })
             .collect();
+        // What the stages do for a request without tag or attributes: its subset (the
+        // fallback's), tier loads, zone shares, aperture.
+        let stages = match prepared.stage_report(None, &[]) {
+            Ok(Some(r)) => lbkit_discovery::stages::report_json(&r),
+            Ok(None) => serde_json::Value::Null,
+            Err(e) => json!({ "error": e.to_string() }),
+        };
         out.insert(
             name.to_owned(),
-            json!({ "strategy": active.strategy, "endpoints": endpoints }),
+            json!({ "strategy": active.strategy, "stages": stages, "endpoints": endpoints }),
         );
     }
     json!({ "services": out })
