@@ -44,6 +44,7 @@ mod engine;
 mod error;
 pub mod fit;
 pub mod html;
+mod label;
 mod metrics;
 mod oracle;
 pub mod plot;

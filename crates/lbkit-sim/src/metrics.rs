@@ -58,6 +58,13 @@ pub struct StrategyResult {
     /// Most requests alive at once (the simulator's memory high-water mark; flat in the
     /// number of requests simulated).
     pub peak_live_requests: usize,
+    /// Connections per server: how many clients (balancers) sent it at least one call — the
+    /// busiest server's, and the mean over the servers.
+    pub connections_max: u32,
+    /// The mean of connections per server.
+    pub connections_mean: f64,
+    /// The busiest server's calls over the mean per server (1.0 = perfectly even).
+    pub load_spread: f64,
     /// Data behind the plots (not in the JSON report).
     #[serde(skip)]
     pub series: Series,
@@ -101,10 +108,13 @@ pub(crate) struct Collector {
     last_end: u64,
     interval: Vec<u64>,
     series: Series,
+    /// Which (balancer, server) pairs carried a call: `balancer * servers + server`, a bit each.
+    pairs: Vec<u64>,
+    servers: usize,
 }
 
 impl Collector {
-    pub(crate) fn new(servers: usize) -> Collector {
+    pub(crate) fn new(servers: usize, balancers: usize) -> Collector {
         Collector {
             latency: Histogram::new_with_bounds(1_000, 3_600_000_000_000, 3)
                 .expect("valid histogram bounds"),
@@ -122,7 +132,32 @@ impl Collector {
             last_end: 0,
             interval: vec![0; servers],
             series: Series::default(),
+            pairs: vec![0; (servers * balancers).div_ceil(64)],
+            servers,
         }
+    }
+
+    /// Balancer `lb` sent server `server` a call (so holds a connection to it).
+    pub(crate) fn connect(&mut self, lb: usize, server: usize) {
+        let bit = lb * self.servers + server;
+        if let Some(w) = self.pairs.get_mut(bit / 64) {
+            *w |= 1 << (bit % 64);
+        }
+    }
+
+    /// Per server, how many balancers sent it a call.
+    fn connections(&self) -> Vec<u32> {
+        let mut per = vec![0u32; self.servers];
+        for (w, &word) in self.pairs.iter().enumerate() {
+            let mut bits = word;
+            while bits != 0 {
+                let b = bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                let server = (w * 64 + b) % self.servers.max(1);
+                per[server] += 1;
+            }
+        }
+        per
     }
 
     fn advance(&mut self, now: u64) {
@@ -190,6 +225,10 @@ impl Collector {
         let n = self.finished.max(1) as f64;
         let total_attempts: u64 = self.attempts.iter().sum();
         self.series.cdf = cdf_points(&self.latency);
+        let connections = self.connections();
+        let servers = self.servers.max(1) as f64;
+        let mean_load = total_attempts as f64 / servers;
+        let max_load = self.attempts.iter().copied().max().unwrap_or(0) as f64;
         StrategyResult {
             strategy,
             requests: self.finished,
@@ -227,6 +266,13 @@ impl Collector {
                     * (self.sojourn_ns / n),
             },
             peak_live_requests,
+            connections_max: connections.iter().copied().max().unwrap_or(0),
+            connections_mean: connections.iter().map(|&c| f64::from(c)).sum::<f64>() / servers,
+            load_spread: if mean_load > 0.0 {
+                max_load / mean_load
+            } else {
+                0.0
+            },
             series: self.series,
         }
     }

@@ -10,6 +10,7 @@ use serde::Serialize;
 
 use crate::engine::Engine;
 use crate::error::SimError;
+use crate::label::split_run;
 use crate::metrics::StrategyResult;
 use crate::oracle::{Oracle, Queues};
 use crate::scenario::Scenario;
@@ -53,6 +54,11 @@ pub struct Report {
     /// Warnings about the comparison: strategies whose learning timer fired too few times in
     /// the run to compare them fairly.
     pub notes: Vec<String>,
+    /// Whether the report shows the fleet table (connections per server, load spread, share
+    /// per zone): when a run used an aperture or the scenario has stages.
+    pub fleet: bool,
+    /// The servers of each zone, in name order (empty when no server has a zone).
+    pub zones: std::collections::BTreeMap<String, Vec<String>>,
 }
 
 /// Strategies that learn on a timer, and the parameters [`Scenario::refresh_ms`] sets for them.
@@ -69,8 +75,8 @@ pub(crate) fn with_refresh(label: &str, refresh_ms: Option<f64>) -> String {
     let Some(ms) = refresh_ms else {
         return label.to_owned();
     };
-    // The parameters go before a `+hedge` suffix.
-    let (label, hedge) = match label.find("+hedge") {
+    // The parameters go before the run suffixes (`+hedge`, `+aperture=N`, ...).
+    let (label, hedge) = match label.find('+') {
         Some(at) => label.split_at(at),
         None => (label, ""),
     };
@@ -122,33 +128,16 @@ fn fairness_notes(results: &[StrategyResult], parsed: &[(String, Params)]) -> Ve
 }
 
 /// A label's strategy and its hedging: `NAME[:k=v...]` alone, or with `+hedge` (the
-/// scenario's `workload.hedge`, default p95) or `+hedge=p90` / `+hedge=20ms`.
+/// scenario's `workload.hedge`, default p95) or `+hedge=p90` / `+hedge=20ms` (and any other
+/// run suffix: [`crate::label`]).
 ///
 /// # Errors
-/// A hedge delay that does not parse.
+/// A suffix that does not parse.
 pub(crate) fn split_hedge<'l>(
     label: &'l str,
     scenario: Option<&Scenario>,
 ) -> Result<(&'l str, Option<HedgeDelay>), SimError> {
-    let Some((base, hedge)) = label.split_once("+hedge") else {
-        return Ok((label, None));
-    };
-    let spec = match hedge.strip_prefix('=') {
-        Some(spec) => spec,
-        None if hedge.is_empty() => scenario
-            .and_then(|s| s.workload.hedge.as_deref())
-            .unwrap_or("p95"),
-        None => {
-            return Err(SimError::input(
-                format!("strategy {label:?}"),
-                "write +hedge or +hedge=DELAY",
-            ))
-        }
-    };
-    let delay = spec.parse::<HedgeDelay>().map_err(|why| {
-        SimError::input(format!("strategy {label:?}"), format!("hedge delay {why}"))
-    })?;
-    Ok((base, Some(delay)))
+    split_run(label, scenario).map(|(base, run)| (base, run.hedge))
 }
 
 /// A strategy label parsed into something buildable (a `+hedge` suffix is the run's, not the
@@ -243,7 +232,13 @@ pub fn run(
             names[probe.watched()].clone()
         }
     };
+    let fleet = labels
+        .iter()
+        .any(|l| l.contains("+aperture") || l.contains("+subset"))
+        || !scenario.stages.build().map_or(true, |s| s.is_default());
     Ok(Report {
+        fleet,
+        zones: zones(scenario),
         scenario: scenario.name.clone(),
         description: scenario.description.clone(),
         seed,
@@ -287,16 +282,33 @@ fn simulate(
     seed: u64,
     progress: &mut dyn FnMut(&str, f64),
 ) -> Result<StrategyResult, SimError> {
-    let (_, hedge) = split_hedge(label, Some(scenario))?;
+    let (_, run) = split_run(label, Some(scenario))?;
     let engine = Engine::new(scenario, make, oracle, record, requests, seed)
         .map_err(|e| SimError::input(&scenario.name, e))?
-        .with_hedge(hedge);
+        .with_hedge(run.hedge)
+        .with_stages(run.aperture, seed);
     progress(label, 0.0);
     let result = engine.run(label.to_owned(), &mut |done| {
         progress(label, done as f64 / requests as f64)
     });
     progress(label, 1.0);
     Ok(result)
+}
+
+/// The servers of each zone (by expanded name).
+fn zones(scenario: &Scenario) -> std::collections::BTreeMap<String, Vec<String>> {
+    let names = scenario.server_names();
+    let mut zones: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    let mut at = 0;
+    for spec in &scenario.servers {
+        for _ in 0..spec.count {
+            if let Some(z) = &spec.zone {
+                zones.entry(z.clone()).or_default().push(names[at].clone());
+            }
+            at += 1;
+        }
+    }
+    zones
 }
 
 // === impl Report ===
@@ -418,10 +430,62 @@ impl Report {
                 let _ = writeln!(out, "{:w$}  {}", r.strategy, cells.join(" "));
             }
         }
+        if self.fleet {
+            self.fleet_table(&mut out, w);
+        }
         for note in &self.notes {
             let _ = writeln!(out, "\nnote: {note}");
         }
         out
+    }
+
+    /// Connections per server, load spread and share per zone, one row per strategy.
+    fn fleet_table(&self, out: &mut String, w: usize) {
+        let zones: Vec<&String> = self.zones.keys().collect();
+        let head: Vec<String> = zones
+            .iter()
+            .map(|z| format!("{:>7}", truncate(z, 7)))
+            .collect();
+        let _ = writeln!(
+            out,
+            "\nfleet: connections per server (clients that called it), load spread (busiest / mean){}",
+            if zones.is_empty() { "" } else { ", share per zone %" }
+        );
+        let _ = writeln!(
+            out,
+            "{:w$}  {:>8}  {:>9}  {:>7}  {:>8}  {}",
+            "strategy",
+            "conn max",
+            "conn mean",
+            "spread",
+            "p99 ms",
+            head.join(" ")
+        );
+        for r in &self.results {
+            let shares: Vec<String> = self
+                .zones
+                .values()
+                .map(|names| {
+                    let share: f64 = r
+                        .servers
+                        .iter()
+                        .filter(|s| names.contains(&s.name))
+                        .map(|s| s.share)
+                        .sum();
+                    format!("{:>7.1}", share * 100.0)
+                })
+                .collect();
+            let _ = writeln!(
+                out,
+                "{:w$}  {:>8}  {:>9.1}  {:>7.2}  {:>8.2}  {}",
+                r.strategy,
+                r.connections_max,
+                r.connections_mean,
+                r.load_spread,
+                r.p99_ms,
+                shares.join(" ")
+            );
+        }
     }
 
     /// Pretty JSON (byte-identical for the same scenario, options and seed).

@@ -72,8 +72,21 @@
 //! server = "s3"
 //! action = "slow"              # slow{factor} | weight{weight} | hidden{factor: the new
 //!                              # hidden_load} | crash | recover | leave | join
+//!                              # | down | up (health checks mark it down: it dies, stays in
+//!                              # the set unhealthy)
 //! factor = 10.0
+//!
+//! [stages]                     # which endpoints each client may use, in front of every
+//!   # strategy: lbkit_discovery::stages (subsets, localities, aperture, overprovisioning);
+//!   # an aperture without client_index/client_count takes each client's own place
+//! localities = { weights = { a = 1, b = 1, c = 1 } }
 //! ```
+//!
+//! A strategy label may end in `+aperture=N` (Finagle's deterministic aperture of N, each
+//! client at its own index among the clients) or `+subset=N` (gRPC A68 random subsetting of
+//! N, a seed per client), after any `+hedge`; the report then counts connections per server
+//! (the clients that sent it a call) and the load spread (the busiest server's calls over the
+//! mean).
 //!
 //! # Limits
 //! A scenario is input: each size it can ask for is bounded, so that a file cannot ask for
@@ -156,6 +169,9 @@ pub struct Scenario {
     /// Changes over time.
     #[serde(default, rename = "event")]
     pub events: Vec<EventSpec>,
+    /// Stages every client's balancer runs (`[stages]`).
+    #[serde(default)]
+    pub stages: lbkit_discovery::stages::StagesConfig,
     /// The TOML text it was parsed from, shown in the HTML report.
     #[serde(skip)]
     pub source: String,
@@ -464,6 +480,11 @@ pub enum Action {
     Leave,
     /// The server (re)joins the endpoint set.
     Join,
+    /// The server dies and its health checks mark it down: it stays in the endpoint set,
+    /// unhealthy (what priority tiers and locality weights count).
+    Down,
+    /// The server is back and marked up again.
+    Up,
 }
 
 /// A change at a point in time.
@@ -494,6 +515,7 @@ const BUILT_IN: &[(&str, &str)] = &[
     ("crash", include_str!("../scenarios/crash.toml")),
     ("hot-keys", include_str!("../scenarios/hot-keys.toml")),
     ("hidden-load", include_str!("../scenarios/hidden-load.toml")),
+    ("fleet", include_str!("../scenarios/fleet.toml")),
     ("tail", include_str!("../scenarios/tail.toml")),
     (
         "heterogeneous",
@@ -610,6 +632,9 @@ impl Scenario {
         }
         self.within_limits()?;
         self.workload.check()?;
+        self.stages
+            .build()
+            .map_err(|(field, why)| format!("stages.{field}: {why}"))?;
         if self.servers.is_empty() {
             return Err("at least one [[server]] is needed".into());
         }

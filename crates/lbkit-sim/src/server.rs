@@ -31,6 +31,8 @@ pub(crate) struct Server {
     /// In the endpoint set.
     pub(crate) member: bool,
     pub(crate) crashed: bool,
+    /// Marked down by its health checks (`down` event): in the set, not healthy.
+    pub(crate) down: bool,
     pub(crate) joined_at: u64,
     /// Attempts being served, and waiting.
     pub(crate) serving: Vec<Id>,
@@ -74,6 +76,7 @@ impl Server {
             join_at: (spec.join_ms * 1e6) as u64,
             member: false,
             crashed: false,
+            down: false,
             joined_at: 0,
             serving: Vec::new(),
             waiting: VecDeque::new(),

@@ -375,7 +375,7 @@ fn aperture_restricts_the_leaf_and_reports_it() {
 }
 
 #[test]
-fn aperture_with_nothing_up_in_its_slice_uses_the_whole_set() {
+fn aperture_with_a_dead_slice_reslices_over_the_serving_ones() {
     let specs: Vec<EndpointSpec> = (0..10)
         .map(|i| EndpointSpec::new(format!("s{i}:1")).with_healthy(i >= 5))
         .collect();
@@ -392,7 +392,10 @@ fn aperture_with_nothing_up_in_its_slice_uses_the_whole_set() {
         ..Stages::default()
     };
     let lb = balancer(specs, stages, SnapshotPolicy::default());
-    assert_eq!(shares(&lb, &[], 500).len(), 5, "the 5 serving endpoints");
+    // s0 and s1 (its slice) are down: client 0's slice of the ring of s5..s9 is s5 and s6.
+    let mut got: Vec<String> = shares(&lb, &[], 500).into_keys().collect();
+    got.sort();
+    assert_eq!(got, vec!["s5:1", "s6:1"]);
 }
 
 #[test]

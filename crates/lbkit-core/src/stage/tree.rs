@@ -432,18 +432,14 @@ impl<'b, S: Strategy> Builder<'b, S> {
             .filter(|&i| self.serving[i.get()] || (panic && self.snapshot.endpoint(i).weight() > 0))
             .collect();
         let (chosen, aperture) = match self.aperture(members) {
-            Some(slice) => {
-                let inside: Vec<EndpointIdx> = admitted
-                    .iter()
-                    .copied()
-                    .filter(|i| slice.contains(i))
-                    .collect();
-                if inside.is_empty() {
-                    (admitted.clone(), true)
-                } else {
-                    (inside, true)
-                }
+            // Part of the slice does not serve: the same coordinates on the ring of those that
+            // do, so these clients spread evenly over the survivors (a slice kept with its
+            // survivors alone would pile them onto its neighbours of the dead).
+            Some(slice) if slice.iter().any(|i| admitted.binary_search(i).is_err()) => {
+                let over = self.aperture(&admitted).unwrap_or_else(|| admitted.clone());
+                (over, true)
             }
+            Some(slice) => (slice, true),
             None => (admitted.clone(), false),
         };
         let info = Box::new(LeafInfo {

@@ -11,7 +11,9 @@ use crate::scenario::Action;
 impl Engine<'_> {
     fn spec_of(&self, i: usize) -> EndpointSpec {
         let s = &self.servers[i];
-        let mut spec = EndpointSpec::new(s.address.clone()).with_weight(s.weight);
+        let mut spec = EndpointSpec::new(s.address.clone())
+            .with_weight(s.weight)
+            .with_healthy(!s.down);
         if let Some(z) = &s.zone {
             spec = spec.with_zone(z.clone());
         }
@@ -76,8 +78,23 @@ impl Engine<'_> {
                 self.publish(Update::Remove(vec![key]));
             }
             Action::Join => self.join(i),
+            Action::Down | Action::Up => self.mark(i, e.action == Action::Down),
         }
         self.touched(i);
+    }
+
+    /// Health checks mark the server down (it dies first) or up (it is back).
+    fn mark(&mut self, i: usize, down: bool) {
+        if down {
+            self.crash(i);
+        } else {
+            self.servers[i].crashed = false;
+        }
+        self.servers[i].down = down;
+        if self.servers[i].member {
+            let spec = self.spec_of(i);
+            self.publish(Update::Add(vec![spec]));
+        }
     }
 
     /// The server dies: everything on it fails now (connection reset); it refuses new calls.

@@ -131,6 +131,10 @@ impl Engine<'_> {
         self.opened(id, attempt);
         let outstanding = self.servers[server as usize].outstanding();
         self.metrics.attempt(server as usize, outstanding + 1);
+        if let Some(r) = self.requests.get(id) {
+            let lb = self.clients[r.client as usize].balancer;
+            self.metrics.connect(lb, server as usize);
+        }
         if let Some(limit) = limit {
             let ns = u64::try_from(limit.as_nanos()).unwrap_or(u64::MAX);
             self.at(now.saturating_add(ns.max(1)), Ev::Timeout(attempt));

@@ -267,7 +267,7 @@ impl<'a> Engine<'a> {
             seq: 0,
             events: BinaryHeap::new(),
             rng: FastRng::seed_from_u64(seed),
-            metrics: Collector::new(servers.len()),
+            metrics: Collector::new(servers.len(), n_lbs),
             servers,
             by_hash,
             lbs,
@@ -296,6 +296,42 @@ impl<'a> Engine<'a> {
         self.hedge = delay;
         for lb in &mut self.lbs {
             lb.hedge = delay.map(HedgeTimer::new);
+        }
+        self
+    }
+
+    /// Run the scenario's stages in every client's balancer, with `aperture` (a label's
+    /// `+aperture=N` or `+subset=N`) over them; an aperture without coordinates takes each
+    /// client's own place, and random ones shuffle with `seed` mixed with the client's index.
+    pub(crate) fn with_stages(
+        mut self,
+        aperture: Option<(lbkit_core::stage::ApertureMode, u32)>,
+        seed: u64,
+    ) -> Self {
+        use lbkit_core::stage::{Aperture, Coordinates};
+        let Ok(base) = self.scenario.stages.build() else {
+            return self; // validated with the scenario
+        };
+        if base.is_default() && aperture.is_none() {
+            return self;
+        }
+        let count = u32::try_from(self.lbs.len()).unwrap_or(u32::MAX);
+        for (i, lb) in self.lbs.iter_mut().enumerate() {
+            let mut stages = base.clone();
+            if let Some((mode, size)) = aperture {
+                stages.aperture = Some(Aperture {
+                    size,
+                    mode,
+                    coordinates: None,
+                    seed,
+                });
+            }
+            if let Some(a) = &mut stages.aperture {
+                let index = u32::try_from(i).unwrap_or(u32::MAX);
+                a.coordinates = a.coordinates.or(Some(Coordinates { index, count }));
+                a.seed = seed;
+            }
+            lb.balancer.set_stages(stages, Timestamp::ZERO);
         }
         self
     }
