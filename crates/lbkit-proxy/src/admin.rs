@@ -263,9 +263,22 @@ pub(crate) fn endpoints_json<'a>(
             Ok(None) => serde_json::Value::Null,
             Err(e) => json!({ "error": e.to_string() }),
         };
+        let aperture = active.balancer.stages().aperture.map(|a| {
+            json!({
+                "size": a.size,
+                "mode": a.mode.to_string(),
+                "client_index": a.coordinates.map(|c| c.index),
+                "client_count": a.coordinates.map(|c| c.count),
+            })
+        });
         out.insert(
             name.to_owned(),
-            json!({ "strategy": active.strategy, "stages": stages, "endpoints": endpoints }),
+            json!({
+                "strategy": active.strategy,
+                "stages": stages,
+                "aperture": aperture,
+                "endpoints": endpoints,
+            }),
         );
     }
     json!({ "services": out })

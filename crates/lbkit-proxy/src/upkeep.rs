@@ -48,6 +48,7 @@ pub(crate) fn spawn(
     let (tx, rx) = mpsc::channel(64);
     tasks.extend(check::spawn(service, tx));
     tasks.extend(crate::oob::spawn(service));
+    tasks.extend(peers(service));
     let mut controller = Controller::new(ControllerConfig {
         outlier: outlier_config(service),
         refresh: Some(REFRESH_TICK),
@@ -129,6 +130,42 @@ fn open_source(
         }
         _ => Ok(source::static_source(Vec::new())),
     }
+}
+
+/// With an aperture that takes its coordinates from the registry (`stages.aperture` without
+/// `client_index`/`client_count`) and a ZooKeeper source: register as a Dubbo consumer and
+/// follow the coordinates the consumer nodes give (`ZkPeers`), setting them on the service's
+/// stages. Aborting the task (a reload, a stop) drops the registration.
+fn peers(service: &Arc<Service>) -> Option<JoinHandle<()>> {
+    let cfg = service.config();
+    let (Some(zk), Ok(Some(path))) = (&cfg.zookeeper, cfg.zk_path()) else {
+        return None;
+    };
+    if !cfg.stages.aperture_from_registry() {
+        return None;
+    }
+    use lbkit_discovery::zookeeper::{ZkConfig, ZkPeers};
+    let mut peers = ZkPeers::new(ZkConfig::new(zk.zk.clone()), path);
+    if let Some(app) = &zk.application {
+        peers = peers.with_application(app);
+    }
+    let service = service.clone();
+    Some(tokio::spawn(async move {
+        let handle = peers.spawn();
+        let mut coordinates = handle.coordinates();
+        while coordinates.changed().await.is_ok() {
+            let Some(at) = *coordinates.borrow_and_update() else {
+                continue;
+            };
+            let mut stages = (*service.active().balancer.stages()).clone();
+            if let Some(a) = &mut stages.aperture {
+                a.coordinates = Some(at);
+            }
+            tracing::info!(service = %service.name(), index = at.index, count = at.count, "aperture coordinates from the registry");
+            service.set_stages(stages);
+        }
+        drop(handle);
+    }))
 }
 
 /// The controller's target: the service's current balancer (whichever strategy the admin API

@@ -58,9 +58,11 @@ pub(crate) fn split_run<'l>(
                 };
                 run.aperture = Some((mode, size));
             }
-            _ => return Err(bad(format!(
+            _ => {
+                return Err(bad(format!(
                 "unknown suffix +{name} (expected +hedge, +hedge=DELAY, +aperture=N or +subset=N)"
-            ))),
+            )))
+            }
         }
     }
     Ok((base, run))

@@ -21,6 +21,11 @@
 //! the registry cache file ([`ZkSource::with_cache`]) and served at start-up when the registry
 //! cannot be reached.
 //!
+//! **Peers.** [`ZkPeers`] registers the client as a Dubbo consumer under
+//! `/<root>/<interface>/consumers` and derives its aperture coordinates (its index among the
+//! consumers, and their count) from the nodes there, following joins and leaves and keeping
+//! the last coordinates while the registry is unreachable.
+//!
 //! **Provider.** [`ZkRegistration`] creates an ephemeral node, re-creates it with a new
 //! session after expiry, follows weight changes, and deletes it on [`ZkRegistration::deregister`].
 //!
@@ -48,12 +53,14 @@ mod cache;
 mod consumer;
 mod node;
 mod nodes;
+mod peers;
 mod provider;
 
 pub use crate::governance::RULES_METADATA;
 pub use cache::{read_cache, write_cache};
 pub use consumer::{WatchMode, ZkSource, ZkStatus};
 pub use node::{decode_node, Layout, Provider, ProviderFilter, ServicePath, KNOWN_PROTOCOLS};
+pub use peers::{PeersHandle, ZkPeers};
 pub use provider::{expire_session, RegistrationStatus, ZkRegistration, DEREGISTER_TIMEOUT};
 pub use zookeeper_client::SessionInfo;
 

@@ -28,7 +28,7 @@ pub const KNOWN_PROTOCOLS: &[&str] = &[
 
 /// Java's `URLEncoder.encode(s, "UTF-8")` (how Dubbo names provider nodes): everything but
 /// ASCII letters, digits and `.-*_` is percent-encoded.
-const JAVA_URL_ENCODE: &AsciiSet = &NON_ALPHANUMERIC
+pub(crate) const JAVA_URL_ENCODE: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'.')
     .remove(b'-')
     .remove(b'*')

@@ -1,0 +1,211 @@
+//! Aperture coordinates that organise themselves: the client registers as a Dubbo consumer
+//! under `/<root>/<interface>/consumers` (an ephemeral node named by its URL-encoded
+//! `consumer://` URL, as Dubbo's own consumers register) and derives its index and the client
+//! count from the nodes there: its place in their sorted names, and how many there are. Every
+//! client sorts the same names, so the indices are a permutation of `0..count`; joins and
+//! leaves move them; while ZooKeeper is unreachable the last coordinates stay (nothing is sent),
+//! and a new session registers again.
+
+use lbkit_core::stage::Coordinates;
+use percent_encoding::utf8_percent_encode;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, SessionState};
+
+use super::node::{ServicePath, JAVA_URL_ENCODE};
+use super::{connect, registry_err, Backoff, ZkConfig};
+use crate::controller::error_chain;
+use crate::error::DiscoveryError;
+
+/// Registers this client as a consumer and follows the consumers of one interface.
+#[derive(Clone, Debug)]
+pub struct ZkPeers {
+    zk: ZkConfig,
+    path: ServicePath,
+    application: String,
+    host: String,
+}
+
+/// A running [`ZkPeers`]: the coordinates as they change. Dropping it deregisters (the
+/// session closes and its ephemeral node goes).
+#[derive(Debug)]
+pub struct PeersHandle {
+    coordinates: watch::Receiver<Option<Coordinates>>,
+    node: watch::Receiver<Option<String>>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for PeersHandle {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl PeersHandle {
+    /// This client's coordinates: `None` until the first listing.
+    pub fn coordinates(&self) -> watch::Receiver<Option<Coordinates>> {
+        self.coordinates.clone()
+    }
+
+    /// The path of this client's consumer node, while registered.
+    pub fn node(&self) -> Option<String> {
+        self.node.borrow().clone()
+    }
+}
+
+impl ZkPeers {
+    /// A consumer of `path`'s interface on `zk`, as application `lbkit` on this host.
+    pub fn new(zk: ZkConfig, path: ServicePath) -> Self {
+        ZkPeers {
+            zk,
+            path,
+            application: "lbkit".to_owned(),
+            host: local_host(),
+        }
+    }
+
+    /// Name the consumer's application (Dubbo's `application` parameter).
+    pub fn with_application(mut self, application: impl Into<String>) -> Self {
+        self.application = application.into();
+        self
+    }
+
+    /// The directory the consumers register in.
+    pub fn dir(&self) -> String {
+        format!("/{}/{}/consumers", self.path.root(), self.path.service())
+    }
+
+    /// This client's consumer URL (unique per instance: a random `lbkit.instance`).
+    fn url(&self, instance: u64) -> String {
+        let service = self.path.service();
+        let ts = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis());
+        format!(
+            "consumer://{}/{service}?application={}&category=consumers&check=false&\
+             interface={service}&lbkit.instance={instance:016x}&pid={}&side=consumer&timestamp={ts}",
+            self.host,
+            self.application,
+            std::process::id()
+        )
+    }
+
+    /// Register and follow, on the current tokio runtime.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime.
+    pub fn spawn(self) -> PeersHandle {
+        let (coords_tx, coordinates) = watch::channel(None);
+        let (node_tx, node) = watch::channel(None);
+        let name = utf8_percent_encode(
+            &self.url(lbkit_core::FastRng::from_entropy().next_u64()),
+            JAVA_URL_ENCODE,
+        )
+        .to_string();
+        let task = tokio::spawn(async move {
+            let mut backoff = Backoff::new(&self.zk);
+            loop {
+                match connect(&self.zk).await {
+                    Ok(client) => {
+                        backoff.reset();
+                        if let Err(e) = self.session(&client, &name, &coords_tx, &node_tx).await {
+                            tracing::warn!(error = %error_chain(&e), "consumer registration lost; keeping the last coordinates");
+                        }
+                        node_tx.send_replace(None);
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %error_chain(&e), "zookeeper unreachable; keeping the last coordinates");
+                    }
+                }
+                tokio::time::sleep(backoff.next_delay()).await;
+            }
+        });
+        PeersHandle {
+            coordinates,
+            node,
+            task,
+        }
+    }
+
+    /// One session: register, then list the consumers at every change until the session ends.
+    async fn session(
+        &self,
+        client: &Client,
+        name: &str,
+        coords: &watch::Sender<Option<Coordinates>>,
+        node_tx: &watch::Sender<Option<String>>,
+    ) -> Result<(), DiscoveryError> {
+        let dir = self.dir();
+        let node = format!("{dir}/{name}");
+        register(client, &dir, &node).await?;
+        node_tx.send_replace(Some(node.clone()));
+        tracing::info!(node = %node, "registered as a consumer");
+        let mut state = client.state_watcher();
+        loop {
+            let (mut children, watcher) = client
+                .list_and_watch_children(&dir)
+                .await
+                .map_err(|e| registry_err(&dir, e))?;
+            if !children.iter().any(|c| c == name) {
+                // Deleted by someone else: register again.
+                register(client, &dir, &node).await?;
+                continue;
+            }
+            children.sort_unstable();
+            let index = children.iter().position(|c| c == name).unwrap_or(0);
+            let at = Coordinates {
+                index: u32::try_from(index).unwrap_or(u32::MAX),
+                count: u32::try_from(children.len()).unwrap_or(u32::MAX),
+            };
+            coords.send_if_modified(|c| {
+                let changed = *c != Some(at);
+                *c = Some(at);
+                changed
+            });
+            tokio::select! {
+                _ = watcher.changed() => {}
+                s = next_end(&mut state) => return Err(registry_err(&dir, s)),
+            }
+        }
+    }
+}
+
+/// The first terminal state of the session.
+async fn next_end(state: &mut zookeeper_client::StateWatcher) -> ZkError {
+    loop {
+        match state.changed().await {
+            SessionState::Expired => return ZkError::SessionExpired,
+            SessionState::AuthFailed => return ZkError::AuthFailed,
+            SessionState::Closed => return ZkError::ClientClosed,
+            _ => {}
+        }
+    }
+}
+
+/// Create `node` (ephemeral) under `dir` (made persistent when missing); an old node of the
+/// same name is taken over.
+async fn register(client: &Client, dir: &str, node: &str) -> Result<(), DiscoveryError> {
+    let persistent = CreateMode::Persistent.with_acls(Acls::anyone_all());
+    client
+        .mkdir(dir, &persistent)
+        .await
+        .map_err(|e| registry_err(dir, e))?;
+    let ephemeral = CreateMode::Ephemeral.with_acls(Acls::anyone_all());
+    match client.create(node, &[], &ephemeral).await {
+        Ok(_) | Err(ZkError::NodeExists) => Ok(()),
+        Err(e) => Err(registry_err(node, e)),
+    }
+}
+
+/// This host's name for the consumer URL (the `HOSTNAME` environment variable, else
+/// `127.0.0.1`): only a label, the index comes from the node's whole name.
+fn local_host() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| {
+            !h.is_empty()
+                && h.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-.".contains(&b))
+        })
+        .unwrap_or_else(|| "127.0.0.1".to_owned())
+}

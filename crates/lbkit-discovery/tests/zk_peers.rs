@@ -1,0 +1,74 @@
+//! Aperture coordinates from the registry (`ZkPeers`) against real ZooKeeper servers: clients
+//! register under `/dubbo/<interface>/consumers` as Dubbo consumers do, derive distinct
+//! indices and the count, follow joins and leaves, and keep their coordinates through an
+//! outage.
+#![cfg(feature = "zookeeper")]
+
+mod common;
+
+use std::collections::BTreeSet;
+
+use common::{unique, OwnZk, WAIT};
+use lbkit_core::stage::Coordinates;
+use lbkit_discovery::zookeeper::{Layout, PeersHandle, ServicePath, ZkConfig, ZkPeers};
+use zookeeper_client::Client;
+
+/// Wait until every handle sees `count` clients; their indices.
+async fn settled(handles: &[&PeersHandle], count: u32) -> BTreeSet<u32> {
+    let mut indices = BTreeSet::new();
+    for h in handles {
+        let mut rx = h.coordinates();
+        let at = tokio::time::timeout(WAIT, rx.wait_for(|c| c.is_some_and(|c| c.count == count)))
+            .await
+            .unwrap_or_else(|_| panic!("coordinates never reached a count of {count}"))
+            .expect("peers task alive")
+            .expect("some");
+        indices.insert(at.index);
+    }
+    indices
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_number_themselves_and_follow_joins_and_leaves() {
+    let zk = ZkConfig::new(require_zk!());
+    let path = ServicePath::new("dubbo", &unique("peers"), Layout::Dubbo).unwrap();
+    let peers = || ZkPeers::new(zk.clone(), path.clone()).with_application("peers-test");
+    let (a, b, c) = (peers().spawn(), peers().spawn(), peers().spawn());
+    assert_eq!(settled(&[&a, &b, &c], 3).await, BTreeSet::from([0, 1, 2]));
+    // The nodes are Dubbo consumer URLs, where Dubbo's own consumers register.
+    let client = Client::connect(&zk.servers).await.unwrap();
+    let dir = format!("/dubbo/{}/consumers", path.service());
+    let (children, _) = client.get_children(&dir).await.unwrap();
+    assert_eq!(children.len(), 3);
+    assert!(
+        children.iter().all(|n| n.starts_with("consumer%3A%2F%2F")),
+        "{children:?}"
+    );
+    assert!(children[0].contains("category%3Dconsumers"), "{children:?}");
+    drop(b);
+    assert_eq!(settled(&[&a, &c], 2).await, BTreeSet::from([0, 1]));
+    let d = peers().spawn();
+    assert_eq!(settled(&[&a, &c, &d], 3).await, BTreeSet::from([0, 1, 2]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coordinates_survive_an_outage() {
+    let own = OwnZk::start("peers-outage").await;
+    let zk = ZkConfig::new(own.addr.clone());
+    let path = ServicePath::new("dubbo", &unique("outage"), Layout::Dubbo).unwrap();
+    let (a, b) = (
+        ZkPeers::new(zk.clone(), path.clone()).spawn(),
+        ZkPeers::new(zk.clone(), path.clone()).spawn(),
+    );
+    settled(&[&a, &b], 2).await;
+    let before: Vec<Option<Coordinates>> =
+        vec![*a.coordinates().borrow(), *b.coordinates().borrow()];
+    own.stop().await;
+    // Unreachable: the coordinates stay as they were (nothing is sent while it lasts).
+    assert_eq!(
+        vec![*a.coordinates().borrow(), *b.coordinates().borrow()],
+        before
+    );
+    own.restart().await;
+    assert_eq!(settled(&[&a, &b], 2).await, BTreeSet::from([0, 1]));
+}
