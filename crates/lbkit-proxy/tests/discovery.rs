@@ -861,3 +861,75 @@ async fn six_of_ten_deleted_together_stay_served_until_confirmed_by_time() {
     until_serving(&proxy, &names[7..], 9).await;
     proxy.shutdown(Duration::from_secs(2)).await;
 }
+
+/// The aperture's coordinates as `/endpoints` shows them: `(client_index, client_count)`.
+async fn aperture_of(proxy: &Proxy) -> Option<(u64, u64)> {
+    let (_, body) = admin(&client(), proxy, "GET", "/endpoints", "").await;
+    let doc: serde_json::Value = serde_json::from_str(&body).expect("json");
+    let a = &doc["services"]["svc"]["aperture"];
+    Some((a["client_index"].as_u64()?, a["client_count"].as_u64()?))
+}
+
+// An aperture without client_index/client_count organises itself from the registry: the proxy
+// registers as a Dubbo consumer, and as other consumers join, its slice narrows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_aperture_takes_its_coordinates_from_the_consumers() {
+    let Some(zk) = lbkit_testkit::zookeeper() else {
+        return;
+    };
+    let backends = [
+        Backend::start("a").await,
+        Backend::start("b").await,
+        Backend::start("c").await,
+        Backend::start("d").await,
+    ];
+    let (interface, path) = zk_service("Aperture", &backends[0]);
+    let mut regs = Vec::new();
+    for b in &backends {
+        regs.push(register(&zk, &path, b).await);
+    }
+    let text = config_with_source(&format!(
+        "zookeeper = {{ zk = {zk:?}, interface = {interface:?} }}\n\
+         stages = {{ aperture = {{ size = 1 }} }}"
+    ));
+    let proxy = Proxy::start(parse(&text)).await.expect("proxy starts");
+    until_serving(&proxy, &["a", "b", "c", "d"], 16).await;
+    let mut pace = poll_pace();
+    let alone = tokio::time::timeout(WAIT, async {
+        loop {
+            pace.tick().await;
+            if let Some(at) = aperture_of(&proxy).await {
+                return at;
+            }
+        }
+    })
+    .await
+    .expect("coordinates in time");
+    assert_eq!(alone, (0, 1), "the only consumer");
+    // Three more consumers: 4 clients over 4 providers, an aperture of 1 each.
+    let others: Vec<_> = (0..3)
+        .map(|_| lbkit_discovery::zookeeper::ZkPeers::new(ZkConfig::new(&zk), path.clone()).spawn())
+        .collect();
+    tokio::time::timeout(WAIT, async {
+        while aperture_of(&proxy).await.map(|a| a.1) != Some(4) {
+            pace.tick().await;
+        }
+    })
+    .await
+    .expect("four consumers seen in time");
+    let client = client();
+    let mut seen = HashSet::new();
+    for _ in 0..20 {
+        let (status, body, _) = get(&client, proxy.listeners()[0], "/", &[]).await;
+        assert_eq!(status, StatusCode::OK);
+        seen.insert(body);
+    }
+    assert_eq!(seen.len(), 1, "one provider in the aperture: {seen:?}");
+    drop(others);
+    proxy.shutdown(Duration::from_secs(2)).await;
+    for r in regs {
+        tokio::time::timeout(WAIT, r.deregister())
+            .await
+            .expect("deregistered");
+    }
+}
