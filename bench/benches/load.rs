@@ -31,7 +31,8 @@ use lbkit_core::{
     Availability, Balancer, EndpointIdx, FastRng, Outcome, PickContext, Picker, Snapshot, Strategy,
 };
 use lbkit_strategy::{
-    Adaptive, AdaptiveChoice, AdaptiveConfig, BestAvailable, LeastActive, LeastRequest, P2cEwma, P2cLeastLoaded, ShortestResponse,
+    Adaptive, AdaptiveChoice, AdaptiveConfig, BestAvailable, LeastActive, LeastRequest, P2cEwma,
+    P2cLeastLoaded, ShortestResponse,
 };
 
 fn main() {

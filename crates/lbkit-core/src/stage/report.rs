@@ -126,11 +126,19 @@ fn lossy(b: &[u8]) -> String {
 }
 
 fn tiers(entry: &Entry) -> Vec<TierReport> {
-    let Node::Tiers(_, children, info) = &entry.node else {
-        return Vec::new();
+    // A tier choice has a child per tier; else the node is the one tier with any load.
+    let children: Vec<Option<&Node>> = match &entry.node {
+        Node::Tiers(_, children) => children.iter().map(Some).collect(),
+        only => entry
+            .tiers
+            .iter()
+            .map(|t| (t.load == 100 || entry.tiers.len() == 1).then_some(only))
+            .collect(),
     };
-    info.iter()
-        .zip(children.iter())
+    entry
+        .tiers
+        .iter()
+        .zip(children)
         .map(|(t, child)| {
             let mut r = TierReport {
                 priority: t.priority,
@@ -145,9 +153,9 @@ fn tiers(entry: &Entry) -> Vec<TierReport> {
                 aperture: false,
             };
             match child {
-                Node::Leaf(_, leaf) => fill(&mut r, leaf),
-                Node::Zones(_, leaves, zones) => r.localities = localities(leaves, zones),
-                Node::Tiers(..) => {}
+                Some(Node::Leaf(_, leaf)) => fill(&mut r, leaf),
+                Some(Node::Zones(_, leaves, zones)) => r.localities = localities(leaves, zones),
+                Some(Node::Tiers(..)) | None => {}
             }
             r
         })

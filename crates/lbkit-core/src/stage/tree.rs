@@ -52,7 +52,10 @@ pub(super) struct KeySet {
 
 /// A subset: its stages, and how many of its endpoints serve (up, weighted, not ejected).
 pub(super) struct Entry {
+    /// A tier choice, or (one tier) that tier's zones or leaf.
     pub(super) node: Node,
+    /// Each tier's figures, for reports (a pick never reads them).
+    pub(super) tiers: Box<[TierInfo]>,
     pub(super) endpoints: u32,
     pub(super) serving: u32,
 }
@@ -60,8 +63,8 @@ pub(super) struct Entry {
 /// A stage: a leaf, a choice of tier, or a choice of zone.
 pub(super) enum Node {
     Leaf(u32, Box<LeafInfo>),
-    /// Cumulative percent per tier (the last is 100).
-    Tiers(Box<[u8]>, Box<[Node]>, Box<[TierInfo]>),
+    /// Cumulative percent per tier (the last is 100), for two tiers or more.
+    Tiers(Box<[u8]>, Box<[Node]>),
     /// Cumulative effective weight per zone.
     Zones(Box<[u64]>, Box<[Node]>, Box<[ZoneInfo]>),
 }
@@ -139,17 +142,20 @@ impl<P> Staged<P> {
         loop {
             match node {
                 Node::Leaf(i, _) => return Ok(&self.leaves[*i as usize]),
-                Node::Tiers(_, children, _) if children.len() == 1 => node = &children[0],
-                Node::Tiers(cum, children, _) => {
-                    let draw = (draw(cx) % 100) as u8;
-                    let at = cum.iter().position(|&c| draw < c).unwrap_or(cum.len() - 1);
+                Node::Tiers(cum, children) => {
+                    let draw = below(draw(cx), 100);
+                    let at = cum
+                        .iter()
+                        .position(|&c| draw < u64::from(c))
+                        .unwrap_or(cum.len() - 1);
                     node = &children[at];
                 }
+                // Branch-free: the draw lands in one zone or another at random, so a search's
+                // branches would be mispredicted about half the time.
                 Node::Zones(cum, children, _) => {
-                    let total = cum.last().copied().unwrap_or(1).max(1);
-                    let draw = draw(cx) % total;
-                    let at = cum.partition_point(|&c| c <= draw).min(cum.len() - 1);
-                    node = &children[at];
+                    let draw = below(draw(cx), cum.last().copied().unwrap_or(1));
+                    let at = cum.iter().filter(|&&c| c <= draw).count();
+                    node = &children[at.min(children.len() - 1)];
                 }
             }
         }
@@ -159,6 +165,13 @@ impl<P> Staged<P> {
     pub(crate) fn tree(&self, tree: usize) -> Option<&Tree> {
         self.trees.get(tree)
     }
+}
+
+/// `x` (uniform over `u64`) mapped onto `0..n` by a multiply and a shift, no division
+/// (Lemire's reduction).
+#[inline]
+fn below(x: u64, n: u64) -> u64 {
+    ((u128::from(x) * u128::from(n)) >> 64) as u64
 }
 
 /// A draw for a tier or zone: from the request's hash key when it has one (a key keeps its
@@ -219,6 +232,10 @@ impl KeySet {
     /// key counts), if the request carries them all and some endpoint has them.
     #[inline]
     pub(super) fn find(&self, attrs: &[Attr<'_>]) -> Option<&Entry> {
+        if let [key] = &*self.keys {
+            let value = attrs.iter().find(|(k, _)| *k == &**key)?.1;
+            return self.find_one(value);
+        }
         let mut values: [&[u8]; super::MAX_SUBSET_KEYS] = [&[]; super::MAX_SUBSET_KEYS];
         for (slot, key) in values.iter_mut().zip(self.keys.iter()) {
             *slot = attrs.iter().find(|(k, _)| *k == &**key)?.1;
@@ -230,6 +247,29 @@ impl KeySet {
             .ok()?;
         Some(&self.entries[at].1)
     }
+
+    /// A one-key set's subset for `value`: a scan of a few entries, a binary search of many.
+    #[inline]
+    fn find_one(&self, value: &[u8]) -> Option<&Entry> {
+        if self.entries.len() <= 8 {
+            return self
+                .entries
+                .iter()
+                .find(|(v, _)| first(v) == value)
+                .map(|(_, e)| e);
+        }
+        let at = self
+            .entries
+            .binary_search_by(|(v, _)| first(v).cmp(value))
+            .ok()?;
+        Some(&self.entries[at].1)
+    }
+}
+
+/// The first value of a subset's values.
+#[inline]
+fn first(v: &Values) -> &[u8] {
+    v.first().map_or(&[], |b| b)
 }
 
 /// Prepares trees, sharing leaves between sets that reach the same endpoints.
@@ -321,8 +361,10 @@ impl<'b, S: Strategy> Builder<'b, S> {
     }
 
     fn entry(&mut self, members: &[EndpointIdx]) -> Entry {
+        let (node, tiers) = self.tiers(members);
         Entry {
-            node: self.tiers(members),
+            node,
+            tiers,
             endpoints: u32::try_from(members.len()).unwrap_or(u32::MAX),
             serving: u32::try_from(members.iter().filter(|i| self.serving[i.get()]).count())
                 .unwrap_or(u32::MAX),
@@ -337,9 +379,9 @@ impl<'b, S: Strategy> Builder<'b, S> {
         }
     }
 
-    /// Tiers (a node even for one tier, for its report: a pick passes it without a draw),
-    /// then zones.
-    fn tiers(&mut self, members: &[EndpointIdx]) -> Node {
+    /// Tiers (a choice when there are two or more; one tier is its zones or leaf, its
+    /// figures kept for reports), then zones.
+    fn tiers(&mut self, members: &[EndpointIdx]) -> (Node, Box<[TierInfo]>) {
         let mut by_priority: BTreeMap<u32, Vec<EndpointIdx>> = BTreeMap::new();
         for &i in members {
             let p = self.snapshot.endpoint(i).priority();
@@ -349,9 +391,6 @@ impl<'b, S: Strategy> Builder<'b, S> {
         let counts: Vec<TierCounts> = tiers.iter().map(|(_, m)| self.counts(m)).collect();
         let threshold = self.snapshot.policy().panic_threshold;
         let plan = plan(&counts, self.stages.overprovisioning, threshold);
-        if tiers.is_empty() {
-            return self.leaf(&[], false);
-        }
         let mut children = Vec::with_capacity(tiers.len());
         let mut info = Vec::with_capacity(tiers.len());
         for (k, (priority, m)) in tiers.iter().enumerate() {
@@ -364,16 +403,26 @@ impl<'b, S: Strategy> Builder<'b, S> {
                 panic: plan.panic[k],
             });
         }
-        let mut sum = 0u32;
-        let cum = plan
-            .load
-            .iter()
-            .map(|&l| {
-                sum += l;
-                u8::try_from(sum.min(100)).unwrap_or(100)
-            })
-            .collect();
-        Node::Tiers(cum, children.into_boxed_slice(), info.into_boxed_slice())
+        // One tier, or one taking all the load (the usual healthy state): no choice to make.
+        let whole = plan.load.iter().position(|&l| l == 100);
+        let node = match (children.len(), whole) {
+            (0, _) => self.leaf(&[], false),
+            (1, _) => children.pop().unwrap_or_else(|| self.leaf(&[], false)),
+            (_, Some(at)) => children.swap_remove(at),
+            _ => {
+                let mut sum = 0u32;
+                let cum = plan
+                    .load
+                    .iter()
+                    .map(|&l| {
+                        sum += l;
+                        u8::try_from(sum.min(100)).unwrap_or(100)
+                    })
+                    .collect();
+                Node::Tiers(cum, children.into_boxed_slice())
+            }
+        };
+        (node, info.into_boxed_slice())
     }
 
     /// Zones of one tier by effective weight, when localities are configured and it has more

@@ -78,9 +78,7 @@ impl ZkPeers {
     /// This client's consumer URL (unique per instance: a random `lbkit.instance`).
     fn url(&self, instance: u64) -> String {
         let service = self.path.service();
-        let ts = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis());
+        let ts = lbkit_core::Clock::System.now().as_millis();
         format!(
             "consumer://{}/{service}?application={}&category=consumers&check=false&\
              interface={service}&lbkit.instance={instance:016x}&pid={}&side=consumer&timestamp={ts}",
