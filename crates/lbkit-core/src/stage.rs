@@ -12,7 +12,8 @@
 //!    metadata, `--attr K=V`) pick the subset whose endpoints carry exactly those values. The
 //!    first key set, in order, whose keys the request all carries and whose subset for those
 //!    values has an eligible endpoint serves it. Otherwise the [`SubsetFallback`] applies —
-//!    `none` (no endpoint: [`PickError::NoSubset`] or [`PickError::SubsetUnavailable`]),
+//!    `none` (no endpoint: [`PickError::NoSubset`](crate::PickError::NoSubset) or
+//!    [`PickError::SubsetUnavailable`](crate::PickError::SubsetUnavailable)),
 //!    `any` (every endpoint) or `default` (the [`Subsets::default`] subset) — both when no
 //!    subset matches and when the matching one has no eligible endpoint (down, ejected or
 //!    drained), which Envoy users ask for (envoy#34798).
