@@ -108,7 +108,7 @@ impl Service {
         trace: Option<Arc<lbkit_trace::Recorder>>,
     ) -> Result<Self, ParamError> {
         let clock = Clock::System;
-        let strategy = catalog::build(&config.strategy, config.strategy_params())?;
+        let strategy = build_strategy(config, &config.strategy, config.strategy_params())?;
         let balancer = balancer(
             strategy,
             Arc::new(Snapshot::new(0, Vec::new())),
@@ -369,7 +369,7 @@ impl Service {
     /// # Errors
     /// An unknown strategy or a bad parameter.
     pub async fn set_strategy(&self, name: &str, params: Params) -> Result<(), ParamError> {
-        let strategy = catalog::build(name, params)?;
+        let strategy = build_strategy(&self.config, name, params)?;
         let _order = self.publish_lock.lock();
         let snapshot = self.active.load().balancer.snapshot();
         let balancer = balancer(
@@ -394,6 +394,19 @@ impl Service {
         tracing::info!(service = %self.name, strategy = name, "strategy switched");
         Ok(())
     }
+}
+
+/// Strategy `name` with `params`, in zone preference when the service names its zone.
+fn build_strategy(
+    config: &config::ServiceConfig,
+    name: &str,
+    params: Params,
+) -> Result<BoxStrategy, ParamError> {
+    let strategy = catalog::build(name, params)?;
+    Ok(match &config.zone {
+        Some(zone) => BoxStrategy::new(lbkit_strategy::ZoneAware::new(strategy, zone.as_str())),
+        None => strategy,
+    })
 }
 
 fn balancer(

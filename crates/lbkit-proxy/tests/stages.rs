@@ -133,3 +133,29 @@ fn a_bad_stages_table_names_its_field() {
         "{err}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxys_own_zone_keeps_traffic_local() {
+    let (a, b, c) = (
+        Backend::start("a").await,
+        Backend::start("b").await,
+        Backend::start("c").await,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let text: String = [(&a, "eu"), (&b, "eu"), (&c, "us")]
+        .iter()
+        .map(|(b, z)| format!("[[endpoint]]\naddress = \"{}\"\nzone = \"{z}\"\n", b.addr))
+        .collect();
+    let path = dir.path().join("eps.toml");
+    std::fs::write(&path, text).unwrap();
+    let file = path.to_str().unwrap().replace('\\', "/");
+    let config = format!(
+        "{LISTENERS}[[route]]\nservice = \"svc\"\n[service.svc]\nfile = \"{file}\"\n\
+         strategy = \"round-robin\"\nzone = \"eu\"\n"
+    );
+    let proxy = published(&config).await;
+    let got = counts(&client(), &proxy, 30, &[]).await;
+    let mut seen: Vec<&String> = got.keys().collect();
+    seen.sort();
+    assert_eq!(seen, vec!["200 a", "200 b"], "the local zone only: {got:?}");
+}

@@ -19,8 +19,10 @@ pub const MAX_ATTRS: usize = 16;
 ///     }
 /// }
 /// let attrs = AttrHeaders::new([("version", "X-Version"), ("zone", "x-zone")]);
-/// let seen = attrs.with_attrs(&H, |a| a.to_vec());
-/// assert_eq!(seen, vec![(b"version".as_slice(), b"v2".as_slice())]);
+/// let seen = attrs.with_attrs(&H, |a| {
+///     a.iter().map(|(k, v)| (k.to_vec(), v.to_vec())).collect::<Vec<_>>()
+/// });
+/// assert_eq!(seen, vec![(b"version".to_vec(), b"v2".to_vec())]);
 /// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct AttrHeaders {

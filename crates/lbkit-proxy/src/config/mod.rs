@@ -331,6 +331,11 @@ pub struct ServiceConfig {
     /// A sampled trace of the calls (`[service.NAME.trace]`). Default none.
     #[serde(default)]
     pub trace: Option<TraceTable>,
+    /// The zone this proxy runs in, for this service: prefer the endpoints there and spill to
+    /// the others when they are degraded or overloaded (zone preference, lbkit-strategy's
+    /// `ZoneAware`, around the strategy; strategy switches keep it). Default none.
+    #[serde(default)]
+    pub zone: Option<String>,
     /// Which endpoints may serve a request (`[service.NAME.stages]`: subsets, localities,
     /// aperture, overprovisioning; `lbkit_discovery::stages`). Default none; priority tiers
     /// follow the endpoints' `priority` regardless.
