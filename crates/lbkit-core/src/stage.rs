@@ -38,12 +38,10 @@
 //!    overlap `[index / count, index / count + width)` with `width = ⌈size · count / servers⌉
 //!    / count`, so every server is in the aperture of about `size · count / servers` clients;
 //!    in gRPC's A68 *random* mode it takes the first `size` of the ring shuffled with its own
-//!    seed. The ring holds the set's members whether they serve or not, so a server going down
-//!    and up moves only the slices it was in: when an endpoint of a client's slice does not
-//!    serve, that client takes the same coordinates on the ring of those that do, spreading
-//!    evenly over the survivors with its connections still bounded by the aperture (keeping
-//!    the slice's survivors alone would pile its load onto them). The aperture applies inside
-//!    each set the earlier stages reach: with three zones, an aperture of 4 is 4 per zone.
+//!    seed. The ring holds the set's endpoints that serve, so the clients spread evenly over
+//!    them; a health change moves the slices (each client's connections stay bounded by its
+//!    aperture). The aperture applies inside each set the earlier stages reach: with three
+//!    zones, an aperture of 4 is 4 per zone.
 //!
 //! Requests with a consistent-hash key draw the tier and the zone from the key's hash (as
 //! Envoy's `choosePriority` does), so a key keeps its endpoint while the tiers are stable.
