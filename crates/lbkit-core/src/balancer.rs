@@ -424,10 +424,25 @@ impl<S: Strategy> Balancer<S> {
     }
 
     /// Replace the stages (an aperture's new coordinates, a reload) and publish the current
-    /// snapshot prepared with them at `now`.
+    /// snapshot prepared with them at `now`. Safe beside a concurrent [`publish`](Self::publish):
+    /// whichever lands last, the published state ends with the newest snapshot and the newest
+    /// stages.
     pub fn set_stages(&self, stages: Stages, now: Timestamp) {
         self.stages.store(Arc::new(stages));
-        self.publish(self.snapshot(), now);
+        loop {
+            let before = self.current.load_full();
+            let stages = self.stages.load_full();
+            let next = Arc::new(prepare(
+                &self.strategy,
+                &stages,
+                before.snapshot.clone(),
+                now,
+            ));
+            let prev = self.current.compare_and_swap(&before, next);
+            if Arc::ptr_eq(&prev, &before) {
+                return;
+            }
+        }
     }
 
     /// The stages in front of the strategy.
@@ -549,9 +564,20 @@ impl<S: Strategy> Balancer<S> {
         if self.owns_statistics {
             apply_decay(&self.strategy, &snapshot);
         }
-        let stages = self.stages.load();
-        self.current
-            .store(Arc::new(prepare(&self.strategy, &stages, snapshot, now)));
+        // Stages replaced meanwhile (`set_stages` from another task): prepared again with
+        // them, so the newest snapshot never goes out with stages already replaced.
+        loop {
+            let stages = self.stages.load_full();
+            self.current.store(Arc::new(prepare(
+                &self.strategy,
+                &stages,
+                snapshot.clone(),
+                now,
+            )));
+            if Arc::ptr_eq(&stages, &self.stages.load_full()) {
+                return;
+            }
+        }
     }
 
     /// Whether the current picker asked to be re-prepared by `now`.

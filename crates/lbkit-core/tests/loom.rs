@@ -344,6 +344,41 @@ mod swap {
         });
     }
 
+    // New stages (an aperture's coordinates from the registry) race a publish (the control
+    // loop's new snapshot): whatever the order, the published state holds the new snapshot
+    // prepared with the new stages (a `set_stages` that stored the snapshot it had read put the
+    // old one back; a publish that stored without looking again left the old stages).
+    #[test]
+    fn new_stages_during_a_publish_keep_both() {
+        use lbkit_core::stage::{Aperture, ApertureMode, Coordinates, Stages};
+        loom::model(|| {
+            let b = Arc::new(Balancer::new(
+                First::default(),
+                snapshot("a:1"),
+                Timestamp::ZERO,
+            ));
+            let new = snapshot("b:1");
+            let stages = Stages {
+                aperture: Some(Aperture {
+                    size: 1,
+                    mode: ApertureMode::Deterministic,
+                    coordinates: Some(Coordinates { index: 0, count: 2 }),
+                    seed: 0,
+                }),
+                ..Stages::default()
+            };
+            let setter = {
+                let (b, stages) = (b.clone(), stages.clone());
+                thread::spawn(move || b.set_stages(stages, Timestamp::ZERO))
+            };
+            b.publish(new.clone(), Timestamp::ZERO);
+            setter.join().unwrap();
+            assert!(Arc::ptr_eq(&b.snapshot(), &new), "the new snapshot");
+            assert!(b.current().is_staged(), "prepared with the new stages");
+            assert_eq!(*b.stages(), stages);
+        });
+    }
+
     // Two threads tick at once when a refresh is due: it is prepared once, and exactly one of
     // them reports publishing it.
     #[test]

@@ -174,3 +174,45 @@ async fn backups_stay_idle_while_the_primaries_are_healthy() {
         set(&["200 10.0.0.1:80", "200 10.0.0.2:80"])
     );
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn an_aperture_follows_coordinates_from_the_registry() {
+    use lbkit_core::stage::{Aperture, ApertureMode, Coordinates};
+    // Four endpoints, an aperture of 1 with no coordinates yet: the whole set until they come.
+    let specs = (1..=4)
+        .map(|i| EndpointSpec::new(format!("10.0.0.{i}:80")))
+        .collect();
+    let stages = Stages {
+        aperture: Some(Aperture {
+            size: 1,
+            mode: ApertureMode::Deterministic,
+            coordinates: None,
+            seed: 0,
+        }),
+        ..Stages::default()
+    };
+    let pool = pool(specs, &[], stages);
+    let (tx, rx) = tokio::sync::watch::channel(None);
+    let task = pool.follow_coordinates(rx);
+    let mut svc = BalanceLayer::http().layer(pool.clone());
+    assert_eq!(answered_by(&mut svc, &[], 40).await.map(|s| s.len()), Ok(4));
+    // The registry says: client 2 of 4 — one endpoint.
+    let at = Coordinates { index: 2, count: 4 };
+    tx.send(Some(at)).unwrap();
+    tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        while pool
+            .balancer()
+            .stages()
+            .aperture
+            .and_then(|a| a.coordinates)
+            != Some(at)
+        {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("coordinates applied");
+    assert_eq!(answered_by(&mut svc, &[], 20).await.map(|s| s.len()), Ok(1));
+    drop(tx);
+    task.await.unwrap();
+}

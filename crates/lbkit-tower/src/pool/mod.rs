@@ -205,6 +205,45 @@ impl<Svc, S: Strategy> Pool<Svc, S> {
         &self.inner.name
     }
 
+    /// Follow this client's aperture coordinates as they change — from the registry's
+    /// consumer nodes (`lbkit_discovery::zookeeper::ZkPeers::spawn(..).coordinates()`), say —
+    /// setting each on the pool's stages, so an aperture configured without coordinates
+    /// ([`PoolBuilder::stages`]) organises itself. The task ends when the sender goes or the
+    /// pool is dropped; `None` values (not known yet) are passed over, so the last coordinates
+    /// stay while the registry is unreachable.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime.
+    pub fn follow_coordinates(
+        &self,
+        mut coordinates: watch::Receiver<Option<lbkit_core::stage::Coordinates>>,
+    ) -> tokio::task::JoinHandle<()>
+    where
+        Svc: Send + Sync + 'static,
+    {
+        let inner = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            loop {
+                let at = *coordinates.borrow_and_update();
+                let Some(inner) = inner.upgrade() else { return };
+                if let Some(at) = at {
+                    let mut stages = (*inner.balancer.stages()).clone();
+                    if let Some(a) = &mut stages.aperture {
+                        if a.coordinates != Some(at) {
+                            a.coordinates = Some(at);
+                            let now = inner.balancer.clock().now();
+                            inner.balancer.set_stages(stages, now);
+                        }
+                    }
+                }
+                drop(inner);
+                if coordinates.changed().await.is_err() {
+                    return;
+                }
+            }
+        })
+    }
+
     /// The balancer: current snapshot, strategy, statistics of every endpoint.
     pub fn balancer(&self) -> &Balancer<S> {
         &self.inner.balancer
