@@ -247,6 +247,9 @@ impl<P: Picker> Set<'_, P> {
         filter: &Availability,
     ) -> Result<EndpointIdx, PickError> {
         if let How::Members(members) = self.how {
+            if members.is_empty() {
+                return Err(self.snapshot.empty_error());
+            }
             return Ok(self.member(members, cx, filter));
         }
         let eligible = self.snapshot.eligible();
@@ -428,6 +431,11 @@ impl<S: Strategy> Balancer<S> {
     /// whichever lands last, the published state ends with the newest snapshot and the newest
     /// stages.
     pub fn set_stages(&self, stages: Stages, now: Timestamp) {
+        if self.shadowing.load(Ordering::Acquire) {
+            if let Some(s) = self.shadow.load().as_ref() {
+                s.set_stages(stages.clone(), now);
+            }
+        }
         self.stages.store(Arc::new(stages));
         loop {
             let before = self.current.load_full();
@@ -479,6 +487,7 @@ impl<S: Strategy> Balancer<S> {
     pub fn set_shadow(&self, shadow: Option<Arc<Shadow>>, now: Timestamp) {
         if let Some(s) = &shadow {
             s.publish(self.snapshot(), now);
+            s.set_stages((*self.stages.load_full()).clone(), now);
         }
         self.shadowing.store(shadow.is_some(), Ordering::Release);
         self.shadow.store(Arc::new(shadow));

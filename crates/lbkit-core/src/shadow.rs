@@ -121,6 +121,12 @@ impl Shadow {
         self.candidate.publish(snapshot, now);
     }
 
+    /// Run the live balancer's `stages` in front of the candidate too, so it picks among the
+    /// same endpoints for each request.
+    pub(crate) fn set_stages(&self, stages: crate::stage::Stages, now: Timestamp) {
+        self.candidate.set_stages(stages, now);
+    }
+
     /// Refresh the candidate when due (the live balancer ticked).
     pub(crate) fn tick(&self, now: Timestamp) {
         self.candidate.tick(now);
@@ -134,6 +140,7 @@ impl Shadow {
         own.hash = cx.hash;
         own.key = cx.key;
         own.tag = cx.tag;
+        own.attrs = cx.attrs;
         self.picks.fetch_add(1, Ordering::Relaxed);
         live.stats().count_shadow(true);
         let prepared = self.candidate.load();

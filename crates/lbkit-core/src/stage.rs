@@ -19,7 +19,8 @@
 //!    drained), which Envoy users ask for (envoy#34798).
 //! 2. **Priority tiers** ([`EndpointSpec::priority`](crate::EndpointSpec::priority), Envoy's
 //!    priority levels; `backup` in nginx and HAProxy is tier 1): each tier's health is
-//!    `min(100, ⌊overprovisioning × 100 × healthy / endpoints⌋)`; tiers take load in order,
+//!    `min(100, ⌊overprovisioning × 100 × healthy / endpoints⌋)` (endpoints that carry weight:
+//!    drained ones count in neither); tiers take load in order,
 //!    each as much as its health, until 100 % is given; when the health of all tiers adds up
 //!    to less than 100, each tier's load is its share of that sum (rounded to whole percents
 //!    by largest remainder, so 25 %, 25 %, 20 % healthy give 36, 36 and 28, as Envoy's
@@ -31,9 +32,10 @@
 //!    panic threshold for the endpoints the stages route.
 //! 3. **Localities** ([`Localities`], Envoy's `locality_weighted_lb_config`): inside a tier,
 //!    each zone takes traffic in proportion to its weight × `min(1, overprovisioning × healthy
-//!    share)`; when every zone's is 0, the whole tier is picked from.
+//!    share)`; when every zone's is 0, or the tier is in panic, the whole tier is picked from.
 //! 4. **Aperture** ([`Aperture`]): inside the set reached, a client talks only to its slice of
-//!    the set's ring (ordered by endpoint key, so every client sees the same ring). In
+//!    the set's ring (ordered by endpoint key, so clients that see the same endpoints serving
+//!    see the same ring). In
 //!    Finagle's *deterministic* mode the client at `index` of `count` takes the servers that
 //!    overlap `[index / count, index / count + width)` with `width = ⌈size · count / servers⌉
 //!    / count`, so every server is in the aperture of about `size · count / servers` clients;

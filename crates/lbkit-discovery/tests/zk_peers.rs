@@ -38,7 +38,27 @@ async fn clients_number_themselves_and_follow_joins_and_leaves() {
     // The nodes are Dubbo consumer URLs, where Dubbo's own consumers register.
     let client = Client::connect(&zk.servers).await.unwrap();
     let dir = format!("/dubbo/{}/consumers", path.service());
+    // A Java Dubbo consumer of the interface registers there too; it is not in the ring.
+    let java = format!(
+        "{dir}/consumer%3A%2F%2F10.9.9.9%2F{}%3Fapplication%3Djava%26category%3Dconsumers",
+        path.service()
+    );
+    let ephemeral =
+        zookeeper_client::CreateMode::Ephemeral.with_acls(zookeeper_client::Acls::anyone_all());
+    client.create(&java, &[], &ephemeral).await.unwrap();
+    let d = peers().spawn();
+    assert_eq!(
+        settled(&[&a, &b, &c, &d], 4).await,
+        BTreeSet::from([0, 1, 2, 3])
+    );
+    drop(d);
+    assert_eq!(settled(&[&a, &b, &c], 3).await, BTreeSet::from([0, 1, 2]));
     let (children, _) = client.get_children(&dir).await.unwrap();
+    assert_eq!(children.len(), 4, "three lbkit clients and the Java one");
+    let children: Vec<String> = children
+        .into_iter()
+        .filter(|n| n.contains("lbkit.instance"))
+        .collect();
     assert_eq!(children.len(), 3);
     assert!(
         children.iter().all(|n| n.starts_with("consumer%3A%2F%2F")),

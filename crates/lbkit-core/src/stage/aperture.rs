@@ -19,6 +19,7 @@ use crate::rng::FastRng;
 pub fn aperture_slice(servers: usize, size: u32, at: Coordinates) -> Vec<usize> {
     let n = servers as u128;
     let count = u128::from(at.count.max(1));
+    let size = size.max(1);
     if n == 0 || u128::from(size) >= n {
         return (0..servers).collect();
     }
@@ -46,7 +47,7 @@ pub fn aperture_slice(servers: usize, size: u32, at: Coordinates) -> Vec<usize> 
 /// ```
 pub fn random_slice(servers: usize, size: u32, seed: u64) -> Vec<usize> {
     let mut ring: Vec<usize> = (0..servers).collect();
-    let take = (size as usize).min(servers);
+    let take = (size.max(1) as usize).min(servers);
     let mut rng = FastRng::seed_from_u64(seed);
     for i in 0..take {
         let j = i + rng.index(servers - i);

@@ -477,3 +477,131 @@ fn validation_names_the_problem() {
     });
     assert!(s.validate().unwrap_err().contains("client index 4"));
 }
+
+#[test]
+fn a_keys_zone_does_not_depend_on_its_tier_draw() {
+    // Tiers 70 / 30 (P0 half down), three zones alike in each: keyed requests that stay in P0
+    // still spread over its three zones (one draw for both levels sent P0's keys to the first
+    // zones only).
+    let mut specs: Vec<EndpointSpec> = (0..12)
+        .map(|i| {
+            EndpointSpec::new(format!("p0-{i}:1"))
+                .with_zone(["a", "b", "c"][i % 3])
+                .with_healthy(i < 6)
+        })
+        .collect();
+    specs.extend((0..6).map(|i| {
+        EndpointSpec::new(format!("p1-{i}:1"))
+            .with_zone(["a", "b", "c"][i % 3])
+            .with_priority(1)
+    }));
+    let stages = Stages {
+        localities: Some(Localities::default()),
+        ..Stages::default()
+    };
+    let lb = balancer(specs, stages, SnapshotPolicy::default());
+    let mut rng = FastRng::seed_from_u64(1);
+    let mut zones: HashMap<String, u32> = HashMap::new();
+    let mut p0 = 0;
+    for k in 0..6_000u32 {
+        let key = k.to_string();
+        let mut cx = PickContext::new(Timestamp::ZERO, &mut rng).with_key(key.as_bytes());
+        let g = lb.pick(&mut cx).unwrap();
+        if g.endpoint().priority() == 0 {
+            p0 += 1;
+            *zones
+                .entry(g.endpoint().zone().unwrap().to_owned())
+                .or_default() += 1;
+        }
+    }
+    for z in ["a", "b", "c"] {
+        let share = f64::from(zones[z]) / f64::from(p0);
+        assert!(
+            (share - 1.0 / 3.0).abs() < 0.04,
+            "zone {z}: {share} of P0's keys"
+        );
+    }
+}
+
+#[test]
+fn drained_endpoints_count_in_no_tier() {
+    // P0: 4 endpoints, 2 drained (weight 0) and 2 up: its health is that of the 2 that carry
+    // weight (100), so nothing spills to the backups.
+    let specs = vec![
+        EndpointSpec::new("a:1"),
+        EndpointSpec::new("b:1"),
+        EndpointSpec::new("c:1").with_weight(0),
+        EndpointSpec::new("d:1").with_weight(0),
+        EndpointSpec::new("z:1").with_priority(1),
+    ];
+    let lb = balancer(specs, Stages::default(), SnapshotPolicy::envoy());
+    let r = lb.current().stage_report(None, &[]).unwrap().unwrap();
+    let loads: Vec<u32> = r.tiers.iter().map(|t| t.load_percent).collect();
+    assert_eq!(loads, vec![100, 0]);
+}
+
+#[test]
+fn stages_set_unvalidated_do_not_panic() {
+    // Through the library, nothing validates: a key set of 9 keys (one too many) and an
+    // aperture of 0 must still pick.
+    let keys: Vec<String> = (0..9).map(|i| format!("k{i}")).collect();
+    let mut spec = EndpointSpec::new("a:1");
+    for k in &keys {
+        spec = spec.with_meta(k.clone(), "v");
+    }
+    let stages = Stages {
+        subsets: Some(Subsets::new(vec![keys.clone()], SubsetFallback::Any)),
+        aperture: Some(Aperture {
+            size: 0,
+            mode: ApertureMode::Deterministic,
+            coordinates: Some(Coordinates { index: 0, count: 3 }),
+            seed: 0,
+        }),
+        ..Stages::default()
+    };
+    let lb = balancer(
+        vec![spec, EndpointSpec::new("b:1")],
+        stages,
+        SnapshotPolicy::default(),
+    );
+    let attrs: Vec<Attr<'_>> = keys.iter().map(|k| (k.as_bytes(), &b"v"[..])).collect();
+    let mut rng = FastRng::seed_from_u64(1);
+    for _ in 0..10 {
+        let mut cx = PickContext::new(Timestamp::ZERO, &mut rng).with_attrs(&attrs);
+        assert!(lb.pick(&mut cx).is_ok());
+    }
+}
+
+#[test]
+fn a_tier_in_panic_is_not_split_by_zone() {
+    // One tier, 1 of 4 up (25 % < 50 %): panic, all four weighted endpoints; zone b (none up)
+    // still gets its share.
+    let specs = vec![
+        EndpointSpec::new("a1:1").with_zone("a"),
+        EndpointSpec::new("a2:1").with_zone("a").with_healthy(false),
+        EndpointSpec::new("b1:1").with_zone("b").with_healthy(false),
+        EndpointSpec::new("b2:1").with_zone("b").with_healthy(false),
+    ];
+    let stages = Stages {
+        localities: Some(Localities::default()),
+        ..Stages::default()
+    };
+    let lb = balancer(specs, stages, SnapshotPolicy::envoy());
+    let out = shares(&lb, &[], 2_000);
+    assert_eq!(out.len(), 4, "all four in panic: {out:?}");
+}
+
+#[test]
+fn a_shadow_picks_behind_the_same_stages() {
+    let lb = balancer(
+        versioned(),
+        subsets(SubsetFallback::None),
+        SnapshotPolicy::default(),
+    );
+    let shadow = lb.start_shadow("uniform", crate::BoxStrategy::new(Uniform), Timestamp::ZERO);
+    // v1 in eu is a:1 alone: the shadow, behind the same subset, agrees on every request.
+    let attrs: &[Attr<'_>] = &[(b"version", b"v1"), (b"zone", b"eu")];
+    shares(&lb, attrs, 200);
+    let r = shadow.report(&lb.snapshot());
+    assert_eq!((r.picks, r.disagreements), (200, 0), "{r:?}");
+}

@@ -143,7 +143,7 @@ impl<P> Staged<P> {
             match node {
                 Node::Leaf(i, _) => return Ok(&self.leaves[*i as usize]),
                 Node::Tiers(cum, children) => {
-                    let draw = below(draw(cx), 100);
+                    let draw = below(draw(cx, TIER_SALT), 100);
                     let at = cum
                         .iter()
                         .position(|&c| draw < u64::from(c))
@@ -153,7 +153,7 @@ impl<P> Staged<P> {
                 // Branch-free: the draw lands in one zone or another at random, so a search's
                 // branches would be mispredicted about half the time.
                 Node::Zones(cum, children, _) => {
-                    let draw = below(draw(cx), cum.last().copied().unwrap_or(1));
+                    let draw = below(draw(cx, ZONE_SALT), cum.last().copied().unwrap_or(1));
                     let at = cum.iter().filter(|&&c| c <= draw).count();
                     node = &children[at.min(children.len() - 1)];
                 }
@@ -174,15 +174,25 @@ fn below(x: u64, n: u64) -> u64 {
     ((u128::from(x) * u128::from(n)) >> 64) as u64
 }
 
+/// Salts that make a key's tier draw and zone draw independent of each other.
+const TIER_SALT: u64 = 0x9E37_79B9_7F4A_7C15;
+const ZONE_SALT: u64 = 0xC2B2_AE3D_27D4_EB4F;
+
 /// A draw for a tier or zone: from the request's hash key when it has one (a key keeps its
-/// endpoint), else at random.
+/// tier and zone; mixed with the level's `salt`, so the zone a key lands in does not depend on
+/// where its tier draw fell), else at random.
 #[inline]
-fn draw(cx: &mut PickContext<'_>) -> u64 {
-    match (cx.hash, cx.key) {
-        (Some(h), _) => h.rotate_left(17),
-        (None, Some(k)) => key_hash(k).rotate_left(17),
-        (None, None) => cx.rng.next_u64(),
-    }
+fn draw(cx: &mut PickContext<'_>, salt: u64) -> u64 {
+    let h = match (cx.hash, cx.key) {
+        (Some(h), _) => h,
+        (None, Some(k)) => key_hash(k),
+        (None, None) => return cx.rng.next_u64(),
+    };
+    // splitmix64's finaliser.
+    let mut z = h ^ salt;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 // === impl Tree ===
@@ -309,9 +319,12 @@ impl<'b, S: Strategy> Builder<'b, S> {
     fn tree(&mut self, members: &[EndpointIdx]) -> Tree {
         let any = self.entry(members);
         let subsets = self.stages.subsets.as_ref().map(|cfg| {
+            // Stages set through the library unvalidated: a key set that is empty or longer
+            // than `MAX_SUBSET_KEYS` can match nothing, and is left out.
             let key_sets = cfg
                 .key_sets
                 .iter()
+                .filter(|keys| (1..=super::MAX_SUBSET_KEYS).contains(&keys.len()))
                 .map(|keys| self.key_set(keys, members))
                 .collect();
             let default = (!cfg.default.is_empty()).then(|| {
@@ -371,9 +384,15 @@ impl<'b, S: Strategy> Builder<'b, S> {
         }
     }
 
+    /// A set's endpoints that carry weight (drained ones are left out, as the snapshot-wide
+    /// panic threshold leaves them out), and those of them that serve.
     fn counts(&self, members: &[EndpointIdx]) -> TierCounts {
+        let weighted = members
+            .iter()
+            .filter(|&&i| self.snapshot.endpoint(i).weight() > 0)
+            .count();
         TierCounts {
-            endpoints: u32::try_from(members.len()).unwrap_or(u32::MAX),
+            endpoints: u32::try_from(weighted).unwrap_or(u32::MAX),
             healthy: u32::try_from(members.iter().filter(|i| self.serving[i.get()]).count())
                 .unwrap_or(u32::MAX),
         }
@@ -428,7 +447,9 @@ impl<'b, S: Strategy> Builder<'b, S> {
     /// Zones of one tier by effective weight, when localities are configured and it has more
     /// than one; else the tier's leaf.
     fn zones(&mut self, members: &[EndpointIdx], panic: bool) -> Node {
-        let Some(cfg) = self.stages.localities.clone() else {
+        // A tier in panic balances over all of its endpoints, zones aside (as Envoy ignores
+        // locality weights in panic: a zone with none serving would otherwise weigh 0).
+        let Some(cfg) = self.stages.localities.clone().filter(|_| !panic) else {
             return self.leaf(members, panic);
         };
         let mut by_zone: BTreeMap<&str, Vec<EndpointIdx>> = BTreeMap::new();

@@ -1,7 +1,8 @@
 //! Aperture coordinates that organise themselves: the client registers as a Dubbo consumer
 //! under `/<root>/<interface>/consumers` (an ephemeral node named by its URL-encoded
 //! `consumer://` URL, as Dubbo's own consumers register) and derives its index and the client
-//! count from the nodes there: its place in their sorted names, and how many there are. Every
+//! count from lbkit's nodes there (Dubbo's own consumers, which register there too, are not
+//! counted): its place in their sorted names, and how many there are. Every
 //! client sorts the same names, so the indices are a permutation of `0..count`; joins and
 //! leaves move them; while ZooKeeper is unreachable the last coordinates stay (nothing is sent),
 //! and a new session registers again.
@@ -12,12 +13,16 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, SessionState};
 
-use super::node::{ServicePath, JAVA_URL_ENCODE};
+use super::node::{Layout, ServicePath, JAVA_URL_ENCODE};
 use super::{connect, registry_err, Backoff, ZkConfig};
 use crate::controller::error_chain;
 use crate::error::DiscoveryError;
 
-/// Registers this client as a consumer and follows the consumers of one interface.
+/// What marks an lbkit client's consumer node (`lbkit.instance=` URL-encoded): the nodes
+/// counted, so Dubbo's own consumers of the interface (which register there too) are not.
+const PEER_MARK: &str = "lbkit.instance%3D";
+
+/// Registers this client as a consumer and follows the lbkit consumers of one interface.
 #[derive(Clone, Debug)]
 pub struct ZkPeers {
     zk: ZkConfig,
@@ -70,9 +75,14 @@ impl ZkPeers {
         self
     }
 
-    /// The directory the consumers register in.
+    /// The directory the consumers register in: Dubbo's `/<root>/<interface>/consumers`; in
+    /// the plain layout (whose service directory holds the providers themselves)
+    /// `/<root>/<service>.consumers` beside it.
     pub fn dir(&self) -> String {
-        format!("/{}/{}/consumers", self.path.root(), self.path.service())
+        match self.path.layout() {
+            Layout::Dubbo => format!("/{}/{}/consumers", self.path.root(), self.path.service()),
+            Layout::Plain => format!("/{}/{}.consumers", self.path.root(), self.path.service()),
+        }
     }
 
     /// This client's consumer URL (unique per instance: a random `lbkit.instance`).
@@ -144,6 +154,9 @@ impl ZkPeers {
                 .list_and_watch_children(&dir)
                 .await
                 .map_err(|e| registry_err(&dir, e))?;
+            // Only lbkit's clients share the ring: Dubbo's own consumers register here too,
+            // and talk to every provider.
+            children.retain(|c| c.contains(PEER_MARK));
             if !children.iter().any(|c| c == name) {
                 // Deleted by someone else: register again.
                 register(client, &dir, &node).await?;

@@ -317,7 +317,9 @@ fn stages(args: &PickArgs, base: &StagesConfig) -> anyhow::Result<Stages> {
     }
     c.overprovisioning = args.overprovisioning.or(c.overprovisioning);
     if !args.locality_weights.is_empty() {
-        let mut weights = std::collections::BTreeMap::new();
+        // Over the config's table: its other zones and its default weight stay.
+        let base = c.localities.clone().unwrap_or_default();
+        let mut weights = base.weights;
         for w in &args.locality_weights {
             let (zone, weight) = pair(w, "--locality-weight")?;
             let weight = weight.parse().map_err(|_| {
@@ -329,7 +331,7 @@ fn stages(args: &PickArgs, base: &StagesConfig) -> anyhow::Result<Stages> {
         }
         c.localities = Some(LocalitiesConfig {
             weights,
-            default_weight: None,
+            default_weight: base.default_weight,
         });
     }
     if let Some(size) = args.aperture {
