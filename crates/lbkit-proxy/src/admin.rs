@@ -212,76 +212,81 @@ fn shadow_json(r: &lbkit_core::shadow::ShadowReport) -> serde_json::Value {
 pub(crate) fn endpoints_json<'a>(
     services: impl Iterator<Item = (&'a str, &'a Service)>,
 ) -> serde_json::Value {
-    let mut out = serde_json::Map::new();
-    for (name, service) in services {
-        let active = service.active();
-        let prepared = active.balancer.current();
-        let snapshot = prepared.snapshot();
-        let now = service.clock().now();
-        let endpoints: Vec<_> = snapshot
-            .endpoints()
-            .iter()
-            .enumerate()
-            .map(|(i, e)| {
-                let idx = lbkit_core::EndpointIdx::new(i);
-                // The registry's override rules that changed it (`RULE sets k=v; …`), if any.
-                let rules = lbkit_discovery::governance::applied_rules(e.metadata());
-                // Its tags (own `dubbo.tag`, the registry's tag rule), for tag routing.
-                let tags = lbkit_discovery::governance::tag::describe_tags(e.metadata());
-                json!({
-                    "address": e.address(),
-                    "priority": e.priority(),
-                    "zone": e.zone(),
-                    "rules": rules,
-                    "tags": tags,
-                    "weight": e.weight(),
-                    "effective_weight": snapshot.effective_weight(idx, now),
-                    "eligible": snapshot.is_eligible(idx),
-                    "healthy": e.is_healthy(),
-                    "ejected": snapshot.ejected_until(idx).is_some(),
-                    "in_flight": e.stats().in_flight(),
-                    "ewma_ms": e.stats().ewma_at(now).map(|d| d.as_secs_f64() * 1e3),
-                    "requests": e.stats().total(),
-                    "failures": e.stats().failures(),
-                    "load": e.stats().load_report().map(|l| json!({
-                        "utilization": l.utilization,
-                        "qps": l.qps,
-                        "eps": l.eps,
-                        "age_ms": now.saturating_duration_since(l.at).as_millis() as u64,
-                        "flowing_ms": now.saturating_duration_since(l.since).as_millis() as u64,
-                    })),
-                    "strategy_note": e.is_eligible().then(|| prepared.picker().explain(idx, now)).flatten(),
-                    "pushed_back_ms": e.stats().pushed_back_until(now)
-                        .map(|until| until.saturating_duration_since(now).as_millis() as u64),
-                })
-            })
-            .collect();
-        // What the stages do for a request without tag or attributes: its subset (the
-        // fallback's), tier loads, zone shares, aperture.
-        let stages = match prepared.stage_report(None, &[]) {
-            Ok(Some(r)) => lbkit_discovery::stages::report_json(&r),
-            Ok(None) => serde_json::Value::Null,
-            Err(e) => json!({ "error": e.to_string() }),
-        };
-        let aperture = active.balancer.stages().aperture.map(|a| {
-            json!({
-                "size": a.size,
-                "mode": a.mode.to_string(),
-                "client_index": a.coordinates.map(|c| c.index),
-                "client_count": a.coordinates.map(|c| c.count),
-            })
-        });
-        out.insert(
-            name.to_owned(),
-            json!({
-                "strategy": active.strategy,
-                "stages": stages,
-                "aperture": aperture,
-                "endpoints": endpoints,
-            }),
-        );
-    }
+    let out: serde_json::Map<String, serde_json::Value> = services
+        .map(|(name, service)| (name.to_owned(), service_json(service)))
+        .collect();
     json!({ "services": out })
+}
+
+/// One service in `/endpoints`: its strategy, stages, aperture and endpoints.
+fn service_json(service: &Service) -> serde_json::Value {
+    let active = service.active();
+    let prepared = active.balancer.current();
+    let now = service.clock().now();
+    let endpoints: Vec<_> = (0..prepared.snapshot().len())
+        .map(|i| endpoint_json(&prepared, lbkit_core::EndpointIdx::new(i), now))
+        .collect();
+    // What the stages do for a request without tag or attributes: its subset (the
+    // fallback's), tier loads, zone shares, aperture.
+    let stages = match prepared.stage_report(None, &[]) {
+        Ok(Some(r)) => lbkit_discovery::stages::report_json(&r),
+        Ok(None) => serde_json::Value::Null,
+        Err(e) => json!({ "error": e.to_string() }),
+    };
+    let aperture = active.balancer.stages().aperture.map(|a| {
+        json!({
+            "size": a.size,
+            "mode": a.mode.to_string(),
+            "client_index": a.coordinates.map(|c| c.index),
+            "client_count": a.coordinates.map(|c| c.count),
+        })
+    });
+    json!({
+        "strategy": active.strategy,
+        "stages": stages,
+        "aperture": aperture,
+        "endpoints": endpoints,
+    })
+}
+
+/// One endpoint in `/endpoints`.
+fn endpoint_json<P: lbkit_core::Picker>(
+    prepared: &lbkit_core::Prepared<P>,
+    idx: lbkit_core::EndpointIdx,
+    now: lbkit_core::Timestamp,
+) -> serde_json::Value {
+    let snapshot = prepared.snapshot();
+    let e = snapshot.endpoint(idx);
+    // The registry's override rules that changed it (`RULE sets k=v; …`), if any.
+    let rules = lbkit_discovery::governance::applied_rules(e.metadata());
+    // Its tags (own `dubbo.tag`, the registry's tag rule), for tag routing.
+    let tags = lbkit_discovery::governance::tag::describe_tags(e.metadata());
+    json!({
+        "address": e.address(),
+        "priority": e.priority(),
+        "zone": e.zone(),
+        "rules": rules,
+        "tags": tags,
+        "weight": e.weight(),
+        "effective_weight": snapshot.effective_weight(idx, now),
+        "eligible": snapshot.is_eligible(idx),
+        "healthy": e.is_healthy(),
+        "ejected": snapshot.ejected_until(idx).is_some(),
+        "in_flight": e.stats().in_flight(),
+        "ewma_ms": e.stats().ewma_at(now).map(|d| d.as_secs_f64() * 1e3),
+        "requests": e.stats().total(),
+        "failures": e.stats().failures(),
+        "load": e.stats().load_report().map(|l| json!({
+            "utilization": l.utilization,
+            "qps": l.qps,
+            "eps": l.eps,
+            "age_ms": now.saturating_duration_since(l.at).as_millis() as u64,
+            "flowing_ms": now.saturating_duration_since(l.since).as_millis() as u64,
+        })),
+        "strategy_note": e.is_eligible().then(|| prepared.picker().explain(idx, now)).flatten(),
+        "pushed_back_ms": e.stats().pushed_back_until(now)
+            .map(|until| until.saturating_duration_since(now).as_millis() as u64),
+    })
 }
 
 fn text(status: StatusCode, body: &str) -> AdminResponse {

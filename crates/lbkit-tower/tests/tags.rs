@@ -2,19 +2,21 @@
 //! with that tag, retries stay among them, a forced unknown tag fails, untagged requests avoid
 //! tagged providers.
 
-use std::collections::BTreeSet;
 use std::convert::Infallible;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use lbkit_core::{Endpoint, EndpointSpec};
 use lbkit_strategy::catalog::{build, Params};
 use lbkit_strategy::TagHeaders;
 use lbkit_tower::http::HttpRequests;
 use lbkit_tower::{BalanceLayer, PoolBuilder};
-use tower::{Layer, Service, ServiceExt};
+use tower::Layer;
 
-type Req = http::Request<Full<Bytes>>;
+#[path = "support/answers.rs"]
+mod answers;
+
+use answers::{answered_by, set, Req};
 
 /// Endpoints 1 and 2 tagged gray (1 answers 503), 3 and 4 untagged.
 macro_rules! pool {
@@ -47,49 +49,6 @@ macro_rules! pool {
             },
         )
     }};
-}
-
-fn request(headers: &[(&str, &str)]) -> Req {
-    let mut b = http::Request::get("/greet");
-    for (k, v) in headers {
-        b = b.header(*k, *v);
-    }
-    b.body(Full::default()).unwrap()
-}
-
-async fn answered_by<S, B>(
-    svc: &mut S,
-    headers: &[(&str, &str)],
-    n: usize,
-) -> Result<BTreeSet<String>, String>
-where
-    S: Service<Req, Response = http::Response<B>>,
-    S::Error: std::fmt::Display,
-    B: http_body::Body,
-    B::Error: std::fmt::Debug,
-{
-    let mut seen = BTreeSet::new();
-    for _ in 0..n {
-        let resp = svc
-            .ready()
-            .await
-            .map_err(|e| e.to_string())?
-            .call(request(headers))
-            .await
-            .map_err(|e| e.to_string())?;
-        let status = resp.status();
-        let body = resp.into_body().collect().await.unwrap().to_bytes();
-        seen.insert(format!(
-            "{} {}",
-            status.as_u16(),
-            String::from_utf8_lossy(&body)
-        ));
-    }
-    Ok(seen)
-}
-
-fn set(v: &[&str]) -> Result<BTreeSet<String>, String> {
-    Ok(v.iter().map(|s| s.to_string()).collect())
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]

@@ -254,22 +254,7 @@ pub(crate) fn text(out: &mut impl Write, r: &Report, picks: &[String]) -> std::i
         )?;
     }
     if let Some(routing) = &r.routing {
-        let request = match &routing.tag {
-            Some((t, true)) => format!("tag {t} (forced)"),
-            Some((t, false)) => format!("tag {t}"),
-            None => "no tag".to_owned(),
-        };
-        let rule = routing
-            .rule
-            .as_deref()
-            .map(|k| format!(", tag rule {k}"))
-            .unwrap_or_default();
-        let routed = r.rows.iter().filter(|x| x.routed).count();
-        let to = match &routing.outcome {
-            Ok(set) => format!("{}: {routed} of {eligible} eligible", routed_name(*set)),
-            Err(e) => format!("no endpoint: {e}"),
-        };
-        writeln!(out, "tag routing: request with {request}{rule} -> {to}")?;
+        routing_line(out, r, routing, eligible)?;
     }
     match &r.stages {
         Some(Ok(s)) => report_lines(s)
@@ -280,66 +265,98 @@ pub(crate) fn text(out: &mut impl Write, r: &Report, picks: &[String]) -> std::i
     }
     let width = r.rows.iter().map(|x| x.address.len()).max().unwrap_or(0);
     for x in &r.rows {
-        let zone = x
-            .zone
-            .as_deref()
-            .map(|z| format!("  zone {z}"))
-            .unwrap_or_default();
-        writeln!(
-            out,
-            "  {:width$}  weight {} -> effective {}  {}{zone}",
-            x.address, x.weight, x.effective, x.state
-        )?;
-        for rule in &x.rules {
-            writeln!(out, "      rule {rule}")?;
-        }
-        if !x.tags.is_empty() || r.routing.is_some() {
-            let tags = if x.tags.is_empty() {
-                "untagged".to_owned()
-            } else {
-                format!("tag {}", x.tags.join(", "))
-            };
-            let set = if x.routed { "in" } else { "not in" };
-            writeln!(out, "      {tags}; {set} this request's set")?;
-        }
-        if let Some(w) = &x.warmup {
-            let phase = if w.uptime_ms < 0 {
-                "registered in the future: weight 1".to_owned()
-            } else if (w.uptime_ms as u64) < w.window_ms && w.uptime_ms > 0 {
-                format!(
-                    "warming: trunc({} / ({} / {})) = {}",
-                    w.uptime_ms, w.window_ms, x.weight, x.effective
-                )
-            } else {
-                "warm".to_owned()
-            };
-            writeln!(
-                out,
-                "      warm-up: registered at {} ms, uptime {} ms, window {} ms; {phase}",
-                w.registered_at_ms, w.uptime_ms, w.window_ms
-            )?;
-        }
-        let mut stats = format!("in_flight {}", x.in_flight);
-        if let Some(a) = x.avg_response_ms {
-            stats += &format!(", avg_response {a:.3} ms");
-        }
-        if let Some(e) = x.ewma_ms {
-            stats += &format!(", ewma {e:.3} ms");
-        }
-        stats += &format!(
-            ", failures {} ({} consecutive)",
-            x.failures, x.consecutive_failures
-        );
-        writeln!(out, "      stats: {stats}")?;
-        if let Some(l) = &x.load {
-            writeln!(out, "      {}", load_line(l, r.now))?;
-        }
-        if let Some(n) = &x.note {
-            writeln!(out, "      {}: {n}", r.strategy)?;
-        }
+        row(out, r, x, width)?;
     }
     writeln!(out, "picks:")?;
     picks.iter().try_for_each(|p| writeln!(out, "{p}"))
+}
+
+/// The tag routing line of `--explain`.
+fn routing_line(
+    out: &mut impl Write,
+    r: &Report,
+    routing: &Routing,
+    eligible: usize,
+) -> std::io::Result<()> {
+    let request = match &routing.tag {
+        Some((t, true)) => format!("tag {t} (forced)"),
+        Some((t, false)) => format!("tag {t}"),
+        None => "no tag".to_owned(),
+    };
+    let rule = routing
+        .rule
+        .as_deref()
+        .map(|k| format!(", tag rule {k}"))
+        .unwrap_or_default();
+    let routed = r.rows.iter().filter(|x| x.routed).count();
+    let to = match &routing.outcome {
+        Ok(set) => format!("{}: {routed} of {eligible} eligible", routed_name(*set)),
+        Err(e) => format!("no endpoint: {e}"),
+    };
+    writeln!(out, "tag routing: request with {request}{rule} -> {to}")?;
+    Ok(())
+}
+
+/// One endpoint's lines of `--explain`.
+fn row(out: &mut impl Write, r: &Report, x: &Row, width: usize) -> std::io::Result<()> {
+    let zone = x
+        .zone
+        .as_deref()
+        .map(|z| format!("  zone {z}"))
+        .unwrap_or_default();
+    writeln!(
+        out,
+        "  {:width$}  weight {} -> effective {}  {}{zone}",
+        x.address, x.weight, x.effective, x.state
+    )?;
+    for rule in &x.rules {
+        writeln!(out, "      rule {rule}")?;
+    }
+    if !x.tags.is_empty() || r.routing.is_some() {
+        let tags = if x.tags.is_empty() {
+            "untagged".to_owned()
+        } else {
+            format!("tag {}", x.tags.join(", "))
+        };
+        let set = if x.routed { "in" } else { "not in" };
+        writeln!(out, "      {tags}; {set} this request's set")?;
+    }
+    if let Some(w) = &x.warmup {
+        let phase = if w.uptime_ms < 0 {
+            "registered in the future: weight 1".to_owned()
+        } else if (w.uptime_ms as u64) < w.window_ms && w.uptime_ms > 0 {
+            format!(
+                "warming: trunc({} / ({} / {})) = {}",
+                w.uptime_ms, w.window_ms, x.weight, x.effective
+            )
+        } else {
+            "warm".to_owned()
+        };
+        writeln!(
+            out,
+            "      warm-up: registered at {} ms, uptime {} ms, window {} ms; {phase}",
+            w.registered_at_ms, w.uptime_ms, w.window_ms
+        )?;
+    }
+    let mut stats = format!("in_flight {}", x.in_flight);
+    if let Some(a) = x.avg_response_ms {
+        stats += &format!(", avg_response {a:.3} ms");
+    }
+    if let Some(e) = x.ewma_ms {
+        stats += &format!(", ewma {e:.3} ms");
+    }
+    stats += &format!(
+        ", failures {} ({} consecutive)",
+        x.failures, x.consecutive_failures
+    );
+    writeln!(out, "      stats: {stats}")?;
+    if let Some(l) = &x.load {
+        writeln!(out, "      {}", load_line(l, r.now))?;
+    }
+    if let Some(n) = &x.note {
+        writeln!(out, "      {}: {n}", r.strategy)?;
+    }
+    Ok(())
 }
 
 pub(crate) fn json(out: &mut impl Write, r: &Report, picks: &[String]) -> std::io::Result<()> {
