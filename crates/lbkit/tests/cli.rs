@@ -2,24 +2,10 @@
 //! every bad-input case (exit status 2, one line on stderr, never a panic).
 
 use std::path::PathBuf;
-use std::process::{Command, Output};
 
-fn lbkit(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_lbkit"))
-        .args(args)
-        .output()
-        .expect("run lbkit")
-}
-
-fn ok(args: &[&str]) -> String {
-    let out = lbkit(args);
-    assert!(
-        out.status.success(),
-        "lbkit {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
+#[path = "support/run.rs"]
+mod run;
+use run::{lbkit, ok};
 
 fn lines(args: &[&str]) -> Vec<String> {
     ok(args).lines().map(str::to_owned).collect()

@@ -3,14 +3,11 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 
-fn lbkit(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_lbkit"))
-        .args(args)
-        .output()
-        .expect("run lbkit")
-}
+#[path = "support/run.rs"]
+mod run;
+use run::lbkit;
 
 /// A file written in its own scratch directory; both are removed when the value drops.
 struct TempFile {

@@ -4,24 +4,10 @@
 //! output; and their bad input (exit 2 naming the flag).
 
 use std::collections::HashMap;
-use std::process::{Command, Output};
 
-fn lbkit(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_lbkit"))
-        .args(args)
-        .output()
-        .expect("run lbkit")
-}
-
-fn ok(args: &[&str]) -> String {
-    let out = lbkit(args);
-    assert!(
-        out.status.success(),
-        "lbkit {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
+#[path = "support/run.rs"]
+mod run;
+use run::{lbkit, ok};
 
 fn counts(args: &[&str]) -> HashMap<String, usize> {
     let mut c = HashMap::new();
