@@ -11,7 +11,7 @@ use crate::error::PickError;
 use crate::route::{self, Lead, RequestTag, Routed, RoutedSet, TagTable};
 use crate::shadow::Shadow;
 use crate::snapshot::{EndpointIdx, Snapshot};
-use crate::stage::{Attr, StageReport, Staged, Stages};
+use crate::stage::{Attr, Leaf, StageReport, Staged, Stages};
 use crate::stats::Outcome;
 use crate::strategy::{BoxStrategy, PickContext, Picker, Strategy};
 use crate::sync::{ArcCell, AtomicBool, Ordering};
@@ -30,9 +30,13 @@ pub const MAX_PROBES: u32 = 10;
 /// per tag set: see [`route`](crate::route)). Immutable; replaced as a whole.
 pub struct Prepared<P> {
     snapshot: Arc<Snapshot>,
+    /// What `picker` picks in: `snapshot`, or the one set the stages lead every request of
+    /// the whole snapshot to (healthy tiers, an aperture), folded in at prepare time so such
+    /// stages cost a pick nothing.
+    main: Arc<Snapshot>,
     picker: P,
     tags: Option<Box<Tagged<P>>>,
-    staged: Option<Box<Staged<P>>>,
+    staged: Option<Staged<P>>,
     prepared_at: Timestamp,
     refresh_at: Option<Timestamp>,
 }
@@ -96,7 +100,12 @@ impl<P: Picker> Prepared<P> {
         // caller had just written field by field, which the store buffer cannot forward.
         let (_, set, lead) = self.set(cx.tag.as_ref())?;
         match (&self.staged, lead) {
-            (Some(staged), Some(tree)) => staged_set(staged, tree, cx)?.select(cx, filter),
+            (Some(staged), Some(tree)) if tree != 0 || !staged.folded => {
+                match staged.leaf(tree, cx) {
+                    Ok(leaf) => leaf_set(leaf).select(cx, filter),
+                    Err(miss) => Err(miss.into()),
+                }
+            }
             _ => set.select(cx, filter),
         }
     }
@@ -152,7 +161,7 @@ impl<P: Picker> Prepared<P> {
         tag: Option<&RequestTag<'_>>,
     ) -> Result<(Routed, Set<'_, P>, Option<usize>), PickError> {
         let main = Set {
-            snapshot: &self.snapshot,
+            snapshot: &self.main,
             how: How::Picker(&self.picker),
         };
         let Some(tagged) = &self.tags else {
@@ -208,21 +217,16 @@ impl<P: Picker> Prepared<P> {
     }
 }
 
-/// The leaf of the stages a request routed to `tree` reaches, as a set to pick in.
+/// A leaf of the stages, as a set to pick in.
 #[inline]
-fn staged_set<'p, P: Picker>(
-    staged: &'p Staged<P>,
-    tree: usize,
-    cx: &mut PickContext<'_>,
-) -> Result<Set<'p, P>, PickError> {
-    let leaf = staged.leaf(tree, cx)?;
-    Ok(Set {
+fn leaf_set<P: Picker>(leaf: &Leaf<P>) -> Set<'_, P> {
+    Set {
         snapshot: &leaf.snapshot,
         how: match &leaf.picker {
             Some(p) => How::Picker(p),
             None => How::Members(&leaf.members),
         },
-    })
+    }
 }
 
 /// One set of a snapshot (all of it or a tag's) and how it is picked from: what a pick
@@ -725,7 +729,6 @@ fn prepare<S: Strategy>(
     snapshot: Arc<Snapshot>,
     now: Timestamp,
 ) -> Prepared<S::Picker> {
-    let picker = strategy.prepare(&snapshot, now);
     let tags = TagTable::of(&snapshot).map(|table| {
         let pickers = table
             .subsets
@@ -735,7 +738,11 @@ fn prepare<S: Strategy>(
         Box::new(Tagged { table, pickers })
     });
     let tag_sets = tags.as_ref().map_or(&[][..], |t| &t.table.subsets[..]);
-    let staged = Staged::prepare(strategy, stages, &snapshot, tag_sets, now).map(Box::new);
+    let mut staged = Staged::prepare(strategy, stages, &snapshot, tag_sets, now);
+    let (main, picker) = match staged.as_mut().and_then(Staged::fold_main) {
+        Some(folded) => folded,
+        None => (snapshot.clone(), strategy.prepare(&snapshot, now)),
+    };
     let periodic = strategy.refresh_interval().map(|d| now.saturating_add(d));
     let warming = snapshot
         .eligible()
@@ -748,6 +755,7 @@ fn prepare<S: Strategy>(
     };
     Prepared {
         snapshot,
+        main,
         picker,
         tags,
         staged,

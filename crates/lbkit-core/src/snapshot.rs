@@ -68,6 +68,8 @@ pub struct Snapshot {
     ramp_from: Option<Arc<[Timestamp]>>,
     policy: SnapshotPolicy,
     panic: bool,
+    /// 0 for a whole snapshot; for a restriction, an id of the set (see [`scope`](Self::scope)).
+    scope: u64,
     unhealthy: u32,
     drained: u32,
     ejected: u32,
@@ -145,6 +147,7 @@ impl Snapshot {
             ramp_from,
             policy: *policy,
             panic,
+            scope: 0,
         }
     }
 
@@ -160,16 +163,18 @@ impl Snapshot {
         let is_eligible: Box<[bool]> = (0..self.len())
             .map(|i| self.is_eligible[i] && keep(EndpointIdx::new(i)))
             .collect();
+        let eligible: Box<[EndpointIdx]> = self
+            .eligible
+            .iter()
+            .copied()
+            .filter(|&i| is_eligible[i.get()])
+            .collect();
         Snapshot {
             version: self.version,
             endpoints: self.endpoints.clone(),
             live: self.live.clone(),
-            eligible: self
-                .eligible
-                .iter()
-                .copied()
-                .filter(|&i| is_eligible[i.get()])
-                .collect(),
+            scope: self.scope_of(&eligible),
+            eligible,
             is_eligible,
             ejected_until: self.ejected_until.clone(),
             ramp_from: self.ramp_from.clone(),
@@ -193,6 +198,7 @@ impl Snapshot {
             version: self.version,
             endpoints: self.endpoints.clone(),
             live: self.live.clone(),
+            scope: self.scope_of(members),
             eligible: members.into(),
             is_eligible,
             ejected_until: self.ejected_until.clone(),
@@ -203,6 +209,26 @@ impl Snapshot {
             drained: self.drained,
             ejected: self.ejected,
         }
+    }
+
+    /// Which set of a snapshot this is: 0 for a whole snapshot; for a restriction (a tag's set,
+    /// a stage's leaf, a zone), a nonzero id of its eligible endpoints' keys, the same in the
+    /// next snapshot while those stay the same. A strategy keeps per-set state across snapshot
+    /// changes by it: round robin's turn, one per set, so requests alternating between two
+    /// subsets do not each land on the same endpoint every time.
+    pub fn scope(&self) -> u64 {
+        self.scope
+    }
+
+    /// The scope of a restriction to `members` (in index order).
+    fn scope_of(&self, members: &[EndpointIdx]) -> u64 {
+        let mut h = 0x6C62_272E_07BB_0142_u64;
+        for &i in members {
+            h = (h ^ crate::hash::key_hash(self.endpoint(i).key().as_str().as_bytes()))
+                .rotate_left(23)
+                .wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+        h.max(1)
     }
 
     /// A snapshot built from specs with fresh statistics, all first seen at `now`.
@@ -727,6 +753,30 @@ mod tests {
         assert_eq!(s.effective_weight(EndpointIdx::new(0), at(100_000)), 10);
         assert!(s.is_ramping(EndpointIdx::new(1), at(100_000)));
         assert!(!s.is_ramping(EndpointIdx::new(1), at(150_000)));
+    }
+
+    #[test]
+    fn a_restrictions_scope_follows_its_members_across_snapshots() {
+        let mut b = SnapshotBuilder::new();
+        let now = Timestamp::from_millis(1);
+        let s1 = b.apply(Update::Reset(vec![spec("a:1", 1), spec("b:1", 1)]), now);
+        let s2 = b.apply(
+            Update::Reset(vec![spec("a:1", 1), spec("b:1", 1), spec("c:1", 1)]),
+            now,
+        );
+        assert_eq!((s1.scope(), s2.scope()), (0, 0), "whole snapshots");
+        let only_a = |s: &Snapshot| s.restrict(|i| s.endpoint(i).key().as_str() == "a:1");
+        let (r1, r2) = (only_a(&s1), only_a(&s2));
+        assert_ne!(r1.scope(), 0);
+        assert_eq!(r1.scope(), r2.scope(), "same members, same scope");
+        let b_only = s2.restrict(|i| s2.endpoint(i).key().as_str() == "b:1");
+        assert_ne!(b_only.scope(), r2.scope());
+        let a = [EndpointIdx::new(0)];
+        assert_eq!(
+            s2.scoped(&a, false).scope(),
+            r2.scope(),
+            "a stage leaf alike"
+        );
     }
 
     #[test]

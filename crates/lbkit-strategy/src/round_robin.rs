@@ -10,9 +10,10 @@
 //!   (use `least-active` or `p2c-ewma` there); endpoints marked down are skipped because only
 //!   eligible ones are in the cycle; the availability filter passes over tripped ones.
 //! * **Differences from the origin**: the counter is one 64-bit counter per strategy (per
-//!   service or method), kept across snapshot swaps, so an update does not send the next call back
-//!   to the first endpoint; it wraps after 2⁶⁴ calls (Ribbon's `incrementAndGetModulo` CAS loop
-//!   is replaced by one `fetch_add`).
+//!   service or method) and per set it picks in (each tag's set and each stage's leaf has its
+//!   own, by [`Snapshot::scope`]), kept across snapshot swaps, so an update does not send the
+//!   next call back to the first endpoint; it wraps after 2⁶⁴ calls (Ribbon's
+//!   `incrementAndGetModulo` CAS loop is replaced by one `fetch_add`).
 //!
 //! ```
 //! use std::sync::Arc;
@@ -28,24 +29,73 @@
 //! assert_eq!(picks, [0, 1, 0, 1]);
 //! ```
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use crossbeam_utils::CachePadded;
 // loom's atomics under `--cfg lbkit_loom` (tests/loom.rs).
 use lbkit_core::sync::{AtomicU64, Ordering::Relaxed};
 use lbkit_core::{EndpointIdx, PickContext, PickError, Picker, Snapshot, Strategy, Timestamp};
 
-/// A counter shared by every picker a strategy prepares (survives snapshot swaps).
+/// A counter the pickers of one set share (survives snapshot swaps).
 pub(crate) type SharedCounter = Arc<CachePadded<AtomicU64>>;
 
-pub(crate) fn counter(start: u64) -> SharedCounter {
+fn counter(start: u64) -> SharedCounter {
     Arc::new(CachePadded::new(AtomicU64::new(start)))
+}
+
+/// Most per-set counters a strategy keeps; beyond it they start over (a turn restarts).
+const MAX_SCOPES: usize = 1024;
+
+/// A strategy's counters: one for whole snapshots, one per set of a snapshot it is prepared
+/// on ([`Snapshot::scope`]: a tag's set, a stage's leaf, a zone), each kept across snapshot
+/// swaps. One counter for every set made requests that alternate strictly between two
+/// 2-endpoint subsets land on the same endpoint of each, every time.
+#[derive(Debug, Clone)]
+pub(crate) struct Counters(Arc<CountersInner>);
+
+#[derive(Debug)]
+struct CountersInner {
+    whole: SharedCounter,
+    // Taken at prepare time only, never by a pick.
+    scoped: Mutex<HashMap<u64, SharedCounter>>,
+}
+
+impl Counters {
+    pub(crate) fn new(start: u64) -> Self {
+        Counters(Arc::new(CountersInner {
+            whole: counter(start),
+            scoped: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    /// The counter for the set `snapshot` is. A new set's starts where the whole snapshot's
+    /// turn stands, offset by its scope, so clients started at random stay out of lockstep.
+    pub(crate) fn of(&self, snapshot: &Snapshot) -> SharedCounter {
+        let scope = snapshot.scope();
+        if scope == 0 {
+            return self.0.whole.clone();
+        }
+        let mut scoped = self
+            .0
+            .scoped
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if scoped.len() >= MAX_SCOPES && !scoped.contains_key(&scope) {
+            scoped.clear();
+        }
+        let start = self.0.whole.load(Relaxed).wrapping_add(scope);
+        scoped
+            .entry(scope)
+            .or_insert_with(|| counter(start))
+            .clone()
+    }
 }
 
 /// Round robin over the eligible endpoints.
 #[derive(Debug, Clone)]
 pub struct RoundRobin {
-    counter: SharedCounter,
+    counter: Counters,
 }
 
 impl Default for RoundRobin {
@@ -65,7 +115,7 @@ impl RoundRobin {
     /// Starts at position `start` (a random start keeps a fleet of clients out of lockstep).
     pub fn with_start(start: u64) -> Self {
         RoundRobin {
-            counter: counter(start),
+            counter: Counters::new(start),
         }
     }
 }
@@ -80,7 +130,7 @@ impl Strategy for RoundRobin {
     fn prepare(&self, snapshot: &Arc<Snapshot>, _now: Timestamp) -> RoundRobinPicker {
         RoundRobinPicker {
             eligible: snapshot.eligible().into(),
-            counter: self.counter.clone(),
+            counter: self.counter.of(snapshot),
         }
     }
 }

@@ -28,7 +28,7 @@ use std::sync::Arc;
 
 use lbkit_core::{EndpointIdx, PickContext, PickError, Picker, Snapshot, Strategy, Timestamp};
 
-use crate::round_robin::{counter, SharedCounter};
+use crate::round_robin::{Counters, SharedCounter};
 
 /// Default run length (the seed rule's 3 calls).
 pub const DEFAULT_STICKY_RUN: u32 = 3;
@@ -37,7 +37,7 @@ pub const DEFAULT_STICKY_RUN: u32 = 3;
 #[derive(Debug, Clone)]
 pub struct StickyRoundRobin {
     run: u64,
-    counter: SharedCounter,
+    counter: Counters,
 }
 
 impl Default for StickyRoundRobin {
@@ -53,7 +53,7 @@ impl StickyRoundRobin {
     pub fn new(run: u32) -> Self {
         StickyRoundRobin {
             run: u64::from(run.max(1)),
-            counter: counter(0),
+            counter: Counters::new(0),
         }
     }
 }
@@ -69,7 +69,7 @@ impl Strategy for StickyRoundRobin {
         StickyPicker {
             eligible: snapshot.eligible().into(),
             run: self.run,
-            counter: self.counter.clone(),
+            counter: self.counter.of(snapshot),
         }
     }
 }

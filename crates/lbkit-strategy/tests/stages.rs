@@ -133,3 +133,45 @@ fn every_strategy_stays_in_its_leaf() {
         );
     }
 }
+
+#[test]
+fn turn_taking_strategies_keep_a_turn_per_subset() {
+    // Requests alternate strictly between v1 and v2, two endpoints each. With one counter for
+    // every set, each version saw every other turn and landed on one endpoint every time.
+    let specs = ["a", "b", "c", "d"]
+        .iter()
+        .enumerate()
+        .map(|(i, a)| EndpointSpec::new(format!("{a}:1")).with_meta("version", ["v1", "v2"][i % 2]))
+        .collect();
+    let snap = Arc::new(Snapshot::from_specs(specs, Timestamp::ZERO));
+    let stages = Stages {
+        subsets: Some(Subsets::new(
+            vec![vec!["version".into()]],
+            SubsetFallback::None,
+        )),
+        ..Stages::default()
+    };
+    for name in ["round-robin", "weighted-round-robin", "sticky-round-robin"] {
+        let s: BoxStrategy = build(name, Params::new()).unwrap();
+        let lb = Balancer::new(s, snap.clone(), Timestamp::ZERO)
+            .with_stages(stages.clone(), Timestamp::ZERO);
+        let mut rng = FastRng::seed_from_u64(3);
+        let mut seen: HashMap<String, u32> = HashMap::new();
+        for k in 0..400 {
+            let attrs: &[(&[u8], &[u8])] = &[(b"version", [&b"v1"[..], b"v2"][k % 2])];
+            let mut cx = PickContext::new(Timestamp::ZERO, &mut rng).with_attrs(attrs);
+            let g = lb.pick(&mut cx).unwrap();
+            *seen.entry(g.endpoint().address().to_owned()).or_default() += 1;
+            g.abandon();
+        }
+        assert_eq!(
+            seen.len(),
+            4,
+            "{name}: every endpoint takes turns: {seen:?}"
+        );
+        assert!(
+            seen.values().all(|&n| (50..=150).contains(&n)),
+            "{name}: {seen:?}"
+        );
+    }
+}

@@ -101,9 +101,9 @@ impl Tree {
                     .map(|k| {
                         let v = attrs
                             .iter()
-                            .find(|(n, _)| *n == &**k)
+                            .find(|(n, _)| *n == k.bytes())
                             .map_or(&[][..], |a| a.1);
-                        (lossy(k), lossy(v))
+                        (lossy(k.bytes()), lossy(v))
                     })
                     .collect(),
             },

@@ -605,3 +605,107 @@ fn a_shadow_picks_behind_the_same_stages() {
     let r = shadow.report(&lb.snapshot());
     assert_eq!((r.picks, r.disagreements), (200, 0), "{r:?}");
 }
+
+#[test]
+fn bytes_eq_agrees_with_slice_equality() {
+    // Every length up to 40 (inline word compares to 16, `==` beyond), equal and differing
+    // in each single byte, and differing lengths.
+    let mut rng = FastRng::seed_from_u64(5);
+    for n in 0..40usize {
+        let a: Vec<u8> = (0..n).map(|_| rng.below(256) as u8).collect();
+        assert!(super::tree::bytes_eq(&a, &a.clone()), "len {n}");
+        for at in 0..n {
+            let mut b = a.clone();
+            b[at] ^= 1 << rng.below(8);
+            assert!(!super::tree::bytes_eq(&a, &b), "len {n}, byte {at}");
+        }
+        assert!(!super::tree::bytes_eq(&a, &a[..n.saturating_sub(1)]) || n == 0);
+    }
+}
+
+#[test]
+fn healthy_tiers_fold_into_the_main_picker() {
+    // All of P0 up: P0 takes every request, so its leaf becomes the main picker (no per-pick
+    // stage at all), and the report still shows both tiers.
+    let mut specs: Vec<EndpointSpec> = (0..4)
+        .map(|i| EndpointSpec::new(format!("p0-{i}:1")))
+        .collect();
+    specs.extend((0..4).map(|i| EndpointSpec::new(format!("p1-{i}:1")).with_priority(1)));
+    let lb = balancer(specs, Stages::default(), SnapshotPolicy::default());
+    let prepared = lb.current();
+    let main: Vec<usize> = prepared.picker().0.iter().map(|i| i.get()).collect();
+    assert_eq!(main, vec![0, 1, 2, 3], "the main picker is P0's");
+    let r = prepared.stage_report(None, &[]).unwrap().unwrap();
+    let loads: Vec<u32> = r.tiers.iter().map(|t| t.load_percent).collect();
+    assert_eq!(loads, vec![100, 0]);
+    assert_eq!(tier_of(&shares(&lb, &[], 2_000), "p0-"), 2_000);
+    // With a third down and P1 spilling, nothing is folded: the picker is the whole set's.
+    let mut specs: Vec<EndpointSpec> = (0..3)
+        .map(|i| EndpointSpec::new(format!("p0-{i}:1")).with_healthy(i > 0))
+        .collect();
+    specs.push(EndpointSpec::new("p1-0:1").with_priority(1));
+    let lb = balancer(specs, Stages::default(), SnapshotPolicy::default());
+    assert_eq!(lb.current().picker().0.len(), 3, "all eligible");
+}
+
+#[test]
+fn unkeyed_picks_follow_the_product_of_tier_and_zone_shares() {
+    // P0: zones a and b, 10 each, half up (health 70: load 70); P1: a and b, 10 each, all up.
+    // Weights a 1, b 3: a quarter of each tier goes to a. One draw over the four leaves.
+    let mut specs = Vec::new();
+    for (p, up) in [(0u32, 5), (1, 10)] {
+        for z in ["a", "b"] {
+            specs.extend((0..10).map(|i| {
+                EndpointSpec::new(format!("p{p}{z}-{i}:1"))
+                    .with_zone(z)
+                    .with_priority(p)
+                    .with_healthy(i < up)
+            }));
+        }
+    }
+    let mut loc = Localities::default();
+    loc.weights.insert("a".into(), 1);
+    loc.weights.insert("b".into(), 3);
+    let stages = Stages {
+        localities: Some(loc),
+        ..Stages::default()
+    };
+    let lb = balancer(specs, stages, SnapshotPolicy::default());
+    let out = shares(&lb, &[], 40_000);
+    for (prefix, want) in [("p0a", 17.5), ("p0b", 52.5), ("p1a", 7.5), ("p1b", 22.5)] {
+        let got = 100.0 * f64::from(tier_of(&out, prefix)) / 40_000.0;
+        assert!((got - want).abs() < 1.0, "{prefix}: {got} %, want {want}");
+    }
+}
+
+#[test]
+fn many_long_subset_values_are_found_by_binary_search() {
+    // 12 versions (more than the scan's 8), each name longer than the 16 inline bytes.
+    let specs: Vec<EndpointSpec> = (0..24)
+        .map(|i| {
+            EndpointSpec::new(format!("e{i}:1"))
+                .with_meta("version", format!("release-2026-12-{:02}-canary", i % 12))
+        })
+        .collect();
+    let stages = Stages {
+        subsets: Some(Subsets::new(
+            vec![vec!["version".into()]],
+            SubsetFallback::None,
+        )),
+        ..Stages::default()
+    };
+    let lb = balancer(specs, stages, SnapshotPolicy::default());
+    for v in 0..12 {
+        let value = format!("release-2026-12-{v:02}-canary");
+        let attrs: &[Attr<'_>] = &[(b"version", value.as_bytes())];
+        let mut got: Vec<String> = shares(&lb, attrs, 200).into_keys().collect();
+        got.sort();
+        let mut want = vec![format!("e{v}:1"), format!("e{}:1", v + 12)];
+        want.sort();
+        assert_eq!(got, want, "version {v}");
+    }
+    let mut rng = FastRng::seed_from_u64(1);
+    let attrs: &[Attr<'_>] = &[(b"version", b"release-2026-12-99-canary")];
+    let miss = lb.pick(&mut PickContext::new(Timestamp::ZERO, &mut rng).with_attrs(attrs));
+    assert_eq!(miss.err(), Some(PickError::NoSubset));
+}

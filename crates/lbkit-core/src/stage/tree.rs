@@ -14,10 +14,37 @@ use crate::snapshot::{EndpointIdx, Snapshot};
 use crate::strategy::{PickContext, Strategy};
 use crate::time::Timestamp;
 
+/// Why the stages lead a request nowhere: a byte, so a leaf or a miss comes back in registers
+/// (a [`PickError`] made the result 24 bytes, returned through memory on every pick).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Miss {
+    NoSubset,
+    SubsetUnavailable,
+    DefaultSubsetEmpty,
+}
+
+impl From<Miss> for PickError {
+    fn from(m: Miss) -> PickError {
+        match m {
+            Miss::NoSubset => PickError::NoSubset,
+            Miss::SubsetUnavailable => PickError::SubsetUnavailable,
+            Miss::DefaultSubsetEmpty => PickError::DefaultSubsetEmpty,
+        }
+    }
+}
+
 /// The stages of a snapshot: one tree per routed set, and the leaves they lead to.
 pub(crate) struct Staged<P> {
-    pub(super) trees: Box<[Tree]>,
+    /// The whole snapshot's set (tree 0), inline: a pick reaches it with no pointer to follow.
+    main: Tree,
+    /// Each tag set's (trees 1..).
+    tags: Box<[Tree]>,
     pub(crate) leaves: Box<[Leaf<P>]>,
+    /// Whether the whole snapshot's set (tree 0) leads every request to one leaf, whose
+    /// picker [`fold_main`](Self::fold_main) handed over.
+    pub(crate) folded: bool,
+    /// How many stage nodes lead to each leaf.
+    refs: Box<[u32]>,
 }
 
 /// A set the stages lead to: a restriction of the snapshot with its picker, or (beyond
@@ -41,18 +68,77 @@ pub(super) struct SubsetIndex {
     pub(super) default: Option<Entry>,
 }
 
-/// A subset's values, one per key of its key set.
-type Values = Box<[Box<[u8]>]>;
-
 /// One key set: its keys, and its subsets sorted by their values.
 pub(super) struct KeySet {
-    pub(super) keys: Box<[Box<[u8]>]>,
-    pub(super) entries: Box<[(Values, Entry)]>,
+    pub(super) keys: Box<[Label]>,
+    pub(super) entries: Box<[Sub]>,
+}
+
+/// A subset of a key set: its values (one per key), and its stages.
+pub(super) struct Sub {
+    /// The first key's value, inline: a one-key lookup compares it with no pointer to follow.
+    first: Label,
+    /// The other keys' values.
+    rest: Box<[Label]>,
+    entry: Entry,
+}
+
+/// A key or value: up to [`Label::INLINE`] bytes stored inline (attribute keys and values are
+/// short), longer ones on the heap.
+pub(super) struct Label {
+    len: usize,
+    head: [u8; Label::INLINE],
+    long: Box<[u8]>,
+}
+
+impl Label {
+    const INLINE: usize = 16;
+
+    fn new(b: &[u8]) -> Label {
+        let mut head = [0; Label::INLINE];
+        let long = if b.len() <= Label::INLINE {
+            head[..b.len()].copy_from_slice(b);
+            Box::default()
+        } else {
+            b.into()
+        };
+        Label {
+            len: b.len(),
+            head,
+            long,
+        }
+    }
+
+    /// Its bytes.
+    #[inline]
+    pub(super) fn bytes(&self) -> &[u8] {
+        match self.head.get(..self.len) {
+            Some(short) => short,
+            None => &self.long,
+        }
+    }
+
+    /// Whether it is `b`.
+    #[inline]
+    fn is(&self, b: &[u8]) -> bool {
+        self.len == b.len() && bytes_eq(self.bytes(), b)
+    }
+}
+
+impl Sub {
+    /// Its values, in key order.
+    fn values(&self) -> impl Iterator<Item = &[u8]> {
+        std::iter::once(self.first.bytes()).chain(self.rest.iter().map(Label::bytes))
+    }
 }
 
 /// A subset: its stages, and how many of its endpoints serve (up, weighted, not ejected).
 pub(super) struct Entry {
-    /// A tier choice, or (one tier) that tier's zones or leaf.
+    /// The leaves an unkeyed request reaches, with their combined shares.
+    pub(super) flat: Flat,
+    /// A tier choice, or (one tier) that tier's zones or leaf: the walk a keyed request takes,
+    /// one salted draw per level, so a key keeps its tier when zones change and its zone when
+    /// tiers do.
     pub(super) node: Node,
     /// Each tier's figures, for reports (a pick never reads them).
     pub(super) tiers: Box<[TierInfo]>,
@@ -60,12 +146,78 @@ pub(super) struct Entry {
     pub(super) serving: u32,
 }
 
+/// An entry's stages flattened for unkeyed requests: every leaf its choices reach, with the
+/// product of their shares, as `(upper bound over the u64 range, leaf)`; the last bound is
+/// `u64::MAX`. One draw and one branch-free count pick the leaf however many levels led to it.
+pub(super) struct Flat {
+    /// The leaf when there is one (then `picks` is empty and a pick reads nothing else).
+    only: u32,
+    picks: Box<[(u64, u32)]>,
+}
+
+impl Flat {
+    /// The flattening of `node`.
+    fn of(node: &Node) -> Flat {
+        let mut shares: Vec<(u32, f64)> = Vec::new();
+        node.shares(1.0, &mut shares);
+        shares.sort_by_key(|&(leaf, _)| leaf);
+        shares.dedup_by(|b, a| {
+            let same = a.0 == b.0;
+            if same {
+                a.1 += b.1;
+            }
+            same
+        });
+        shares.retain(|&(_, p)| p > 0.0);
+        let Some(&(last, _)) = shares.last() else {
+            // Every share zero (cannot happen: a choice's shares sum to one): its first leaf.
+            return Flat {
+                only: node.first_leaf(),
+                picks: Box::new([]),
+            };
+        };
+        if let [(only, _)] = shares[..] {
+            return Flat {
+                only,
+                picks: Box::new([]),
+            };
+        }
+        let weights: Vec<f64> = shares.iter().map(|&(_, p)| p).collect();
+        let picks = bounds(&weights)
+            .iter()
+            .copied()
+            .zip(shares.iter().map(|&(leaf, _)| leaf))
+            .chain([(u64::MAX, last)])
+            .collect();
+        Flat { only: last, picks }
+    }
+
+    /// The leaf an unkeyed request reaches: with one, no draw.
+    #[inline]
+    pub(super) fn leaf(&self, cx: &mut PickContext<'_>) -> u32 {
+        let picks = &*self.picks;
+        if picks.is_empty() {
+            return self.only;
+        }
+        let draw = cx.rng.next_u64();
+        let at = picks[..picks.len() - 1]
+            .iter()
+            .filter(|&&(b, _)| b <= draw)
+            .count();
+        picks[at].1
+    }
+}
+
 /// A stage: a leaf, a choice of tier, or a choice of zone.
+///
+/// A choice holds its children's upper bounds over the whole `u64` range (one fewer than the
+/// children: the last child takes the rest), so a draw picks its child with a count of the
+/// bounds it reaches: no division, no scaling multiply, no branch.
 pub(super) enum Node {
     Leaf(u32, Box<LeafInfo>),
-    /// Cumulative percent per tier (the last is 100), for two tiers or more.
-    Tiers(Box<[u8]>, Box<[Node]>),
-    /// Cumulative effective weight per zone.
+    /// Bounds per tier, by load, for two tiers or more.
+    Tiers(Box<[u64]>, Box<[Node]>),
+    /// Bounds per zone, by effective weight.
     Zones(Box<[u64]>, Box<[Node]>, Box<[ZoneInfo]>),
 }
 
@@ -91,8 +243,32 @@ pub(super) struct ZoneInfo {
     pub(super) effective: f64,
 }
 
-/// Resolution of effective zone weights in the cumulative table.
-const ZONE_SCALE: f64 = 1_048_576.0;
+/// 2⁶⁴, the range of a draw.
+const DRAWS: f64 = 18_446_744_073_709_551_616.0;
+
+impl Node {
+    /// Push each leaf this node reaches, with `share` times its share here.
+    fn shares(&self, share: f64, out: &mut Vec<(u32, f64)>) {
+        let (bounds, children) = match self {
+            Node::Leaf(i, _) => return out.push((*i, share)),
+            Node::Tiers(b, c) | Node::Zones(b, c, _) => (b, c),
+        };
+        let mut from = 0.0;
+        for (k, child) in children.iter().enumerate() {
+            let to = bounds.get(k).map_or(DRAWS, |&b| b as f64);
+            child.shares(share * (to - from) / DRAWS, out);
+            from = to;
+        }
+    }
+
+    /// The first leaf this node reaches.
+    fn first_leaf(&self) -> u32 {
+        match self {
+            Node::Leaf(i, _) => *i,
+            Node::Tiers(_, c) | Node::Zones(_, c, _) => c.first().map_or(0, Node::first_leaf),
+        }
+    }
+}
 
 // === impl Staged ===
 
@@ -116,14 +292,34 @@ impl<P> Staged<P> {
         }
         let mut b = Builder::new(strategy, stages, snapshot, now);
         let all: Vec<EndpointIdx> = (0..snapshot.len()).map(EndpointIdx::new).collect();
-        let mut trees = vec![b.tree(&all)];
-        for set in tag_sets {
-            trees.push(b.tree(set.eligible()));
-        }
+        let main = b.tree(&all);
+        let tags = tag_sets.iter().map(|set| b.tree(set.eligible())).collect();
         Some(Staged {
-            trees: trees.into_boxed_slice(),
+            main,
+            tags,
             leaves: b.leaves.into_boxed_slice(),
+            folded: false,
+            refs: b.refs.into_boxed_slice(),
         })
+    }
+
+    /// When every request of the whole snapshot reaches one leaf (no subsets, one tier with
+    /// all the load, no zone split: healthy tiers, an aperture) and no other set shares it,
+    /// hand over that leaf's snapshot and picker, so the caller picks there directly and the
+    /// stages cost nothing per pick. Tree 0 stays for reports.
+    pub(crate) fn fold_main(&mut self) -> Option<(Arc<Snapshot>, P)> {
+        let tree = &self.main;
+        let Node::Leaf(i, _) = &tree.any.node else {
+            return None;
+        };
+        let i = *i as usize;
+        if tree.subsets.is_some() || self.refs.get(i) != Some(&1) {
+            return None;
+        }
+        let leaf = self.leaves.get_mut(i)?;
+        let picker = leaf.picker.take()?;
+        self.folded = true;
+        Some((leaf.snapshot.clone(), picker))
     }
 
     /// The leaf a request routed to set `tree` reaches.
@@ -132,46 +328,59 @@ impl<P> Staged<P> {
     /// [`PickError::NoSubset`], [`PickError::SubsetUnavailable`] under fallback `none`;
     /// [`PickError::DefaultSubsetEmpty`].
     #[inline]
-    pub(crate) fn leaf(
-        &self,
-        tree: usize,
-        cx: &mut PickContext<'_>,
-    ) -> Result<&Leaf<P>, PickError> {
-        let entry = self.trees[tree].route(cx.attrs)?;
+    pub(crate) fn leaf(&self, tree: usize, cx: &mut PickContext<'_>) -> Result<&Leaf<P>, Miss> {
+        let tree = match tree {
+            0 => &self.main,
+            t => &self.tags[t - 1],
+        };
+        let entry = tree.route(cx.attrs)?;
+        if cx.hash.is_none() && cx.key.is_none() {
+            return Ok(&self.leaves[entry.flat.leaf(cx) as usize]);
+        }
         let mut node = &entry.node;
         loop {
-            match node {
+            node = match node {
                 Node::Leaf(i, _) => return Ok(&self.leaves[*i as usize]),
-                Node::Tiers(cum, children) => {
-                    let draw = below(draw(cx, TIER_SALT), 100);
-                    let at = cum
-                        .iter()
-                        .position(|&c| draw < u64::from(c))
-                        .unwrap_or(cum.len() - 1);
-                    node = &children[at];
-                }
-                // Branch-free: the draw lands in one zone or another at random, so a search's
-                // branches would be mispredicted about half the time.
-                Node::Zones(cum, children, _) => {
-                    let draw = below(draw(cx, ZONE_SALT), cum.last().copied().unwrap_or(1));
-                    let at = cum.iter().filter(|&&c| c <= draw).count();
-                    node = &children[at.min(children.len() - 1)];
-                }
-            }
+                Node::Tiers(bounds, children) => child(bounds, children, draw(cx, TIER_SALT)),
+                Node::Zones(bounds, children, _) => child(bounds, children, draw(cx, ZONE_SALT)),
+            };
         }
     }
 
     /// The stages of set `tree`, for reports.
     pub(crate) fn tree(&self, tree: usize) -> Option<&Tree> {
-        self.trees.get(tree)
+        match tree {
+            0 => Some(&self.main),
+            t => self.tags.get(t - 1),
+        }
     }
 }
 
-/// `x` (uniform over `u64`) mapped onto `0..n` by a multiply and a shift, no division
-/// (Lemire's reduction).
+/// The child a `draw` reaches: how many bounds it is at or past. Branch-free, because the
+/// draw lands in one child or another at random and a search's branches would be
+/// mispredicted about half the time.
 #[inline]
-fn below(x: u64, n: u64) -> u64 {
-    ((u128::from(x) * u128::from(n)) >> 64) as u64
+fn child<'n>(bounds: &[u64], children: &'n [Node], draw: u64) -> &'n Node {
+    let at = bounds.iter().filter(|&&b| b <= draw).count();
+    &children[at.min(children.len() - 1)]
+}
+
+/// Upper bounds over the `u64` range for shares proportional to `weights` (not all zero): one
+/// per weight but the last.
+fn bounds(weights: &[f64]) -> Box<[u64]> {
+    let total: f64 = weights.iter().sum();
+    if total <= 0.0 || !total.is_finite() {
+        return vec![u64::MAX; weights.len().saturating_sub(1)].into_boxed_slice();
+    }
+    let mut sum = 0.0;
+    weights[..weights.len().saturating_sub(1)]
+        .iter()
+        .map(|w| {
+            sum += w;
+            // `as` saturates: a bound at 2⁶⁴ is u64::MAX, reached by one draw in 2⁶⁴.
+            (sum / total * DRAWS) as u64
+        })
+        .collect()
 }
 
 /// Salts that make a key's tier draw and zone draw independent of each other.
@@ -201,7 +410,7 @@ impl Tree {
     /// The subset a request with `attrs` goes to: the first key set (in order) whose keys it
     /// all carries and whose subset for its values has a serving endpoint, else the fallback.
     #[inline]
-    pub(super) fn route(&self, attrs: &[Attr<'_>]) -> Result<&Entry, PickError> {
+    pub(super) fn route(&self, attrs: &[Attr<'_>]) -> Result<&Entry, Miss> {
         let Some(ix) = &self.subsets else {
             return Ok(&self.any);
         };
@@ -220,9 +429,9 @@ impl Tree {
                 .default
                 .as_ref()
                 .filter(|d| d.serving > 0)
-                .ok_or(PickError::DefaultSubsetEmpty),
-            SubsetFallback::None if matched => Err(PickError::SubsetUnavailable),
-            SubsetFallback::None => Err(PickError::NoSubset),
+                .ok_or(Miss::DefaultSubsetEmpty),
+            SubsetFallback::None if matched => Err(Miss::SubsetUnavailable),
+            SubsetFallback::None => Err(Miss::NoSubset),
         }
     }
 
@@ -243,19 +452,19 @@ impl KeySet {
     #[inline]
     pub(super) fn find(&self, attrs: &[Attr<'_>]) -> Option<&Entry> {
         if let [key] = &*self.keys {
-            let value = attrs.iter().find(|(k, _)| *k == &**key)?.1;
+            let value = attrs.iter().find(|(k, _)| key.is(k))?.1;
             return self.find_one(value);
         }
         let mut values: [&[u8]; super::MAX_SUBSET_KEYS] = [&[]; super::MAX_SUBSET_KEYS];
         for (slot, key) in values.iter_mut().zip(self.keys.iter()) {
-            *slot = attrs.iter().find(|(k, _)| *k == &**key)?.1;
+            *slot = attrs.iter().find(|(k, _)| key.is(k))?.1;
         }
         let values = &values[..self.keys.len()];
         let at = self
             .entries
-            .binary_search_by(|(v, _)| v.iter().map(|b| &**b).cmp(values.iter().copied()))
+            .binary_search_by(|sub| sub.values().cmp(values.iter().copied()))
             .ok()?;
-        Some(&self.entries[at].1)
+        Some(&self.entries[at].entry)
     }
 
     /// A one-key set's subset for `value`: a scan of a few entries, a binary search of many.
@@ -265,21 +474,38 @@ impl KeySet {
             return self
                 .entries
                 .iter()
-                .find(|(v, _)| first(v) == value)
-                .map(|(_, e)| e);
+                .find(|sub| sub.first.is(value))
+                .map(|sub| &sub.entry);
         }
         let at = self
             .entries
-            .binary_search_by(|(v, _)| first(v).cmp(value))
+            .binary_search_by(|sub| sub.first.bytes().cmp(value))
             .ok()?;
-        Some(&self.entries[at].1)
+        Some(&self.entries[at].entry)
     }
 }
 
-/// The first value of a subset's values.
+/// Whether `a` and `b` are equal: inline for up to 16 bytes (attribute keys and values are
+/// short), with two overlapping word loads each instead of a call to `memcmp`.
 #[inline]
-fn first(v: &Values) -> &[u8] {
-    v.first().map_or(&[], |b| b)
+pub(super) fn bytes_eq(a: &[u8], b: &[u8]) -> bool {
+    let n = a.len();
+    if n != b.len() {
+        return false;
+    }
+    let w4 = |s: &[u8], at: usize| u32::from_le_bytes([s[at], s[at + 1], s[at + 2], s[at + 3]]);
+    let w8 = |s: &[u8], at: usize| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&s[at..at + 8]);
+        u64::from_le_bytes(w)
+    };
+    match n {
+        0 => true,
+        1..=3 => a[0] == b[0] && a[n / 2] == b[n / 2] && a[n - 1] == b[n - 1],
+        4..=7 => w4(a, 0) == w4(b, 0) && w4(a, n - 4) == w4(b, n - 4),
+        8..=16 => w8(a, 0) == w8(b, 0) && w8(a, n - 8) == w8(b, n - 8),
+        _ => a == b,
+    }
 }
 
 /// Prepares trees, sharing leaves between sets that reach the same endpoints.
@@ -291,6 +517,7 @@ struct Builder<'b, S: Strategy> {
     /// Per endpoint: up, weighted and not ejected.
     serving: Vec<bool>,
     leaves: Vec<Leaf<S::Picker>>,
+    refs: Vec<u32>,
     seen: HashMap<(Vec<EndpointIdx>, bool), u32>,
 }
 
@@ -312,6 +539,7 @@ impl<'b, S: Strategy> Builder<'b, S> {
             now,
             serving,
             leaves: Vec::new(),
+            refs: Vec::new(),
             seen: HashMap::new(),
         }
     }
@@ -362,13 +590,18 @@ impl<'b, S: Strategy> Builder<'b, S> {
         }
         let entries = groups
             .into_iter()
-            .map(|(values, of)| {
-                let values = values.iter().map(|v| v.as_bytes().into()).collect();
-                (values, self.entry(&of))
+            .map(|(values, of)| Sub {
+                first: Label::new(values.first().map_or(&[], |v| v.as_bytes())),
+                rest: values
+                    .iter()
+                    .skip(1)
+                    .map(|v| Label::new(v.as_bytes()))
+                    .collect(),
+                entry: self.entry(&of),
             })
             .collect();
         KeySet {
-            keys: keys.iter().map(|k| k.as_bytes().into()).collect(),
+            keys: keys.iter().map(|k| Label::new(k.as_bytes())).collect(),
             entries,
         }
     }
@@ -376,6 +609,7 @@ impl<'b, S: Strategy> Builder<'b, S> {
     fn entry(&mut self, members: &[EndpointIdx]) -> Entry {
         let (node, tiers) = self.tiers(members);
         Entry {
+            flat: Flat::of(&node),
             node,
             tiers,
             endpoints: u32::try_from(members.len()).unwrap_or(u32::MAX),
@@ -429,16 +663,8 @@ impl<'b, S: Strategy> Builder<'b, S> {
             (1, _) => children.pop().unwrap_or_else(|| self.leaf(&[], false)),
             (_, Some(at)) => children.swap_remove(at),
             _ => {
-                let mut sum = 0u32;
-                let cum = plan
-                    .load
-                    .iter()
-                    .map(|&l| {
-                        sum += l;
-                        u8::try_from(sum.min(100)).unwrap_or(100)
-                    })
-                    .collect();
-                Node::Tiers(cum, children.into_boxed_slice())
+                let loads: Vec<f64> = plan.load.iter().map(|&l| f64::from(l)).collect();
+                Node::Tiers(bounds(&loads), children.into_boxed_slice())
             }
         };
         (node, info.into_boxed_slice())
@@ -481,16 +707,13 @@ impl<'b, S: Strategy> Builder<'b, S> {
         if info.iter().all(|z| z.effective <= 0.0) {
             return self.leaf(members, panic);
         }
-        let mut sum = 0u64;
-        let cum = info
-            .iter()
-            .map(|z| {
-                sum += (z.effective * ZONE_SCALE).round() as u64;
-                sum
-            })
-            .collect();
+        let effective: Vec<f64> = info.iter().map(|z| z.effective).collect();
         let children: Vec<Node> = by_zone.values().map(|m| self.leaf(m, panic)).collect();
-        Node::Zones(cum, children.into_boxed_slice(), info.into_boxed_slice())
+        Node::Zones(
+            bounds(&effective),
+            children.into_boxed_slice(),
+            info.into_boxed_slice(),
+        )
     }
 
     /// The leaf of `members`: those admitted (serving, or in panic every weighted one), within
@@ -546,6 +769,7 @@ impl<'b, S: Strategy> Builder<'b, S> {
     fn intern(&mut self, members: Vec<EndpointIdx>, panic: bool) -> u32 {
         let key = (members, panic);
         if let Some(&at) = self.seen.get(&key) {
+            self.refs[at as usize] += 1;
             return at;
         }
         let (members, panic) = key;
@@ -565,6 +789,7 @@ impl<'b, S: Strategy> Builder<'b, S> {
         };
         let at = u32::try_from(self.leaves.len()).unwrap_or(u32::MAX);
         self.leaves.push(leaf);
+        self.refs.push(1);
         self.seen.insert((members, panic), at);
         at
     }

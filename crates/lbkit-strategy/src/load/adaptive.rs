@@ -49,7 +49,7 @@ use lbkit_core::{
 };
 
 use crate::common::share;
-use crate::round_robin::{counter, SharedCounter};
+use crate::round_robin::Counters;
 use crate::smooth_weighted::SmoothWeightedPicker;
 
 use super::p2c::P2cPicker;
@@ -117,7 +117,7 @@ impl Default for AdaptiveConfig {
 #[derive(Debug, Clone)]
 pub struct Adaptive {
     config: AdaptiveConfig,
-    counter: SharedCounter,
+    counter: Counters,
 }
 
 impl Default for Adaptive {
@@ -131,7 +131,7 @@ impl Adaptive {
     pub fn new(config: AdaptiveConfig) -> Self {
         Adaptive {
             config,
-            counter: counter(0),
+            counter: Counters::new(0),
         }
     }
 
@@ -226,7 +226,7 @@ impl Strategy for Adaptive {
         let order = match self.config.choice {
             AdaptiveChoice::Wrr => Order::Wrr(SmoothWeightedPicker::from_weights(
                 weights.clone(),
-                self.counter.clone(),
+                self.counter.of(snapshot),
             )),
             AdaptiveChoice::P2c => {
                 // Endpoints not eligible keep factor 1: the picker never draws them.

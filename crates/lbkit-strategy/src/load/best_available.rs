@@ -20,13 +20,13 @@ use lbkit_core::{
 };
 
 use super::choose::{Candidates, Ties};
-use crate::round_robin::{counter, SharedCounter};
+use crate::round_robin::{Counters, SharedCounter};
 
 /// Ribbon's best-available strategy.
 #[derive(Debug, Clone)]
 pub struct BestAvailable {
     breaker: CircuitBreaker,
-    fallback: SharedCounter,
+    fallback: Counters,
 }
 
 impl Default for BestAvailable {
@@ -40,7 +40,7 @@ impl BestAvailable {
     pub fn new(breaker: CircuitBreaker) -> Self {
         BestAvailable {
             breaker,
-            fallback: counter(0),
+            fallback: Counters::new(0),
         }
     }
 }
@@ -57,7 +57,7 @@ impl Strategy for BestAvailable {
             snapshot: snapshot.clone(),
             candidates: Candidates::new(snapshot, now),
             breaker: self.breaker,
-            fallback: self.fallback.clone(),
+            fallback: self.fallback.of(snapshot),
         }
     }
 }

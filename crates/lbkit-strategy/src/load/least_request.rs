@@ -24,7 +24,7 @@ use lbkit_core::{EndpointIdx, PickContext, PickError, Picker, Snapshot, Strategy
 use super::choose::IndexList;
 use crate::alias::AliasTable;
 use crate::common::{all_equal, effective_weights, share};
-use crate::round_robin::{counter, SharedCounter};
+use crate::round_robin::Counters;
 use crate::smooth_weighted::SmoothWeightedPicker;
 
 /// Draws before rejection sampling settles for the best draw. With a quarter of draws accepted
@@ -37,7 +37,7 @@ const MAX_DRAWS: u32 = 32;
 pub struct LeastRequest {
     choice_count: u32,
     bias: f64,
-    counter: SharedCounter,
+    counter: Counters,
 }
 
 impl Default for LeastRequest {
@@ -52,7 +52,7 @@ impl LeastRequest {
         LeastRequest {
             choice_count: choice_count.max(1),
             bias: if bias.is_finite() { bias.max(0.0) } else { 1.0 },
-            counter: counter(0),
+            counter: Counters::new(0),
         }
     }
 }
@@ -71,7 +71,7 @@ impl Strategy for LeastRequest {
         } else if self.bias == 0.0 {
             Mode::Static(SmoothWeightedPicker::from_weights(
                 weights.clone(),
-                self.counter.clone(),
+                self.counter.of(snapshot),
             ))
         } else {
             match AliasTable::new(&weights) {

@@ -63,7 +63,7 @@ use std::sync::Arc;
 use lbkit_core::{EndpointIdx, PickContext, PickError, Picker, Snapshot, Strategy, Timestamp};
 
 use crate::common::{effective_weights, share};
-use crate::round_robin::{counter, SharedCounter};
+use crate::round_robin::{Counters, SharedCounter};
 
 /// Longest cycle kept in memory (4 MiB of indices): beyond it, a folded cycle is stored.
 pub const MAX_CYCLE: u64 = 1 << 20;
@@ -96,7 +96,7 @@ pub const MAX_CYCLE_WORK: u64 = 1 << 22;
 /// Smooth weighted round robin (nginx order).
 #[derive(Debug, Clone)]
 pub struct SmoothWeightedRoundRobin {
-    counter: SharedCounter,
+    counter: Counters,
 }
 
 impl Default for SmoothWeightedRoundRobin {
@@ -111,7 +111,7 @@ impl SmoothWeightedRoundRobin {
     /// Starts at the beginning of the nginx cycle.
     pub fn new() -> Self {
         SmoothWeightedRoundRobin {
-            counter: counter(0),
+            counter: Counters::new(0),
         }
     }
 }
@@ -126,7 +126,7 @@ impl Strategy for SmoothWeightedRoundRobin {
     fn prepare(&self, snapshot: &Arc<Snapshot>, now: Timestamp) -> SmoothWeightedPicker {
         SmoothWeightedPicker::build(
             effective_weights(snapshot, now),
-            self.counter.clone(),
+            self.counter.of(snapshot),
             Unroll::Yes,
         )
     }
