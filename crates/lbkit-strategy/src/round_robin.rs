@@ -30,8 +30,9 @@
 //! ```
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
+use arc_swap::ArcSwap;
 use crossbeam_utils::CachePadded;
 // loom's atomics under `--cfg lbkit_loom` (tests/loom.rs).
 use lbkit_core::sync::{AtomicU64, Ordering::Relaxed};
@@ -40,7 +41,7 @@ use lbkit_core::{EndpointIdx, PickContext, PickError, Picker, Snapshot, Strategy
 /// A counter the pickers of one set share (survives snapshot swaps).
 pub(crate) type SharedCounter = Arc<CachePadded<AtomicU64>>;
 
-fn counter(start: u64) -> SharedCounter {
+pub(crate) fn counter(start: u64) -> SharedCounter {
     Arc::new(CachePadded::new(AtomicU64::new(start)))
 }
 
@@ -57,15 +58,15 @@ pub(crate) struct Counters(Arc<CountersInner>);
 #[derive(Debug)]
 struct CountersInner {
     whole: SharedCounter,
-    // Taken at prepare time only, never by a pick.
-    scoped: Mutex<HashMap<u64, SharedCounter>>,
+    // Read and replaced at prepare time only, never by a pick.
+    scoped: ArcSwap<HashMap<u64, SharedCounter>>,
 }
 
 impl Counters {
     pub(crate) fn new(start: u64) -> Self {
         Counters(Arc::new(CountersInner {
             whole: counter(start),
-            scoped: Mutex::new(HashMap::new()),
+            scoped: ArcSwap::from_pointee(HashMap::new()),
         }))
     }
 
@@ -76,19 +77,22 @@ impl Counters {
         if scope == 0 {
             return self.0.whole.clone();
         }
-        let mut scoped = self
-            .0
-            .scoped
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if scoped.len() >= MAX_SCOPES && !scoped.contains_key(&scope) {
-            scoped.clear();
+        if let Some(c) = self.0.scoped.load().get(&scope) {
+            return c.clone();
         }
-        let start = self.0.whole.load(Relaxed).wrapping_add(scope);
-        scoped
-            .entry(scope)
-            .or_insert_with(|| counter(start))
-            .clone()
+        // A new set: a copy of the map with its counter added (a prepare racing for the same
+        // set keeps the first one in).
+        let fresh = counter(self.0.whole.load(Relaxed).wrapping_add(scope));
+        self.0.scoped.rcu(|m| {
+            let mut m = if m.len() >= MAX_SCOPES {
+                HashMap::new()
+            } else {
+                HashMap::clone(m)
+            };
+            m.entry(scope).or_insert_with(|| fresh.clone());
+            m
+        });
+        self.0.scoped.load().get(&scope).cloned().unwrap_or(fresh)
     }
 }
 

@@ -1,4 +1,5 @@
 use super::*;
+use crate::round_robin::counter;
 use lbkit_core::Strategy;
 use lbkit_core::{EndpointSpec, FastRng};
 use proptest::prelude::*;
