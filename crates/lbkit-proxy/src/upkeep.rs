@@ -132,18 +132,21 @@ fn open_source(
     }
 }
 
-/// With an aperture that takes its coordinates from the registry (`stages.aperture` without
-/// `client_index`/`client_count`) and a ZooKeeper source: register as a Dubbo consumer and
-/// follow the coordinates the consumer nodes give (`ZkPeers`), setting them on the service's
-/// stages. Aborting the task (a reload, a stop) drops the registration.
+/// Register the proxy as a Dubbo consumer of a ZooKeeper source's interface
+/// ([`ServiceConfig::registers_consumer`](crate::config::ServiceConfig::registers_consumer)),
+/// and with an aperture that takes its coordinates from the registry (`stages.aperture`
+/// without `client_index`/`client_count`) follow the coordinates the consumer nodes give
+/// (`ZkPeers`), setting them on the service's stages. Aborting the task (a reload, a stop)
+/// drops the registration.
 fn peers(service: &Arc<Service>) -> Option<JoinHandle<()>> {
     let cfg = service.config();
     let (Some(zk), Ok(Some(path))) = (&cfg.zookeeper, cfg.zk_path()) else {
         return None;
     };
-    if !cfg.stages.aperture_from_registry() {
+    if !cfg.registers_consumer() {
         return None;
     }
+    let follow = cfg.stages.aperture_from_registry();
     use lbkit_discovery::zookeeper::{ZkConfig, ZkPeers};
     let mut peers = ZkPeers::new(ZkConfig::new(zk.zk.clone()), path);
     if let Some(app) = &zk.application {
@@ -157,6 +160,9 @@ fn peers(service: &Arc<Service>) -> Option<JoinHandle<()>> {
             let Some(at) = *coordinates.borrow_and_update() else {
                 continue;
             };
+            if !follow {
+                continue;
+            }
             let mut stages = (*service.active().balancer.stages()).clone();
             if let Some(a) = &mut stages.aperture {
                 a.coordinates = Some(at);

@@ -862,6 +862,52 @@ async fn six_of_ten_deleted_together_stay_served_until_confirmed_by_time() {
     proxy.shutdown(Duration::from_secs(2)).await;
 }
 
+// The proxy registers as a Dubbo consumer of a Dubbo-layout interface, as Dubbo's consumers
+// do, with no aperture asking for it; `register = false` keeps it out. Counted by another
+// consumer (`ZkPeers` numbers lbkit's consumer nodes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_registers_as_a_consumer() {
+    let Some(zk) = lbkit_testkit::zookeeper() else {
+        return;
+    };
+    let backend = Backend::start("a").await;
+    let (interface, path) = zk_service("Consumer", &backend);
+    let reg = register(&zk, &path, &backend).await;
+    let count_of = |handle: &lbkit_discovery::zookeeper::PeersHandle| {
+        handle.coordinates().borrow().as_ref().map(|c| c.count)
+    };
+    for (extra, want) in [("", 2), (", register = false", 1)] {
+        let text = config_with_source(&format!(
+            "zookeeper = {{ zk = {zk:?}, interface = {interface:?}{extra} }}"
+        ));
+        let proxy = Proxy::start(parse(&text)).await.expect("proxy starts");
+        until_serving(&proxy, &["a"], 4).await;
+        let watcher =
+            lbkit_discovery::zookeeper::ZkPeers::new(ZkConfig::new(&zk), path.clone()).spawn();
+        let mut pace = poll_pace();
+        tokio::time::timeout(WAIT, async {
+            while count_of(&watcher) != Some(want) {
+                pace.tick().await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{want} consumers ({extra:?}): {:?}", count_of(&watcher)));
+        proxy.shutdown(Duration::from_secs(2)).await;
+        // The proxy's node is ephemeral: gone with its session.
+        tokio::time::timeout(WAIT, async {
+            while count_of(&watcher) != Some(1) {
+                pace.tick().await;
+            }
+        })
+        .await
+        .expect("the proxy's consumer node left with it");
+        drop(watcher);
+    }
+    tokio::time::timeout(WAIT, reg.deregister())
+        .await
+        .expect("deregistered");
+}
+
 /// The aperture's coordinates as `/endpoints` shows them: `(client_index, client_count)`.
 async fn aperture_of(proxy: &Proxy) -> Option<(u64, u64)> {
     let (_, body) = admin(&client(), proxy, "GET", "/endpoints", "").await;

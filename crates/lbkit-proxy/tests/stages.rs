@@ -134,6 +134,24 @@ fn a_bad_stages_table_names_its_field() {
     );
 }
 
+#[test]
+fn register_false_beside_a_self_organising_aperture_is_refused() {
+    let text = "[[listener]]\nbind = \"127.0.0.1:0\"\n\
+        [[route]]\npath_prefix = \"/\"\nservice = \"svc\"\n\
+        [service.svc]\n\
+        zookeeper = { zk = \"127.0.0.1:2181\", interface = \"a.B\", register = false }\n\
+        stages = { aperture = { size = 2 } }\n";
+    let err = lbkit_proxy::config::Config::parse(text, std::path::Path::new("p.toml"))
+        .expect_err("an aperture from the registry needs the registration");
+    assert!(
+        err.to_string().contains("service.svc.zookeeper.register"),
+        "{err}"
+    );
+    let with_coordinates = text.replace("size = 2", "size = 2, client_index = 0, client_count = 3");
+    lbkit_proxy::config::Config::parse(&with_coordinates, std::path::Path::new("p.toml"))
+        .expect("coordinates given: no registration needed");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_proxys_own_zone_keeps_traffic_local() {
     let (a, b, c) = (

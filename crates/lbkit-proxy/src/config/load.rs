@@ -228,6 +228,12 @@ impl ServiceConfig {
             lbkit_discovery::zookeeper::WatchMode::parse(&zk.watch)
                 .map_err(|reason| err("zookeeper.watch", reason))?;
             self.zk_path().map_err(|reason| err("zookeeper", reason))?;
+            if zk.register == Some(false) && self.stages.aperture_from_registry() {
+                let why = "false, but stages.aperture takes its client index and count from \
+                           the registry's consumers (give client_index and client_count, or \
+                           register)";
+                return Err(err("zookeeper.register", why.into()));
+            }
         }
         catalog::build(&self.strategy, self.strategy_params())
             .map_err(|e| err("strategy", e.to_string()))?;
@@ -343,6 +349,20 @@ impl ServiceConfig {
     /// The strategy parameters as catalog text pairs.
     pub fn strategy_params(&self) -> Params {
         params_from(&self.params)
+    }
+
+    /// Whether the proxy registers as a consumer under the ZooKeeper source's interface:
+    /// `zookeeper.register`, by default in the Dubbo layout, and always for an aperture that
+    /// takes its coordinates from the registry.
+    pub fn registers_consumer(&self) -> bool {
+        let Some(zk) = &self.zookeeper else {
+            return false;
+        };
+        let dubbo = matches!(
+            self.zk_path(),
+            Ok(Some(p)) if p.layout() == lbkit_discovery::zookeeper::Layout::Dubbo
+        );
+        zk.register.unwrap_or(dubbo) || self.stages.aperture_from_registry()
     }
 
     /// The ZooKeeper service path.

@@ -500,6 +500,13 @@ pub struct ZooKeeper {
     /// The consumer's Dubbo application, for rules scoped to one. Default none.
     #[serde(default)]
     pub application: Option<String>,
+    /// Register the proxy as a consumer of the interface, as Dubbo's consumers do: an
+    /// ephemeral `consumer://` URL under `/<root>/<interface>/consumers` (the plain layout:
+    /// `/<root>/<interface>.consumers`), gone with the proxy's session. dubbo-admin lists it,
+    /// and an aperture without `client_index`/`client_count` numbers its clients from these
+    /// nodes. Default: true in the Dubbo layout, false in the plain one.
+    #[serde(default)]
+    pub register: Option<bool>,
 }
 
 /// `availability = { .. }`.
