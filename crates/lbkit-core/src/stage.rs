@@ -56,9 +56,10 @@
 //! snapshot change), and a subset lookup compares keys and values of up to 16 bytes stored
 //! inline; about 6 ns over the undecorated pick (BENCHMARKS.md, issue 42).
 //!
-//! Within a tag's set (Dubbo tag routing first), tiers and zones count only the set's eligible
-//! members, so a tier spills to the next only when it has none left in the tag; the tag table's
-//! sets beyond [`MAX_TAG_SETS`](crate::route::MAX_TAG_SETS) skip the stages.
+//! Within a tag's set (Dubbo tag routing first), tiers and zones count the set's members that
+//! do not serve too (the endpoints that carry the tag and rule groups of one of its members),
+//! so a tag's tier spills gradually as the whole snapshot's does; the tag table's sets beyond
+//! [`MAX_TAG_SETS`](crate::route::MAX_TAG_SETS) skip the stages.
 //!
 //! ```
 //! use std::sync::Arc;

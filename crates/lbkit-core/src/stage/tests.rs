@@ -709,3 +709,40 @@ fn many_long_subset_values_are_found_by_binary_search() {
     let miss = lb.pick(&mut PickContext::new(Timestamp::ZERO, &mut rng).with_attrs(attrs));
     assert_eq!(miss.err(), Some(PickError::NoSubset));
 }
+
+#[test]
+fn a_tags_tiers_spill_gradually() {
+    // gray: P0 10 endpoints, 5 up (health 70); P1 10 up. Counting only the eligible, gray's
+    // P0 looked fully healthy and took everything; with its down members counted, 70 / 30 as
+    // for the whole snapshot. Untagged endpoints take no gray traffic.
+    let mut specs = Vec::new();
+    for (p, up) in [(0u32, 5), (1, 10)] {
+        specs.extend((0..10).map(|i| {
+            EndpointSpec::new(format!("g{p}-{i}:1"))
+                .with_meta(crate::route::TAG_KEY, "gray")
+                .with_priority(p)
+                .with_healthy(i < up)
+        }));
+    }
+    specs.extend((0..4).map(|i| EndpointSpec::new(format!("u-{i}:1"))));
+    let lb = balancer(specs, Stages::default(), SnapshotPolicy::default());
+    let gray = crate::RequestTag::new(b"gray");
+    let r = lb.current().stage_report(Some(gray), &[]).unwrap().unwrap();
+    let loads: Vec<u32> = r.tiers.iter().map(|t| t.load_percent).collect();
+    assert_eq!(loads, vec![70, 30], "{r:?}");
+    let mut rng = FastRng::seed_from_u64(4);
+    let mut out: HashMap<String, u32> = HashMap::new();
+    for _ in 0..20_000 {
+        let mut cx = PickContext::new(Timestamp::ZERO, &mut rng).with_tag(gray);
+        let g = lb.pick(&mut cx).unwrap();
+        *out.entry(g.endpoint().address().to_owned()).or_insert(0) += 1;
+        g.abandon();
+    }
+    let p0 = f64::from(tier_of(&out, "g0-")) / 20_000.0;
+    assert!((p0 - 0.70).abs() < 0.015, "gray P0 took {p0}");
+    assert_eq!(tier_of(&out, "u-"), 0);
+    assert!(
+        (5..10).all(|i| !out.contains_key(&format!("g0-{i}:1"))),
+        "{out:?}"
+    );
+}

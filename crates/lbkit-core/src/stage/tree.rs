@@ -293,7 +293,10 @@ impl<P> Staged<P> {
         let mut b = Builder::new(strategy, stages, snapshot, now);
         let all: Vec<EndpointIdx> = (0..snapshot.len()).map(EndpointIdx::new).collect();
         let main = b.tree(&all);
-        let tags = tag_sets.iter().map(|set| b.tree(set.eligible())).collect();
+        let tags = tag_sets
+            .iter()
+            .map(|set| b.tree(&with_down(snapshot, set)))
+            .collect();
         Some(Staged {
             main,
             tags,
@@ -354,6 +357,28 @@ impl<P> Staged<P> {
             t => self.tags.get(t - 1),
         }
     }
+}
+
+/// A tag's set (its eligible members, as tag routing found them) with the endpoints that would
+/// be in it if they served: every endpoint that does not serve and carries the tag and rule
+/// groups of one of the set's members. So a tag's tiers count their down endpoints and spill
+/// gradually, as the whole snapshot's do (counting only the eligible, a tier spilled only once
+/// it had none left).
+fn with_down(snapshot: &Snapshot, set: &Snapshot) -> Vec<EndpointIdx> {
+    use crate::route::{TAG_GROUPS_KEY, TAG_KEY};
+    let tagging = |i: EndpointIdx| {
+        let m = snapshot.endpoint(i).metadata();
+        let get = |k: &str| m.get(k).map_or("", String::as_str);
+        (get(TAG_KEY), get(TAG_GROUPS_KEY))
+    };
+    let kinds: std::collections::HashSet<(&str, &str)> =
+        set.eligible().iter().map(|&i| tagging(i)).collect();
+    (0..snapshot.len())
+        .map(EndpointIdx::new)
+        .filter(|&i| {
+            set.is_eligible(i) || (!snapshot.is_eligible(i) && kinds.contains(&tagging(i)))
+        })
+        .collect()
 }
 
 /// The child a `draw` reaches: how many bounds it is at or past. Branch-free, because the
