@@ -50,12 +50,15 @@ struct Tagged<P> {
 // === impl Prepared ===
 
 impl<P: Picker> Prepared<P> {
-    /// The snapshot the picker was prepared for.
+    /// The snapshot prepared: every endpoint, indexed as every pick's result is.
     pub fn snapshot(&self) -> &Arc<Snapshot> {
         &self.snapshot
     }
 
-    /// The prepared picker.
+    /// The prepared picker of the whole snapshot's requests: prepared on
+    /// [`snapshot`](Self::snapshot), or, when the stages send every such request to one set
+    /// (healthy priority tiers, an aperture: see [`stage`](crate::stage)), on that set, whose
+    /// other endpoints it never picks.
     pub fn picker(&self) -> &P {
         &self.picker
     }
@@ -149,7 +152,12 @@ impl<P: Picker> Prepared<P> {
                 How::Members(m) => Some(m),
                 How::Picker(_) => None,
             };
-            (routed, RoutedSet::new(set.snapshot, members))
+            // Tag routing's set, stages aside: the whole snapshot, not the leaf folded in.
+            let snapshot = match std::ptr::eq(set.snapshot, &self.main) {
+                true => &self.snapshot,
+                false => set.snapshot,
+            };
+            (routed, RoutedSet::new(snapshot, members))
         })
     }
 

@@ -213,22 +213,31 @@ impl Snapshot {
 
     /// Which set of a snapshot this is: 0 for a whole snapshot; for a restriction (a tag's set,
     /// a stage's leaf, a zone), a nonzero id of its eligible endpoints' keys, the same in the
-    /// next snapshot while those stay the same. A strategy keeps per-set state across snapshot
+    /// next snapshot while those stay the same (in any order). A strategy keeps per-set state across snapshot
     /// changes by it: round robin's turn, one per set, so requests alternating between two
     /// subsets do not each land on the same endpoint every time.
     pub fn scope(&self) -> u64 {
         self.scope
     }
 
-    /// The scope of a restriction to `members` (in index order).
+    /// The scope of a restriction to `members`: a sum of their keys' mixed hashes, so the
+    /// order the source lists them in does not matter.
     fn scope_of(&self, members: &[EndpointIdx]) -> u64 {
-        let mut h = 0x6C62_272E_07BB_0142_u64;
-        for &i in members {
-            h = (h ^ crate::hash::key_hash(self.endpoint(i).key().as_str().as_bytes()))
-                .rotate_left(23)
-                .wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
-        h.max(1)
+        let mix = |h: u64| {
+            // splitmix64's finaliser.
+            let z = (h ^ (h >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            let z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        };
+        members
+            .iter()
+            .map(|&i| {
+                mix(crate::hash::key_hash(
+                    self.endpoint(i).key().as_str().as_bytes(),
+                ))
+            })
+            .fold(0u64, u64::wrapping_add)
+            .max(1)
     }
 
     /// A snapshot built from specs with fresh statistics, all first seen at `now`.

@@ -92,3 +92,44 @@ async fn coordinates_survive_an_outage() {
     own.restart().await;
     assert_eq!(settled(&[&a, &b], 2).await, BTreeSet::from([0, 1]));
 }
+
+// A client that only registers (the proxy without an aperture) is in the consumers directory
+// but in no one's count, lists nothing, and registers again when its node is deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_register_only_client_is_listed_but_not_counted() {
+    let zk = ZkConfig::new(require_zk!());
+    let path = ServicePath::new("dubbo", &unique("peers"), Layout::Dubbo).unwrap();
+    let only = ZkPeers::new(zk.clone(), path.clone())
+        .register_only()
+        .spawn();
+    let mut node = only.coordinates();
+    let a = ZkPeers::new(zk.clone(), path.clone()).spawn();
+    assert_eq!(settled(&[&a], 1).await, BTreeSet::from([0]));
+    let client = Client::connect(&zk.servers).await.unwrap();
+    let registered = || async {
+        let at = only.node()?;
+        client.check_stat(&at).await.ok().flatten().map(|_| at)
+    };
+    let mut pace = tokio::time::interval(std::time::Duration::from_millis(20));
+    let at = tokio::time::timeout(WAIT, async {
+        loop {
+            if let Some(at) = registered().await {
+                return at;
+            }
+            pace.tick().await;
+        }
+    })
+    .await
+    .expect("registered in time");
+    assert!(at.contains("lbkit.consumer%3D"), "{at}");
+    assert!(node.borrow_and_update().is_none(), "no coordinates for it");
+    client.delete(&at, None).await.unwrap();
+    tokio::time::timeout(WAIT, async {
+        while registered().await.is_none() {
+            pace.tick().await;
+        }
+    })
+    .await
+    .expect("registered again after the delete");
+    assert_eq!(settled(&[&a], 1).await, BTreeSet::from([0]), "still alone");
+}

@@ -152,6 +152,11 @@ fn peers(service: &Arc<Service>) -> Option<JoinHandle<()>> {
     if let Some(app) = &zk.application {
         peers = peers.with_application(app);
     }
+    if !follow {
+        // Registered, but no place in any aperture: clients that number themselves from
+        // the consumers do not count a proxy that takes no slice.
+        peers = peers.register_only();
+    }
     let service = service.clone();
     Some(tokio::spawn(async move {
         let handle = peers.spawn();
@@ -160,9 +165,6 @@ fn peers(service: &Arc<Service>) -> Option<JoinHandle<()>> {
             let Some(at) = *coordinates.borrow_and_update() else {
                 continue;
             };
-            if !follow {
-                continue;
-            }
             let mut stages = (*service.active().balancer.stages()).clone();
             if let Some(a) = &mut stages.aperture {
                 a.coordinates = Some(at);

@@ -863,8 +863,9 @@ async fn six_of_ten_deleted_together_stay_served_until_confirmed_by_time() {
 }
 
 // The proxy registers as a Dubbo consumer of a Dubbo-layout interface, as Dubbo's consumers
-// do, with no aperture asking for it; `register = false` keeps it out. Counted by another
-// consumer (`ZkPeers` numbers lbkit's consumer nodes).
+// do, with no aperture asking for it: its node is in the consumers directory while it runs,
+// gone after. It takes no place in an aperture: a client that numbers itself from the
+// consumers, started after the proxy registered, counts itself alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_proxy_registers_as_a_consumer() {
     let Some(zk) = lbkit_testkit::zookeeper() else {
@@ -873,39 +874,70 @@ async fn the_proxy_registers_as_a_consumer() {
     let backend = Backend::start("a").await;
     let (interface, path) = zk_service("Consumer", &backend);
     let reg = register(&zk, &path, &backend).await;
-    let count_of = |handle: &lbkit_discovery::zookeeper::PeersHandle| {
-        handle.coordinates().borrow().as_ref().map(|c| c.count)
+    let text = config_with_source(&format!(
+        "zookeeper = {{ zk = {zk:?}, interface = {interface:?} }}"
+    ));
+    let proxy = Proxy::start(parse(&text)).await.expect("proxy starts");
+    until_serving(&proxy, &["a"], 4).await;
+    let dir = format!("/dubbo/{interface}/consumers");
+    let client = zookeeper_client::Client::connect(&zk)
+        .await
+        .expect("connect");
+    let consumers = || async {
+        client
+            .list_children(&dir)
+            .await
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|c| c.contains("lbkit.consumer%3D"))
+            .count()
     };
-    for (extra, want) in [("", 2), (", register = false", 1)] {
-        let text = config_with_source(&format!(
-            "zookeeper = {{ zk = {zk:?}, interface = {interface:?}{extra} }}"
-        ));
-        let proxy = Proxy::start(parse(&text)).await.expect("proxy starts");
-        until_serving(&proxy, &["a"], 4).await;
-        let watcher =
-            lbkit_discovery::zookeeper::ZkPeers::new(ZkConfig::new(&zk), path.clone()).spawn();
-        let mut pace = poll_pace();
-        tokio::time::timeout(WAIT, async {
-            while count_of(&watcher) != Some(want) {
-                pace.tick().await;
-            }
-        })
+    let mut pace = poll_pace();
+    tokio::time::timeout(WAIT, async {
+        while consumers().await != 1 {
+            pace.tick().await;
+        }
+    })
+    .await
+    .expect("the proxy's consumer node in time");
+    let follower =
+        lbkit_discovery::zookeeper::ZkPeers::new(ZkConfig::new(&zk), path.clone()).spawn();
+    let mut coordinates = follower.coordinates();
+    let first = tokio::time::timeout(WAIT, coordinates.wait_for(Option::is_some))
         .await
-        .unwrap_or_else(|_| panic!("{want} consumers ({extra:?}): {:?}", count_of(&watcher)));
-        proxy.shutdown(Duration::from_secs(2)).await;
-        // The proxy's node is ephemeral: gone with its session.
-        tokio::time::timeout(WAIT, async {
-            while count_of(&watcher) != Some(1) {
-                pace.tick().await;
-            }
-        })
-        .await
-        .expect("the proxy's consumer node left with it");
-        drop(watcher);
-    }
+        .expect("coordinates in time")
+        .expect("follower running")
+        .expect("some");
+    assert_eq!(first.count, 1, "the proxy takes no place in the aperture");
+    drop(follower);
+    proxy.shutdown(Duration::from_secs(2)).await;
+    tokio::time::timeout(WAIT, async {
+        while consumers().await != 0 {
+            pace.tick().await;
+        }
+    })
+    .await
+    .expect("the proxy's consumer node left with it");
     tokio::time::timeout(WAIT, reg.deregister())
         .await
         .expect("deregistered");
+}
+
+#[test]
+fn register_follows_the_layout_and_the_key() {
+    let cfg = |zk: &str| {
+        let text = config_with_source(&format!("zookeeper = {{ zk = \"127.0.0.1:2181\", {zk} }}"));
+        parse(&text).services["svc"].registers_consumer()
+    };
+    assert!(cfg("interface = \"a.B\""), "Dubbo layout: by default");
+    assert!(!cfg("interface = \"a.B\", register = false"));
+    assert!(
+        !cfg("interface = \"a.B\", layout = \"plain\""),
+        "plain: not by default"
+    );
+    assert!(cfg(
+        "interface = \"a.B\", layout = \"plain\", register = true"
+    ));
 }
 
 /// The aperture's coordinates as `/endpoints` shows them: `(client_index, client_count)`.

@@ -45,7 +45,7 @@ pub(crate) fn counter(start: u64) -> SharedCounter {
     Arc::new(CachePadded::new(AtomicU64::new(start)))
 }
 
-/// Most per-set counters a strategy keeps; beyond it they start over (a turn restarts).
+/// Most per-set counters a strategy keeps; beyond it those no picker holds are forgotten.
 const MAX_SCOPES: usize = 1024;
 
 /// A strategy's counters: one for whole snapshots, one per set of a snapshot it is prepared
@@ -71,7 +71,8 @@ impl Counters {
     }
 
     /// The counter for the set `snapshot` is. A new set's starts where the whole snapshot's
-    /// turn stands, offset by its scope, so clients started at random stay out of lockstep.
+    /// turn stands (so a random start, [`RoundRobin::with_start`], carries over), offset by
+    /// its scope.
     pub(crate) fn of(&self, snapshot: &Snapshot) -> SharedCounter {
         let scope = snapshot.scope();
         if scope == 0 {
@@ -84,11 +85,14 @@ impl Counters {
         // set keeps the first one in).
         let fresh = counter(self.0.whole.load(Relaxed).wrapping_add(scope));
         self.0.scoped.rcu(|m| {
-            let mut m = if m.len() >= MAX_SCOPES {
-                HashMap::new()
-            } else {
-                HashMap::clone(m)
-            };
+            let mut m = HashMap::clone(m);
+            if m.len() >= MAX_SCOPES {
+                // Keep the sets some picker still counts with; forget the others.
+                m.retain(|_, c| Arc::strong_count(c) > 1);
+                if m.len() >= MAX_SCOPES {
+                    m.clear();
+                }
+            }
             m.entry(scope).or_insert_with(|| fresh.clone());
             m
         });

@@ -746,3 +746,41 @@ fn a_tags_tiers_spill_gradually() {
         "{out:?}"
     );
 }
+
+#[test]
+fn a_tags_tier_never_panics_onto_its_down_members() {
+    // Envoy's policy (panic under 50 %): gray has 4 of 10 up, the untagged 10 of 10. The tag's
+    // tier counts its down members for health but never panics, so no gray request lands on a
+    // down gray provider (a panic would have sent 60 % there).
+    let mut specs: Vec<EndpointSpec> = (0..10)
+        .map(|i| {
+            EndpointSpec::new(format!("g-{i}:1"))
+                .with_meta(crate::route::TAG_KEY, "gray")
+                .with_healthy(i < 4)
+        })
+        .collect();
+    // A tier of untagged backups, so the snapshot has tiers (and stages) at all.
+    specs.push(EndpointSpec::new("u-backup:1").with_priority(1));
+    specs.extend((0..10).map(|i| EndpointSpec::new(format!("u-{i}:1"))));
+    let lb = balancer(specs, Stages::default(), SnapshotPolicy::envoy());
+    let gray = crate::RequestTag::new(b"gray");
+    let r = lb.current().stage_report(Some(gray), &[]).unwrap().unwrap();
+    assert!(r.tiers.iter().all(|t| !t.panic), "{r:?}");
+    let mut rng = FastRng::seed_from_u64(6);
+    let mut out: HashMap<String, u32> = HashMap::new();
+    for _ in 0..5_000 {
+        let mut cx = PickContext::new(Timestamp::ZERO, &mut rng).with_tag(gray);
+        let g = lb.pick(&mut cx).unwrap();
+        *out.entry(g.endpoint().address().to_owned()).or_insert(0) += 1;
+        g.abandon();
+    }
+    assert!(
+        (4..10).all(|i| !out.contains_key(&format!("g-{i}:1"))),
+        "{out:?}"
+    );
+    assert_eq!(
+        tier_of(&out, "g-"),
+        5_000,
+        "all of gray's requests on its 4 up"
+    );
+}

@@ -273,9 +273,10 @@ impl Node {
 // === impl Staged ===
 
 impl<P> Staged<P> {
-    /// Prepare the stages of `snapshot` (its tag sets `tag_sets`, whose members are their
-    /// eligible endpoints) with `strategy` at the leaves. `None` when nothing is staged: no
-    /// stage configured and a single priority.
+    /// Prepare the stages of `snapshot` (and of its tag sets `tag_sets`, as tag routing found
+    /// them: their eligible endpoints, to which [`with_down`] adds the tag's others) with
+    /// `strategy` at the leaves. `None` when nothing is staged: no stage configured and a
+    /// single priority.
     pub(crate) fn prepare<S: Strategy<Picker = P>>(
         strategy: &S,
         stages: &Stages,
@@ -292,10 +293,12 @@ impl<P> Staged<P> {
         }
         let mut b = Builder::new(strategy, stages, snapshot, now);
         let all: Vec<EndpointIdx> = (0..snapshot.len()).map(EndpointIdx::new).collect();
-        let main = b.tree(&all);
+        let main = b.tree(&all, true);
+        // A tag's tiers count its down members but never panic: tag routing sends requests to
+        // serving providers only, and a tier with nothing serving takes no load.
         let tags = tag_sets
             .iter()
-            .map(|set| b.tree(&with_down(snapshot, set)))
+            .map(|set| b.tree(&with_down(snapshot, set), false))
             .collect();
         Some(Staged {
             main,
@@ -328,8 +331,8 @@ impl<P> Staged<P> {
     /// The leaf a request routed to set `tree` reaches.
     ///
     /// # Errors
-    /// [`PickError::NoSubset`], [`PickError::SubsetUnavailable`] under fallback `none`;
-    /// [`PickError::DefaultSubsetEmpty`].
+    /// [`Miss::NoSubset`], [`Miss::SubsetUnavailable`] under fallback `none`;
+    /// [`Miss::DefaultSubsetEmpty`].
     #[inline]
     pub(crate) fn leaf(&self, tree: usize, cx: &mut PickContext<'_>) -> Result<&Leaf<P>, Miss> {
         let tree = match tree {
@@ -543,6 +546,8 @@ struct Builder<'b, S: Strategy> {
     serving: Vec<bool>,
     leaves: Vec<Leaf<S::Picker>>,
     refs: Vec<u32>,
+    /// Whether the tree being built lets its tiers panic.
+    may_panic: bool,
     seen: HashMap<(Vec<EndpointIdx>, bool), u32>,
 }
 
@@ -565,11 +570,15 @@ impl<'b, S: Strategy> Builder<'b, S> {
             serving,
             leaves: Vec::new(),
             refs: Vec::new(),
+            may_panic: true,
             seen: HashMap::new(),
         }
     }
 
-    fn tree(&mut self, members: &[EndpointIdx]) -> Tree {
+    /// The tree of a set of `members`, whose tiers enter panic as the snapshot's policy says
+    /// when `may_panic` (else never).
+    fn tree(&mut self, members: &[EndpointIdx], may_panic: bool) -> Tree {
+        self.may_panic = may_panic;
         let any = self.entry(members);
         let subsets = self.stages.subsets.as_ref().map(|cfg| {
             // Stages set through the library unvalidated: a key set that is empty or longer
@@ -667,7 +676,10 @@ impl<'b, S: Strategy> Builder<'b, S> {
         }
         let tiers: Vec<(u32, Vec<EndpointIdx>)> = by_priority.into_iter().collect();
         let counts: Vec<TierCounts> = tiers.iter().map(|(_, m)| self.counts(m)).collect();
-        let threshold = self.snapshot.policy().panic_threshold;
+        let threshold = match self.may_panic {
+            true => self.snapshot.policy().panic_threshold,
+            false => 0.0,
+        };
         let plan = plan(&counts, self.stages.overprovisioning, threshold);
         let mut children = Vec::with_capacity(tiers.len());
         let mut info = Vec::with_capacity(tiers.len());

@@ -29,6 +29,9 @@ pub struct ZkPeers {
     path: ServicePath,
     application: String,
     host: String,
+    /// Whether this client takes a place in the aperture (its node carries [`PEER_MARK`] and
+    /// it lists its peers), or only registers.
+    counted: bool,
 }
 
 /// A running [`ZkPeers`]: the coordinates as they change. Dropping it deregisters (the
@@ -66,7 +69,18 @@ impl ZkPeers {
             path,
             application: "lbkit".to_owned(),
             host: local_host(),
+            counted: true,
         }
+    }
+
+    /// Register only, as Dubbo's consumers do, taking no place in the aperture: the node
+    /// carries no peer mark (`lbkit.consumer=` instead of `lbkit.instance=`), so the clients
+    /// that number themselves do not count this one, and the consumers are not listed (the
+    /// coordinates stay `None`). Only the node is watched, to register again if someone
+    /// deletes it.
+    pub fn register_only(mut self) -> Self {
+        self.counted = false;
+        self
     }
 
     /// Name the consumer's application (Dubbo's `application` parameter).
@@ -85,13 +99,15 @@ impl ZkPeers {
         }
     }
 
-    /// This client's consumer URL (unique per instance: a random `lbkit.instance`).
+    /// This client's consumer URL (unique per instance: a random `lbkit.instance`, or
+    /// `lbkit.consumer` when it only registers).
     fn url(&self, instance: u64) -> String {
         let service = self.path.service();
         let ts = lbkit_core::Clock::System.now().as_millis();
+        let mark = if self.counted { "instance" } else { "consumer" };
         format!(
             "consumer://{}/{service}?application={}&category=consumers&check=false&\
-             interface={service}&lbkit.instance={instance:016x}&pid={}&side=consumer&timestamp={ts}",
+             interface={service}&lbkit.{mark}={instance:016x}&pid={}&side=consumer&timestamp={ts}",
             self.host,
             self.application,
             std::process::id()
@@ -148,6 +164,9 @@ impl ZkPeers {
         register(client, &dir, &node).await?;
         node_tx.send_replace(Some(node.clone()));
         tracing::info!(node = %node, "registered as a consumer");
+        if !self.counted {
+            return hold(client, &dir, &node).await;
+        }
         let mut state = client.state_watcher();
         loop {
             let (mut children, watcher) = client
@@ -177,6 +196,26 @@ impl ZkPeers {
                 _ = watcher.changed() => {}
                 s = next_end(&mut state) => return Err(registry_err(&dir, s)),
             }
+        }
+    }
+}
+
+/// Keep `node` registered until the session ends: watch it alone, and create it again if
+/// someone deletes it.
+async fn hold(client: &Client, dir: &str, node: &str) -> Result<(), DiscoveryError> {
+    let mut state = client.state_watcher();
+    loop {
+        let (stat, watcher) = client
+            .check_and_watch_stat(node)
+            .await
+            .map_err(|e| registry_err(node, e))?;
+        if stat.is_none() {
+            register(client, dir, node).await?;
+            continue;
+        }
+        tokio::select! {
+            _ = watcher.changed() => {}
+            s = next_end(&mut state) => return Err(registry_err(node, s)),
         }
     }
 }

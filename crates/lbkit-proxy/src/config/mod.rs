@@ -502,9 +502,11 @@ pub struct ZooKeeper {
     pub application: Option<String>,
     /// Register the proxy as a consumer of the interface, as Dubbo's consumers do: an
     /// ephemeral `consumer://` URL under `/<root>/<interface>/consumers` (the plain layout:
-    /// `/<root>/<interface>.consumers`), gone with the proxy's session. dubbo-admin lists it,
-    /// and an aperture without `client_index`/`client_count` numbers its clients from these
-    /// nodes. Default: true in the Dubbo layout, false in the plain one.
+    /// `/<root>/<interface>.consumers`), on a ZooKeeper session of its own per service and
+    /// gone with it. dubbo-admin lists it. A service whose aperture has no
+    /// `client_index`/`client_count` numbers its clients from these nodes (and must
+    /// register); other services' nodes are not counted. Default: true in the Dubbo layout,
+    /// false in the plain one.
     #[serde(default)]
     pub register: Option<bool>,
 }
