@@ -216,6 +216,112 @@ struct Rule<'s> {
     listed: Vec<&'s str>,
 }
 
+impl<'s> Rule<'s> {
+    /// The rule the source wrote on the snapshot's endpoints, if any.
+    fn of(snapshot: &'s Snapshot) -> Option<Rule<'s>> {
+        snapshot.endpoints().iter().find_map(|e| {
+            let m = e.metadata();
+            m.get(TAG_RULE_KEY).map(|key| Rule {
+                key,
+                force: m.get(TAG_RULE_FORCE_KEY).is_some_and(|f| f == "true"),
+                names: list(m.get(TAG_RULE_NAMES_KEY)).into_iter().collect(),
+                listed: list(m.get(TAG_RULE_LISTED_KEY)),
+            })
+        })
+    }
+}
+
+/// Each eligible endpoint's own tag and rule groups (by position in `eligible`), read once;
+/// then each tag's members, found in one pass, so the table costs O(endpoints +
+/// memberships), not O(endpoints × tags).
+struct Tagging<'s> {
+    own: Vec<Option<&'s str>>,
+    groups: Vec<Vec<&'s str>>,
+    by_own: BTreeMap<&'s str, Vec<u32>>,
+    by_group: HashMap<&'s str, Vec<u32>>,
+}
+
+/// A table's tag entries, and where untagged requests and unmatched ones go.
+type Leads = (Vec<TagEntry>, Lead, Lead);
+
+impl<'s> Tagging<'s> {
+    /// Read the eligible endpoints' tags (and, under a rule, their groups).
+    fn of(snapshot: &'s Snapshot, ruled: bool) -> Tagging<'s> {
+        let eligible = snapshot.eligible();
+        let meta = |i: EndpointIdx| snapshot.endpoint(i).metadata();
+        let own: Vec<Option<&str>> = eligible
+            .iter()
+            .map(|&i| {
+                meta(i)
+                    .get(TAG_KEY)
+                    .map(String::as_str)
+                    .filter(|t| !t.is_empty())
+            })
+            .collect();
+        let groups: Vec<Vec<&str>> = eligible
+            .iter()
+            .map(|&i| {
+                let mut g = if ruled {
+                    list(meta(i).get(TAG_GROUPS_KEY))
+                } else {
+                    Vec::new()
+                };
+                g.sort_unstable();
+                g.dedup();
+                g
+            })
+            .collect();
+        let mut by_own: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
+        let mut by_group: HashMap<&str, Vec<u32>> = HashMap::new();
+        for (k, &i) in eligible.iter().enumerate() {
+            let at = u32::try_from(i.get()).unwrap_or(u32::MAX);
+            if let Some(t) = own[k] {
+                by_own.entry(t).or_default().push(at);
+            }
+            for &g in &groups[k] {
+                by_group.entry(g).or_default().push(at);
+            }
+        }
+        Tagging {
+            own,
+            groups,
+            by_own,
+            by_group,
+        }
+    }
+
+    /// Without a rule: a set per tag; untagged and unmatched requests go to the untagged.
+    fn leads(&self, sets: &mut Sets<'_>) -> Leads {
+        let tags = self
+            .by_own
+            .iter()
+            .map(|(&t, members)| TagEntry::new(t, sets.lead_of(members.clone()), false))
+            .collect();
+        let untagged = sets.lead(|k| self.own[k].is_none());
+        (tags, untagged, untagged)
+    }
+
+    /// Under `rule`: its listed tags by group (final when empty if it forces), then the
+    /// endpoints' own tags; unmatched requests go to the endpoints in no group and without a
+    /// tag, untagged ones also to those whose tag the rule does not name.
+    fn leads_under(&mut self, rule: &Rule<'_>, sets: &mut Sets<'_>) -> Leads {
+        let mut tags = Vec::new();
+        for &t in &rule.listed {
+            let members = self.by_group.remove(t).unwrap_or_default();
+            tags.push(TagEntry::new(t, sets.lead_of(members), rule.force));
+        }
+        let listed: HashSet<&str> = rule.listed.iter().copied().collect();
+        for (&t, members) in self.by_own.iter().filter(|(t, _)| !listed.contains(*t)) {
+            tags.push(TagEntry::new(t, sets.lead_of(members.clone()), false));
+        }
+        let (own, groups) = (&self.own, &self.groups);
+        let fallback = sets.lead(|k| groups[k].is_empty() && own[k].is_none());
+        let untagged =
+            sets.lead(|k| groups[k].is_empty() && own[k].is_none_or(|t| !rule.names.contains(t)));
+        (tags, untagged, fallback)
+    }
+}
+
 fn list(v: Option<&String>) -> Vec<&str> {
     v.map_or_else(Vec::new, |s| {
         s.split(',').filter(|t| !t.is_empty()).collect()
@@ -234,80 +340,15 @@ impl TagTable {
     /// The table of `snapshot`, or `None` when nothing in it is tagged and no rule applies (then
     /// every request but a forced tag goes to all of it).
     pub(crate) fn of(snapshot: &Snapshot) -> Option<TagTable> {
-        let rule = snapshot.endpoints().iter().find_map(|e| {
-            let m = e.metadata();
-            m.get(TAG_RULE_KEY).map(|key| Rule {
-                key,
-                force: m.get(TAG_RULE_FORCE_KEY).is_some_and(|f| f == "true"),
-                names: list(m.get(TAG_RULE_NAMES_KEY)).into_iter().collect(),
-                listed: list(m.get(TAG_RULE_LISTED_KEY)),
-            })
-        });
-        let eligible = snapshot.eligible();
-        // Each eligible endpoint's own tag and rule groups, read once (by position in
-        // `eligible`); then each tag's members in one pass, so the table costs
-        // O(endpoints + memberships), not O(endpoints × tags).
-        let meta = |i: EndpointIdx| snapshot.endpoint(i).metadata();
-        let own: Vec<Option<&str>> = eligible
-            .iter()
-            .map(|&i| {
-                meta(i)
-                    .get(TAG_KEY)
-                    .map(String::as_str)
-                    .filter(|t| !t.is_empty())
-            })
-            .collect();
-        let groups: Vec<Vec<&str>> = eligible
-            .iter()
-            .map(|&i| match rule {
-                Some(_) => {
-                    let mut g = list(meta(i).get(TAG_GROUPS_KEY));
-                    g.sort_unstable();
-                    g.dedup();
-                    g
-                }
-                None => Vec::new(),
-            })
-            .collect();
-        let mut by_own: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
-        let mut by_group: HashMap<&str, Vec<u32>> = HashMap::new();
-        for (k, &i) in eligible.iter().enumerate() {
-            let at = u32::try_from(i.get()).unwrap_or(u32::MAX);
-            if let Some(t) = own[k] {
-                by_own.entry(t).or_default().push(at);
-            }
-            for &g in &groups[k] {
-                by_group.entry(g).or_default().push(at);
-            }
-        }
-        if rule.is_none() && by_own.is_empty() {
+        let rule = Rule::of(snapshot);
+        let mut tagging = Tagging::of(snapshot, rule.is_some());
+        if rule.is_none() && tagging.by_own.is_empty() {
             return None;
         }
         let mut sets = Sets::new(snapshot);
-        let mut tags: Vec<TagEntry> = Vec::new();
-        let (untagged, fallback) = match &rule {
-            None => {
-                for (&t, members) in &by_own {
-                    tags.push(TagEntry::new(t, sets.lead_of(members.clone()), false));
-                }
-                let untagged = sets.lead(|k| own[k].is_none());
-                (untagged, untagged)
-            }
-            Some(rule) => {
-                for &t in &rule.listed {
-                    let members = by_group.remove(t).unwrap_or_default();
-                    tags.push(TagEntry::new(t, sets.lead_of(members), rule.force));
-                }
-                let listed: HashSet<&str> = rule.listed.iter().copied().collect();
-                for (&t, members) in by_own.iter().filter(|(t, _)| !listed.contains(*t)) {
-                    tags.push(TagEntry::new(t, sets.lead_of(members.clone()), false));
-                }
-                let fallback = sets.lead(|k| groups[k].is_empty() && own[k].is_none());
-                let untagged = sets.lead(|k| {
-                    groups[k].is_empty() && own[k].is_none_or(|t| !rule.names.contains(t))
-                });
-                (untagged, fallback)
-            }
+        let (mut tags, untagged, fallback) = match &rule {
+            None => tagging.leads(&mut sets),
+            Some(rule) => tagging.leads_under(rule, &mut sets),
         };
         tags.sort_by(|a, b| a.name.cmp(&b.name));
         tags.dedup_by(|a, b| a.name == b.name);
