@@ -16,7 +16,7 @@ use lbkit_health::OutlierConfig;
 
 use crate::dist::{exponential, Zipf};
 use crate::metrics::{Collector, StrategyResult};
-use crate::scenario::{BalancerMode, KeyDistribution, Pattern, Scenario, WorkloadKind};
+use crate::scenario::{BalancerMode, KeyDistribution, Pattern, Scenario, Workload, WorkloadKind};
 use crate::server::Server;
 use crate::slab::{Id, Slab};
 
@@ -151,6 +151,50 @@ struct Client {
     balancer: usize,
 }
 
+/// Server indices by endpoint key hash, sorted by hash.
+type ByHash = Vec<(u64, u32)>;
+
+/// The scenario's servers, named by `names`, and their indices by endpoint key hash.
+fn servers_of(scenario: &Scenario, names: &[String]) -> Result<(Vec<Server>, ByHash), String> {
+    let mut servers = Vec::new();
+    for spec in &scenario.servers {
+        for _ in 0..spec.count {
+            let name = names[servers.len()].clone();
+            servers.push(Server::new(spec, name, servers.len())?);
+        }
+    }
+    let mut by_hash: Vec<(u64, u32)> = servers
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (lbkit_core::key_hash(s.address.as_bytes()), i as u32))
+        .collect();
+    by_hash.sort_unstable();
+    Ok((servers, by_hash))
+}
+
+/// The server the report follows over time: the scenario's `watch`, else the slowest.
+fn watched(scenario: &Scenario, names: &[String], servers: &[Server]) -> usize {
+    match &scenario.watch {
+        Some(name) => names.iter().position(|n| n == name).unwrap_or(0),
+        None => (0..servers.len())
+            .max_by(|&a, &b| {
+                servers[a]
+                    .nominal_mean()
+                    .total_cmp(&servers[b].nominal_mean())
+            })
+            .unwrap_or(0),
+    }
+}
+
+/// About how long the run lasts in virtual ns (for the sampling period).
+fn expected_ns(w: &Workload, arrivals: Option<&[u64]>, requests: u64) -> f64 {
+    match (arrivals, w.kind) {
+        (Some(a), _) => a.last().copied().unwrap_or(0) as f64 + 1e9,
+        (None, WorkloadKind::Open) => requests as f64 / w.rate * 1e9,
+        (None, WorkloadKind::Closed) => requests as f64 * 20e6 / f64::from(w.clients),
+    }
+}
+
 struct Lb {
     balancer: Balancer<BoxStrategy>,
     /// The retry budget of this balancer's calls.
@@ -208,19 +252,7 @@ impl<'a> Engine<'a> {
         seed: u64,
     ) -> Result<Engine<'a>, String> {
         let names = scenario.server_names();
-        let mut servers = Vec::new();
-        for spec in &scenario.servers {
-            for _ in 0..spec.count {
-                let name = names[servers.len()].clone();
-                servers.push(Server::new(spec, name, servers.len())?);
-            }
-        }
-        let mut by_hash: Vec<(u64, u32)> = servers
-            .iter()
-            .enumerate()
-            .map(|(i, s)| (lbkit_core::key_hash(s.address.as_bytes()), i as u32))
-            .collect();
-        by_hash.sort_unstable();
+        let (servers, by_hash) = servers_of(scenario, &names)?;
         let w = &scenario.workload;
         let n_lbs = if w.balancer == BalancerMode::Shared {
             1
@@ -236,16 +268,7 @@ impl<'a> Engine<'a> {
                 balancer: c as usize % n_lbs,
             })
             .collect();
-        let watch = match &scenario.watch {
-            Some(name) => names.iter().position(|n| n == name).unwrap_or(0),
-            None => (0..servers.len())
-                .max_by(|&a, &b| {
-                    servers[a]
-                        .nominal_mean()
-                        .total_cmp(&servers[b].nominal_mean())
-                })
-                .unwrap_or(0),
-        };
+        let watch = watched(scenario, &names, &servers);
         let keys = (0..w.key_count).map(|k| format!("key-{k}")).collect();
         let zipf = (w.key_count > 0 && w.key_distribution == KeyDistribution::Zipf)
             .then(|| Zipf::new(w.key_count, w.zipf_exponent));
@@ -256,11 +279,7 @@ impl<'a> Engine<'a> {
         let requests = arrivals
             .as_ref()
             .map_or(requests, |a| requests.min(a.len() as u64));
-        let expected_ns = match (&arrivals, w.kind) {
-            (Some(a), _) => a.last().copied().unwrap_or(0) as f64 + 1e9,
-            (None, WorkloadKind::Open) => requests as f64 / w.rate * 1e9,
-            (None, WorkloadKind::Closed) => requests as f64 * 20e6 / f64::from(w.clients),
-        };
+        let expected_ns = expected_ns(w, arrivals.as_deref(), requests);
         Ok(Engine {
             scenario,
             now: 0,
