@@ -115,10 +115,23 @@ fn balancer(specs: Vec<EndpointSpec>, stages: Stages, policy: SnapshotPolicy) ->
 }
 
 fn shares(lb: &Balancer<Uniform>, attrs: &[Attr<'_>], n: u32) -> HashMap<String, u32> {
+    tagged_shares(lb, None, attrs, n)
+}
+
+/// Picks per endpoint address over `n` requests with `tag` and `attrs`.
+fn tagged_shares(
+    lb: &Balancer<Uniform>,
+    tag: Option<crate::RequestTag<'_>>,
+    attrs: &[Attr<'_>],
+    n: u32,
+) -> HashMap<String, u32> {
     let mut rng = FastRng::seed_from_u64(9);
     let mut out = HashMap::new();
     for _ in 0..n {
         let mut cx = PickContext::new(Timestamp::ZERO, &mut rng).with_attrs(attrs);
+        if let Some(t) = tag {
+            cx = cx.with_tag(t);
+        }
         let g = lb.pick(&mut cx).expect("pick");
         *out.entry(g.endpoint().address().to_owned()).or_insert(0) += 1;
         g.abandon();
@@ -730,14 +743,7 @@ fn a_tags_tiers_spill_gradually() {
     let r = lb.current().stage_report(Some(gray), &[]).unwrap().unwrap();
     let loads: Vec<u32> = r.tiers.iter().map(|t| t.load_percent).collect();
     assert_eq!(loads, vec![70, 30], "{r:?}");
-    let mut rng = FastRng::seed_from_u64(4);
-    let mut out: HashMap<String, u32> = HashMap::new();
-    for _ in 0..20_000 {
-        let mut cx = PickContext::new(Timestamp::ZERO, &mut rng).with_tag(gray);
-        let g = lb.pick(&mut cx).unwrap();
-        *out.entry(g.endpoint().address().to_owned()).or_insert(0) += 1;
-        g.abandon();
-    }
+    let out = tagged_shares(&lb, Some(gray), &[], 20_000);
     let p0 = f64::from(tier_of(&out, "g0-")) / 20_000.0;
     assert!((p0 - 0.70).abs() < 0.015, "gray P0 took {p0}");
     assert_eq!(tier_of(&out, "u-"), 0);
@@ -766,14 +772,7 @@ fn a_tags_tier_never_panics_onto_its_down_members() {
     let gray = crate::RequestTag::new(b"gray");
     let r = lb.current().stage_report(Some(gray), &[]).unwrap().unwrap();
     assert!(r.tiers.iter().all(|t| !t.panic), "{r:?}");
-    let mut rng = FastRng::seed_from_u64(6);
-    let mut out: HashMap<String, u32> = HashMap::new();
-    for _ in 0..5_000 {
-        let mut cx = PickContext::new(Timestamp::ZERO, &mut rng).with_tag(gray);
-        let g = lb.pick(&mut cx).unwrap();
-        *out.entry(g.endpoint().address().to_owned()).or_insert(0) += 1;
-        g.abandon();
-    }
+    let out = tagged_shares(&lb, Some(gray), &[], 5_000);
     assert!(
         (4..10).all(|i| !out.contains_key(&format!("g-{i}:1"))),
         "{out:?}"
