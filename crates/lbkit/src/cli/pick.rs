@@ -11,7 +11,7 @@ use clap::{Args, ValueEnum};
 use lbkit::config::Config;
 use lbkit::discovery::file::{self, FileEndpoint};
 use lbkit::discovery::parse_static_list;
-use lbkit::discovery::stages::{ApertureConfig, LocalitiesConfig, StagesConfig};
+use lbkit::discovery::stages::{ApertureConfig, LocalitiesConfig, StagesConfig, SubsetsConfig};
 use lbkit::health::{Ejection, OutlierConfig, OutlierDetector};
 use lbkit::strategy::catalog::{self, Params};
 use lbkit::strategy::ZoneAware;
@@ -300,39 +300,11 @@ fn stages(args: &PickArgs, base: &StagesConfig) -> anyhow::Result<Stages> {
         || args.subset_fallback.is_some()
         || args.subset_default.is_some();
     if subset_flags {
-        let mut s = c.subsets.clone().unwrap_or_default();
-        if !args.subset_keys.is_empty() {
-            s.keys = args.subset_keys.iter().map(|k| key_list(k)).collect();
-        }
-        if let Some(f) = &args.subset_fallback {
-            s.fallback = Some(f.clone());
-        }
-        if let Some(d) = &args.subset_default {
-            s.default = d
-                .split(',')
-                .map(|p| pair(p, "--subset-default"))
-                .collect::<anyhow::Result<_>>()?;
-        }
-        c.subsets = Some(s);
+        c.subsets = Some(subsets(args, c.subsets.clone().unwrap_or_default())?);
     }
     c.overprovisioning = args.overprovisioning.or(c.overprovisioning);
     if !args.locality_weights.is_empty() {
-        // Over the config's table: its other zones and its default weight stay.
-        let base = c.localities.clone().unwrap_or_default();
-        let mut weights = base.weights;
-        for w in &args.locality_weights {
-            let (zone, weight) = pair(w, "--locality-weight")?;
-            let weight = weight.parse().map_err(|_| {
-                bad(format!(
-                    "--locality-weight {w}: the weight is not a whole number"
-                ))
-            })?;
-            weights.insert(zone, weight);
-        }
-        c.localities = Some(LocalitiesConfig {
-            weights,
-            default_weight: base.default_weight,
-        });
+        c.localities = Some(localities(args, c.localities.clone().unwrap_or_default())?);
     }
     if let Some(size) = args.aperture {
         let deterministic =
@@ -360,6 +332,43 @@ fn stages(args: &PickArgs, base: &StagesConfig) -> anyhow::Result<Stages> {
             _ => return bad(format!("stages.{field}: {why}")),
         };
         bad(format!("{flag}: {why}"))
+    })
+}
+
+/// The config's subsets with `--subset-keys`, `--subset-fallback` and `--subset-default`
+/// over them.
+fn subsets(args: &PickArgs, mut s: SubsetsConfig) -> anyhow::Result<SubsetsConfig> {
+    if !args.subset_keys.is_empty() {
+        s.keys = args.subset_keys.iter().map(|k| key_list(k)).collect();
+    }
+    if let Some(f) = &args.subset_fallback {
+        s.fallback = Some(f.clone());
+    }
+    if let Some(d) = &args.subset_default {
+        s.default = d
+            .split(',')
+            .map(|p| pair(p, "--subset-default"))
+            .collect::<anyhow::Result<_>>()?;
+    }
+    Ok(s)
+}
+
+/// The config's locality weights with each `--locality-weight ZONE=W` over them (its other
+/// zones and its default weight stay).
+fn localities(args: &PickArgs, base: LocalitiesConfig) -> anyhow::Result<LocalitiesConfig> {
+    let mut weights = base.weights;
+    for w in &args.locality_weights {
+        let (zone, weight) = pair(w, "--locality-weight")?;
+        let weight = weight.parse().map_err(|_| {
+            bad(format!(
+                "--locality-weight {w}: the weight is not a whole number"
+            ))
+        })?;
+        weights.insert(zone, weight);
+    }
+    Ok(LocalitiesConfig {
+        weights,
+        default_weight: base.default_weight,
     })
 }
 
