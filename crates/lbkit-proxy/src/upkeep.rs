@@ -19,6 +19,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use crate::check;
+use crate::config::ServiceConfig;
 use crate::error::ProxyError;
 use crate::service::Service;
 
@@ -37,8 +38,7 @@ pub(crate) fn spawn(
     service: &Arc<Service>,
     initial: Option<Vec<EndpointSpec>>,
 ) -> Result<Vec<JoinHandle<()>>, ProxyError> {
-    let listed = static_list(service)?;
-    let source = open_source(service, listed.clone())?;
+    let (listed, source) = source_of(service.name(), service.config())?;
     let initial = initial.or(listed);
     if let Some(specs) = &initial {
         let now = service.clock().now();
@@ -81,37 +81,31 @@ fn outlier_config(service: &Service) -> Option<OutlierConfig> {
     })
 }
 
-/// The service's `endpoints` list, parsed (`None` when its endpoints come from elsewhere).
-fn static_list(service: &Service) -> Result<Option<Vec<EndpointSpec>>, ProxyError> {
-    let Some(list) = &service.config().endpoints else {
-        return Ok(None);
-    };
-    lbkit_discovery::parse_static_list(&list.join(","), "endpoints")
-        .map(Some)
-        .map_err(|e| ProxyError::Source {
-            service: service.name().to_owned(),
-            source: e.into(),
-        })
-}
-
-/// The service's source; `listed` is its static list, already parsed.
-fn open_source(
-    service: &Service,
-    listed: Option<Vec<EndpointSpec>>,
-) -> Result<UpdateStream, ProxyError> {
-    let cfg = service.config();
+/// The endpoint source `[service.NAME]` names (its static `endpoints`, its watched `file`, or
+/// its `zookeeper` registry with Dubbo's governance rules), started; with the static list
+/// parsed when there is one. The proxy and `lbkit xds` open their sources here.
+///
+/// # Errors
+/// [`ProxyError::Source`] when the list does not parse or the source cannot start (an
+/// unwatchable file directory).
+pub fn source_of(
+    name: &str,
+    cfg: &ServiceConfig,
+) -> Result<(Option<Vec<EndpointSpec>>, UpdateStream), ProxyError> {
     let err = |source| ProxyError::Source {
-        service: service.name().to_owned(),
+        service: name.to_owned(),
         source,
     };
-    if let Some(specs) = listed {
-        return Ok(source::static_source(specs));
+    if let Some(list) = &cfg.endpoints {
+        let specs = lbkit_discovery::parse_static_list(&list.join(","), "endpoints")
+            .map_err(|e| err(e.into()))?;
+        return Ok((Some(specs.clone()), source::static_source(specs)));
     }
     if let Some(path) = &cfg.file {
         let (stream, _status) = FileSource::new(path.clone()).spawn().map_err(err)?;
-        return Ok(stream);
+        return Ok((None, stream));
     }
-    match (&cfg.zookeeper, cfg.zk_path()) {
+    let stream = match (&cfg.zookeeper, cfg.zk_path()) {
         (Some(zk), Ok(Some(path))) => {
             use lbkit_discovery::zookeeper::{WatchMode, ZkConfig, ZkSource};
             // Checked by the config's validation.
@@ -125,11 +119,11 @@ fn open_source(
             if let Some(cache) = &zk.cache {
                 source = source.with_cache(cache);
             }
-            let (stream, _status) = source.spawn();
-            Ok(stream)
+            source.spawn().0
         }
-        _ => Ok(source::static_source(Vec::new())),
-    }
+        _ => source::static_source(Vec::new()),
+    };
+    Ok((None, stream))
 }
 
 /// Register the proxy as a Dubbo consumer of a ZooKeeper source's interface

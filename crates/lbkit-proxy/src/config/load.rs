@@ -28,23 +28,10 @@ impl Config {
     /// # Errors
     /// A [`ConfigError`] naming the field.
     pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
-        let mut config: Config = toml::from_str(text).map_err(|e| {
-            let reason = e.message().to_owned();
-            let field = match e.span() {
-                Some(span) => format!("line {}", text[..span.start].lines().count().max(1)),
-                None => "-".to_owned(),
-            };
-            ConfigError::new(path, field, reason)
-        })?;
+        let mut config: Config = from_toml(text, path)?;
         let dir = path.parent().unwrap_or(Path::new("."));
         for svc in config.services.values_mut() {
-            let cache = svc.zookeeper.as_mut().and_then(|zk| zk.cache.as_mut());
-            let trace = svc.trace.as_mut().map(|t| &mut t.path);
-            for file in [svc.file.as_mut(), cache, trace].into_iter().flatten() {
-                if file.is_relative() {
-                    *file = dir.join(&*file);
-                }
-            }
+            svc.anchor(dir);
         }
         config.validate(path)?;
         Ok(config)
@@ -56,9 +43,7 @@ impl Config {
         self.validate_listeners(&err)?;
         self.validate_routes(&err)?;
         for (name, svc) in &self.services {
-            svc.validate(&|field: &str, reason: String| {
-                err(format!("service.{name}.{field}"), reason)
-            })?;
+            svc.check(name, path)?;
         }
         Ok(())
     }
@@ -202,9 +187,49 @@ impl Config {
     }
 }
 
+/// Deserialize a TOML file's `text` into `T`; a syntax or type error names `path` and the line.
+///
+/// # Errors
+/// A [`ConfigError`] with field `line N` (`-` when the parser gives no position).
+pub fn from_toml<T: serde::de::DeserializeOwned>(
+    text: &str,
+    path: &Path,
+) -> Result<T, ConfigError> {
+    toml::from_str(text).map_err(|e| {
+        let reason = e.message().to_owned();
+        let field = match e.span() {
+            Some(span) => format!("line {}", text[..span.start].lines().count().max(1)),
+            None => "-".to_owned(),
+        };
+        ConfigError::new(path, field, reason)
+    })
+}
+
 // === impl ServiceConfig ===
 
 impl ServiceConfig {
+    /// Make the service's relative files (`file`, `zookeeper.cache`, `trace.path`) relative to
+    /// `dir`, the directory of the file that names them.
+    pub fn anchor(&mut self, dir: &Path) {
+        let cache = self.zookeeper.as_mut().and_then(|zk| zk.cache.as_mut());
+        let trace = self.trace.as_mut().map(|t| &mut t.path);
+        for file in [self.file.as_mut(), cache, trace].into_iter().flatten() {
+            if file.is_relative() {
+                *file = dir.join(&*file);
+            }
+        }
+    }
+
+    /// Validate `[service.NAME]` of the file at `path`.
+    ///
+    /// # Errors
+    /// A [`ConfigError`] naming the field as `service.NAME.FIELD`.
+    pub fn check(&self, name: &str, path: &Path) -> Result<(), ConfigError> {
+        self.validate(&|field: &str, reason: String| {
+            ConfigError::new(path, format!("service.{name}.{field}"), reason)
+        })
+    }
+
     fn validate(&self, err: &dyn Fn(&str, String) -> ConfigError) -> Result<(), ConfigError> {
         let sources = [
             self.endpoints.is_some(),

@@ -643,7 +643,7 @@ pub(crate) use defaults::default_route_timeout_ms;
 mod load;
 
 use defaults::*;
-pub use load::params_from;
+pub use load::{from_toml, params_from};
 
 #[cfg(test)]
 mod tests {

@@ -8,6 +8,7 @@ mod sim;
 mod trace;
 mod tune;
 mod watch;
+mod xds;
 
 use std::fmt;
 
@@ -41,6 +42,9 @@ enum Command {
     Proxy(proxy::ProxyArgs),
     /// Read a recorded call trace: print it as JSON lines, or summarise it.
     Trace(trace::TraceArgs),
+    /// Serve services (static, file, ZooKeeper) to Envoy and proxyless gRPC over xDS, or
+    /// --check a config.
+    Xds(xds::XdsArgs),
 }
 
 /// Run the parsed command line.
@@ -54,6 +58,7 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Register(args) => register::run(args),
         Command::Proxy(args) => proxy::run(args),
         Command::Trace(args) => trace::run(args),
+        Command::Xds(args) => xds::run(args),
     }
 }
 

@@ -1,0 +1,74 @@
+//! What keeps the served resources current: each service's source (static, file, ZooKeeper
+//! with Dubbo's governance rules, opened as `lbkit proxy` opens it) feeds lbkit-discovery's
+//! [`Controller`] — the one control loop, with empty-push and mass-removal protection — whose
+//! every snapshot becomes the service's resources in the [`Cache`].
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use lbkit_core::{EndpointKey, Snapshot, Timestamp};
+use lbkit_discovery::{Controller, ControllerConfig, Target};
+use lbkit_proxy::config::ServiceConfig;
+use lbkit_proxy::ProxyError;
+use tokio::task::JoinHandle;
+
+use crate::cache::Cache;
+use crate::resources;
+use crate::server::Metrics;
+
+/// Start service `name`'s source and control loop, publishing into `cache`.
+///
+/// # Errors
+/// [`ProxyError::Source`] when the source cannot start.
+pub fn spawn(
+    name: &str,
+    cfg: &ServiceConfig,
+    cache: &Cache,
+    metrics: &Arc<Metrics>,
+) -> Result<JoinHandle<()>, ProxyError> {
+    let (listed, source) = lbkit_proxy::source_of(name, cfg)?;
+    let mut controller = Controller::new(ControllerConfig {
+        removal_protection: cfg.removal_protection(),
+        ..ControllerConfig::default()
+    });
+    if let Some(specs) = listed {
+        controller = controller.with_initial(specs);
+    }
+    let target = Feed {
+        name: name.to_owned(),
+        cfg: cfg.clone(),
+        cache: cache.clone(),
+        metrics: metrics.clone(),
+        skipped: 0,
+    };
+    Ok(tokio::spawn(controller.run(source, target)))
+}
+
+/// The control loop's target: one service's resources in the cache.
+struct Feed {
+    name: String,
+    cfg: ServiceConfig,
+    cache: Cache,
+    metrics: Arc<Metrics>,
+    /// Endpoints of this service left out of its last assignment.
+    skipped: i64,
+}
+
+impl Target for Feed {
+    fn publish(&mut self, snapshot: Arc<Snapshot>, _now: Timestamp) -> Vec<EndpointKey> {
+        let (served, skipped) = resources::service(&self.name, &self.cfg, &snapshot);
+        for s in &skipped {
+            tracing::warn!(service = %self.name, key = %s.key, address = %s.address,
+                "xds: endpoint left out: EDS takes IP:PORT addresses only");
+        }
+        let count = skipped.len() as i64;
+        self.metrics.skipped_endpoints.inc_by(count - self.skipped);
+        self.skipped = count;
+        if self.cache.set(&self.name, &served) {
+            tracing::info!(service = %self.name, endpoints = snapshot.len(), "xds: resources changed");
+        }
+        Vec::new()
+    }
+
+    fn ejections(&mut self, _counts: &HashMap<EndpointKey, u64>) {}
+}

@@ -1,0 +1,228 @@
+//! The Aggregated Discovery Service over gRPC (tonic): one task per stream runs a
+//! [`Session`] against the [`Cache`], and the counters `/metrics` shows.
+
+use std::pin::Pin;
+use std::sync::atomic::AtomicI64;
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
+    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
+};
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
+};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use tokio::sync::mpsc;
+use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
+use tonic::codegen::tokio_stream::Stream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::cache::{Cache, Kind, State};
+use crate::session::Session;
+
+/// Labels of the per-type counters: `type` = `lds`, `cds` or `eds`.
+type TypeLabel = Vec<(&'static str, &'static str)>;
+
+/// What the server counts (served at `/metrics`).
+#[derive(Debug)]
+pub struct Metrics {
+    /// Streams open now.
+    pub clients: Gauge,
+    /// Responses sent, by type.
+    pub pushes: Family<TypeLabel, Counter>,
+    /// NACKs received, by type.
+    pub nacks: Family<TypeLabel, Counter>,
+    /// Seconds from a change of the cache to its response being handed to a stream.
+    pub push_latency: Histogram,
+    /// Endpoints left out of their assignment (not `IP:PORT`), over every service.
+    pub skipped_endpoints: Gauge<i64, AtomicI64>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let buckets = [
+            0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+        ];
+        Metrics {
+            clients: Gauge::default(),
+            pushes: Family::default(),
+            nacks: Family::default(),
+            push_latency: Histogram::new(buckets),
+            skipped_endpoints: Gauge::default(),
+        }
+    }
+}
+
+impl Metrics {
+    /// Register every metric, prefixed `lbkit_xds_`.
+    pub fn register(&self, registry: &mut Registry) {
+        let r = registry.sub_registry_with_prefix("lbkit_xds");
+        r.register("clients", "ADS streams open", self.clients.clone());
+        r.register("pushes", "Responses sent, by type", self.pushes.clone());
+        r.register("nacks", "NACKs received, by type", self.nacks.clone());
+        r.register(
+            "push_latency_seconds",
+            "From a change of the served resources to its response being sent",
+            self.push_latency.clone(),
+        );
+        r.register(
+            "skipped_endpoints",
+            "Endpoints left out of their assignment: not IP:PORT",
+            self.skipped_endpoints.clone(),
+        );
+    }
+
+    fn label(kind: Kind) -> TypeLabel {
+        vec![("type", kind.label())]
+    }
+}
+
+/// The ADS service: every stream follows `cache`.
+#[derive(Clone, Debug)]
+pub struct Ads {
+    cache: Cache,
+    metrics: Arc<Metrics>,
+}
+
+impl Ads {
+    /// A service over `cache`, counting into `metrics`.
+    pub fn new(cache: Cache, metrics: Arc<Metrics>) -> Self {
+        Ads { cache, metrics }
+    }
+
+    /// As a tonic service, accepting requests of up to `max_request` bytes.
+    pub fn into_service(self, max_request: usize) -> AggregatedDiscoveryServiceServer<Ads> {
+        AggregatedDiscoveryServiceServer::new(self)
+            .max_decoding_message_size(max_request)
+            .max_encoding_message_size(usize::MAX)
+    }
+}
+
+type Responses = Pin<Box<dyn Stream<Item = Result<DiscoveryResponse, Status>> + Send>>;
+type DeltaResponses = Pin<Box<dyn Stream<Item = Result<DeltaDiscoveryResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl AggregatedDiscoveryService for Ads {
+    type StreamAggregatedResourcesStream = Responses;
+    type DeltaAggregatedResourcesStream = DeltaResponses;
+
+    async fn stream_aggregated_resources(
+        &self,
+        request: Request<Streaming<DiscoveryRequest>>,
+    ) -> Result<Response<Responses>, Status> {
+        let peer = request
+            .remote_addr()
+            .map_or_else(|| "-".to_owned(), |a| a.to_string());
+        let inbound = request.into_inner();
+        let (tx, rx) = mpsc::channel(16);
+        let stream = StreamTask {
+            peer,
+            states: self.cache.subscribe(),
+            clock: self.cache.clock().clone(),
+            metrics: self.metrics.clone(),
+            tx,
+        };
+        tokio::spawn(stream.run(inbound));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn delta_aggregated_resources(
+        &self,
+        _request: Request<Streaming<DeltaDiscoveryRequest>>,
+    ) -> Result<Response<DeltaResponses>, Status> {
+        Err(Status::unimplemented(
+            "lbkit xds serves state-of-the-world ADS; the incremental (delta) variant is not served",
+        ))
+    }
+}
+
+/// One stream's task.
+struct StreamTask {
+    peer: String,
+    states: tokio::sync::watch::Receiver<Arc<State>>,
+    clock: lbkit_core::Clock,
+    metrics: Arc<Metrics>,
+    tx: mpsc::Sender<Result<DiscoveryResponse, Status>>,
+}
+
+impl StreamTask {
+    async fn run(mut self, mut inbound: Streaming<DiscoveryRequest>) {
+        self.metrics.clients.inc();
+        tracing::info!(peer = %self.peer, "xds: stream opened");
+        let mut session = Session::new();
+        loop {
+            tokio::select! {
+                request = inbound.message() => match request {
+                    Ok(Some(request)) => {
+                        if !self.on_request(&mut session, &request).await {
+                            break;
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(status) => {
+                        tracing::info!(peer = %self.peer, %status, "xds: stream failed");
+                        break;
+                    }
+                },
+                changed = self.states.changed() => {
+                    if changed.is_err() {
+                        break;
+                    }
+                    let state = self.states.borrow_and_update().clone();
+                    let responses = session.on_change(&state);
+                    if !self.send_all(responses, &state, true).await {
+                        break;
+                    }
+                }
+            }
+        }
+        self.metrics.clients.dec();
+        tracing::info!(peer = %self.peer, "xds: stream closed");
+    }
+
+    /// Handle one request; false when the client is gone.
+    async fn on_request(&mut self, session: &mut Session, request: &DiscoveryRequest) -> bool {
+        let state = self.states.borrow_and_update().clone();
+        let reply = session.on_request(request, &state);
+        if let Some((kind, detail)) = &reply.nack {
+            self.metrics
+                .nacks
+                .get_or_create(&Metrics::label(*kind))
+                .inc();
+            tracing::warn!(peer = %self.peer, r#type = kind.label(), version = %request.version_info, error_detail = %detail, "xds: NACK");
+        }
+        if reply.unknown_type {
+            tracing::debug!(peer = %self.peer, type_url = %request.type_url, "xds: request for a type not served");
+        }
+        self.send_all(reply.response, &state, false).await
+    }
+
+    async fn send_all(
+        &self,
+        responses: impl IntoIterator<Item = DiscoveryResponse>,
+        state: &State,
+        pushed: bool,
+    ) -> bool {
+        for response in responses {
+            let kind = Kind::of(&response.type_url).unwrap_or(Kind::Endpoints);
+            let count = response.resources.len();
+            if self.tx.send(Ok(response)).await.is_err() {
+                return false;
+            }
+            self.metrics
+                .pushes
+                .get_or_create(&Metrics::label(kind))
+                .inc();
+            if let (true, Some(at)) = (pushed, state.changed_at) {
+                let took = self.clock.now().saturating_duration_since(at);
+                self.metrics.push_latency.observe(took.as_secs_f64());
+            }
+            tracing::debug!(peer = %self.peer, r#type = kind.label(), version = state.version, count, "xds: sent");
+        }
+        true
+    }
+}
