@@ -72,6 +72,46 @@ async fn register(zk: &str, interface: &str, addr: SocketAddr, more: &[&str], di
     proc
 }
 
+/// `lbkit xds` serving service `web` from the providers of `interface` in ZooKeeper.
+struct Xds {
+    proc: Proc,
+    ads: SocketAddr,
+    admin: SocketAddr,
+}
+
+impl Xds {
+    async fn start(zk: &str, interface: &str, dir: &Path) -> Xds {
+        let config = dir.join("xds.toml");
+        let service = format!("zookeeper = {{ zk = \"{zk}\", interface = \"{interface}\" }}");
+        let text = format!(
+            "[xds]\nbind = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n\n[service.web]\n{service}\n"
+        );
+        std::fs::write(&config, text).expect("write the config");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_lbkit"));
+        cmd.arg("xds")
+            .arg("--config")
+            .arg(&config)
+            .env("LBKIT_LOG", "info");
+        let proc = Proc::spawn("lbkit xds", cmd, &dir.join("xds.log")).expect("lbkit xds");
+        let ads = announced(&proc, "lbkit xds: ADS on").await;
+        let admin = announced(&proc, "lbkit xds: admin on").await;
+        Xds { proc, ads, admin }
+    }
+
+    /// Its `/metrics`: one client, no NACK, and at least `eds` EDS pushes.
+    async fn check_metrics(&self, eds: u64) {
+        let metrics = get(self.admin, "/metrics").await.expect("/metrics");
+        assert!(metrics.contains("lbkit_xds_clients 1"), "{metrics}");
+        assert!(!metrics.contains("lbkit_xds_nacks_total"), "{metrics}");
+        let pushed: u64 = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("lbkit_xds_pushes_total{type=\"eds\"} "))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        assert!(pushed >= eds, "an EDS push per change: {metrics}");
+    }
+}
+
 /// The address at the end of `proc`'s line containing `needle`.
 async fn announced(proc: &Proc, needle: &str) -> SocketAddr {
     let line = proc.line(needle).await.expect("an announcement");
@@ -237,20 +277,8 @@ async fn envoy_follows_zookeeper_providers_through_lbkit_xds() {
     let _r0 = register(&zk, &interface, a0, &["--zone", "eu-1"], &dir).await;
     let mut r1 = register(&zk, &interface, a1, &[], &dir).await;
 
-    let config = dir.join("xds.toml");
-    let service = format!("zookeeper = {{ zk = \"{zk}\", interface = \"{interface}\" }}");
-    let text = format!(
-        "[xds]\nbind = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n\n[service.web]\n{service}\n"
-    );
-    std::fs::write(&config, text).expect("write the config");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_lbkit"));
-    cmd.arg("xds")
-        .arg("--config")
-        .arg(&config)
-        .env("LBKIT_LOG", "info");
-    let mut xds = Proc::spawn("lbkit xds", cmd, &dir.join("xds.log")).expect("lbkit xds");
-    let ads = announced(&xds, "lbkit xds: ADS on").await;
-    let xds_admin = announced(&xds, "lbkit xds: admin on").await;
+    let mut xds = Xds::start(&zk, &interface, &dir).await;
+    let ads = xds.ads;
 
     let (admin_port, listen_port) = (free_port().expect("port"), free_port().expect("port"));
     let boot = dir.join("envoy.yaml");
@@ -332,18 +360,128 @@ async fn envoy_follows_zookeeper_providers_through_lbkit_xds() {
     );
 
     // lbkit xds counted one client, its pushes, and no NACK.
-    let metrics = get(xds_admin, "/metrics").await.expect("/metrics");
-    assert!(metrics.contains("lbkit_xds_clients 1"), "{metrics}");
-    assert!(!metrics.contains("lbkit_xds_nacks_total"), "{metrics}");
-    let eds: u64 = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("lbkit_xds_pushes_total{type=\"eds\"} "))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    assert!(eds >= 5, "an EDS push per change: {metrics}");
+    xds.check_metrics(5).await;
     drop(r2);
     envoy.stop().await;
-    xds.stop().await;
+    xds.proc.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn script(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../scripts")
+        .join(name)
+}
+
+/// A grpcio server (scripts/grpc_deadline.py) answering as `name`, once it serves.
+async fn grpc_backend(python: &str, name: &str, dir: &Path) -> (Proc, SocketAddr) {
+    let port = free_port().expect("a port");
+    let mut cmd = Command::new(python);
+    cmd.arg(script("grpc_deadline.py"))
+        .args(["server", &port.to_string(), name, "0"]);
+    let proc = Proc::spawn(name, cmd, &dir.join(format!("{name}.log"))).expect("a grpc server");
+    proc.line("serving").await.expect("the server starts");
+    (proc, SocketAddr::from(([127, 0, 0, 1], port)))
+}
+
+/// gRPC's xDS bootstrap: `lbkit xds` at `ads` as the only server.
+fn grpc_bootstrap(ads: SocketAddr) -> String {
+    format!(
+        r#"{{"xds_servers": [{{"server_uri": "{ads}", "channel_creds": [{{"type": "insecure"}}],
+  "server_features": ["xds_v3"]}}],
+ "node": {{"id": "lbkit-xds-test-grpc", "locality": {{"zone": "eu-1"}}}}}}"#
+    )
+}
+
+/// The servers that answered the client's last `n` calls (`failed` for a failed one), once
+/// it made at least `n` calls since line `from`.
+fn last_answers(client: &Proc, from: usize, n: usize) -> Option<BTreeMap<String, usize>> {
+    let lines = client.lines();
+    let calls: Vec<_> = lines
+        .get(from..)?
+        .iter()
+        .filter_map(|l| {
+            l.strip_prefix("answer ")
+                .or_else(|| l.starts_with("failed ").then_some("failed"))
+        })
+        .collect();
+    (calls.len() >= n).then(|| {
+        let mut by = BTreeMap::new();
+        for who in &calls[calls.len() - n..] {
+            *by.entry((*who).to_owned()).or_default() += 1;
+        }
+        by
+    })
+}
+
+/// Wait (at most `bound`) until the client's last 10 calls since now satisfy `holds`.
+async fn grpc_follows(
+    client: &Proc,
+    what: &str,
+    bound: Duration,
+    holds: impl Fn(&BTreeMap<String, usize>) -> bool,
+) -> Duration {
+    let from = client.lines().len();
+    within(
+        what,
+        bound,
+        || async { last_answers(client, from, 10) },
+        |by| by.as_ref().is_some_and(&holds),
+    )
+    .await
+}
+
+/// grpcio as a proxyless gRPC client (`xds:///web`, `GRPC_XDS_BOOTSTRAP`): LDS → inline
+/// route → CDS → EDS from `lbkit xds`; its calls spread over the ZooKeeper providers and
+/// follow one added, one removed and one disabled by a Dubbo override rule, each within 2 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxyless_grpc_follows_zookeeper_providers_through_lbkit_xds() {
+    let (Some(zk), Some(python)) = (lbkit_testkit::zookeeper(), lbkit_testkit::python()) else {
+        return;
+    };
+    let dir = test_dir("xds-grpc");
+    let interface = format!("org.lbkit.xds{}.Grpc", std::process::id());
+    let mut servers = Vec::new();
+    for name in ["g0", "g1", "g2"] {
+        servers.push(grpc_backend(&python, name, &dir).await);
+    }
+    let (a0, a1, a2) = (servers[0].1, servers[1].1, servers[2].1);
+    let tri = ["--protocol", "tri"];
+    let _r0 = register(&zk, &interface, a0, &tri, &dir).await;
+    let mut r1 = register(&zk, &interface, a1, &tri, &dir).await;
+    let mut xds = Xds::start(&zk, &interface, &dir).await;
+    let boot = dir.join("grpc-bootstrap.json");
+    std::fs::write(&boot, grpc_bootstrap(xds.ads)).expect("write the bootstrap");
+    let mut cmd = Command::new(&python);
+    cmd.arg(script("xds_grpc_client.py"))
+        .args(["xds:///web", "10"])
+        .env("GRPC_XDS_BOOTSTRAP", &boot);
+    let mut client = Proc::spawn("grpc client", cmd, &dir.join("client.log")).expect("client");
+
+    grpc_follows(&client, "g0 and g1 answer", procs::WAIT, |by| {
+        by.contains_key("g0") && by.contains_key("g1") && !by.contains_key("failed")
+    })
+    .await;
+    let _r2 = register(&zk, &interface, a2, &tri, &dir).await;
+    let took = grpc_follows(&client, "g2 added", FOLLOW, |by| by.contains_key("g2")).await;
+    eprintln!("added: {took:?}");
+    r1.stop().await;
+    let took = grpc_follows(&client, "g1 removed", FOLLOW, |by| {
+        !by.contains_key("g1") && !by.contains_key("failed")
+    })
+    .await;
+    eprintln!("removed: {took:?}");
+    let disable =
+        format!("override://{a2}/{interface}?category=configurators&disabled=true&dynamic=false");
+    write_rule(&zk, &interface, &disable).await;
+    let took = grpc_follows(&client, "g2 disabled", FOLLOW, |by| by.keys().eq(["g0"])).await;
+    eprintln!("disabled: {took:?}");
+    xds.check_metrics(4).await;
+    client.stop().await;
+    xds.proc.stop().await;
+    for (mut server, _) in servers {
+        server.stop().await;
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -98,6 +98,12 @@ impl Proc {
             .count()
     }
 
+    /// Every line so far.
+    #[allow(dead_code)] // tests/xds.rs reads them; the fault run does not
+    pub fn lines(&self) -> Vec<String> {
+        self.lines.borrow().clone()
+    }
+
     fn tail(&self) -> String {
         let lines = self.lines.borrow();
         lines[lines.len().saturating_sub(5)..].join(" | ")
