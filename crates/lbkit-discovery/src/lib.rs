@@ -35,6 +35,8 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 mod address;
+#[cfg(feature = "runtime")]
+pub mod cache;
 #[cfg(feature = "controller")]
 mod controller;
 pub mod dubbo;

@@ -15,6 +15,7 @@
 use std::fmt;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use futures_core::Stream;
 use lbkit_core::{EndpointSpec, Update};
@@ -186,5 +187,37 @@ mod tests {
             other => panic!("unexpected {other:?}"),
         }
         assert!(s.next().await.is_none());
+    }
+}
+
+/// Exponential pauses between reconnection attempts to a registry (ZooKeeper, an xDS control
+/// plane), from `min` doubling up to `max` (no jitter: one process holds few sessions, and the
+/// pauses are short).
+#[derive(Debug)]
+#[cfg_attr(not(feature = "runtime"), allow(dead_code))] // the registry sources use it
+pub(crate) struct Backoff {
+    next: Duration,
+    min: Duration,
+    max: Duration,
+}
+
+#[cfg_attr(not(feature = "runtime"), allow(dead_code))]
+impl Backoff {
+    pub(crate) fn between(min: Duration, max: Duration) -> Self {
+        Backoff {
+            next: min,
+            min,
+            max: max.max(min),
+        }
+    }
+
+    pub(crate) fn reset(&mut self) {
+        self.next = self.min;
+    }
+
+    pub(crate) fn next_delay(&mut self) -> Duration {
+        let d = self.next;
+        self.next = (self.next * 2).min(self.max);
+        d
     }
 }

@@ -17,7 +17,8 @@ use zookeeper_client::{
 
 use super::node::{decode, Decoded, Layout, ProviderFilter, ServicePath};
 use super::nodes::Nodes;
-use super::{cache, connect, registry_err, Backoff, ZkConfig};
+use super::{connect, registry_err, ZkConfig};
+use crate::cache;
 use crate::controller::error_chain;
 use crate::dubbo::ProviderUrl;
 use crate::error::DiscoveryError;
@@ -25,6 +26,7 @@ use crate::governance::tag::{parse_tag_rule, tag_rule_path, TagRule};
 use crate::governance::{
     parse_yaml_configurators, yaml_configurators_path, Overrides, RuleNode, RULES_METADATA,
 };
+use crate::source::Backoff;
 use crate::source::{ChannelStream, Pace, SourceItem, Status, UpdateStream, SOURCE_QUEUE};
 
 /// Longest wait for the round trip after a burst of events (`Consumer::sync`): ZooKeeper answers
@@ -194,7 +196,7 @@ impl ZkSource {
         let cache = self
             .cache
             .clone()
-            .map(|p| cache::spawn_writer(p, status.clone()));
+            .map(|p| cache::spawn_writer(p, cache_status(status.clone())));
         let one_shot = self.watch == WatchMode::OneShot;
         let rules_dir = self.path.rules_dir().filter(|_| self.governance);
         // Dubbo 3's YAML configurators: the service's, and the consumer application's.
@@ -274,7 +276,7 @@ struct Consumer {
 
 impl Consumer {
     async fn run(mut self) {
-        let mut backoff = Backoff::new(&self.source.zk);
+        let mut backoff = Backoff::between(self.source.zk.retry_min, self.source.zk.retry_max);
         let mut reported = false;
         loop {
             let connected = tokio::select! {
@@ -1152,5 +1154,19 @@ fn state_error(state: SessionState) -> ZkError {
         SessionState::Expired => ZkError::SessionExpired,
         SessionState::AuthFailed => ZkError::AuthFailed,
         _ => ZkError::ClientClosed,
+    }
+}
+
+/// How a registry cache write is counted in the source's status.
+fn cache_status(status: Arc<watch::Sender<ZkStatus>>) -> impl Fn(cache::Written) + Send + 'static {
+    move |written| match written {
+        Ok(n) => status.send_modify(|s| {
+            s.cache_writes += 1;
+            s.cached = n;
+        }),
+        Err(e) => status.send_modify(|s| {
+            s.cache_failures += 1;
+            s.last_error = Some(e.to_string());
+        }),
     }
 }

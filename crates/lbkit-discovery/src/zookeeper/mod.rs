@@ -49,15 +49,14 @@ use zookeeper_client::Client;
 use crate::address::check_address;
 use crate::error::DiscoveryError;
 
-mod cache;
 mod consumer;
 mod node;
 mod nodes;
 mod peers;
 mod provider;
 
+pub use crate::cache::{read_cache, write_cache};
 pub use crate::governance::RULES_METADATA;
-pub use cache::{read_cache, write_cache};
 pub use consumer::{WatchMode, ZkSource, ZkStatus};
 pub use node::{decode_node, Layout, Provider, ProviderFilter, ServicePath, KNOWN_PROTOCOLS};
 pub use peers::{PeersHandle, ZkPeers};
@@ -132,42 +131,14 @@ pub(crate) fn registry_err(path: &str, source: zookeeper_client::Error) -> Disco
     }
 }
 
-/// Exponential pauses between reconnection attempts (no jitter: one process holds few
-/// sessions, and the pauses are short).
-#[derive(Debug)]
-pub(crate) struct Backoff {
-    next: Duration,
-    min: Duration,
-    max: Duration,
-}
-
-impl Backoff {
-    pub(crate) fn new(zk: &ZkConfig) -> Self {
-        Backoff {
-            next: zk.retry_min,
-            min: zk.retry_min,
-            max: zk.retry_max.max(zk.retry_min),
-        }
-    }
-
-    pub(crate) fn reset(&mut self) {
-        self.next = self.min;
-    }
-
-    pub(crate) fn next_delay(&mut self) -> Duration {
-        let d = self.next;
-        self.next = (self.next * 2).min(self.max);
-        d
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn backoff_doubles_to_the_cap_and_resets() {
-        let mut b = Backoff::new(&ZkConfig::new("a:1"));
+        let zk = ZkConfig::new("a:1");
+        let mut b = crate::source::Backoff::between(zk.retry_min, zk.retry_max);
         let seen: Vec<u64> = (0..7).map(|_| b.next_delay().as_millis() as u64).collect();
         assert_eq!(seen, [100, 200, 400, 800, 1600, 2000, 2000]);
         b.reset();

@@ -14,9 +14,10 @@ use tokio::task::JoinHandle;
 use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, SessionState};
 
 use super::node::{Layout, ServicePath, JAVA_URL_ENCODE};
-use super::{connect, registry_err, Backoff, ZkConfig};
+use super::{connect, registry_err, ZkConfig};
 use crate::controller::error_chain;
 use crate::error::DiscoveryError;
+use crate::source::Backoff;
 
 /// What marks an lbkit client's consumer node (`lbkit.instance=` URL-encoded): the nodes
 /// counted, so Dubbo's own consumers of the interface (which register there too) are not.
@@ -127,7 +128,7 @@ impl ZkPeers {
         )
         .to_string();
         let task = tokio::spawn(async move {
-            let mut backoff = Backoff::new(&self.zk);
+            let mut backoff = Backoff::between(self.zk.retry_min, self.zk.retry_max);
             loop {
                 match connect(&self.zk).await {
                     Ok(client) => {

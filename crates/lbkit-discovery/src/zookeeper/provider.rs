@@ -8,9 +8,10 @@ use tokio::task::JoinHandle;
 use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, SessionInfo, SessionState};
 
 use super::node::{Layout, Provider, ServicePath};
-use super::{connect, registry_err, Backoff, ZkConfig};
+use super::{connect, registry_err, ZkConfig};
 use crate::controller::error_chain;
 use crate::error::DiscoveryError;
+use crate::source::Backoff;
 use crate::source::Status;
 
 /// How long a graceful deregistration may take: deleting the node, then waiting for the
@@ -162,7 +163,7 @@ struct Task {
 
 impl Task {
     async fn run(mut self, mut commands: mpsc::Receiver<Command>, mut stop: oneshot::Receiver<()>) {
-        let mut backoff = Backoff::new(&self.zk);
+        let mut backoff = Backoff::between(self.zk.retry_min, self.zk.retry_max);
         loop {
             let client = tokio::select! {
                 c = connect(&self.zk) => c,

@@ -1,10 +1,11 @@
 //! The registry cache (Dubbo's `dubbo-registry-*.cache`): the last known provider set of one
-//! service, saved so a consumer that starts while the registry is down still has endpoints.
+//! service, saved so a consumer that starts while the registry (ZooKeeper, an xDS control
+//! plane) is down still has endpoints.
 //!
 //! **Format**: a JSON endpoints file (an array of `{address, weight, zone, registered_at_ms,
 //! warmup_ms, healthy, metadata}` objects — see [`file`](crate::file)), so
 //! `lbkit pick --endpoints-file CACHE.json` reads it too. **One file per service**: the path
-//! is the consumer's option ([`ZkSource::with_cache`](super::ZkSource::with_cache),
+//! is the consumer's option (`ZkSource::with_cache`, `XdsSource::with_cache`,
 //! `lbkit watch --cache FILE`). **Atomic**: written to a temporary file in the same directory,
 //! flushed, then renamed over the old one, so a crash never leaves half a file.
 
@@ -17,7 +18,6 @@ use lbkit_core::{EndpointSpec, Timestamp};
 use serde::Serialize;
 use tokio::sync::watch;
 
-use super::ZkStatus;
 use crate::error::DiscoveryError;
 use crate::file::{parse, Format};
 
@@ -104,47 +104,40 @@ pub fn read_cache(path: &Path) -> Result<Option<Vec<EndpointSpec>>, DiscoveryErr
 
 /// A task that writes the latest set sent into it to `path` (bursts coalesce: only the
 /// latest set is written). It ends when the sender is dropped.
-pub(super) fn spawn_writer(
+/// What one write of the cache came to: the endpoints written, or why not.
+pub(crate) type Written = Result<usize, DiscoveryError>;
+
+/// A task that writes every set sent to the returned sender (the latest one, when sets come
+/// faster than writes), off the async threads; `written` hears how each write went. The first
+/// failure is logged, later ones only reported to `written`, until a write succeeds again.
+pub(crate) fn spawn_writer(
     path: PathBuf,
-    status: Arc<watch::Sender<ZkStatus>>,
+    written: impl Fn(Written) + Send + 'static,
 ) -> watch::Sender<Arc<Vec<EndpointSpec>>> {
     let (tx, mut rx) = watch::channel(Arc::new(Vec::new()));
     tokio::spawn(async move {
-        // Coalesces bursts: only the latest set is written. Ends with the consumer task. A
-        // failing disk is one error line per run of failures, not one per change: serving
-        // goes on from memory, and the file is written again at the next change that works.
         let mut failing = false;
         while rx.changed().await.is_ok() {
             let specs = rx.borrow_and_update().clone();
             let n = specs.len();
             let p = path.clone();
-            let written = tokio::task::spawn_blocking(move || write_cache(&p, &specs))
+            let result = tokio::task::spawn_blocking(move || write_cache(&p, &specs))
                 .await
                 .unwrap_or_else(|e| Err(cache_err(&path, format!("writer task failed: {e}"))));
-            match written {
-                Ok(()) => {
-                    if std::mem::take(&mut failing) {
-                        tracing::info!(path = %path.display(), "registry cache written again");
-                    }
-                    status.send_modify(|s| {
-                        s.cache_writes += 1;
-                        s.cached = n;
-                    });
+            match &result {
+                Ok(()) if std::mem::take(&mut failing) => {
+                    tracing::info!(path = %path.display(), "registry cache written again");
                 }
-                Err(e) => {
-                    if !std::mem::replace(&mut failing, true) {
-                        tracing::error!(
-                            error = %e,
-                            "registry cache not written; serving goes on from memory, \
-                             later failures are counted (cache_failures), not logged"
-                        );
-                    }
-                    status.send_modify(|s| {
-                        s.cache_failures += 1;
-                        s.last_error = Some(e.to_string());
-                    });
+                Err(e) if !std::mem::replace(&mut failing, true) => {
+                    tracing::error!(
+                        error = %e,
+                        "registry cache not written; serving goes on from memory, \
+                         later failures are counted (cache_failures), not logged"
+                    );
                 }
+                _ => {}
             }
+            written(result.map(|()| n));
         }
     });
     tx
