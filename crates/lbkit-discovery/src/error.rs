@@ -94,6 +94,27 @@ pub enum DiscoveryError {
         /// What went wrong.
         reason: String,
     },
+    /// An xDS control plane that cannot be reached, or whose stream failed.
+    #[cfg(feature = "xds")]
+    #[error("xds {server}: {reason}")]
+    Xds {
+        /// The control plane's address.
+        server: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// Resources an xDS control plane sent that lbkit rejected (NACKed); the last good set
+    /// stays.
+    #[cfg(feature = "xds")]
+    #[error("xds {server}: rejected {kind}: {reason}")]
+    Rejected {
+        /// The control plane's address.
+        server: String,
+        /// `clusters` or `endpoints`.
+        kind: &'static str,
+        /// The `error_detail` sent back.
+        reason: String,
+    },
     /// No ZooKeeper session could be established in time.
     #[cfg(feature = "zookeeper")]
     #[error("zookeeper {servers} unreachable")]

@@ -47,6 +47,8 @@ pub mod governance;
 pub mod source;
 pub mod stages;
 mod static_list;
+#[cfg(feature = "xds")]
+pub mod xds;
 #[cfg(feature = "zookeeper")]
 pub mod zookeeper;
 

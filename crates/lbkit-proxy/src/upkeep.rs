@@ -81,8 +81,8 @@ fn outlier_config(service: &Service) -> Option<OutlierConfig> {
     })
 }
 
-/// The endpoint source `[service.NAME]` names (its static `endpoints`, its watched `file`, or
-/// its `zookeeper` registry with Dubbo's governance rules), started; with the static list
+/// The endpoint source `[service.NAME]` names (its static `endpoints`, its watched `file`, its
+/// `zookeeper` registry with Dubbo's governance rules, or its `xds` control plane), started; with the static list
 /// parsed when there is one. The proxy and `lbkit xds` open their sources here.
 ///
 /// # Errors
@@ -104,6 +104,16 @@ pub fn source_of(
     if let Some(path) = &cfg.file {
         let (stream, _status) = FileSource::new(path.clone()).spawn().map_err(err)?;
         return Ok((None, stream));
+    }
+    if let Some(xds) = &cfg.xds {
+        let mut source = lbkit_discovery::xds::XdsSource::new(&xds.server, &xds.cluster);
+        if let Some(node) = &xds.node {
+            source = source.with_node(node);
+        }
+        if let Some(cache) = &xds.cache {
+            source = source.with_cache(cache);
+        }
+        return Ok((None, source.spawn().0));
     }
     let stream = match (&cfg.zookeeper, cfg.zk_path()) {
         (Some(zk), Ok(Some(path))) => {

@@ -30,7 +30,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryServiceServer;
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
+    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
+};
 use http_body_util::Full;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -150,8 +152,12 @@ async fn accept(listener: &TcpListener) -> Option<(tokio::net::TcpStream, Socket
     }
 }
 
-/// gRPC (HTTP/2 without TLS) on `listener`: every connection to the ADS service.
-async fn serve_ads(listener: TcpListener, service: AggregatedDiscoveryServiceServer<Ads>) {
+/// Serve an ADS implementation over gRPC (HTTP/2 without TLS) on `listener`, until the task is
+/// dropped: `lbkit xds`'s own, or a test's scripted control plane.
+pub async fn serve_ads<T: AggregatedDiscoveryService>(
+    listener: TcpListener,
+    service: AggregatedDiscoveryServiceServer<T>,
+) {
     loop {
         let Some((stream, peer)) = accept(&listener).await else {
             continue;

@@ -35,12 +35,7 @@ use envoy_types::util::pack_any;
 use lbkit_core::{EndpointIdx, Snapshot};
 use lbkit_proxy::config::{OutlierDetection as OutlierConfig, ServiceConfig};
 
-/// Type URL of a Listener.
-pub const LISTENER: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
-/// Type URL of a Cluster.
-pub const CLUSTER: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
-/// Type URL of a ClusterLoadAssignment.
-pub const ENDPOINTS: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
+pub use lbkit_discovery::xds::{CLUSTER, ENDPOINTS, LISTENER};
 
 /// How an lbkit strategy reaches Envoy and gRPC: the `lb_policy` and, when the two differ, why.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

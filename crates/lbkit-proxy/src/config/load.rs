@@ -208,12 +208,16 @@ pub fn from_toml<T: serde::de::DeserializeOwned>(
 // === impl ServiceConfig ===
 
 impl ServiceConfig {
-    /// Make the service's relative files (`file`, `zookeeper.cache`, `trace.path`) relative to
+    /// Make the service's relative files (`file`, `zookeeper.cache`, `xds.cache`, `trace.path`) relative to
     /// `dir`, the directory of the file that names them.
     pub fn anchor(&mut self, dir: &Path) {
         let cache = self.zookeeper.as_mut().and_then(|zk| zk.cache.as_mut());
+        let xds_cache = self.xds.as_mut().and_then(|x| x.cache.as_mut());
         let trace = self.trace.as_mut().map(|t| &mut t.path);
-        for file in [self.file.as_mut(), cache, trace].into_iter().flatten() {
+        for file in [self.file.as_mut(), cache, xds_cache, trace]
+            .into_iter()
+            .flatten()
+        {
             if file.is_relative() {
                 *file = dir.join(&*file);
             }
@@ -235,12 +239,20 @@ impl ServiceConfig {
             self.endpoints.is_some(),
             self.file.is_some(),
             self.zookeeper.is_some(),
+            self.xds.is_some(),
         ];
         if sources.iter().filter(|&&s| s).count() != 1 {
             return Err(err(
                 "endpoints",
-                "give exactly one of endpoints, file, zookeeper".into(),
+                "give exactly one of endpoints, file, zookeeper, xds".into(),
             ));
+        }
+        if let Some(xds) = &self.xds {
+            lbkit_discovery::check_address(&xds.server)
+                .map_err(|reason| err("xds.server", reason))?;
+            if xds.cluster.is_empty() {
+                return Err(err("xds.cluster", "empty".into()));
+            }
         }
         if let Some(list) = &self.endpoints {
             lbkit_discovery::parse_static_list(&list.join(","), "endpoints")

@@ -270,6 +270,9 @@ pub struct ServiceConfig {
     /// A ZooKeeper registry.
     #[serde(default)]
     pub zookeeper: Option<ZooKeeper>,
+    /// An xDS control plane (`xds = { server = "127.0.0.1:18000", cluster = "NAME" }`).
+    #[serde(default)]
+    pub xds: Option<XdsSourceConfig>,
     /// Strategy name. Default `round-robin`.
     #[serde(default = "default_strategy")]
     pub strategy: String,
@@ -509,6 +512,24 @@ pub struct ZooKeeper {
     /// false in the plain one.
     #[serde(default)]
     pub register: Option<bool>,
+}
+
+/// `xds = { .. }`: one cluster of an xDS control plane, over ADS (CDS, then EDS;
+/// `lbkit_discovery::xds`).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct XdsSourceConfig {
+    /// The control plane, `HOST:PORT` (plain-text gRPC).
+    pub server: String,
+    /// The cluster followed.
+    pub cluster: String,
+    /// The node id sent. Default `lbkit`.
+    #[serde(default)]
+    pub node: Option<String>,
+    /// Cache file: the last set, written after each change and served at start-up while the
+    /// control plane cannot be reached. Default none.
+    #[serde(default)]
+    pub cache: Option<PathBuf>,
 }
 
 /// `availability = { .. }`.
