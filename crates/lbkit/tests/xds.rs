@@ -81,8 +81,13 @@ struct Xds {
 
 impl Xds {
     async fn start(zk: &str, interface: &str, dir: &Path) -> Xds {
-        let config = dir.join("xds.toml");
         let service = format!("zookeeper = {{ zk = \"{zk}\", interface = \"{interface}\" }}");
+        Xds::serving(&service, dir).await
+    }
+
+    /// `lbkit xds` serving `web` from `service` (its `[service.web]` lines).
+    async fn serving(service: &str, dir: &Path) -> Xds {
+        let config = dir.join("xds.toml");
         let text = format!(
             "[xds]\nbind = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n\n[service.web]\n{service}\n"
         );
@@ -482,6 +487,60 @@ async fn proxyless_grpc_follows_zookeeper_providers_through_lbkit_xds() {
     for (mut server, _) in servers {
         server.stop().await;
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `lbkit watch --xds` lists the cluster's endpoints as `lbkit xds` serves them, and `lbkit
+/// proxy` with `xds = { server, cluster }` sends requests to them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_and_the_proxy_follow_a_cluster_of_lbkit_xds() {
+    let dir = test_dir("xds-follow");
+    let (a0, a1) = (backend("x0").await, backend("x1").await);
+    let service = format!("endpoints = [\"{a0}=30\", \"{a1}\"]");
+    let mut xds = Xds::serving(&service, &dir).await;
+    let ads = xds.ads.to_string();
+    let out = Command::new(env!("CARGO_BIN_EXE_lbkit"))
+        .args(["watch", "--once", "--xds", &ads, "--cluster", "web"])
+        .output()
+        .await
+        .expect("lbkit watch");
+    let listed = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{listed}");
+    assert!(
+        listed.starts_with(&format!("# xds {ads} cluster web: 2 providers")),
+        "{listed}"
+    );
+    assert!(
+        listed.contains(&a0.to_string()) && listed.contains(&a1.to_string()),
+        "{listed}"
+    );
+    assert!(
+        listed
+            .lines()
+            .any(|l| l.starts_with(&a0.to_string()) && l.contains(" 30 ")),
+        "{listed}"
+    );
+
+    let (listen, admin) = (free_port().expect("port"), free_port().expect("port"));
+    let config = dir.join("proxy.toml");
+    let text = format!(
+        "[admin]\nbind = \"127.0.0.1:{admin}\"\n\n[[listener]]\nbind = \"127.0.0.1:{listen}\"\n\n\
+         [[route]]\nservice = \"api\"\n\n[service.api]\nxds = {{ server = \"{ads}\", cluster = \"web\" }}\n\
+         strategy = \"round-robin\"\n"
+    );
+    std::fs::write(&config, text).expect("write the proxy config");
+    let mut proxy = procs::Proxy::start(&config, &dir)
+        .await
+        .expect("the proxy starts");
+    within(
+        "x0 and x1 answer through the proxy",
+        procs::WAIT,
+        || answers(proxy.listen, 10),
+        |by| by.get("x0") == Some(&5) && by.get("x1") == Some(&5),
+    )
+    .await;
+    proxy.proc.stop().await;
+    xds.proc.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
 

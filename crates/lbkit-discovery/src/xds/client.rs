@@ -36,6 +36,8 @@ pub(super) struct Client {
     status: Arc<watch::Sender<XdsStatus>>,
     cache: Option<watch::Sender<Arc<Vec<EndpointSpec>>>>,
     accepted: Accepted,
+    /// Whether the last stream failed (later failures are logged at debug level only).
+    failing: bool,
 }
 
 /// One open stream: where requests go.
@@ -55,6 +57,7 @@ impl Client {
             status: Arc::new(status),
             cache: None,
             accepted: Accepted::default(),
+            failing: false,
         }
     }
 
@@ -102,6 +105,9 @@ impl Client {
             }
         };
         self.status.send_modify(|s| s.connected = true);
+        if std::mem::take(&mut self.failing) {
+            tracing::info!(server = %self.source.server, "xds: stream open again");
+        }
         let mut answered = false;
         loop {
             match responses.message().await {
@@ -311,7 +317,11 @@ impl Client {
 
     /// Report a failure to the consumer (the last set stays) and in the status.
     async fn report(&mut self, error: DiscoveryError) {
-        tracing::warn!(error = %error, "xds: no stream; the last set stays");
+        if std::mem::replace(&mut self.failing, true) {
+            tracing::debug!(error = %error, "xds: no stream; the last set stays");
+        } else {
+            tracing::warn!(error = %error, "xds: no stream; the last set stays (retrying with backoff; later failures at debug level)");
+        }
         let text = error.to_string();
         self.status.send_modify(|s| s.last_error = Some(text));
         let _ = self.tx.send(Err(error)).await;

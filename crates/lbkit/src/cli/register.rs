@@ -13,6 +13,8 @@ use super::watch::{init_logging, RegistryArgs};
 #[derive(Debug, Args)]
 #[command(
     disable_version_flag = true,
+    group = clap::ArgGroup::new("needs_zk").args(["zk"]).required(true),
+    group = clap::ArgGroup::new("needs_interface").args(["interface"]).required(true),
     after_help = "Prints `registered PATH` once the node exists (and again after each \
 re-registration following a session expiry); SIGINT or SIGTERM deletes it and exits 0.\n\
 Exit status: 0 deregistered, 1 ZooKeeper unreachable within --timeout-ms, 2 bad input."

@@ -12,6 +12,7 @@ use futures_util::{FutureExt as _, StreamExt};
 use lbkit::discovery::governance::applied_rules;
 use lbkit::discovery::governance::tag::describe_tags;
 use lbkit::discovery::source::Pace;
+use lbkit::discovery::xds::XdsSource;
 use lbkit::discovery::zookeeper::{
     Layout, ProviderFilter, ServicePath, WatchMode, ZkConfig, ZkSource,
 };
@@ -26,10 +27,10 @@ use super::bad;
 pub(super) struct RegistryArgs {
     /// ZooKeeper servers: HOST:PORT[,HOST:PORT...].
     #[arg(long, value_name = "HOST:PORT")]
-    zk: String,
+    zk: Option<String>,
     /// Service: the Dubbo interface (e.g. com.acme.Greeter), or the plain-layout service name.
     #[arg(long, value_name = "NAME")]
-    interface: String,
+    interface: Option<String>,
     /// Root znode.
     #[arg(long, value_name = "NAME", default_value = "dubbo")]
     root: String,
@@ -51,14 +52,17 @@ enum LayoutArg {
 impl RegistryArgs {
     /// The connection settings and the service path; bad values are the user's to fix.
     pub(super) fn parse(&self) -> anyhow::Result<(ZkConfig, ServicePath)> {
-        let mut zk = ZkConfig::new(self.zk.trim());
+        let (Some(servers), Some(interface)) = (&self.zk, &self.interface) else {
+            return Err(bad("give --zk HOST:PORT and --interface NAME"));
+        };
+        let mut zk = ZkConfig::new(servers.trim());
         zk.validate().map_err(bad)?;
         zk.connect_timeout = self.timeout().min(zk.connect_timeout);
         let layout = match self.layout {
             LayoutArg::Dubbo => Layout::Dubbo,
             LayoutArg::Plain => Layout::Plain,
         };
-        let path = ServicePath::new(&self.root, &self.interface, layout).map_err(bad)?;
+        let path = ServicePath::new(&self.root, interface, layout).map_err(bad)?;
         Ok((zk, path))
     }
 
@@ -76,12 +80,21 @@ service's configurators, as dubbo-admin writes them) changed: one `  rule RULE s
 per rule, in the order they applied; under a tagged provider: `  tag NAME (own)` (its \
 `dubbo.tag`) or `  tag NAME (rule APPLICATION)` (the application's tag rule). A provider \
 whose tags changed is a ~ line too.\n\
-Exit status: 0 ok, 1 ZooKeeper unreachable within --timeout-ms, 2 bad input.\n\
+With --xds SERVER --cluster NAME it follows a cluster of an xDS control plane instead (no \
+rules or tags there: the control plane has applied them).\n\
+Exit status: 0 ok, 1 ZooKeeper (or the control plane) unreachable within --timeout-ms, 2 bad \
+input.\n\
 Logs (malformed nodes, outages) go to stderr; LBKIT_LOG=info|debug shows more."
 )]
 pub(crate) struct WatchArgs {
     #[command(flatten)]
     registry: RegistryArgs,
+    /// Follow a cluster of an xDS control plane instead (ADS: CDS, then EDS), HOST:PORT.
+    #[arg(long, value_name = "HOST:PORT", conflicts_with_all = ["zk", "interface", "group", "version", "protocol", "application", "no_rules"], requires = "cluster")]
+    xds: Option<String>,
+    /// The cluster followed with --xds.
+    #[arg(long, value_name = "NAME", requires = "xds")]
+    cluster: Option<String>,
     /// Print the current providers and exit.
     #[arg(long)]
     once: bool,
@@ -127,27 +140,43 @@ pub(super) fn init_logging() {
 }
 
 pub(crate) fn run(args: WatchArgs) -> anyhow::Result<()> {
-    let (zk, path) = args.registry.parse()?;
-    let filter = ProviderFilter {
-        group: args.group.clone(),
-        version: args.version.clone(),
-        protocol: args.protocol.clone(),
+    let registry = match (&args.xds, &args.cluster) {
+        (Some(server), Some(_)) => {
+            lbkit::discovery::check_address(server).map_err(|e| bad(format!("--xds: {e}")))?;
+            None
+        }
+        _ => Some(args.registry.parse()?),
     };
     init_logging();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    runtime.block_on(watch(args, zk, path, filter))
+    runtime.block_on(async move {
+        let followed = match registry {
+            Some((zk, path)) => zookeeper(&args, zk, path),
+            None => xds(&args),
+        };
+        follow(&args, followed).await
+    })
 }
 
-async fn watch(
-    args: WatchArgs,
-    zk: ZkConfig,
-    path: ServicePath,
-    filter: ProviderFilter,
-) -> anyhow::Result<()> {
-    let servers = zk.servers.clone();
+/// What `watch` follows: a source's updates, whether its last set came from the cache file,
+/// its name for headers, and the servers it reaches (for the give-up message).
+struct Followed {
+    updates: lbkit::discovery::source::UpdateStream,
+    from_cache: Box<dyn Fn() -> bool>,
+    dir: String,
+    servers: String,
+}
+
+fn zookeeper(args: &WatchArgs, zk: ZkConfig, path: ServicePath) -> Followed {
+    let filter = ProviderFilter {
+        group: args.group.clone(),
+        version: args.version.clone(),
+        protocol: args.protocol.clone(),
+    };
+    let servers = format!("zookeeper {}", zk.servers);
     let dir = path.dir();
     let mut source = ZkSource::new(zk, path)
         .with_filter(filter)
@@ -160,6 +189,40 @@ async fn watch(
         source = source.with_cache(cache);
     }
     let (updates, status) = source.spawn();
+    let from_cache = Box::new(move || status.get().from_cache);
+    Followed {
+        updates,
+        from_cache,
+        dir,
+        servers,
+    }
+}
+
+fn xds(args: &WatchArgs) -> Followed {
+    let server = args.xds.clone().unwrap_or_default();
+    let cluster = args.cluster.clone().unwrap_or_default();
+    let mut source = XdsSource::new(&server, &cluster);
+    if let Some(cache) = &args.cache {
+        source = source.with_cache(cache);
+    }
+    let (updates, status) = source.spawn();
+    let from_cache = Box::new(move || status.get().from_cache);
+    let dir = format!("xds {server} cluster {cluster}");
+    Followed {
+        updates,
+        from_cache,
+        dir,
+        servers: format!("xds {server}"),
+    }
+}
+
+async fn follow(args: &WatchArgs, followed: Followed) -> anyhow::Result<()> {
+    let Followed {
+        updates,
+        from_cache,
+        dir,
+        servers,
+    } = followed;
     let mut updates = updates.peekable();
     // Registry contents are shown as they are: no empty-push or mass-removal protection here
     // (a line says when a change is one a consumer holds back).
@@ -188,8 +251,8 @@ async fn watch(
         };
         match item {
             Some(Ok(update)) => {
-                if !printer.shown() && status.get().from_cache {
-                    eprintln!("lbkit: ZooKeeper unreachable; showing the registry cache");
+                if !printer.shown() && from_cache() {
+                    eprintln!("lbkit: {servers} unreachable; showing the registry cache");
                 }
                 // Whatever else is queued already (the registry changes faster than the
                 // terminal shows it) is one change on screen: a queue of full listings is
@@ -202,16 +265,7 @@ async fn watch(
                     batch.push(next);
                 }
                 let began = tokio::time::Instant::now();
-                if let Some(snapshot) = controller.apply_batch(batch) {
-                    let (listed, gone) = (printer.listed(), printer.print(&snapshot)?);
-                    let change = (gone, listed, snapshot.len());
-                    if let Some(note) = mass.note(change, began) {
-                        println!("{note}");
-                    }
-                } else if !printer.shown() {
-                    // The first listing equals the empty start: still show it.
-                    printer.print(&Arc::new(Snapshot::new(0, vec![])))?;
-                }
+                show(&mut controller, &mut printer, &mut mass, batch, began)?;
                 pace.done(began);
                 if args.once {
                     return Ok(());
@@ -228,6 +282,27 @@ async fn watch(
     }
 }
 
+/// Apply one batch of updates and print what changed (and a mass removal's note).
+fn show(
+    controller: &mut Controller,
+    printer: &mut Printer,
+    mass: &mut MassRemoval,
+    batch: Vec<lbkit::Update>,
+    began: tokio::time::Instant,
+) -> io::Result<()> {
+    if let Some(snapshot) = controller.apply_batch(batch) {
+        let (listed, gone) = (printer.listed(), printer.print(&snapshot)?);
+        let change = (gone, listed, snapshot.len());
+        if let Some(note) = mass.note(change, began) {
+            println!("{note}");
+        }
+    } else if !printer.shown() {
+        // The first listing equals the empty start: still show it.
+        printer.print(&Arc::new(Snapshot::new(0, vec![])))?;
+    }
+    Ok(())
+}
+
 fn unreachable(
     servers: &str,
     last: Option<DiscoveryError>,
@@ -236,7 +311,7 @@ fn unreachable(
     let gave_up = format!("gave up after {} ms (--timeout-ms)", registry.timeout_ms);
     match last {
         Some(e) => anyhow::Error::new(e).context(gave_up),
-        None => anyhow::anyhow!("zookeeper {servers} unreachable: {gave_up}"),
+        None => anyhow::anyhow!("{servers} unreachable: {gave_up}"),
     }
 }
 
