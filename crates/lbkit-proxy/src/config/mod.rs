@@ -35,10 +35,12 @@
 //! hash_key = "header:x-user"            # default none; `header:NAME`, `cookie:NAME`, `path` (without the query), `uri` (with it), `query:NAME`, `source-ip`: read as lbkit-tower reads them, so a key picks the same endpoint through both
 //!
 //! [service.api]
-//! endpoints = ["127.0.0.1:8081=100", "127.0.0.1:8082"]   # exactly one of endpoints, file, zookeeper
+//! endpoints = ["127.0.0.1:8081=100", "127.0.0.1:8082"]   # exactly one of endpoints, file, zookeeper, xds
 //! # file = "endpoints.toml"                                # an endpoint file, watched (TOML, JSON, Dubbo URLs)
 //! # zookeeper = { zk = "127.0.0.1:2181", interface = "com.acme.Api", root = "dubbo", layout = "dubbo", cache = "api.cache.json", watch = "auto", rules = true, application = "web" }
 //! #   rules: obey the override rules under /ROOT/INTERFACE/configurators (weight, disabled; default true); application: the consumer's, for rules scoped to one
+//! # xds = { server = "127.0.0.1:18000", cluster = "api", node = "lbkit", cache = "api.xds-cache.json" }
+//! #   one cluster of an xDS control plane (`lbkit xds`, Istio, ...) over ADS: CDS, then EDS; node default "lbkit", cache default none (as zookeeper's)
 //! strategy = "round-robin"              # default "round-robin"; any name of `lbkit pick --list`
 //! params = { }                          # default {}: the strategy's parameters
 //! retries = 2                           # default 2, at most 15: further attempts, each on an endpoint not tried yet (lbkit-core's attempt table decides which failures are retried)
