@@ -125,6 +125,13 @@ pub fn envoy() -> Option<String> {
     from_env("LBKIT_ENVOY", "scripts/envoy.sh")
 }
 
+/// The tests' Node.js packages (`LBKIT_NODE`, a directory whose `node_modules` holds them,
+/// exported by `eval "$(scripts/node.sh)"`, which `scripts/test.sh` runs; versions locked in
+/// `scripts/node/package-lock.json`). `None` (the test skips) when unset locally; a panic in CI.
+pub fn node() -> Option<String> {
+    from_env("LBKIT_NODE", "scripts/node.sh")
+}
+
 fn from_env(var: &str, script: &str) -> Option<String> {
     match std::env::var(var) {
         Ok(v) if !v.trim().is_empty() => Some(v.trim().to_owned()),

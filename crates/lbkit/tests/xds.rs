@@ -436,19 +436,19 @@ async fn grpc_follows(
     .await
 }
 
-/// grpcio as a proxyless gRPC client (`xds:///web`, `GRPC_XDS_BOOTSTRAP`): LDS → inline
-/// route → CDS → EDS from `lbkit xds`; its calls spread over the ZooKeeper providers and
+/// A proxyless gRPC client (`xds:///web`, `GRPC_XDS_BOOTSTRAP`): LDS → inline route → CDS →
+/// EDS from `lbkit xds`; its calls spread over the ZooKeeper providers (grpcio servers) and
 /// follow one added, one removed and one disabled by a Dubbo override rule, each within 2 s.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn proxyless_grpc_follows_zookeeper_providers_through_lbkit_xds() {
-    let (Some(zk), Some(python)) = (lbkit_testkit::zookeeper(), lbkit_testkit::python()) else {
+/// `client` is its command line, given the bootstrap file.
+async fn proxyless_follows(python: &str, name: &str, client: impl Fn(&Path) -> Command) {
+    let Some(zk) = lbkit_testkit::zookeeper() else {
         return;
     };
-    let dir = test_dir("xds-grpc");
-    let interface = format!("org.lbkit.xds{}.Grpc", std::process::id());
+    let dir = test_dir(name);
+    let interface = format!("org.lbkit.{name}{}.Grpc", std::process::id()).replace('-', "");
     let mut servers = Vec::new();
-    for name in ["g0", "g1", "g2"] {
-        servers.push(grpc_backend(&python, name, &dir).await);
+    for server in ["g0", "g1", "g2"] {
+        servers.push(grpc_backend(python, server, &dir).await);
     }
     let (a0, a1, a2) = (servers[0].1, servers[1].1, servers[2].1);
     let tri = ["--protocol", "tri"];
@@ -457,11 +457,7 @@ async fn proxyless_grpc_follows_zookeeper_providers_through_lbkit_xds() {
     let mut xds = Xds::start(&zk, &interface, &dir).await;
     let boot = dir.join("grpc-bootstrap.json");
     std::fs::write(&boot, grpc_bootstrap(xds.ads)).expect("write the bootstrap");
-    let mut cmd = Command::new(&python);
-    cmd.arg(script("xds_grpc_client.py"))
-        .args(["xds:///web", "10"])
-        .env("GRPC_XDS_BOOTSTRAP", &boot);
-    let mut client = Proc::spawn("grpc client", cmd, &dir.join("client.log")).expect("client");
+    let mut client = Proc::spawn(name, client(&boot), &dir.join("client.log")).expect("client");
 
     grpc_follows(&client, "g0 and g1 answer", procs::WAIT, |by| {
         by.contains_key("g0") && by.contains_key("g1") && !by.contains_key("failed")
@@ -469,18 +465,18 @@ async fn proxyless_grpc_follows_zookeeper_providers_through_lbkit_xds() {
     .await;
     let _r2 = register(&zk, &interface, a2, &tri, &dir).await;
     let took = grpc_follows(&client, "g2 added", FOLLOW, |by| by.contains_key("g2")).await;
-    eprintln!("added: {took:?}");
+    eprintln!("{name}: added: {took:?}");
     r1.stop().await;
     let took = grpc_follows(&client, "g1 removed", FOLLOW, |by| {
         !by.contains_key("g1") && !by.contains_key("failed")
     })
     .await;
-    eprintln!("removed: {took:?}");
+    eprintln!("{name}: removed: {took:?}");
     let disable =
         format!("override://{a2}/{interface}?category=configurators&disabled=true&dynamic=false");
     write_rule(&zk, &interface, &disable).await;
     let took = grpc_follows(&client, "g2 disabled", FOLLOW, |by| by.keys().eq(["g0"])).await;
-    eprintln!("disabled: {took:?}");
+    eprintln!("{name}: disabled: {took:?}");
     xds.check_metrics(4).await;
     client.stop().await;
     xds.proc.stop().await;
@@ -488,6 +484,39 @@ async fn proxyless_grpc_follows_zookeeper_providers_through_lbkit_xds() {
         server.stop().await;
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// grpcio (PyPI) as the proxyless client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxyless_grpcio_follows_zookeeper_providers_through_lbkit_xds() {
+    let Some(python) = lbkit_testkit::python() else {
+        return;
+    };
+    let client = |boot: &Path| {
+        let mut cmd = Command::new(lbkit_testkit::python().unwrap_or_default());
+        cmd.arg(script("xds_grpc_client.py"))
+            .args(["xds:///web", "10"])
+            .env("GRPC_XDS_BOOTSTRAP", boot);
+        cmd
+    };
+    proxyless_follows(&python, "xds-grpcio", client).await;
+}
+
+/// @grpc/grpc-js-xds (npm) as the proxyless client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxyless_grpc_js_follows_zookeeper_providers_through_lbkit_xds() {
+    let (Some(python), Some(node)) = (lbkit_testkit::python(), lbkit_testkit::node()) else {
+        return;
+    };
+    let client = |boot: &Path| {
+        let mut cmd = Command::new("node");
+        cmd.arg(script("xds_grpc_js_client.js"))
+            .args(["xds:///web", "10"])
+            .env("NODE_PATH", Path::new(&node).join("node_modules"))
+            .env("GRPC_XDS_BOOTSTRAP", boot);
+        cmd
+    };
+    proxyless_follows(&python, "xds-grpc-js", client).await;
 }
 
 /// `lbkit watch --xds` lists the cluster's endpoints as `lbkit xds` serves them, and `lbkit
