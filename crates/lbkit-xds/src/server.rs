@@ -36,6 +36,8 @@ pub struct Metrics {
     pub pushes: Family<TypeLabel, Counter>,
     /// NACKs received, by type.
     pub nacks: Family<TypeLabel, Counter>,
+    /// Bytes of resources sent, by type (what a change costs on the wire).
+    pub pushed_bytes: Family<TypeLabel, Counter>,
     /// Seconds from a change of the cache to its response being handed to a stream.
     pub push_latency: Histogram,
     /// Endpoints left out of their assignment (not `IP:PORT`), over every service.
@@ -51,6 +53,7 @@ impl Default for Metrics {
             clients: Gauge::default(),
             pushes: Family::default(),
             nacks: Family::default(),
+            pushed_bytes: Family::default(),
             push_latency: Histogram::new(buckets),
             skipped_endpoints: Gauge::default(),
         }
@@ -64,6 +67,11 @@ impl Metrics {
         r.register("clients", "ADS streams open", self.clients.clone());
         r.register("pushes", "Responses sent, by type", self.pushes.clone());
         r.register("nacks", "NACKs received, by type", self.nacks.clone());
+        r.register(
+            "pushed_bytes",
+            "Bytes of resources sent, by type",
+            self.pushed_bytes.clone(),
+        );
         r.register(
             "push_latency_seconds",
             "From a change of the served resources to its response being sent",
@@ -210,13 +218,16 @@ impl StreamTask {
         for response in responses {
             let kind = Kind::of(&response.type_url).unwrap_or(Kind::Endpoints);
             let count = response.resources.len();
+            let bytes: usize = response.resources.iter().map(|r| r.value.len()).sum();
             if self.tx.send(Ok(response)).await.is_err() {
                 return false;
             }
+            let label = Metrics::label(kind);
+            self.metrics.pushes.get_or_create(&label).inc();
             self.metrics
-                .pushes
-                .get_or_create(&Metrics::label(kind))
-                .inc();
+                .pushed_bytes
+                .get_or_create(&label)
+                .inc_by(bytes as u64);
             if let (true, Some(at)) = (pushed, state.changed_at) {
                 let took = self.clock.now().saturating_duration_since(at);
                 self.metrics.push_latency.observe(took.as_secs_f64());
