@@ -172,7 +172,10 @@ impl StreamTask {
                     }
                     Ok(None) => break,
                     Err(status) => {
+                        // Said back to the client too (a request above the size limit, a
+                        // malformed message): its stream ends with the reason.
                         tracing::info!(peer = %self.peer, %status, "xds: stream failed");
+                        let _ = self.tx.send(Err(status)).await;
                         break;
                     }
                 },

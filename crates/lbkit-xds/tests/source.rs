@@ -422,3 +422,42 @@ async fn the_source_follows_lbkit_xds() {
     assert_eq!(addresses(&set), [("10.0.0.2:80".to_owned(), 9)]);
     assert_eq!(status.get().nacks, 0);
 }
+
+/// A client of `lbkit xds` that sends a request above `[xds] max_request_bytes` loses its own
+/// stream; the server goes on serving the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_request_fails_its_own_stream_only() {
+    use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+    let dir = tempfile::tempdir().expect("a directory");
+    let text =
+        "[xds]\nbind = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\nmax_request_bytes = 65536\n\n\
+                [service.web]\nendpoints = [\"10.0.0.1:80\"]\n";
+    let config = lbkit_xds::XdsConfig::parse(text, &dir.path().join("xds.toml")).expect("config");
+    let running = lbkit_xds::start(config).await.expect("lbkit xds");
+    let uri = format!("http://{}", running.ads());
+    let mut client = AggregatedDiscoveryServiceClient::connect(uri)
+        .await
+        .expect("connect");
+    let huge = DiscoveryRequest {
+        type_url: CLUSTER.to_owned(),
+        resource_names: vec!["x".repeat(100_000)],
+        ..DiscoveryRequest::default()
+    };
+    let requests = futures_util::stream::iter([huge]).chain(futures_util::stream::pending());
+    let mut responses = client
+        .stream_aggregated_resources(requests)
+        .await
+        .expect("a stream")
+        .into_inner();
+    let ended = tokio::time::timeout(WAIT, responses.message())
+        .await
+        .expect("in time");
+    let status = ended.expect_err("the oversized request fails the stream");
+    assert_eq!(status.code(), tonic::Code::OutOfRange, "{status}");
+
+    let (mut updates, _) = XdsSource::new(running.ads().to_string(), "web").spawn();
+    assert_eq!(
+        addresses(&next_set(&mut updates).await),
+        [("10.0.0.1:80".to_owned(), 100)]
+    );
+}
