@@ -6,19 +6,21 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use lbkit_core::EndpointKey;
+use lbkit_core::{EndpointKey, Snapshot};
 use lbkit_health::active::{self, ActiveCheck, HttpProbe, TcpProbe};
 use tokio::sync::mpsc;
 
 use crate::config::{CheckKind, HealthCheck};
 use crate::service::Service;
 
-/// Probe `service`'s endpoints until the service is gone, sending `(endpoint, healthy)` on
-/// every change.
-pub(crate) async fn run(
-    service: Weak<Service>,
+/// Probe the endpoints of the snapshot `current` gives (until it gives none), as `hc` says
+/// (`h2c`: HTTP checks over HTTP/2 cleartext), sending `(endpoint, healthy)` on every change:
+/// what a service's control loop takes as health results. The proxy's services and `lbkit
+/// xds` run their `health_check` here.
+pub async fn probe(
     hc: HealthCheck,
     h2c: bool,
+    current: impl Fn() -> Option<Arc<Snapshot>> + Send + 'static,
     tx: mpsc::Sender<(EndpointKey, bool)>,
 ) {
     let check = ActiveCheck {
@@ -27,7 +29,6 @@ pub(crate) async fn run(
         rise: hc.rise,
         fall: hc.fall,
     };
-    let current = move || Some(service.upgrade()?.active().balancer.snapshot());
     match hc.kind {
         CheckKind::Tcp => active::run(TcpProbe, check, current, tx).await,
         CheckKind::Http => {
@@ -35,6 +36,17 @@ pub(crate) async fn run(
             active::run(probe, check, current, tx).await;
         }
     }
+}
+
+/// Probe `service`'s endpoints until the service is gone.
+async fn run(
+    service: Weak<Service>,
+    hc: HealthCheck,
+    h2c: bool,
+    tx: mpsc::Sender<(EndpointKey, bool)>,
+) {
+    let current = move || Some(service.upgrade()?.active().balancer.snapshot());
+    probe(hc, h2c, current, tx).await;
 }
 
 /// Start the checks of `service`, if it has any.

@@ -161,6 +161,7 @@ pub mod fuzzing {
 mod worker;
 
 pub use body::{BodyError, ClientBody, ProxyBody};
+pub use check::probe as health_checks;
 pub use config::Config;
 pub use envelope::{MAX_BUFFERED_RESPONSE, MAX_REPLAY_BODY};
 pub use error::{ConfigError, ProxyError};

@@ -125,12 +125,6 @@ impl XdsConfig {
                     "strategy parameters are not sent (Envoy's policies take their own defaults)",
                 );
             }
-            if svc.health_check.is_some() {
-                note(
-                    "health_check",
-                    "not run by lbkit xds: health comes from the source (unhealthy, draining)",
-                );
-            }
             if svc.stages != Default::default() {
                 note("stages", "subsets, aperture and locality weights are not sent; priorities and zones are (as EDS priorities and localities)");
             }

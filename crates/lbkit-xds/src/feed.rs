@@ -1,15 +1,18 @@
 //! What keeps the served resources current: each service's source (static, file, ZooKeeper
 //! with Dubbo's governance rules, opened as `lbkit proxy` opens it) feeds lbkit-discovery's
-//! [`Controller`] — the one control loop, with empty-push and mass-removal protection — whose
-//! every snapshot becomes the service's resources in the [`Cache`].
+//! [`Controller`] — the one control loop, with empty-push and mass-removal protection, and the
+//! service's active health checks when it has them — whose every snapshot becomes the
+//! service's resources in the [`Cache`].
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use arc_swap::ArcSwapOption;
 use lbkit_core::{EndpointKey, Snapshot, Timestamp};
 use lbkit_discovery::{Controller, ControllerConfig, Target};
 use lbkit_proxy::config::ServiceConfig;
 use lbkit_proxy::ProxyError;
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use crate::cache::Cache;
@@ -25,7 +28,7 @@ pub fn spawn(
     cfg: &ServiceConfig,
     cache: &Cache,
     metrics: &Arc<Metrics>,
-) -> Result<JoinHandle<()>, ProxyError> {
+) -> Result<Vec<JoinHandle<()>>, ProxyError> {
     let (listed, source) = lbkit_proxy::source_of(name, cfg)?;
     let mut controller = Controller::new(ControllerConfig {
         removal_protection: cfg.removal_protection(),
@@ -34,14 +37,29 @@ pub fn spawn(
     if let Some(specs) = listed {
         controller = controller.with_initial(specs);
     }
+    let latest = Arc::new(ArcSwapOption::<Snapshot>::empty());
+    let mut tasks = Vec::new();
+    if let Some(hc) = cfg.health_check.clone() {
+        // The service's active checks, as the proxy runs them: their results reach the
+        // assignment as UNHEALTHY endpoints.
+        let (tx, rx) = mpsc::channel(64);
+        let seen = latest.clone();
+        let current = move || seen.load_full();
+        tasks.push(tokio::spawn(lbkit_proxy::health_checks(
+            hc, cfg.h2c, current, tx,
+        )));
+        controller = controller.with_health(rx);
+    }
     let target = Feed {
         name: name.to_owned(),
         cfg: cfg.clone(),
         cache: cache.clone(),
         metrics: metrics.clone(),
         skipped: 0,
+        latest,
     };
-    Ok(tokio::spawn(controller.run(source, target)))
+    tasks.push(tokio::spawn(controller.run(source, target)));
+    Ok(tasks)
 }
 
 /// The control loop's target: one service's resources in the cache.
@@ -52,10 +70,13 @@ struct Feed {
     metrics: Arc<Metrics>,
     /// Endpoints of this service left out of its last assignment.
     skipped: i64,
+    /// The last snapshot, for the health checks.
+    latest: Arc<ArcSwapOption<Snapshot>>,
 }
 
 impl Target for Feed {
     fn publish(&mut self, snapshot: Arc<Snapshot>, _now: Timestamp) -> Vec<EndpointKey> {
+        self.latest.store(Some(snapshot.clone()));
         let (served, skipped) = resources::service(&self.name, &self.cfg, &snapshot);
         for s in &skipped {
             tracing::warn!(service = %self.name, key = %s.key, address = %s.address,

@@ -124,7 +124,7 @@ pub async fn start(config: XdsConfig) -> Result<Running, XdsError> {
     let metrics = Arc::new(Metrics::default());
     let mut tasks = Vec::new();
     for (name, svc) in &config.services {
-        tasks.push(feed::spawn(name, svc, &cache, &metrics)?);
+        tasks.extend(feed::spawn(name, svc, &cache, &metrics)?);
     }
     let service =
         Ads::new(cache.clone(), metrics.clone()).into_service(config.xds.max_request_bytes);

@@ -461,3 +461,36 @@ async fn an_oversized_request_fails_its_own_stream_only() {
         [("10.0.0.1:80".to_owned(), 100)]
     );
 }
+
+/// A service's `health_check` runs in `lbkit xds` as in the proxy: an endpoint that fails it
+/// is served as UNHEALTHY (the source reads it back as unhealthy), the others as healthy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_health_check_reaches_the_clients_as_unhealthy() {
+    let dir = tempfile::tempdir().expect("a directory");
+    let live = TcpListener::bind("127.0.0.1:0").await.expect("a port");
+    let (up, down) = (
+        live.local_addr().expect("bound"),
+        lbkit_testkit::refused_addr(),
+    );
+    let text = format!(
+        "[xds]\nbind = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n\n[service.web]\n\
+         endpoints = [\"{up}\", \"{down}\"]\n\
+         health_check = {{ kind = \"tcp\", interval_ms = 50, timeout_ms = 200, rise = 1, fall = 1 }}\n"
+    );
+    let config = lbkit_xds::XdsConfig::parse(&text, &dir.path().join("xds.toml")).expect("config");
+    let running = lbkit_xds::start(config).await.expect("lbkit xds");
+    let (mut updates, _) = XdsSource::new(running.ads().to_string(), "web").spawn();
+    loop {
+        let set = next_set(&mut updates).await;
+        let health = |addr: SocketAddr| {
+            set.iter()
+                .find(|s| s.address == addr.to_string())
+                .map(|s| s.healthy)
+        };
+        if health(down) == Some(false) {
+            assert_eq!(health(up), Some(true));
+            break;
+        }
+    }
+    drop(live);
+}
