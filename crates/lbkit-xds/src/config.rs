@@ -78,9 +78,7 @@ impl XdsConfig {
     /// # Errors
     /// A [`ConfigError`] naming the file and the field.
     pub fn load(path: &Path) -> Result<XdsConfig, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ConfigError::new(path, "-", format!("cannot read: {e}")))?;
-        XdsConfig::parse(&text, path)
+        XdsConfig::parse(&lbkit_proxy::config::read(path)?, path)
     }
 
     /// Parse and validate `text`; `path` names it in errors (and anchors relative files).

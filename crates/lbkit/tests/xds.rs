@@ -55,21 +55,10 @@ async fn backend(name: &'static str) -> SocketAddr {
 
 /// `lbkit register` of `addr` under `interface`, once registered.
 async fn register(zk: &str, interface: &str, addr: SocketAddr, more: &[&str], dir: &Path) -> Proc {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_lbkit"));
-    cmd.args([
-        "register",
-        "--zk",
-        zk,
-        "--interface",
-        interface,
-        "--address",
-    ])
-    .arg(addr.to_string())
-    .args(more);
-    let log = dir.join(format!("register-{}.log", addr.port()));
-    let proc = Proc::spawn(&format!("register {addr}"), cmd, &log).expect("lbkit register");
-    proc.line("registered ").await.expect("registered");
-    proc
+    let name = addr.port().to_string();
+    procs::register_at(zk, interface, addr, &name, more, dir)
+        .await
+        .expect("lbkit register")
 }
 
 /// `lbkit xds` serving service `web` from the providers of `interface` in ZooKeeper.

@@ -18,9 +18,7 @@ impl Config {
     /// # Errors
     /// A [`ConfigError`] naming the file and the field.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ConfigError::new(path, "-", format!("cannot read: {e}")))?;
-        Config::parse(&text, path)
+        Config::parse(&read(path)?, path)
     }
 
     /// Parse and validate `text`; `path` names it in errors (and anchors relative files).
@@ -185,6 +183,15 @@ impl Config {
     pub fn drain_timeout(&self) -> Duration {
         Duration::from_millis(self.limits.drain_timeout_ms)
     }
+}
+
+/// The text of the configuration file at `path`.
+///
+/// # Errors
+/// A [`ConfigError`] naming the file when it cannot be read.
+pub fn read(path: &Path) -> Result<String, ConfigError> {
+    std::fs::read_to_string(path)
+        .map_err(|e| ConfigError::new(path, "-", format!("cannot read: {e}")))
 }
 
 /// Deserialize a TOML file's `text` into `T`; a syntax or type error names `path` and the line.

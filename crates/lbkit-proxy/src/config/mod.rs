@@ -666,7 +666,7 @@ pub(crate) use defaults::default_route_timeout_ms;
 mod load;
 
 use defaults::*;
-pub use load::{from_toml, params_from};
+pub use load::{from_toml, params_from, read};
 
 #[cfg(test)]
 mod tests {

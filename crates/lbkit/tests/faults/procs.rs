@@ -288,6 +288,19 @@ fn zk_script(dir: &Path, cmd: &str) -> Result<String> {
 
 /// `lbkit register` for one backend: keeps its provider node until stopped.
 pub async fn register(zk: &str, interface: &str, backend: &Backend, dir: &Path) -> Result<Proc> {
+    register_at(zk, interface, backend.addr, &backend.name, &[], dir).await
+}
+
+/// `lbkit register` of `addr` (called `name` in logs) under `interface`, with `more` arguments,
+/// once its node exists; it keeps the node until stopped.
+pub async fn register_at(
+    zk: &str,
+    interface: &str,
+    addr: SocketAddr,
+    name: &str,
+    more: &[&str],
+    dir: &Path,
+) -> Result<Proc> {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_lbkit"));
     cmd.args([
         "register",
@@ -297,13 +310,10 @@ pub async fn register(zk: &str, interface: &str, backend: &Backend, dir: &Path) 
         interface,
         "--address",
     ])
-    .arg(backend.addr.to_string());
-    let name = format!("register {}", backend.name);
-    let proc = Proc::spawn(
-        &name,
-        cmd,
-        &dir.join(format!("register-{}.log", backend.name)),
-    )?;
+    .arg(addr.to_string())
+    .args(more);
+    let log = dir.join(format!("register-{name}.log"));
+    let proc = Proc::spawn(&format!("register {name}"), cmd, &log)?;
     proc.line("registered ").await?;
     Ok(proc)
 }
