@@ -1,14 +1,15 @@
 //! lbkit as an xDS control plane: every service of an `lbkit xds` file — its endpoints from
 //! a static list, a watched file or a ZooKeeper registry (Dubbo's layout with its override
-//! and tag rules applied) — served over the Aggregated Discovery Service (state of the world)
-//! to Envoy and to proxyless gRPC clients, as a Listener, a Cluster and a
+//! and tag rules applied) — served over the Aggregated Discovery Service (state of the world
+//! and incremental) to Envoy and to proxyless gRPC clients, as a Listener, a Cluster and a
 //! ClusterLoadAssignment named after the service.
 //!
 //! - [`config`]: the file (`[xds]` and the proxy's `[service.NAME]` tables) and what of it
 //!   cannot be expressed in xDS ([`XdsConfig::notes`]).
 //! - [`resources`]: one service as xDS resources.
 //! - [`cache`]: the served resources, versioned per resource.
-//! - [`session`]: one ADS stream's protocol state (subscriptions, versions, nonces, NACKs).
+//! - [`session`]: one ADS stream's protocol state (subscriptions, versions, nonces, NACKs);
+//!   [`delta`]: the same for the incremental variant.
 //! - [`server`]: the gRPC service and its metrics.
 //!
 //! ```no_run
@@ -21,6 +22,7 @@
 
 pub mod cache;
 pub mod config;
+pub mod delta;
 mod feed;
 pub mod resources;
 pub mod server;

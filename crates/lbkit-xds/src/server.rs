@@ -1,5 +1,6 @@
 //! The Aggregated Discovery Service over gRPC (tonic): one task per stream runs a
-//! [`Session`] against the [`Cache`], and the counters `/metrics` shows.
+//! [`Session`] (state of the world) or a [`DeltaSession`] (incremental) against the [`Cache`],
+//! and the counters `/metrics` shows.
 
 use std::pin::Pin;
 use std::sync::atomic::AtomicI64;
@@ -22,7 +23,8 @@ use tonic::codegen::tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::cache::{Cache, Kind, State};
-use crate::session::Session;
+use crate::delta::DeltaSession;
+use crate::session::{Reply, Session};
 
 /// Labels of the per-type counters: `type` = `lds`, `cds` or `eds`.
 type TypeLabel = Vec<(&'static str, &'static str)>;
@@ -113,6 +115,29 @@ impl Ads {
 type Responses = Pin<Box<dyn Stream<Item = Result<DiscoveryResponse, Status>> + Send>>;
 type DeltaResponses = Pin<Box<dyn Stream<Item = Result<DeltaDiscoveryResponse, Status>> + Send>>;
 
+impl Ads {
+    /// Run one stream of protocol `P` in a task of its own; its responses.
+    fn open<P: Protocol>(
+        &self,
+        request: Request<Streaming<P::Request>>,
+    ) -> Pin<Box<dyn Stream<Item = Result<P::Response, Status>> + Send>> {
+        let peer = request
+            .remote_addr()
+            .map_or_else(|| "-".to_owned(), |a| a.to_string());
+        let inbound = request.into_inner();
+        let (tx, rx) = mpsc::channel(16);
+        let stream = StreamTask::<P> {
+            peer,
+            states: self.cache.subscribe(),
+            clock: self.cache.clock().clone(),
+            metrics: self.metrics.clone(),
+            tx,
+        };
+        tokio::spawn(stream.run(inbound));
+        Box::pin(ReceiverStream::new(rx))
+    }
+}
+
 #[tonic::async_trait]
 impl AggregatedDiscoveryService for Ads {
     type StreamAggregatedResourcesStream = Responses;
@@ -122,46 +147,104 @@ impl AggregatedDiscoveryService for Ads {
         &self,
         request: Request<Streaming<DiscoveryRequest>>,
     ) -> Result<Response<Responses>, Status> {
-        let peer = request
-            .remote_addr()
-            .map_or_else(|| "-".to_owned(), |a| a.to_string());
-        let inbound = request.into_inner();
-        let (tx, rx) = mpsc::channel(16);
-        let stream = StreamTask {
-            peer,
-            states: self.cache.subscribe(),
-            clock: self.cache.clock().clone(),
-            metrics: self.metrics.clone(),
-            tx,
-        };
-        tokio::spawn(stream.run(inbound));
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        Ok(Response::new(self.open::<Session>(request)))
     }
 
     async fn delta_aggregated_resources(
         &self,
-        _request: Request<Streaming<DeltaDiscoveryRequest>>,
+        request: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<DeltaResponses>, Status> {
-        Err(Status::unimplemented(
-            "lbkit xds serves state-of-the-world ADS; the incremental (delta) variant is not served",
-        ))
+        Ok(Response::new(self.open::<DeltaSession>(request)))
+    }
+}
+
+/// A variant of the ADS protocol: state of the world ([`Session`]) or incremental
+/// ([`DeltaSession`]); one stream's state machine, and what the server needs to know of its
+/// messages.
+pub trait Protocol: Default + Send + 'static {
+    /// What clients send.
+    type Request: prost::Message + Default + Send + 'static;
+    /// What the server sends.
+    type Response: Send + 'static;
+    /// Take one request.
+    fn on_request(&mut self, request: &Self::Request, state: &State) -> Reply<Self::Response>;
+    /// Take one change of the cache.
+    fn on_change(&mut self, state: &State) -> Vec<Self::Response>;
+    /// A request's type URL and version (for logs).
+    fn describe_request(request: &Self::Request) -> (&str, &str);
+    /// A response's kind, resource count and resource bytes (for metrics and logs).
+    fn describe(response: &Self::Response) -> (Kind, usize, usize);
+}
+
+impl Protocol for Session {
+    type Request = DiscoveryRequest;
+    type Response = DiscoveryResponse;
+
+    fn on_request(&mut self, request: &DiscoveryRequest, state: &State) -> Reply {
+        Session::on_request(self, request, state)
+    }
+
+    fn on_change(&mut self, state: &State) -> Vec<DiscoveryResponse> {
+        Session::on_change(self, state)
+    }
+
+    fn describe_request(request: &DiscoveryRequest) -> (&str, &str) {
+        (&request.type_url, &request.version_info)
+    }
+
+    fn describe(r: &DiscoveryResponse) -> (Kind, usize, usize) {
+        let bytes = r.resources.iter().map(|a| a.value.len()).sum();
+        let kind = Kind::of(&r.type_url).unwrap_or(Kind::Endpoints);
+        (kind, r.resources.len(), bytes)
+    }
+}
+
+impl Protocol for DeltaSession {
+    type Request = DeltaDiscoveryRequest;
+    type Response = DeltaDiscoveryResponse;
+
+    fn on_request(
+        &mut self,
+        request: &DeltaDiscoveryRequest,
+        state: &State,
+    ) -> Reply<DeltaDiscoveryResponse> {
+        DeltaSession::on_request(self, request, state)
+    }
+
+    fn on_change(&mut self, state: &State) -> Vec<DeltaDiscoveryResponse> {
+        DeltaSession::on_change(self, state)
+    }
+
+    fn describe_request(request: &DeltaDiscoveryRequest) -> (&str, &str) {
+        (&request.type_url, "-")
+    }
+
+    fn describe(r: &DeltaDiscoveryResponse) -> (Kind, usize, usize) {
+        let bytes = r
+            .resources
+            .iter()
+            .filter_map(|x| x.resource.as_ref())
+            .map(|a| a.value.len())
+            .sum();
+        let kind = Kind::of(&r.type_url).unwrap_or(Kind::Endpoints);
+        (kind, r.resources.len() + r.removed_resources.len(), bytes)
     }
 }
 
 /// One stream's task.
-struct StreamTask {
+struct StreamTask<P: Protocol> {
     peer: String,
     states: tokio::sync::watch::Receiver<Arc<State>>,
     clock: lbkit_core::Clock,
     metrics: Arc<Metrics>,
-    tx: mpsc::Sender<Result<DiscoveryResponse, Status>>,
+    tx: mpsc::Sender<Result<P::Response, Status>>,
 }
 
-impl StreamTask {
-    async fn run(mut self, mut inbound: Streaming<DiscoveryRequest>) {
+impl<P: Protocol> StreamTask<P> {
+    async fn run(mut self, mut inbound: Streaming<P::Request>) {
         self.metrics.clients.inc();
         tracing::info!(peer = %self.peer, "xds: stream opened");
-        let mut session = Session::new();
+        let mut session = P::default();
         loop {
             tokio::select! {
                 request = inbound.message() => match request {
@@ -196,32 +279,31 @@ impl StreamTask {
     }
 
     /// Handle one request; false when the client is gone.
-    async fn on_request(&mut self, session: &mut Session, request: &DiscoveryRequest) -> bool {
+    async fn on_request(&mut self, session: &mut P, request: &P::Request) -> bool {
         let state = self.states.borrow_and_update().clone();
         let reply = session.on_request(request, &state);
+        let (type_url, version) = P::describe_request(request);
         if let Some((kind, detail)) = &reply.nack {
             self.metrics
                 .nacks
                 .get_or_create(&Metrics::label(*kind))
                 .inc();
-            tracing::warn!(peer = %self.peer, r#type = kind.label(), version = %request.version_info, error_detail = %detail, "xds: NACK");
+            tracing::warn!(peer = %self.peer, r#type = kind.label(), version, error_detail = %detail, "xds: NACK");
         }
         if reply.unknown_type {
-            tracing::debug!(peer = %self.peer, type_url = %request.type_url, "xds: request for a type not served");
+            tracing::debug!(peer = %self.peer, type_url, "xds: request for a type not served");
         }
         self.send_all(reply.response, &state, false).await
     }
 
     async fn send_all(
         &self,
-        responses: impl IntoIterator<Item = DiscoveryResponse>,
+        responses: impl IntoIterator<Item = P::Response>,
         state: &State,
         pushed: bool,
     ) -> bool {
         for response in responses {
-            let kind = Kind::of(&response.type_url).unwrap_or(Kind::Endpoints);
-            let count = response.resources.len();
-            let bytes: usize = response.resources.iter().map(|r| r.value.len()).sum();
+            let (kind, count, bytes) = P::describe(&response);
             if self.tx.send(Ok(response)).await.is_err() {
                 return false;
             }

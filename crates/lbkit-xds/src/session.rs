@@ -58,16 +58,53 @@ struct TypeState {
 }
 
 /// What a request amounted to.
-#[derive(Debug, Default)]
-pub struct Reply {
+#[derive(Debug)]
+pub struct Reply<R = DiscoveryResponse> {
     /// The response to send, if any.
-    pub response: Option<DiscoveryResponse>,
+    pub response: Option<R>,
     /// The request was a NACK: its type and `error_detail` message.
     pub nack: Option<(Kind, String)>,
     /// The request was for a type this server does not serve.
     pub unknown_type: bool,
     /// The request carried a nonce other than the latest: ignored.
     pub stale: bool,
+}
+
+impl<R> Default for Reply<R> {
+    fn default() -> Self {
+        Reply {
+            response: None,
+            nack: None,
+            unknown_type: false,
+            stale: false,
+        }
+    }
+}
+
+impl<R> Reply<R> {
+    /// A request for a type not served.
+    pub(crate) fn unknown() -> Self {
+        Reply {
+            unknown_type: true,
+            ..Reply::default()
+        }
+    }
+
+    /// A request whose nonce is not the latest.
+    pub(crate) fn stale() -> Self {
+        Reply {
+            stale: true,
+            ..Reply::default()
+        }
+    }
+}
+
+/// The NACK a request carries, if any: its type and `error_detail` message.
+pub(crate) fn nack_of(
+    kind: Kind,
+    error: Option<&envoy_types::pb::google::rpc::Status>,
+) -> Option<(Kind, String)> {
+    error.map(|status| (kind, status.message.clone()))
 }
 
 /// One stream's state.
@@ -86,23 +123,14 @@ impl Session {
     /// A request from the client.
     pub fn on_request(&mut self, request: &DiscoveryRequest, state: &State) -> Reply {
         let Some(kind) = Kind::of(&request.type_url) else {
-            return Reply {
-                unknown_type: true,
-                ..Reply::default()
-            };
+            return Reply::unknown();
         };
         let ts = &mut self.types[kind as usize];
         let nonce = &request.response_nonce;
         if !nonce.is_empty() && ts.nonce.as_ref() != Some(nonce) {
-            return Reply {
-                stale: true,
-                ..Reply::default()
-            };
+            return Reply::stale();
         }
-        let nack = request
-            .error_detail
-            .as_ref()
-            .map(|status| (kind, status.message.clone()));
+        let nack = nack_of(kind, request.error_detail.as_ref());
         let first = ts.subscription.is_none();
         let wanted = Subscription::of(kind, &request.resource_names, ts.subscription.as_ref());
         if ts.subscription.as_ref() == Some(&wanted) {
@@ -176,7 +204,7 @@ impl Session {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::cache::Cache;
     use crate::resources::{self, CLUSTER, ENDPOINTS};
@@ -191,7 +219,7 @@ mod tests {
     }
 
     /// Set service `name` to endpoints `addrs` in `cache`.
-    fn set(cache: &Cache, name: &str, addrs: &[&str]) {
+    pub(crate) fn set(cache: &Cache, name: &str, addrs: &[&str]) {
         let specs = addrs.iter().map(|a| EndpointSpec::new(*a)).collect();
         let snapshot = Snapshot::from_specs(specs, Timestamp::ZERO);
         cache.set(name, &resources::service(name, &config(), &snapshot).0);

@@ -117,13 +117,13 @@ async fn announced(proc: &Proc, needle: &str) -> SocketAddr {
 
 /// Envoy's bootstrap: only the ADS cluster (lbkit xds at `ads`) and a listener on `listen`
 /// routing everything to cluster `web`.
-fn bootstrap(ads: SocketAddr, admin: u16, listen: u16) -> String {
+fn bootstrap(ads: SocketAddr, admin: u16, listen: u16, api_type: &str) -> String {
     format!(
         r#"node: {{id: lbkit-xds-test, cluster: test}}
 admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}
 dynamic_resources:
   ads_config:
-    api_type: GRPC
+    api_type: {api_type}
     transport_api_version: V3
     grpc_services: [{{envoy_grpc: {{cluster_name: lbkit_xds}}}}]
   cds_config: {{ads: {{}}, resource_api_version: V3}}
@@ -256,13 +256,26 @@ fn form_urlencoded_byte_serialize(s: &str) -> String {
         .collect()
 }
 
+/// Envoy over state-of-the-world ADS.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoy_follows_zookeeper_providers_through_lbkit_xds() {
+    envoy_follows("GRPC").await;
+}
+
+/// Envoy over incremental (delta) ADS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_over_delta_xds_follows_zookeeper_providers_through_lbkit_xds() {
+    envoy_follows("DELTA_GRPC").await;
+}
+
+/// Envoy with `api_type` (`GRPC` or `DELTA_GRPC`) follows providers added, removed,
+/// reweighted and disabled in ZooKeeper, each within 2 s.
+async fn envoy_follows(api_type: &str) {
     let (Some(zk), Some(envoy)) = (lbkit_testkit::zookeeper(), lbkit_testkit::envoy()) else {
         return;
     };
-    let dir = test_dir("xds-envoy");
-    let interface = format!("org.lbkit.xds{}.Web", std::process::id());
+    let dir = test_dir(&format!("xds-envoy-{api_type}"));
+    let interface = format!("org.lbkit.xds{}.Web{api_type}", std::process::id()).replace('_', "");
     let (a0, a1, a2) = (
         backend("p0").await,
         backend("p1").await,
@@ -276,12 +289,13 @@ async fn envoy_follows_zookeeper_providers_through_lbkit_xds() {
 
     let (admin_port, listen_port) = (free_port().expect("port"), free_port().expect("port"));
     let boot = dir.join("envoy.yaml");
-    std::fs::write(&boot, bootstrap(ads, admin_port, listen_port)).expect("write the bootstrap");
+    std::fs::write(&boot, bootstrap(ads, admin_port, listen_port, api_type))
+        .expect("write the bootstrap");
     let mut cmd = Command::new(&envoy);
     cmd.arg("-c")
         .arg(&boot)
         .args(["--log-level", "info", "--base-id"])
-        .arg((std::process::id() % 60_000).to_string());
+        .arg((std::process::id() % 30_000 * 2 + u32::from(api_type != "GRPC")).to_string());
     let mut envoy = Proc::spawn("envoy", cmd, &dir.join("envoy.log")).expect("envoy");
     let listen = SocketAddr::from(([127, 0, 0, 1], listen_port));
     let admin = SocketAddr::from(([127, 0, 0, 1], admin_port));
@@ -307,7 +321,7 @@ async fn envoy_follows_zookeeper_providers_through_lbkit_xds() {
         |by| by.contains_key("p2"),
     )
     .await;
-    eprintln!("added: {took:?}");
+    eprintln!("{api_type}: added: {took:?}");
 
     // Removed: p1's node deleted (its registration stopped), no request reaches it.
     r1.stop().await;
@@ -318,7 +332,7 @@ async fn envoy_follows_zookeeper_providers_through_lbkit_xds() {
         |by| !by.contains_key("p1") && !by.contains_key("(failed)"),
     )
     .await;
-    eprintln!("removed: {took:?}");
+    eprintln!("{api_type}: removed: {took:?}");
 
     // Reweighted by a Dubbo override rule.
     let weight =
@@ -331,7 +345,7 @@ async fn envoy_follows_zookeeper_providers_through_lbkit_xds() {
         |lines| lines.contains(&"weight::300".to_owned()),
     )
     .await;
-    eprintln!("reweighted: {took:?}");
+    eprintln!("{api_type}: reweighted: {took:?}");
 
     // Disabled by a Dubbo override rule: draining in Envoy, and no request reaches it.
     let disable =
@@ -344,7 +358,7 @@ async fn envoy_follows_zookeeper_providers_through_lbkit_xds() {
         |by| !by.contains_key("p2") && by.contains_key("p0"),
     )
     .await;
-    eprintln!("disabled: {took:?}");
+    eprintln!("{api_type}: disabled: {took:?}");
     let flags = envoy_host(admin, a2).await;
     assert!(
         flags

@@ -1,0 +1,273 @@
+//! One incremental (delta) ADS stream's state, as a state machine without I/O: what the client
+//! subscribed to per type, the version of each resource it has, and the nonce its next ACK or
+//! NACK must carry. Every response carries only what changed: the resources whose version the
+//! client does not have, and the names of those that are gone (`removed_resources`), for every
+//! type alike — a change of one cluster sends one Cluster, not all of them.
+//!
+//! The rules are the xDS protocol's for the incremental variants:
+//! - Listener and Cluster: a first request that subscribes to nothing subscribes to everything
+//!   (the legacy wildcard); `*` subscribes to everything, unsubscribing `*` stops that.
+//! - `initial_resource_versions` (a client that reconnects) says what it already has: only
+//!   what differs is sent.
+//! - A name subscribed to that does not exist is answered in `removed_resources`, so a client
+//!   knows it does not exist instead of waiting for it.
+//! - Stale nonces and NACKs as in the state-of-the-world [`Session`](crate::session::Session).
+
+use std::collections::{BTreeSet, HashMap};
+
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource,
+};
+
+use crate::cache::{Kind, State};
+use crate::session::{nack_of, Reply};
+
+#[derive(Debug, Default)]
+struct TypeState {
+    /// Subscribed to every resource of the type.
+    wildcard: bool,
+    /// Subscribed by name.
+    names: BTreeSet<String>,
+    /// Version of each resource the client has.
+    has: HashMap<String, u64>,
+    /// The latest nonce sent.
+    nonce: Option<String>,
+    /// Whether the client has asked for this type yet.
+    started: bool,
+}
+
+impl TypeState {
+    fn covers(&self, name: &str) -> bool {
+        self.wildcard || self.names.contains(name)
+    }
+
+    /// Take the request's subscription changes; the names newly subscribed to by name.
+    fn subscribe(&mut self, kind: Kind, request: &DeltaDiscoveryRequest) -> Vec<String> {
+        if !self.started {
+            self.started = true;
+            self.wildcard = kind.whole() && request.resource_names_subscribe.is_empty();
+            for (name, version) in &request.initial_resource_versions {
+                if let Ok(v) = version.parse() {
+                    self.has.insert(name.clone(), v);
+                }
+            }
+        }
+        let mut added = Vec::new();
+        for name in &request.resource_names_subscribe {
+            if name == "*" {
+                self.wildcard = true;
+            } else if self.names.insert(name.clone()) {
+                added.push(name.clone());
+            }
+        }
+        for name in &request.resource_names_unsubscribe {
+            if name == "*" {
+                self.wildcard = false;
+            } else {
+                self.names.remove(name);
+            }
+        }
+        let (wildcard, names) = (self.wildcard, &self.names);
+        self.has.retain(|n, _| wildcard || names.contains(n));
+        added
+    }
+}
+
+/// One incremental stream's state.
+#[derive(Debug, Default)]
+pub struct DeltaSession {
+    types: [TypeState; 3],
+    nonces: u64,
+}
+
+impl DeltaSession {
+    /// A new stream: nothing subscribed, nothing sent.
+    pub fn new() -> Self {
+        DeltaSession::default()
+    }
+
+    /// A request from the client.
+    pub fn on_request(
+        &mut self,
+        request: &DeltaDiscoveryRequest,
+        state: &State,
+    ) -> Reply<DeltaDiscoveryResponse> {
+        let Some(kind) = Kind::of(&request.type_url) else {
+            return Reply::unknown();
+        };
+        let ts = &mut self.types[kind as usize];
+        let nonce = &request.response_nonce;
+        if !nonce.is_empty() && ts.nonce.as_ref() != Some(nonce) {
+            return Reply::stale();
+        }
+        let nack = nack_of(kind, request.error_detail.as_ref());
+        let first = !ts.started;
+        let added = ts.subscribe(kind, request);
+        let missing: Vec<String> = added
+            .into_iter()
+            .filter(|n| !state.resources(kind).contains_key(n))
+            .collect();
+        Reply {
+            response: self.respond(kind, state, first, missing),
+            nack,
+            ..Reply::default()
+        }
+    }
+
+    /// The cache changed: what each subscribed type must now be sent.
+    pub fn on_change(&mut self, state: &State) -> Vec<DeltaDiscoveryResponse> {
+        Kind::ALL
+            .into_iter()
+            .filter_map(|kind| self.respond(kind, state, false, Vec::new()))
+            .collect()
+    }
+
+    /// The response for `kind`: the covered resources the client does not have at their
+    /// version, and the names gone (`removed` adds names subscribed to that do not exist).
+    /// `force`: a first request, answered even when there is nothing to say.
+    fn respond(
+        &mut self,
+        kind: Kind,
+        state: &State,
+        force: bool,
+        mut removed: Vec<String>,
+    ) -> Option<DeltaDiscoveryResponse> {
+        let ts = &mut self.types[kind as usize];
+        if !ts.started {
+            return None;
+        }
+        let held = state.resources(kind);
+        let resources: Vec<Resource> = held
+            .iter()
+            .filter(|(name, e)| ts.covers(name) && ts.has.get(*name) != Some(&e.version))
+            .map(|(name, e)| Resource {
+                name: name.clone(),
+                version: e.version.to_string(),
+                resource: Some(e.resource.clone()),
+                ..Resource::default()
+            })
+            .collect();
+        let gone: Vec<String> = ts
+            .has
+            .keys()
+            .filter(|n| !held.contains_key(*n))
+            .cloned()
+            .collect();
+        for name in &gone {
+            ts.has.remove(name);
+        }
+        removed.extend(gone);
+        if resources.is_empty() && removed.is_empty() && !force {
+            return None;
+        }
+        for r in &resources {
+            ts.has.insert(r.name.clone(), held[&r.name].version);
+        }
+        self.nonces += 1;
+        let nonce = self.nonces.to_string();
+        ts.nonce = Some(nonce.clone());
+        Some(DeltaDiscoveryResponse {
+            system_version_info: state.version.to_string(),
+            resources,
+            type_url: kind.type_url().to_owned(),
+            removed_resources: removed,
+            nonce,
+            ..DeltaDiscoveryResponse::default()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::Cache;
+    use crate::resources::{CLUSTER, ENDPOINTS};
+    use crate::session::tests::set;
+    use envoy_types::pb::google::rpc::Status;
+
+    fn request(type_url: &str, subscribe: &[&str], nonce: &str) -> DeltaDiscoveryRequest {
+        DeltaDiscoveryRequest {
+            type_url: type_url.to_owned(),
+            resource_names_subscribe: subscribe.iter().map(|n| (*n).to_owned()).collect(),
+            response_nonce: nonce.to_owned(),
+            ..DeltaDiscoveryRequest::default()
+        }
+    }
+
+    fn names(r: &DeltaDiscoveryResponse) -> Vec<&str> {
+        r.resources.iter().map(|x| x.name.as_str()).collect()
+    }
+
+    #[test]
+    fn a_change_of_one_resource_sends_that_one_and_a_removal_its_name() {
+        let cache = Cache::new();
+        set(&cache, "a", &["127.0.0.1:1"]);
+        set(&cache, "b", &["127.0.0.1:2"]);
+        let mut s = DeltaSession::new();
+        let first = s.on_request(&request(CLUSTER, &[], ""), &cache.state());
+        let first = first.response.expect("the wildcard's first answer");
+        assert_eq!(names(&first), ["a", "b"]);
+        let ack = s.on_request(&request(CLUSTER, &[], &first.nonce), &cache.state());
+        assert!(ack.response.is_none() && ack.nack.is_none() && !ack.stale);
+        // A new cluster: only it (state of the world would send all three).
+        set(&cache, "c", &["127.0.0.1:3"]);
+        let pushed = s.on_change(&cache.state());
+        assert_eq!(pushed.len(), 1);
+        assert_eq!(names(&pushed[0]), ["c"]);
+        assert!(pushed[0].removed_resources.is_empty());
+        cache.remove("a");
+        let pushed = s.on_change(&cache.state());
+        assert!(pushed[0].resources.is_empty());
+        assert_eq!(pushed[0].removed_resources, ["a"]);
+    }
+
+    #[test]
+    fn endpoints_by_name_missing_ones_said_and_a_reconnection_gets_only_what_differs() {
+        let cache = Cache::new();
+        set(&cache, "a", &["127.0.0.1:1"]);
+        set(&cache, "b", &["127.0.0.1:2"]);
+        let mut s = DeltaSession::new();
+        let r = s.on_request(&request(ENDPOINTS, &["a", "zz"], ""), &cache.state());
+        let r = r.response.expect("an answer");
+        assert_eq!(names(&r), ["a"]);
+        assert_eq!(
+            r.removed_resources,
+            ["zz"],
+            "a name that does not exist is said so"
+        );
+        let a_version = r.resources[0].version.clone();
+        set(&cache, "b", &["127.0.0.1:9"]);
+        assert!(
+            s.on_change(&cache.state()).is_empty(),
+            "b is not subscribed to"
+        );
+
+        // A new stream that already has a at its version, and an old b.
+        let mut again = DeltaSession::new();
+        let mut req = request(ENDPOINTS, &["a", "b"], "");
+        req.initial_resource_versions = [
+            ("a".to_owned(), a_version),
+            ("b".to_owned(), "1".to_owned()),
+        ]
+        .into();
+        let r = again.on_request(&req, &cache.state()).response.expect("b");
+        assert_eq!(names(&r), ["b"]);
+
+        // A NACK is reported; unsubscribing stops the pushes.
+        let mut nack = request(ENDPOINTS, &[], &r.nonce);
+        nack.error_detail = Some(Status {
+            code: 3,
+            message: "no".to_owned(),
+            details: Vec::new(),
+        });
+        assert_eq!(
+            again.on_request(&nack, &cache.state()).nack,
+            Some((Kind::Endpoints, "no".to_owned()))
+        );
+        let mut off = request(ENDPOINTS, &[], &r.nonce);
+        off.resource_names_unsubscribe = vec!["b".to_owned()];
+        again.on_request(&off, &cache.state());
+        set(&cache, "b", &["127.0.0.1:10"]);
+        assert!(again.on_change(&cache.state()).is_empty());
+    }
+}
