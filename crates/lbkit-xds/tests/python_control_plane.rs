@@ -103,6 +103,29 @@ async fn next_set(updates: &mut UpdateStream) -> Vec<(String, u32, Option<String
     }
 }
 
+/// Push a Cluster with `lb_policy` 99: Python sees lbkit's NACK (its reason, version `kept`),
+/// and the source reports the rejection, never a set.
+async fn nack_kept(cp: &mut ControlPlane, updates: &mut UpdateStream, kept: &str) {
+    cp.command(r#"{"raw_cluster": "web", "lb_policy": 99}"#)
+        .await;
+    let nack = cp
+        .request(|v| v["type"] == "cds" && !v["error"].is_null())
+        .await;
+    assert_eq!(nack["error"], "cluster web: unknown lb_policy 99", "{nack}");
+    assert_eq!(nack["version"], kept, "{nack}");
+    loop {
+        let item = tokio::time::timeout(WAIT, updates.next())
+            .await
+            .expect("in time")
+            .expect("open");
+        match item {
+            Err(DiscoveryError::Rejected { .. }) => return,
+            Ok(Update::Reset(specs)) => panic!("a set after a NACK: {specs:?}"),
+            _ => {}
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_source_agrees_with_an_independent_python_control_plane() {
     let Some(python) = lbkit_testkit::python() else {
@@ -138,24 +161,7 @@ async fn the_source_agrees_with_an_independent_python_control_plane() {
 
     // A Cluster lbkit cannot use: NACKed with the reason and the version kept.
     let kept = status.get().versions.0;
-    cp.command(r#"{"raw_cluster": "web", "lb_policy": 99}"#)
-        .await;
-    let nack = cp
-        .request(|v| v["type"] == "cds" && !v["error"].is_null())
-        .await;
-    assert_eq!(nack["error"], "cluster web: unknown lb_policy 99", "{nack}");
-    assert_eq!(nack["version"], kept.as_str(), "{nack}");
-    loop {
-        let item = tokio::time::timeout(WAIT, updates.next())
-            .await
-            .expect("in time")
-            .expect("open");
-        match item {
-            Err(DiscoveryError::Rejected { .. }) => break,
-            Ok(Update::Reset(specs)) => panic!("a set after a NACK: {specs:?}"),
-            _ => {}
-        }
-    }
+    nack_kept(&mut cp, &mut updates, &kept).await;
     // And the next good push is taken.
     cp.command(r#"{"cluster": "web", "endpoints": [["10.0.0.4", 80, 3, ""]]}"#)
         .await;

@@ -229,7 +229,7 @@ async fn good_start(ends: &mut Ends, updates: &mut UpdateStream) {
 async fn expect_nack(
     ends: &mut Ends,
     updates: &mut UpdateStream,
-    (type_url, nonce, bad): (&str, &str, Any),
+    (type_url, nonce, bad): Bad,
     (accepted, reason): (&str, &str),
 ) {
     ends.send(type_url, "bad", nonce, vec![bad]);
@@ -251,39 +251,27 @@ async fn expect_nack(
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_resources_are_nacked_and_the_last_good_set_stays() {
-    let (addr, mut streams, _server) = scripted().await;
-    let (mut updates, status) = XdsSource::new(addr.to_string(), "web")
-        .with_retry(Duration::from_millis(10), Duration::from_millis(50))
-        .spawn();
-    let mut ends = streams.recv().await.expect("a stream");
-    good_start(&mut ends, &mut updates).await;
+/// A bad response: its type, nonce and resource.
+type Bad = (&'static str, &'static str, Any);
 
-    let cases = [
+/// Resources lbkit cannot use, each with the version its NACK keeps and a part of its reason.
+fn bad_resources() -> Vec<(Bad, (&'static str, &'static str))> {
+    let eds = |nonce, cla| (ENDPOINTS, nonce, cla);
+    vec![
         (
             (CLUSTER, "n3", eds_cluster("web", 99)),
             ("c1", "unknown lb_policy 99"),
         ),
         (
-            (
-                ENDPOINTS,
-                "n4",
-                assignment("other", "", &[("10.0.0.2", 80, 1)]),
-            ),
+            eds("n4", assignment("other", "", &[("10.0.0.2", 80, 1)])),
             ("e1", "unknown cluster \"other\""),
         ),
         (
-            (
-                ENDPOINTS,
-                "n5",
-                assignment("web", "", &[("10.0.0.2", 80, 0)]),
-            ),
+            eds("n5", assignment("web", "", &[("10.0.0.2", 80, 0)])),
             ("e1", "weight 0"),
         ),
         (
-            (
-                ENDPOINTS,
+            eds(
                 "n6",
                 assignment(
                     "web",
@@ -294,15 +282,21 @@ async fn bad_resources_are_nacked_and_the_last_good_set_stays() {
             ("e1", "above 4294967295"),
         ),
         (
-            (
-                ENDPOINTS,
-                "n7",
-                assignment("web", "", &[("10.0.0.2", 0, 1)]),
-            ),
+            eds("n7", assignment("web", "", &[("10.0.0.2", 0, 1)])),
             ("e1", "no port"),
         ),
-    ];
-    for (bad, expected) in cases {
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_resources_are_nacked_and_the_last_good_set_stays() {
+    let (addr, mut streams, _server) = scripted().await;
+    let (mut updates, status) = XdsSource::new(addr.to_string(), "web")
+        .with_retry(Duration::from_millis(10), Duration::from_millis(50))
+        .spawn();
+    let mut ends = streams.recv().await.expect("a stream");
+    good_start(&mut ends, &mut updates).await;
+    for (bad, expected) in bad_resources() {
         expect_nack(&mut ends, &mut updates, bad, expected).await;
     }
     let seen = status.get();
@@ -339,10 +333,8 @@ async fn bad_resources_are_nacked_and_the_last_good_set_stays() {
         "m1",
         vec![assignment("web", "", &[("10.0.0.4", 80, 7)])],
     );
-    assert_eq!(
-        addresses(&next_set(&mut updates).await),
-        [("10.0.0.4:80".to_owned(), 7)]
-    );
+    let set = addresses(&next_set(&mut updates).await);
+    assert_eq!(set, [("10.0.0.4:80".to_owned(), 7)]);
     assert!(status.get().reconnects >= 1);
 }
 

@@ -268,6 +268,29 @@ async fn envoy_over_delta_xds_follows_zookeeper_providers_through_lbkit_xds() {
     envoy_follows("DELTA_GRPC").await;
 }
 
+/// Envoy (`envoy`, its binary) bootstrapped to follow `lbkit xds` at `ads` over `api_type`:
+/// the process, its listener (routing to cluster `web`) and its admin address.
+fn start_envoy(
+    envoy: &str,
+    ads: SocketAddr,
+    api_type: &str,
+    dir: &Path,
+) -> (Proc, SocketAddr, SocketAddr) {
+    let (admin_port, listen_port) = (free_port().expect("port"), free_port().expect("port"));
+    let boot = dir.join("envoy.yaml");
+    std::fs::write(&boot, bootstrap(ads, admin_port, listen_port, api_type))
+        .expect("write the bootstrap");
+    let mut cmd = Command::new(envoy);
+    cmd.arg("-c")
+        .arg(&boot)
+        .args(["--log-level", "info", "--base-id"])
+        .arg((std::process::id() % 30_000 * 2 + u32::from(api_type != "GRPC")).to_string());
+    let proc = Proc::spawn("envoy", cmd, &dir.join("envoy.log")).expect("envoy");
+    let listen = SocketAddr::from(([127, 0, 0, 1], listen_port));
+    let admin = SocketAddr::from(([127, 0, 0, 1], admin_port));
+    (proc, listen, admin)
+}
+
 /// Envoy with `api_type` (`GRPC` or `DELTA_GRPC`) follows providers added, removed,
 /// reweighted and disabled in ZooKeeper, each within 2 s.
 async fn envoy_follows(api_type: &str) {
@@ -283,29 +306,16 @@ async fn envoy_follows(api_type: &str) {
     );
     let _r0 = register(&zk, &interface, a0, &["--zone", "eu-1"], &dir).await;
     let mut r1 = register(&zk, &interface, a1, &[], &dir).await;
-
     let mut xds = Xds::start(&zk, &interface, &dir).await;
-    let ads = xds.ads;
-
-    let (admin_port, listen_port) = (free_port().expect("port"), free_port().expect("port"));
-    let boot = dir.join("envoy.yaml");
-    std::fs::write(&boot, bootstrap(ads, admin_port, listen_port, api_type))
-        .expect("write the bootstrap");
-    let mut cmd = Command::new(&envoy);
-    cmd.arg("-c")
-        .arg(&boot)
-        .args(["--log-level", "info", "--base-id"])
-        .arg((std::process::id() % 30_000 * 2 + u32::from(api_type != "GRPC")).to_string());
-    let mut envoy = Proc::spawn("envoy", cmd, &dir.join("envoy.log")).expect("envoy");
-    let listen = SocketAddr::from(([127, 0, 0, 1], listen_port));
-    let admin = SocketAddr::from(([127, 0, 0, 1], admin_port));
+    let (mut envoy, listen, admin) = start_envoy(&envoy, xds.ads, api_type, &dir);
 
     // Both providers serve through Envoy, and p0's zone is its locality.
+    let both = |by: &BTreeMap<String, usize>| by.contains_key("p0") && by.contains_key("p1");
     within(
         "p0 and p1 answer",
         procs::WAIT,
         || answers(listen, 20),
-        |by| by.contains_key("p0") && by.contains_key("p1"),
+        both,
     )
     .await;
     assert!(envoy_host(admin, a0)
@@ -325,47 +335,11 @@ async fn envoy_follows(api_type: &str) {
 
     // Removed: p1's node deleted (its registration stopped), no request reaches it.
     r1.stop().await;
-    let took = within(
-        "p1 removed",
-        FOLLOW,
-        || answers(listen, 10),
-        |by| !by.contains_key("p1") && !by.contains_key("(failed)"),
-    )
-    .await;
+    let gone =
+        |by: &BTreeMap<String, usize>| !by.contains_key("p1") && !by.contains_key("(failed)");
+    let took = within("p1 removed", FOLLOW, || answers(listen, 10), gone).await;
     eprintln!("{api_type}: removed: {took:?}");
-
-    // Reweighted by a Dubbo override rule.
-    let weight =
-        format!("override://{a0}/{interface}?category=configurators&dynamic=false&weight=300");
-    write_rule(&zk, &interface, &weight).await;
-    let took = within(
-        "p0 at weight 300",
-        FOLLOW,
-        || envoy_host(admin, a0),
-        |lines| lines.contains(&"weight::300".to_owned()),
-    )
-    .await;
-    eprintln!("{api_type}: reweighted: {took:?}");
-
-    // Disabled by a Dubbo override rule: draining in Envoy, and no request reaches it.
-    let disable =
-        format!("override://{a2}/{interface}?category=configurators&disabled=true&dynamic=false");
-    write_rule(&zk, &interface, &disable).await;
-    let took = within(
-        "p2 disabled",
-        FOLLOW,
-        || answers(listen, 10),
-        |by| !by.contains_key("p2") && by.contains_key("p0"),
-    )
-    .await;
-    eprintln!("{api_type}: disabled: {took:?}");
-    let flags = envoy_host(admin, a2).await;
-    assert!(
-        flags
-            .iter()
-            .any(|l| l.starts_with("health_flags::") && l.contains("draining")),
-        "{flags:?}"
-    );
+    follows_rules(&zk, &interface, (listen, admin), (a0, a2), api_type).await;
 
     // lbkit xds counted one client, its pushes, and no NACK.
     xds.check_metrics(5).await;
@@ -373,6 +347,35 @@ async fn envoy_follows(api_type: &str) {
     envoy.stop().await;
     xds.proc.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Dubbo override rules reach Envoy within 2 s: `a0` reweighted to 300 (in `/clusters`), `a2`
+/// disabled (draining, and no request reaches it).
+async fn follows_rules(
+    zk: &str,
+    interface: &str,
+    (listen, admin): (SocketAddr, SocketAddr),
+    (a0, a2): (SocketAddr, SocketAddr),
+    api_type: &str,
+) {
+    let weight =
+        format!("override://{a0}/{interface}?category=configurators&dynamic=false&weight=300");
+    write_rule(zk, interface, &weight).await;
+    let at_300 = |lines: &Vec<String>| lines.contains(&"weight::300".to_owned());
+    let took = within("p0 at weight 300", FOLLOW, || envoy_host(admin, a0), at_300).await;
+    eprintln!("{api_type}: reweighted: {took:?}");
+
+    let disable =
+        format!("override://{a2}/{interface}?category=configurators&disabled=true&dynamic=false");
+    write_rule(zk, interface, &disable).await;
+    let off = |by: &BTreeMap<String, usize>| !by.contains_key("p2") && by.contains_key("p0");
+    let took = within("p2 disabled", FOLLOW, || answers(listen, 10), off).await;
+    eprintln!("{api_type}: disabled: {took:?}");
+    let flags = envoy_host(admin, a2).await;
+    let draining = flags
+        .iter()
+        .any(|l| l.starts_with("health_flags::") && l.contains("draining"));
+    assert!(draining, "{flags:?}");
 }
 
 fn script(name: &str) -> PathBuf {

@@ -254,16 +254,7 @@ async fn follow(args: &WatchArgs, followed: Followed) -> anyhow::Result<()> {
                 if !printer.shown() && from_cache() {
                     eprintln!("lbkit: {servers} unreachable; showing the registry cache");
                 }
-                // Whatever else is queued already (the registry changes faster than the
-                // terminal shows it) is one change on screen: a queue of full listings is
-                // compared and printed once, not once each, so the lag cannot build up.
-                let mut batch = vec![update];
-                while let Some(Some(Ok(next))) = std::pin::Pin::new(&mut updates)
-                    .next_if(Result::is_ok)
-                    .now_or_never()
-                {
-                    batch.push(next);
-                }
+                let batch = with_queued(update, &mut updates);
                 let began = tokio::time::Instant::now();
                 show(&mut controller, &mut printer, &mut mass, batch, began)?;
                 pace.done(began);
@@ -280,6 +271,23 @@ async fn follow(args: &WatchArgs, followed: Followed) -> anyhow::Result<()> {
             None => anyhow::bail!("the registry watch ended"),
         }
     }
+}
+
+/// `first` and whatever else is queued already behind it: the registry changes faster than the
+/// terminal shows it, so a queue of full listings is compared and printed once, not once each,
+/// and the lag cannot build up.
+fn with_queued(
+    first: lbkit::Update,
+    updates: &mut futures_util::stream::Peekable<lbkit::discovery::source::UpdateStream>,
+) -> Vec<lbkit::Update> {
+    let mut batch = vec![first];
+    while let Some(Some(Ok(next))) = std::pin::Pin::new(&mut *updates)
+        .next_if(Result::is_ok)
+        .now_or_never()
+    {
+        batch.push(next);
+    }
+    batch
 }
 
 /// Apply one batch of updates and print what changed (and a mass removal's note).
