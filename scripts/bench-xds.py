@@ -1,18 +1,20 @@
 #!/usr/bin/env python3
 """How fast and how cheaply `lbkit xds` pushes changes to its clients.
 
-    eval "$(scripts/zookeeper.sh start)" "$(scripts/python.sh)" "$(scripts/envoy.sh)"
+    eval "$(scripts/zookeeper.sh start)"; eval "$(scripts/python.sh)"; eval "$(scripts/envoy.sh)"
     $LBKIT_PYTHON scripts/bench-xds.py latency [--rounds 100] [--grpc-rounds 30] [--out F.json]
     $LBKIT_PYTHON scripts/bench-xds.py scale [--rounds 20] [--envoys 50] [--out F.json]
 
 Reads LBKIT_ZK (latency), LBKIT_ENVOY and `--lbkit PATH` (default target/release/lbkit; build
 it with `cargo build --release -p lbkit`). Starts and stops everything it needs but ZooKeeper;
-its children are stopped on exit, on failure and on SIGINT/SIGTERM too. Scratch files (configs,
-bootstraps, logs) go to target/bench-xds/MODE-PID/. A summary goes to stderr, the figures as
-JSON to stdout (or --out).
+its children are stopped on exit, on failure and on SIGINT/SIGTERM/SIGHUP too. Scratch files
+(configs, bootstraps, logs) go to target/bench-xds/MODE-PID/. A summary goes to stderr, the
+figures as JSON to stdout (or --out). lbkit xds runs with LBKIT_LOG=info: its "resources
+changed" lines (wall-clock stamped as a service's new resources enter its cache) split each
+latency into "until lbkit's cache changed" and the rest.
 
 latency  Push latency of one ZooKeeper change, end to end. One `lbkit xds` serves service `web`
-         from ZooKeeper (a fresh Dubbo interface per run, strategy weighted-round-robin, so
+         from ZooKeeper (a fresh Dubbo interface per run; strategy weighted-round-robin, so
          Envoy and gRPC use ROUND_ROBIN); two providers g0, g1 (grpcio servers,
          scripts/grpc_deadline.py) are always there. Provider nodes are ephemeral znodes written
          with kazoo, as Dubbo writes them (the URL-encoded provider URL under
@@ -26,28 +28,37 @@ latency  Push latency of one ZooKeeper change, end to end. One `lbkit xds` serve
            each call was answered and by which server. --grpc-rounds rounds alternate adding a
            provider whose server is already up (a new server for every add; t1 = the first call
            it answers, so this includes connecting to it) and removing it again (t1 = the last
-           call it answers; a removal is taken as done when 0.5 s and 300 calls pass without it).
+           call it answers, a lower bound: the removed server had every 3rd call, so the JSON's
+           remove_resolution_ms is how much later its next turn would have come; a removal is
+           taken as done when 0.5 s and 300 calls pass without it).
          Add and remove are reported apart: median, p99 and max in ms. Also lbkit xds's own
          lbkit_xds_push_latency_seconds (from a cache change to the response being handed to a
          stream: the server's share of the above), pushes and NACKs from its /metrics.
 scale    The cost of serving many services to many clients. One `lbkit xds` serves --services
          (100) services of --endpoints (1000) endpoints each, every one from its own watched
-         JSON file (addresses 10.S.x.y:80 that nothing serves), to --envoys (50) Envoys
-         (--concurrency 1), started in batches of --batch; each batch must hold every cluster
-         with every host (`/stats?filter=membership_total`) before the next starts. Envoys are
-         only added while MemAvailable stays above --reserve-mb after them (estimated from the
-         first Envoy's RSS), and while the ramp takes less than --ramp-limit seconds: the JSON
-         says how many ran (`envoys_run`) and why fewer (`envoys_short_reason`).
-         Measured: lbkit xds's RSS (VmRSS) before any Envoy and once all are synced; the bytes
-         of the initial pushes (lbkit_xds_pushed_bytes_total by type, all and per Envoy); then
-         --rounds changes of ONE endpoint of one service (its file rewritten, a temporary file
-         renamed over it; the service varies by round): the time from the rename to every Envoy
-         showing it (its cluster.svcK.membership_change counter moved, polled on each Envoy not
-         yet updated, in sweeps), lbkit xds's CPU seconds (utime + stime) and bytes pushed per
-         change by type, next to the size of one service's assignment times the number of
-         Envoys (what an O(change) push costs) and to the full initial push.
+         JSON file (addresses 10.S.x.y:80 that nothing serves; one shared directory, or one
+         directory each with --dir-per-service), to --envoys (50) Envoys (--concurrency 1),
+         started in batches of --batch; each batch must hold every cluster with every host
+         (`/stats?usedonly&filter=...membership_total`) before the next starts. Envoys are only
+         added while MemAvailable stays above --reserve-mb after them (estimated from the first
+         Envoy's RSS) and while the ramp-up is under --ramp-limit seconds: the JSON says how
+         many ran (`envoys_run`) and why fewer (`envoys_short_reason`).
+         Measured: lbkit xds's RSS (VmRSS) before any Envoy, once all are synced and after the
+         changes; the bytes of the initial pushes (lbkit_xds_pushed_bytes_total by type, all
+         and per Envoy); then --rounds changes of ONE endpoint of one service (its file
+         rewritten, a temporary file renamed over it; the service varies by round): per round
+         the time from the rename to lbkit's cache change (its log), to the median Envoy and to
+         the last Envoy having applied it (each Envoy's cluster.svcK.update_time, the epoch ms
+         at which it applied that cluster's assignment: exact to the ms however late it is
+         read, so the Envoys are read only from 0.3 s after the change and no polling competes
+         for the CPU); membership_change is checked to have moved on every Envoy. Per change:
+         lbkit xds's CPU seconds (utime + stime of /proc/PID/stat, and over its idle rate), the
+         Envoys' CPU together, and lbkit_xds_pushed_bytes_total / pushes_total by type, next
+         to one service's assignment times the number of Envoys (what an O(change) push costs)
+         and the full initial push.
 """
 import argparse
+import datetime
 import http.client
 import json
 import os
@@ -78,12 +89,13 @@ class Procs:
     def __init__(self):
         self.children = []
 
-    def spawn(self, name, argv, log_path, env=None, stdout=None):
+    def spawn(self, name, argv, log_path, env=None):
+        """Start argv in its own session, stdout and stderr to log_path."""
         logf = open(log_path, "wb")
         p = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
-            stdout=stdout if stdout is not None else logf,
+            stdout=logf,
             stderr=logf,
             env=env,
             start_new_session=True,
@@ -162,7 +174,8 @@ class Admin:
         for attempt in (0, 1):
             try:
                 if self.conn is None:
-                    self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=self.timeout)
+                    self.conn = http.client.HTTPConnection("127.0.0.1", self.port,
+                                                           timeout=self.timeout)
                 self.conn.request("GET", path)
                 r = self.conn.getresponse()
                 body = r.read().decode(errors="replace")
@@ -244,12 +257,13 @@ def fmt(stat):
 # === lbkit xds and Envoy ===
 
 
-def start_xds(procs, lbkit, config_text, workdir):
-    """Start `lbkit xds --config`; returns (process, ADS port, admin port)."""
+def start_xds(procs, lbkit, config_text, workdir, log_level="warn"):
+    """Start `lbkit xds --config` (LBKIT_LOG=log_level); returns (process, ADS port, admin
+    port). Its log is workdir/xds.log."""
     cfg = workdir / "xds.toml"
     cfg.write_text(config_text)
     logp = workdir / "xds.log"
-    env = dict(os.environ, RUST_LOG=os.environ.get("RUST_LOG", "warn"))
+    env = dict(os.environ, LBKIT_LOG=log_level)
     p = procs.spawn("lbkit xds", [str(lbkit), "xds", "--config", str(cfg)], logp, env=env)
     ads = wait_file_text(logp, r"lbkit xds: ADS on [\d.]+:(\d+)", p, 60)
     admin = wait_file_text(logp, r"lbkit xds: admin on [\d.]+:(\d+)", p, 10)
@@ -264,7 +278,10 @@ ENVOY_BOOTSTRAP = """\
 node: {{id: bench-envoy-{n}, cluster: bench}}
 admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: 0}}}}}}
 dynamic_resources:
-  ads_config: {{api_type: GRPC, transport_api_version: V3, grpc_services: [{{envoy_grpc: {{cluster_name: lbkit_xds}}}}]}}
+  ads_config:
+    api_type: GRPC
+    transport_api_version: V3
+    grpc_services: [{{envoy_grpc: {{cluster_name: lbkit_xds}}}}]
   cds_config: {{ads: {{}}, resource_api_version: V3}}
 static_resources:
   clusters:
@@ -277,7 +294,9 @@ static_resources:
         explicit_http_config: {{http2_protocol_options: {{}}}}
     load_assignment:
       cluster_name: lbkit_xds
-      endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {ads}}}}}}}}}]}}]
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {ads}}}}}}}
 """
 
 
@@ -375,30 +394,29 @@ def envoy_has(admin, addr):
 
 
 def envoy_rounds(zk, iface, admin, rounds):
-    """Alternate adding and removing one provider node; ms until /clusters shows each."""
+    """Alternate adding and removing one provider node: per round its kind, the ms until
+    /clusters shows it (None: not within 10 s) and t0 as epoch ms."""
     addr = f"127.0.0.1:{free_port()}"  # nothing listens there
     node = provider_path(iface, addr, "dubbo")
-    times = {"add": [], "remove": []}
-    timeouts = 0
+    rows = []
     for r in range(rounds):
         adding = r % 2 == 0
         if adding:
             zk.create(node, b"", ephemeral=True, makepath=True)
         else:
             zk.delete(node)
-        t0 = time.monotonic()
-        deadline = t0 + 10
-        while envoy_has(admin, addr) != adding:
-            if time.monotonic() > deadline:
-                timeouts += 1
+        t0, t0_epoch_ms = time.monotonic(), time.time() * 1000
+        took = None
+        while time.monotonic() - t0 < 10:
+            if envoy_has(admin, addr) == adding:
+                took = (time.monotonic() - t0) * 1000
                 break
             time.sleep(0.001)
-        else:
-            times["add" if adding else "remove"].append((time.monotonic() - t0) * 1000)
+        rows.append({"kind": "add" if adding else "remove", "ms": took, "t0_epoch_ms": t0_epoch_ms})
         time.sleep(0.05)
     if zk.exists(node):
         zk.delete(node)
-    return times, timeouts
+    return rows
 
 
 # === latency: proxyless gRPC ===
@@ -439,26 +457,26 @@ class Caller:
 
 
 def grpc_add(caller, zk, node, name, timeout=10):
-    """Create `node`; ms until `name` first answers, or None."""
+    """Create `node`; ms until `name` first answers (or None), and t0 as epoch ms."""
     start = len(caller.records)
     zk.create(node, b"", ephemeral=True, makepath=True)
-    t0 = time.monotonic()
+    t0, t0_epoch_ms = time.monotonic(), time.time() * 1000
     deadline = t0 + timeout
     while time.monotonic() < deadline:
         recs = caller.records
         for t, who in recs[start:]:
             if who == name:
-                return (t - t0) * 1000
+                return (t - t0) * 1000, t0_epoch_ms
         start = len(recs)
         time.sleep(0.005)
-    return None
+    return None, t0_epoch_ms
 
 
 def grpc_remove(caller, zk, node, name, timeout=10, quiet_s=0.5, quiet_calls=300):
     """Delete `node`; ms until the last call `name` answers (once quiet_s and quiet_calls
-    pass without it), or None."""
+    pass without it) or None, and t0 as epoch ms."""
     zk.delete(node)
-    t0 = time.monotonic()
+    t0, t0_epoch_ms = time.monotonic(), time.time() * 1000
     deadline = t0 + timeout
     last, scanned = None, len(caller.records)
     while time.monotonic() < deadline:
@@ -470,25 +488,36 @@ def grpc_remove(caller, zk, node, name, timeout=10, quiet_s=0.5, quiet_calls=300
         if last is None:
             last = (scanned - 1, t0)  # not answered since t0: already gone
         if scanned - last[0] > quiet_calls and time.monotonic() - last[1] > quiet_s:
-            return (last[1] - t0) * 1000
+            return (last[1] - t0) * 1000, t0_epoch_ms
         time.sleep(0.01)
-    return None
+    return None, t0_epoch_ms
 
 
 def grpc_rounds(caller, zk, iface, extra, rounds):
-    """Alternate adding a new server's node and removing it again: ms per kind."""
-    times = {"add": [], "remove": []}
-    timeouts = 0
+    """Alternate adding a new server's node and removing it again: rows as envoy_rounds'."""
+    rows = []
     for r in range(rounds):
         name = f"x{r // 2}"
         node = provider_path(iface, f"127.0.0.1:{extra[name]}", "tri")
-        took = grpc_add(caller, zk, node, name) if r % 2 == 0 else grpc_remove(caller, zk, node, name)
-        if took is None:
-            timeouts += 1
-        else:
-            times["add" if r % 2 == 0 else "remove"].append(took)
+        step = grpc_add if r % 2 == 0 else grpc_remove
+        took, t0_epoch_ms = step(caller, zk, node, name)
+        rows.append({"kind": "add" if r % 2 == 0 else "remove", "ms": took,
+                     "t0_epoch_ms": t0_epoch_ms})
         time.sleep(0.2)
-    return times, timeouts
+    return rows
+
+
+def round_summary(rows, log_path, service):
+    """add and remove apart: the measured ms, and ms from t0 to lbkit's cache change (its
+    "resources changed" log line: ZooKeeper's watch, lbkit's read of the providers and the
+    new resources), with the timeouts."""
+    delays = cache_delays(log_path, [(r["t0_epoch_ms"], service) for r in rows])
+    out = {"timeouts": sum(r["ms"] is None for r in rows)}
+    for kind in ("add", "remove"):
+        out[kind] = summary([r["ms"] for r in rows if r["kind"] == kind and r["ms"] is not None])
+        out[f"{kind}_to_cache_change"] = summary(
+            [d for r, d in zip(rows, delays) if r["kind"] == kind and d is not None])
+    return out
 
 
 # === latency: the run ===
@@ -503,7 +532,8 @@ def latency_setup(procs, args, workdir, zk, iface):
     for g in ("g0", "g1"):
         zk.create(provider_path(iface, f"127.0.0.1:{ports[g]}", "tri"), b"", ephemeral=True,
                   makepath=True)
-    xds, ads, admin_port = start_xds(procs, args.lbkit, latency_config(args.zk, iface), workdir)
+    xds, ads, admin_port = start_xds(procs, args.lbkit, latency_config(args.zk, iface), workdir,
+                                     "info")
     envoy, addr_file = spawn_envoy(procs, args.envoy, 0, ads, workdir)
     eadmin = envoy_admin(envoy, addr_file)
     wait_until("Envoy lists g0 and g1", lambda: all(
@@ -518,12 +548,15 @@ def latency_setup(procs, args, workdir, zk, iface):
 
 
 def run_latency(procs, args, workdir):
+    # The caller thread and the round loop share the GIL: hand it over every 0.2 ms, not 5,
+    # so that neither's timestamps wait for the other.
+    sys.setswitchinterval(0.0002)
     iface = f"org.lbkit.bench.Xds{os.getpid()}t{int(time.time())}"
     zk = zk_client(args.zk)
     try:
         h = latency_setup(procs, args, workdir, zk, iface)
         log(f"envoy: {args.rounds} rounds")
-        e_times, e_timeouts = envoy_rounds(zk, iface, h["envoy"], args.rounds)
+        e_rows = envoy_rounds(zk, iface, h["envoy"], args.rounds)
         m_envoy = xds_counters(xds_metrics(h["xds_admin"]))
         caller = Caller(h["boot"])
         try:
@@ -531,7 +564,7 @@ def run_latency(procs, args, workdir):
                        lambda: caller.recent(50) == {"g0", "g1"}, 30)
             log(f"grpc: {args.grpc_rounds} rounds")
             c0, t_start = len(caller.records), time.monotonic()
-            g_times, g_timeouts = grpc_rounds(caller, zk, iface, h["ports"], args.grpc_rounds)
+            g_rows = grpc_rounds(caller, zk, iface, h["ports"], args.grpc_rounds)
             rate = (len(caller.records) - c0) / (time.monotonic() - t_start)
             failed = sum(1 for _, who in caller.records if who.startswith("failed"))
         finally:
@@ -543,11 +576,11 @@ def run_latency(procs, args, workdir):
         cleanup_zk(zk, iface)
     return {
         "mode": "latency", "interface": iface,
-        "envoy": {"rounds": args.rounds, "timeouts": e_timeouts,
-                  "add": summary(e_times["add"]), "remove": summary(e_times["remove"])},
-        "grpc": {"rounds": args.grpc_rounds, "timeouts": g_timeouts,
-                 "add": summary(g_times["add"]), "remove": summary(g_times["remove"]),
-                 "calls_per_s": round(rate), "failed_calls": failed},
+        "envoy": {"rounds": args.rounds, **round_summary(e_rows, workdir / "xds.log", "web")},
+        "grpc": {"rounds": args.grpc_rounds, **round_summary(g_rows, workdir / "xds.log", "web"),
+                 "calls_per_s": round(rate), "failed_calls": failed,
+                 # 3 servers in turn: the removed one answered every 3rd call
+                 "remove_resolution_ms": round(3000 / rate, 2) if rate else None},
         "xds_metrics_after_envoy_rounds": m_envoy,
         "xds_metrics": m_all,
     }
@@ -567,7 +600,11 @@ def print_latency(res):
         r = res[target]
         log(f"{target}: add    {fmt(r['add'])}")
         log(f"{target}: remove {fmt(r['remove'])}  (timeouts {r['timeouts']})")
-    log(f"grpc: {res['grpc']['calls_per_s']} calls/s, {res['grpc']['failed_calls']} failed")
+        log(f"{target}:   of which ZooKeeper write -> lbkit's cache: add "
+            f"{fmt(r['add_to_cache_change'])}; remove {fmt(r['remove_to_cache_change'])}")
+    g = res["grpc"]
+    log(f"grpc: {g['calls_per_s']} calls/s, {g['failed_calls']} failed; a removal is seen to "
+        f"within {g['remove_resolution_ms']} ms (the removed server had every 3rd call)")
     m = res["xds_metrics"]
     pl = m["push_latency"]
     log(f"lbkit xds push latency: count {pl['count']}, sum {pl['sum_s']} s, "
@@ -592,12 +629,18 @@ def write_atomically(path, text):
     os.replace(tmp, path)
 
 
-def scale_config(workdir, services, endpoints):
-    epdir = workdir / "endpoints"
-    epdir.mkdir(exist_ok=True)
+def endpoint_path(workdir, svc, dir_per_service):
+    """endpoints/svcK.json, or endpoints/svcK/svcK.json with --dir-per-service (each file
+    source watches its file's directory: one shared directory wakes every watcher)."""
+    epdir = workdir / "endpoints" / (f"svc{svc}" if dir_per_service else "")
+    epdir.mkdir(parents=True, exist_ok=True)
+    return epdir / f"svc{svc}.json"
+
+
+def scale_config(workdir, services, endpoints, dir_per_service):
     out = ['[xds]\nbind = "127.0.0.1:0"\nadmin = "127.0.0.1:0"\n']
     for s in range(services):
-        path = epdir / f"svc{s}.json"
+        path = endpoint_path(workdir, s, dir_per_service)
         write_atomically(path, endpoint_file_text(s, endpoints, 0))
         out.append(f'[service.svc{s}]\nfile = "{path}"\n')
     return "\n".join(out)
@@ -609,7 +652,7 @@ MEMBERSHIP = urllib.parse.quote(r"^cluster\.svc[0-9]+\.membership_total$")
 def envoy_synced(admin, services, endpoints):
     """Whether the Envoy holds every svcK cluster with `endpoints` hosts each."""
     try:
-        text = admin.get(f"/stats?filter={MEMBERSHIP}")
+        text = admin.get(f"/stats?usedonly&filter={MEMBERSHIP}")
     except (OSError, http.client.HTTPException, RuntimeError):
         return False
     totals = re.findall(r"^cluster\.svc\d+\.membership_total: (\d+)$", text, re.M)
@@ -655,78 +698,164 @@ def ramp_envoys(procs, args, ads, workdir):
     return admins, eprocs, reason
 
 
-def change_counter(admin, svc):
-    q = urllib.parse.quote(rf"^cluster\.svc{svc}\.membership_change$")
-    m = re.search(r"membership_change: (\d+)", admin.get(f"/stats?filter={q}"))
+def envoy_stat(admin, svc, stat, kind):
+    """Envoy's cluster.svcK.STAT (`usedonly` and one `type`: about 1 ms with 100 clusters,
+    where a /stats filter over every stat takes 4-8 ms)."""
+    q = urllib.parse.quote(rf"^cluster\.svc{svc}\.{stat}$")
+    body = admin.get(f"/stats?usedonly&type={kind}&filter={q}")
+    m = re.search(rf"{stat}: (\d+)", body)
     return int(m.group(1)) if m else 0
 
 
-def one_change(args, workdir, admins, svc, variant, timeout=60):
-    """Rewrite svc's file with endpoint 0 changed; ms until each Envoy's counter moved."""
-    before = [change_counter(a, svc) for a in admins]
-    path = workdir / "endpoints" / f"svc{svc}.json"
-    text = endpoint_file_text(svc, args.endpoints, variant)
-    write_atomically(path, text)
-    t0 = time.monotonic()
+CACHE_CHANGE = re.compile(r"^(\S+Z)\s+INFO xds: resources changed service=(\S+)", re.M)
+
+
+def cache_changes(log_path):
+    """lbkit xds's "resources changed" lines (LBKIT_LOG=info; logged as the service's new
+    resources enter the cache, just before the streams are woken): [(epoch ms, service)]."""
+    out = []
+    for m in CACHE_CHANGE.finditer(log_path.read_text(errors="replace")):
+        stamp = m.group(1).replace("Z", "+00:00")
+        out.append((datetime.datetime.fromisoformat(stamp).timestamp() * 1000, m.group(2)))
+    return out
+
+
+def cache_delays(log_path, rounds):
+    """For each (t0 as epoch ms, service), in order: ms from t0 to lbkit xds's first cache
+    change of that service before the next round's t0 (5 ms early allowed: lbkit may hear of
+    a ZooKeeper write before the writer does), or None."""
+    seen = cache_changes(log_path)
+    out = []
+    for i, (t0, name) in enumerate(rounds):
+        end = rounds[i + 1][0] if i + 1 < len(rounds) else t0 + 10_000
+        hits = sorted(t - t0 for t, svc in seen if svc == name and t0 - 5 <= t < end)
+        out.append(round(hits[0], 2) if hits else None)
+    return out
+
+
+def add_cache_times(change, log_path):
+    """Per round, ms from the rename to lbkit's cache change for that service (the file
+    watch's 50 ms debounce, the reload and the new resources)."""
+    rows = change["per_round"]
+    delays = cache_delays(log_path, [(r["rename_epoch_ms"], f"svc{r['svc']}") for r in rows])
+    for row, d in zip(rows, delays):
+        if d is not None:
+            row["to_cache_change"] = d
+    change["to_cache_change"] = summary([d for d in delays if d is not None])
+
+
+def poll_envoys(admins, before, svc, t0_epoch_ms, timeout):
+    """ms from t0 to each Envoy's cluster.svcK.update_time (epoch ms, set when Envoy has
+    applied the assignment: exact to 1 ms however late it is read, so the Envoys are first
+    read 0.3 s after the change and then every 50 ms, to keep the polling (50 admin requests
+    a sweep, about 1 ms of an Envoy each) off the CPU while the change spreads); None if not
+    seen within timeout."""
     pending = dict(enumerate(admins))
-    took, sweeps = [None] * len(admins), 0
-    while pending and time.monotonic() - t0 < timeout:
-        sweeps += 1
+    took = [None] * len(admins)
+    deadline = time.monotonic() + timeout
+    time.sleep(0.3)
+    while pending and time.monotonic() < deadline:
         for i, a in list(pending.items()):
-            if change_counter(a, svc) > before[i]:
-                took[i] = (time.monotonic() - t0) * 1000
+            stamp = envoy_stat(a, svc, "update_time", "Gauges")
+            if stamp > before[i]:
+                took[i] = stamp - t0_epoch_ms
                 del pending[i]
-        time.sleep(0.001)
-    sweep_ms = (time.monotonic() - t0) * 1000 / max(1, sweeps)
-    return [t for t in took if t is not None], len(pending), sweep_ms
+        time.sleep(0.05)
+    return took
+
+
+def one_change(args, workdir, admins, svc, variant, timeout=60):
+    """Rewrite svc's file with endpoint 0 changed. Returns the rename's wall-clock time (epoch
+    ms), ms to each Envoy, and how many Envoys' membership_change did not move."""
+    before = [envoy_stat(a, svc, "update_time", "Gauges") for a in admins]
+    changes = [envoy_stat(a, svc, "membership_change", "Counters") for a in admins]
+    path = endpoint_path(workdir, svc, args.dir_per_service)
+    write_atomically(path, endpoint_file_text(svc, args.endpoints, variant))
+    t0_epoch_ms = time.time() * 1000
+    took = poll_envoys(admins, before, svc, t0_epoch_ms, timeout)
+    unchanged = sum(envoy_stat(a, svc, "membership_change", "Counters") <= c
+                    for a, c in zip(admins, changes))
+    return t0_epoch_ms, took, unchanged
 
 
 def change_rounds(args, workdir, admins):
-    """--rounds changes, each of one service: per round the time to all and to the median."""
-    variants = {}
-    to_all, to_median, missed, sweeps = [], [], 0, []
+    """--rounds changes, each of ONE endpoint of one service (the service varies by round):
+    the time to the median and to the last Envoy, and each round's figures (`per_round`)."""
+    variants, per_round, missed, unchanged = {}, [], 0, 0
     for r in range(args.rounds):
         svc = (7 + 37 * r) % args.services
         variants[svc] = 2 if variants.get(svc) == 1 else 1
-        took, left, sweep_ms = one_change(args, workdir, admins, svc, variants[svc])
-        missed += left
-        sweeps.append(sweep_ms)
-        if took and not left:
-            to_all.append(max(took))
-            to_median.append(summary(took)["median_ms"])
+        t0_ms, took, unch = one_change(args, workdir, admins, svc, variants[svc])
+        unchanged += unch
+        seen = [t for t in took if t is not None]
+        missed += len(took) - len(seen)
+        row = {"svc": svc, "rename_epoch_ms": round(t0_ms, 1)}
+        if seen and len(seen) == len(took):
+            row.update(to_median_envoy=round(summary(seen)["median_ms"], 2),
+                       to_all_envoys=round(max(seen), 2))
+        per_round.append(row)
         time.sleep(0.5)
-    return {"to_all_envoys": summary(to_all), "to_median_envoy": summary(to_median),
-            "envoys_missed": missed, "mean_poll_sweep_ms": round(sum(sweeps) / len(sweeps), 2)}
+    keys = ("to_median_envoy", "to_all_envoys")
+    out = {k: summary([r[k] for r in per_round if k in r]) for k in keys}
+    out.update(envoys_missed=missed, envoys_membership_unchanged=unchanged, per_round=per_round)
+    return out
 
 
-def scale_measure_rounds(args, workdir, xds, xadmin, admins):
-    """Idle CPU, then the change rounds with CPU and bytes per change."""
-    c0, t0 = proc_cpu_s(xds.pid), time.monotonic()
+def cpu_s(pids):
+    total = 0.0
+    for pid in pids:
+        try:
+            total += proc_cpu_s(pid)
+        except OSError:
+            pass
+    return total
+
+
+def scale_measure_rounds(args, workdir, xds, xadmin, admins, epids):
+    """Idle CPU, then the change rounds: their timing, lbkit's and the Envoys' CPU and the
+    bytes pushed per change."""
+    c0, e0, t0 = proc_cpu_s(xds.pid), cpu_s(epids), time.monotonic()
     time.sleep(5)
-    idle_cpu_per_s = (proc_cpu_s(xds.pid) - c0) / (time.monotonic() - t0)
-    m0 = xds_counters(xds_metrics(xadmin))
-    c0, t0 = proc_cpu_s(xds.pid), time.monotonic()
+    idle_s = time.monotonic() - t0
+    idle_cpu_per_s = (proc_cpu_s(xds.pid) - c0) / idle_s
+    envoys_idle_per_s = (cpu_s(epids) - e0) / idle_s
     log(f"{args.rounds} change rounds")
-    rounds = change_rounds(args, workdir, admins)
-    cpu = proc_cpu_s(xds.pid) - c0
-    wall = time.monotonic() - t0
+    m0 = xds_counters(xds_metrics(xadmin))
+    c0, e0, t0 = proc_cpu_s(xds.pid), cpu_s(epids), time.monotonic()
+    change = change_rounds(args, workdir, admins)
+    cpu, ecpu, wall = proc_cpu_s(xds.pid) - c0, cpu_s(epids) - e0, time.monotonic() - t0
     m1 = xds_counters(xds_metrics(xadmin))
+    add_cache_times(change, workdir / "xds.log")
     per = lambda k: {t: round((m1[k][t] - m0[k][t]) / args.rounds, 1) for t in m1[k]}  # noqa: E731
-    rounds.update({
+    change.update({
         "xds_cpu_s_per_change": round(cpu / args.rounds, 4),
         "xds_idle_cpu_s_per_s": round(idle_cpu_per_s, 5),
         "xds_cpu_s_per_change_minus_idle": round((cpu - idle_cpu_per_s * wall) / args.rounds, 4),
+        "envoys_idle_cpu_s_per_s": round(envoys_idle_per_s, 4),
+        "envoys_cpu_s_per_change_minus_idle": round(
+            (ecpu - envoys_idle_per_s * wall) / args.rounds, 4),
         "pushed_bytes_per_change": per("pushed_bytes"),
         "pushes_per_change": per("pushes"),
-        "nacks_during_rounds": m1["nacks"] - m0["nacks"],
+        "push_latency_during_changes": push_latency_delta(m0, m1),
+        "nacks": m1["nacks"] - m0["nacks"],
     })
-    return rounds, m1
+    return change, m1
+
+
+def push_latency_delta(m0, m1):
+    """lbkit_xds_push_latency_seconds over the rounds only: count, mean and the buckets."""
+    a, b = m0["push_latency"], m1["push_latency"]
+    count = b["count"] - a["count"]
+    total = b["sum_s"] - a["sum_s"]
+    buckets = {le: n - a["buckets_le_s"].get(le, 0) for le, n in b["buckets_le_s"].items()}
+    return {"count": count, "mean_ms": round(1000 * total / count, 3) if count else None,
+            "buckets_le_s": buckets}
 
 
 def run_scale(procs, args, workdir):
     try:
-        config = scale_config(workdir, args.services, args.endpoints)
-        xds, ads, admin_port = start_xds(procs, args.lbkit, config, workdir)
+        config = scale_config(workdir, args.services, args.endpoints, args.dir_per_service)
+        xds, ads, admin_port = start_xds(procs, args.lbkit, config, workdir, "info")
         xadmin = Admin(admin_port)
         time.sleep(2)  # let every file source load before the first Envoy asks
         rss_before = proc_rss_kb(xds.pid)
@@ -738,19 +867,23 @@ def run_scale(procs, args, workdir):
         initial = xds_counters(xds_metrics(xadmin))
         rss_synced = proc_rss_kb(xds.pid)
         envoy_rss = [proc_rss_kb(p.pid) / 1024 for p in eprocs]
-        rounds, final = scale_measure_rounds(args, workdir, xds, xadmin, admins)
+        rounds, final = scale_measure_rounds(args, workdir, xds, xadmin, admins,
+                                             [p.pid for p in eprocs])
         rounds["envoys_still_synced"] = sum(
             envoy_synced(a, args.services, args.endpoints) for a in admins)
+        rss_after = proc_rss_kb(xds.pid)
     finally:
         procs.stop_all()
     n = len(admins)
     one_cla = initial["pushed_bytes"]["eds"] / n / args.services
     return {
         "mode": "scale", "services": args.services, "endpoints_per_service": args.endpoints,
+        "dir_per_service": args.dir_per_service,
         "envoys_asked": args.envoys, "envoys_run": n, "envoys_short_reason": reason,
         "ramp_up_s": round(ramp_s, 1),
         "xds_rss_mb_before_envoys": round(rss_before / 1024, 1),
         "xds_rss_mb_all_synced": round(rss_synced / 1024, 1),
+        "xds_rss_mb_after_changes": round(rss_after / 1024, 1),
         "envoy_rss_mb": {"mean": round(sum(envoy_rss) / n, 1), "max": round(max(envoy_rss), 1)},
         "initial_push": {"pushed_bytes": initial["pushed_bytes"], "pushes": initial["pushes"],
                          "eds_bytes_per_envoy": round(initial["pushed_bytes"]["eds"] / n),
@@ -770,22 +903,32 @@ def print_scale(res):
         f"before Envoys, {res['xds_rss_mb_all_synced']} MB with all synced; Envoy RSS "
         f"mean {res['envoy_rss_mb']['mean']} MB")
     ip = res["initial_push"]
-    log(f"initial push: {ip['pushed_bytes']} bytes in all; per Envoy EDS {ip['eds_bytes_per_envoy']}"
-        f" B, CDS {ip['cds_bytes_per_envoy']} B; one assignment {res['one_assignment_bytes']} B")
+    log(f"initial push: {ip['pushed_bytes']} bytes in all; per Envoy EDS "
+        f"{ip['eds_bytes_per_envoy']} B, CDS {ip['cds_bytes_per_envoy']} B; one assignment "
+        f"{res['one_assignment_bytes']} B")
     c = res["change"]
-    log(f"one-endpoint change to all Envoys: {fmt(c['to_all_envoys'])}; to the median Envoy: "
-        f"{fmt(c['to_median_envoy'])}; poll sweep {c['mean_poll_sweep_ms']} ms")
+    log("one-endpoint change, from the rename to:")
+    for k, what in (("to_cache_change", "lbkit xds's cache change (its log)"),
+                    ("to_median_envoy", "the median Envoy"), ("to_all_envoys", "all Envoys")):
+        log(f"  {what}: {fmt(c.get(k, {}))}")
+    pl = c["push_latency_during_changes"]
+    log(f"lbkit xds push latency (cache change -> handed to a stream): mean {pl['mean_ms']} ms "
+        f"over {pl['count']} pushes; buckets {pl['buckets_le_s']}")
     log(f"per change: lbkit xds CPU {c['xds_cpu_s_per_change']} s "
-        f"({c['xds_cpu_s_per_change_minus_idle']} s over idle), bytes {c['pushed_bytes_per_change']}"
-        f" (O(change) EDS = {res['o_change_eds_bytes']} B), pushes {c['pushes_per_change']}; "
-        f"NACKs {c['nacks_during_rounds']}, missed {c['envoys_missed']}")
+        f"({c['xds_cpu_s_per_change_minus_idle']} s over idle), bytes "
+        f"{c['pushed_bytes_per_change']} (O(change) EDS = {res['o_change_eds_bytes']} B), "
+        f"pushes {c['pushes_per_change']}; "
+        f"NACKs {c['nacks']}; all Envoys' CPU {c['envoys_cpu_s_per_change_minus_idle']} s per "
+        f"change over idle ({c['envoys_idle_cpu_s_per_s']} CPU s/s idle); Envoys missed "
+        f"{c['envoys_missed']}, membership unchanged {c['envoys_membership_unchanged']}")
 
 
 # === main ===
 
 
 def parse_args():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("mode", choices=["latency", "scale"])
     ap.add_argument("--rounds", type=int, help="latency: Envoy rounds (100); scale: changes (20)")
     ap.add_argument("--grpc-rounds", type=int, default=30, help="latency: gRPC rounds")
@@ -794,6 +937,8 @@ def parse_args():
     ap.add_argument("--envoys", type=int, default=50)
     ap.add_argument("--services", type=int, default=100)
     ap.add_argument("--endpoints", type=int, default=1000)
+    ap.add_argument("--dir-per-service", action="store_true",
+                    help="scale: each endpoints file in its own directory")
     ap.add_argument("--batch", type=int, default=5, help="scale: Envoys started at once")
     ap.add_argument("--reserve-mb", type=int, default=2048, help="scale: memory kept free")
     ap.add_argument("--ramp-limit", type=float, default=1200, help="scale: ramp-up time limit, s")
