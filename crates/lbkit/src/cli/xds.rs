@@ -39,8 +39,11 @@ pub(crate) fn run(args: XdsArgs) -> anyhow::Result<()> {
     };
     let config = XdsConfig::load(&path).map_err(bad)?;
     super::watch::init_logging();
-    for note in config.notes() {
-        tracing::warn!("not expressed in xDS: {note}");
+    // Said in full by --check; at start, one line for the lot (a fleet of services with the
+    // default strategy would otherwise log a line each).
+    let notes = config.notes();
+    if !notes.is_empty() {
+        tracing::info!(count = notes.len(), first = %notes[0], "settings not expressed in xDS (lbkit xds --check lists them)");
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
