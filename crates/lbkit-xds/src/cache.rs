@@ -71,6 +71,9 @@ impl Kind {
 pub struct Entry {
     /// The version it last changed at.
     pub version: u64,
+    /// A hash of its bytes: its version for incremental clients, which tell it back when they
+    /// reconnect (to this process or a restarted one: equal bytes, equal version).
+    pub hash: u64,
     /// The resource.
     pub resource: Any,
 }
@@ -160,6 +163,7 @@ impl Cache {
             for (kind, any) in changed {
                 let entry = Entry {
                     version: next.version,
+                    hash: xxhash_rust::xxh64::xxh64(&any.value, 0),
                     resource: (*any).clone(),
                 };
                 next.by_kind[kind.index()].insert(name.to_owned(), Arc::new(entry));

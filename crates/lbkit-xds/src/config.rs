@@ -92,8 +92,10 @@ impl XdsConfig {
             return Err(ConfigError::new(path, "service", "no [service.NAME] table"));
         }
         for (name, svc) in &mut config.services {
-            if name.is_empty() || name.chars().any(|c| c.is_whitespace() || c == '/') {
-                let why = "a resource name: give one without spaces or '/'";
+            let reserved = name == "*" || name.starts_with("xdstp:");
+            if reserved || name.is_empty() || name.chars().any(|c| c.is_whitespace() || c == '/') {
+                let why = "a resource name: give one without spaces or '/' (not `*`, the \
+                           wildcard, nor an `xdstp:` name)";
                 return Err(ConfigError::new(path, format!("service.{name}"), why));
             }
             svc.anchor(dir);
@@ -114,8 +116,16 @@ impl XdsConfig {
         for (name, svc) in &self.services {
             let mut note =
                 |field: &str, why: &str| notes.push(format!("service.{name}.{field}: {why}"));
-            if let Some(why) = lb_policy(&svc.strategy).differs {
+            let mapping = lb_policy(&svc.strategy);
+            if let Some(why) = mapping.differs {
                 note("strategy", &format!("{}: {why}", svc.strategy));
+            }
+            // lbkit's own round-robin ignores weights as gRPC's does: nothing to say then.
+            if let Some(why) = mapping.grpc.filter(|_| svc.strategy != "round-robin") {
+                note(
+                    "strategy",
+                    &format!("{} for proxyless gRPC: {why}", svc.strategy),
+                );
             }
             if !svc.params.is_empty() {
                 note(

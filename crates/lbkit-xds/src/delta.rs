@@ -11,7 +11,12 @@
 //!   what differs is sent.
 //! - A name subscribed to that does not exist is answered in `removed_resources`, so a client
 //!   knows it does not exist instead of waiting for it.
-//! - Stale nonces and NACKs as in the state-of-the-world [`Session`](crate::session::Session).
+//! - Versions are hashes of the resources' bytes, so a client that reconnects to a restarted
+//!   server is not sent what it already has, and never kept on a stale resource by a version
+//!   number that happens to match.
+//! - A stale nonce voids only the ACK or NACK it carries: the subscription changes on the same
+//!   request count (a client sends them once).
+//! - NACKs as in the state-of-the-world [`Session`](crate::session::Session).
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -20,7 +25,11 @@ use envoy_types::pb::envoy::service::discovery::v3::{
 };
 
 use crate::cache::{Kind, State};
-use crate::session::{nack_of, Reply};
+use crate::session::{is_stale, nack_of, Reply};
+
+/// Most names one stream may subscribe to by name, per type: a client cannot make the server
+/// hold an unbounded set (what is served is the configured services, far fewer).
+pub const MAX_NAMES: usize = 100_000;
 
 #[derive(Debug, Default)]
 struct TypeState {
@@ -28,7 +37,7 @@ struct TypeState {
     wildcard: bool,
     /// Subscribed by name.
     names: BTreeSet<String>,
-    /// Version of each resource the client has.
+    /// Version (content hash) of each resource the client has.
     has: HashMap<String, u64>,
     /// The latest nonce sent.
     nonce: Option<String>,
@@ -47,7 +56,7 @@ impl TypeState {
             self.started = true;
             self.wildcard = kind.whole() && request.resource_names_subscribe.is_empty();
             for (name, version) in &request.initial_resource_versions {
-                if let Ok(v) = version.parse() {
+                if let Ok(v) = u64::from_str_radix(version, 16) {
                     self.has.insert(name.clone(), v);
                 }
             }
@@ -56,7 +65,7 @@ impl TypeState {
         for name in &request.resource_names_subscribe {
             if name == "*" {
                 self.wildcard = true;
-            } else if self.names.insert(name.clone()) {
+            } else if self.names.len() < MAX_NAMES && self.names.insert(name.clone()) {
                 added.push(name.clone());
             }
         }
@@ -96,11 +105,10 @@ impl DeltaSession {
             return Reply::unknown();
         };
         let ts = &mut self.types[kind as usize];
-        let nonce = &request.response_nonce;
-        if !nonce.is_empty() && ts.nonce.as_ref() != Some(nonce) {
-            return Reply::stale();
-        }
-        let nack = nack_of(kind, request.error_detail.as_ref());
+        // The subscription changes count whatever the nonce: a client does not send them
+        // again (Envoy puts them on its ACKs). A stale nonce only voids the ACK or NACK.
+        let stale = is_stale(&request.response_nonce, ts.nonce.as_ref());
+        let nack = nack_of(kind, request.error_detail.as_ref()).filter(|_| !stale);
         let first = !ts.started;
         let added = ts.subscribe(kind, request);
         let missing: Vec<String> = added
@@ -110,6 +118,7 @@ impl DeltaSession {
         Reply {
             response: self.respond(kind, state, first, missing),
             nack,
+            stale,
             ..Reply::default()
         }
     }
@@ -139,10 +148,10 @@ impl DeltaSession {
         let held = state.resources(kind);
         let resources: Vec<Resource> = held
             .iter()
-            .filter(|(name, e)| ts.covers(name) && ts.has.get(*name) != Some(&e.version))
+            .filter(|(name, e)| ts.covers(name) && ts.has.get(*name) != Some(&e.hash))
             .map(|(name, e)| Resource {
                 name: name.clone(),
-                version: e.version.to_string(),
+                version: format!("{:016x}", e.hash),
                 resource: Some(e.resource.clone()),
                 ..Resource::default()
             })
@@ -157,11 +166,13 @@ impl DeltaSession {
             ts.has.remove(name);
         }
         removed.extend(gone);
+        removed.sort_unstable();
+        removed.dedup();
         if resources.is_empty() && removed.is_empty() && !force {
             return None;
         }
         for r in &resources {
-            ts.has.insert(r.name.clone(), held[&r.name].version);
+            ts.has.insert(r.name.clone(), held[&r.name].hash);
         }
         self.nonces += 1;
         let nonce = self.nonces.to_string();
@@ -269,5 +280,27 @@ mod tests {
         again.on_request(&off, &cache.state());
         set(&cache, "b", &["127.0.0.1:10"]);
         assert!(again.on_change(&cache.state()).is_empty());
+    }
+
+    #[test]
+    fn subscriptions_on_a_stale_ack_count_and_a_first_request_may_carry_a_nonce() {
+        let cache = Cache::new();
+        set(&cache, "a", &["127.0.0.1:1"]);
+        set(&cache, "b", &["127.0.0.1:2"]);
+        let mut s = DeltaSession::new();
+        // A client resuming elsewhere may send a nonce first: not stale, nothing sent before.
+        let first = s.on_request(&request(ENDPOINTS, &["a"], "elsewhere-7"), &cache.state());
+        assert!(!first.stale);
+        let first = first.response.expect("a");
+        set(&cache, "a", &["127.0.0.1:3"]);
+        let pushed = s.on_change(&cache.state());
+        // The ACK of the first response is stale now, but its new subscription counts.
+        let ack = s.on_request(&request(ENDPOINTS, &["b"], &first.nonce), &cache.state());
+        assert!(ack.stale);
+        assert_eq!(
+            names(&ack.response.expect("b, subscribed on a stale ACK")),
+            ["b"]
+        );
+        assert_eq!(names(&pushed[0]), ["a"]);
     }
 }

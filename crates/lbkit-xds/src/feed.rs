@@ -56,6 +56,7 @@ pub fn spawn(
         cache: cache.clone(),
         metrics: metrics.clone(),
         skipped: 0,
+        skipped_keys: Vec::new(),
         latest,
     };
     tasks.push(tokio::spawn(controller.run(source, target)));
@@ -70,6 +71,8 @@ struct Feed {
     metrics: Arc<Metrics>,
     /// Endpoints of this service left out of its last assignment.
     skipped: i64,
+    /// Their keys.
+    skipped_keys: Vec<String>,
     /// The last snapshot, for the health checks.
     latest: Arc<ArcSwapOption<Snapshot>>,
 }
@@ -78,9 +81,20 @@ impl Target for Feed {
     fn publish(&mut self, snapshot: Arc<Snapshot>, _now: Timestamp) -> Vec<EndpointKey> {
         self.latest.store(Some(snapshot.clone()));
         let (served, skipped) = resources::service(&self.name, &self.cfg, &snapshot);
-        for s in &skipped {
-            tracing::warn!(service = %self.name, key = %s.key, address = %s.address,
-                "xds: endpoint left out: EDS takes IP:PORT addresses only");
+        // Logged when the set left out changes, not on every publish.
+        let keys: Vec<&str> = skipped.iter().map(|s| s.key.as_str()).collect();
+        if keys
+            != self
+                .skipped_keys
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>()
+        {
+            for s in &skipped {
+                tracing::warn!(service = %self.name, key = %s.key, address = %s.address,
+                    "xds: endpoint left out: EDS takes IP:PORT addresses only");
+            }
+            self.skipped_keys = keys.into_iter().map(str::to_owned).collect();
         }
         let count = skipped.len() as i64;
         self.metrics.skipped_endpoints.inc_by(count - self.skipped);

@@ -160,14 +160,22 @@ pub async fn serve_ads<T: AggregatedDiscoveryService>(
     listener: TcpListener,
     service: AggregatedDiscoveryServiceServer<T>,
 ) {
+    // The connections are this task's: dropping it (a `Running` dropped) ends them all.
+    let mut connections = tokio::task::JoinSet::new();
     loop {
+        while connections.try_join_next().is_some() {}
         let Some((stream, peer)) = accept(&listener).await else {
             continue;
         };
         let _ = stream.set_nodelay(true);
         let service = hyper_util::service::TowerToHyperService::new(service.clone());
-        tokio::spawn(async move {
+        connections.spawn(async move {
+            // PINGs every 30 s: a client gone without a FIN (a dead host, a cut path) is
+            // dropped within 10 s more, with its stream and its place in the client count.
             let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                .timer(hyper_util::rt::TokioTimer::new())
+                .keep_alive_interval(Some(std::time::Duration::from_secs(30)))
+                .keep_alive_timeout(std::time::Duration::from_secs(10))
                 .serve_connection(TokioIo::new(stream), service);
             if let Err(e) = conn.await {
                 tracing::debug!(%peer, error = %e, "xds: connection ended");

@@ -37,13 +37,15 @@ use lbkit_proxy::config::{OutlierDetection as OutlierConfig, ServiceConfig};
 
 pub use lbkit_discovery::xds::{CLUSTER, ENDPOINTS, LISTENER};
 
-/// How an lbkit strategy reaches Envoy and gRPC: the `lb_policy` and, when the two differ, why.
+/// How an lbkit strategy reaches Envoy and gRPC: the `lb_policy` and, when they differ, why.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PolicyMapping {
     /// The `lb_policy` the cluster carries.
     pub policy: LbPolicy,
     /// `None` when Envoy's policy is the same algorithm; otherwise what differs.
     pub differs: Option<&'static str>,
+    /// What proxyless gRPC clients do with it, when that differs from lbkit's strategy.
+    pub grpc: Option<&'static str>,
 }
 
 /// The `lb_policy` for lbkit strategy `strategy`: the same algorithm where Envoy has it
@@ -79,7 +81,17 @@ pub fn lb_policy(strategy: &str) -> PolicyMapping {
             Some("Envoy and gRPC have no such policy: the cluster gets weighted ROUND_ROBIN"),
         ),
     };
-    PolicyMapping { policy, differs }
+    let grpc = match policy {
+        RoundRobin => Some("proxyless gRPC's ROUND_ROBIN ignores endpoint weights (within a locality)"),
+        Random | Maglev => Some("proxyless gRPC clients reject this lb_policy (grpc-go NACKs it): give services that gRPC clients call round robin, least request or ring hash"),
+        RingHash => Some("proxyless gRPC needs a hash_policy on the route, which lbkit xds does not send: requests hash at random"),
+        _ => None,
+    };
+    PolicyMapping {
+        policy,
+        differs,
+        grpc,
+    }
 }
 
 /// The Cluster NAME: endpoints by EDS over the same ADS stream, `lb_policy` from the strategy,
@@ -169,27 +181,35 @@ pub struct Skipped {
 ///   is `UNHEALTHY`; weight 0 (Dubbo's `disabled`, a draining provider) is `DRAINING` (Envoy
 ///   wants weights of at least 1, so it is sent with weight 1 and takes no new requests).
 pub fn load_assignment(name: &str, snapshot: &Snapshot) -> (ClusterLoadAssignment, Vec<Skipped>) {
+    let mut served = Vec::new();
+    let mut skipped = Vec::new();
+    for (i, e) in snapshot.endpoints().iter().enumerate() {
+        match e.address().parse::<SocketAddr>() {
+            Ok(addr) => served.push((EndpointIdx::new(i), addr)),
+            Err(_) => skipped.push(Skipped {
+                key: e.key().as_str().to_owned(),
+                address: e.address().to_owned(),
+            }),
+        }
+    }
+    // Ranked over the endpoints sent only: a priority held by skipped ones leaves no gap.
     let ranks: BTreeMap<u32, u32> = {
-        let mut p: Vec<u32> = snapshot.endpoints().iter().map(|e| e.priority()).collect();
+        let mut p: Vec<u32> = served
+            .iter()
+            .map(|(i, _)| snapshot.endpoint(*i).priority())
+            .collect();
         p.sort_unstable();
         p.dedup();
         p.into_iter().zip(0..).collect()
     };
     let mut groups: BTreeMap<(u32, String), Vec<LbEndpoint>> = BTreeMap::new();
-    let mut skipped = Vec::new();
-    for (i, e) in snapshot.endpoints().iter().enumerate() {
-        let Ok(addr) = e.address().parse::<SocketAddr>() else {
-            skipped.push(Skipped {
-                key: e.key().as_str().to_owned(),
-                address: e.address().to_owned(),
-            });
-            continue;
-        };
+    for (idx, addr) in served {
+        let e = snapshot.endpoint(idx);
         let group = (ranks[&e.priority()], e.zone().unwrap_or("").to_owned());
         groups
             .entry(group)
             .or_default()
-            .push(lb_endpoint(snapshot, EndpointIdx::new(i), addr));
+            .push(lb_endpoint(snapshot, idx, addr));
     }
     let endpoints = groups
         .into_iter()
@@ -343,7 +363,7 @@ mod tests {
                 .with_zone("us-1")
                 .with_healthy(false),
             EndpointSpec::new("[::1]:81").with_priority(5),
-            EndpointSpec::new("db.internal:5432"),
+            EndpointSpec::new("db.internal:5432").with_priority(2),
         ];
         let snapshot = Snapshot::from_specs(specs, Timestamp::ZERO);
         let (cla, skipped) = load_assignment("web", &snapshot);
@@ -376,19 +396,16 @@ mod tests {
                 (0, "us-1".to_owned(), 1, vec![unhealthy]),
                 (1, "".to_owned(), 100, vec![healthy]),
             ],
-            "priority 5 ranks 1; a locality weighs what its healthy endpoints weigh (at least 1)"
+            "priority 5 ranks 1 (2, held by a skipped endpoint only, leaves no gap); a locality \
+             weighs what its healthy endpoints weigh (at least 1)"
         );
     }
 
     #[test]
     fn strategies_envoy_lacks_say_what_they_get() {
-        assert_eq!(
-            lb_policy("maglev"),
-            PolicyMapping {
-                policy: LbPolicy::Maglev,
-                differs: None
-            }
-        );
+        let maglev = lb_policy("maglev");
+        assert_eq!((maglev.policy, maglev.differs), (LbPolicy::Maglev, None));
+        assert!(maglev.grpc.is_some_and(|g| g.contains("reject")));
         assert_eq!(lb_policy("least-request").policy, LbPolicy::LeastRequest);
         let adaptive = lb_policy("adaptive");
         assert_eq!(adaptive.policy, LbPolicy::RoundRobin);

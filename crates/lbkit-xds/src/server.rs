@@ -280,7 +280,10 @@ impl<P: Protocol> StreamTask<P> {
 
     /// Handle one request; false when the client is gone.
     async fn on_request(&mut self, session: &mut P, request: &P::Request) -> bool {
-        let state = self.states.borrow_and_update().clone();
+        // `borrow`, not `borrow_and_update`: a change that landed just before this request
+        // stays unseen, so `changed()` fires and every type gets it (the per-resource versions
+        // keep what this answer already sent from going twice).
+        let state = self.states.borrow().clone();
         let reply = session.on_request(request, &state);
         let (type_url, version) = P::describe_request(request);
         if let Some((kind, detail)) = &reply.nack {

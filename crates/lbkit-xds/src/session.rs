@@ -99,6 +99,13 @@ impl<R> Reply<R> {
     }
 }
 
+/// Whether a request carrying `nonce` answers an older response than the latest sent for its
+/// type (`latest`): such a request is ignored. A request without a nonce, or one that comes
+/// before anything was sent, is not stale.
+pub(crate) fn is_stale(nonce: &str, latest: Option<&String>) -> bool {
+    !nonce.is_empty() && latest.is_some_and(|l| l != nonce)
+}
+
 /// The NACK a request carries, if any: its type and `error_detail` message.
 pub(crate) fn nack_of(
     kind: Kind,
@@ -126,12 +133,10 @@ impl Session {
             return Reply::unknown();
         };
         let ts = &mut self.types[kind as usize];
-        let nonce = &request.response_nonce;
-        if !nonce.is_empty() && ts.nonce.as_ref() != Some(nonce) {
+        if is_stale(&request.response_nonce, ts.nonce.as_ref()) {
             return Reply::stale();
         }
         let nack = nack_of(kind, request.error_detail.as_ref());
-        let first = ts.subscription.is_none();
         let wanted = Subscription::of(kind, &request.resource_names, ts.subscription.as_ref());
         if ts.subscription.as_ref() == Some(&wanted) {
             return Reply {
@@ -139,10 +144,20 @@ impl Session {
                 ..Reply::default()
             };
         }
+        // A first request, or Listener/Cluster names added, is answered even when nothing
+        // changed (the whole list says what exists: a client waits for no timer).
+        let force = match (&ts.subscription, &wanted) {
+            (None, _) => true,
+            (Some(Subscription::Names(had)), Subscription::Names(now)) => {
+                kind.whole() && !now.is_subset(had)
+            }
+            (Some(Subscription::Names(_)), Subscription::All) => true,
+            (Some(Subscription::All), _) => false,
+        };
         ts.sent.retain(|name, _| wanted.covers(name));
         ts.subscription = Some(wanted);
         Reply {
-            response: self.respond(kind, state, first),
+            response: self.respond(kind, state, force),
             nack,
             ..Reply::default()
         }
@@ -362,5 +377,24 @@ pub(crate) mod tests {
             "the current assignment, not the first"
         );
         assert_eq!(fresh.version_info, cache.state().version.to_string());
+    }
+
+    #[test]
+    fn a_listener_name_added_is_answered_and_a_first_request_may_carry_a_nonce() {
+        use crate::resources::LISTENER;
+        let cache = Cache::new();
+        set(&cache, "a", &["127.0.0.1:1"]);
+        let mut s = Session::new();
+        let first = s.on_request(&request(LISTENER, &["a"], "from-before"), &cache.state());
+        assert!(!first.stale, "nothing was sent yet: no nonce is stale");
+        let first = first.response.expect("a");
+        // A second channel: `a` and `other`, which does not exist. The whole list answers at
+        // once (a gRPC client would otherwise wait out its does-not-exist timer).
+        let more = s.on_request(
+            &request(LISTENER, &["a", "other"], &first.nonce),
+            &cache.state(),
+        );
+        let more = more.response.expect("answered although nothing changed");
+        assert_eq!(more.resources.len(), 1);
     }
 }

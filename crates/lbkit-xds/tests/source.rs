@@ -32,6 +32,7 @@ use lbkit_core::{EndpointSpec, Update};
 use lbkit_discovery::source::UpdateStream;
 use lbkit_discovery::xds::{XdsSource, CLUSTER, ENDPOINTS};
 use lbkit_discovery::DiscoveryError;
+use prost::Message as _;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tonic::codegen::tokio_stream::wrappers::UnboundedReceiverStream;
@@ -54,6 +55,20 @@ impl Ends {
             .await
             .expect("a request in time")
             .expect("the stream is open")
+    }
+
+    /// The next request of `type_url` for which `pred` holds (others on the way are skipped).
+    async fn until(
+        &mut self,
+        type_url: &str,
+        pred: impl Fn(&DiscoveryRequest) -> bool,
+    ) -> DiscoveryRequest {
+        loop {
+            let r = self.next_of(type_url).await;
+            if pred(&r) {
+                return r;
+            }
+        }
     }
 
     /// The next request of `type_url` (requests of other types on the way are skipped).
@@ -485,4 +500,78 @@ async fn a_failing_health_check_reaches_the_clients_as_unhealthy() {
         }
     }
     drop(live);
+}
+
+/// A cluster whose endpoints move: to another EDS name (an assignment for the old one still in
+/// flight is no error), then inline (the EDS subscription dropped), then the cluster gone from
+/// CDS (the last set stays).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_whose_endpoints_move_is_followed() {
+    let (addr, mut streams, _server) = scripted().await;
+    let (mut updates, status) = XdsSource::new(addr.to_string(), "web").spawn();
+    let mut ends = streams.recv().await.expect("a stream");
+    good_start(&mut ends, &mut updates).await;
+
+    let mut renamed = Cluster::decode(&*eds_cluster("web", 0).value).expect("decodes");
+    if let Some(eds) = renamed.eds_cluster_config.as_mut() {
+        eds.service_name = "web-v2".to_owned();
+    }
+    ends.send(CLUSTER, "c2", "r1", vec![pack_any(renamed)]);
+    let eds = ends
+        .until(ENDPOINTS, |r| {
+            r.response_nonce != "n2" || !r.resource_names.eq(&["web"])
+        })
+        .await;
+    assert_eq!(eds.resource_names, ["web-v2"]);
+    assert_eq!(
+        eds.response_nonce, "n2",
+        "the latest EDS nonce of the stream"
+    );
+    ends.send(
+        ENDPOINTS,
+        "e2",
+        "r2",
+        vec![assignment("web", "", &[("10.0.0.8", 80, 1)])],
+    );
+    let ack = ends.next_of(ENDPOINTS).await;
+    assert!(
+        ack.error_detail.is_none(),
+        "the old name's assignment is passed over: {ack:?}"
+    );
+    ends.send(
+        ENDPOINTS,
+        "e3",
+        "r3",
+        vec![assignment("web-v2", "", &[("10.0.0.9", 80, 4)])],
+    );
+    assert_eq!(
+        addresses(&next_set(&mut updates).await),
+        [("10.0.0.9:80".to_owned(), 4)]
+    );
+
+    let inline = Cluster {
+        name: "web".to_owned(),
+        load_assignment: Some(
+            ClusterLoadAssignment::decode(&*assignment("web", "", &[("10.0.0.10", 80, 2)]).value)
+                .expect("decodes"),
+        ),
+        ..Cluster::default()
+    };
+    ends.send(CLUSTER, "c3", "r4", vec![pack_any(inline)]);
+    assert_eq!(
+        addresses(&next_set(&mut updates).await),
+        [("10.0.0.10:80".to_owned(), 2)]
+    );
+    // EDS unsubscribed (on the stream's latest EDS nonce).
+    let dropped = ends.until(ENDPOINTS, |r| r.resource_names.is_empty()).await;
+    assert_eq!(dropped.response_nonce, "r3");
+
+    ends.send(CLUSTER, "c4", "r5", vec![eds_cluster("other", 0)]);
+    let ack = ends.until(CLUSTER, |r| r.response_nonce == "r5").await;
+    assert_eq!(
+        (ack.response_nonce.as_str(), ack.error_detail.is_none()),
+        ("r5", true)
+    );
+    assert_eq!(status.get().endpoints, 1, "the last set stays");
+    assert_eq!(status.get().nacks, 0);
 }

@@ -1,6 +1,7 @@
 //! The ADS stream of one [`XdsSource`]: connect, ask for the cluster, then for its endpoints,
 //! ACK or NACK every response, and open the stream again with backoff when it fails.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,7 +28,18 @@ struct Accepted {
     cds_version: String,
     eds_version: String,
     eds_name: Option<String>,
+    /// Every EDS name asked for (an assignment for one of them still in flight is no error).
+    asked: HashSet<String>,
     sent: bool,
+    /// Sets sent so far (a stream that delivered one resets the backoff).
+    published: u64,
+}
+
+/// The latest nonce of each type on the open stream (what a request on it carries).
+#[derive(Debug, Default)]
+struct Nonces {
+    clusters: String,
+    endpoints: String,
 }
 
 pub(super) struct Client {
@@ -40,9 +52,10 @@ pub(super) struct Client {
     failing: bool,
 }
 
-/// One open stream: where requests go.
+/// One open stream: where requests go, and the latest nonces.
 struct Stream {
     requests: mpsc::Sender<DiscoveryRequest>,
+    nonces: Nonces,
 }
 
 impl Client {
@@ -78,65 +91,62 @@ impl Client {
                 self.status.send_modify(|s| s.reconnects += 1);
             }
             first = false;
-            let answered = self.stream().await;
+            let published = self.accepted.published;
+            self.stream().await;
             self.status.send_modify(|s| s.connected = false);
             if !self.accepted.sent && !self.serve_cache().await {
                 return;
             }
-            if answered {
+            // Only a stream that delivered a set resets the pause: a control plane that
+            // answers and then fails every stream is not asked again every 100 ms.
+            if self.accepted.published > published {
                 backoff.reset();
             }
             tokio::time::sleep(backoff.next_delay()).await;
         }
     }
 
-    /// One stream, until it fails: whether any response came on it.
-    async fn stream(&mut self) -> bool {
+    /// One stream, until it fails.
+    async fn stream(&mut self) {
         let server = self.source.server.clone();
         let fail = |reason: String| DiscoveryError::Xds {
             server: server.clone(),
             reason,
         };
-        let (stream, mut responses) = match self.open().await {
+        let (mut stream, mut responses) = match self.open().await {
             Ok(opened) => opened,
-            Err(reason) => {
-                self.report(fail(reason)).await;
-                return false;
-            }
+            Err(reason) => return self.report(fail(reason)).await,
         };
         self.status.send_modify(|s| s.connected = true);
         if std::mem::take(&mut self.failing) {
             tracing::info!(server = %self.source.server, "xds: stream open again");
         }
-        let mut answered = false;
         loop {
-            match responses.message().await {
+            let reason = match responses.message().await {
                 Ok(Some(response)) => {
-                    answered = true;
-                    if !self.on_response(&stream, response).await {
-                        return answered;
+                    if self.on_response(&mut stream, response).await {
+                        continue;
                     }
+                    return;
                 }
-                Ok(None) => {
-                    self.report(fail("the control plane closed the stream".into()))
-                        .await;
-                    return answered;
-                }
-                Err(status) => {
-                    let reason = format!("stream failed: {} {}", status.code(), status.message());
-                    self.report(fail(reason)).await;
-                    return answered;
-                }
-            }
+                Ok(None) => "the control plane closed the stream".to_owned(),
+                Err(status) => format!("stream failed: {} {}", status.code(), status.message()),
+            };
+            return self.report(fail(reason)).await;
         }
     }
 
-    /// Connect and ask for the cluster (and its endpoints, when known from before).
+    /// Connect and ask for the cluster (and its endpoints, when known from before). HTTP/2
+    /// PINGs every 30 s find a control plane that went silent (no answer in 10 s: the stream
+    /// fails and is opened again).
     async fn open(&mut self) -> Result<(Stream, tonic::Streaming<DiscoveryResponse>), String> {
         let uri = format!("http://{}", self.source.server);
         let endpoint = tonic::transport::Endpoint::from_shared(uri)
             .map_err(|e| format!("bad server address: {e}"))?
             .connect_timeout(CONNECT_TIMEOUT)
+            .http2_keep_alive_interval(Duration::from_secs(30))
+            .keep_alive_timeout(Duration::from_secs(10))
+            .keep_alive_while_idle(true)
             .tcp_nodelay(true);
         let channel = endpoint
             .connect()
@@ -145,28 +155,33 @@ impl Client {
         let mut client = AggregatedDiscoveryServiceClient::new(channel)
             .max_decoding_message_size(self.source.max_response);
         let (requests, rx) = mpsc::channel(8);
-        let stream = Stream { requests };
-        let cds = self.request(
-            CLUSTER,
-            &self.source.cluster,
-            &self.accepted.cds_version,
-            "",
-        );
+        let stream = Stream {
+            requests,
+            nonces: Nonces::default(),
+        };
+        let cds = self.request(CLUSTER, &self.accepted.cds_version, "");
         stream.send(cds).await;
-        if let Some(eds) = &self.accepted.eds_name {
+        if self.accepted.eds_name.is_some() {
             stream
-                .send(self.request(ENDPOINTS, eds, &self.accepted.eds_version, ""))
+                .send(self.request(ENDPOINTS, &self.accepted.eds_version, ""))
                 .await;
         }
-        let responses = client
-            .stream_aggregated_resources(ReceiverStream::new(rx))
+        let opened = client.stream_aggregated_resources(ReceiverStream::new(rx));
+        let responses = tokio::time::timeout(CONNECT_TIMEOUT, opened)
             .await
+            .map_err(|_| format!("no answer to the stream within {CONNECT_TIMEOUT:?}"))?
             .map_err(|s| format!("stream refused: {} {}", s.code(), s.message()))?
             .into_inner();
         Ok((stream, responses))
     }
 
-    fn request(&self, type_url: &str, name: &str, version: &str, nonce: &str) -> DiscoveryRequest {
+    /// A request of `type_url` for what this source follows of it (the cluster; its EDS name,
+    /// or nothing when its endpoints come inline).
+    fn request(&self, type_url: &str, version: &str, nonce: &str) -> DiscoveryRequest {
+        let resource_names = match type_url {
+            ENDPOINTS => self.accepted.eds_name.iter().cloned().collect(),
+            _ => vec![self.source.cluster.clone()],
+        };
         DiscoveryRequest {
             version_info: version.to_owned(),
             node: Some(Node {
@@ -174,7 +189,7 @@ impl Client {
                 user_agent_name: "lbkit".to_owned(),
                 ..Node::default()
             }),
-            resource_names: vec![name.to_owned()],
+            resource_names,
             type_url: type_url.to_owned(),
             response_nonce: nonce.to_owned(),
             ..DiscoveryRequest::default()
@@ -182,90 +197,108 @@ impl Client {
     }
 
     /// One response: ACK or NACK it, and pass on what it changed. False when the consumer is
-    /// gone.
-    async fn on_response(&mut self, stream: &Stream, response: DiscoveryResponse) -> bool {
+    /// gone. A type this source did not ask for is passed over, unanswered.
+    async fn on_response(&mut self, stream: &mut Stream, response: DiscoveryResponse) -> bool {
         let result = match response.type_url.as_str() {
-            CLUSTER => self.on_clusters(stream, &response).await,
-            ENDPOINTS => self.on_endpoints(&response).await,
-            _ => Ok(None),
-        };
-        let (version, detail) = match result {
-            Ok(_) => (response.version_info.clone(), None),
-            Err(why) => (self.version_of(&response.type_url), Some(why)),
-        };
-        let name = self.name_for(&response.type_url);
-        let mut reply = self.request(&response.type_url, &name, &version, &response.nonce);
-        match detail {
-            None => {
-                self.accept(&response.type_url, &version);
+            CLUSTER => {
+                stream.nonces.clusters = response.nonce.clone();
+                self.on_clusters(stream, &response).await
             }
-            Some(why) => {
-                tracing::warn!(server = %self.source.server, type_url = %response.type_url, reason = %why, "xds: NACK");
-                self.status.send_modify(|s| {
-                    s.nacks += 1;
-                    s.last_nack = Some(why.clone());
-                });
-                let kind = if response.type_url == CLUSTER {
-                    "clusters"
-                } else {
-                    "endpoints"
-                };
-                let rejected = DiscoveryError::Rejected {
-                    server: self.source.server.clone(),
-                    kind,
-                    reason: why.clone(),
-                };
-                reply.error_detail = Some(RpcStatus {
-                    code: tonic::Code::InvalidArgument as i32,
-                    message: why,
-                    details: Vec::new(),
-                });
-                if self.tx.send(Err(rejected)).await.is_err() {
-                    return false;
-                }
+            ENDPOINTS => {
+                stream.nonces.endpoints = response.nonce.clone();
+                self.on_endpoints(&response).await
             }
-        }
+            _ => return !self.tx.is_closed(),
+        };
+        let type_url = response.type_url.as_str();
+        let reply = match result {
+            Ok(()) => {
+                self.accept(type_url, &response.version_info);
+                self.request(type_url, &response.version_info, &response.nonce)
+            }
+            Err(why) => match self.reject(type_url, &response.nonce, why).await {
+                Some(nack) => nack,
+                None => return false,
+            },
+        };
         stream.send(reply).await;
         !self.tx.is_closed()
     }
 
-    /// A CDS response: the cluster's endpoints inline, or its EDS name (subscribed to when new).
+    /// A NACK of the response `nonce` of `type_url` for `why`, also reported to the consumer
+    /// and in the status; `None` when the consumer is gone.
+    async fn reject(
+        &mut self,
+        type_url: &str,
+        nonce: &str,
+        why: String,
+    ) -> Option<DiscoveryRequest> {
+        tracing::warn!(server = %self.source.server, type_url, reason = %why, "xds: NACK");
+        self.status.send_modify(|s| {
+            s.nacks += 1;
+            s.last_nack = Some(why.clone());
+        });
+        let kind = if type_url == CLUSTER {
+            "clusters"
+        } else {
+            "endpoints"
+        };
+        let rejected = DiscoveryError::Rejected {
+            server: self.source.server.clone(),
+            kind,
+            reason: why.clone(),
+        };
+        let mut nack = self.request(type_url, &self.version_of(type_url), nonce);
+        nack.error_detail = Some(RpcStatus {
+            code: tonic::Code::InvalidArgument as i32,
+            message: why,
+            details: Vec::new(),
+        });
+        self.tx.send(Err(rejected)).await.ok().map(|()| nack)
+    }
+
+    /// A CDS response: the cluster's endpoints inline, or its EDS name (subscribed to when new;
+    /// an EDS subscription no longer needed is dropped).
     async fn on_clusters(
         &mut self,
         stream: &Stream,
         response: &DiscoveryResponse,
-    ) -> Result<Option<()>, String> {
+    ) -> Result<(), String> {
         let Some(info) = decode::cluster(&response.resources, &self.source.cluster)? else {
             tracing::warn!(cluster = %self.source.cluster, "xds: the control plane does not list the cluster; the last set stays");
-            return Ok(None);
+            return Ok(());
         };
         self.status
             .send_modify(|s| s.policy = Some(info.policy.to_owned()));
-        match info.endpoints {
-            Endpoints::Inline(specs) => {
-                self.accepted.eds_name = None;
-                self.publish(specs).await;
-            }
-            Endpoints::Eds(name) => {
-                if self.accepted.eds_name.as_ref() != Some(&name) {
-                    let eds = self.request(ENDPOINTS, &name, &self.accepted.eds_version, "");
-                    self.accepted.eds_name = Some(name);
-                    stream.send(eds).await;
-                }
-            }
-        }
-        Ok(Some(()))
-    }
-
-    /// An EDS response: the cluster's endpoints.
-    async fn on_endpoints(&mut self, response: &DiscoveryResponse) -> Result<Option<()>, String> {
-        let Some(want) = self.accepted.eds_name.clone() else {
-            return Err("endpoints for a cluster lbkit did not ask for".into());
+        let eds_name = match &info.endpoints {
+            Endpoints::Inline(_) => None,
+            Endpoints::Eds(name) => Some(name.clone()),
         };
-        if let Some(specs) = decode::endpoints(&response.resources, &want)? {
+        if eds_name != self.accepted.eds_name {
+            self.accepted.eds_name = eds_name;
+            self.accepted.asked.extend(self.accepted.eds_name.clone());
+            let eds = self.request(
+                ENDPOINTS,
+                &self.accepted.eds_version,
+                &stream.nonces.endpoints,
+            );
+            stream.send(eds).await;
+        }
+        if let Endpoints::Inline(specs) = info.endpoints {
             self.publish(specs).await;
         }
-        Ok(Some(()))
+        Ok(())
+    }
+
+    /// An EDS response: the cluster's endpoints (nothing, when they come inline).
+    async fn on_endpoints(&mut self, response: &DiscoveryResponse) -> Result<(), String> {
+        let Some(want) = self.accepted.eds_name.clone() else {
+            return Ok(());
+        };
+        if let Some(specs) = decode::endpoints(&response.resources, &want, &self.accepted.asked)? {
+            self.publish(specs).await;
+        }
+        Ok(())
     }
 
     /// Pass a whole set on, and save it when it has endpoints.
@@ -275,6 +308,7 @@ impl Client {
             cache.send_replace(Arc::new(specs.clone()));
         }
         self.accepted.sent = true;
+        self.accepted.published += 1;
         self.status.send_modify(|s| {
             s.endpoints = n;
             s.from_cache = false;
@@ -304,14 +338,6 @@ impl Client {
             CLUSTER => self.accepted.cds_version.clone(),
             ENDPOINTS => self.accepted.eds_version.clone(),
             _ => String::new(),
-        }
-    }
-
-    /// The resource name this stream follows for `type_url`.
-    fn name_for(&self, type_url: &str) -> String {
-        match type_url {
-            ENDPOINTS => self.accepted.eds_name.clone().unwrap_or_default(),
-            _ => self.source.cluster.clone(),
         }
     }
 

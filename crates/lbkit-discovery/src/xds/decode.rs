@@ -111,11 +111,13 @@ fn eds_name(c: &Cluster) -> Result<String, String> {
 }
 
 /// The ClusterLoadAssignment named `want` among an EDS response's `resources`, as specs;
-/// `Ok(None)` when the response does not carry it. An assignment for another cluster is
-/// rejected: this stream asked for `want` only.
+/// `Ok(None)` when the response does not carry it. An assignment for a name this stream asked
+/// for before (`asked`: a response still in flight when the cluster's EDS name changed) is
+/// passed over; one for a cluster it never asked for is rejected.
 pub(crate) fn endpoints(
     resources: &[Any],
     want: &str,
+    asked: &HashSet<String>,
 ) -> Result<Option<Vec<EndpointSpec>>, String> {
     let mut found = None;
     for any in resources {
@@ -127,13 +129,14 @@ pub(crate) fn endpoints(
         }
         let cla = ClusterLoadAssignment::decode(&*any.value)
             .map_err(|e| format!("a ClusterLoadAssignment that does not decode: {e}"))?;
-        if cla.cluster_name != want {
+        if cla.cluster_name == want {
+            found = Some(specs(&cla)?);
+        } else if !asked.contains(&cla.cluster_name) {
             return Err(format!(
                 "a ClusterLoadAssignment for unknown cluster {:?} (asked for {want:?})",
                 cla.cluster_name
             ));
         }
-        found = Some(specs(&cla)?);
     }
     Ok(found)
 }

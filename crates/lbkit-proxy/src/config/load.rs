@@ -323,8 +323,23 @@ impl ServiceConfig {
             };
             return Err(err(field, "must be > 0".into()));
         }
-        if self.outlier_detection.interval_ms == 0 {
-            return Err(err("outlier_detection.interval_ms", "must be > 0".into()));
+        let od = &self.outlier_detection;
+        for (field, value) in [
+            ("interval_ms", od.interval_ms),
+            ("base_ejection_ms", od.base_ejection_ms),
+        ] {
+            if value == 0 {
+                return Err(err(
+                    &format!("outlier_detection.{field}"),
+                    "must be > 0".into(),
+                ));
+            }
+        }
+        if od.max_ejection_percent > 100 {
+            return Err(err(
+                "outlier_detection.max_ejection_percent",
+                "at most 100".into(),
+            ));
         }
         Ok(())
     }
