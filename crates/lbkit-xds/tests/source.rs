@@ -318,13 +318,26 @@ async fn bad_resources_are_nacked_and_the_last_good_set_stays() {
     assert_eq!(seen.nacks, 5);
     assert_eq!(seen.versions, ("c1".to_owned(), "e1".to_owned()));
 
-    // 50 MB: above the 16 MiB limit. The stream fails, the source reconnects and asks again
-    // with the versions it accepted; the set is untouched until the next good one.
+    // 50 MB: above the 16 MiB limit, NACKed with its size; the set is untouched.
     let huge = Any {
         type_url: ENDPOINTS.to_owned(),
         value: vec![0; 50 << 20],
     };
-    ends.send(ENDPOINTS, "big", "n8", vec![huge]);
+    let big = (ENDPOINTS, "n8", huge);
+    expect_nack(
+        &mut ends,
+        &mut updates,
+        big,
+        ("e1", "above the limit of 16777216"),
+    )
+    .await;
+    // Above 4 × the limit (80 MB) it is not read: the stream fails, the source reconnects and
+    // asks again with the versions it accepted.
+    let huger = Any {
+        type_url: ENDPOINTS.to_owned(),
+        value: vec![0; 80 << 20],
+    };
+    ends.send(ENDPOINTS, "huge", "n9", vec![huger]);
     match next_update(&mut updates).await {
         Err(DiscoveryError::Xds { reason, .. }) => {
             assert!(reason.contains("stream failed"), "{reason}")

@@ -579,6 +579,56 @@ async fn watch_and_the_proxy_follow_a_cluster_of_lbkit_xds() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A tower `Pool` fed by lbkit-discovery's xDS source, following `lbkit xds` (in process):
+/// its snapshot is the served set, and follows a change of the service's file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tower_pool_follows_lbkit_xds() {
+    use lbkit_discovery::xds::XdsSource;
+    use lbkit_tower::PoolBuilder;
+    let dir = tempfile::tempdir().expect("a directory");
+    let file = dir.path().join("web.toml");
+    let write = |text: &str| {
+        let tmp = dir.path().join("web.toml.tmp");
+        std::fs::write(&tmp, text).expect("write");
+        std::fs::rename(&tmp, &file).expect("rename");
+    };
+    write("[[endpoint]]\naddress = \"10.0.0.1:80\"\n\n[[endpoint]]\naddress = \"10.0.0.2:80\"\nweight = 5\n");
+    let text = format!(
+        "[xds]\nbind = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n\n[service.web]\nfile = \"{}\"\n",
+        file.display()
+    );
+    let config = lbkit_xds::XdsConfig::parse(&text, &dir.path().join("xds.toml")).expect("config");
+    let running = lbkit_xds::start(config).await.expect("lbkit xds");
+    let (updates, _) = XdsSource::new(running.ads().to_string(), "web").spawn();
+    let pool = PoolBuilder::new(lbkit_strategy::RoundRobin::default())
+        .spawn(updates, |e: &lbkit_core::Endpoint| e.address().to_owned());
+    let set = |pool: &lbkit_tower::Pool<String, _>| {
+        let mut s: Vec<_> = pool
+            .snapshot()
+            .endpoints()
+            .iter()
+            .map(|e| (e.address().to_owned(), e.weight()))
+            .collect();
+        s.sort();
+        s
+    };
+    let two = vec![
+        ("10.0.0.1:80".to_owned(), 100),
+        ("10.0.0.2:80".to_owned(), 5),
+    ];
+    let mut status = pool.status();
+    let held = tokio::time::timeout(procs::WAIT, status.wait_for(|_| set(&pool) == two))
+        .await
+        .is_ok();
+    assert!(held, "the pool never held {two:?}: {:?}", set(&pool));
+    write("[[endpoint]]\naddress = \"10.0.0.3:80\"\n");
+    let three = vec![("10.0.0.3:80".to_owned(), 100)];
+    let held = tokio::time::timeout(procs::WAIT, status.wait_for(|_| set(&pool) == three))
+        .await
+        .is_ok();
+    assert!(held, "the pool never held {three:?}: {:?}", set(&pool));
+}
+
 #[test]
 fn check_says_ok_and_what_is_not_expressed_or_names_the_bad_field() {
     let dir = tempfile::tempdir().expect("a directory");

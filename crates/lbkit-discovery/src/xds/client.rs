@@ -152,8 +152,12 @@ impl Client {
             .connect()
             .await
             .map_err(|e| format!("cannot connect: {}", crate::controller::error_chain(&e)))?;
-        let mut client = AggregatedDiscoveryServiceClient::new(channel)
-            .max_decoding_message_size(self.source.max_response);
+        // Decoded up to 4 × the limit, so that a response above the limit is NACKed with its
+        // size (the control plane hears why) rather than failing the stream; beyond that the
+        // stream fails without reading it.
+        let hard = self.source.max_response.saturating_mul(4);
+        let mut client =
+            AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(hard);
         let (requests, rx) = mpsc::channel(8);
         let stream = Stream {
             requests,
@@ -199,16 +203,21 @@ impl Client {
     /// One response: ACK or NACK it, and pass on what it changed. False when the consumer is
     /// gone. A type this source did not ask for is passed over, unanswered.
     async fn on_response(&mut self, stream: &mut Stream, response: DiscoveryResponse) -> bool {
-        let result = match response.type_url.as_str() {
-            CLUSTER => {
-                stream.nonces.clusters = response.nonce.clone();
-                self.on_clusters(stream, &response).await
-            }
-            ENDPOINTS => {
-                stream.nonces.endpoints = response.nonce.clone();
-                self.on_endpoints(&response).await
-            }
+        let size = prost::Message::encoded_len(&response);
+        match response.type_url.as_str() {
+            CLUSTER => stream.nonces.clusters = response.nonce.clone(),
+            ENDPOINTS => stream.nonces.endpoints = response.nonce.clone(),
             _ => return !self.tx.is_closed(),
+        }
+        let result = match response.type_url.as_str() {
+            CLUSTER | ENDPOINTS if size > self.source.max_response => {
+                let limit = self.source.max_response;
+                Err(format!(
+                    "a response of {size} bytes, above the limit of {limit}"
+                ))
+            }
+            CLUSTER => self.on_clusters(stream, &response).await,
+            _ => self.on_endpoints(&response).await,
         };
         let type_url = response.type_url.as_str();
         let reply = match result {

@@ -6,7 +6,8 @@
 //!   (`UNHEALTHY`/`TIMEOUT` unhealthy, `DRAINING` weight 0), zones from localities, priorities.
 //! - Resources lbkit cannot use are NACKed with an `error_detail` naming the problem (an unknown
 //!   `lb_policy`, an assignment for another cluster, a weight of 0 or weights above `u32`, a
-//!   response above the size limit); the last good set stays, and the stream goes on.
+//!   response above the size limit); the last good set stays, and the stream goes on. (A
+//!   response above 4 × the limit is not read at all: the stream fails and is opened again.)
 //! - The stream reconnects with backoff (100 ms doubling to 10 s) and asks again with the
 //!   versions it accepted; until then the last set keeps serving.
 //! - With [`XdsSource::with_cache`] the last non-empty set is saved (the registry cache's
@@ -41,8 +42,8 @@ pub const CLUSTER: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
 /// Type URL of a ClusterLoadAssignment.
 pub const ENDPOINTS: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
 
-/// Largest response accepted by default: 16 MiB (a larger one is refused, reported and the
-/// stream opened again; the last good set stays).
+/// Largest response accepted by default: 16 MiB (a larger one is NACKed with its size, and
+/// one above 4 × the limit fails the stream unread; the last good set stays either way).
 pub const DEFAULT_MAX_RESPONSE: usize = 16 << 20;
 
 /// What the source has seen.
