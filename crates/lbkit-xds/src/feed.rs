@@ -4,7 +4,6 @@
 //! service's active health checks when it has them — whose every snapshot becomes the
 //! service's resources in the [`Cache`].
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use arc_swap::ArcSwapOption;
@@ -104,6 +103,4 @@ impl Target for Feed {
         }
         Vec::new()
     }
-
-    fn ejections(&mut self, _counts: &HashMap<EndpointKey, u64>) {}
 }

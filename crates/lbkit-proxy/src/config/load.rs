@@ -242,6 +242,36 @@ impl ServiceConfig {
     }
 
     fn validate(&self, err: &dyn Fn(&str, String) -> ConfigError) -> Result<(), ConfigError> {
+        self.validate_source(err)?;
+        catalog::build(&self.strategy, self.strategy_params())
+            .map_err(|e| err("strategy", e.to_string()))?;
+        if self.retries > super::MAX_RETRIES {
+            return Err(err(
+                "retries",
+                format!("at most {} (one attempt per endpoint)", super::MAX_RETRIES),
+            ));
+        }
+        if !(0.0..=1000.0).contains(&self.retry_budget_percent) {
+            return Err(err("retry_budget_percent", "must be within 0-1000".into()));
+        }
+        if self.connect_timeout_ms == 0 {
+            return Err(err("connect_timeout_ms", "must be > 0".into()));
+        }
+        if self.upstream_max_idle == 0 {
+            return Err(err("upstream_max_idle", "must be > 0".into()));
+        }
+        if self.upstream_idle_timeout_ms == 0 {
+            return Err(err("upstream_idle_timeout_ms", "must be > 0".into()));
+        }
+        self.validate_protection(err)?;
+        self.validate_extras(err)
+    }
+
+    /// The one endpoint source: a static list, a file, ZooKeeper or an xDS control plane.
+    fn validate_source(
+        &self,
+        err: &dyn Fn(&str, String) -> ConfigError,
+    ) -> Result<(), ConfigError> {
         let sources = [
             self.endpoints.is_some(),
             self.file.is_some(),
@@ -279,28 +309,7 @@ impl ServiceConfig {
                 return Err(err("zookeeper.register", why.into()));
             }
         }
-        catalog::build(&self.strategy, self.strategy_params())
-            .map_err(|e| err("strategy", e.to_string()))?;
-        if self.retries > super::MAX_RETRIES {
-            return Err(err(
-                "retries",
-                format!("at most {} (one attempt per endpoint)", super::MAX_RETRIES),
-            ));
-        }
-        if !(0.0..=1000.0).contains(&self.retry_budget_percent) {
-            return Err(err("retry_budget_percent", "must be within 0-1000".into()));
-        }
-        if self.connect_timeout_ms == 0 {
-            return Err(err("connect_timeout_ms", "must be > 0".into()));
-        }
-        if self.upstream_max_idle == 0 {
-            return Err(err("upstream_max_idle", "must be > 0".into()));
-        }
-        if self.upstream_idle_timeout_ms == 0 {
-            return Err(err("upstream_idle_timeout_ms", "must be > 0".into()));
-        }
-        self.validate_protection(err)?;
-        self.validate_extras(err)
+        Ok(())
     }
 
     /// Removal protection and outlier detection.
