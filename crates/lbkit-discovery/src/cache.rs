@@ -102,14 +102,14 @@ pub fn read_cache(path: &Path) -> Result<Option<Vec<EndpointSpec>>, DiscoveryErr
     Ok(Some(entries.into_iter().map(|e| e.spec).collect()))
 }
 
-/// A task that writes the latest set sent into it to `path` (bursts coalesce: only the
-/// latest set is written). It ends when the sender is dropped.
 /// What one write of the cache came to: the endpoints written, or why not.
+#[cfg_attr(not(any(feature = "zookeeper", feature = "xds")), allow(dead_code))] // their sources write it
 pub(crate) type Written = Result<usize, DiscoveryError>;
 
 /// A task that writes every set sent to the returned sender (the latest one, when sets come
 /// faster than writes), off the async threads; `written` hears how each write went. The first
 /// failure is logged, later ones only reported to `written`, until a write succeeds again.
+#[cfg_attr(not(any(feature = "zookeeper", feature = "xds")), allow(dead_code))] // their sources write it
 pub(crate) fn spawn_writer(
     path: PathBuf,
     written: impl Fn(Written) + Send + 'static,

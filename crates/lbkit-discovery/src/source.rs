@@ -194,14 +194,14 @@ mod tests {
 /// plane), from `min` doubling up to `max` (no jitter: one process holds few sessions, and the
 /// pauses are short).
 #[derive(Debug)]
-#[cfg_attr(not(feature = "runtime"), allow(dead_code))] // the registry sources use it
+#[cfg_attr(not(any(feature = "zookeeper", feature = "xds")), allow(dead_code))] // the registry sources use it
 pub(crate) struct Backoff {
     next: Duration,
     min: Duration,
     max: Duration,
 }
 
-#[cfg_attr(not(feature = "runtime"), allow(dead_code))]
+#[cfg_attr(not(any(feature = "zookeeper", feature = "xds")), allow(dead_code))]
 impl Backoff {
     pub(crate) fn between(min: Duration, max: Duration) -> Self {
         Backoff {

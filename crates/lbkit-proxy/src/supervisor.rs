@@ -8,8 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lbkit_core::Clock;
-use lbkit_discovery::file::WatchedPath;
-use notify::{RecursiveMode, Watcher};
+use lbkit_discovery::file::subscribe;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::{mpsc, watch};
 
@@ -96,13 +95,19 @@ impl Supervisor {
         let mut term = signal(SignalKind::terminate())?;
         let mut int = signal(SignalKind::interrupt())?;
         let (tx, mut changes) = mpsc::unbounded_channel();
-        let _watcher = watch_file(&self.path, tx).map_err(std::io::Error::other)?;
+        // One directory watcher for the process (`lbkit_discovery::file::subscribe`): it hears of
+        // editors' renames and Kubernetes' `..data` symlink swaps, not only in-place writes.
+        let _watch = subscribe(&self.path, tx).map_err(std::io::Error::other)?;
         self.counts.send_modify(|c| c.watching = true);
         tokio::pin!(stop);
         loop {
             tokio::select! {
                 _ = hup.recv() => self.reload_off_thread().await,
-                Some(()) = changes.recv() => {
+                Some(change) = changes.recv() => {
+                    if let Err(reason) = change {
+                        tracing::warn!(%reason, "configuration file watch error");
+                        continue;
+                    }
                     tokio::time::sleep(RELOAD_DEBOUNCE).await;
                     while changes.try_recv().is_ok() {}
                     self.reload_off_thread().await;
@@ -164,22 +169,4 @@ fn retire(replaced: Arc<State>, drain: Duration) {
         // The configuration was dropped with the closure: freed here, on this thread.
         tracing::debug!(error = %e, "no thread to retire the replaced configuration");
     }
-}
-
-/// Watch the directory of `path` (editors replace files by renaming; Kubernetes swaps a
-/// ConfigMap's `..data` symlink) and report the events after which the file may read
-/// differently (`lbkit_discovery::file::WatchedPath`).
-fn watch_file(
-    path: &Path,
-    tx: mpsc::UnboundedSender<()>,
-) -> notify::Result<notify::RecommendedWatcher> {
-    let mut watched = WatchedPath::new(path);
-    let dir = watched.dir();
-    let mut watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
-        if ev.is_ok_and(|ev| watched.concerns(&ev)) {
-            let _ = tx.send(());
-        }
-    })?;
-    watcher.watch(&dir, RecursiveMode::NonRecursive)?;
-    Ok(watcher)
 }

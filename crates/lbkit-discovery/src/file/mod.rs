@@ -48,7 +48,11 @@ use crate::dubbo::ProviderUrl;
 use crate::error::SourceError;
 
 #[cfg(feature = "runtime")]
+mod dirs;
+#[cfg(feature = "runtime")]
 mod watch;
+#[cfg(feature = "runtime")]
+pub use dirs::{subscribe, Change, Subscription};
 #[cfg(feature = "runtime")]
 pub use watch::{FileSource, FileStatus, WatchedPath, DEFAULT_DEBOUNCE};
 

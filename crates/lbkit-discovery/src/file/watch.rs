@@ -2,7 +2,8 @@
 //! watched with `notify` and reloaded when it changes.
 //!
 //! * The file's **directory** is watched, so editors and deploy tools that replace the file
-//!   (write a temporary file, then rename it over) are seen as well as in-place writes.
+//!   (write a temporary file, then rename it over) are seen as well as in-place writes. The
+//!   process has one directory watcher for all its files ([`subscribe`](super::subscribe)).
 //! * Events arriving within [`FileSource::with_debounce`] of each other cause one reload.
 //! * A reload that parses to the same endpoints sends nothing. One that fails to read or parse
 //!   keeps the previous set (the stream yields the error, the controller keeps the last
@@ -16,7 +17,6 @@ use std::time::Duration;
 
 use lbkit_core::{Clock, EndpointSpec, Update};
 use notify::event::{AccessKind, AccessMode, EventKind};
-use notify::{RecursiveMode, Watcher};
 use tokio::sync::{mpsc, watch};
 
 use super::load;
@@ -88,21 +88,13 @@ impl FileSource {
     /// # Panics
     /// Outside a tokio runtime.
     pub fn spawn(self) -> Result<(UpdateStream, Status<FileStatus>), DiscoveryError> {
-        let watched = WatchedPath::new(self.path.clone());
-        let dir = watched.dir();
-        let watch_err = |e: notify::Error| DiscoveryError::Watch {
-            path: dir.clone(),
-            reason: e.to_string(),
-        };
         let (ev_tx, ev_rx) = mpsc::unbounded_channel();
-        let mut watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
-            // The receiver is gone only after the task ended; nothing left to tell.
-            let _ = ev_tx.send(ev);
-        })
-        .map_err(watch_err)?;
-        watcher
-            .watch(&dir, RecursiveMode::NonRecursive)
-            .map_err(watch_err)?;
+        let subscription = super::dirs::subscribe(self.path.clone(), ev_tx).map_err(|e| {
+            DiscoveryError::Watch {
+                path: WatchedPath::new(self.path.clone()).dir(),
+                reason: e.to_string(),
+            }
+        })?;
         let (tx, rx) = mpsc::channel(SOURCE_QUEUE);
         let (status_tx, status_rx) = watch::channel(FileStatus::default());
         let task = Task {
@@ -111,7 +103,7 @@ impl FileSource {
             status: status_tx,
             last: None,
         };
-        tokio::spawn(task.run(watcher, watched, ev_rx));
+        tokio::spawn(task.run(subscription, ev_rx));
         Ok((ChannelStream::new(rx).boxed(), Status::new(status_rx)))
     }
 }
@@ -127,27 +119,25 @@ struct Task {
 impl Task {
     async fn run(
         mut self,
-        watcher: notify::RecommendedWatcher,
-        mut watched: WatchedPath,
-        mut events: mpsc::UnboundedReceiver<notify::Result<notify::Event>>,
+        subscription: super::dirs::Subscription,
+        mut changes: mpsc::UnboundedReceiver<super::dirs::Change>,
     ) {
-        let _watcher = watcher; // dropping it stops the watch
+        let _subscription = subscription; // dropping it stops the deliveries
         if !self.reload().await {
             return;
         }
         loop {
-            let event = tokio::select! {
-                ev = events.recv() => ev,
+            let change = tokio::select! {
+                change = changes.recv() => change,
                 () = self.tx.closed() => return,
             };
-            match event {
+            match change {
                 None => return,
-                Some(Ok(ev)) if watched.concerns(&ev) => {}
-                Some(Ok(_)) => continue,
-                Some(Err(e)) => {
+                Some(Ok(())) => {}
+                Some(Err(reason)) => {
                     let err = DiscoveryError::Watch {
                         path: self.source.path.clone(),
-                        reason: e.to_string(),
+                        reason,
                     };
                     tracing::warn!(error = %err, "file watch error");
                     if self.tx.send(Err(err)).await.is_err() {
@@ -157,7 +147,7 @@ impl Task {
                 }
             }
             let deadline = tokio::time::Instant::now() + self.source.debounce;
-            while let Ok(Some(_)) = tokio::time::timeout_at(deadline, events.recv()).await {}
+            while let Ok(Some(_)) = tokio::time::timeout_at(deadline, changes.recv()).await {}
             if !self.reload().await {
                 return;
             }
@@ -239,6 +229,11 @@ impl WatchedPath {
         &self.path
     }
 
+    /// Where the path led after the last event that concerned it (`None`: nowhere).
+    pub(crate) fn resolved(&self) -> Option<&Path> {
+        self.resolved.as_deref()
+    }
+
     /// The directory to watch: the file's own (renames over it happen there).
     pub fn dir(&self) -> PathBuf {
         match self.path.parent() {
@@ -250,12 +245,7 @@ impl WatchedPath {
     /// Whether `ev`, seen in [`dir`](Self::dir), may have changed the file (see the type's
     /// docs). Resolves the path again on every event that is not a read.
     pub fn concerns(&mut self, ev: &notify::Event) -> bool {
-        let read_only = matches!(
-            ev.kind,
-            EventKind::Access(AccessKind::Open(_) | AccessKind::Read | AccessKind::Any)
-                | EventKind::Access(AccessKind::Close(AccessMode::Read | AccessMode::Execute))
-        );
-        if read_only {
+        if read_only(ev) {
             return false;
         }
         let named = ev
@@ -267,4 +257,13 @@ impl WatchedPath {
         self.resolved = resolved;
         named || moved
     }
+}
+
+/// Whether `ev` is a plain read, which never changes a file (our own reloads open and read it).
+pub(super) fn read_only(ev: &notify::Event) -> bool {
+    matches!(
+        ev.kind,
+        EventKind::Access(AccessKind::Open(_) | AccessKind::Read | AccessKind::Any)
+            | EventKind::Access(AccessKind::Close(AccessMode::Read | AccessMode::Execute))
+    )
 }
