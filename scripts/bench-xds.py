@@ -56,6 +56,8 @@ scale    The cost of serving many services to many clients. One `lbkit xds` serv
          Envoys' CPU together, and lbkit_xds_pushed_bytes_total / pushes_total by type, next
          to one service's assignment times the number of Envoys (what an O(change) push costs)
          and the full initial push.
+         --delta: the Envoys speak incremental ADS (DELTA_GRPC). --perf FILE: `perf record -g`
+         of lbkit xds over the change rounds alone (`perf report -i FILE`).
 """
 import argparse
 import datetime
@@ -279,7 +281,7 @@ node: {{id: bench-envoy-{n}, cluster: bench}}
 admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: 0}}}}}}
 dynamic_resources:
   ads_config:
-    api_type: GRPC
+    api_type: {api}
     transport_api_version: V3
     grpc_services: [{{envoy_grpc: {{cluster_name: lbkit_xds}}}}]
   cds_config: {{ads: {{}}, resource_api_version: V3}}
@@ -300,10 +302,12 @@ static_resources:
 """
 
 
-def spawn_envoy(procs, envoy, n, ads_port, workdir):
-    """Start Envoy number n (admin on a free port, written to a file); returns (proc, paths)."""
+def spawn_envoy(procs, envoy, n, ads_port, workdir, delta=False):
+    """Start Envoy number n (admin on a free port, written to a file); returns (proc, paths).
+    `delta`: incremental ADS (DELTA_GRPC) instead of state of the world."""
     boot = workdir / f"envoy-{n}.yaml"
-    boot.write_text(ENVOY_BOOTSTRAP.format(n=n, ads=ads_port))
+    api = "DELTA_GRPC" if delta else "GRPC"
+    boot.write_text(ENVOY_BOOTSTRAP.format(n=n, ads=ads_port, api=api))
     addr_file = workdir / f"envoy-{n}.admin"
     addr_file.unlink(missing_ok=True)
     base_id = (os.getpid() % 2000) * 100 + n
@@ -534,7 +538,7 @@ def latency_setup(procs, args, workdir, zk, iface):
                   makepath=True)
     xds, ads, admin_port = start_xds(procs, args.lbkit, latency_config(args.zk, iface), workdir,
                                      "info")
-    envoy, addr_file = spawn_envoy(procs, args.envoy, 0, ads, workdir)
+    envoy, addr_file = spawn_envoy(procs, args.envoy, 0, ads, workdir, args.delta)
     eadmin = envoy_admin(envoy, addr_file)
     wait_until("Envoy lists g0 and g1", lambda: all(
         envoy_has(eadmin, f"127.0.0.1:{ports[g]}") for g in ("g0", "g1")), 30)
@@ -661,7 +665,8 @@ def envoy_synced(admin, services, endpoints):
 
 def start_batch(procs, args, ads, workdir, first_n, count, timeout):
     """Start `count` Envoys; their admins once all are synced (TimeoutError otherwise)."""
-    started = [spawn_envoy(procs, args.envoy, first_n + i, ads, workdir) for i in range(count)]
+    started = [spawn_envoy(procs, args.envoy, first_n + i, ads, workdir, args.delta)
+               for i in range(count)]
     admins = [(p, envoy_admin(p, f)) for p, f in started]
     deadline = time.monotonic() + timeout
     for p, a in admins:
@@ -801,6 +806,22 @@ def change_rounds(args, workdir, admins):
     return out
 
 
+def start_perf(out, pid):
+    """--perf FILE: `perf record -g` of lbkit xds over the change rounds alone."""
+    if not out:
+        return None
+    perf = subprocess.Popen(["perf", "record", "-g", "-F", "999", "-o", out, "-p", str(pid)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.5)  # perf attaches
+    return perf
+
+
+def stop_perf(perf):
+    if perf is not None:
+        perf.send_signal(signal.SIGINT)
+        perf.wait(timeout=60)
+
+
 def cpu_s(pids):
     total = 0.0
     for pid in pids:
@@ -821,9 +842,11 @@ def scale_measure_rounds(args, workdir, xds, xadmin, admins, epids):
     envoys_idle_per_s = (cpu_s(epids) - e0) / idle_s
     log(f"{args.rounds} change rounds")
     m0 = xds_counters(xds_metrics(xadmin))
+    perf = start_perf(args.perf, xds.pid)
     c0, e0, t0 = proc_cpu_s(xds.pid), cpu_s(epids), time.monotonic()
     change = change_rounds(args, workdir, admins)
     cpu, ecpu, wall = proc_cpu_s(xds.pid) - c0, cpu_s(epids) - e0, time.monotonic() - t0
+    stop_perf(perf)
     m1 = xds_counters(xds_metrics(xadmin))
     add_cache_times(change, workdir / "xds.log")
     per = lambda k: {t: round((m1[k][t] - m0[k][t]) / args.rounds, 1) for t in m1[k]}  # noqa: E731
@@ -879,6 +902,7 @@ def run_scale(procs, args, workdir):
     return {
         "mode": "scale", "services": args.services, "endpoints_per_service": args.endpoints,
         "dir_per_service": args.dir_per_service,
+        "delta": args.delta,
         "envoys_asked": args.envoys, "envoys_run": n, "envoys_short_reason": reason,
         "ramp_up_s": round(ramp_s, 1),
         "xds_rss_mb_before_envoys": round(rss_before / 1024, 1),
@@ -937,6 +961,10 @@ def parse_args():
     ap.add_argument("--envoys", type=int, default=50)
     ap.add_argument("--services", type=int, default=100)
     ap.add_argument("--endpoints", type=int, default=1000)
+    ap.add_argument("--delta", action="store_true",
+                    help="Envoys speak incremental ADS (DELTA_GRPC) instead of state of the world")
+    ap.add_argument("--perf", metavar="FILE",
+                    help="scale: `perf record -g` lbkit xds over the change rounds into FILE")
     ap.add_argument("--dir-per-service", action="store_true",
                     help="scale: each endpoints file in its own directory")
     ap.add_argument("--batch", type=int, default=5, help="scale: Envoys started at once")
