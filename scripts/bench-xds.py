@@ -810,7 +810,8 @@ def start_perf(out, pid):
     """--perf FILE: `perf record -g` of lbkit xds over the change rounds alone."""
     if not out:
         return None
-    perf = subprocess.Popen(["perf", "record", "-g", "-F", "999", "-o", out, "-p", str(pid)],
+    perf = subprocess.Popen(["perf", "record", "--call-graph", "dwarf,32768", "-F", "499",
+                             "-o", out, "-p", str(pid)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(0.5)  # perf attaches
     return perf

@@ -18,13 +18,14 @@
 //!   request count (a client sends them once).
 //! - NACKs as in the state-of-the-world [`Session`](crate::session::Session).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource,
 };
 
-use crate::cache::{Kind, State};
+use crate::cache::{Entry, Kind, State};
 use crate::session::{is_stale, nack_of, Reply};
 
 /// Most names one stream may subscribe to by name, per type: a client cannot make the server
@@ -46,6 +47,44 @@ struct TypeState {
 }
 
 impl TypeState {
+    /// What the client lacks of `held` (covered resources at another version than it has)
+    /// and the names it has that are gone, among `only` when given.
+    fn differences(
+        &self,
+        held: &BTreeMap<String, Arc<Entry>>,
+        only: Option<&[&str]>,
+    ) -> (Vec<Resource>, Vec<String>) {
+        let lacks = |(name, e): &(&String, &Arc<Entry>)| {
+            self.covers(name) && self.has.get(*name) != Some(&e.hash)
+        };
+        let resource = |(name, e): (&String, &Arc<Entry>)| Resource {
+            name: name.clone(),
+            version: format!("{:016x}", e.hash),
+            resource: Some(e.resource.clone()),
+            ..Resource::default()
+        };
+        let gone = |n: &&&str| self.has.contains_key(**n) && !held.contains_key(**n);
+        match only {
+            None => (
+                held.iter().filter(lacks).map(resource).collect(),
+                self.has
+                    .keys()
+                    .filter(|n| !held.contains_key(*n))
+                    .cloned()
+                    .collect(),
+            ),
+            Some(names) => (
+                names
+                    .iter()
+                    .filter_map(|n| held.get_key_value(*n))
+                    .filter(lacks)
+                    .map(resource)
+                    .collect(),
+                names.iter().filter(gone).map(|n| (*n).to_owned()).collect(),
+            ),
+        }
+    }
+
     fn covers(&self, name: &str) -> bool {
         self.wildcard || self.names.contains(name)
     }
@@ -87,6 +126,8 @@ impl TypeState {
 pub struct DeltaSession {
     types: [TypeState; 3],
     nonces: u64,
+    /// The cache version of the last change handled ([`DeltaSession::on_change`]).
+    seen: u64,
 }
 
 impl DeltaSession {
@@ -116,52 +157,44 @@ impl DeltaSession {
             .filter(|n| !state.resources(kind).contains_key(n))
             .collect();
         Reply {
-            response: self.respond(kind, state, first, missing),
+            response: self.respond(kind, state, first, missing, None),
             nack,
             stale,
             ..Reply::default()
         }
     }
 
-    /// The cache changed: what each subscribed type must now be sent.
+    /// The cache changed: what each subscribed type must now be sent. Only the resources
+    /// changed since the last call are looked at, when the cache's log reaches back that far.
     pub fn on_change(&mut self, state: &State) -> Vec<DeltaDiscoveryResponse> {
+        let since = std::mem::replace(&mut self.seen, state.version);
         Kind::ALL
             .into_iter()
-            .filter_map(|kind| self.respond(kind, state, false, Vec::new()))
+            .filter_map(|kind| match state.changed_since(since, kind) {
+                Some(names) if names.is_empty() => None,
+                only => self.respond(kind, state, false, Vec::new(), only.as_deref()),
+            })
             .collect()
     }
 
     /// The response for `kind`: the covered resources the client does not have at their
     /// version, and the names gone (`removed` adds names subscribed to that do not exist).
-    /// `force`: a first request, answered even when there is nothing to say.
+    /// `force`: a first request, answered even when there is nothing to say. `only`: the
+    /// resources to look at, when not all of them may have changed.
     fn respond(
         &mut self,
         kind: Kind,
         state: &State,
         force: bool,
         mut removed: Vec<String>,
+        only: Option<&[&str]>,
     ) -> Option<DeltaDiscoveryResponse> {
         let ts = &mut self.types[kind as usize];
         if !ts.started {
             return None;
         }
         let held = state.resources(kind);
-        let resources: Vec<Resource> = held
-            .iter()
-            .filter(|(name, e)| ts.covers(name) && ts.has.get(*name) != Some(&e.hash))
-            .map(|(name, e)| Resource {
-                name: name.clone(),
-                version: format!("{:016x}", e.hash),
-                resource: Some(e.resource.clone()),
-                ..Resource::default()
-            })
-            .collect();
-        let gone: Vec<String> = ts
-            .has
-            .keys()
-            .filter(|n| !held.contains_key(*n))
-            .cloned()
-            .collect();
+        let (resources, gone) = ts.differences(held, only);
         for name in &gone {
             ts.has.remove(name);
         }

@@ -14,10 +14,11 @@
 //! - A client that reconnects starts a new session and gets the current state.
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
 
 use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 
-use crate::cache::{Kind, State};
+use crate::cache::{Entry, Kind, State};
 
 /// What a type is subscribed to.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -51,6 +52,9 @@ impl Subscription {
 #[derive(Debug, Default)]
 struct TypeState {
     subscription: Option<Subscription>,
+    /// The names of the request that set the subscription, as the client listed them: an ACK
+    /// repeating them changes nothing, and is known without building a set.
+    asked: Vec<String>,
     /// Version of each resource as last sent.
     sent: HashMap<String, u64>,
     /// The latest nonce sent.
@@ -119,6 +123,8 @@ pub(crate) fn nack_of(
 pub struct Session {
     types: [TypeState; 3],
     nonces: u64,
+    /// The cache version of the last change handled ([`Session::on_change`]).
+    seen: u64,
 }
 
 impl Session {
@@ -137,12 +143,17 @@ impl Session {
             return Reply::stale();
         }
         let nack = nack_of(kind, request.error_detail.as_ref());
+        let unchanged = || Reply {
+            nack: nack.clone(),
+            ..Reply::default()
+        };
+        if ts.subscription.is_some() && request.resource_names == ts.asked {
+            return unchanged();
+        }
         let wanted = Subscription::of(kind, &request.resource_names, ts.subscription.as_ref());
+        ts.asked.clone_from(&request.resource_names);
         if ts.subscription.as_ref() == Some(&wanted) {
-            return Reply {
-                nack,
-                ..Reply::default()
-            };
+            return unchanged();
         }
         // A first request, or Listener/Cluster names added, is answered even when nothing
         // changed (the whole list says what exists: a client waits for no timer).
@@ -157,33 +168,51 @@ impl Session {
         ts.sent.retain(|name, _| wanted.covers(name));
         ts.subscription = Some(wanted);
         Reply {
-            response: self.respond(kind, state, force),
+            response: self.respond(kind, state, force, None),
             nack,
             ..Reply::default()
         }
     }
 
-    /// The cache changed: what each subscribed type must now be sent.
+    /// The cache changed: what each subscribed type must now be sent. Only the resources
+    /// changed since the last call are looked at when the cache's log reaches back that far
+    /// (a type with none is passed over; Listener and Cluster responses still list all).
     pub fn on_change(&mut self, state: &State) -> Vec<DiscoveryResponse> {
+        let since = std::mem::replace(&mut self.seen, state.version);
         Kind::ALL
             .into_iter()
-            .filter_map(|kind| self.respond(kind, state, false))
+            .filter_map(|kind| match state.changed_since(since, kind) {
+                Some(names) if names.is_empty() => None,
+                Some(names) if !kind.whole() => self.respond(kind, state, false, Some(&names)),
+                _ => self.respond(kind, state, false, None),
+            })
             .collect()
     }
 
     /// The response for `kind`, if it has anything to say (`force`: a first request, which
-    /// gets an answer even when empty).
-    fn respond(&mut self, kind: Kind, state: &State, force: bool) -> Option<DiscoveryResponse> {
+    /// gets an answer even when empty). `only`: the resources to look at (sorted), when not
+    /// all of them may have changed.
+    fn respond(
+        &mut self,
+        kind: Kind,
+        state: &State,
+        force: bool,
+        only: Option<&[&str]>,
+    ) -> Option<DiscoveryResponse> {
         let ts = &mut self.types[kind as usize];
         let subscription = ts.subscription.as_ref()?;
-        let matched: Vec<_> = state
-            .resources(kind)
-            .iter()
-            .filter(|(name, _)| subscription.covers(name))
-            .collect();
-        let fresh = |(name, entry): &(&String, &std::sync::Arc<crate::cache::Entry>)| {
-            ts.sent.get(*name) != Some(&entry.version)
+        let held = state.resources(kind);
+        let covered = |(name, _): &(&String, &Arc<Entry>)| subscription.covers(name);
+        let matched: Vec<_> = match only {
+            None => held.iter().filter(covered).collect(),
+            Some(names) => names
+                .iter()
+                .filter_map(|n| held.get_key_value(*n))
+                .filter(covered)
+                .collect(),
         };
+        let fresh =
+            |(name, entry): &(&String, &Arc<Entry>)| ts.sent.get(*name) != Some(&entry.version);
         let send: Vec<_> = if kind.whole() {
             let removed = ts
                 .sent
@@ -396,5 +425,70 @@ pub(crate) mod tests {
         );
         let more = more.response.expect("answered although nothing changed");
         assert_eq!(more.resources.len(), 1);
+    }
+
+    /// What a change-log stream and a look-at-everything stream do over one history.
+    #[derive(Clone, Debug)]
+    enum Op {
+        Set(usize, usize),
+        Remove(usize),
+        Wake,
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            3 => (0..6usize, 0..3usize).prop_map(|(s, v)| Op::Set(s, v)),
+            1 => (0..6usize).prop_map(Op::Remove),
+            2 => Just(Op::Wake),
+        ]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config {
+            cases: 64,
+            rng_seed: proptest::test_runner::RngSeed::Fixed(0x6c6f_6773),
+            ..proptest::test_runner::Config::default()
+        })]
+
+        /// Looking only at the logged changes sends exactly what looking at every resource
+        /// sends, in both protocols.
+        #[test]
+        fn the_change_log_sends_what_a_full_look_sends(ops in proptest::collection::vec(op(), 1..40)) {
+            use crate::delta::DeltaSession;
+            use crate::resources::LISTENER;
+            use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
+            let cache = Cache::new();
+            let (mut logged, mut full) = (Session::new(), Session::new());
+            let (mut dlogged, mut dfull) = (DeltaSession::new(), DeltaSession::new());
+            let state = cache.state();
+            for kind in [LISTENER, CLUSTER] {
+                logged.on_request(&request(kind, &[], ""), &state);
+                full.on_request(&request(kind, &[], ""), &state);
+            }
+            let eds = request(ENDPOINTS, &["s0", "s1", "s2", "s4"], "");
+            logged.on_request(&eds, &state);
+            full.on_request(&eds, &state);
+            for kind in [LISTENER, CLUSTER, ENDPOINTS] {
+                let r = DeltaDiscoveryRequest {
+                    type_url: kind.to_owned(),
+                    resource_names_subscribe: vec!["*".to_owned()],
+                    ..DeltaDiscoveryRequest::default()
+                };
+                dlogged.on_request(&r, &state);
+                dfull.on_request(&r, &state);
+            }
+            for op in ops {
+                match op {
+                    Op::Set(s, v) => set(&cache, &format!("s{s}"), &[&format!("127.0.0.1:{}", v + 1)]),
+                    Op::Remove(s) => { cache.remove(&format!("s{s}")); }
+                    Op::Wake => {
+                        let state = cache.state();
+                        proptest::prop_assert_eq!(logged.on_change(&state), full.on_change(&state.without_log()));
+                        proptest::prop_assert_eq!(dlogged.on_change(&state), dfull.on_change(&state.without_log()));
+                    }
+                }
+            }
+        }
     }
 }
