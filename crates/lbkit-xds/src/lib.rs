@@ -27,14 +27,13 @@ mod feed;
 pub mod resources;
 pub mod server;
 pub mod session;
+pub mod wire;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
-    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
-};
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryService;
 use http_body_util::Full;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -45,6 +44,7 @@ use tokio::task::JoinHandle;
 pub use cache::Cache;
 pub use config::XdsConfig;
 pub use server::{Ads, Metrics};
+pub use wire::AdsServer;
 
 /// Why `lbkit xds` could not start.
 #[derive(Debug, thiserror::Error)]
@@ -158,7 +158,7 @@ async fn accept(listener: &TcpListener) -> Option<(tokio::net::TcpStream, Socket
 /// dropped: `lbkit xds`'s own, or a test's scripted control plane.
 pub async fn serve_ads<T: AggregatedDiscoveryService>(
     listener: TcpListener,
-    service: AggregatedDiscoveryServiceServer<T>,
+    service: AdsServer<T>,
 ) {
     // The connections are this task's: dropping it (a `Running` dropped) ends them all.
     let mut connections = tokio::task::JoinSet::new();

@@ -6,9 +6,8 @@ use std::pin::Pin;
 use std::sync::atomic::AtomicI64;
 use std::sync::Arc;
 
-use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
-    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
-};
+use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryService;
 use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
 };
@@ -25,6 +24,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::cache::{Cache, Kind, State};
 use crate::delta::DeltaSession;
 use crate::session::{Reply, Session};
+use crate::wire::AdsServer;
 
 /// Labels of the per-type counters: `type` = `lds`, `cds` or `eds`.
 type TypeLabel = Vec<(&'static str, &'static str)>;
@@ -104,11 +104,9 @@ impl Ads {
         Ads { cache, metrics }
     }
 
-    /// As a tonic service, accepting requests of up to `max_request` bytes.
-    pub fn into_service(self, max_request: usize) -> AggregatedDiscoveryServiceServer<Ads> {
-        AggregatedDiscoveryServiceServer::new(self)
-            .max_decoding_message_size(max_request)
-            .max_encoding_message_size(usize::MAX)
+    /// As a gRPC service, accepting requests of up to `max_request` bytes.
+    pub fn into_service(self, max_request: usize) -> AdsServer<Ads> {
+        AdsServer::new(self, max_request)
     }
 }
 
@@ -172,6 +170,9 @@ pub trait Protocol: Default + Send + 'static {
     fn on_change(&mut self, state: &State) -> Vec<Self::Response>;
     /// A request's type URL and version (for logs).
     fn describe_request(request: &Self::Request) -> (&str, &str);
+    /// The client's node, when the request carries it (the first of a stream: later ones are
+    /// not decoded, see [`crate::wire`]).
+    fn node(request: &Self::Request) -> Option<&Node>;
     /// A response's kind, resource count and resource bytes (for metrics and logs).
     fn describe(response: &Self::Response) -> (Kind, usize, usize);
 }
@@ -190,6 +191,10 @@ impl Protocol for Session {
 
     fn describe_request(request: &DiscoveryRequest) -> (&str, &str) {
         (&request.type_url, &request.version_info)
+    }
+
+    fn node(request: &DiscoveryRequest) -> Option<&Node> {
+        request.node.as_ref()
     }
 
     fn describe(r: &DiscoveryResponse) -> (Kind, usize, usize) {
@@ -217,6 +222,10 @@ impl Protocol for DeltaSession {
 
     fn describe_request(request: &DeltaDiscoveryRequest) -> (&str, &str) {
         (&request.type_url, "-")
+    }
+
+    fn node(request: &DeltaDiscoveryRequest) -> Option<&Node> {
+        request.node.as_ref()
     }
 
     fn describe(r: &DeltaDiscoveryResponse) -> (Kind, usize, usize) {
@@ -286,6 +295,9 @@ impl<P: Protocol> StreamTask<P> {
         let state = self.states.borrow().clone();
         let reply = session.on_request(request, &state);
         let (type_url, version) = P::describe_request(request);
+        if let Some(node) = P::node(request) {
+            tracing::info!(peer = %self.peer, node = %node.id, cluster = %node.cluster, "xds: client");
+        }
         if let Some((kind, detail)) = &reply.nack {
             self.metrics
                 .nacks

@@ -19,9 +19,7 @@ use envoy_types::pb::envoy::config::core::v3::{
 use envoy_types::pb::envoy::config::endpoint::v3::{
     lb_endpoint, ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints,
 };
-use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
-    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
-};
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryService;
 use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
 };
@@ -140,7 +138,7 @@ async fn scripted() -> (
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("a port");
     let addr = listener.local_addr().expect("bound");
     let (streams, rx) = mpsc::unbounded_channel();
-    let service = AggregatedDiscoveryServiceServer::new(Scripted { streams });
+    let service = lbkit_xds::AdsServer::new(Scripted { streams }, 4 << 20);
     let task = tokio::spawn(lbkit_xds::serve_ads(listener, service));
     (addr, rx, task)
 }
