@@ -150,6 +150,18 @@ impl DeltaSession {
         // again (Envoy puts them on its ACKs). A stale nonce only voids the ACK or NACK.
         let stale = is_stale(&request.response_nonce, ts.nonce.as_ref());
         let nack = nack_of(kind, request.error_detail.as_ref()).filter(|_| !stale);
+        let plain_ack = ts.started
+            && request.resource_names_subscribe.is_empty()
+            && request.resource_names_unsubscribe.is_empty();
+        if plain_ack {
+            // Nothing to look at: what changed since the last push, the next change's push
+            // sends (the request left the change unseen). An ACK costs O(1), not O(resources).
+            return Reply {
+                nack,
+                stale,
+                ..Reply::default()
+            };
+        }
         let first = !ts.started;
         let added = ts.subscribe(kind, request);
         let missing: Vec<String> = added
