@@ -9,10 +9,12 @@ use std::net::SocketAddr;
 use envoy_types::pb::envoy::config::cluster::v3::cluster::{
     ClusterDiscoveryType, DiscoveryType, EdsClusterConfig, LbPolicy,
 };
-use envoy_types::pb::envoy::config::cluster::v3::{Cluster, OutlierDetection};
+use envoy_types::pb::envoy::config::cluster::v3::load_balancing_policy::Policy;
+use envoy_types::pb::envoy::config::cluster::v3::{Cluster, LoadBalancingPolicy, OutlierDetection};
 use envoy_types::pb::envoy::config::core::v3::{
     address, config_source, socket_address, Address, AggregatedConfigSource, ApiVersion,
     ConfigSource, HealthStatus, Http2ProtocolOptions, Locality, SocketAddress,
+    TypedExtensionConfig,
 };
 use envoy_types::pb::envoy::config::endpoint::v3::{
     lb_endpoint, ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints,
@@ -25,6 +27,10 @@ use envoy_types::pb::envoy::config::route::v3::{
 use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
     http_connection_manager, http_filter, HttpConnectionManager, HttpFilter,
+};
+use envoy_types::pb::envoy::extensions::load_balancing_policies::{
+    maglev::v3::Maglev, random::v3::Random, ring_hash::v3::ring_hash, ring_hash::v3::RingHash,
+    round_robin::v3::RoundRobin, wrr_locality::v3::WrrLocality,
 };
 use envoy_types::pb::envoy::extensions::upstreams::http::v3::http_protocol_options::{
     explicit_http_config, ExplicitHttpConfig, UpstreamProtocolOptions,
@@ -83,7 +89,8 @@ pub fn lb_policy(strategy: &str) -> PolicyMapping {
     };
     let grpc = match policy {
         RoundRobin => Some("proxyless gRPC's ROUND_ROBIN ignores endpoint weights (within a locality)"),
-        Random | Maglev => Some("proxyless gRPC clients reject this lb_policy (grpc-go NACKs it): give services that gRPC clients call round robin, least request or ring hash"),
+        Random => Some("proxyless gRPC has no random policy: its clients take the cluster's load_balancing_policy fallback, locality-weighted round robin"),
+        Maglev => Some("proxyless gRPC has no Maglev: its clients take the cluster's load_balancing_policy fallback, ring hash (hashing at random without a hash_policy, which lbkit xds does not send), or round robin where ring hash is missing"),
         RingHash => Some("proxyless gRPC needs a hash_policy on the route, which lbkit xds does not send: requests hash at random"),
         _ => None,
     };
@@ -91,6 +98,52 @@ pub fn lb_policy(strategy: &str) -> PolicyMapping {
         policy,
         differs,
         grpc,
+    }
+}
+
+/// The cluster's `load_balancing_policy` for the policies proxyless gRPC lacks (Maglev,
+/// random): the policy itself first, which Envoy takes (the first in the list it supports, the
+/// same as `lb_policy`), then what gRPC clients run instead (gRFC A52: a client takes the first
+/// policy it supports; without this list, a gRPC client rejects the cluster). `None` for the
+/// others: `lb_policy` says it to everyone.
+pub fn typed_policy(policy: LbPolicy) -> Option<LoadBalancingPolicy> {
+    let round_robin = || {
+        let endpoints = LoadBalancingPolicy {
+            policies: vec![typed("round_robin", RoundRobin::default())],
+        };
+        typed(
+            "wrr_locality",
+            WrrLocality {
+                endpoint_picking_policy: Some(endpoints),
+            },
+        )
+    };
+    let policies = match policy {
+        LbPolicy::Maglev => vec![
+            typed("maglev", Maglev::default()),
+            // xxHash by name: grpc-js rejects DEFAULT_HASH (which is xxHash to Envoy).
+            typed(
+                "ring_hash",
+                RingHash {
+                    hash_function: ring_hash::HashFunction::XxHash as i32,
+                    ..RingHash::default()
+                },
+            ),
+            round_robin(),
+        ],
+        LbPolicy::Random => vec![typed("random", Random::default()), round_robin()],
+        _ => return None,
+    };
+    Some(LoadBalancingPolicy { policies })
+}
+
+/// One entry of a `load_balancing_policy`: Envoy's extension `envoy.load_balancing_policies.NAME`.
+fn typed<M: prost::Name + prost::Message>(name: &str, config: M) -> Policy {
+    Policy {
+        typed_extension_config: Some(TypedExtensionConfig {
+            name: format!("envoy.load_balancing_policies.{name}"),
+            typed_config: Some(pack_any(config)),
+        }),
     }
 }
 
@@ -112,6 +165,7 @@ pub fn cluster(name: &str, cfg: &ServiceConfig) -> Cluster {
             service_name: String::new(),
         }),
         lb_policy: lb_policy(&cfg.strategy).policy as i32,
+        load_balancing_policy: typed_policy(lb_policy(&cfg.strategy).policy),
         connect_timeout: Some(duration(cfg.connect_timeout_ms)),
         outlier_detection: outlier_detection(&cfg.outlier_detection),
         ..Cluster::default()
@@ -405,10 +459,44 @@ mod tests {
     fn strategies_envoy_lacks_say_what_they_get() {
         let maglev = lb_policy("maglev");
         assert_eq!((maglev.policy, maglev.differs), (LbPolicy::Maglev, None));
-        assert!(maglev.grpc.is_some_and(|g| g.contains("reject")));
+        assert!(maglev
+            .grpc
+            .is_some_and(|g| g.contains("fallback, ring hash")));
         assert_eq!(lb_policy("least-request").policy, LbPolicy::LeastRequest);
         let adaptive = lb_policy("adaptive");
         assert_eq!(adaptive.policy, LbPolicy::RoundRobin);
         assert!(adaptive.differs.is_some());
+    }
+
+    #[test]
+    fn policies_grpc_lacks_carry_a_list_with_their_fallback() {
+        let names = |policy| -> Vec<String> {
+            typed_policy(policy)
+                .map(|l| l.policies)
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(|p| p.typed_extension_config.map(|c| c.name))
+                .map(|n| {
+                    n.trim_start_matches("envoy.load_balancing_policies.")
+                        .to_owned()
+                })
+                .collect()
+        };
+        assert_eq!(
+            names(LbPolicy::Maglev),
+            ["maglev", "ring_hash", "wrr_locality"]
+        );
+        assert_eq!(names(LbPolicy::Random), ["random", "wrr_locality"]);
+        for alone in [
+            LbPolicy::RoundRobin,
+            LbPolicy::LeastRequest,
+            LbPolicy::RingHash,
+        ] {
+            assert_eq!(
+                names(alone),
+                Vec::<String>::new(),
+                "{alone:?}: lb_policy alone"
+            );
+        }
     }
 }

@@ -268,6 +268,13 @@ async fn envoy_over_delta_xds_follows_zookeeper_providers_through_lbkit_xds() {
     envoy_follows("DELTA_GRPC").await;
 }
 
+/// A base id (Envoy's shared memory) of its own for each Envoy this test process starts.
+fn envoy_base_id() -> u32 {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    std::process::id() % 20_000 * 8 + n % 8
+}
+
 /// Envoy (`envoy`, its binary) bootstrapped to follow `lbkit xds` at `ads` over `api_type`:
 /// the process, its listener (routing to cluster `web`) and its admin address.
 fn start_envoy(
@@ -284,7 +291,7 @@ fn start_envoy(
     cmd.arg("-c")
         .arg(&boot)
         .args(["--log-level", "info", "--base-id"])
-        .arg((std::process::id() % 30_000 * 2 + u32::from(api_type != "GRPC")).to_string());
+        .arg(envoy_base_id().to_string());
     let proc = Proc::spawn("envoy", cmd, &dir.join("envoy.log")).expect("envoy");
     let listen = SocketAddr::from(([127, 0, 0, 1], listen_port));
     let admin = SocketAddr::from(([127, 0, 0, 1], admin_port));
@@ -687,4 +694,88 @@ fn check_says_ok_and_what_is_not_expressed_or_names_the_bad_field() {
             "{text}: {stderr}"
         );
     }
+}
+
+/// Maglev and random are policies proxyless gRPC does not have. The cluster carries a
+/// `load_balancing_policy` list: grpcio and grpc-js take its fallback (ring hash, round robin)
+/// and spread calls over both servers, where a bare `lb_policy` made them reject the cluster;
+/// Envoy takes the first entry, Maglev itself, and also spreads requests. No NACK anywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policies_grpc_lacks_reach_it_through_their_fallback() {
+    let Some(python) = lbkit_testkit::python() else {
+        return;
+    };
+    let dir = test_dir("xds-fallback");
+    let (mut g0, a0) = grpc_backend(&python, "g0", &dir).await;
+    let (mut g1, a1) = grpc_backend(&python, "g1", &dir).await;
+    let node = lbkit_testkit::node();
+    for strategy in ["maglev", "random"] {
+        let service =
+            format!("endpoints = [\"{a0}\", \"{a1}\"]\nstrategy = \"{strategy}\"\nh2c = true");
+        let mut xds = Xds::serving(&service, &dir).await;
+        let boot = dir.join("grpc-bootstrap.json");
+        std::fs::write(&boot, grpc_bootstrap(xds.ads)).expect("write the bootstrap");
+        let mut clients = vec![("grpcio", python.clone(), script("xds_grpc_client.py"))];
+        if node.is_some() {
+            clients.push((
+                "grpc-js",
+                "node".to_owned(),
+                script("xds_grpc_js_client.js"),
+            ));
+        }
+        for (name, program, client) in clients {
+            let mut cmd = Command::new(program);
+            cmd.arg(client)
+                .args(["xds:///web", "10"])
+                .env("GRPC_XDS_BOOTSTRAP", &boot);
+            if let Some(node) = &node {
+                cmd.env("NODE_PATH", Path::new(node).join("node_modules"));
+            }
+            let log = dir.join(format!("{strategy}-{name}.log"));
+            let mut client = Proc::spawn(name, cmd, &log).expect("client");
+            let what = format!("{name} on {strategy}: g0 and g1 answer");
+            grpc_follows(&client, &what, procs::WAIT, |by| {
+                by.contains_key("g0") && by.contains_key("g1") && !by.contains_key("failed")
+            })
+            .await;
+            xds.check_metrics(1).await;
+            client.stop().await;
+        }
+        xds.proc.stop().await;
+    }
+    g0.stop().await;
+    g1.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Envoy takes Maglev, the first of the cluster's `load_balancing_policy` list.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_takes_maglev_from_the_policy_list() {
+    let Some(envoy) = lbkit_testkit::envoy() else {
+        return;
+    };
+    let dir = test_dir("xds-envoy-maglev");
+    let (b0, b1) = (backend("b0").await, backend("b1").await);
+    let service = format!("endpoints = [\"{b0}\", \"{b1}\"]\nstrategy = \"maglev\"");
+    let mut xds = Xds::serving(&service, &dir).await;
+    let (mut proxy, listen, admin) = start_envoy(&envoy, xds.ads, "GRPC", &dir);
+    // Without a hash policy, Maglev hashes each request at random: 40 requests reach both.
+    within(
+        "both answer through Envoy",
+        procs::WAIT,
+        || answers(listen, 40),
+        |by| by.contains_key("b0") && by.contains_key("b1") && !by.contains_key("(failed)"),
+    )
+    .await;
+    let clusters = get(admin, "/config_dump?resource=dynamic_active_clusters")
+        .await
+        .expect("config_dump");
+    assert!(
+        clusters.contains("envoy.load_balancing_policies.maglev"),
+        "{clusters}"
+    );
+    xds.check_metrics(1).await;
+    proxy.stop().await;
+    xds.proc.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
 }
