@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use common::{temp_dir, wait_status, WAIT};
 use lbkit_core::Snapshot;
-use lbkit_discovery::file::FileSource;
+use lbkit_discovery::file::{subscribe, FileSource};
 use lbkit_discovery::{Controller, ControllerConfig};
 use tokio::sync::mpsc;
 
@@ -145,4 +145,30 @@ async fn a_kubernetes_symlink_swap_is_a_change() {
         [("10.0.0.2:80".into(), 100)]
     );
     task.abort();
+}
+
+// A directory deleted and made again (`rm -rf conf && cp -r new conf`) while a source of the
+// old one still holds its route (a reload's old services drain while the new ones start): the
+// new source is watched all the same. (The shared watcher's first version kept the route and
+// never watched the new directory: the new source was deaf.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_directory_made_again_is_watched_again() {
+    let tmp = temp_dir("file-again");
+    let dir = tmp.path().join("conf");
+    std::fs::create_dir(&dir).unwrap();
+    let path = dir.join("endpoints.toml");
+    std::fs::write(&path, "[[endpoint]]\naddress = \"10.0.0.1:80\"\n").unwrap();
+    let (old_tx, _old_rx) = mpsc::unbounded_channel();
+    let _old = subscribe(&path, old_tx).expect("subscribe");
+
+    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(&path, "[[endpoint]]\naddress = \"10.0.0.2:80\"\n").unwrap();
+    let (tx, mut changes) = mpsc::unbounded_channel();
+    let _new = subscribe(&path, tx).expect("subscribe");
+    std::fs::write(&path, "[[endpoint]]\naddress = \"10.0.0.3:80\"\n").unwrap();
+    let heard = tokio::time::timeout(WAIT, changes.recv())
+        .await
+        .expect("the new source hears of the write in time");
+    assert_eq!(heard, Some(Ok(())));
 }

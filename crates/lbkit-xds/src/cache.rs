@@ -5,8 +5,9 @@
 //!
 //! The state keeps a short log of what changed ([`State::changed_since`]), so that a stream
 //! woken by a change looks at the resources that changed, not at every resource: with 100
-//! services and 50 clients, one service's change costs each stream its own assignment, not a
-//! comparison of 300 versions.
+//! services and 50 clients, a change of one service's endpoints costs each stream that
+//! assignment, not a comparison of 300 versions. (A Listener or Cluster change still sends, and
+//! so looks at, the whole list in the state-of-the-world protocol.)
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;

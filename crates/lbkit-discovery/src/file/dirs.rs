@@ -2,8 +2,9 @@
 //!
 //! Every watched file (each [`FileSource`](super::FileSource), the proxy's own configuration)
 //! is followed through its directory ([`WatchedPath`]). One `notify` watcher serves them all:
-//! one inotify instance and one thread for the process, each directory watched once however
-//! many of its files are followed, and each event delivered only to the files it may concern.
+//! one inotify instance for the process (and two threads: notify's, and ours that routes its
+//! events), each directory watched once however many of its files are followed, and each event
+//! delivered only to the files it may concern.
 //!
 //! Before, every file opened a watcher of its own. Linux allows 128 inotify instances per
 //! user by default (`fs.inotify.max_user_instances`), so a proxy or `lbkit xds` with more than
@@ -48,7 +49,8 @@ impl Drop for Subscription {
 
 /// Follow `path` through the process's one directory watcher: `tx` gets `Ok(())` after every
 /// event that may have changed what the file reads ([`WatchedPath::concerns`]) and `Err` when
-/// the watch reports an error. Blocks until the directory is watched.
+/// the watch reports an error. Blocks until the directory is watched (a round trip to the
+/// watcher's thread: microseconds, so callers on an async runtime call it directly).
 ///
 /// # Errors
 /// When the directory does not exist or cannot be watched, or the watcher cannot be created.
@@ -146,9 +148,11 @@ impl Hub {
         let given = watched.dir();
         let dir = std::fs::canonicalize(&given)
             .map_err(|e| notify::Error::io(e).add_path(given.clone()))?;
-        if !self.routes.watches(&dir) {
-            self.watcher()?.watch(&dir, RecursiveMode::NonRecursive)?;
-        }
+        // Watched again even when others listen there already: the kernel drops a watch when
+        // its directory is deleted or replaced (`rm -rf conf && cp -r new conf`), and the
+        // sources of a reload subscribe while the old ones still hold the route. notify adds
+        // to a live watch (`IN_MASK_ADD`) and sets up a lost one anew.
+        self.watcher()?.watch(&dir, RecursiveMode::NonRecursive)?;
         Ok(self.routes.add(dir, watched, tx))
     }
 
@@ -207,6 +211,7 @@ impl Sub {
 }
 
 impl Routes {
+    #[cfg(test)]
     fn watches(&self, dir: &Path) -> bool {
         self.dirs.contains_key(dir)
     }

@@ -132,7 +132,11 @@ impl Task {
                 () = self.tx.closed() => return,
             };
             match change {
-                None => return,
+                None => {
+                    // Only if the watcher's thread died: say so, the source is deaf from here.
+                    tracing::warn!(path = %self.source.path.display(), "the directory watcher is gone; the file is no longer followed");
+                    return;
+                }
                 Some(Ok(())) => {}
                 Some(Err(reason)) => {
                     let err = DiscoveryError::Watch {
