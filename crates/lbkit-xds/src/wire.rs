@@ -12,9 +12,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryService;
-use envoy_types::pb::envoy::service::discovery::v3::{
-    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
-};
+use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
 use prost::bytes::Buf;
 use prost::Message;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
@@ -173,6 +171,36 @@ struct Method<T, Q, R, F> {
     _pd: PhantomData<fn(Q) -> R>,
 }
 
+impl<T, Q, R, F> Method<T, Q, R, F> {
+    fn new(inner: Arc<T>, open: F) -> Self {
+        Method {
+            inner,
+            open,
+            _pd: PhantomData,
+        }
+    }
+}
+
+/// Serve one ADS stream of `method`, its requests decoded node-once and at most `max` bytes.
+async fn stream<Q, M, B>(
+    method: M,
+    req: http::Request<B>,
+    max: usize,
+) -> http::Response<tonic::body::Body>
+where
+    Q: Message + Default + NodeField + Send + 'static,
+    M: tonic::server::StreamingService<Q> + Send,
+    M::Response: Message + Send + 'static,
+    M::ResponseStream: Send + 'static,
+    B: http_body::Body + Send + 'static,
+    B::Error: Into<StdError> + Send,
+{
+    let codec = NodeOnce::<M::Response, Q>(PhantomData);
+    let mut grpc =
+        tonic::server::Grpc::new(codec).apply_max_message_size_config(Some(max), Some(usize::MAX));
+    grpc.streaming(method, req).await
+}
+
 impl<T, Q, R, S, F, Fut> tonic::server::StreamingService<Q> for Method<T, Q, R, F>
 where
     T: Send + Sync + 'static,
@@ -206,29 +234,15 @@ where
     }
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        let (inner, max) = (self.inner.clone(), Some(self.max_request));
+        let (inner, max) = (self.inner.clone(), self.max_request);
         match req.uri().path() {
             SOTW => Box::pin(async move {
-                let method = Method {
-                    inner,
-                    open: |ads: Arc<T>, r| async move { ads.stream_aggregated_resources(r).await },
-                    _pd: PhantomData,
-                };
-                let codec = NodeOnce::<DiscoveryResponse, DiscoveryRequest>(PhantomData);
-                let mut grpc = tonic::server::Grpc::new(codec)
-                    .apply_max_message_size_config(max, Some(usize::MAX));
-                Ok(grpc.streaming(method, req).await)
+                let open = |ads: Arc<T>, r| async move { ads.stream_aggregated_resources(r).await };
+                Ok(stream(Method::new(inner, open), req, max).await)
             }),
             DELTA => Box::pin(async move {
-                let method = Method {
-                    inner,
-                    open: |ads: Arc<T>, r| async move { ads.delta_aggregated_resources(r).await },
-                    _pd: PhantomData,
-                };
-                let codec = NodeOnce::<DeltaDiscoveryResponse, DeltaDiscoveryRequest>(PhantomData);
-                let mut grpc = tonic::server::Grpc::new(codec)
-                    .apply_max_message_size_config(max, Some(usize::MAX));
-                Ok(grpc.streaming(method, req).await)
+                let open = |ads: Arc<T>, r| async move { ads.delta_aggregated_resources(r).await };
+                Ok(stream(Method::new(inner, open), req, max).await)
             }),
             _ => Box::pin(async move { Ok(Status::unimplemented("no such method").into_http()) }),
         }
