@@ -503,6 +503,21 @@ fn key_hash(key: &EndpointKey) -> u64 {
     crate::hash::key_hash(key.as_str().as_bytes())
 }
 
+/// The greatest common divisor of two weights (`gcd(0, b) = b`): what weighted tables divide
+/// their weights by before they size themselves.
+///
+/// ```
+/// assert_eq!(lbkit_core::weight_gcd(12, 18), 6);
+/// assert_eq!(lbkit_core::weight_gcd(0, 7), 7);
+/// ```
+pub fn weight_gcd(a: u64, b: u64) -> u64 {
+    if b == 0 {
+        a
+    } else {
+        weight_gcd(b, a % b)
+    }
+}
+
 /// Dubbo's warm-up weight (`AbstractLoadBalance.getWeight` and `calculateWarmupWeight`).
 ///
 /// With `uptime = now − registered_at` in whole milliseconds:

@@ -80,7 +80,8 @@ pub use availability::{Availability, CircuitBreaker, Unavailable};
 pub use balancer::{Balancer, CallGuard, Prepared, MAX_PROBES, WARMUP_REFRESH};
 pub use budget::RetryBudget;
 pub use endpoint::{
-    warmup_weight, Endpoint, EndpointKey, EndpointSpec, Metadata, DEFAULT_WARMUP, DEFAULT_WEIGHT,
+    warmup_weight, weight_gcd, Endpoint, EndpointKey, EndpointSpec, Metadata, DEFAULT_WARMUP,
+    DEFAULT_WEIGHT,
 };
 pub use error::PickError;
 pub use hash::key_hash;

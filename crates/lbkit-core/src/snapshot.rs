@@ -70,6 +70,9 @@ pub struct Snapshot {
     panic: bool,
     /// 0 for a whole snapshot; for a restriction, an id of the set (see [`scope`](Self::scope)).
     scope: u64,
+    /// A deterministic aperture's coverage of each endpoint, when it covers some members
+    /// partly (see [`coverage`](Self::coverage)).
+    coverage: Option<Arc<[u32]>>,
     unhealthy: u32,
     drained: u32,
     ejected: u32,
@@ -148,6 +151,7 @@ impl Snapshot {
             policy: *policy,
             panic,
             scope: 0,
+            coverage: None,
         }
     }
 
@@ -180,6 +184,7 @@ impl Snapshot {
             ramp_from: self.ramp_from.clone(),
             policy: self.policy,
             panic: self.panic,
+            coverage: self.coverage.clone(),
             unhealthy: self.unhealthy,
             drained: self.drained,
             ejected: self.ejected,
@@ -188,8 +193,14 @@ impl Snapshot {
 
     /// The same snapshot with exactly `members` eligible (sorted by index; down ones too, when
     /// a priority tier in panic admits them), and `panic` as its panic flag: what a stage
-    /// ([`stage`](crate::stage)) prepares its leaf's strategy on. Indices stay valid in `self`.
-    pub(crate) fn scoped(&self, members: &[EndpointIdx], panic: bool) -> Snapshot {
+    /// ([`stage`](crate::stage)) prepares its leaf's strategy on, with the aperture's
+    /// `coverage` of each endpoint when it covers some partly. Indices stay valid in `self`.
+    pub(crate) fn scoped(
+        &self,
+        members: &[EndpointIdx],
+        panic: bool,
+        coverage: Option<Arc<[u32]>>,
+    ) -> Snapshot {
         let mut is_eligible = vec![false; self.len()].into_boxed_slice();
         for &i in members {
             is_eligible[i.get()] = true;
@@ -205,6 +216,7 @@ impl Snapshot {
             ramp_from: self.ramp_from.clone(),
             policy: self.policy,
             panic,
+            coverage,
             unhealthy: self.unhealthy,
             drained: self.drained,
             ejected: self.ejected,
@@ -272,16 +284,37 @@ impl Snapshot {
 
     /// The weight strategies use for `idx` at `now`: the configured weight after Dubbo's warm-up
     /// and, with a slow-start policy, Envoy's slow start (see [`SlowStart`](crate::SlowStart)).
+    /// Under a deterministic aperture that covers `idx` partly, that weight times its
+    /// [`coverage`](Self::coverage) (saturating), so the weighted strategies draw an edge
+    /// server in proportion to the share of it the aperture covers.
     #[inline]
     pub fn effective_weight(&self, idx: EndpointIdx, now: Timestamp) -> u32 {
         let e = self.endpoint(idx);
         let w = e.effective_weight(now);
-        match (&self.policy.slow_start, &self.ramp_from) {
+        let w = match (&self.policy.slow_start, &self.ramp_from) {
             (Some(ramp), Some(from)) => {
                 ramp.apply(w, now.saturating_duration_since(from[idx.get()]))
             }
             _ => w,
+        };
+        match &self.coverage {
+            Some(c) => w.saturating_mul(c[idx.get()]),
+            None => w,
         }
+    }
+
+    /// How much of each endpoint (by index) the deterministic aperture this set was cut by
+    /// covers, when it covers some of its members only partly (Finagle's `Ring.weight`): in
+    /// units where the most covered member has the largest value, divided by their common
+    /// divisor; 0 outside the aperture. `None` when every member counts fully (no aperture, a
+    /// random one, or slices that start and end on server boundaries).
+    ///
+    /// [`effective_weight`](Self::effective_weight) includes it, and `p2c` draws its two
+    /// candidates by it, as Finagle's aperture does (`Ring.pick2`): a server at the edge of a
+    /// client's slice takes only the share of that client's load its overlap is worth, so load
+    /// over all clients comes out even.
+    pub fn coverage(&self) -> Option<&[u32]> {
+        self.coverage.as_deref()
     }
 
     /// Whether the weight of `idx` still changes with time at `now` (warm-up or slow start).
@@ -782,7 +815,7 @@ mod tests {
         assert_ne!(b_only.scope(), r2.scope());
         let a = [EndpointIdx::new(0)];
         assert_eq!(
-            s2.scoped(&a, false).scope(),
+            s2.scoped(&a, false, None).scope(),
             r2.scope(),
             "a stage leaf alike"
         );

@@ -38,7 +38,11 @@
 //!    see the same ring). In
 //!    Finagle's *deterministic* mode the client at `index` of `count` takes the servers that
 //!    overlap `[index / count, index / count + width)` with `width = ⌈size · count / servers⌉
-//!    / count`, so every server is in the aperture of about `size · count / servers` clients;
+//!    / count`, so every server is in the aperture of about `size · count / servers` clients.
+//!    A server the slice covers only partly is drawn in proportion to its coverage (Finagle's
+//!    `Ring.pick2`; [`Snapshot::coverage`](crate::Snapshot::coverage)) by p2c and by every
+//!    strategy that draws by weight, so over all clients every server takes the same load
+//!    (unweighted round robin and random count it as a whole member);
 //!    in gRPC's A68 *random* mode it takes the first `size` of the ring shuffled with its own
 //!    seed. The ring holds the set's endpoints that serve, so the clients spread evenly over
 //!    them; a health change moves the slices (each client's connections stay bounded by its
@@ -97,7 +101,7 @@ mod report;
 mod tiers;
 mod tree;
 
-pub use aperture::{aperture_slice, random_slice};
+pub use aperture::{aperture_coverage, aperture_slice, random_slice};
 pub use report::{LocalityReport, StageReport, SubsetChoice, TierReport};
 pub use tiers::{priority_loads, tier_health};
 pub(crate) use tree::{Leaf, Staged};

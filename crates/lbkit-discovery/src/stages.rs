@@ -273,6 +273,7 @@ pub fn report_json(r: &StageReport) -> serde_json::Value {
                         "weight": z.weight, "effective_weight": z.effective_weight,
                         "share_percent": z.share_percent, "picks_from": z.picks_from,
                         "candidates": z.candidates, "aperture": z.aperture,
+                        "aperture_edges": z.edges,
                     })
                 })
                 .collect();
@@ -280,7 +281,7 @@ pub fn report_json(r: &StageReport) -> serde_json::Value {
                 "priority": t.priority, "endpoints": t.endpoints, "healthy": t.healthy,
                 "health": t.health, "load_percent": t.load_percent, "panic": t.panic,
                 "picks_from": t.picks_from, "candidates": t.candidates,
-                "aperture": t.aperture, "localities": zones,
+                "aperture": t.aperture, "aperture_edges": t.edges, "localities": zones,
             })
         })
         .collect();
@@ -318,7 +319,7 @@ pub fn report_lines(r: &StageReport) -> Vec<String> {
             t.priority, t.healthy, t.endpoints, t.health, t.load_percent
         );
         if t.localities.is_empty() {
-            line += &aperture_note(t.picks_from, t.candidates, t.aperture);
+            line += &aperture_note(t.picks_from, t.candidates, t.aperture, t.edges);
         }
         lines.push(line);
         for z in &t.localities {
@@ -330,15 +331,17 @@ pub fn report_lines(r: &StageReport) -> Vec<String> {
                 z.weight,
                 z.effective_weight,
                 z.share_percent,
-                aperture_note(z.picks_from, z.candidates, z.aperture)
+                aperture_note(z.picks_from, z.candidates, z.aperture, z.edges)
             ));
         }
     }
     lines
 }
 
-fn aperture_note(picks_from: u32, candidates: u32, aperture: bool) -> String {
-    if aperture {
+fn aperture_note(picks_from: u32, candidates: u32, aperture: bool, edges: u32) -> String {
+    if aperture && edges > 0 {
+        format!("; aperture: {picks_from} of {candidates}, {edges} at its edges drawn by coverage")
+    } else if aperture {
         format!("; aperture: {picks_from} of {candidates}")
     } else {
         String::new()

@@ -516,6 +516,10 @@ const BUILT_IN: &[(&str, &str)] = &[
     ("hot-keys", include_str!("../scenarios/hot-keys.toml")),
     ("hidden-load", include_str!("../scenarios/hidden-load.toml")),
     ("fleet", include_str!("../scenarios/fleet.toml")),
+    (
+        "aperture-edges",
+        include_str!("../scenarios/aperture-edges.toml"),
+    ),
     ("tail", include_str!("../scenarios/tail.toml")),
     (
         "heterogeneous",

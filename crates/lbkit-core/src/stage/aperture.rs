@@ -17,22 +17,57 @@ use crate::rng::FastRng;
 /// assert_eq!(aperture_slice(5, 2, Coordinates { index: 1, count: 10 }), vec![0, 1, 2]);
 /// ```
 pub fn aperture_slice(servers: usize, size: u32, at: Coordinates) -> Vec<usize> {
+    aperture_coverage(servers, size, at)
+        .into_iter()
+        .map(|(p, _)| p)
+        .collect()
+}
+
+/// [`aperture_slice`] with how much of each server the slice covers, in units of
+/// `1 / (servers · count)` of the ring: a server wholly inside covers `count` units, one at
+/// an edge fewer. Finagle's `Ring.weight`: a client draws its servers in proportion to these
+/// (`Ring.pick2`), so a server at the edge of a slice takes only the part of that client's
+/// load its overlap is worth, and every server's load comes out even over all clients (with
+/// membership alone, a server covered by more edges than another takes more).
+///
+/// ```
+/// use lbkit_core::stage::{aperture_coverage, Coordinates};
+/// // Client 1 of 10 over 5 servers (each server 10 units of the ring's 50):
+/// // [0.1, 0.5) covers half of server 0, all of server 1 and half of server 2.
+/// assert_eq!(
+///     aperture_coverage(5, 2, Coordinates { index: 1, count: 10 }),
+///     vec![(0, 5), (1, 10), (2, 5)]
+/// );
+/// ```
+pub fn aperture_coverage(servers: usize, size: u32, at: Coordinates) -> Vec<(usize, u64)> {
     let n = servers as u128;
     let count = u128::from(at.count.max(1));
     let size = size.max(1);
-    if n == 0 || u128::from(size) >= n {
-        return (0..servers).collect();
-    }
+    let whole = u64::try_from(count).unwrap_or(u64::MAX);
     // In units of 1 / (servers · count) of the ring: server j holds [j·count, (j+1)·count).
     let ring = n * count;
-    let start = u128::from(at.index.min(at.count.saturating_sub(1))) * n;
+    if n == 0 || u128::from(size) >= n {
+        return (0..servers).map(|p| (p, whole)).collect();
+    }
     let width = (u128::from(size) * count).div_ceil(n) * n;
-    let width = width.min(ring);
+    let start = u128::from(at.index.min(at.count.saturating_sub(1))) * n;
     let first = start / count;
-    let last = (start + width - 1) / count;
-    let span = (last - first + 1).min(n);
-    (0..span)
-        .map(|k| usize::try_from((first + k) % n).unwrap_or(0))
+    if width >= ring {
+        let at = |k: u128| usize::try_from((first + k) % n).unwrap_or(0);
+        return (0..n).map(|k| (at(k), whole)).collect();
+    }
+    let end = start + width;
+    let last = (end - 1) / count;
+    // Unwrapped positions first..=last (fewer than n of them: width < ring), each with its
+    // overlap with [start, end).
+    (first..=last)
+        .map(|p| {
+            let overlap = end.min((p + 1) * count) - start.max(p * count);
+            (
+                usize::try_from(p % n).unwrap_or(0),
+                u64::try_from(overlap).unwrap_or(u64::MAX),
+            )
+        })
         .collect()
 }
 

@@ -62,6 +62,10 @@ pub struct TierReport {
     pub candidates: u32,
     /// Whether an aperture narrowed it.
     pub aperture: bool,
+    /// Of its picks' endpoints, how many the deterministic aperture covers only partly: a
+    /// strategy that draws by weight, or p2c, draws them in proportion to their coverage
+    /// ([`Snapshot::coverage`](crate::Snapshot::coverage)).
+    pub edges: u32,
 }
 
 /// One zone of a tier.
@@ -85,6 +89,10 @@ pub struct LocalityReport {
     pub candidates: u32,
     /// Whether an aperture narrowed it.
     pub aperture: bool,
+    /// Of its picks' endpoints, how many the deterministic aperture covers only partly: a
+    /// strategy that draws by weight, or p2c, draws them in proportion to their coverage
+    /// ([`Snapshot::coverage`](crate::Snapshot::coverage)).
+    pub edges: u32,
 }
 
 impl Tree {
@@ -151,6 +159,7 @@ fn tiers(entry: &Entry) -> Vec<TierReport> {
                 picks_from: 0,
                 candidates: 0,
                 aperture: false,
+                edges: 0,
             };
             match child {
                 Some(Node::Leaf(_, leaf)) => fill(&mut r, leaf),
@@ -166,6 +175,7 @@ fn fill(r: &mut TierReport, leaf: &LeafInfo) {
     r.picks_from = leaf.picks_from;
     r.candidates = leaf.candidates;
     r.aperture = leaf.aperture;
+    r.edges = leaf.edges;
 }
 
 fn localities(leaves: &[Node], zones: &[super::tree::ZoneInfo]) -> Vec<LocalityReport> {
@@ -174,9 +184,9 @@ fn localities(leaves: &[Node], zones: &[super::tree::ZoneInfo]) -> Vec<LocalityR
         .iter()
         .zip(leaves)
         .map(|(z, leaf)| {
-            let (picks_from, candidates, aperture) = match leaf {
-                Node::Leaf(_, l) => (l.picks_from, l.candidates, l.aperture),
-                _ => (0, 0, false),
+            let (picks_from, candidates, aperture, edges) = match leaf {
+                Node::Leaf(_, l) => (l.picks_from, l.candidates, l.aperture, l.edges),
+                _ => (0, 0, false, 0),
             };
             LocalityReport {
                 zone: z.zone.to_string(),
@@ -192,6 +202,7 @@ fn localities(leaves: &[Node], zones: &[super::tree::ZoneInfo]) -> Vec<LocalityR
                 picks_from,
                 candidates,
                 aperture,
+                edges,
             }
         })
         .collect()

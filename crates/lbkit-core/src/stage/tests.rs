@@ -356,6 +356,33 @@ fn deterministic_aperture_covers_every_server_evenly() {
 }
 
 #[test]
+fn every_server_is_covered_alike_over_all_clients() {
+    // The slices start count units apart and span a whole number of servers' worth of
+    // units, so every unit of the ring is covered by the same number of clients: each
+    // server's coverage summed over the clients is the same, whatever its edges.
+    for (servers, clients, size) in [(60usize, 100u32, 12u32), (10, 7, 2), (20, 7, 3), (7, 3, 6)] {
+        let mut total = vec![0u64; servers];
+        for index in 0..clients {
+            let at = Coordinates {
+                index,
+                count: clients,
+            };
+            let covered = aperture_coverage(servers, size, at);
+            let positions: Vec<usize> = covered.iter().map(|&(p, _)| p).collect();
+            assert_eq!(positions, aperture_slice(servers, size, at));
+            for (p, c) in covered {
+                assert!(c > 0 && c <= u64::from(clients), "{p}: {c}");
+                total[p] += c;
+            }
+        }
+        assert!(
+            total.iter().all(|&t| t == total[0]),
+            "{servers} servers, {clients} clients, aperture {size}: {total:?}"
+        );
+    }
+}
+
+#[test]
 fn aperture_restricts_the_leaf_and_reports_it() {
     let specs: Vec<EndpointSpec> = (0..60)
         .map(|i| EndpointSpec::new(format!("s{i:02}:1")))

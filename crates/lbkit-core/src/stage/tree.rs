@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use super::aperture::{aperture_slice, random_slice};
+use super::aperture::{aperture_coverage, random_slice};
 use super::tiers::{plan, TierCounts};
 use super::{ApertureMode, Attr, Stages, SubsetFallback, MAX_STAGE_SETS};
 use crate::error::PickError;
@@ -226,6 +226,8 @@ pub(super) struct LeafInfo {
     pub(super) picks_from: u32,
     pub(super) candidates: u32,
     pub(super) aperture: bool,
+    /// How many of them the aperture covers only partly.
+    pub(super) edges: u32,
 }
 
 pub(super) struct TierInfo {
@@ -548,8 +550,12 @@ struct Builder<'b, S: Strategy> {
     refs: Vec<u32>,
     /// Whether the tree being built lets its tiers panic.
     may_panic: bool,
-    seen: HashMap<(Vec<EndpointIdx>, bool), u32>,
+    seen: HashMap<LeafKey, u32>,
 }
+
+/// What makes two leaves the same: their members (sorted), the aperture's coverage of each
+/// (empty when every member counts fully) and whether they are in panic.
+type LeafKey = (Vec<EndpointIdx>, Vec<u32>, bool);
 
 impl<'b, S: Strategy> Builder<'b, S> {
     fn new(
@@ -764,20 +770,22 @@ impl<'b, S: Strategy> Builder<'b, S> {
             .copied()
             .filter(|&i| self.serving[i.get()] || (panic && self.snapshot.endpoint(i).weight() > 0))
             .collect();
-        let (chosen, aperture) = match self.aperture(&admitted) {
-            Some(slice) => (slice, true),
-            None => (admitted.clone(), false),
+        let (chosen, cover, aperture) = match self.aperture(&admitted) {
+            Some((slice, cover)) => (slice, cover, true),
+            None => (admitted.clone(), Vec::new(), false),
         };
         let info = Box::new(LeafInfo {
             picks_from: u32::try_from(chosen.len()).unwrap_or(u32::MAX),
             candidates: u32::try_from(admitted.len()).unwrap_or(u32::MAX),
             aperture,
+            edges: edges(&cover),
         });
-        Node::Leaf(self.intern(chosen, panic), info)
+        Node::Leaf(self.intern((chosen, cover, panic)), info)
     }
 
-    /// The members in this client's aperture (sorted), if an aperture applies.
-    fn aperture(&self, members: &[EndpointIdx]) -> Option<Vec<EndpointIdx>> {
+    /// The members in this client's aperture (sorted), if an aperture applies, with how much
+    /// of each the deterministic aperture covers (empty when every member counts fully).
+    fn aperture(&self, members: &[EndpointIdx]) -> Option<(Vec<EndpointIdx>, Vec<u32>)> {
         let a = self.stages.aperture?;
         let mut ring: Vec<EndpointIdx> = members.to_vec();
         ring.sort_by(|x, y| {
@@ -786,8 +794,8 @@ impl<'b, S: Strategy> Builder<'b, S> {
                 .key()
                 .cmp(self.snapshot.endpoint(*y).key())
         });
-        let positions = match (a.mode, a.coordinates) {
-            (ApertureMode::Deterministic, Some(c)) => aperture_slice(ring.len(), a.size, c),
+        let covered = match (a.mode, a.coordinates) {
+            (ApertureMode::Deterministic, Some(c)) => aperture_coverage(ring.len(), a.size, c),
             (ApertureMode::Deterministic, None) => return None,
             (ApertureMode::Random, c) => {
                 let seed = a.seed
@@ -795,23 +803,37 @@ impl<'b, S: Strategy> Builder<'b, S> {
                         u64::from(c.index).wrapping_mul(0x9E37_79B9_7F4A_7C15)
                     });
                 random_slice(ring.len(), a.size, seed)
+                    .into_iter()
+                    .map(|p| (p, 1))
+                    .collect()
             }
         };
-        let mut slice: Vec<EndpointIdx> = positions.into_iter().map(|p| ring[p]).collect();
-        slice.sort_unstable_by_key(|i| i.get());
-        Some(slice)
+        let mut slice: Vec<(EndpointIdx, u64)> =
+            covered.into_iter().map(|(p, c)| (ring[p], c)).collect();
+        slice.sort_unstable_by_key(|(i, _)| i.get());
+        Some((
+            slice.iter().map(|&(i, _)| i).collect(),
+            coverage_units(&slice),
+        ))
     }
 
-    /// The leaf for exactly `members` (eligible as given), shared when already prepared.
-    fn intern(&mut self, members: Vec<EndpointIdx>, panic: bool) -> u32 {
-        let key = (members, panic);
+    /// The leaf for exactly `members` (eligible as given, with the aperture's coverage of
+    /// each), shared when already prepared.
+    fn intern(&mut self, key: LeafKey) -> u32 {
         if let Some(&at) = self.seen.get(&key) {
             self.refs[at as usize] += 1;
             return at;
         }
-        let (members, panic) = key;
+        let (members, cover, panic) = &key;
         let leaf = if self.leaves.len() < MAX_STAGE_SETS {
-            let snapshot = Arc::new(self.snapshot.scoped(&members, panic));
+            let coverage = (!cover.is_empty()).then(|| {
+                let mut c = vec![0u32; self.snapshot.len()];
+                for (m, &w) in members.iter().zip(cover) {
+                    c[m.get()] = w;
+                }
+                Arc::from(c)
+            });
+            let snapshot = Arc::new(self.snapshot.scoped(members, *panic, coverage));
             Leaf {
                 picker: Some(self.strategy.prepare(&snapshot, self.now)),
                 snapshot,
@@ -827,7 +849,29 @@ impl<'b, S: Strategy> Builder<'b, S> {
         let at = u32::try_from(self.leaves.len()).unwrap_or(u32::MAX);
         self.leaves.push(leaf);
         self.refs.push(1);
-        self.seen.insert((members, panic), at);
+        self.seen.insert(key, at);
         at
     }
+}
+
+/// How many members `cover` (as [`coverage_units`] makes it) covers only partly.
+fn edges(cover: &[u32]) -> u32 {
+    let most = cover.iter().copied().max().unwrap_or(0);
+    u32::try_from(cover.iter().filter(|&&c| c < most).count()).unwrap_or(u32::MAX)
+}
+
+/// Each member's coverage divided by the members' common divisor, or nothing when they are
+/// all the same (every member counts fully).
+fn coverage_units(slice: &[(EndpointIdx, u64)]) -> Vec<u32> {
+    if slice.windows(2).all(|w| w[0].1 == w[1].1) {
+        return Vec::new();
+    }
+    let g = slice
+        .iter()
+        .fold(0, |g, &(_, c)| crate::weight_gcd(g, c))
+        .max(1);
+    slice
+        .iter()
+        .map(|&(_, c)| u32::try_from(c / g).unwrap_or(u32::MAX))
+        .collect()
 }

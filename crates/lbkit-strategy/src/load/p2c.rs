@@ -15,7 +15,9 @@
 //!   probed again. With two samples the worst endpoint is never picked while another exists.
 //! * **Differences from the origin**: time is passed in (no clock read inside the pick) and
 //!   reading the EWMA never mutates it; weights are ignored (use `least-request` for weighted
-//!   load-aware balancing).
+//!   load-aware balancing). Behind a deterministic aperture that covers some servers only
+//!   partly ([`Snapshot::coverage`]), the two candidates are drawn in proportion to their
+//!   coverage, as Finagle's aperture draws them (`Ring.pick2`).
 //!
 //! ```
 //! use std::sync::Arc;
@@ -35,11 +37,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lbkit_core::{
-    exp_small, EndpointIdx, LiveStats, PickContext, PickError, Picker, Snapshot, Strategy,
+    exp_small, EndpointIdx, FastRng, LiveStats, PickContext, PickError, Picker, Snapshot, Strategy,
     Timestamp,
 };
 
 use super::choose::IndexList;
+use crate::alias::AliasTable;
 
 /// linkerd's default RTT for an endpoint without samples.
 pub const DEFAULT_RTT: Duration = Duration::from_millis(30);
@@ -128,15 +131,44 @@ pub struct P2cPicker {
     /// weights: the largest weight's factor is 1). `None`: every factor is 1. `f32`: half the
     /// memory a pick may miss in cache at 100 000 endpoints.
     scale: Option<Box<[f32]>>,
+    /// Candidates drawn by an aperture's coverage of each ([`Snapshot::coverage`]); `None`:
+    /// uniformly.
+    covered: Option<AliasTable>,
 }
 
 impl P2cPicker {
     fn new(snapshot: &Arc<Snapshot>, cost: Cost) -> Self {
+        let covered = snapshot.coverage().and_then(|c| {
+            let w: Vec<(EndpointIdx, u64)> = snapshot
+                .eligible()
+                .iter()
+                .map(|&i| (i, u64::from(c[i.get()])))
+                .collect();
+            AliasTable::new(&w)
+        });
         P2cPicker {
             snapshot: snapshot.clone(),
             eligible: IndexList::new(snapshot.eligible().into()),
             cost,
             scale: None,
+            covered,
+        }
+    }
+
+    /// The two candidates: distinct and uniform, or by coverage (a repeat drawn once more,
+    /// as `Candidates::two_samples` does; a second repeat compares an endpoint with itself).
+    #[inline]
+    fn candidates(&self, rng: &mut FastRng) -> (EndpointIdx, EndpointIdx) {
+        match &self.covered {
+            None => self.eligible.two_distinct(rng),
+            Some(table) => {
+                let a = table.sample(rng);
+                let mut b = table.sample(rng);
+                if b == a {
+                    b = table.sample(rng);
+                }
+                (a, b)
+            }
         }
     }
 
@@ -189,7 +221,7 @@ impl Picker for P2cPicker {
         if self.eligible.is_empty() {
             return Err(PickError::NoEndpoints);
         }
-        let (a, b) = self.eligible.two_distinct(cx.rng);
+        let (a, b) = self.candidates(cx.rng);
         let (la, lb) = (self.snapshot.live(a), self.snapshot.live(b));
         let b_cheaper = match self.cost {
             Cost::InFlight => lb.in_flight() < la.in_flight(),

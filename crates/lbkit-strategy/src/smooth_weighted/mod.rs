@@ -60,7 +60,9 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
-use lbkit_core::{EndpointIdx, PickContext, PickError, Picker, Snapshot, Strategy, Timestamp};
+use lbkit_core::{
+    weight_gcd as gcd, EndpointIdx, PickContext, PickError, Picker, Snapshot, Strategy, Timestamp,
+};
 
 use crate::common::{effective_weights, share};
 use crate::round_robin::{Counters, SharedCounter};
@@ -251,14 +253,6 @@ impl Picker for SmoothWeightedPicker {
             Order::Stride(_) => "golden stride",
         };
         Some(format!("{}, {mode}", share(w, self.total)))
-    }
-}
-
-fn gcd(a: u64, b: u64) -> u64 {
-    if b == 0 {
-        a
-    } else {
-        gcd(b, a % b)
     }
 }
 
