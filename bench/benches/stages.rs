@@ -3,7 +3,9 @@
 //! of them, over 1 000 endpoints, in one process run so the differences compare like with like.
 //!
 //! The endpoints: `version` v1/v2 (subsets), zones a/b/c (localities), a tenth in priority 1
-//! (tiers), all healthy. The aperture is Finagle's deterministic one, 12 wide, client 17 of 100.
+//! (tiers), all healthy. The aperture is Finagle's deterministic one, 12 wide, client 17 of 100
+//! (a slice of whole servers), and client 17 of 30 (`aperture_edges`: partly covered servers at
+//! both ends, drawn by coverage).
 
 use std::sync::Arc;
 
@@ -61,14 +63,21 @@ fn localities() -> Stages {
 }
 
 fn aperture() -> Stages {
+    aperture_of(17, 100)
+}
+
+/// Client 17 of 30: its slice, 1/30 of the ring (33⅓ servers), ends inside a server at both
+/// edges, which are drawn by their coverage.
+fn aperture_edges() -> Stages {
+    aperture_of(17, 30)
+}
+
+fn aperture_of(index: u32, count: u32) -> Stages {
     Stages {
         aperture: Some(Aperture {
             size: 12,
             mode: ApertureMode::Deterministic,
-            coordinates: Some(Coordinates {
-                index: 17,
-                count: 100,
-            }),
+            coordinates: Some(Coordinates { index, count }),
             seed: 1,
         }),
         ..Stages::default()
@@ -144,6 +153,11 @@ mod round_robin {
     }
 
     #[divan::bench]
+    fn aperture_edges(b: Bencher) {
+        bench(b, "round-robin", Some(super::aperture_edges()), false);
+    }
+
+    #[divan::bench]
     fn every_stage(b: Bencher) {
         bench(b, "round-robin", Some(all()), true);
     }
@@ -181,6 +195,11 @@ mod p2c_ewma {
     #[divan::bench]
     fn aperture(b: Bencher) {
         bench(b, "p2c-ewma", Some(super::aperture()), false);
+    }
+
+    #[divan::bench]
+    fn aperture_edges(b: Bencher) {
+        bench(b, "p2c-ewma", Some(super::aperture_edges()), false);
     }
 
     #[divan::bench]

@@ -3,7 +3,7 @@
 use std::io::Write;
 
 use lbkit::health::EjectionRule;
-use lbkit::{Endpoint, EndpointIdx, Picker, Snapshot, Strategy, Timestamp, Unavailable};
+use lbkit::{Endpoint, EndpointIdx, Picker, Prepared, Snapshot, Strategy, Timestamp, Unavailable};
 use lbkit::{RequestTag, Routed};
 use lbkit_core::stage::{Attr, StageReport};
 use lbkit_discovery::governance::applied_rules;
@@ -90,39 +90,7 @@ impl Report {
             .endpoints()
             .iter()
             .enumerate()
-            .map(|(i, e)| {
-                let idx = EndpointIdx::new(i);
-                let (state, eligible) = state(e, idx, snapshot, run, now);
-                Row {
-                    address: e.address().to_owned(),
-                    zone: e.zone().map(str::to_owned),
-                    weight: e.weight(),
-                    effective: snapshot.effective_weight(idx, now),
-                    state,
-                    eligible,
-                    warmup: e.registered_at().map(|at| Warmup {
-                        registered_at_ms: at.as_millis(),
-                        uptime_ms: now.as_millis() as i64 - at.as_millis() as i64,
-                        window_ms: e.warmup().as_millis() as u64,
-                    }),
-                    in_flight: e.stats().in_flight(),
-                    avg_response_ms: e.stats().avg_response_at(now, AVG_WINDOW).map(ms),
-                    ewma_ms: e.stats().ewma_at(now).map(ms),
-                    failures: e.stats().failures(),
-                    consecutive_failures: e.stats().consecutive_failures(),
-                    load: e.stats().load_report(),
-                    rules: applied_rules(e.metadata())
-                        .into_iter()
-                        .map(str::to_owned)
-                        .collect(),
-                    tags: describe_tags(e.metadata()),
-                    routed: in_set(idx),
-                    note: e
-                        .is_eligible()
-                        .then(|| prepared.picker().explain(EndpointIdx::new(i), now))
-                        .flatten(),
-                }
-            })
+            .map(|(i, e)| Row::of(e, EndpointIdx::new(i), run, &prepared, in_set))
             .collect();
         Report {
             strategy: run.balancer.strategy().name().to_owned(),
@@ -136,6 +104,50 @@ impl Report {
                 .stage_report(tag, attrs)
                 .map_err(|e| e.to_string())
                 .transpose(),
+        }
+    }
+}
+
+impl Row {
+    /// The row of endpoint `e` (at `idx`), its note from the prepared picker.
+    fn of(
+        e: &Endpoint,
+        idx: EndpointIdx,
+        run: &Run,
+        prepared: &Prepared<Box<dyn Picker>>,
+        in_set: impl Fn(EndpointIdx) -> bool,
+    ) -> Row {
+        let now = run.now;
+        let snapshot = prepared.snapshot();
+        let (state, eligible) = state(e, idx, snapshot, run, now);
+        Row {
+            address: e.address().to_owned(),
+            zone: e.zone().map(str::to_owned),
+            weight: e.weight(),
+            effective: snapshot.effective_weight(idx, now),
+            state,
+            eligible,
+            warmup: e.registered_at().map(|at| Warmup {
+                registered_at_ms: at.as_millis(),
+                uptime_ms: now.as_millis() as i64 - at.as_millis() as i64,
+                window_ms: e.warmup().as_millis() as u64,
+            }),
+            in_flight: e.stats().in_flight(),
+            avg_response_ms: e.stats().avg_response_at(now, AVG_WINDOW).map(ms),
+            ewma_ms: e.stats().ewma_at(now).map(ms),
+            failures: e.stats().failures(),
+            consecutive_failures: e.stats().consecutive_failures(),
+            load: e.stats().load_report(),
+            rules: applied_rules(e.metadata())
+                .into_iter()
+                .map(str::to_owned)
+                .collect(),
+            tags: describe_tags(e.metadata()),
+            routed: in_set(idx),
+            note: e
+                .is_eligible()
+                .then(|| prepared.picker().explain(idx, now))
+                .flatten(),
         }
     }
 }

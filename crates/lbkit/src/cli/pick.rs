@@ -194,15 +194,7 @@ pub(crate) fn run(args: PickArgs) -> anyhow::Result<()> {
         None => setup.strategy,
     };
     let availability = setup.availability;
-    let count = match args.count {
-        Some(0) => return Err(bad("--count must be at least 1")),
-        Some(n) if n > MAX_COUNT => {
-            return Err(bad(format!("--count {n} is over the limit of {MAX_COUNT}")))
-        }
-        Some(n) => n,
-        None if !args.keys.is_empty() => args.keys.len() as u64,
-        None => 1,
-    };
+    let count = count(&args)?;
     let detector = (setup.outlier_detection && !args.no_outlier)
         .then(|| OutlierDetector::new(OutlierConfig::default()));
     let run = Run::new(
@@ -233,6 +225,19 @@ pub(crate) fn run(args: PickArgs) -> anyhow::Result<()> {
         (OutputFormat::Json, Some(r)) => explain::json(&mut out, &r, &picks)?,
     }
     Ok(out.flush()?)
+}
+
+/// How many picks to make: `--count`, else one per `--key`, else one.
+fn count(args: &PickArgs) -> anyhow::Result<u64> {
+    match args.count {
+        Some(0) => Err(bad("--count must be at least 1")),
+        Some(n) if n > MAX_COUNT => {
+            Err(bad(format!("--count {n} is over the limit of {MAX_COUNT}")))
+        }
+        Some(n) => Ok(n),
+        None if !args.keys.is_empty() => Ok(args.keys.len() as u64),
+        None => Ok(1),
+    }
 }
 
 fn list(out: &mut impl Write) -> anyhow::Result<()> {
