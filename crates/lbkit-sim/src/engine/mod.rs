@@ -186,6 +186,14 @@ fn watched(scenario: &Scenario, names: &[String], servers: &[Server]) -> usize {
     }
 }
 
+/// The workload's request keys (`key-0`, …) and, for Zipf-distributed keys, the sampler.
+fn keys_of(w: &Workload) -> (Vec<String>, Option<Zipf>) {
+    let keys = (0..w.key_count).map(|k| format!("key-{k}")).collect();
+    let zipf = (w.key_count > 0 && w.key_distribution == KeyDistribution::Zipf)
+        .then(|| Zipf::new(w.key_count, w.zipf_exponent));
+    (keys, zipf)
+}
+
 /// About how long the run lasts in virtual ns (for the sampling period).
 fn expected_ns(w: &Workload, arrivals: Option<&[u64]>, requests: u64) -> f64 {
     match (arrivals, w.kind) {
@@ -269,13 +277,12 @@ impl<'a> Engine<'a> {
             })
             .collect();
         let watch = watched(scenario, &names, &servers);
-        let keys = (0..w.key_count).map(|k| format!("key-{k}")).collect();
-        let zipf = (w.key_count > 0 && w.key_distribution == KeyDistribution::Zipf)
-            .then(|| Zipf::new(w.key_count, w.zipf_exponent));
-        let arrivals = match &w.arrivals {
-            Some(file) => Some(crate::dist::read_arrivals(file)?),
-            None => None,
-        };
+        let (keys, zipf) = keys_of(w);
+        let arrivals = w
+            .arrivals
+            .as_ref()
+            .map(|file| crate::dist::read_arrivals(file))
+            .transpose()?;
         let requests = arrivals
             .as_ref()
             .map_or(requests, |a| requests.min(a.len() as u64));

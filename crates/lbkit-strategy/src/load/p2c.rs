@@ -365,7 +365,10 @@ mod tests {
             let total: u32 = units.iter().sum();
             for (p, (&u, q)) in units.iter().zip(implied(&c)).enumerate() {
                 let want = f64::from(u) / f64::from(total);
-                assert!((q - want).abs() < 1e-8, "{units:?} at {p}: {q} against {want}");
+                assert!(
+                    (q - want).abs() < 1e-8,
+                    "{units:?} at {p}: {q} against {want}"
+                );
             }
         }
         let specs = vec![EndpointSpec::new("a:1"), EndpointSpec::new("b:1")];

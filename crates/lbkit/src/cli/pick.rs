@@ -218,13 +218,24 @@ pub(crate) fn run(args: PickArgs) -> anyhow::Result<()> {
         .explain
         .then(|| explain::Report::new(&run, tag, &attrs));
     let picks = run.picks(count, &args.keys, tag, &attrs, &mut rng)?;
-    match (args.format, report) {
+    write_picks(&mut out, args.format, report, &picks)?;
+    Ok(out.flush()?)
+}
+
+/// The picks, with the `--explain` report when there is one, in `format`.
+fn write_picks(
+    out: &mut impl Write,
+    format: OutputFormat,
+    report: Option<explain::Report>,
+    picks: &[String],
+) -> anyhow::Result<()> {
+    match (format, report) {
         (OutputFormat::Text, None) => picks.iter().try_for_each(|p| writeln!(out, "{p}"))?,
         (OutputFormat::Json, None) => writeln!(out, "{}", serde_json::to_string(&picks)?)?,
-        (OutputFormat::Text, Some(r)) => explain::text(&mut out, &r, &picks)?,
-        (OutputFormat::Json, Some(r)) => explain::json(&mut out, &r, &picks)?,
+        (OutputFormat::Text, Some(r)) => explain::text(out, &r, picks)?,
+        (OutputFormat::Json, Some(r)) => explain::json(out, &r, picks)?,
     }
-    Ok(out.flush()?)
+    Ok(())
 }
 
 /// How many picks to make: `--count`, else one per `--key`, else one.
