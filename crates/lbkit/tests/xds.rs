@@ -244,6 +244,14 @@ async fn write_rule(zk: &str, interface: &str, rule: &str) -> String {
     path
 }
 
+/// Delete the rule node at `path` (as `write_rule` made it).
+async fn delete_rule(zk: &str, path: &str) {
+    let client = zookeeper_client::Client::connect(zk)
+        .await
+        .expect("zookeeper");
+    client.delete(path, None).await.expect("the rule node goes");
+}
+
 /// Java's URLEncoder: letters, digits and `.-*_` kept, everything else `%XX`.
 fn form_urlencoded_byte_serialize(s: &str) -> String {
     s.bytes()
@@ -439,14 +447,44 @@ async fn grpc_follows(
     bound: Duration,
     holds: impl Fn(&BTreeMap<String, usize>) -> bool,
 ) -> Duration {
+    grpc_follows_over(client, what, bound, 10, holds).await
+}
+
+/// [`grpc_follows`] over the last `n` calls.
+async fn grpc_follows_over(
+    client: &Proc,
+    what: &str,
+    bound: Duration,
+    n: usize,
+    holds: impl Fn(&BTreeMap<String, usize>) -> bool,
+) -> Duration {
     let from = client.lines().len();
     within(
         what,
         bound,
-        || async { last_answers(client, from, 10) },
+        || async { last_answers(client, from, n) },
         |by| by.as_ref().is_some_and(&holds),
     )
     .await
+}
+
+/// The proxyless clients the machine has: grpcio, and grpc-js when Node's peers are installed,
+/// as `(name, command)` given the bootstrap file.
+fn proxyless_clients(python: &str, boot: &Path) -> Vec<(&'static str, Command)> {
+    let mut cmd = Command::new(python);
+    cmd.arg(script("xds_grpc_client.py"))
+        .args(["xds:///web", "10"])
+        .env("GRPC_XDS_BOOTSTRAP", boot);
+    let mut clients = vec![("grpcio", cmd)];
+    if let Some(node) = lbkit_testkit::node() {
+        let mut cmd = Command::new("node");
+        cmd.arg(script("xds_grpc_js_client.js"))
+            .args(["xds:///web", "10"])
+            .env("NODE_PATH", Path::new(&node).join("node_modules"))
+            .env("GRPC_XDS_BOOTSTRAP", boot);
+        clients.push(("grpc-js", cmd));
+    }
+    clients
 }
 
 /// A proxyless gRPC client (`xds:///web`, `GRPC_XDS_BOOTSTRAP`): LDS → inline route → CDS →
@@ -708,29 +746,13 @@ async fn policies_grpc_lacks_reach_it_through_their_fallback() {
     let dir = test_dir("xds-fallback");
     let (mut g0, a0) = grpc_backend(&python, "g0", &dir).await;
     let (mut g1, a1) = grpc_backend(&python, "g1", &dir).await;
-    let node = lbkit_testkit::node();
     for strategy in ["maglev", "random"] {
         let service =
             format!("endpoints = [\"{a0}\", \"{a1}\"]\nstrategy = \"{strategy}\"\nh2c = true");
         let mut xds = Xds::serving(&service, &dir).await;
         let boot = dir.join("grpc-bootstrap.json");
         std::fs::write(&boot, grpc_bootstrap(xds.ads)).expect("write the bootstrap");
-        let mut clients = vec![("grpcio", python.clone(), script("xds_grpc_client.py"))];
-        if node.is_some() {
-            clients.push((
-                "grpc-js",
-                "node".to_owned(),
-                script("xds_grpc_js_client.js"),
-            ));
-        }
-        for (name, program, client) in clients {
-            let mut cmd = Command::new(program);
-            cmd.arg(client)
-                .args(["xds:///web", "10"])
-                .env("GRPC_XDS_BOOTSTRAP", &boot);
-            if let Some(node) = &node {
-                cmd.env("NODE_PATH", Path::new(node).join("node_modules"));
-            }
+        for (name, cmd) in proxyless_clients(&python, &boot) {
             let log = dir.join(format!("{strategy}-{name}.log"));
             let mut client = Proc::spawn(name, cmd, &log).expect("client");
             let what = format!("{name} on {strategy}: g0 and g1 answer");
@@ -777,5 +799,64 @@ async fn envoy_takes_maglev_from_the_policy_list() {
     xds.check_metrics(1).await;
     proxy.stop().await;
     xds.proc.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A Dubbo override rule that reweights a provider reaches proxyless gRPC: with a ring hash
+/// service (no hash policy, so each call hashes at random and lands in proportion to the
+/// endpoints' weights), g0 at weight 900 against g1's 100 takes about 90 % of the calls
+/// within 2 s of the rule (at least 35 of the last 50: 45 expected, 35 is 4.7 standard
+/// deviations below), where it took about half; and half again within 2 s of the rule's
+/// removal. grpcio, then grpc-js.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxyless_grpc_follows_a_reweight() {
+    let (Some(zk), Some(python)) = (lbkit_testkit::zookeeper(), lbkit_testkit::python()) else {
+        return;
+    };
+    let dir = test_dir("xds-grpc-reweight");
+    let interface = format!("org.lbkit.xdsreweight{}.Grpc", std::process::id());
+    let (mut g0, a0) = grpc_backend(&python, "g0", &dir).await;
+    let (mut g1, a1) = grpc_backend(&python, "g1", &dir).await;
+    let tri = ["--protocol", "tri"];
+    let _r0 = register(&zk, &interface, a0, &tri, &dir).await;
+    let _r1 = register(&zk, &interface, a1, &tri, &dir).await;
+    let service = format!(
+        "zookeeper = {{ zk = \"{zk}\", interface = \"{interface}\" }}\nstrategy = \"ketama\""
+    );
+    let mut xds = Xds::serving(&service, &dir).await;
+    let boot = dir.join("grpc-bootstrap.json");
+    std::fs::write(&boot, grpc_bootstrap(xds.ads)).expect("write the bootstrap");
+    let even = |by: &BTreeMap<String, usize>| {
+        by.get("g0").is_some_and(|&n| (10..=40).contains(&n)) && !by.contains_key("failed")
+    };
+    let heavy = |by: &BTreeMap<String, usize>| {
+        by.get("g0").is_some_and(|&n| n >= 35) && !by.contains_key("failed")
+    };
+    let rule =
+        format!("override://{a0}/{interface}?category=configurators&dynamic=false&weight=900");
+    for (name, cmd) in proxyless_clients(&python, &boot) {
+        let log = dir.join(format!("{name}.log"));
+        let mut client = Proc::spawn(name, cmd, &log).expect("client");
+        grpc_follows_over(
+            &client,
+            &format!("{name}: both answer"),
+            procs::WAIT,
+            50,
+            even,
+        )
+        .await;
+        let path = write_rule(&zk, &interface, &rule).await;
+        let took =
+            grpc_follows_over(&client, &format!("{name}: g0 at 900"), FOLLOW, 50, heavy).await;
+        eprintln!("{name}: reweighted: {took:?}");
+        delete_rule(&zk, &path).await;
+        let took = grpc_follows_over(&client, &format!("{name}: g0 back"), FOLLOW, 50, even).await;
+        eprintln!("{name}: rule removed: {took:?}");
+        xds.check_metrics(3).await;
+        client.stop().await;
+    }
+    xds.proc.stop().await;
+    g0.stop().await;
+    g1.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
