@@ -168,7 +168,13 @@ pub async fn serve_ads<T: AggregatedDiscoveryService>(
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let service = hyper_util::service::TowerToHyperService::new(service.clone());
+        let service = hyper_util::service::TowerToHyperService::new(WithPeer {
+            inner: service.clone(),
+            info: tonic::transport::server::TcpConnectInfo {
+                local_addr: stream.local_addr().ok(),
+                remote_addr: Some(peer),
+            },
+        });
         connections.spawn(async move {
             // PINGs every 30 s: a client gone without a FIN (a dead host, a cut path) is
             // dropped within 10 s more, with its stream and its place in the client count.
@@ -181,6 +187,35 @@ pub async fn serve_ads<T: AggregatedDiscoveryService>(
                 tracing::debug!(%peer, error = %e, "xds: connection ended");
             }
         });
+    }
+}
+
+/// A service that gives each request its connection's addresses, as tonic's own transport
+/// does (`Request::remote_addr`): the streams' log lines name their peer.
+#[derive(Clone)]
+struct WithPeer<S> {
+    inner: S,
+    info: tonic::transport::server::TcpConnectInfo,
+}
+
+impl<S, B> tonic::codegen::Service<http::Request<B>> for WithPeer<S>
+where
+    S: tonic::codegen::Service<http::Request<B>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
+        request.extensions_mut().insert(self.info.clone());
+        self.inner.call(request)
     }
 }
 

@@ -92,8 +92,15 @@ impl Xds {
         Xds { proc, ads, admin }
     }
 
-    /// Its `/metrics`: one client, no NACK, and at least `eds` EDS pushes.
+    /// Its `/metrics`: one client, no NACK, and at least `eds` EDS pushes; and its log names
+    /// the client's address when a stream opens.
     async fn check_metrics(&self, eds: u64) {
+        let opened = self
+            .proc
+            .line("xds: stream opened")
+            .await
+            .expect("a stream");
+        assert!(opened.contains("peer=127.0.0.1:"), "{opened}");
         let metrics = get(self.admin, "/metrics").await.expect("/metrics");
         assert!(metrics.contains("lbkit_xds_clients 1"), "{metrics}");
         assert!(!metrics.contains("lbkit_xds_nacks_total"), "{metrics}");
