@@ -9,18 +9,30 @@
 //!
 //! [service.greeter]
 //! zookeeper = { zk = "127.0.0.1:2181", interface = "org.example.Greeter" }
-//! strategy = "least-request"
+//! strategy = "ketama"
+//!
+//! [[route]]                  # optional, the proxy's format: routes of the Listener `greeter`
+//! service = "greeter"
+//! path_prefix = "/"          # default "/"
+//! hash_key = "header:x-user" # the route's hash_policy: what a ring hash or Maglev cluster
+//!                            # hashes (without one, clients hash each request at random)
 //! ```
+//!
+//! A `[[route]]`'s `service`, `path_prefix` and `hash_key` are sent; its other fields (`host`,
+//! timeouts, `hedge`) are not, and `--check` says so.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
 
-use lbkit_proxy::config::{from_toml, ServiceConfig};
+use lbkit_proxy::config::{from_toml, Route, ServiceConfig};
 use lbkit_proxy::ConfigError;
+use lbkit_strategy::hash::KeyExtractor;
 use serde::Deserialize;
 
-use crate::resources::lb_policy;
+use envoy_types::pb::envoy::config::cluster::v3::cluster::LbPolicy;
+
+use crate::resources::{hash_policy, lb_policy, ListenerRoute};
 
 /// A whole `lbkit xds` file, validated.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
@@ -33,6 +45,10 @@ pub struct XdsConfig {
     /// ClusterLoadAssignment of that name).
     #[serde(default, rename = "service")]
     pub services: BTreeMap<String, ServiceConfig>,
+    /// `[[route]]`, in the proxy's format: each becomes a route of the Listener of its
+    /// service, in file order (see [`routes_of`](Self::routes_of)).
+    #[serde(default, rename = "route")]
+    pub routes: Vec<Route>,
 }
 
 /// `[xds]`.
@@ -101,11 +117,42 @@ impl XdsConfig {
             svc.anchor(dir);
             svc.check(name, path)?;
         }
+        config.check_routes(path)?;
         if config.xds.max_request_bytes < 1024 {
             let why = "at least 1024";
             return Err(ConfigError::new(path, "xds.max_request_bytes", why));
         }
         Ok(config)
+    }
+
+    /// Each `[[route]]` names a service of the file and, when it has one, a hash key the
+    /// proxy's parser takes.
+    fn check_routes(&self, path: &Path) -> Result<(), ConfigError> {
+        for (i, r) in self.routes.iter().enumerate() {
+            if !self.services.contains_key(&r.service) {
+                let why = format!("no [service.{}] in this file", r.service);
+                return Err(ConfigError::new(path, format!("route[{i}].service"), why));
+            }
+            if let Some(key) = &r.hash_key {
+                key.parse::<KeyExtractor>().map_err(|e| {
+                    ConfigError::new(path, format!("route[{i}].hash_key"), e.to_string())
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The routes of service `name`'s Listener: its `[[route]]`s in file order (a path prefix,
+    /// a hash key).
+    pub fn routes_of(&self, name: &str) -> Vec<ListenerRoute> {
+        self.routes
+            .iter()
+            .filter(|r| r.service == name)
+            .map(|r| ListenerRoute {
+                prefix: r.path_prefix.clone(),
+                hash: r.hash_key.as_deref().and_then(|k| k.parse().ok()),
+            })
+            .collect()
     }
 
     /// What of each service's settings Envoy and gRPC do not get as lbkit runs it, one line
@@ -120,8 +167,11 @@ impl XdsConfig {
             if let Some(why) = mapping.differs {
                 note("strategy", &format!("{}: {why}", svc.strategy));
             }
-            // lbkit's own round-robin ignores weights as gRPC's does: nothing to say then.
-            if let Some(why) = mapping.grpc.filter(|_| svc.strategy != "round-robin") {
+            // lbkit's own round-robin ignores weights as gRPC's does, and a ring hash with a
+            // header to hash is gRPC's own: nothing to say then.
+            let hashed = mapping.policy == LbPolicy::RingHash && self.hashes_headers(name);
+            let said = svc.strategy == "round-robin" || hashed;
+            if let Some(why) = mapping.grpc.filter(|_| !said) {
                 note(
                     "strategy",
                     &format!("{} for proxyless gRPC: {why}", svc.strategy),
@@ -138,6 +188,56 @@ impl XdsConfig {
             }
             if svc.zone.is_some() {
                 note("zone", "not sent: Envoy prefers its own node's zone (zone-aware routing), gRPC has no zone preference");
+            }
+        }
+        notes.extend(self.route_notes());
+        notes
+    }
+
+    /// Whether a `[[route]]` to service `name` hashes on a header (which gRPC reads).
+    fn hashes_headers(&self, name: &str) -> bool {
+        self.routes_of(name)
+            .iter()
+            .any(|r| matches!(r.hash, Some(KeyExtractor::Header(_))))
+    }
+
+    /// What of each `[[route]]` is not sent, or not read by everyone (`route[I].FIELD: why`).
+    fn route_notes(&self) -> Vec<String> {
+        let mut notes = Vec::new();
+        for (i, r) in self.routes.iter().enumerate() {
+            let mut note =
+                |field: &str, why: &str| notes.push(format!("route[{i}].{field}: {why}"));
+            if r.host.is_some() {
+                note(
+                    "host",
+                    "not sent: the Listener's routes match any authority",
+                );
+            }
+            let default = lbkit_proxy::config::Route::default_timeout_ms();
+            if r.timeout_ms != default || r.per_try_timeout_ms.is_some() || r.hedge.is_some() {
+                note("timeout_ms", "timeouts, per-try timeouts and hedging are not sent: they stay the clients' own");
+            }
+            let Some(key) = r
+                .hash_key
+                .as_deref()
+                .and_then(|k| k.parse::<KeyExtractor>().ok())
+            else {
+                continue;
+            };
+            if !matches!(
+                lb_policy(&self.services[&r.service].strategy).policy,
+                LbPolicy::RingHash | LbPolicy::Maglev
+            ) {
+                note(
+                    "hash_key",
+                    "sent, but the service's strategy does not hash: the clients do not read it",
+                );
+            }
+            match (&key, hash_policy(&key)) {
+                (_, None) => note("hash_key", "RPC arguments cannot be said in xDS: requests hash at random"),
+                (KeyExtractor::Header(_), _) => {}
+                (KeyExtractor::Path | KeyExtractor::Uri, _) => note("hash_key", "sent as the :path header, which Envoy hashes with its query; proxyless gRPC hashes headers it is sent (gRFC A42), not :path"),
+                _ => note("hash_key", "reaches Envoy only: proxyless gRPC hashes on headers (gRFC A42), so its requests hash at random"),
             }
         }
         notes

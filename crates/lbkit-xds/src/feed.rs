@@ -25,6 +25,7 @@ use crate::server::Metrics;
 pub fn spawn(
     name: &str,
     cfg: &ServiceConfig,
+    routes: Vec<resources::ListenerRoute>,
     cache: &Cache,
     metrics: &Arc<Metrics>,
 ) -> Result<Vec<JoinHandle<()>>, ProxyError> {
@@ -52,6 +53,7 @@ pub fn spawn(
     let target = Feed {
         name: name.to_owned(),
         cfg: cfg.clone(),
+        routes,
         cache: cache.clone(),
         metrics: metrics.clone(),
         skipped: 0,
@@ -66,6 +68,8 @@ pub fn spawn(
 struct Feed {
     name: String,
     cfg: ServiceConfig,
+    /// Its Listener's routes.
+    routes: Vec<resources::ListenerRoute>,
     cache: Cache,
     metrics: Arc<Metrics>,
     /// Endpoints of this service left out of its last assignment.
@@ -79,7 +83,7 @@ struct Feed {
 impl Target for Feed {
     fn publish(&mut self, snapshot: Arc<Snapshot>, _now: Timestamp) -> Vec<EndpointKey> {
         self.latest.store(Some(snapshot.clone()));
-        let (served, skipped) = resources::service(&self.name, &self.cfg, &snapshot);
+        let (served, skipped) = resources::service(&self.name, &self.cfg, &self.routes, &snapshot);
         // Logged when the set left out changes, not on every publish.
         let keys: Vec<&str> = skipped.iter().map(|s| s.key.as_str()).collect();
         if keys

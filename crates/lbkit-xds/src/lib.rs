@@ -24,6 +24,7 @@ pub mod cache;
 pub mod config;
 pub mod delta;
 mod feed;
+mod listener;
 pub mod resources;
 pub mod server;
 pub mod session;
@@ -126,7 +127,8 @@ pub async fn start(config: XdsConfig) -> Result<Running, XdsError> {
     let metrics = Arc::new(Metrics::default());
     let mut tasks = Vec::new();
     for (name, svc) in &config.services {
-        tasks.extend(feed::spawn(name, svc, &cache, &metrics)?);
+        let routes = config.routes_of(name);
+        tasks.extend(feed::spawn(name, svc, routes, &cache, &metrics)?);
     }
     let service =
         Ads::new(cache.clone(), metrics.clone()).into_service(config.xds.max_request_bytes);

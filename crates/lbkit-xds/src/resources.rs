@@ -1,7 +1,7 @@
 //! One lbkit service as xDS resources: a Cluster (EDS over ADS, with the strategy's `lb_policy`
 //! where Envoy has the same one), a ClusterLoadAssignment (weights, health, zones as localities
 //! with weights, priorities) and a Listener for proxyless gRPC (an API listener whose inline
-//! route sends every request to the cluster).
+//! routes send requests to the cluster: [`listener`]).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -19,15 +19,6 @@ use envoy_types::pb::envoy::config::core::v3::{
 use envoy_types::pb::envoy::config::endpoint::v3::{
     lb_endpoint, ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints,
 };
-use envoy_types::pb::envoy::config::listener::v3::{ApiListener, Listener};
-use envoy_types::pb::envoy::config::route::v3::{
-    route, route_action, route_match, Route, RouteAction, RouteConfiguration, RouteMatch,
-    VirtualHost,
-};
-use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
-use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
-    http_connection_manager, http_filter, HttpConnectionManager, HttpFilter,
-};
 use envoy_types::pb::envoy::extensions::load_balancing_policies::{
     maglev::v3::Maglev, random::v3::Random, ring_hash::v3::ring_hash, ring_hash::v3::RingHash,
     round_robin::v3::RoundRobin, wrr_locality::v3::WrrLocality,
@@ -41,6 +32,7 @@ use envoy_types::util::pack_any;
 use lbkit_core::{EndpointIdx, Snapshot};
 use lbkit_proxy::config::{OutlierDetection as OutlierConfig, ServiceConfig};
 
+pub use crate::listener::{hash_policy, listener, ListenerRoute};
 pub use lbkit_discovery::xds::{CLUSTER, ENDPOINTS, LISTENER};
 
 /// How an lbkit strategy reaches Envoy and gRPC: the `lb_policy` and, when they differ, why.
@@ -90,8 +82,8 @@ pub fn lb_policy(strategy: &str) -> PolicyMapping {
     let grpc = match policy {
         RoundRobin => Some("proxyless gRPC's ROUND_ROBIN ignores endpoint weights (within a locality)"),
         Random => Some("proxyless gRPC has no random policy: its clients take the cluster's load_balancing_policy fallback, locality-weighted round robin"),
-        Maglev => Some("proxyless gRPC has no Maglev: its clients take the cluster's load_balancing_policy fallback, ring hash (hashing at random without a hash_policy, which lbkit xds does not send), or round robin where ring hash is missing"),
-        RingHash => Some("proxyless gRPC needs a hash_policy on the route, which lbkit xds does not send: requests hash at random"),
+        Maglev => Some("proxyless gRPC has no Maglev: its clients take the cluster's load_balancing_policy fallback, ring hash (hashing by a [[route]]'s header hash_key, at random without one), or round robin where ring hash is missing"),
+        RingHash => Some("proxyless gRPC hashes by a header the route names, and no [[route]] to this service has a header hash_key: requests hash at random"),
         _ => None,
     };
     PolicyMapping {
@@ -327,52 +319,6 @@ fn lb_endpoint(snapshot: &Snapshot, idx: EndpointIdx, addr: SocketAddr) -> LbEnd
     }
 }
 
-/// The Listener NAME for proxyless gRPC (`xds:///NAME`): an API listener carrying an HTTP
-/// connection manager whose inline route configuration sends every request to cluster NAME,
-/// through the router filter.
-pub fn listener(name: &str) -> Listener {
-    let route = Route {
-        r#match: Some(RouteMatch {
-            path_specifier: Some(route_match::PathSpecifier::Prefix(String::new())),
-            ..RouteMatch::default()
-        }),
-        action: Some(route::Action::Route(RouteAction {
-            cluster_specifier: Some(route_action::ClusterSpecifier::Cluster(name.to_owned())),
-            ..RouteAction::default()
-        })),
-        ..Route::default()
-    };
-    let routes = RouteConfiguration {
-        name: name.to_owned(),
-        virtual_hosts: vec![VirtualHost {
-            name: name.to_owned(),
-            domains: vec!["*".to_owned()],
-            routes: vec![route],
-            ..VirtualHost::default()
-        }],
-        ..RouteConfiguration::default()
-    };
-    let hcm = HttpConnectionManager {
-        stat_prefix: name.to_owned(),
-        route_specifier: Some(http_connection_manager::RouteSpecifier::RouteConfig(routes)),
-        http_filters: vec![HttpFilter {
-            name: "envoy.filters.http.router".to_owned(),
-            config_type: Some(http_filter::ConfigType::TypedConfig(pack_any(
-                Router::default(),
-            ))),
-            ..HttpFilter::default()
-        }],
-        ..HttpConnectionManager::default()
-    };
-    Listener {
-        name: name.to_owned(),
-        api_listener: Some(ApiListener {
-            api_listener: Some(pack_any(hcm)),
-        }),
-        ..Listener::default()
-    }
-}
-
 /// The three resources of one service, packed.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ServiceResources {
@@ -384,15 +330,18 @@ pub struct ServiceResources {
     pub endpoints: Any,
 }
 
-/// Service NAME's resources for `snapshot`, with the endpoints that could not be expressed.
+/// Service NAME's resources for `snapshot`, with the endpoints that could not be expressed:
+/// its Listener routes as `routes` says (the `[[route]]`s to it; none: one route for every
+/// request).
 pub fn service(
     name: &str,
     cfg: &ServiceConfig,
+    routes: &[ListenerRoute],
     snapshot: &Snapshot,
 ) -> (ServiceResources, Vec<Skipped>) {
     let (cla, skipped) = load_assignment(name, snapshot);
     let resources = ServiceResources {
-        listener: pack_any(listener(name)),
+        listener: pack_any(listener(name, routes)),
         cluster: pack_any(cluster(name, cfg)),
         endpoints: pack_any(cla),
     };

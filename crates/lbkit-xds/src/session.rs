@@ -266,7 +266,7 @@ pub(crate) mod tests {
     pub(crate) fn set(cache: &Cache, name: &str, addrs: &[&str]) {
         let specs = addrs.iter().map(|a| EndpointSpec::new(*a)).collect();
         let snapshot = Snapshot::from_specs(specs, Timestamp::ZERO);
-        cache.set(name, &resources::service(name, &config(), &snapshot).0);
+        cache.set(name, &resources::service(name, &config(), &[], &snapshot).0);
     }
 
     fn request(type_url: &str, names: &[&str], nonce: &str) -> DiscoveryRequest {

@@ -709,6 +709,34 @@ fn check_says_ok_and_what_is_not_expressed_or_names_the_bad_field() {
         "{stdout}"
     );
 
+    // A ring hash service: without a [[route]] hashing a header, gRPC hashes at random (said);
+    // with one it is not said, and a route's cookie key is said to reach Envoy only.
+    let ring = |routes: &str| {
+        let text = format!(
+            "[service.api]\nendpoints = [\"127.0.0.1:1\"]\nstrategy = \"ketama\"\n{routes}"
+        );
+        std::fs::write(&good, text).expect("write");
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_lbkit"))
+            .args(["xds", "--check"])
+            .arg(&good)
+            .output()
+            .expect("lbkit xds --check");
+        assert!(out.status.success());
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let bare = ring("");
+    assert!(
+        bare.contains("service.api.strategy: ketama for proxyless gRPC: "),
+        "{bare}"
+    );
+    let keyed = ring("[[route]]\nservice = \"api\"\nhash_key = \"header:x-user\"\n[[route]]\nservice = \"api\"\npath_prefix = \"/web/\"\nhash_key = \"cookie:sid\"\nhost = \"a\"\n");
+    assert!(!keyed.contains("service.api.strategy"), "{keyed}");
+    assert!(
+        keyed.contains("route[1].hash_key: reaches Envoy only"),
+        "{keyed}"
+    );
+    assert!(keyed.contains("route[1].host: not sent"), "{keyed}");
+
     for (text, field) in [
         (
             "[xds]\nbind = \"nowhere\"\n[service.api]\nendpoints = [\"127.0.0.1:1\"]\n",
@@ -724,6 +752,14 @@ fn check_says_ok_and_what_is_not_expressed_or_names_the_bad_field() {
             "service.a b",
         ),
         ("[proxy]\n", "line 1"),
+        (
+            "[service.api]\nendpoints = [\"127.0.0.1:1\"]\n[[route]]\nservice = \"web\"\n",
+            "route[0].service",
+        ),
+        (
+            "[service.api]\nendpoints = [\"127.0.0.1:1\"]\n[[route]]\nservice = \"api\"\nhash_key = \"header:\"\n",
+            "route[0].hash_key",
+        ),
     ] {
         let bad = dir.path().join("bad.toml");
         std::fs::write(&bad, text).expect("write");
@@ -865,5 +901,52 @@ async fn proxyless_grpc_follows_a_reweight() {
     xds.proc.stop().await;
     g0.stop().await;
     g1.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A `[[route]]`'s `hash_key = "header:x-user"` becomes the Listener route's hash policy: a
+/// proxyless client whose calls carry `x-user` sends every one to the same server of a ring
+/// hash service (20 in a row on one of 3), where calls without it hash at random and reach
+/// more than one. grpcio, then grpc-js.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxyless_grpc_hashes_by_the_routes_header() {
+    let Some(python) = lbkit_testkit::python() else {
+        return;
+    };
+    let dir = test_dir("xds-grpc-hash");
+    let mut servers = Vec::new();
+    for name in ["g0", "g1", "g2"] {
+        servers.push(grpc_backend(&python, name, &dir).await);
+    }
+    let (a0, a1, a2) = (servers[0].1, servers[1].1, servers[2].1);
+    let service = format!(
+        "endpoints = [\"{a0}\", \"{a1}\", \"{a2}\"]\nstrategy = \"ketama\"\nh2c = true\n\n\
+         [[route]]\nservice = \"web\"\nhash_key = \"header:x-user\""
+    );
+    let mut xds = Xds::serving(&service, &dir).await;
+    let boot = dir.join("grpc-bootstrap.json");
+    std::fs::write(&boot, grpc_bootstrap(xds.ads)).expect("write the bootstrap");
+    let one = |by: &BTreeMap<String, usize>| by.len() == 1 && !by.contains_key("failed");
+    let spread = |by: &BTreeMap<String, usize>| by.len() > 1 && !by.contains_key("failed");
+    for (keyed, (name, mut cmd)) in [true, false].into_iter().flat_map(|k| {
+        proxyless_clients(&python, &boot)
+            .into_iter()
+            .map(move |c| (k, c))
+    }) {
+        if keyed {
+            cmd.arg("x-user=alice");
+        }
+        let log = dir.join(format!("{name}-{keyed}.log"));
+        let mut client = Proc::spawn(name, cmd, &log).expect("client");
+        let what = format!("{name}, keyed {keyed}");
+        let holds = if keyed { one } else { spread };
+        grpc_follows_over(&client, &what, procs::WAIT, 20, holds).await;
+        xds.check_metrics(1).await;
+        client.stop().await;
+    }
+    xds.proc.stop().await;
+    for (mut server, _) in servers {
+        server.stop().await;
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -259,6 +259,13 @@ pub struct Route {
     pub hedge: Option<String>,
 }
 
+impl Route {
+    /// `timeout_ms` when the file does not set it: 15 s.
+    pub fn default_timeout_ms() -> u64 {
+        default_route_timeout_ms()
+    }
+}
+
 /// `[service.NAME]`.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
