@@ -312,7 +312,8 @@ impl Snapshot {
     /// [`effective_weight`](Self::effective_weight) includes it, and `p2c` draws its two
     /// candidates by it, as Finagle's aperture does (`Ring.pick2`): a server at the edge of a
     /// client's slice takes only the share of that client's load its overlap is worth, so load
-    /// over all clients comes out even.
+    /// over all clients comes out even. The product saturates at `u32::MAX` (a weight of
+    /// 10⁶ with thousands of clients), where proportions would be off.
     pub fn coverage(&self) -> Option<&[u32]> {
         self.coverage.as_deref()
     }

@@ -40,9 +40,11 @@
 //!    overlap `[index / count, index / count + width)` with `width = ⌈size · count / servers⌉
 //!    / count`, so every server is in the aperture of about `size · count / servers` clients.
 //!    A server the slice covers only partly is drawn in proportion to its coverage (Finagle's
-//!    `Ring.pick2`; [`Snapshot::coverage`](crate::Snapshot::coverage)) by p2c and by every
-//!    strategy that draws by weight, so over all clients every server takes the same load
-//!    (unweighted round robin and random count it as a whole member);
+//!    `Ring.pick2`; [`Snapshot::coverage`](crate::Snapshot::coverage)) by p2c, weighted round
+//!    robin, weighted random and least-request, so over all clients every server takes the
+//!    same load. Unweighted round robin and random count it as a whole member; least-active,
+//!    shortest-response and best-available weigh it only between ties; the hashing strategies
+//!    and `adaptive` place by their own weights;
 //!    in gRPC's A68 *random* mode it takes the first `size` of the ring shuffled with its own
 //!    seed. The ring holds the set's endpoints that serve, so the clients spread evenly over
 //!    them; a health change moves the slices (each client's connections stay bounded by its

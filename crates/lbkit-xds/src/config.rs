@@ -133,6 +133,14 @@ impl XdsConfig {
                 let why = format!("no [service.{}] in this file", r.service);
                 return Err(ConfigError::new(path, format!("route[{i}].service"), why));
             }
+            if !r.path_prefix.starts_with('/') {
+                let why = "must start with '/' (a request path always does)";
+                return Err(ConfigError::new(
+                    path,
+                    format!("route[{i}].path_prefix"),
+                    why,
+                ));
+            }
             if let Some(key) = &r.hash_key {
                 key.parse::<KeyExtractor>().map_err(|e| {
                     ConfigError::new(path, format!("route[{i}].hash_key"), e.to_string())
@@ -224,9 +232,10 @@ impl XdsConfig {
             else {
                 continue;
             };
+            let strategy = self.services.get(&r.service).map(|s| s.strategy.as_str());
             if !matches!(
-                lb_policy(&self.services[&r.service].strategy).policy,
-                LbPolicy::RingHash | LbPolicy::Maglev
+                strategy.map(|s| lb_policy(s).policy),
+                Some(LbPolicy::RingHash | LbPolicy::Maglev)
             ) {
                 note(
                     "hash_key",

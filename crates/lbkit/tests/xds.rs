@@ -95,12 +95,20 @@ impl Xds {
     /// Its `/metrics`: one client, no NACK, and at least `eds` EDS pushes; and its log names
     /// the client's address when a stream opens.
     async fn check_metrics(&self, eds: u64) {
-        let opened = self
-            .proc
+        self.proc
             .line("xds: stream opened")
             .await
             .expect("a stream");
-        assert!(opened.contains("peer=127.0.0.1:"), "{opened}");
+        // The latest stream's line: the client connected now, not an earlier one.
+        let lines = self.proc.lines();
+        let opened = lines
+            .iter()
+            .rev()
+            .find(|l| l.contains("xds: stream opened"));
+        assert!(
+            opened.is_some_and(|l| l.contains("peer=127.0.0.1:")),
+            "{opened:?}"
+        );
         let metrics = get(self.admin, "/metrics").await.expect("/metrics");
         assert!(metrics.contains("lbkit_xds_clients 1"), "{metrics}");
         assert!(!metrics.contains("lbkit_xds_nacks_total"), "{metrics}");
@@ -682,7 +690,7 @@ async fn a_tower_pool_follows_lbkit_xds() {
 }
 
 #[test]
-fn check_says_ok_and_what_is_not_expressed_or_names_the_bad_field() {
+fn check_says_ok_and_what_is_not_expressed() {
     let dir = tempfile::tempdir().expect("a directory");
     let good = dir.path().join("good.toml");
     let text =
@@ -708,9 +716,15 @@ fn check_says_ok_and_what_is_not_expressed_or_names_the_bad_field() {
         stdout.contains("not expressed: service.api.zone: "),
         "{stdout}"
     );
+}
 
-    // A ring hash service: without a [[route]] hashing a header, gRPC hashes at random (said);
-    // with one it is not said, and a route's cookie key is said to reach Envoy only.
+/// A ring hash service: without a `[[route]]` hashing a header, gRPC hashes at random (said);
+/// with one it is not said, and a route's cookie key is said to reach Envoy only, its host not
+/// sent.
+#[test]
+fn check_says_what_routes_carry() {
+    let dir = tempfile::tempdir().expect("a directory");
+    let good = dir.path().join("good.toml");
     let ring = |routes: &str| {
         let text = format!(
             "[service.api]\nendpoints = [\"127.0.0.1:1\"]\nstrategy = \"ketama\"\n{routes}"
@@ -736,7 +750,12 @@ fn check_says_ok_and_what_is_not_expressed_or_names_the_bad_field() {
         "{keyed}"
     );
     assert!(keyed.contains("route[1].host: not sent"), "{keyed}");
+}
 
+/// A file `lbkit xds` cannot serve: exit 2, naming the file and the field.
+#[test]
+fn check_names_the_bad_field() {
+    let dir = tempfile::tempdir().expect("a directory");
     for (text, field) in [
         (
             "[xds]\nbind = \"nowhere\"\n[service.api]\nendpoints = [\"127.0.0.1:1\"]\n",
@@ -755,6 +774,10 @@ fn check_says_ok_and_what_is_not_expressed_or_names_the_bad_field() {
         (
             "[service.api]\nendpoints = [\"127.0.0.1:1\"]\n[[route]]\nservice = \"web\"\n",
             "route[0].service",
+        ),
+        (
+            "[service.api]\nendpoints = [\"127.0.0.1:1\"]\n[[route]]\nservice = \"api\"\npath_prefix = \"api\"\n",
+            "route[0].path_prefix",
         ),
         (
             "[service.api]\nendpoints = [\"127.0.0.1:1\"]\n[[route]]\nservice = \"api\"\nhash_key = \"header:\"\n",
@@ -848,9 +871,9 @@ async fn envoy_takes_maglev_from_the_policy_list() {
 /// A Dubbo override rule that reweights a provider reaches proxyless gRPC: with a ring hash
 /// service (no hash policy, so each call hashes at random and lands in proportion to the
 /// endpoints' weights), g0 at weight 900 against g1's 100 takes about 90 % of the calls
-/// within 2 s of the rule (at least 35 of the last 50: 45 expected, 35 is 4.7 standard
-/// deviations below), where it took about half; and half again within 2 s of the rule's
-/// removal. grpcio, then grpc-js.
+/// within 2 s of the rule (at least 20 of the last 30: 27 expected, 20 is 4.3 standard
+/// deviations below), where it took about half (6 to 24 of 30); and half again within 2 s of
+/// the rule's removal. grpcio, then grpc-js.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxyless_grpc_follows_a_reweight() {
     let (Some(zk), Some(python)) = (lbkit_testkit::zookeeper(), lbkit_testkit::python()) else {
@@ -870,10 +893,10 @@ async fn proxyless_grpc_follows_a_reweight() {
     let boot = dir.join("grpc-bootstrap.json");
     std::fs::write(&boot, grpc_bootstrap(xds.ads)).expect("write the bootstrap");
     let even = |by: &BTreeMap<String, usize>| {
-        by.get("g0").is_some_and(|&n| (10..=40).contains(&n)) && !by.contains_key("failed")
+        by.get("g0").is_some_and(|&n| (6..=24).contains(&n)) && !by.contains_key("failed")
     };
     let heavy = |by: &BTreeMap<String, usize>| {
-        by.get("g0").is_some_and(|&n| n >= 35) && !by.contains_key("failed")
+        by.get("g0").is_some_and(|&n| n >= 20) && !by.contains_key("failed")
     };
     let rule =
         format!("override://{a0}/{interface}?category=configurators&dynamic=false&weight=900");
@@ -884,16 +907,16 @@ async fn proxyless_grpc_follows_a_reweight() {
             &client,
             &format!("{name}: both answer"),
             procs::WAIT,
-            50,
+            30,
             even,
         )
         .await;
         let path = write_rule(&zk, &interface, &rule).await;
         let took =
-            grpc_follows_over(&client, &format!("{name}: g0 at 900"), FOLLOW, 50, heavy).await;
+            grpc_follows_over(&client, &format!("{name}: g0 at 900"), FOLLOW, 30, heavy).await;
         eprintln!("{name}: reweighted: {took:?}");
         delete_rule(&zk, &path).await;
-        let took = grpc_follows_over(&client, &format!("{name}: g0 back"), FOLLOW, 50, even).await;
+        let took = grpc_follows_over(&client, &format!("{name}: g0 back"), FOLLOW, 30, even).await;
         eprintln!("{name}: rule removed: {took:?}");
         xds.check_metrics(3).await;
         client.stop().await;

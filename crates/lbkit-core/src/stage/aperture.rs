@@ -58,17 +58,20 @@ pub fn aperture_coverage(servers: usize, size: u32, at: Coordinates) -> Vec<(usi
     }
     let end = start + width;
     let last = (end - 1) / count;
-    // Unwrapped positions first..=last (fewer than n of them: width < ring), each with its
-    // overlap with [start, end).
-    (first..=last)
-        .map(|p| {
-            let overlap = end.min((p + 1) * count) - start.max(p * count);
-            (
-                usize::try_from(p % n).unwrap_or(0),
-                u64::try_from(overlap).unwrap_or(u64::MAX),
-            )
-        })
-        .collect()
+    // Unwrapped positions first..=last, each with its overlap with [start, end). A slice that
+    // starts inside a server and spans nearly the whole ring ends inside the same server: that
+    // position comes round again (at most n + 1 of them), and its two overlaps add up.
+    let mut covered: Vec<(usize, u64)> = Vec::with_capacity(servers.min(size as usize + 2));
+    for p in first..=last {
+        let overlap = end.min((p + 1) * count) - start.max(p * count);
+        let overlap = u64::try_from(overlap).unwrap_or(u64::MAX);
+        let at = usize::try_from(p % n).unwrap_or(0);
+        match covered.first_mut() {
+            Some(head) if p > first && head.0 == at => head.1 += overlap,
+            _ => covered.push((at, overlap)),
+        }
+    }
+    covered
 }
 
 /// The ring positions (of `servers`) in a random aperture of `size`: the first `size` of the

@@ -770,22 +770,22 @@ impl<'b, S: Strategy> Builder<'b, S> {
             .copied()
             .filter(|&i| self.serving[i.get()] || (panic && self.snapshot.endpoint(i).weight() > 0))
             .collect();
-        let (chosen, cover, aperture) = match self.aperture(&admitted) {
-            Some((slice, cover)) => (slice, cover, true),
-            None => (admitted.clone(), Vec::new(), false),
+        let (cut, aperture) = match self.aperture(&admitted) {
+            Some(cut) => (cut, true),
+            None => (Cut::whole(admitted.clone()), false),
         };
         let info = Box::new(LeafInfo {
-            picks_from: u32::try_from(chosen.len()).unwrap_or(u32::MAX),
+            picks_from: u32::try_from(cut.members.len()).unwrap_or(u32::MAX),
             candidates: u32::try_from(admitted.len()).unwrap_or(u32::MAX),
             aperture,
-            edges: edges(&cover),
+            edges: cut.edges,
         });
-        Node::Leaf(self.intern((chosen, cover, panic)), info)
+        Node::Leaf(self.intern((cut.members, cut.cover, panic)), info)
     }
 
     /// The members in this client's aperture (sorted), if an aperture applies, with how much
-    /// of each the deterministic aperture covers (empty when every member counts fully).
-    fn aperture(&self, members: &[EndpointIdx]) -> Option<(Vec<EndpointIdx>, Vec<u32>)> {
+    /// of each the deterministic aperture covers.
+    fn aperture(&self, members: &[EndpointIdx]) -> Option<Cut> {
         let a = self.stages.aperture?;
         let mut ring: Vec<EndpointIdx> = members.to_vec();
         ring.sort_by(|x, y| {
@@ -794,27 +794,31 @@ impl<'b, S: Strategy> Builder<'b, S> {
                 .key()
                 .cmp(self.snapshot.endpoint(*y).key())
         });
-        let covered = match (a.mode, a.coordinates) {
-            (ApertureMode::Deterministic, Some(c)) => aperture_coverage(ring.len(), a.size, c),
+        // A server wholly inside the slice covers `whole` units.
+        let (covered, whole) = match (a.mode, a.coordinates) {
+            (ApertureMode::Deterministic, Some(c)) => (
+                aperture_coverage(ring.len(), a.size, c),
+                u64::from(c.count.max(1)),
+            ),
             (ApertureMode::Deterministic, None) => return None,
             (ApertureMode::Random, c) => {
                 let seed = a.seed
                     ^ c.map_or(0, |c| {
                         u64::from(c.index).wrapping_mul(0x9E37_79B9_7F4A_7C15)
                     });
-                random_slice(ring.len(), a.size, seed)
-                    .into_iter()
-                    .map(|p| (p, 1))
-                    .collect()
+                let slice = random_slice(ring.len(), a.size, seed);
+                (slice.into_iter().map(|p| (p, 1)).collect(), 1)
             }
         };
         let mut slice: Vec<(EndpointIdx, u64)> =
             covered.into_iter().map(|(p, c)| (ring[p], c)).collect();
         slice.sort_unstable_by_key(|(i, _)| i.get());
-        Some((
-            slice.iter().map(|&(i, _)| i).collect(),
-            coverage_units(&slice),
-        ))
+        let edges = slice.iter().filter(|&&(_, c)| c < whole).count();
+        Some(Cut {
+            members: slice.iter().map(|&(i, _)| i).collect(),
+            cover: coverage_units(&slice),
+            edges: u32::try_from(edges).unwrap_or(u32::MAX),
+        })
     }
 
     /// The leaf for exactly `members` (eligible as given, with the aperture's coverage of
@@ -854,10 +858,25 @@ impl<'b, S: Strategy> Builder<'b, S> {
     }
 }
 
-/// How many members `cover` (as [`coverage_units`] makes it) covers only partly.
-fn edges(cover: &[u32]) -> u32 {
-    let most = cover.iter().copied().max().unwrap_or(0);
-    u32::try_from(cover.iter().filter(|&&c| c < most).count()).unwrap_or(u32::MAX)
+/// The members a leaf picks from: all it was given, or an aperture's slice with how much of
+/// each it covers.
+struct Cut {
+    /// Sorted by index.
+    members: Vec<EndpointIdx>,
+    /// Each member's coverage ([`coverage_units`]; empty when every member counts fully).
+    cover: Vec<u32>,
+    /// How many members the slice covers only partly.
+    edges: u32,
+}
+
+impl Cut {
+    fn whole(members: Vec<EndpointIdx>) -> Cut {
+        Cut {
+            members,
+            cover: Vec::new(),
+            edges: 0,
+        }
+    }
 }
 
 /// Each member's coverage divided by the members' common divisor, or nothing when they are

@@ -112,14 +112,7 @@ impl Candidates {
     #[inline]
     pub(crate) fn two_samples(&self, rng: &mut FastRng) -> (EndpointIdx, EndpointIdx) {
         match &self.alias {
-            Some(table) => {
-                let a = table.sample(rng);
-                let mut b = table.sample(rng);
-                if b == a {
-                    b = table.sample(rng); // one redraw; a repeat then compares a with itself
-                }
-                (a, b)
-            }
+            Some(table) => table.two(rng, AliasTable::sample),
             None => self.idx.two_distinct(rng),
         }
     }

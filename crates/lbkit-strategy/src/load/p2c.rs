@@ -42,6 +42,7 @@ use lbkit_core::{
 };
 
 use super::choose::IndexList;
+use crate::alias::AliasTable;
 
 /// linkerd's default RTT for an endpoint without samples.
 pub const DEFAULT_RTT: Duration = Duration::from_millis(30);
@@ -130,78 +131,21 @@ pub struct P2cPicker {
     /// weights: the largest weight's factor is 1). `None`: every factor is 1. `f32`: half the
     /// memory a pick may miss in cache at 100 000 endpoints.
     scale: Option<Box<[f32]>>,
-    /// Candidates drawn by an aperture's coverage of each ([`Snapshot::coverage`]); `None`:
-    /// uniformly.
-    covered: Option<Covered>,
-}
-
-/// An aperture's coverage of each candidate, as an alias table over positions in the eligible
-/// list (Walker's method) that one 64-bit random number samples: its low half picks the column
-/// (multiply-shift), its high half decides between the column's own position and its alias.
-/// A sample costs one draw, as a uniform candidate does (an alias table that draws the column
-/// and the threshold separately cost 2.2 ns more a pick through every stage, BENCHMARKS.md
-/// "Third round: a quiet machine, and aperture edges");
-/// thresholds in 32 bits put each position's probability within 2⁻³² of its share.
-#[derive(Debug)]
-struct Covered {
-    columns: Box<[(u32, u32, u32)]>,
-}
-
-impl Covered {
-    fn new(snapshot: &Snapshot, coverage: &[u32]) -> Option<Covered> {
-        let units: Vec<u64> = snapshot
-            .eligible()
-            .iter()
-            .map(|&i| u64::from(coverage[i.get()]))
-            .collect();
-        let full = units.iter().copied().max()?;
-        if full == 0 || units.iter().all(|&u| u == full) {
-            return None;
-        }
-        let n = units.len() as u128;
-        let total = u128::from(units.iter().sum::<u64>());
-        // Each position's share scaled so a full column is 2³² (exact in u128).
-        let one = 1u128 << 32;
-        let mut scaled: Vec<u128> = units.iter().map(|&u| u128::from(u) * n * one).collect();
-        let full_col = total * one;
-        let (mut small, mut large): (Vec<usize>, Vec<usize>) =
-            (0..units.len()).partition(|&p| scaled[p] < full_col);
-        let pos = |p: usize| u32::try_from(p).unwrap_or(u32::MAX);
-        let mut columns: Vec<(u32, u32, u32)> = (0..units.len())
-            .map(|p| (u32::MAX, pos(p), pos(p)))
-            .collect();
-        while let (Some(s), Some(&l)) = (small.pop(), large.last()) {
-            columns[s].0 = u32::try_from(scaled[s] / total).unwrap_or(u32::MAX);
-            columns[s].2 = pos(l);
-            scaled[l] -= full_col - scaled[s];
-            if scaled[l] < full_col {
-                large.pop();
-                small.push(l);
-            }
-        }
-        Some(Covered {
-            columns: columns.into_boxed_slice(),
-        })
-    }
-
-    /// A position in the eligible list, drawn in proportion to its coverage.
-    #[inline]
-    fn draw(&self, rng: &mut FastRng) -> usize {
-        let r = rng.next_u64();
-        let col = ((r & 0xFFFF_FFFF) * self.columns.len() as u64) >> 32;
-        let (threshold, own, alias) = self.columns[col as usize];
-        let at = if ((r >> 32) as u32) < threshold {
-            own
-        } else {
-            alias
-        };
-        at as usize
-    }
+    /// Candidates drawn by an aperture's coverage of each ([`Snapshot::coverage`]), one
+    /// random number a draw; `None`: uniformly.
+    covered: Option<AliasTable>,
 }
 
 impl P2cPicker {
     fn new(snapshot: &Arc<Snapshot>, cost: Cost) -> Self {
-        let covered = snapshot.coverage().and_then(|c| Covered::new(snapshot, c));
+        let covered = snapshot.coverage().and_then(|c| {
+            let units: Vec<(EndpointIdx, u64)> = snapshot
+                .eligible()
+                .iter()
+                .map(|&i| (i, u64::from(c[i.get()])))
+                .collect();
+            AliasTable::new(&units)
+        });
         P2cPicker {
             snapshot: snapshot.clone(),
             eligible: IndexList::new(snapshot.eligible().into()),
@@ -211,20 +155,12 @@ impl P2cPicker {
         }
     }
 
-    /// The two candidates: distinct and uniform, or by coverage (a repeat drawn once more,
-    /// as `Candidates::two_samples` does; a second repeat compares an endpoint with itself).
+    /// The two candidates: distinct and uniform, or by coverage.
     #[inline]
     fn candidates(&self, rng: &mut FastRng) -> (EndpointIdx, EndpointIdx) {
         match &self.covered {
             None => self.eligible.two_distinct(rng),
-            Some(covered) => {
-                let a = covered.draw(rng);
-                let mut b = covered.draw(rng);
-                if b == a {
-                    b = covered.draw(rng);
-                }
-                (self.eligible.at(a), self.eligible.at(b))
-            }
+            Some(table) => table.two(rng, AliasTable::sample_one_draw),
         }
     }
 
@@ -322,60 +258,5 @@ impl Picker for P2cPicker {
                 )
             }
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use lbkit_core::EndpointSpec;
-
-    /// The probability each position has under the table, computed from its columns.
-    fn implied(c: &Covered) -> Vec<f64> {
-        let n = c.columns.len() as f64;
-        let one = (1u64 << 32) as f64;
-        let mut p = vec![0.0; c.columns.len()];
-        for &(threshold, own, alias) in c.columns.iter() {
-            // A full column's `u32::MAX` keeps its own position on every draw but one in 2³²,
-            // which goes to its alias: itself.
-            let keep = if own == alias {
-                one
-            } else {
-                f64::from(threshold)
-            };
-            p[own as usize] += keep / one / n;
-            p[alias as usize] += (one - keep) / one / n;
-        }
-        p
-    }
-
-    #[test]
-    fn the_coverage_table_draws_each_position_by_its_share() {
-        for units in [
-            vec![5u32, 10, 10, 5],
-            vec![1, 30, 30, 30, 29],
-            vec![3, 7],
-            vec![1, 1000, 1000, 1000, 1000, 1000, 1000, 999],
-        ] {
-            let specs = (0..units.len())
-                .map(|i| EndpointSpec::new(format!("10.0.0.{i}:80")))
-                .collect();
-            let snap = Snapshot::from_specs(specs, Timestamp::ZERO);
-            let c = Covered::new(&snap, &units).expect("edges");
-            let total: u32 = units.iter().sum();
-            for (p, (&u, q)) in units.iter().zip(implied(&c)).enumerate() {
-                let want = f64::from(u) / f64::from(total);
-                assert!(
-                    (q - want).abs() < 1e-8,
-                    "{units:?} at {p}: {q} against {want}"
-                );
-            }
-        }
-        let specs = vec![EndpointSpec::new("a:1"), EndpointSpec::new("b:1")];
-        let snap = Snapshot::from_specs(specs, Timestamp::ZERO);
-        assert!(
-            Covered::new(&snap, &[4, 4]).is_none(),
-            "all covered alike: uniform"
-        );
     }
 }
