@@ -59,6 +59,31 @@ fn attempt_policy(w: &crate::scenario::Workload) -> AttemptPolicy {
     }
 }
 
+/// The balancers (one per client, or one shared by all) and the clients, each with the index
+/// of its balancer.
+fn balancers(
+    scenario: &Scenario,
+    make: &dyn Fn() -> BoxStrategy,
+    record: Option<&lbkit_trace::Recorder>,
+    clock: &Clock,
+) -> (Vec<Lb>, Vec<Client>) {
+    let w = &scenario.workload;
+    let n_lbs = if w.balancer == BalancerMode::Shared {
+        1
+    } else {
+        w.clients as usize
+    };
+    let lbs = (0..n_lbs)
+        .map(|_| new_lb(scenario, make, record, clock))
+        .collect();
+    let clients = (0..w.clients)
+        .map(|c| Client {
+            balancer: c as usize % n_lbs,
+        })
+        .collect();
+    (lbs, clients)
+}
+
 /// One client's balancer (or the shared one): the strategy from `make`, its retry budget, and
 /// the control loop that publishes its endpoints, reading `clock` (virtual time).
 fn new_lb(
@@ -262,20 +287,9 @@ impl<'a> Engine<'a> {
         let names = scenario.server_names();
         let (servers, by_hash) = servers_of(scenario, &names)?;
         let w = &scenario.workload;
-        let n_lbs = if w.balancer == BalancerMode::Shared {
-            1
-        } else {
-            w.clients as usize
-        };
         let clock = Clock::manual(Timestamp::ZERO);
-        let lbs = (0..n_lbs)
-            .map(|_| new_lb(scenario, make, record, &clock.0))
-            .collect();
-        let clients = (0..w.clients)
-            .map(|c| Client {
-                balancer: c as usize % n_lbs,
-            })
-            .collect();
+        let (lbs, clients) = balancers(scenario, make, record, &clock.0);
+        let n_lbs = lbs.len();
         let watch = watched(scenario, &names, &servers);
         let (keys, zipf) = keys_of(w);
         let arrivals = w
