@@ -425,13 +425,34 @@ async fn grpc_backend(python: &str, name: &str, dir: &Path) -> (Proc, SocketAddr
     (proc, SocketAddr::from(([127, 0, 0, 1], port)))
 }
 
-/// gRPC's xDS bootstrap: `lbkit xds` at `ads` as the only server.
-fn grpc_bootstrap(ads: SocketAddr) -> String {
-    format!(
+/// gRPC's xDS bootstrap, `lbkit xds` at `ads` as the only server, written into `dir`: its path.
+fn grpc_bootstrap(dir: &Path, ads: SocketAddr) -> PathBuf {
+    let text = format!(
         r#"{{"xds_servers": [{{"server_uri": "{ads}", "channel_creds": [{{"type": "insecure"}}],
   "server_features": ["xds_v3"]}}],
  "node": {{"id": "lbkit-xds-test-grpc", "locality": {{"zone": "eu-1"}}}}}}"#
-    )
+    );
+    let boot = dir.join("grpc-bootstrap.json");
+    std::fs::write(&boot, text).expect("write the bootstrap");
+    boot
+}
+
+/// grpcio servers answering as `names`, once they all serve: their processes and addresses.
+async fn grpc_backends(python: &str, names: &[&str], dir: &Path) -> (Vec<Proc>, Vec<SocketAddr>) {
+    let mut servers = (Vec::new(), Vec::new());
+    for name in names {
+        let (proc, addr) = grpc_backend(python, name, dir).await;
+        servers.0.push(proc);
+        servers.1.push(addr);
+    }
+    servers
+}
+
+/// Stop `procs`.
+async fn stop_all(procs: Vec<Proc>) {
+    for mut proc in procs {
+        proc.stop().await;
+    }
 }
 
 /// The servers that answered the client's last `n` calls (`failed` for a failed one), once
@@ -512,17 +533,13 @@ async fn proxyless_follows(python: &str, name: &str, client: impl Fn(&Path) -> C
     };
     let dir = test_dir(name);
     let interface = format!("org.lbkit.{name}{}.Grpc", std::process::id()).replace('-', "");
-    let mut servers = Vec::new();
-    for server in ["g0", "g1", "g2"] {
-        servers.push(grpc_backend(python, server, &dir).await);
-    }
-    let (a0, a1, a2) = (servers[0].1, servers[1].1, servers[2].1);
+    let (servers, addrs) = grpc_backends(python, &["g0", "g1", "g2"], &dir).await;
+    let (a0, a1, a2) = (addrs[0], addrs[1], addrs[2]);
     let tri = ["--protocol", "tri"];
     let _r0 = register(&zk, &interface, a0, &tri, &dir).await;
     let mut r1 = register(&zk, &interface, a1, &tri, &dir).await;
     let mut xds = Xds::start(&zk, &interface, &dir).await;
-    let boot = dir.join("grpc-bootstrap.json");
-    std::fs::write(&boot, grpc_bootstrap(xds.ads)).expect("write the bootstrap");
+    let boot = grpc_bootstrap(&dir, xds.ads);
     let mut client = Proc::spawn(name, client(&boot), &dir.join("client.log")).expect("client");
 
     grpc_follows(&client, "g0 and g1 answer", procs::WAIT, |by| {
@@ -546,9 +563,7 @@ async fn proxyless_follows(python: &str, name: &str, client: impl Fn(&Path) -> C
     xds.check_metrics(4).await;
     client.stop().await;
     xds.proc.stop().await;
-    for (mut server, _) in servers {
-        server.stop().await;
-    }
+    stop_all(servers).await;
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -810,14 +825,13 @@ async fn policies_grpc_lacks_reach_it_through_their_fallback() {
         return;
     };
     let dir = test_dir("xds-fallback");
-    let (mut g0, a0) = grpc_backend(&python, "g0", &dir).await;
-    let (mut g1, a1) = grpc_backend(&python, "g1", &dir).await;
+    let (servers, addrs) = grpc_backends(&python, &["g0", "g1"], &dir).await;
+    let (a0, a1) = (addrs[0], addrs[1]);
     for strategy in ["maglev", "random"] {
         let service =
             format!("endpoints = [\"{a0}\", \"{a1}\"]\nstrategy = \"{strategy}\"\nh2c = true");
         let mut xds = Xds::serving(&service, &dir).await;
-        let boot = dir.join("grpc-bootstrap.json");
-        std::fs::write(&boot, grpc_bootstrap(xds.ads)).expect("write the bootstrap");
+        let boot = grpc_bootstrap(&dir, xds.ads);
         for (name, cmd) in proxyless_clients(&python, &boot) {
             let log = dir.join(format!("{strategy}-{name}.log"));
             let mut client = Proc::spawn(name, cmd, &log).expect("client");
@@ -831,8 +845,7 @@ async fn policies_grpc_lacks_reach_it_through_their_fallback() {
         }
         xds.proc.stop().await;
     }
-    g0.stop().await;
-    g1.stop().await;
+    stop_all(servers).await;
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -881,8 +894,8 @@ async fn proxyless_grpc_follows_a_reweight() {
     };
     let dir = test_dir("xds-grpc-reweight");
     let interface = format!("org.lbkit.xdsreweight{}.Grpc", std::process::id());
-    let (mut g0, a0) = grpc_backend(&python, "g0", &dir).await;
-    let (mut g1, a1) = grpc_backend(&python, "g1", &dir).await;
+    let (servers, addrs) = grpc_backends(&python, &["g0", "g1"], &dir).await;
+    let (a0, a1) = (addrs[0], addrs[1]);
     let tri = ["--protocol", "tri"];
     let _r0 = register(&zk, &interface, a0, &tri, &dir).await;
     let _r1 = register(&zk, &interface, a1, &tri, &dir).await;
@@ -890,8 +903,7 @@ async fn proxyless_grpc_follows_a_reweight() {
         "zookeeper = {{ zk = \"{zk}\", interface = \"{interface}\" }}\nstrategy = \"ketama\""
     );
     let mut xds = Xds::serving(&service, &dir).await;
-    let boot = dir.join("grpc-bootstrap.json");
-    std::fs::write(&boot, grpc_bootstrap(xds.ads)).expect("write the bootstrap");
+    let boot = grpc_bootstrap(&dir, xds.ads);
     let even = |by: &BTreeMap<String, usize>| {
         by.get("g0").is_some_and(|&n| (6..=24).contains(&n)) && !by.contains_key("failed")
     };
@@ -922,8 +934,7 @@ async fn proxyless_grpc_follows_a_reweight() {
         client.stop().await;
     }
     xds.proc.stop().await;
-    g0.stop().await;
-    g1.stop().await;
+    stop_all(servers).await;
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -937,18 +948,14 @@ async fn proxyless_grpc_hashes_by_the_routes_header() {
         return;
     };
     let dir = test_dir("xds-grpc-hash");
-    let mut servers = Vec::new();
-    for name in ["g0", "g1", "g2"] {
-        servers.push(grpc_backend(&python, name, &dir).await);
-    }
-    let (a0, a1, a2) = (servers[0].1, servers[1].1, servers[2].1);
+    let (servers, addrs) = grpc_backends(&python, &["g0", "g1", "g2"], &dir).await;
+    let (a0, a1, a2) = (addrs[0], addrs[1], addrs[2]);
     let service = format!(
         "endpoints = [\"{a0}\", \"{a1}\", \"{a2}\"]\nstrategy = \"ketama\"\nh2c = true\n\n\
          [[route]]\nservice = \"web\"\nhash_key = \"header:x-user\""
     );
     let mut xds = Xds::serving(&service, &dir).await;
-    let boot = dir.join("grpc-bootstrap.json");
-    std::fs::write(&boot, grpc_bootstrap(xds.ads)).expect("write the bootstrap");
+    let boot = grpc_bootstrap(&dir, xds.ads);
     let one = |by: &BTreeMap<String, usize>| by.len() == 1 && !by.contains_key("failed");
     let spread = |by: &BTreeMap<String, usize>| by.len() > 1 && !by.contains_key("failed");
     for (keyed, (name, mut cmd)) in [true, false].into_iter().flat_map(|k| {
@@ -968,8 +975,6 @@ async fn proxyless_grpc_hashes_by_the_routes_header() {
         client.stop().await;
     }
     xds.proc.stop().await;
-    for (mut server, _) in servers {
-        server.stop().await;
-    }
+    stop_all(servers).await;
     let _ = std::fs::remove_dir_all(&dir);
 }
