@@ -139,9 +139,28 @@ impl<'a> IntoIterator for &'a Metadata {
 /// Statistics follow the key: an endpoint that stays in the set keeps its [`EndpointStats`].
 ///
 /// Equal when the text is; two clones of one key compare by pointer, without reading the
-/// text (the tower pool checks each pick's service entry against the endpoint's key).
-#[derive(Clone, Debug, Eq, PartialOrd, Ord)]
+/// text (the tower pool checks each pick's service entry against the endpoint's key). Ordered
+/// by the text, the same way: a snapshot builder's merge of a set with the last one compares
+/// the keys of unchanged endpoints without reading them.
+#[derive(Clone, Debug, Eq)]
 pub struct EndpointKey(Arc<str>);
+
+impl Ord for EndpointKey {
+    #[inline]
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        if Arc::ptr_eq(&self.0, &other.0) {
+            return std::cmp::Ordering::Equal;
+        }
+        self.0.cmp(&other.0)
+    }
+}
+
+impl PartialOrd for EndpointKey {
+    #[inline]
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
 
 impl PartialEq for EndpointKey {
     #[inline]

@@ -28,7 +28,7 @@
 //! ```
 
 use std::borrow::Cow;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
@@ -274,8 +274,13 @@ pub fn publisher<S: Strategy>(
 /// the published snapshot (the *serving* set): empty-push protection holds the serving set
 /// while the desired one is empty, every later rebuild (a health change, an ejection) starts
 /// from the serving set, and later incremental updates apply to the desired set, so nothing
-/// held back leaks into the next snapshot. Each rebuild is one [`SnapshotBuilder`] reset,
-/// which diffs by key and keeps the statistics of endpoints that stay.
+/// held back leaks into the next snapshot.
+///
+/// A change costs what it changes: the controller marks the keys each update adds, removes or
+/// changes (and each health result, held or confirmed removal, rejection), and the rebuild
+/// patches only those endpoints ([`SnapshotBuilder::patch`]); every other endpoint is the same
+/// object, with its statistics. A reset, or a set out of key order, is diffed whole
+/// ([`SnapshotBuilder::reset_from`]). Strategies then prepare the new snapshot as they do any.
 #[derive(Debug)]
 pub struct Controller {
     config: ControllerConfig,
@@ -295,6 +300,9 @@ pub struct Controller {
     events: Vec<RemovalEvent>,
     /// Whether `desired` changed since the last publish.
     dirty: bool,
+    /// The keys whose spec or health changed, or that came or went, since the last build: the
+    /// builder changes only those endpoints.
+    touched: Touched,
     /// Whether `desired` is in strictly ascending key order (as sources list it); updates
     /// keep it so.
     ordered: bool,
@@ -330,6 +338,7 @@ impl Controller {
             empty_held: false,
             events: Vec::new(),
             dirty: false,
+            touched: Touched::All,
             ordered: true,
             pace: Pace::default(),
             published: false,
@@ -363,6 +372,7 @@ impl Controller {
         self.held = None;
         self.empty_held = false;
         self.dirty = true;
+        self.touched = Touched::All;
         self
     }
 
@@ -392,7 +402,9 @@ impl Controller {
     /// protection's share of the set are held ([`RemovalProtection`]).
     ///
     /// # Complexity
-    /// O(n + u) for n endpoints and u updated specs, plus one snapshot build.
+    /// For u updated specs of a set of n in key order: O(u log n) to apply them (O(n + u) for
+    /// a large batch or a reset), and a snapshot patched in O(u log n) comparisons plus O(n)
+    /// copies by reference (see [`SnapshotBuilder::patch`]).
     pub fn apply_batch(&mut self, updates: Vec<Update>) -> Option<Arc<Snapshot>> {
         self.metrics.batches.fetch_add(1, Relaxed);
         self.metrics
@@ -411,7 +423,8 @@ impl Controller {
         let mut removed = Vec::new();
         for update in updates {
             let out = watch.then_some(&mut removed);
-            self.dirty |= apply(&mut self.desired, &mut self.ordered, update, out);
+            let (specs, touched) = (&mut self.desired, &mut self.touched);
+            self.dirty |= apply(specs, &mut self.ordered, update, out, touched);
         }
         if !self.dirty && self.published {
             self.metrics.unchanged.fetch_add(1, Relaxed);
@@ -420,9 +433,13 @@ impl Controller {
         if self.config.empty_protection && self.desired.is_empty() && serving && self.published {
             return self.hold_empty(before);
         }
-        if std::mem::take(&mut self.empty_held) && watch {
-            // Out of a held empty push: what was served and is not listed now is removed too.
-            removed.extend(self.held.take().unwrap_or_default());
+        if std::mem::take(&mut self.empty_held) {
+            // Out of a held empty push: the set served was `held`, what follows is `desired`.
+            self.touched = Touched::All;
+            if watch {
+                // What was served and is not listed now is removed too.
+                removed.extend(self.held.take().unwrap_or_default());
+            }
         }
         self.judge_removals(removed, listed);
         self.dirty = false;
@@ -498,6 +515,8 @@ impl Controller {
             let keys = self
                 .removal
                 .judge(removed, sizes, is_listed, confirmed, now);
+            // Held: served again, earlier removals of the window too.
+            keys.iter().for_each(|k| self.touched.key(k));
             if !keys.is_empty() {
                 let n = u64::try_from(keys.len()).unwrap_or(u64::MAX);
                 self.metrics.removals_held.fetch_add(n, Relaxed);
@@ -519,6 +538,7 @@ impl Controller {
     fn confirmed(&mut self, key: EndpointKey, by: Confirmed) {
         self.metrics.removals_confirmed.fetch_add(1, Relaxed);
         tracing::info!(endpoint = %key, %by, "held endpoint confirmed gone");
+        self.touched.key(&key);
         self.events.push(RemovalEvent::Confirmed { key, by });
         self.held = self.removal.serving(&self.desired, self.ordered);
         self.metrics.held.store(self.removal.len() as u64, Relaxed);
@@ -556,6 +576,7 @@ impl Controller {
         }
         self.metrics.health_changes.fetch_add(1, Relaxed);
         tracing::info!(endpoint = %key, healthy, "health check");
+        self.touched.key(&key);
         if !healthy && self.removal.confirm(&key) {
             self.confirmed(key, Confirmed::HealthCheck);
         }
@@ -600,6 +621,7 @@ impl Controller {
         let before = self.serving().len();
         for key in keys {
             self.removal.confirm(key);
+            self.touched.key(key);
         }
         self.metrics.held.store(self.removal.len() as u64, Relaxed);
         self.desired.retain(|s| !gone.contains(&s.key));
@@ -622,14 +644,22 @@ impl Controller {
         let down = &self.down;
         // Borrowed: the builder copies only what is new or changed.
         let serving = self.held.as_deref().unwrap_or(&self.desired);
-        let specs = serving.iter().map(|s| {
-            if s.healthy && down.contains(&s.key) {
-                Cow::Owned(s.clone().with_healthy(false))
-            } else {
-                Cow::Borrowed(s)
+        let served = |s| overlay(down, s);
+        self.base = match std::mem::replace(&mut self.touched, Touched::none()) {
+            // A change of k keys to a set in key order: k lookups, k specs compared.
+            Touched::Keys(keys) if self.ordered => {
+                let spec = |k: &EndpointKey| {
+                    let at = serving.binary_search_by(|s| s.key.cmp(k));
+                    at.ok().map(|i| served(&serving[i]))
+                };
+                let changes = keys.into_iter().map(|k| {
+                    let now_served = spec(&k);
+                    (k, now_served)
+                });
+                self.builder.patch(changes.collect(), now)
             }
-        });
-        self.base = self.builder.reset_from(specs, now);
+            _ => self.builder.reset_from(serving.iter().map(served), now),
+        };
         self.published = true;
         self.overlaid()
     }
@@ -870,29 +900,32 @@ fn apply(
     ordered: &mut bool,
     update: Update,
     removed: Option<&mut Vec<EndpointSpec>>,
+    touched: &mut Touched,
 ) -> bool {
     match update {
-        Update::Reset(new) => reset(specs, ordered, new, removed),
+        Update::Reset(new) => {
+            touched.all();
+            reset(specs, ordered, new, removed)
+        }
         Update::Add(new) if *ordered && new.len() <= FEW => {
             let mut changed = false;
             for spec in new {
+                touched.key(&spec.key);
                 match specs.binary_search_by(|s| s.key.cmp(&spec.key)) {
-                    Ok(i) if specs[i] == spec => {}
-                    Ok(i) => {
-                        specs[i] = spec;
-                        changed = true;
-                    }
-                    Err(i) => {
-                        specs.insert(i, spec);
-                        changed = true;
-                    }
+                    Ok(i) if specs[i] == spec => continue,
+                    Ok(i) => specs[i] = spec,
+                    Err(i) => specs.insert(i, spec),
                 }
+                changed = true;
             }
             changed
         }
-        Update::Add(new) if *ordered => merge_ordered(specs, new),
-        Update::Add(new) => add_or_replace(specs, new),
-        Update::Remove(keys) => remove(specs, *ordered, &keys, removed),
+        Update::Add(new) if *ordered => merge_ordered(specs, new, touched),
+        Update::Add(new) => add_or_replace(specs, new, touched),
+        Update::Remove(keys) => {
+            keys.iter().for_each(|k| touched.key(k));
+            remove(specs, *ordered, &keys, removed)
+        }
     }
 }
 
@@ -912,7 +945,7 @@ fn reset(
         // In key order, so unique (sources list so): taken as it is.
         *specs = new;
     } else {
-        add_or_replace(specs, new);
+        add_or_replace(specs, new, &mut Touched::All);
     }
     if let Some(out) = removed {
         let now: HashSet<&EndpointKey, foldhash::fast::RandomState> =
@@ -957,7 +990,11 @@ fn remove(
 
 /// Add or replace `new` (later wins among its duplicates) in `specs`, which is in key order
 /// and stays so: one merge.
-fn merge_ordered(specs: &mut Vec<EndpointSpec>, mut new: Vec<EndpointSpec>) -> bool {
+fn merge_ordered(
+    specs: &mut Vec<EndpointSpec>,
+    mut new: Vec<EndpointSpec>,
+    touched: &mut Touched,
+) -> bool {
     // Stable: of equal keys the later stays later, and is the one kept.
     new.sort_by(|a, b| a.key.cmp(&b.key));
     new.reverse();
@@ -971,6 +1008,7 @@ fn merge_ordered(specs: &mut Vec<EndpointSpec>, mut new: Vec<EndpointSpec>) -> b
         match old.next_if(|o| o.key == spec.key) {
             Some(o) if o == spec => out.push(o),
             _ => {
+                touched.key(&spec.key);
                 out.push(spec);
                 changed = true;
             }
@@ -985,7 +1023,11 @@ fn merge_ordered(specs: &mut Vec<EndpointSpec>, mut new: Vec<EndpointSpec>) -> b
 /// on keys this short, seeded per process.
 type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
-fn add_or_replace(specs: &mut Vec<EndpointSpec>, new: Vec<EndpointSpec>) -> bool {
+fn add_or_replace(
+    specs: &mut Vec<EndpointSpec>,
+    new: Vec<EndpointSpec>,
+    touched: &mut Touched,
+) -> bool {
     let mut pos: FastMap<EndpointKey, usize> = specs
         .iter()
         .enumerate()
@@ -997,10 +1039,12 @@ fn add_or_replace(specs: &mut Vec<EndpointSpec>, new: Vec<EndpointSpec>) -> bool
         match pos.get(&spec.key) {
             Some(&i) if specs[i] == spec => {}
             Some(&i) => {
+                touched.key(&spec.key);
                 specs[i] = spec;
                 changed = true;
             }
             None => {
+                touched.key(&spec.key);
                 pos.insert(spec.key.clone(), specs.len());
                 specs.push(spec);
                 changed = true;
@@ -1008,6 +1052,47 @@ fn add_or_replace(specs: &mut Vec<EndpointSpec>, new: Vec<EndpointSpec>) -> bool
         }
     }
     changed
+}
+
+/// `spec` as served: down when a health check says so.
+fn overlay<'s>(down: &HashSet<EndpointKey>, spec: &'s EndpointSpec) -> Cow<'s, EndpointSpec> {
+    if down.is_empty() || !spec.healthy || !down.contains(&spec.key) {
+        Cow::Borrowed(spec)
+    } else {
+        Cow::Owned(spec.clone().with_healthy(false))
+    }
+}
+
+/// The keys added, removed, or changed in spec or health overlay since the last build (in key
+/// order), or all of them.
+#[derive(Debug)]
+enum Touched {
+    All,
+    Keys(BTreeSet<EndpointKey>),
+}
+
+impl Touched {
+    fn none() -> Self {
+        Touched::Keys(BTreeSet::new())
+    }
+
+    fn all(&mut self) {
+        *self = Touched::All;
+    }
+
+    fn key(&mut self, key: &EndpointKey) {
+        if let Touched::Keys(keys) = self {
+            keys.insert(key.clone());
+        }
+    }
+
+    #[cfg(test)]
+    fn contains(&self, key: &EndpointKey) -> bool {
+        match self {
+            Touched::All => true,
+            Touched::Keys(keys) => keys.contains(key),
+        }
+    }
 }
 
 #[cfg(test)]

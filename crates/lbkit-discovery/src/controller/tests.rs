@@ -433,9 +433,17 @@ proptest::proptest! {
             };
             let keys_of = |v: &[EndpointSpec]| v.iter().map(|s| s.key.as_str().to_owned()).collect::<std::collections::BTreeSet<_>>();
             let before = keys_of(&specs);
+            let was: HashMap<EndpointKey, EndpointSpec> = specs.iter().map(|s| (s.key.clone(), s.clone())).collect();
             let mut removed = Vec::new();
-            apply(&mut specs, &mut ordered, update, Some(&mut removed));
+            let mut touched = Touched::none();
+            apply(&mut specs, &mut ordered, update, Some(&mut removed), &mut touched);
             proptest::prop_assert!(ordered);
+            // Every key listed with a spec it did not have is said to have changed.
+            for s in &specs {
+                if was.get(&s.key) != Some(s) {
+                    proptest::prop_assert!(touched.contains(&s.key), "{} changed unsaid", s.key);
+                }
+            }
             // What left the list is what `apply` says it removed, each once.
             let mut gone: Vec<String> = removed.iter().map(|s| s.key.as_str().to_owned()).collect();
             gone.sort();
@@ -444,6 +452,69 @@ proptest::proptest! {
         }
         let got: Vec<(String, u32)> = specs.iter().map(|s| (s.key.as_str().to_owned(), s.weight)).collect();
         proptest::prop_assert_eq!(got, model(&ops));
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { rng_seed: proptest::test_runner::RngSeed::Fixed(44), ..Default::default() })]
+    /// Any mix of resets, additions, removals (mass ones too, held by both protections), time
+    /// letting held removals go, rejections and health results: every endpoint published
+    /// describes its spec as served (the serving set under the health overlay), though the
+    /// builder changes only the keys the controller marked; and an endpoint whose spec did not
+    /// change stays the same object.
+    #[test]
+    fn published_endpoints_describe_what_is_served(
+        ops in proptest::collection::vec(
+            (0u8..7, proptest::collection::vec((0u8..24, 1u32..4), 0..12)),
+            1..24,
+        )
+    ) {
+        let (clock, manual) = Clock::manual(Timestamp::from_millis(1_000));
+        let mut c = Controller::new(ControllerConfig::default()).with_clock(clock);
+        let mut last: Option<Arc<Snapshot>> = None;
+        for (kind, items) in ops {
+            let specs = || items.iter().map(|&(k, w)| spec(&format!("h{k:02}:1"), w)).collect::<Vec<_>>();
+            let key = |k: u8| EndpointKey::from(format!("h{k:02}:1"));
+            let published: Vec<Arc<Snapshot>> = match kind {
+                0 => {
+                    let mut v = specs();
+                    v.sort_by(|a, b| a.key.cmp(&b.key));
+                    v.dedup_by(|a, b| a.key == b.key);
+                    c.apply_batch(vec![Update::Reset(v)]).into_iter().collect()
+                }
+                1 => c.apply_batch(vec![Update::Add(specs())]).into_iter().collect(),
+                2 => c.apply_batch(vec![Update::Remove(items.iter().map(|&(k, _)| key(k)).collect())]).into_iter().collect(),
+                // Time lets held removals go; a target that cannot serve some leaves them out.
+                3 => {
+                    manual.advance(Duration::from_secs(u64::from(items.len() as u8) * 15));
+                    c.expire_held(manual.now()).into_iter().collect()
+                }
+                4 => c.reject(&items.iter().map(|&(k, _)| key(k)).collect::<Vec<_>>()).into_iter().collect(),
+                // Each health result is its own snapshot; the checks below read the last.
+                _ => {
+                    let mut all: Vec<_> = items.iter().filter_map(|&(k, w)| c.set_health(key(k), w > 1)).collect();
+                    let last_one = all.pop();
+                    if let Some(before_last) = all.pop() {
+                        last = Some(before_last);
+                    }
+                    last_one.into_iter().collect()
+                }
+            };
+            let Some(snap) = published.into_iter().last() else { continue };
+            let serving: Vec<EndpointSpec> = c.serving().iter().map(|s| {
+                let down = c.down.contains(&s.key);
+                s.clone().with_healthy(s.healthy && !down)
+            }).collect();
+            proptest::prop_assert_eq!(snap.len(), serving.len());
+            for (e, s) in snap.endpoints().iter().zip(&serving) {
+                proptest::prop_assert!(e.describes(s), "{} does not describe its spec", e.key());
+                let before = last.as_ref().and_then(|l| l.find(e.key()).map(|i| l.endpoint(i).clone()));
+                if let Some(b) = before.filter(|b| b.describes(s)) {
+                    proptest::prop_assert!(b.ptr_eq(e), "{} unchanged but rebuilt", e.key());
+                }
+            }
+            last = Some(snap);
+        }
     }
 }
 

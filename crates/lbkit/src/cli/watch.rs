@@ -1,6 +1,6 @@
 //! `lbkit watch`: a service's providers in ZooKeeper, then every change.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::io::{self, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -17,7 +17,7 @@ use lbkit::discovery::zookeeper::{
     Layout, ProviderFilter, ServicePath, WatchMode, ZkConfig, ZkSource,
 };
 use lbkit::discovery::{Controller, ControllerConfig, DiscoveryError, RemovalProtection};
-use lbkit::{Clock, Endpoint, EndpointIdx, EndpointKey, Snapshot};
+use lbkit::{Clock, Endpoint, EndpointIdx, Snapshot};
 use tracing::level_filters::LevelFilter;
 
 use super::bad;
@@ -323,17 +323,31 @@ fn unreachable(
     }
 }
 
-/// Printing a set costs O(changes), not O(providers), beyond one hash lookup per provider:
-/// the snapshot builder keeps an unchanged provider the same [`lbkit::Endpoint`], so the
-/// printer describes only those that are new or not the same object as last time.
+/// Printing a set costs O(changes) in text compared and printed: the snapshot builder keeps an
+/// unchanged provider the same [`lbkit::Endpoint`], so the printer walks the last set and this
+/// one in key order side by side, comparing pointers, and reads keys only where they differ
+/// (which also checks that the new set is in key order). A set out of key order is walked
+/// sorted (registry sources list in key order).
 struct Printer {
     dir: String,
     clock: Clock,
-    /// The providers of the last set shown, by key, with the number of the set that last
-    /// held each (what the current set no longer holds is gone).
-    last: Option<HashMap<EndpointKey, (Endpoint, u64), foldhash::fast::RandomState>>,
-    /// The number of the set being shown.
-    shown: u64,
+    /// The last set shown: a snapshot in key order is kept as it is (no copy).
+    last: Option<Last>,
+}
+
+/// The providers of the last set shown, in key order.
+enum Last {
+    Snapshot(Arc<Snapshot>),
+    Sorted(Vec<Endpoint>),
+}
+
+impl Last {
+    fn endpoints(&self) -> &[Endpoint] {
+        match self {
+            Last::Snapshot(s) => s.endpoints(),
+            Last::Sorted(v) => v,
+        }
+    }
 }
 
 impl Printer {
@@ -342,7 +356,6 @@ impl Printer {
             dir,
             clock: Clock::System,
             last: None,
-            shown: 0,
         }
     }
 
@@ -352,115 +365,174 @@ impl Printer {
 
     /// The providers of the last set shown.
     fn listed(&self) -> usize {
-        self.last.as_ref().map_or(0, HashMap::len)
+        self.last.as_ref().map_or(0, |l| l.endpoints().len())
     }
 
     /// Show `snapshot`; returns how many providers of the last set it no longer has.
-    fn print(&mut self, snapshot: &Snapshot) -> io::Result<usize> {
+    fn print(&mut self, snapshot: &Arc<Snapshot>) -> io::Result<usize> {
         self.write(snapshot, &mut io::stdout().lock())
     }
 
-    fn write<W: Write>(&mut self, snapshot: &Snapshot, mut out: W) -> io::Result<usize> {
-        let now = self.clock.now();
-        self.shown += 1;
-        let set = self.shown;
-        // Under a provider's row: the override rules that changed it, one line each, then its
-        // tags (own `dubbo.tag`, the tag rule's).
-        let details = |out: &mut W, e: &Endpoint, tags: &[String]| {
-            for rule in applied_rules(e.metadata()) {
-                writeln!(out, "  rule {rule}")?;
-            }
-            if !tags.is_empty() {
-                writeln!(out, "  tag {}", tags.join(", "))?;
-            }
-            io::Result::Ok(())
-        };
-        let Some(last) = &mut self.last else {
-            writeln!(out, "# {}: {} providers", self.dir, snapshot.len())?;
-            let width = snapshot
-                .endpoints()
-                .iter()
-                .map(|e| e.address().len())
-                .max()
-                .unwrap_or(7)
-                .max(7);
-            writeln!(
-                out,
-                "{:<width$}  {:>9}  {:>9}",
-                "address", "weight", "effective"
-            )?;
-            for (i, e) in snapshot.endpoints().iter().enumerate() {
-                let eff = snapshot.effective_weight(EndpointIdx::new(i), now);
-                writeln!(out, "{:<width$}  {:>9}  {eff:>9}", e.address(), e.weight())?;
-                details(&mut out, e, &describe_tags(e.metadata()))?;
-            }
+    fn write<W: Write>(&mut self, snapshot: &Arc<Snapshot>, mut out: W) -> io::Result<usize> {
+        let all = snapshot.endpoints();
+        let Some(last) = &self.last else {
+            self.listing(snapshot, &mut out)?;
             out.flush()?;
-            self.last = Some(
-                snapshot
-                    .endpoints()
-                    .iter()
-                    .map(|e| (e.key().clone(), (e.clone(), set)))
-                    .collect(),
-            );
+            let in_order = all.windows(2).all(|w| w[0].key() < w[1].key());
+            self.last = Some(keep(snapshot, in_order));
             return Ok(0);
         };
+        let last_set = last.endpoints();
+        let (d, in_order) = match diff(last_set, all, None) {
+            Some(d) => (d, true),
+            None => (
+                diff(last_set, all, Some(&key_order(all))).unwrap_or_default(),
+                false,
+            ),
+        };
+        let now = self.clock.now();
         writeln!(out, "# change: {} providers", snapshot.len())?;
-        for (i, e) in snapshot.endpoints().iter().enumerate() {
-            let old = match last.get_mut(e.key()) {
-                Some((old, seen)) => {
-                    *seen = set;
-                    if old.ptr_eq(e) {
-                        continue; // unchanged
-                    }
-                    Some(std::mem::replace(old, e.clone()))
-                }
-                None => {
-                    last.insert(e.key().clone(), (e.clone(), set));
-                    None
-                }
-            };
-            let (w, eff) = (
-                e.weight(),
-                snapshot.effective_weight(EndpointIdx::new(i), now),
-            );
-            let tags = describe_tags(e.metadata());
-            match old {
-                None => writeln!(out, "+ {}  weight {w}  effective {eff}", e.address())?,
-                Some(old) if old.weight() != w => writeln!(
-                    out,
-                    "~ {}  weight {} -> {w}  effective {eff}",
-                    e.address(),
-                    old.weight()
-                )?,
-                Some(old) if describe_tags(old.metadata()) != tags => {
-                    writeln!(out, "~ {}  weight {w}  effective {eff}", e.address())?;
-                    if tags.is_empty() {
-                        writeln!(out, "  untagged")?;
-                    }
-                }
-                Some(_) => continue,
-            }
-            details(&mut out, e, &tags)?;
+        for &(i, old) in &d.changed {
+            let eff = snapshot.effective_weight(EndpointIdx::new(i), now);
+            changed(&mut out, old.map(|o| &last_set[o]), &all[i], eff)?;
         }
-        // What the last set held and this one does not: every key of this set is in `last`
-        // now, marked with this set's number, so anything beyond them is gone.
-        let mut gone: Vec<EndpointKey> = Vec::new();
-        if last.len() > snapshot.len() {
-            last.retain(|k, (_, seen)| {
-                let stays = *seen == set;
-                if !stays {
-                    gone.push(k.clone());
-                }
-                stays
-            });
-            gone.sort();
-            for key in &gone {
-                writeln!(out, "- {key}")?;
-            }
+        for &o in &d.gone {
+            writeln!(out, "- {}", last_set[o].key())?;
         }
         out.flush()?;
-        Ok(gone.len())
+        self.last = Some(keep(snapshot, in_order));
+        Ok(d.gone.len())
     }
+
+    /// The first set, whole, in its own order.
+    fn listing<W: Write>(&self, snapshot: &Snapshot, out: &mut W) -> io::Result<()> {
+        let now = self.clock.now();
+        writeln!(out, "# {}: {} providers", self.dir, snapshot.len())?;
+        let width = snapshot
+            .endpoints()
+            .iter()
+            .map(|e| e.address().len())
+            .max()
+            .unwrap_or(7)
+            .max(7);
+        writeln!(
+            out,
+            "{:<width$}  {:>9}  {:>9}",
+            "address", "weight", "effective"
+        )?;
+        for (i, e) in snapshot.endpoints().iter().enumerate() {
+            let eff = snapshot.effective_weight(EndpointIdx::new(i), now);
+            writeln!(out, "{:<width$}  {:>9}  {eff:>9}", e.address(), e.weight())?;
+            details(out, e, &describe_tags(e.metadata()))?;
+        }
+        Ok(())
+    }
+}
+
+/// The last set to keep: the snapshot itself when it is in key order, else its endpoints sorted.
+fn keep(snapshot: &Arc<Snapshot>, in_order: bool) -> Last {
+    if in_order {
+        return Last::Snapshot(snapshot.clone());
+    }
+    let all = snapshot.endpoints();
+    Last::Sorted(key_order(all).into_iter().map(|i| all[i].clone()).collect())
+}
+
+/// What changed from one set to the next: the providers new or not the same object (index in
+/// the new set, and index in the last of the one with its key), then the ones gone (index in
+/// the last), both in key order.
+#[derive(Default)]
+struct Diff {
+    changed: Vec<(usize, Option<usize>)>,
+    gone: Vec<usize>,
+}
+
+/// The diff from `last` (in key order) to `all`, walked in `order` (its own when `None`).
+/// `None` when `all` is not in key order that way: unchanged providers come in the last set's
+/// order, and each other one is checked against its neighbours.
+fn diff(last: &[Endpoint], all: &[Endpoint], order: Option<&[usize]>) -> Option<Diff> {
+    let n = order.map_or(all.len(), <[usize]>::len);
+    let at_pos = |p: usize| order.map_or(p, |o| o[p]);
+    let (mut at, mut d) = (0, Diff::default());
+    for p in 0..n {
+        let e = &all[at_pos(p)];
+        if last.get(at).is_some_and(|o| o.ptr_eq(e)) {
+            at += 1; // unchanged: the same object, no text read
+            continue;
+        }
+        let before = p.checked_sub(1).map(|q| &all[at_pos(q)]);
+        let after = (p + 1 < n).then(|| &all[at_pos(p + 1)]);
+        if before.is_some_and(|b| b.key() >= e.key()) || after.is_some_and(|a| a.key() <= e.key()) {
+            return None;
+        }
+        while last.get(at).is_some_and(|o| o.key() < e.key()) {
+            d.gone.push(at);
+            at += 1;
+        }
+        let old = last
+            .get(at)
+            .is_some_and(|o| o.key() == e.key())
+            .then_some(at);
+        at += usize::from(old.is_some());
+        d.changed.push((at_pos(p), old));
+    }
+    d.gone.extend(at..last.len());
+    Some(d)
+}
+
+/// The order that walks `endpoints` by key (a key listed twice: the later one).
+fn key_order(endpoints: &[Endpoint]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..endpoints.len()).collect();
+    order.sort_by(|&a, &b| endpoints[a].key().cmp(endpoints[b].key()));
+    order.dedup_by(|later, earlier| {
+        let same = endpoints[*later].key() == endpoints[*earlier].key();
+        if same {
+            *earlier = (*earlier).max(*later);
+        }
+        same
+    });
+    order
+}
+
+/// Under a provider's row: the override rules that changed it, one line each, then its tags
+/// (own `dubbo.tag`, the tag rule's).
+fn details<W: Write>(out: &mut W, e: &Endpoint, tags: &[String]) -> io::Result<()> {
+    for rule in applied_rules(e.metadata()) {
+        writeln!(out, "  rule {rule}")?;
+    }
+    if !tags.is_empty() {
+        writeln!(out, "  tag {}", tags.join(", "))?;
+    }
+    Ok(())
+}
+
+/// A provider new (`old` none) or not the same object as before: its line when its weight or
+/// tags changed, or it is new.
+fn changed<W: Write>(
+    out: &mut W,
+    old: Option<&Endpoint>,
+    e: &Endpoint,
+    eff: u32,
+) -> io::Result<()> {
+    let w = e.weight();
+    let tags = describe_tags(e.metadata());
+    match old {
+        None => writeln!(out, "+ {}  weight {w}  effective {eff}", e.address())?,
+        Some(old) if old.weight() != w => writeln!(
+            out,
+            "~ {}  weight {} -> {w}  effective {eff}",
+            e.address(),
+            old.weight()
+        )?,
+        Some(old) if describe_tags(old.metadata()) != tags => {
+            writeln!(out, "~ {}  weight {w}  effective {eff}", e.address())?;
+            if tags.is_empty() {
+                writeln!(out, "  untagged")?;
+            }
+        }
+        Some(_) => return Ok(()),
+    }
+    details(out, e, &tags)
 }
 
 /// Says when a change of the registry is a mass removal that `lbkit proxy` and tower pools
@@ -519,7 +591,7 @@ mod tests {
         EndpointSpec::new(addr).with_weight(weight)
     }
 
-    fn shown(printer: &mut Printer, snapshot: &Snapshot) -> String {
+    fn shown(printer: &mut Printer, snapshot: &Arc<Snapshot>) -> String {
         let mut out = Vec::new();
         printer.write(snapshot, &mut out).expect("written");
         String::from_utf8(out).expect("UTF-8")
@@ -590,6 +662,36 @@ mod tests {
             shown(&mut printer, &back),
             "# change: 4 providers\n+ a:1  weight 100  effective 100\n- e:1\n"
         );
+    }
+
+    /// A set out of key order (a static list, a file) is diffed the same way, in key order:
+    /// the unchanged providers print nothing however they are ordered.
+    #[test]
+    fn a_set_out_of_key_order_prints_the_same_changes() {
+        let (clock, _) = Clock::manual(Timestamp::ZERO);
+        let mut printer = Printer::new("/dubbo/x/providers".into());
+        printer.clock = clock;
+        let mut builder = SnapshotBuilder::new();
+        let set = ["d:1", "b:1", "a:1", "c:1"].map(|a| spec(a, 100));
+        let first = builder.apply(Update::Reset(set.to_vec()), Timestamp::ZERO);
+        shown(&mut printer, &first);
+        let second = builder.apply_all(
+            [
+                Update::Add(vec![spec("e:1", 10), spec("b:1", 50)]),
+                Update::Remove(vec![EndpointKey::from("a:1")]),
+            ],
+            Timestamp::ZERO,
+        );
+        assert_eq!(
+            shown(&mut printer, &second),
+            "# change: 4 providers\n~ b:1  weight 100 -> 50  effective 50\n\
+             + e:1  weight 10  effective 10\n- a:1\n"
+        );
+        // The same endpoints in another order: nothing changed.
+        let mut moved = second.endpoints().to_vec();
+        moved.reverse();
+        let third = Arc::new(Snapshot::new(9, moved));
+        assert_eq!(shown(&mut printer, &third), "# change: 4 providers\n");
     }
 
     /// A change that leaves fewer than half of the providers listed within the window gets
