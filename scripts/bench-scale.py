@@ -19,6 +19,9 @@ zk     `lbkit watch` following PROVIDERS Dubbo providers (ephemeral nodes under
        second (half removed, half added, evenly spread): time to the first full listing, then
        each change's latency from the write being sent to `lbkit watch` printing it (p50, p99,
        max, lost), and the watcher's CPU and RSS during the churn.
+       --via proxy: the same, followed by `lbkit proxy` with one ZooKeeper service (--strategy)
+       instead, each change timed to its Controller's debug line for the publish (logged once
+       the strategy has prepared the new set: what a pick sees).
 
 Every wait is bounded; everything listens on 127.0.0.1.
 """
@@ -392,7 +395,8 @@ def zk_bench(args):
     if zk.exists("/dubbo/com.acme.Scale"):
         zk.delete("/dubbo/com.acme.Scale", recursive=True)
     zk.ensure_path(providers)
-    print(f"# lbkit watch following N Dubbo providers, {args.churn * 100:g} % of them changing per second "
+    who = "lbkit watch" if args.via == "watch" else f"lbkit proxy ({args.strategy})"
+    print(f"# {who} following N Dubbo providers, {args.churn * 100:g} % of them changing per second "
           f"for {args.seconds} s (half removed, half added)")
     print(f"{'providers':>9} {'listing s':>9} {'changes':>7} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} "
           f"{'lost':>5} {'CPU %':>6} {'idle CPU %':>10} {'RSS MB':>7}")
@@ -401,6 +405,44 @@ def zk_bench(args):
         zk.delete("/dubbo/com.acme.Scale", recursive=True)
         zk.ensure_path(providers)
     zk.stop()
+
+
+def start_follower(args, n):
+    """Start what follows the providers (--via): `lbkit watch`, which prints each change, or
+    `lbkit proxy` with one ZooKeeper service (--strategy), whose Controller logs each publish
+    with the endpoints it changed (LBKIT_LOG=...controller=debug), after the strategy has
+    prepared the set. Returns the process, its lines, and what reads the endpoints a line
+    names as changed."""
+    if args.via == "watch":
+        proc = subprocess.Popen(
+            [args.lbkit, "watch", "--zk", args.zk, "--interface", "com.acme.Scale", "--timeout-ms", "30000"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
+
+        def changed(line):
+            return [line[2:].split()[0]] if line[:2] in ("+ ", "- ") else []
+
+        return proc, Lines(proc.stdout), changed
+    path = f"/tmp/bench-scale-zk-proxy-{os.getpid()}.toml"
+    with open(path, "w") as f:
+        f.write(
+            f'[[listener]]\nbind = "127.0.0.1:{args.base_port}"\n[admin]\nbind = "127.0.0.1:{args.base_port + 1}"\n'
+            f'[[route]]\nservice = "scale"\n[service.scale]\n'
+            f'zookeeper = {{ zk = "{args.zk}", interface = "com.acme.Scale", register = false }}\n'
+            f'strategy = "{args.strategy}"\n'
+        )
+    env = dict(os.environ, LBKIT_LOG="warn,lbkit_discovery::controller=debug")
+    proc = subprocess.Popen(
+        [args.lbkit, "proxy", "--config", path], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env
+    )
+
+    def changed(line):
+        if " published " not in line or " changed=" not in line:
+            return []
+        return line.split(" changed=", 1)[1].split()
+
+    return proc, Lines(proc.stderr), changed
 
 
 def zk_size(args, zk, providers, n):
@@ -418,17 +460,15 @@ def zk_size(args, zk, providers, n):
     for b in batch:
         b.get(timeout=30)
     t0 = time.monotonic()
-    proc = subprocess.Popen(
-        [args.lbkit, "watch", "--zk", args.zk, "--interface", "com.acme.Scale", "--timeout-ms", "30000"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-    )
-    out = Lines(proc.stdout)
+    proc, out, changed_keys = start_follower(args, n)
     try:
-        _, t_list, header = out.wait_for(lambda l: l.startswith("# ") and "providers" in l, 0, 120)
+        if args.via == "watch":
+            _, t_list, header = out.wait_for(lambda l: l.startswith("# ") and "providers" in l, 0, 120)
+            # The table's rows follow the header and its column line: wait for the last one.
+            out.wait_for(lambda _: True, n + 1, 60)
+        else:
+            _, t_list, header = out.wait_for(lambda l: f"published endpoints={n} " in l, 0, 120)
         listing = t_list - t0
-        # The table's rows follow the header and its column line: wait for the last one.
-        out.wait_for(lambda _: True, n + 1, 60)
         ps = psutil.Process(proc.pid)
         time.sleep(2.0)
         c0 = ps.cpu_times()
@@ -472,10 +512,10 @@ def zk_size(args, zk, providers, n):
                 while i < len(out.lines):
                     t, line = out.lines[i]
                     i += 1
-                    if line[:2] in ("+ ", "- "):
-                        key = (line[0], line[2:].split()[0])
-                        if key in sent and key not in seen:
-                            seen[key] = t
+                    for addr in changed_keys(line):
+                        for key in (("+", addr), ("-", addr)):
+                            if key in sent and key not in seen:
+                                seen[key] = t
                 if len(seen) < len(sent):
                     out.cond.wait(0.2)
         w1 = time.monotonic()
@@ -510,6 +550,8 @@ def main():
     ap.add_argument("--conns", type=int, default=64, help="wrk connections (proxy)")
     ap.add_argument("--providers", default="1000,10000", help="providers, comma-separated (zk)")
     ap.add_argument("--churn", type=float, default=0.01, help="share of providers changing per second (zk)")
+    ap.add_argument("--via", choices=["watch", "proxy"], default="watch", help="what follows the providers (zk)")
+    ap.add_argument("--strategy", default="round-robin", help="the proxy's strategy (zk --via proxy)")
     ap.add_argument("--base-port", type=int, default=27080)
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args()

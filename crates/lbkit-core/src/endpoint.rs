@@ -324,6 +324,8 @@ struct EndpointInner {
     warmup: Duration,
     healthy: bool,
     priority: u32,
+    /// Whether the metadata carries a tag, tag groups or a tag rule (read once, here).
+    tagged: bool,
     /// Monotonic time this process first saw the key (kept across snapshots).
     added_at: Timestamp,
     // Atomics, shared with every snapshot that holds this key.
@@ -342,6 +344,7 @@ impl Endpoint {
             address: Arc::from(spec.address),
             weight: spec.weight,
             zone: spec.zone.map(Arc::from),
+            tagged: carries_tags(&spec.metadata),
             metadata: Arc::new(spec.metadata),
             registered_at: spec.registered_at,
             warmup,
@@ -442,6 +445,13 @@ impl Endpoint {
     /// Metadata.
     pub fn metadata(&self) -> &Metadata {
         &self.0.metadata
+    }
+
+    /// Whether the metadata carries a Dubbo tag ([`TAG_KEY`](crate::route::TAG_KEY), not
+    /// empty), tag groups or a tag rule: what tag routing reads. Known from construction, so a
+    /// snapshot without tags skips tag routing without reading any metadata.
+    pub fn is_tagged(&self) -> bool {
+        self.0.tagged
     }
 
     /// Registration time (wall clock), if known.
@@ -578,6 +588,14 @@ pub fn warmup_weight(
     } else {
         weight
     }
+}
+
+/// Whether `metadata` carries anything tag routing reads.
+fn carries_tags(metadata: &Metadata) -> bool {
+    use crate::route::{TAG_GROUPS_KEY, TAG_KEY, TAG_RULE_KEY};
+    metadata.get(TAG_KEY).is_some_and(|t| !t.is_empty())
+        || metadata.contains_key(TAG_GROUPS_KEY)
+        || metadata.contains_key(TAG_RULE_KEY)
 }
 
 #[cfg(test)]

@@ -340,6 +340,10 @@ impl TagTable {
     /// The table of `snapshot`, or `None` when nothing in it is tagged and no rule applies (then
     /// every request but a forced tag goes to all of it).
     pub(crate) fn of(snapshot: &Snapshot) -> Option<TagTable> {
+        if snapshot.tagged() == 0 {
+            // No metadata to read: an untagged fleet's change costs no pass over it here.
+            return None;
+        }
         let rule = Rule::of(snapshot);
         let mut tagging = Tagging::of(snapshot, rule.is_some());
         if rule.is_none() && tagging.by_own.is_empty() {

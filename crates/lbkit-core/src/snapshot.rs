@@ -76,6 +76,8 @@ pub struct Snapshot {
     unhealthy: u32,
     drained: u32,
     ejected: u32,
+    /// Endpoints whose metadata carries tags or a tag rule ([`Endpoint::is_tagged`]).
+    tagged: u32,
 }
 
 // === impl Snapshot ===
@@ -142,6 +144,7 @@ impl Snapshot {
             unhealthy: count(&|i| !endpoints[i].is_healthy()),
             drained: count(&|i| endpoints[i].is_healthy() && endpoints[i].weight() == 0),
             ejected: count(&|i| ejected_until[i].is_some()),
+            tagged: count(&|i| endpoints[i].is_tagged()),
             live: endpoints.iter().map(|e| e.stats().live_line()).collect(),
             endpoints: Arc::from(endpoints),
             eligible,
@@ -188,6 +191,7 @@ impl Snapshot {
             unhealthy: self.unhealthy,
             drained: self.drained,
             ejected: self.ejected,
+            tagged: self.tagged,
         }
     }
 
@@ -220,6 +224,7 @@ impl Snapshot {
             unhealthy: self.unhealthy,
             drained: self.drained,
             ejected: self.ejected,
+            tagged: self.tagged,
         }
     }
 
@@ -364,6 +369,13 @@ impl Snapshot {
         &self.eligible
     }
 
+    /// How many endpoints carry a Dubbo tag, tag groups or a tag rule
+    /// ([`Endpoint::is_tagged`]); a restriction reports its whole snapshot's count. When 0, a
+    /// strategy's preparation builds no tag table.
+    pub fn tagged(&self) -> usize {
+        self.tagged as usize
+    }
+
     /// Number of endpoints.
     pub fn len(&self) -> usize {
         self.endpoints.len()
@@ -435,6 +447,8 @@ pub struct SnapshotBuilder {
     /// matched to it by a merge, not a hash map).
     ascending: bool,
     ewma_decay: Duration,
+    /// The policy every snapshot it builds is under.
+    policy: SnapshotPolicy,
 }
 
 impl Default for SnapshotBuilder {
@@ -453,12 +467,20 @@ impl SnapshotBuilder {
             current: Vec::new(),
             ascending: true,
             ewma_decay: DEFAULT_EWMA_DECAY,
+            policy: SnapshotPolicy::default(),
         }
     }
 
     /// Use `decay` as the peak-EWMA time constant for new endpoints.
     pub fn with_ewma_decay(mut self, decay: Duration) -> Self {
         self.ewma_decay = decay;
+        self
+    }
+
+    /// Build every snapshot under `policy` (panic threshold, slow start), so an owner without
+    /// a health overlay of its own publishes what it builds rather than deriving it again.
+    pub fn with_policy(mut self, policy: SnapshotPolicy) -> Self {
+        self.policy = policy;
         self
     }
 
@@ -611,7 +633,13 @@ impl SnapshotBuilder {
     /// The next snapshot of the current endpoints.
     fn next(&mut self) -> Arc<Snapshot> {
         self.version += 1;
-        Arc::new(Snapshot::new(self.version, self.current.clone()))
+        let (endpoints, overlay) = (self.current.clone(), HealthOverlay::default());
+        Arc::new(Snapshot::with_policy(
+            self.version,
+            endpoints,
+            &self.policy,
+            &overlay,
+        ))
     }
 
     /// The endpoints of the last snapshot.

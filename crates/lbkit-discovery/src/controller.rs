@@ -36,8 +36,8 @@ use std::time::Duration;
 use futures_core::Stream;
 use futures_util::{FutureExt, StreamExt};
 use lbkit_core::{
-    Balancer, Clock, EndpointKey, EndpointSpec, HealthOverlay, Snapshot, SnapshotBuilder,
-    SnapshotPolicy, Strategy, Timestamp, Update,
+    Balancer, Clock, EndpointKey, EndpointSpec, Snapshot, SnapshotBuilder, SnapshotPolicy,
+    Strategy, Timestamp, Update,
 };
 use lbkit_health::{OutlierConfig, OutlierDetector};
 use tokio::sync::mpsc;
@@ -303,6 +303,8 @@ pub struct Controller {
     /// The keys whose spec or health changed, or that came or went, since the last build: the
     /// builder changes only those endpoints.
     touched: Touched,
+    /// What the last rebuild changed, for the debug line of its publish (`LBKIT_LOG=debug`).
+    changed: Option<String>,
     /// Whether `desired` is in strictly ascending key order (as sources list it); updates
     /// keep it so.
     ordered: bool,
@@ -313,8 +315,8 @@ pub struct Controller {
     /// Marked down by active health checks.
     down: HashSet<EndpointKey>,
     detector: Option<OutlierDetector>,
-    /// The last snapshot built from `serving` and `down` (before ejections and policy): what
-    /// the outlier detector reads statistics from.
+    /// The last snapshot built from `serving` and `down`, under the policy: what the outlier
+    /// detector reads statistics from, and what is published while nothing is ejected.
     base: Arc<Snapshot>,
     /// Times each endpoint was ejected.
     ejected: HashMap<EndpointKey, u64>,
@@ -328,17 +330,20 @@ impl Controller {
     /// A controller with `config`, reading [`Clock::System`].
     pub fn new(config: ControllerConfig) -> Self {
         Controller {
+            // Built under the policy: without ejections, what is built is what is published.
+            builder: SnapshotBuilder::new().with_policy(config.policy),
             detector: config.outlier.map(OutlierDetector::new),
             removal: Held::new(config.removal_protection),
             config,
             clock: Clock::System,
-            builder: SnapshotBuilder::new(),
+
             desired: Vec::new(),
             held: None,
             empty_held: false,
             events: Vec::new(),
             dirty: false,
             touched: Touched::All,
+            changed: None,
             ordered: true,
             pace: Pace::default(),
             published: false,
@@ -512,9 +517,10 @@ impl Controller {
                 down.contains(k) || detector.as_ref().is_some_and(|d| d.ejection(k).is_some())
             };
             let sizes = (listed, desired.len());
-            let keys = self
-                .removal
-                .judge(removed, sizes, is_listed, confirmed, now);
+            let touched = &self.touched;
+            let maybe_back = |k: &EndpointKey| touched.contains(k);
+            let keys =
+                (self.removal).judge(removed, sizes, [&maybe_back, &is_listed], confirmed, now);
             // Held: served again, earlier removals of the window too.
             keys.iter().for_each(|k| self.touched.key(k));
             if !keys.is_empty() {
@@ -645,7 +651,9 @@ impl Controller {
         // Borrowed: the builder copies only what is new or changed.
         let serving = self.held.as_deref().unwrap_or(&self.desired);
         let served = |s| overlay(down, s);
-        self.base = match std::mem::replace(&mut self.touched, Touched::none()) {
+        let touched = std::mem::replace(&mut self.touched, Touched::none());
+        self.changed = tracing::enabled!(tracing::Level::DEBUG).then(|| touched.describe());
+        self.base = match touched {
             // A change of k keys to a set in key order: k lookups, k specs compared.
             Touched::Keys(keys) if self.ordered => {
                 let spec = |k: &EndpointKey| {
@@ -668,11 +676,11 @@ impl Controller {
     fn overlaid(&self) -> Arc<Snapshot> {
         self.metrics.published.fetch_add(1, Relaxed);
         let overlay = self.detector.as_ref().map(OutlierDetector::overlay);
-        if self.config.policy == SnapshotPolicy::default() && overlay.is_none() {
+        let Some(overlay) = overlay.filter(|o| !o.ejected.is_empty() || !o.readmitted.is_empty())
+        else {
+            // Built under the policy already, and nothing to overlay.
             return self.base.clone();
-        }
-        let empty = HealthOverlay::default();
-        let overlay = overlay.unwrap_or(&empty);
+        };
         Arc::new(
             self.base
                 .derive(self.base.version(), &self.config.policy, overlay),
@@ -693,7 +701,12 @@ impl Controller {
     /// Publish `snapshot` on `target`, leaving out what it cannot serve.
     fn publish<T: Target>(&mut self, target: &mut T, snapshot: Arc<Snapshot>) {
         let now = self.clock.now();
+        let endpoints = snapshot.len();
         let rejected = target.publish(snapshot, now);
+        if let Some(changed) = self.changed.take() {
+            // After the target took it: its strategy is prepared, picks see the change.
+            tracing::debug!(endpoints, %changed, "published");
+        }
         for event in self.events.drain(..) {
             target.removal(&event);
         }
@@ -1086,7 +1099,19 @@ impl Touched {
         }
     }
 
-    #[cfg(test)]
+    /// The keys, or how many when there are more than a line's worth, or "all".
+    fn describe(&self) -> String {
+        match self {
+            Touched::All => "all".into(),
+            Touched::Keys(keys) if keys.len() > 16 => format!("{} keys", keys.len()),
+            Touched::Keys(keys) => keys
+                .iter()
+                .map(EndpointKey::as_str)
+                .collect::<Vec<_>>()
+                .join(" "),
+        }
+    }
+
     fn contains(&self, key: &EndpointKey) -> bool {
         match self {
             Touched::All => true,

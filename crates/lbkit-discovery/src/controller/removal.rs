@@ -134,12 +134,14 @@ impl Held {
     /// Judge one batch at `now`: `removed` are the specs it removed from the source's set,
     /// which listed `before` endpoints before it and `after` after it; `is_listed` tells
     /// whether a key is in the set after it, and `confirmed` whether a key is already known to
-    /// be gone (down, ejected). Returns the keys newly held.
+    /// be gone (down, ejected); `maybe_back` is a cheap first test of whether the batch may
+    /// have listed a key again (the keys it touched), so that a batch of one change does not
+    /// look up each of the window's removals in the set. Returns the keys newly held.
     pub(crate) fn judge(
         &mut self,
         removed: Vec<EndpointSpec>,
         (before, after): (usize, usize),
-        is_listed: impl Fn(&EndpointKey) -> bool,
+        [maybe_back, is_listed]: [&dyn Fn(&EndpointKey) -> bool; 2],
         confirmed: impl Fn(&EndpointKey) -> bool,
         now: Timestamp,
     ) -> Vec<EndpointKey> {
@@ -147,8 +149,9 @@ impl Held {
             return Vec::new();
         };
         // Listed again: simply back.
-        self.pending.retain(|key, _| !is_listed(key));
-        self.recent.retain(|(_, s)| !is_listed(&s.key));
+        let back = |key: &EndpointKey| maybe_back(key) && is_listed(key);
+        self.pending.retain(|key, _| !back(key));
+        self.recent.retain(|(_, s)| !back(&s.key));
         let since = now.saturating_sub(config.window);
         while self.recent.front().is_some_and(|(t, _)| *t < since) {
             self.recent.pop_front();
@@ -252,6 +255,10 @@ mod tests {
         Timestamp::from_millis(s * 1000)
     }
 
+    fn anything(_: &EndpointKey) -> bool {
+        true
+    }
+
     fn listed(keys: &'static [&'static str]) -> impl Fn(&EndpointKey) -> bool {
         move |k: &EndpointKey| keys.contains(&k.as_str())
     }
@@ -263,13 +270,19 @@ mod tests {
         let held = h.judge(
             specs(&["a:1"]),
             (3, 2),
-            listed(&["b:1", "c:1"]),
+            [&anything, &listed(&["b:1", "c:1"])],
             |_| false,
             t(0),
         );
         assert!(held.is_empty());
         // 2 → 1 within 10 s: down by 2 from the peak of 3 — both held, the earlier one back in.
-        let held = h.judge(specs(&["b:1"]), (2, 1), listed(&["c:1"]), |_| false, t(5));
+        let held = h.judge(
+            specs(&["b:1"]),
+            (2, 1),
+            [&anything, &listed(&["c:1"])],
+            |_| false,
+            t(5),
+        );
         assert_eq!(held.len(), 2);
         let serving = h.serving(&specs(&["c:1"]), true).expect("held");
         let keys: Vec<_> = serving.iter().map(|s| s.key.as_str().to_owned()).collect();
@@ -290,32 +303,52 @@ mod tests {
         let ten: Vec<String> = (0..10).map(|i| format!("old{i}:1")).collect();
         let ten: Vec<&str> = ten.iter().map(String::as_str).collect();
         assert!(h
-            .judge(specs(&ten), (10, 10), none, |_| false, t(0))
+            .judge(specs(&ten), (10, 10), [&anything, &none], |_| false, t(0))
             .is_empty());
         // A rolling restart of two onto new addresses within the window: 2 → 3 → 2 → 3 → 2.
         assert!(h
-            .judge(Vec::new(), (2, 3), none, |_| false, t(20))
+            .judge(Vec::new(), (2, 3), [&anything, &none], |_| false, t(20))
             .is_empty());
         assert!(h
-            .judge(specs(&["r1:1"]), (3, 2), none, |_| false, t(21))
+            .judge(
+                specs(&["r1:1"]),
+                (3, 2),
+                [&anything, &none],
+                |_| false,
+                t(21)
+            )
             .is_empty());
         assert!(h
-            .judge(Vec::new(), (2, 3), none, |_| false, t(22))
+            .judge(Vec::new(), (2, 3), [&anything, &none], |_| false, t(22))
             .is_empty());
         assert!(h
-            .judge(specs(&["r2:1"]), (3, 2), none, |_| false, t(23))
+            .judge(
+                specs(&["r2:1"]),
+                (3, 2),
+                [&anything, &none],
+                |_| false,
+                t(23)
+            )
             .is_empty());
         // One of ten every 4 s, not replaced: never down by more than half within 10 s.
         for i in 0..5u64 {
             let gone = format!("x{i}:1");
             let n = 10 - i as usize;
             assert!(h
-                .judge(specs(&[&gone]), (n, n - 1), none, |_| false, t(100 + 4 * i))
+                .judge(
+                    specs(&[&gone]),
+                    (n, n - 1),
+                    [&anything, &none],
+                    |_| false,
+                    t(100 + 4 * i)
+                )
                 .is_empty());
         }
         // Six of ten at once, but already known down: nothing to hold.
         let six = specs(&["a:1", "b:1", "c:1", "d:1", "e:1", "f:1"]);
-        assert!(h.judge(six, (10, 4), none, |_| true, t(200)).is_empty());
+        assert!(h
+            .judge(six, (10, 4), [&anything, &none], |_| true, t(200))
+            .is_empty());
     }
 
     #[test]
@@ -323,13 +356,19 @@ mod tests {
         let mut h = Held::new(Some(RemovalProtection::default()));
         let none = |_: &EndpointKey| false;
         assert_eq!(
-            h.judge(specs(&["a:1", "b:1"]), (3, 1), none, |_| false, t(0))
-                .len(),
+            h.judge(
+                specs(&["a:1", "b:1"]),
+                (3, 1),
+                [&anything, &none],
+                |_| false,
+                t(0)
+            )
+            .len(),
             2
         );
         let back = |k: &EndpointKey| k.as_str() == "a:1";
         assert!(h
-            .judge(Vec::new(), (1, 2), back, |_| false, t(1))
+            .judge(Vec::new(), (1, 2), [&anything, &back], |_| false, t(1))
             .is_empty());
         assert_eq!(
             h.keys().map(EndpointKey::as_str).collect::<Vec<_>>(),
@@ -337,7 +376,13 @@ mod tests {
         );
         let mut off = Held::new(None);
         assert!(off
-            .judge(specs(&["a:1", "b:1"]), (2, 0), none, |_| false, t(0))
+            .judge(
+                specs(&["a:1", "b:1"]),
+                (2, 0),
+                [&anything, &none],
+                |_| false,
+                t(0)
+            )
             .is_empty());
         assert!(off.serving(&[], true).is_none());
     }

@@ -19,6 +19,7 @@ use lbkit::discovery::zookeeper::{
 use lbkit::discovery::{Controller, ControllerConfig, DiscoveryError, RemovalProtection};
 use lbkit::{Clock, Endpoint, EndpointIdx, Snapshot};
 use tracing::level_filters::LevelFilter;
+use tracing_subscriber::filter::Targets;
 
 use super::bad;
 
@@ -84,7 +85,8 @@ With --xds SERVER --cluster NAME it follows a cluster of an xDS control plane in
 rules or tags there: the control plane has applied them).\n\
 Exit status: 0 ok, 1 ZooKeeper (or the control plane) unreachable within --timeout-ms, 2 bad \
 input.\n\
-Logs (malformed nodes, outages) go to stderr; LBKIT_LOG=info|debug shows more."
+Logs (malformed nodes, outages) go to stderr; LBKIT_LOG=info|debug shows more, and \
+LBKIT_LOG=warn,lbkit_discovery::controller=debug each set published with the endpoints it changed."
 )]
 pub(crate) struct WatchArgs {
     #[command(flatten)]
@@ -124,18 +126,25 @@ pub(crate) struct WatchArgs {
     watch: WatchMode,
 }
 
-/// Send `tracing` output to stderr: warnings by default, `LBKIT_LOG` for more.
+/// Send `tracing` output to stderr: warnings by default, `LBKIT_LOG` for more: a level
+/// (`off`, `warn`, `info`, `debug`), or a level per module as in `RUST_LOG`
+/// (`warn,lbkit_discovery::controller=debug`: each publish, with the endpoints it changed).
 pub(super) fn init_logging() {
-    let level = match std::env::var("LBKIT_LOG").as_deref() {
-        Ok("debug") => LevelFilter::DEBUG,
-        Ok("info") => LevelFilter::INFO,
-        Ok("off") => LevelFilter::OFF,
-        _ => LevelFilter::WARN,
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    let spec = std::env::var("LBKIT_LOG").unwrap_or_default();
+    let targets = match spec.as_str() {
+        "trace" | "debug" | "info" | "warn" | "error" | "off" => spec.parse().ok(),
+        s if s.contains('=') => s.parse().ok(),
+        _ => None,
     };
+    let targets = targets.unwrap_or_else(|| Targets::new().with_default(LevelFilter::WARN));
     let _ = tracing_subscriber::fmt()
         .with_writer(io::stderr)
-        .with_max_level(level)
+        .with_max_level(LevelFilter::TRACE)
         .with_target(false)
+        .finish()
+        .with(targets)
         .try_init();
 }
 
