@@ -21,7 +21,8 @@ zk     `lbkit watch` following PROVIDERS Dubbo providers (ephemeral nodes under
        max, lost), and the watcher's CPU and RSS during the churn.
        --via proxy: the same, followed by `lbkit proxy` with one ZooKeeper service (--strategy)
        instead, each change timed to its Controller's debug line for the publish (logged once
-       the strategy has prepared the new set: what a pick sees).
+       the strategy has prepared the new set: what a pick sees). --via pool: the same with the
+       tower `Pool` of crates/lbkit/examples/zk_pool.rs (built by scripts/bench-scale.sh).
 
 Every wait is bounded; everything listens on 127.0.0.1.
 """
@@ -395,7 +396,8 @@ def zk_bench(args):
     if zk.exists("/dubbo/com.acme.Scale"):
         zk.delete("/dubbo/com.acme.Scale", recursive=True)
     zk.ensure_path(providers)
-    who = "lbkit watch" if args.via == "watch" else f"lbkit proxy ({args.strategy})"
+    who = {"watch": "lbkit watch", "proxy": "lbkit proxy", "pool": "a tower Pool"}[args.via]
+    who += "" if args.via == "watch" else f" ({args.strategy})"
     print(f"# {who} following N Dubbo providers, {args.churn * 100:g} % of them changing per second "
           f"for {args.seconds} s (half removed, half added)")
     print(f"{'providers':>9} {'listing s':>9} {'changes':>7} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} "
@@ -409,10 +411,10 @@ def zk_bench(args):
 
 def start_follower(args, n):
     """Start what follows the providers (--via): `lbkit watch`, which prints each change, or
-    `lbkit proxy` with one ZooKeeper service (--strategy), whose Controller logs each publish
-    with the endpoints it changed (LBKIT_LOG=...controller=debug), after the strategy has
-    prepared the set. Returns the process, its lines, and what reads the endpoints a line
-    names as changed."""
+    `lbkit proxy` with one ZooKeeper service, or the tower `Pool` of the zk_pool example (both
+    with --strategy), whose Controller logs each publish with the endpoints it changed
+    (LBKIT_LOG=...controller=debug) after the strategy has prepared the set. Returns the
+    process, its lines, and what reads the endpoints a line names as changed."""
     if args.via == "watch":
         proc = subprocess.Popen(
             [args.lbkit, "watch", "--zk", args.zk, "--interface", "com.acme.Scale", "--timeout-ms", "30000"],
@@ -424,6 +426,12 @@ def start_follower(args, n):
             return [line[2:].split()[0]] if line[:2] in ("+ ", "- ") else []
 
         return proc, Lines(proc.stdout), changed
+    env = dict(os.environ, LBKIT_LOG="warn,lbkit_discovery::controller=debug")
+    if args.via == "pool":
+        example = args.pool or os.path.join(os.path.dirname(args.lbkit), "examples", "zk_pool")
+        cmd = [example, args.zk, "com.acme.Scale", args.strategy]
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+        return proc, Lines(proc.stderr), published_keys
     path = f"/tmp/bench-scale-zk-proxy-{os.getpid()}.toml"
     with open(path, "w") as f:
         f.write(
@@ -432,17 +440,17 @@ def start_follower(args, n):
             f'zookeeper = {{ zk = "{args.zk}", interface = "com.acme.Scale", register = false }}\n'
             f'strategy = "{args.strategy}"\n'
         )
-    env = dict(os.environ, LBKIT_LOG="warn,lbkit_discovery::controller=debug")
     proc = subprocess.Popen(
         [args.lbkit, "proxy", "--config", path], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env
     )
+    return proc, Lines(proc.stderr), published_keys
 
-    def changed(line):
-        if " published " not in line or " changed=" not in line:
-            return []
-        return line.split(" changed=", 1)[1].split()
 
-    return proc, Lines(proc.stderr), changed
+def published_keys(line):
+    """The endpoints a Controller's debug line for a publish names as changed."""
+    if " published " not in line or " changed=" not in line:
+        return []
+    return line.split(" changed=", 1)[1].split()
 
 
 def zk_size(args, zk, providers, n):
@@ -550,8 +558,9 @@ def main():
     ap.add_argument("--conns", type=int, default=64, help="wrk connections (proxy)")
     ap.add_argument("--providers", default="1000,10000", help="providers, comma-separated (zk)")
     ap.add_argument("--churn", type=float, default=0.01, help="share of providers changing per second (zk)")
-    ap.add_argument("--via", choices=["watch", "proxy"], default="watch", help="what follows the providers (zk)")
-    ap.add_argument("--strategy", default="round-robin", help="the proxy's strategy (zk --via proxy)")
+    ap.add_argument("--via", choices=["watch", "proxy", "pool"], default="watch", help="what follows the providers (zk)")
+    ap.add_argument("--strategy", default="round-robin", help="the proxy's or pool's strategy (zk --via proxy|pool)")
+    ap.add_argument("--pool", help="the zk_pool example (zk --via pool; default: beside --lbkit, examples/zk_pool)")
     ap.add_argument("--base-port", type=int, default=27080)
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args()

@@ -7,7 +7,7 @@
 # standalone ZooKeeper of scripts/zookeeper.sh (its own data dir, stopped at exit).
 #
 #   scripts/bench-scale.sh proxy [--sizes 1,10,100,1000 --endpoints 100 --workers 1 --rounds 3]
-#   scripts/bench-scale.sh zk [--providers 1000,10000 --churn 0.01 --seconds 30]
+#   scripts/bench-scale.sh zk [--providers 1000,10000 --churn 0.01 --seconds 30 --via watch|proxy|pool]
 #   scripts/bench-scale.sh all
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -15,7 +15,7 @@ TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 what=${1:-all}
 shift || true
 
-(cd "$ROOT" && cargo build --release -q -p lbkit --bin lbkit \
+(cd "$ROOT" && cargo build --release -q -p lbkit --bin lbkit --example zk_pool \
   && cargo build --release -q -p lbkit-proxy --example backend)
 eval "$("$ROOT/scripts/python.sh")" # LBKIT_PYTHON
 if ! command -v wrk >/dev/null; then

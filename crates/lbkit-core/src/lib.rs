@@ -50,6 +50,7 @@ mod attempt;
 mod availability;
 mod balancer;
 mod budget;
+pub mod diff;
 mod endpoint;
 mod error;
 mod hash;

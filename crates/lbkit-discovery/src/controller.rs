@@ -1103,7 +1103,7 @@ impl Touched {
     fn describe(&self) -> String {
         match self {
             Touched::All => "all".into(),
-            Touched::Keys(keys) if keys.len() > 16 => format!("{} keys", keys.len()),
+            Touched::Keys(keys) if keys.len() > 64 => format!("{} keys", keys.len()),
             Touched::Keys(keys) => keys
                 .iter()
                 .map(EndpointKey::as_str)

@@ -333,3 +333,59 @@ async fn a_handle_made_before_an_update_follows_it() {
     }
     assert_eq!(reached, ["b", "c"].map(String::from).into());
 }
+
+/// Services follow any sequence of changes made one publish at a time, as the pool carries
+/// the unchanged ones over (diffing each snapshot against the last) or rebuilds them: each
+/// endpoint has exactly one service, made when its key first comes or moves to another
+/// address, released when it goes or moves; a weight change makes nothing.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn services_follow_every_change_made_or_released_once() {
+    let (tx, rx) = mpsc::unbounded_channel::<Item>();
+    let spec = |k: u64, addr: u64, w: u32| EndpointSpec {
+        key: EndpointKey::from(format!("k{k:02}").as_str()),
+        ..EndpointSpec::new(format!("10.0.0.{addr}:{k}")).with_weight(w)
+    };
+    let make = |e: &lbkit_core::Endpoint| e.address().to_owned();
+    let pool = PoolBuilder::default()
+        .removal_protection(None)
+        .spawn(source(rx), make);
+    let mut status = pool.status();
+    let mut held: std::collections::BTreeMap<u64, (u64, u32)> = Default::default();
+    let (mut made, mut released, mut version) = (0, 0, 0);
+    let mut rng = lbkit_core::FastRng::seed_from_u64(44);
+    for step in 0..300 {
+        let k = rng.below(16);
+        let was = held.get(&k).copied();
+        let update = match (rng.below(4), was) {
+            (0, Some(_)) if held.len() > 1 => {
+                held.remove(&k);
+                released += 1;
+                Update::Remove(vec![EndpointKey::from(format!("k{k:02}").as_str())])
+            }
+            (1, Some((addr, w))) => {
+                held.insert(k, (addr, w + 1));
+                Update::Add(vec![spec(k, addr, w + 1)])
+            }
+            (_, was) => {
+                let addr = was.map_or(1, |(a, _)| 3 - a);
+                made += 1;
+                released += u64::from(was.is_some());
+                held.insert(k, (addr, 1));
+                Update::Add(vec![spec(k, addr, 1)])
+            }
+        };
+        tx.send(Ok(update)).unwrap();
+        version += 1;
+        wait(&mut status, |s| s.version == version).await;
+        let s = status.borrow().clone();
+        assert_eq!(
+            (s.services_made, s.services_released),
+            (made, released),
+            "step {step}"
+        );
+        assert_eq!(pool.service_count(), held.len(), "step {step}");
+        for k in held.keys() {
+            assert!(pool.has_service(&EndpointKey::from(format!("k{k:02}").as_str())));
+        }
+    }
+}

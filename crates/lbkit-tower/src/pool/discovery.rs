@@ -1,12 +1,14 @@
 //! The pool's control loop: lbkit-discovery's [`Controller`] (the one every lbkit user runs:
 //! batches, empty-push protection, outlier ejection, slow start, ticks) publishing into the
-//! pool, which makes and releases the endpoints' client services around each publish.
+//! pool, which makes and releases the endpoints' client services around each publish: only
+//! those of the endpoints that came, went or moved, found by diffing the snapshot against the
+//! last one published ([`diff::between`]); a set out of key order is matched whole.
 
 use std::sync::{Arc, Weak};
 
 use futures_core::Stream;
 use futures_util::{FutureExt, StreamExt};
-use lbkit_core::{Balancer, EndpointKey, Snapshot, Strategy, Timestamp, Update};
+use lbkit_core::{diff, Balancer, EndpointKey, Snapshot, Strategy, Timestamp, Update};
 use lbkit_discovery::{Controller, ControllerConfig, DiscoveryError, Target};
 use tokio::sync::watch;
 
@@ -22,6 +24,20 @@ const MAX_BATCH: usize = 1024;
 struct PoolTarget<Svc, S: Strategy, M> {
     inner: Weak<PoolInner<Svc, S>>,
     make: M,
+    /// The last snapshot published whose endpoints are exactly the services held: the next is
+    /// diffed against it ([`diff::between`]), and only what changed is made or released.
+    last: Option<Arc<Snapshot>>,
+}
+
+/// The services of a publish: all of them, and those made, released and left out.
+struct Services<Svc> {
+    /// The services held while the balancer takes the snapshot: the old ones and the new.
+    union: ServiceMap<Svc>,
+    /// The services of the snapshot's endpoints.
+    next: ServiceMap<Svc>,
+    rejected: Vec<EndpointKey>,
+    made: u64,
+    released: u64,
 }
 
 pub(super) fn start<Svc, S, St, E, M>(config: PoolBuilder<S>, source: St, make: M) -> Pool<Svc, S>
@@ -75,6 +91,7 @@ where
     let mut target = PoolTarget {
         inner: Arc::downgrade(&inner),
         make,
+        last: None,
     };
     let mut source =
         Box::pin(source.map(|item| item.map_err(|e| DiscoveryError::Source(e.into()))));
@@ -112,22 +129,32 @@ where
             return Vec::new();
         };
         let old = inner.services.load_full();
-        let (next, rejected, made) = self.services_for(&inner, &snapshot, &old);
+        let last = self.last.take().filter(|l| l.len() == old.len());
+        let changes = last.as_ref().and_then(|l| {
+            let d = diff::between(l.endpoints(), snapshot.endpoints(), None)?;
+            Some((l, d))
+        });
+        let services = match changes {
+            Some((last, d)) => self.services_changed(&inner, &snapshot, last, &old, &d),
+            None => self.services_for(&inner, &snapshot, &old),
+        };
+        let Services {
+            union,
+            next,
+            rejected,
+            made,
+            released,
+        } = services;
         // New services first, then the snapshot that names them, then drop the old ones.
-        let mut union: ServiceMap<Svc> = (*old).clone();
-        union.extend(next.iter().map(|(h, e)| (*h, e.clone())));
         inner.services.store(Arc::new(union));
         inner.status.send_modify(|s| s.services_made += made);
         if !rejected.is_empty() {
             // The controller leaves these out and publishes again (the services made stay).
             return rejected;
         }
-        let released = old
-            .iter()
-            .filter(|(h, e)| next.get(*h).is_none_or(|n| !Arc::ptr_eq(n, e)))
-            .count() as u64;
         inner.balancer.publish(snapshot.clone(), now);
         inner.services.store(Arc::new(next));
+        self.last = Some(snapshot.clone());
         inner.status.send_modify(|s| {
             s.version = snapshot.version();
             s.endpoints = snapshot.len();
@@ -199,15 +226,15 @@ where
 impl<Svc: Send + Sync + 'static, S: Strategy, M: MakeEndpoint<Svc>> PoolTarget<Svc, S, M> {
     /// The service map for `snapshot`: kept entries for unchanged endpoints, new ones made.
     /// Returns the map, the keys whose service could not be made, and how many were made.
+    /// Every endpoint's service, found by key and address in `old` or made: O(n) lookups.
     fn services_for(
         &mut self,
         inner: &PoolInner<Svc, S>,
         snapshot: &Snapshot,
         old: &ServiceMap<Svc>,
-    ) -> (ServiceMap<Svc>, Vec<lbkit_core::EndpointKey>, u64) {
+    ) -> Services<Svc> {
         let mut next = ServiceMap::default();
-        let mut rejected = Vec::new();
-        let mut made = 0;
+        let (mut rejected, mut made) = (Vec::new(), 0);
         for ep in snapshot.endpoints() {
             let h = ep.key_hash();
             if let Some(e) = old
@@ -217,22 +244,92 @@ impl<Svc: Send + Sync + 'static, S: Strategy, M: MakeEndpoint<Svc>> PoolTarget<S
                 next.insert(h, e.clone());
                 continue;
             }
-            match self.make.make(ep) {
-                Ok(svc) => {
+            match self.make(inner, ep) {
+                Some(entry) => {
                     made += 1;
-                    let entry = Entry {
-                        key: ep.key().clone(),
-                        address: Arc::from(ep.address()),
-                        svc,
-                    };
-                    next.insert(h, Arc::new(entry));
+                    next.insert(h, entry);
                 }
-                Err(e) => {
-                    tracing::warn!(pool = %inner.name, endpoint = %ep.key(), error = %e, "cannot make a client service; endpoint left out");
-                    rejected.push(ep.key().clone());
-                }
+                None => rejected.push(ep.key().clone()),
             }
         }
-        (next, rejected, made)
+        let mut union: ServiceMap<Svc> = old.clone();
+        union.extend(next.iter().map(|(h, e)| (*h, e.clone())));
+        let released = old
+            .iter()
+            .filter(|(h, e)| next.get(*h).is_none_or(|n| !Arc::ptr_eq(n, e)))
+            .count() as u64;
+        Services {
+            union,
+            next,
+            rejected,
+            made,
+            released,
+        }
+    }
+
+    /// The services of `snapshot` when `old` holds exactly those of `last` and `d` is what
+    /// changed between them: only the endpoints new, readdressed or gone are looked at (two
+    /// copies of the map by reference, then O(k) hash operations).
+    fn services_changed(
+        &mut self,
+        inner: &PoolInner<Svc, S>,
+        snapshot: &Snapshot,
+        last: &Snapshot,
+        old: &ServiceMap<Svc>,
+        d: &diff::Diff,
+    ) -> Services<Svc> {
+        let mut union = old.clone();
+        let gone: Vec<u64> = d
+            .gone
+            .iter()
+            .map(|&o| last.endpoints()[o].key_hash())
+            .collect();
+        let (mut rejected, mut made, mut replaced) = (Vec::new(), 0, 0);
+        for &(i, prev) in &d.changed {
+            let ep = &snapshot.endpoints()[i];
+            let prev = prev.map(|p| &last.endpoints()[p]);
+            if prev.is_some_and(|p| p.address() == ep.address()) {
+                continue; // the same key at the same address: the same service
+            }
+            match self.make(inner, ep) {
+                Some(entry) => {
+                    made += 1;
+                    replaced += u64::from(prev.is_some());
+                    union.insert(ep.key_hash(), entry);
+                }
+                None => rejected.push(ep.key().clone()),
+            }
+        }
+        let mut next = union.clone();
+        for h in &gone {
+            next.remove(h);
+        }
+        let released = gone.len() as u64 + replaced;
+        Services {
+            union,
+            next,
+            rejected,
+            made,
+            released,
+        }
+    }
+
+    /// A new client service for `ep`, or `None` (logged) when it cannot be made.
+    fn make(
+        &mut self,
+        inner: &PoolInner<Svc, S>,
+        ep: &lbkit_core::Endpoint,
+    ) -> Option<Arc<Entry<Svc>>> {
+        match self.make.make(ep) {
+            Ok(svc) => Some(Arc::new(Entry {
+                key: ep.key().clone(),
+                address: Arc::from(ep.address()),
+                svc,
+            })),
+            Err(e) => {
+                tracing::warn!(pool = %inner.name, endpoint = %ep.key(), error = %e, "cannot make a client service; endpoint left out");
+                None
+            }
+        }
     }
 }

@@ -17,7 +17,7 @@ use lbkit::discovery::zookeeper::{
     Layout, ProviderFilter, ServicePath, WatchMode, ZkConfig, ZkSource,
 };
 use lbkit::discovery::{Controller, ControllerConfig, DiscoveryError, RemovalProtection};
-use lbkit::{Clock, Endpoint, EndpointIdx, Snapshot};
+use lbkit::{diff, Clock, Endpoint, EndpointIdx, Snapshot};
 use tracing::level_filters::LevelFilter;
 use tracing_subscriber::filter::Targets;
 
@@ -392,10 +392,10 @@ impl Printer {
             return Ok(0);
         };
         let last_set = last.endpoints();
-        let (d, in_order) = match diff(last_set, all, None) {
+        let (d, in_order) = match diff::between(last_set, all, None) {
             Some(d) => (d, true),
             None => (
-                diff(last_set, all, Some(&key_order(all))).unwrap_or_default(),
+                diff::between(last_set, all, Some(&diff::key_order(all))).unwrap_or_default(),
                 false,
             ),
         };
@@ -444,63 +444,12 @@ fn keep(snapshot: &Arc<Snapshot>, in_order: bool) -> Last {
         return Last::Snapshot(snapshot.clone());
     }
     let all = snapshot.endpoints();
-    Last::Sorted(key_order(all).into_iter().map(|i| all[i].clone()).collect())
-}
-
-/// What changed from one set to the next: the providers new or not the same object (index in
-/// the new set, and index in the last of the one with its key), then the ones gone (index in
-/// the last), both in key order.
-#[derive(Default)]
-struct Diff {
-    changed: Vec<(usize, Option<usize>)>,
-    gone: Vec<usize>,
-}
-
-/// The diff from `last` (in key order) to `all`, walked in `order` (its own when `None`).
-/// `None` when `all` is not in key order that way: unchanged providers come in the last set's
-/// order, and each other one is checked against its neighbours.
-fn diff(last: &[Endpoint], all: &[Endpoint], order: Option<&[usize]>) -> Option<Diff> {
-    let n = order.map_or(all.len(), <[usize]>::len);
-    let at_pos = |p: usize| order.map_or(p, |o| o[p]);
-    let (mut at, mut d) = (0, Diff::default());
-    for p in 0..n {
-        let e = &all[at_pos(p)];
-        if last.get(at).is_some_and(|o| o.ptr_eq(e)) {
-            at += 1; // unchanged: the same object, no text read
-            continue;
-        }
-        let before = p.checked_sub(1).map(|q| &all[at_pos(q)]);
-        let after = (p + 1 < n).then(|| &all[at_pos(p + 1)]);
-        if before.is_some_and(|b| b.key() >= e.key()) || after.is_some_and(|a| a.key() <= e.key()) {
-            return None;
-        }
-        while last.get(at).is_some_and(|o| o.key() < e.key()) {
-            d.gone.push(at);
-            at += 1;
-        }
-        let old = last
-            .get(at)
-            .is_some_and(|o| o.key() == e.key())
-            .then_some(at);
-        at += usize::from(old.is_some());
-        d.changed.push((at_pos(p), old));
-    }
-    d.gone.extend(at..last.len());
-    Some(d)
-}
-
-/// The order that walks `endpoints` by key (a key listed twice: the later one).
-fn key_order(endpoints: &[Endpoint]) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..endpoints.len()).collect();
-    order.sort_by(|&a, &b| endpoints[a].key().cmp(endpoints[b].key()));
-    order.dedup_by(|later, earlier| {
-        let same = endpoints[*later].key() == endpoints[*earlier].key();
-        if same {
-            *earlier = (*earlier).max(*later);
-        }
-        same
-    });
-    order
+    Last::Sorted(
+        diff::key_order(all)
+            .into_iter()
+            .map(|i| all[i].clone())
+            .collect(),
+    )
 }
 
 /// Under a provider's row: the override rules that changed it, one line each, then its tags
