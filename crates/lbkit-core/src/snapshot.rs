@@ -125,17 +125,7 @@ impl Snapshot {
             .filter(|&i| is_eligible[i])
             .map(EndpointIdx::new)
             .collect();
-        let ramp_from = policy.slow_start.map(|_| {
-            endpoints
-                .iter()
-                .map(|e| {
-                    overlay
-                        .readmitted
-                        .get(e.key())
-                        .map_or(e.added_at(), |&r| r.max(e.added_at()))
-                })
-                .collect()
-        });
+        let ramp_from = policy.slow_start.map(|_| ramps(&endpoints, overlay));
         let count = |f: &dyn Fn(usize) -> bool| {
             saturating_u32((0..endpoints.len()).filter(|&i| f(i)).count())
         };
@@ -406,6 +396,20 @@ impl Snapshot {
             .position(|e| e.key() == key)
             .map(EndpointIdx::new)
     }
+}
+
+/// Where each endpoint's slow-start ramp starts: its first sighting, or its readmission after
+/// an ejection when later.
+fn ramps(endpoints: &[Endpoint], overlay: &HealthOverlay) -> Arc<[Timestamp]> {
+    endpoints
+        .iter()
+        .map(|e| {
+            overlay
+                .readmitted
+                .get(e.key())
+                .map_or(e.added_at(), |&r| r.max(e.added_at()))
+        })
+        .collect()
 }
 
 fn saturating_u32(n: usize) -> u32 {

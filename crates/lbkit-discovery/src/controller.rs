@@ -336,7 +336,6 @@ impl Controller {
             removal: Held::new(config.removal_protection),
             config,
             clock: Clock::System,
-
             desired: Vec::new(),
             held: None,
             empty_held: false,
