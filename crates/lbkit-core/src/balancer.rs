@@ -416,7 +416,7 @@ impl<S: Strategy> Balancer<S> {
     /// strategy: a shadow's candidate.
     pub(crate) fn observing(strategy: S, snapshot: Arc<Snapshot>, now: Timestamp) -> Self {
         let stages = Stages::default();
-        let prepared = prepare(&strategy, &stages, snapshot, now);
+        let prepared = prepare(&strategy, &stages, snapshot, now, None);
         Balancer {
             strategy,
             availability: Availability::default(),
@@ -457,6 +457,7 @@ impl<S: Strategy> Balancer<S> {
                 &stages,
                 before.snapshot.clone(),
                 now,
+                Some(&before),
             ));
             let prev = self.current.compare_and_swap(&before, next);
             if Arc::ptr_eq(&prev, &before) {
@@ -589,11 +590,13 @@ impl<S: Strategy> Balancer<S> {
         // them, so the newest snapshot never goes out with stages already replaced.
         loop {
             let stages = self.stages.load_full();
+            let last = self.current.load_full();
             self.current.store(Arc::new(prepare(
                 &self.strategy,
                 &stages,
                 snapshot.clone(),
                 now,
+                Some(&last),
             )));
             if Arc::ptr_eq(&stages, &self.stages.load_full()) {
                 return;
@@ -635,6 +638,7 @@ impl<S: Strategy> Balancer<S> {
             &self.stages.load(),
             before.snapshot.clone(),
             now,
+            Some(&before),
         ));
         let prev = self.current.compare_and_swap(&before, next);
         let swapped = Arc::ptr_eq(&prev, &before);
@@ -731,11 +735,14 @@ fn apply_decay<S: Strategy>(strategy: &S, snapshot: &Snapshot) {
     }
 }
 
+/// Prepare `snapshot` under `stages`; the main picker from `last`'s where the strategy can carry
+/// it over ([`Strategy::prepare_next`]).
 fn prepare<S: Strategy>(
     strategy: &S,
     stages: &Stages,
     snapshot: Arc<Snapshot>,
     now: Timestamp,
+    last: Option<&Prepared<S::Picker>>,
 ) -> Prepared<S::Picker> {
     let tags = TagTable::of(&snapshot).map(|table| {
         let pickers = table
@@ -749,7 +756,13 @@ fn prepare<S: Strategy>(
     let mut staged = Staged::prepare(strategy, stages, &snapshot, tag_sets, now);
     let (main, picker) = match staged.as_mut().and_then(Staged::fold_main) {
         Some(folded) => folded,
-        None => (snapshot.clone(), strategy.prepare(&snapshot, now)),
+        None => {
+            let picker = match last {
+                Some(last) => strategy.prepare_next(&last.main, &last.picker, &snapshot, now),
+                None => strategy.prepare(&snapshot, now),
+            };
+            (snapshot.clone(), picker)
+        }
     };
     let periodic = strategy.refresh_interval().map(|d| now.saturating_add(d));
     let warming = snapshot

@@ -2,7 +2,8 @@
 //! comparisons for k changes: a [`SnapshotBuilder`](crate::SnapshotBuilder) keeps an unchanged
 //! endpoint the same object, so a walk of the last set beside the next compares pointers and
 //! reads keys only where they differ. `lbkit watch` prints changes with it; the tower pool
-//! carries its client services over with it.
+//! carries its client services over with it; a strategy carries its prepared structure over
+//! with [`carried`] (the hash rings patch what changed instead of rebuilding).
 //!
 //! ```
 //! use std::borrow::Cow;
@@ -52,6 +53,10 @@ pub fn between(last: &[Endpoint], next: &[Endpoint], order: Option<&[usize]>) ->
             d.gone.push(at);
             at += 1;
         }
+        if last.get(at).is_some_and(|o| o.ptr_eq(e)) {
+            at += 1; // unchanged, after some that are gone
+            continue;
+        }
         let old = last
             .get(at)
             .is_some_and(|o| o.key() == e.key())
@@ -61,6 +66,45 @@ pub fn between(last: &[Endpoint], next: &[Endpoint], order: Option<&[usize]>) ->
     }
     d.gone.extend(at..last.len());
     Some(d)
+}
+
+/// For each endpoint of `last`, its index in `next` when `next` holds the very same object
+/// (same key, same spec, the same live statistics), else `None` (gone or changed): what a
+/// strategy may carry over from the structure it prepared for `last`. `None` overall when
+/// `next` is not in ascending key order (see [`between`]). O(n) pointer comparisons and O(k)
+/// key reads for k changes.
+///
+/// ```
+/// use lbkit_core::{diff, EndpointIdx, EndpointSpec, SnapshotBuilder, Timestamp, Update};
+/// let mut b = SnapshotBuilder::new();
+/// let spec = |a: &str| EndpointSpec::new(a);
+/// let s1 = b.apply(Update::Reset(vec![spec("a:1"), spec("b:1"), spec("c:1")]), Timestamp::ZERO);
+/// let s2 = b.apply(Update::Add(vec![spec("d:1")]), Timestamp::ZERO);
+/// let s3 = b.apply(Update::Remove(vec![s1.endpoint(EndpointIdx::new(1)).key().clone()]), Timestamp::ZERO);
+/// assert_eq!(diff::carried(s1.endpoints(), s3.endpoints()), Some(vec![Some(0), None, Some(1)]));
+/// ```
+pub fn carried(last: &[Endpoint], next: &[Endpoint]) -> Option<Vec<Option<usize>>> {
+    let d = between(last, next, None)?;
+    let mut old_moved = vec![false; last.len()];
+    let mut new_moved = vec![false; next.len()];
+    for &i in &d.gone {
+        old_moved[i] = true;
+    }
+    for &(n, o) in &d.changed {
+        new_moved[n] = true;
+        if let Some(o) = o {
+            old_moved[o] = true;
+        }
+    }
+    let mut now = (0..next.len()).filter(|&n| !new_moved[n]);
+    let map = (0..last.len())
+        .map(|o| (!old_moved[o]).then(|| now.next()).flatten())
+        .collect::<Vec<_>>();
+    let same = map
+        .iter()
+        .enumerate()
+        .all(|(o, n)| n.is_none_or(|n| last[o].ptr_eq(&next[n])));
+    same.then_some(map)
 }
 
 /// The order that walks `endpoints` by key (a key listed twice: the later one). O(n log n).
@@ -75,4 +119,44 @@ pub fn key_order(endpoints: &[Endpoint]) -> Vec<usize> {
         same
     });
     order
+}
+
+#[cfg(test)]
+mod tests {
+    use std::borrow::Cow;
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::{EndpointSpec, SnapshotBuilder, Timestamp};
+
+    proptest! {
+        #![proptest_config(ProptestConfig {
+            rng_seed: proptest::test_runner::RngSeed::Fixed(44),
+            ..ProptestConfig::default()
+        })]
+        /// Over sets in key order (as sources list them), `carried` pairs exactly the
+        /// endpoints a builder kept as the same object, and `between` names every other one.
+        #[test]
+        fn carried_pairs_exactly_the_same_objects(sets in proptest::collection::vec(proptest::collection::btree_map(0u8..16, 1u32..3, 0..12), 1..8)) {
+            let mut b = SnapshotBuilder::new();
+            let mut last = b.apply(crate::Update::Reset(Vec::new()), Timestamp::ZERO);
+            for set in sets {
+                let specs: Vec<EndpointSpec> = set
+                    .iter()
+                    .map(|(k, w)| EndpointSpec::new(format!("10.0.0.1:{}", 1000 + u32::from(*k))).with_weight(*w))
+                    .collect();
+                let next = b.reset_from(specs.iter().map(Cow::Borrowed), Timestamp::ZERO);
+                let map = carried(last.endpoints(), next.endpoints()).expect("key order");
+                for (o, e) in last.endpoints().iter().enumerate() {
+                    let same = next.endpoints().iter().position(|n| n.ptr_eq(e));
+                    prop_assert_eq!(map[o], same);
+                }
+                let d = between(last.endpoints(), next.endpoints(), None).expect("key order");
+                let moved = d.changed.len() + map.iter().filter(|m| m.is_some()).count();
+                prop_assert_eq!(moved, next.len());
+                last = next;
+            }
+        }
+    }
 }

@@ -4,6 +4,7 @@
 //! [`Balancer`](crate::Balancer), in `lbkit pick` and in the conformance suite like the built-in
 //! ones. See `examples/sticky_custom.rs` in the `lbkit` crate.
 
+use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,6 +36,27 @@ pub trait Strategy: Send + Sync + 'static {
     /// calls `pick` when that list is empty.
     fn prepare(&self, snapshot: &Arc<Snapshot>, now: Timestamp) -> Self::Picker;
 
+    /// Build the picker for `snapshot` knowing `last`, the picker this strategy prepared for
+    /// `last_snapshot` (the set published before): a strategy whose structure allows it carries
+    /// over what did not change ([`diff::carried`](crate::diff::carried) says which endpoints
+    /// are the same objects) instead of building from scratch. The hash rings do: a change of
+    /// k endpoints hashes only theirs and merges the rest in one pass. The picker must equal
+    /// the one [`prepare`](Strategy::prepare) would build.
+    ///
+    /// The [`Balancer`](crate::Balancer) calls this on every publish after the first, off the
+    /// request path (picks keep the last picker until the new one is swapped in). The default
+    /// prepares from scratch.
+    fn prepare_next(
+        &self,
+        last_snapshot: &Arc<Snapshot>,
+        last: &Self::Picker,
+        snapshot: &Arc<Snapshot>,
+        now: Timestamp,
+    ) -> Self::Picker {
+        let _ = (last_snapshot, last);
+        self.prepare(snapshot, now)
+    }
+
     /// `Some(period)`: re-prepare on a timer (response-time weights), as grpc-go WRR does.
     fn refresh_interval(&self) -> Option<Duration> {
         None
@@ -53,7 +75,7 @@ pub trait Strategy: Send + Sync + 'static {
 
 /// Chooses one endpoint. Object-safe, `&self`, called concurrently from many threads:
 /// no locks, no allocation, no clock reads (time comes in [`PickContext::now`]).
-pub trait Picker: Send + Sync + 'static {
+pub trait Picker: Any + Send + Sync {
     /// Pick one of the snapshot's eligible endpoints.
     ///
     /// Called repeatedly for one call when the balancer rejects a candidate (already tried, or
@@ -279,6 +301,13 @@ pub struct BoxStrategy(Arc<dyn DynStrategy>);
 trait DynStrategy: Send + Sync + 'static {
     fn name(&self) -> &str;
     fn prepare_boxed(&self, snapshot: &Arc<Snapshot>, now: Timestamp) -> Box<dyn Picker>;
+    fn prepare_next_boxed(
+        &self,
+        last_snapshot: &Arc<Snapshot>,
+        last: &dyn Picker,
+        snapshot: &Arc<Snapshot>,
+        now: Timestamp,
+    ) -> Box<dyn Picker>;
     fn refresh_interval(&self) -> Option<Duration>;
     fn ewma_decay(&self) -> Option<Duration>;
 }
@@ -289,6 +318,19 @@ impl<S: Strategy> DynStrategy for S {
     }
     fn prepare_boxed(&self, snapshot: &Arc<Snapshot>, now: Timestamp) -> Box<dyn Picker> {
         Box::new(self.prepare(snapshot, now))
+    }
+    fn prepare_next_boxed(
+        &self,
+        last_snapshot: &Arc<Snapshot>,
+        last: &dyn Picker,
+        snapshot: &Arc<Snapshot>,
+        now: Timestamp,
+    ) -> Box<dyn Picker> {
+        let last: &dyn Any = last;
+        match last.downcast_ref::<S::Picker>() {
+            Some(last) => Box::new(self.prepare_next(last_snapshot, last, snapshot, now)),
+            None => Box::new(self.prepare(snapshot, now)),
+        }
     }
     fn refresh_interval(&self) -> Option<Duration> {
         Strategy::refresh_interval(self)
@@ -318,6 +360,17 @@ impl Strategy for BoxStrategy {
         self.0.prepare_boxed(snapshot, now)
     }
 
+    fn prepare_next(
+        &self,
+        last_snapshot: &Arc<Snapshot>,
+        last: &Box<dyn Picker>,
+        snapshot: &Arc<Snapshot>,
+        now: Timestamp,
+    ) -> Box<dyn Picker> {
+        self.0
+            .prepare_next_boxed(last_snapshot, &**last, snapshot, now)
+    }
+
     fn refresh_interval(&self) -> Option<Duration> {
         self.0.refresh_interval()
     }
@@ -336,5 +389,74 @@ impl fmt::Debug for BoxStrategy {
 impl fmt::Debug for dyn Picker {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("dyn Picker")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::{Balancer, EndpointSpec, FastRng};
+
+    /// Picks its snapshot's first eligible endpoint; counts how it was prepared.
+    #[derive(Default)]
+    struct Counting {
+        fresh: AtomicUsize,
+        carried: AtomicUsize,
+    }
+    struct First(EndpointIdx, usize);
+    impl Picker for First {
+        fn pick(&self, _: &mut PickContext<'_>) -> Result<EndpointIdx, PickError> {
+            Ok(self.0)
+        }
+    }
+    impl Strategy for Arc<Counting> {
+        type Picker = First;
+        fn name(&self) -> &str {
+            "counting"
+        }
+        fn prepare(&self, s: &Arc<Snapshot>, _: Timestamp) -> First {
+            self.fresh.fetch_add(1, Ordering::Relaxed);
+            First(s.eligible()[0], 0)
+        }
+        fn prepare_next(
+            &self,
+            _: &Arc<Snapshot>,
+            last: &First,
+            s: &Arc<Snapshot>,
+            _: Timestamp,
+        ) -> First {
+            self.carried.fetch_add(1, Ordering::Relaxed);
+            First(s.eligible()[0], last.1 + 1)
+        }
+    }
+
+    /// A balancer hands each publish the picker before it, through a [`BoxStrategy`] too (the
+    /// boxed picker is the strategy's own, found again by its type).
+    #[test]
+    fn publishes_prepare_from_the_last_picker_through_a_box() {
+        let counting = Arc::new(Counting::default());
+        let snap = |a: &str| {
+            Arc::new(Snapshot::from_specs(
+                vec![EndpointSpec::new(a)],
+                Timestamp::ZERO,
+            ))
+        };
+        let lb = Balancer::new(
+            BoxStrategy::new(counting.clone()),
+            snap("a:1"),
+            Timestamp::ZERO,
+        );
+        lb.publish(snap("b:1"), Timestamp::ZERO);
+        lb.publish(snap("c:1"), Timestamp::ZERO);
+        assert_eq!(counting.fresh.load(Ordering::Relaxed), 1);
+        assert_eq!(counting.carried.load(Ordering::Relaxed), 2);
+        let current = lb.current();
+        let picker: &dyn Any = &**current.picker();
+        assert_eq!(picker.downcast_ref::<First>().map(|f| f.1), Some(2));
+        let mut rng = FastRng::seed_from_u64(1);
+        let mut cx = PickContext::new(Timestamp::ZERO, &mut rng);
+        assert_eq!(current.picker().pick(&mut cx), Ok(EndpointIdx::new(0)));
     }
 }

@@ -50,11 +50,11 @@
 
 use std::sync::Arc;
 
-use lbkit_core::{Snapshot, Strategy, Timestamp};
+use lbkit_core::{EndpointIdx, Snapshot, Strategy, Timestamp};
 use md5::{Digest, Md5};
 
 use super::bounded::{BalanceFactor, Bound};
-use super::ring::{Collision, KeyPoint, RingPicker};
+use super::ring::{self, Collision, KeyPoint, RingPicker};
 
 /// Dubbo's default number of virtual nodes per endpoint (`hash.nodes`).
 pub const DEFAULT_NODES: u32 = 160;
@@ -117,17 +117,42 @@ impl Strategy for ConsistentHash {
     }
 
     fn prepare(&self, snapshot: &Arc<Snapshot>, _now: Timestamp) -> RingPicker {
-        let digests = self.nodes / 4;
-        let mut points = Vec::with_capacity(snapshot.eligible().len() * digests as usize * 4);
+        let mut points = Vec::with_capacity(snapshot.eligible().len() * self.nodes as usize);
         for &idx in snapshot.eligible() {
-            let address = snapshot.endpoint(idx).address();
-            for i in 0..digests {
-                let digest = node_digest(address, i);
-                points.extend((0..4).map(|h| (digest_point(&digest, h), idx)));
-            }
+            self.put(snapshot, idx, &mut points);
         }
         let bound = self.balance.map(|f| Bound::unweighted(f, snapshot));
         RingPicker::new(points, Collision::KeepLast, KeyPoint::Md5, bound, snapshot)
+    }
+
+    /// Patched from `last`: only the endpoints that came are hashed (`nodes / 4` MD5s each).
+    fn prepare_next(
+        &self,
+        last_snapshot: &Arc<Snapshot>,
+        last: &RingPicker,
+        snapshot: &Arc<Snapshot>,
+        now: Timestamp,
+    ) -> RingPicker {
+        let Some((owners, fresh)) = ring::carry(last_snapshot, snapshot) else {
+            return self.prepare(snapshot, now);
+        };
+        let mut added = Vec::with_capacity(fresh.len() * self.nodes as usize);
+        for idx in fresh {
+            self.put(snapshot, idx, &mut added);
+        }
+        let bound = self.balance.map(|f| Bound::unweighted(f, snapshot));
+        last.patch(&owners, added, bound, snapshot)
+    }
+}
+
+impl ConsistentHash {
+    /// Put `idx`'s virtual nodes: four points per `MD5(address + i)`.
+    fn put(&self, snapshot: &Snapshot, idx: EndpointIdx, points: &mut Vec<(u32, EndpointIdx)>) {
+        let address = snapshot.endpoint(idx).address();
+        for i in 0..self.nodes / 4 {
+            let digest = node_digest(address, i);
+            points.extend((0..4).map(|h| (digest_point(&digest, h), idx)));
+        }
     }
 }
 

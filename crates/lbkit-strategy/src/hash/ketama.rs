@@ -61,7 +61,7 @@ use crc32fast::Hasher;
 use lbkit_core::{EndpointIdx, Snapshot, Strategy, Timestamp};
 
 use super::bounded::{BalanceFactor, Bound};
-use super::ring::{Collision, KeyPoint, RingPicker};
+use super::ring::{self, Collision, KeyPoint, RingPicker};
 
 /// Points per unit of weight (nginx's and libmemcached ketama's constant).
 pub const POINTS_PER_WEIGHT: u64 = 160;
@@ -104,31 +104,65 @@ impl Strategy for Ketama {
     }
 
     fn prepare(&self, snapshot: &Arc<Snapshot>, _now: Timestamp) -> RingPicker {
-        let eligible = snapshot.eligible();
-        let weight = |i: EndpointIdx| u64::from(snapshot.endpoint(i).weight());
-        let total: u64 = eligible
-            .iter()
-            .map(|&i| weight(i) * POINTS_PER_WEIGHT)
-            .sum();
-        let divisor = total.div_ceil(MAX_RING_POINTS).max(1);
-        let mut points =
-            Vec::with_capacity(usize::try_from(total.min(MAX_RING_POINTS)).unwrap_or(0));
-        for &idx in eligible {
-            let scaled = (weight(idx) / divisor).max(1);
-            let address = snapshot.endpoint(idx).address();
-            points.extend(server_points(address, scaled * POINTS_PER_WEIGHT).map(|h| (h, idx)));
+        let divisor = divisor(snapshot);
+        let mut points = Vec::new();
+        for &idx in snapshot.eligible() {
+            put(snapshot, idx, divisor, &mut points);
         }
-        let bound = self
-            .balance
-            .map(|f| Bound::new(f, snapshot, |e| u64::from(e.weight())));
         RingPicker::new(
             points,
             Collision::KeepFirst,
             KeyPoint::Crc32,
-            bound,
+            self.bound(snapshot),
             snapshot,
         )
     }
+
+    /// Patched from `last` while the weights' divisor stays (it moves only when the ring
+    /// crosses [`MAX_RING_POINTS`]): only the points of the endpoints that came are made.
+    fn prepare_next(
+        &self,
+        last_snapshot: &Arc<Snapshot>,
+        last: &RingPicker,
+        snapshot: &Arc<Snapshot>,
+        now: Timestamp,
+    ) -> RingPicker {
+        let divisor = divisor(snapshot);
+        let carried = ring::carry(last_snapshot, snapshot);
+        let Some((owners, fresh)) = carried.filter(|_| divisor == self::divisor(last_snapshot))
+        else {
+            return self.prepare(snapshot, now);
+        };
+        let mut added = Vec::new();
+        for idx in fresh {
+            put(snapshot, idx, divisor, &mut added);
+        }
+        last.patch(&owners, added, self.bound(snapshot), snapshot)
+    }
+}
+
+impl Ketama {
+    fn bound(&self, snapshot: &Arc<Snapshot>) -> Option<Bound> {
+        self.balance
+            .map(|f| Bound::new(f, snapshot, |e| u64::from(e.weight())))
+    }
+}
+
+/// What every weight is divided by so the ring holds at most [`MAX_RING_POINTS`].
+fn divisor(snapshot: &Snapshot) -> u64 {
+    let total: u64 = snapshot
+        .eligible()
+        .iter()
+        .map(|&i| u64::from(snapshot.endpoint(i).weight()) * POINTS_PER_WEIGHT)
+        .sum();
+    total.div_ceil(MAX_RING_POINTS).max(1)
+}
+
+/// Put `idx`'s points: 160 per unit of its weight over `divisor` (at least one unit).
+fn put(snapshot: &Snapshot, idx: EndpointIdx, divisor: u64, points: &mut Vec<(u32, EndpointIdx)>) {
+    let endpoint = snapshot.endpoint(idx);
+    let scaled = (u64::from(endpoint.weight()) / divisor).max(1);
+    points.extend(server_points(endpoint.address(), scaled * POINTS_PER_WEIGHT).map(|h| (h, idx)));
 }
 
 /// nginx's split of a `server` name into host and port (`ngx_http_upstream_update_chash`).

@@ -158,3 +158,58 @@ fn explain_describes_each_endpoints_share() {
         );
     }
 }
+
+/// Through the catalog's boxed strategies (as the proxy and `lbkit pick` build them), a picker
+/// prepared from the last one ([`Strategy::prepare_next`]: the rings patch) picks as one
+/// prepared from scratch, set after set: endpoints coming, going, going down and changing
+/// weight, with several probes per key.
+#[test]
+fn pickers_prepared_from_the_last_pick_as_rebuilt_ones() {
+    use std::borrow::Cow;
+    let spec = |p: u32, w: u32, up: bool| {
+        EndpointSpec::new(format!("10.0.{}.{}:20880", p / 200, p % 200 + 1))
+            .with_weight(w)
+            .with_healthy(up)
+    };
+    let mut rng = FastRng::seed_from_u64(44);
+    let mut set: std::collections::BTreeMap<u32, (u32, bool)> =
+        (0..60).map(|p| (p * 3, (1, true))).collect();
+    for name in NAMES {
+        let strategy = build(name, Params::new()).unwrap();
+        let mut b = lbkit_core::SnapshotBuilder::new();
+        let specs = |set: &std::collections::BTreeMap<u32, (u32, bool)>| -> Vec<EndpointSpec> {
+            set.iter().map(|(&p, &(w, up))| spec(p, w, up)).collect()
+        };
+        let mut last = b.reset_from(specs(&set).iter().map(Cow::Borrowed), Timestamp::ZERO);
+        let mut picker = strategy.prepare(&last, Timestamp::ZERO);
+        for _ in 0..12 {
+            for _ in 0..4 {
+                let p = rng.below(240) as u32;
+                match set.get(&p).copied() {
+                    Some((w, up)) if rng.below(3) == 0 => drop(set.insert(p, (w % 3 + 1, up))),
+                    Some((w, up)) if rng.below(2) == 0 => drop(set.insert(p, (w, !up))),
+                    Some(_) => drop(set.remove(&p)),
+                    None => drop(set.insert(p, (1, true))),
+                }
+            }
+            let next = b.reset_from(specs(&set).iter().map(Cow::Borrowed), Timestamp::ZERO);
+            picker = strategy.prepare_next(&last, &picker, &next, Timestamp::ZERO);
+            let rebuilt = strategy.prepare(&next, Timestamp::ZERO);
+            for k in 0..300u32 {
+                let key = format!("user-{k}");
+                for probe in 0..3 {
+                    let (a, b) = (
+                        pick(&*picker, key.as_bytes(), probe),
+                        pick(&*rebuilt, key.as_bytes(), probe),
+                    );
+                    assert_eq!(a, b, "{name}: {key} probe {probe}");
+                }
+            }
+            for &i in next.eligible() {
+                let now = Timestamp::ZERO;
+                assert_eq!(picker.explain(i, now), rebuilt.explain(i, now), "{name}");
+            }
+            last = next;
+        }
+    }
+}
