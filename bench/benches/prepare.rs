@@ -101,3 +101,82 @@ fn snapshot_from_specs(b: Bencher, w: Weights) {
     b.with_inputs(|| specs.clone())
         .bench_local_values(|specs| Snapshot::from_specs(specs, Timestamp::ZERO));
 }
+
+/// A change of one endpoint (one gone, one come) in a set of 10 000, the sets in key order as
+/// registry sources list them: the next picker prepared from scratch (`scratch`) against
+/// `Strategy::prepare_next` from the last picker (`next`), what a `Balancer` publish runs
+/// (issue 44: what a change costs). Default weights (100: ketama's ring is then scaled to its
+/// 16 777 216-point cap).
+mod change {
+    use std::borrow::Cow;
+    use std::sync::Arc;
+
+    use divan::{black_box, Bencher};
+    use lbkit_core::{EndpointSpec, Snapshot, SnapshotBuilder, Strategy, Timestamp};
+    use lbkit_strategy::{
+        ConsistentHash, Ketama, Maglev, RoundRobin, SmoothWeightedRoundRobin, WeightedRandom,
+    };
+
+    const N: usize = 10_000;
+    const HOW: [&str; 2] = ["scratch", "next"];
+
+    /// The last set and the next: the 5 000th endpoint gone, one new in the middle.
+    fn sets() -> (Arc<Snapshot>, Arc<Snapshot>) {
+        let mut addresses: Vec<String> = (0..N).map(lbkit_bench::address).collect();
+        addresses.sort();
+        let specs = |a: &[String]| -> Vec<EndpointSpec> {
+            let mut s: Vec<EndpointSpec> = a.iter().map(EndpointSpec::new).collect();
+            s.sort_by(|x, y| x.key.cmp(&y.key));
+            s
+        };
+        let mut b = SnapshotBuilder::new();
+        let last = b.reset_from(specs(&addresses).iter().map(Cow::Borrowed), Timestamp::ZERO);
+        addresses.remove(N / 2);
+        addresses.push("127.0.200.1:20880".to_owned());
+        let next = b.reset_from(specs(&addresses).iter().map(Cow::Borrowed), Timestamp::ZERO);
+        assert_eq!(next.len(), N);
+        (last, next)
+    }
+
+    fn bench_change<S: Strategy>(b: Bencher<'_, '_>, strategy: S, how: &str) {
+        let (last, next) = sets();
+        let picker = strategy.prepare(&last, Timestamp::ZERO);
+        if how == "scratch" {
+            b.bench_local(|| black_box(&strategy).prepare(black_box(&next), Timestamp::ZERO));
+        } else {
+            b.bench_local(|| {
+                black_box(&strategy).prepare_next(&last, &picker, black_box(&next), Timestamp::ZERO)
+            });
+        }
+    }
+
+    #[divan::bench(args = HOW, sample_count = 20)]
+    fn consistent_hash(b: Bencher, how: &str) {
+        bench_change(b, ConsistentHash::new(), how);
+    }
+
+    #[divan::bench(args = HOW, sample_count = 10)]
+    fn ketama(b: Bencher, how: &str) {
+        bench_change(b, Ketama::new(), how);
+    }
+
+    #[divan::bench(args = HOW, sample_count = 20)]
+    fn maglev(b: Bencher, how: &str) {
+        bench_change(b, Maglev::new(), how);
+    }
+
+    #[divan::bench(args = HOW, sample_count = 30)]
+    fn round_robin(b: Bencher, how: &str) {
+        bench_change(b, RoundRobin::new(), how);
+    }
+
+    #[divan::bench(args = HOW, sample_count = 30)]
+    fn weighted_round_robin(b: Bencher, how: &str) {
+        bench_change(b, SmoothWeightedRoundRobin::new(), how);
+    }
+
+    #[divan::bench(args = HOW, sample_count = 30)]
+    fn weighted_random(b: Bencher, how: &str) {
+        bench_change(b, WeightedRandom, how);
+    }
+}

@@ -54,7 +54,7 @@ use lbkit_core::{EndpointIdx, Snapshot, Strategy, Timestamp};
 use md5::{Digest, Md5};
 
 use super::bounded::{BalanceFactor, Bound};
-use super::ring::{self, Collision, KeyPoint, RingPicker};
+use super::ring::{Collision, KeyPoint, RingPicker};
 
 /// Dubbo's default number of virtual nodes per endpoint (`hash.nodes`).
 pub const DEFAULT_NODES: u32 = 160;
@@ -125,7 +125,8 @@ impl Strategy for ConsistentHash {
         RingPicker::new(points, Collision::KeepLast, KeyPoint::Md5, bound, snapshot)
     }
 
-    /// Patched from `last`: only the endpoints that came are hashed (`nodes / 4` MD5s each).
+    /// Patched from `last`: only the endpoints that came or went are hashed (`nodes / 4`
+    /// MD5s each), and only the chunks of the ring their points land in are copied.
     fn prepare_next(
         &self,
         last_snapshot: &Arc<Snapshot>,
@@ -133,15 +134,10 @@ impl Strategy for ConsistentHash {
         snapshot: &Arc<Snapshot>,
         now: Timestamp,
     ) -> RingPicker {
-        let Some((owners, fresh)) = ring::carry(last_snapshot, snapshot) else {
-            return self.prepare(snapshot, now);
-        };
-        let mut added = Vec::with_capacity(fresh.len() * self.nodes as usize);
-        for idx in fresh {
-            self.put(snapshot, idx, &mut added);
-        }
         let bound = self.balance.map(|f| Bound::unweighted(f, snapshot));
-        last.patch(&owners, added, bound, snapshot)
+        let put = |s: &Snapshot, idx, out: &mut Vec<_>| self.put(s, idx, out);
+        last.patch(last_snapshot, snapshot, &put, bound)
+            .unwrap_or_else(|| self.prepare(snapshot, now))
     }
 }
 

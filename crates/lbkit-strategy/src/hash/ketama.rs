@@ -61,7 +61,7 @@ use crc32fast::Hasher;
 use lbkit_core::{EndpointIdx, Snapshot, Strategy, Timestamp};
 
 use super::bounded::{BalanceFactor, Bound};
-use super::ring::{self, Collision, KeyPoint, RingPicker};
+use super::ring::{Collision, KeyPoint, RingPicker};
 
 /// Points per unit of weight (nginx's and libmemcached ketama's constant).
 pub const POINTS_PER_WEIGHT: u64 = 160;
@@ -119,7 +119,8 @@ impl Strategy for Ketama {
     }
 
     /// Patched from `last` while the weights' divisor stays (it moves only when the ring
-    /// crosses [`MAX_RING_POINTS`]): only the points of the endpoints that came are made.
+    /// crosses [`MAX_RING_POINTS`]): only the endpoints that came or went are hashed, and only
+    /// the chunks of the ring their points land in are copied.
     fn prepare_next(
         &self,
         last_snapshot: &Arc<Snapshot>,
@@ -128,16 +129,11 @@ impl Strategy for Ketama {
         now: Timestamp,
     ) -> RingPicker {
         let divisor = divisor(snapshot);
-        let carried = ring::carry(last_snapshot, snapshot);
-        let Some((owners, fresh)) = carried.filter(|_| divisor == self::divisor(last_snapshot))
-        else {
-            return self.prepare(snapshot, now);
-        };
-        let mut added = Vec::new();
-        for idx in fresh {
-            put(snapshot, idx, divisor, &mut added);
-        }
-        last.patch(&owners, added, self.bound(snapshot), snapshot)
+        let put = |s: &Snapshot, idx, out: &mut Vec<_>| put(s, idx, divisor, out);
+        (divisor == self::divisor(last_snapshot))
+            .then(|| last.patch(last_snapshot, snapshot, &put, self.bound(snapshot)))
+            .flatten()
+            .unwrap_or_else(|| self.prepare(snapshot, now))
     }
 }
 

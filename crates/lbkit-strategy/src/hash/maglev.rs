@@ -55,7 +55,7 @@ use xxhash_rust::xxh64::xxh64;
 
 use super::bounded::{BalanceFactor, Bound};
 use super::fallback_hash;
-use super::walk::walk_cyclic;
+use super::walk::{from_slice, walk_cyclic};
 
 /// Default table size: the paper's recommendation (§5.3) and Envoy's default; prime.
 pub const DEFAULT_TABLE_SIZE: u32 = 65_537;
@@ -223,8 +223,8 @@ impl Picker for MaglevPicker {
             return Ok(first);
         }
         Ok(walk_cyclic(
-            &self.table,
-            start,
+            || from_slice(&self.table, start),
+            first,
             cx.probe,
             self.distinct,
             self.bound.as_ref(),

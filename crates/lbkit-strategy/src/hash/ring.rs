@@ -1,5 +1,15 @@
 //! The sorted hash ring shared by `consistent-hash` (Dubbo's MD5 layout) and `ketama` (nginx's
 //! CRC32 layout): 32-bit points in ascending order, each owned by an endpoint.
+//!
+//! **What a change costs**: the points are cut into chunks of about [`CHUNK`] and owned by
+//! slots, not snapshot indices, so the ring of the next snapshot shares every chunk no point
+//! lands in or leaves ([`patch`](RingPicker::patch)): a change of k endpoints with v points each
+//! hashes those k (the ones that go, to find their points, and the ones that come), merges at
+//! most 2kv chunks again, and copies the O(n) slot table and the O(P / CHUNK) chunk list. A
+//! pick costs what it did: a binary search over the chunks' first points, then over one chunk.
+//! BENCHMARKS.md ("What a change costs a strategy") has the figures.
+
+mod patch;
 
 use std::sync::Arc;
 
@@ -8,6 +18,9 @@ use lbkit_core::{diff, EndpointIdx, PickContext, PickError, Picker, Snapshot, Ti
 use super::bounded::Bound;
 use super::walk::walk_cyclic;
 use super::{consistent, fallback_hash, ketama};
+
+/// Points a rebuild puts in one chunk; a chunk merged again splits above twice as many.
+pub(crate) const CHUNK: usize = 64;
 
 /// Which endpoint keeps a point that two endpoints share.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,20 +40,41 @@ pub(crate) enum KeyPoint {
     Crc32,
 }
 
+/// An endpoint's place in a ring's tables, kept while it stays on the ring (its index in the
+/// snapshot may move as others come and go).
+type Slot = u32;
+
+/// A point and the slot that owns it.
+type Point = (u32, Slot);
+
+/// The slot of an endpoint off the ring.
+const NO_SLOT: Slot = Slot::MAX;
+
 /// Prepared ring of [`ConsistentHash`](super::ConsistentHash) or [`Ketama`](super::Ketama).
 ///
 /// Built over the eligible endpoints of one snapshot; immutable after prepare. The next
-/// snapshot's ring is patched from it ([`RingPicker::patch`]): O(P) to copy the points that
-/// stay plus the hashing of the endpoints that came, instead of hashing and sorting all P.
+/// snapshot's ring is patched from it and shares its unchanged chunks (see the module's
+/// "What a change costs").
 #[derive(Debug)]
 pub struct RingPicker {
-    /// Points in ascending order, no duplicates.
-    hashes: Box<[u32]>,
-    /// Owner of each point.
-    owners: Box<[EndpointIdx]>,
-    /// Points that lost a collision to an owner in `owners`, by hash then owner: what a patch
-    /// puts back when the winner leaves (a few hundred among millions of points).
-    shadowed: Box<[(u32, EndpointIdx)]>,
+    /// First point of each chunk, ascending.
+    firsts: Box<[u32]>,
+    /// How many of each chunk's points are on the ring; the rest are its shadowed points.
+    mains: Box<[u32]>,
+    /// The points in ascending order, no duplicates, cut into non-empty chunks; after each
+    /// chunk's points, by point then slot, the points that lost a collision to one of them:
+    /// what a patch puts back when the holder leaves.
+    chunks: Box<[Arc<[Point]>]>,
+    /// Each slot's endpoint (a slot on the free list: whichever it held last, never read).
+    endpoint: Box<[EndpointIdx]>,
+    /// Each endpoint's slot, `NO_SLOT` for an endpoint off the ring.
+    slot: Box<[Slot]>,
+    /// Slots no endpoint holds, for endpoints to come.
+    free: Box<[Slot]>,
+    /// Points each slot holds on the ring (a patch's count of distinct owners).
+    counts: Box<[u32]>,
+    /// Points on the ring.
+    len: usize,
     /// Distinct owners.
     distinct: u32,
     collision: Collision,
@@ -63,66 +97,70 @@ impl Collision {
     }
 }
 
-/// Points in ascending order of hash, made into a ring one at a time.
-struct Builder {
-    hashes: Vec<u32>,
-    owners: Vec<EndpointIdx>,
-    shadowed: Vec<(u32, EndpointIdx)>,
+/// Points in ascending order, made into a run of a ring one at a time: one owner per point by
+/// the collision rule, the others shadowed.
+struct Builder<'a> {
+    points: Vec<Point>,
+    shadowed: Vec<Point>,
     collision: Collision,
+    endpoint: &'a [EndpointIdx],
 }
 
-impl Builder {
-    fn new(points: usize, collision: Collision) -> Self {
+impl<'a> Builder<'a> {
+    fn new(points: usize, collision: Collision, endpoint: &'a [EndpointIdx]) -> Self {
         Builder {
-            hashes: Vec::with_capacity(points),
-            owners: Vec::with_capacity(points),
+            points: Vec::with_capacity(points),
             shadowed: Vec::new(),
             collision,
+            endpoint,
         }
     }
 
     /// Put a point at or after the last one put.
     #[inline]
-    fn push(&mut self, h: u32, owner: EndpointIdx) {
-        match (self.hashes.last(), self.owners.last_mut()) {
-            (Some(&last), Some(held)) if last == h => {
-                let lost = if self.collision.takes(*held, owner) {
+    fn push(&mut self, (h, owner): Point) {
+        match self.points.last_mut() {
+            Some((last, held)) if *last == h => {
+                let idx = |s: Slot| self.endpoint[s as usize];
+                let lost = if self.collision.takes(idx(*held), idx(owner)) {
                     std::mem::replace(held, owner)
                 } else {
                     owner
                 };
                 self.shadowed.push((h, lost));
             }
-            _ => {
-                self.hashes.push(h);
-                self.owners.push(owner);
-            }
+            _ => self.points.push((h, owner)),
         }
     }
 
-    fn finish(
-        mut self,
-        key_point: KeyPoint,
-        bound: Option<Bound>,
-        snapshot: &Arc<Snapshot>,
-    ) -> RingPicker {
-        let mut seen = vec![false; snapshot.len()];
-        let distinct = self
-            .owners
-            .iter()
-            .filter(|o| !std::mem::replace(&mut seen[o.get()], true))
-            .count();
+    /// The points as one chunk (none when there are none) with their shadowed points:
+    /// `(first point, points on the ring, chunk)`.
+    fn whole(self) -> impl Iterator<Item = (u32, u32, Arc<[Point]>)> {
+        let (first, main) = (self.points.first().map(|p| p.0), self.points.len() as u32);
+        let mut chunk = self.points;
+        let mut shadowed = self.shadowed;
+        shadowed.sort_unstable();
+        chunk.extend(shadowed);
+        first
+            .map(|first| (first, main, Arc::from(chunk)))
+            .into_iter()
+    }
+
+    /// The points, cut into chunks of `CHUNK` with their shadowed points: `(first point,
+    /// points on the ring, chunk)`.
+    fn cut(mut self) -> impl Iterator<Item = (u32, u32, Arc<[Point]>)> {
         self.shadowed.sort_unstable();
-        RingPicker {
-            hashes: self.hashes.into_boxed_slice(),
-            owners: self.owners.into_boxed_slice(),
-            shadowed: self.shadowed.into_boxed_slice(),
-            distinct: u32::try_from(distinct).unwrap_or(u32::MAX),
-            collision: self.collision,
-            key_point,
-            bound,
-            empty: snapshot.empty_error(),
-        }
+        let mut shadowed = self.shadowed.into_iter().peekable();
+        let points = self.points;
+        (0..points.len()).step_by(CHUNK).map(move |at| {
+            let main = &points[at..points.len().min(at + CHUNK)];
+            let last = main[main.len() - 1].0;
+            let mut chunk = main.to_vec();
+            while let Some(p) = shadowed.next_if(|&(h, _)| h <= last) {
+                chunk.push(p);
+            }
+            (main[0].0, main.len() as u32, Arc::from(chunk))
+        })
     }
 }
 
@@ -131,10 +169,11 @@ impl Builder {
 pub(crate) type Carry = (Vec<Option<EndpointIdx>>, Vec<EndpointIdx>);
 
 /// What the ring of `snapshot` keeps of the ring of `last`: for each endpoint of `last`, its
-/// index in `snapshot` when it is the same object and eligible in both (its points stay, under
-/// that index), and `snapshot`'s eligible endpoints not kept (their points are to be made).
-/// `None` when the two sets cannot be matched ([`diff::carried`]) or more than half of the
-/// eligible endpoints are new: a rebuild then costs about as much.
+/// index in `snapshot` when it is the same object and eligible in both (its points stay), and
+/// `snapshot`'s eligible endpoints not kept (their points are to be made). `None` when the two
+/// sets cannot be matched ([`diff::carried`]), when the endpoints that stay changed order (a
+/// collision's winner could change anywhere) or more than half of the eligible endpoints are
+/// new: a rebuild then costs about as much.
 pub(crate) fn carry(last: &Snapshot, snapshot: &Snapshot) -> Option<Carry> {
     carry_all(last, snapshot).filter(|(_, fresh)| fresh.len() * 2 <= snapshot.eligible().len())
 }
@@ -154,13 +193,28 @@ fn carry_all(last: &Snapshot, snapshot: &Snapshot) -> Option<Carry> {
             Some(n)
         })
         .collect();
+    let in_order = owners.iter().flatten().is_sorted();
     let fresh: Vec<EndpointIdx> = snapshot
         .eligible()
         .iter()
         .copied()
         .filter(|i| !kept[i.get()])
         .collect();
-    Some((owners, fresh))
+    in_order.then_some((owners, fresh))
+}
+
+/// Points each of `slots` slots holds among `points`.
+fn counts(points: &[Point], slots: usize) -> Box<[u32]> {
+    let mut counts = vec![0; slots];
+    for &(_, s) in points {
+        counts[s as usize] += 1;
+    }
+    counts.into()
+}
+
+/// Slots that hold a point.
+fn distinct(counts: &[u32]) -> u32 {
+    u32::try_from(counts.iter().filter(|&&n| n > 0).count()).unwrap_or(u32::MAX)
 }
 
 // === impl RingPicker ===
@@ -168,89 +222,112 @@ fn carry_all(last: &Snapshot, snapshot: &Snapshot) -> Option<Carry> {
 impl RingPicker {
     /// A ring from `points` (any order; the collision rule decides who keeps a shared point).
     pub(crate) fn new(
-        mut points: Vec<(u32, EndpointIdx)>,
+        points: Vec<(u32, EndpointIdx)>,
         collision: Collision,
         key_point: KeyPoint,
         bound: Option<Bound>,
         snapshot: &Arc<Snapshot>,
     ) -> Self {
+        let endpoint: Box<[EndpointIdx]> = snapshot.eligible().into();
+        let mut slot = vec![NO_SLOT; snapshot.len()];
+        for (s, e) in endpoint.iter().enumerate() {
+            slot[e.get()] = s as Slot;
+        }
+        let mut points: Vec<Point> = points
+            .into_iter()
+            .map(|(h, e)| (h, slot[e.get()]))
+            .collect();
         points.sort_unstable();
-        let mut ring = Builder::new(points.len(), collision);
-        for (h, owner) in points {
-            ring.push(h, owner);
+        let mut ring = Builder::new(points.len(), collision, &endpoint);
+        for p in points {
+            ring.push(p);
         }
-        ring.finish(key_point, bound, snapshot)
-    }
-
-    /// The ring of `snapshot` from this one (the ring of the snapshot before it, by the same
-    /// strategy): `owners` maps each last index to its index now, or `None` when its points
-    /// go ([`carry`]); `added` are the points of the endpoints that came (any order). Equal to
-    /// [`new`](Self::new) over all of `snapshot`'s points. O(P + a log a) for P points kept and
-    /// a added: one merge, no hashing of the endpoints that stay.
-    pub(crate) fn patch(
-        &self,
-        owners: &[Option<EndpointIdx>],
-        mut added: Vec<(u32, EndpointIdx)>,
-        bound: Option<Bound>,
-        snapshot: &Arc<Snapshot>,
-    ) -> Self {
-        let now = |o: EndpointIdx| owners.get(o.get()).copied().flatten();
-        // A point shadowed here may win now that its holder left, or lose again: it goes
-        // through the same collision rule as the points that came.
-        added.extend(
-            self.shadowed
-                .iter()
-                .filter_map(|&(h, o)| Some((h, now(o)?))),
-        );
-        added.sort_unstable();
-        let mut ring = Builder::new(self.hashes.len() + added.len(), self.collision);
-        let mut extra = added.into_iter().peekable();
-        for (&h, &o) in self.hashes.iter().zip(self.owners.iter()) {
-            while let Some((eh, eo)) = extra.next_if(|&(eh, _)| eh <= h) {
-                ring.push(eh, eo);
-            }
-            if let Some(o) = now(o) {
-                ring.push(h, o);
-            }
+        let counts = counts(&ring.points, endpoint.len());
+        let len = ring.points.len();
+        let (mut firsts, mut mains, mut chunks) = (Vec::new(), Vec::new(), Vec::new());
+        for (first, main, chunk) in ring.cut() {
+            firsts.push(first);
+            mains.push(main);
+            chunks.push(chunk);
         }
-        for (h, o) in extra {
-            ring.push(h, o);
+        RingPicker {
+            firsts: firsts.into(),
+            mains: mains.into(),
+            chunks: chunks.into(),
+            distinct: distinct(&counts),
+            endpoint,
+            slot: slot.into(),
+            free: Box::new([]),
+            counts,
+            len,
+            collision,
+            key_point,
+            bound,
+            empty: snapshot.empty_error(),
         }
-        ring.finish(self.key_point, bound, snapshot)
     }
 
     /// Number of points on the ring (after de-duplication).
     pub fn len(&self) -> usize {
-        self.hashes.len()
+        self.len
     }
 
     /// Whether the ring has no points (no eligible endpoint).
     pub fn is_empty(&self) -> bool {
-        self.hashes.is_empty()
+        self.len == 0
     }
 
     /// The points in ascending order with their owners.
     pub fn points(&self) -> impl Iterator<Item = (u32, EndpointIdx)> + '_ {
-        self.hashes.iter().copied().zip(self.owners.iter().copied())
+        (0..self.chunks.len())
+            .flat_map(|c| self.main(c))
+            .map(|&(h, s)| (h, self.endpoint[s as usize]))
+    }
+
+    /// Chunk `c`'s points on the ring.
+    #[inline]
+    fn main(&self, c: usize) -> &[Point] {
+        &self.chunks[c][..self.mains[c] as usize]
     }
 
     /// The owner of the first point at or after `point`, wrapping to the first point (Dubbo's
     /// `TreeMap.ceilingEntry`, nginx's `ngx_http_upstream_find_chash_point`).
     ///
     /// # Complexity
-    /// O(log P) binary search over the points.
+    /// O(log P): a binary search over the chunks' first points, then over one chunk.
     pub fn owner_at(&self, point: u32) -> Option<EndpointIdx> {
-        self.owners.get(self.position(point)).copied()
+        (!self.is_empty()).then(|| self.owner(self.position(point)))
+    }
+
+    /// Chunk and offset of the first point at or after `point`, wrapping to the first point.
+    /// The ring is not empty.
+    #[inline]
+    fn position(&self, point: u32) -> (usize, usize) {
+        let c = self.firsts.partition_point(|&f| f < point);
+        if let Some(before) = c.checked_sub(1) {
+            let main = self.main(before);
+            let i = main.partition_point(|&(h, _)| h < point);
+            if i < main.len() {
+                return (before, i);
+            }
+        }
+        (if c == self.chunks.len() { 0 } else { c }, 0)
     }
 
     #[inline]
-    fn position(&self, point: u32) -> usize {
-        let i = self.hashes.partition_point(|&h| h < point);
-        if i == self.hashes.len() {
-            0
-        } else {
-            i
-        }
+    fn owner(&self, (c, i): (usize, usize)) -> EndpointIdx {
+        self.endpoint[self.chunks[c][i].1 as usize]
+    }
+
+    /// The owners clockwise from `(c, i)`, once around.
+    fn clockwise(&self, (c, i): (usize, usize)) -> impl Iterator<Item = EndpointIdx> + '_ {
+        let here = self.main(c);
+        let later = (c + 1..self.chunks.len()).chain(0..c);
+        here[i..]
+            .iter()
+            .chain(later.flat_map(|c| self.main(c)))
+            .chain(&here[..i])
+            .map(|&(_, s)| self.endpoint[s as usize])
     }
 
     #[inline]
@@ -265,7 +342,7 @@ impl RingPicker {
 
     /// Share of the 32-bit key space that lands on `idx`'s points, and its number of points.
     fn arc_of(&self, idx: EndpointIdx) -> (f64, usize) {
-        let mut prev = self.hashes.last().copied().unwrap_or(0);
+        let mut prev = self.points().last().map_or(0, |(h, _)| h);
         let mut arc = 0u64;
         let mut points = 0;
         for (h, owner) in self.points() {
@@ -275,7 +352,7 @@ impl RingPicker {
             }
             prev = h;
         }
-        if self.hashes.len() == 1 {
+        if self.len == 1 {
             arc = 1 << 32;
         }
         (arc as f64 / (1u64 << 32) as f64, points)
@@ -285,18 +362,18 @@ impl RingPicker {
 impl Picker for RingPicker {
     #[inline]
     fn pick(&self, cx: &mut PickContext<'_>) -> Result<EndpointIdx, PickError> {
-        if self.hashes.is_empty() {
+        if self.is_empty() {
             return Err(self.empty);
         }
         let point = self.key_point(cx);
-        let start = self.position(point);
-        let first = self.owners[start];
+        let at = self.position(point);
+        let first = self.owner(at);
         if cx.probe == 0 && self.bound.as_ref().is_none_or(|b| b.is_idle(first)) {
             return Ok(first);
         }
         Ok(walk_cyclic(
-            &self.owners,
-            start,
+            || self.clockwise(at),
+            first,
             cx.probe,
             self.distinct,
             self.bound.as_ref(),
@@ -316,66 +393,4 @@ impl Picker for RingPicker {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::borrow::Cow;
-
-    use lbkit_core::{EndpointSpec, SnapshotBuilder};
-    use proptest::prelude::*;
-
-    use super::*;
-
-    /// Four points per endpoint in a space of 16, so that endpoints collide all the time.
-    fn points(snapshot: &Snapshot, idx: EndpointIdx, out: &mut Vec<(u32, EndpointIdx)>) {
-        let port = snapshot.endpoint(idx).address().rsplit(':').next().unwrap();
-        let port: u32 = port.parse().unwrap();
-        out.extend((0..4).map(|i| ((port * 7 + i * 5) % 16, idx)));
-    }
-
-    fn ring(snapshot: &Arc<Snapshot>, collision: Collision) -> RingPicker {
-        let mut all = Vec::new();
-        for &idx in snapshot.eligible() {
-            points(snapshot, idx, &mut all);
-        }
-        RingPicker::new(all, collision, KeyPoint::Md5, None, snapshot)
-    }
-
-    type Points = Vec<(u32, EndpointIdx)>;
-
-    fn parts(r: &RingPicker) -> (Points, Points, u32) {
-        (r.points().collect(), r.shadowed.to_vec(), r.distinct)
-    }
-
-    proptest! {
-        #![proptest_config(ProptestConfig {
-            rng_seed: proptest::test_runner::RngSeed::Fixed(44),
-            ..ProptestConfig::default()
-        })]
-        /// A chain of patches builds, set after set, the ring a rebuild builds: the same points,
-        /// owners, shadowed points and distinct owners, under either collision rule, with
-        /// endpoints coming, going, changing weight and health.
-        #[test]
-        fn patches_build_what_a_rebuild_builds(sets in proptest::collection::vec(proptest::collection::btree_map(0u32..24, (1u32..3, any::<bool>()), 0..16), 1..10), keep_first in any::<bool>()) {
-            let collision = if keep_first { Collision::KeepFirst } else { Collision::KeepLast };
-            let mut b = SnapshotBuilder::new();
-            let mut last = b.apply(lbkit_core::Update::Reset(Vec::new()), Timestamp::ZERO);
-            let mut patched = ring(&last, collision);
-            for set in sets {
-                let specs: Vec<EndpointSpec> = set
-                    .iter()
-                    .map(|(p, &(w, up))| {
-                        EndpointSpec::new(format!("10.0.0.1:{}", 1000 + p)).with_weight(w).with_healthy(up)
-                    })
-                    .collect();
-                let next = b.reset_from(specs.iter().map(Cow::Borrowed), Timestamp::ZERO);
-                let (owners, fresh) = carry_all(&last, &next).expect("key order");
-                let mut added = Vec::new();
-                for idx in fresh {
-                    points(&next, idx, &mut added);
-                }
-                patched = patched.patch(&owners, added, None, &next);
-                prop_assert_eq!(parts(&patched), parts(&ring(&next, collision)));
-                last = next;
-            }
-        }
-    }
-}
+mod tests;

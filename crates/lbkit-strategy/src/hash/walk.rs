@@ -63,23 +63,31 @@ pub(crate) fn nth_admitted(
     None
 }
 
-/// Walk a cyclic array of owners (ring points, table entries) from `start`.
+/// Walk a cycle of owners (ring points, table entries) from where `from` starts it; `first` is
+/// the owner there.
 ///
-/// `distinct` is the number of distinct owners in `owners`: `probe` is taken modulo it, so a walk
-/// never runs the full circle looking for an endpoint that does not exist. When the bound admits
-/// too few (stale counts), the walk is repeated without it.
-pub(crate) fn walk_cyclic(
-    owners: &[EndpointIdx],
-    start: usize,
+/// `distinct` is the number of distinct owners in the cycle: `probe` is taken modulo it, so a
+/// walk never runs the full circle looking for an endpoint that does not exist. When the bound
+/// admits too few (stale counts), the walk is repeated without it.
+pub(crate) fn walk_cyclic<I: Iterator<Item = EndpointIdx>>(
+    from: impl Fn() -> I,
+    first: EndpointIdx,
     probe: u32,
     distinct: u32,
     bound: Option<&Bound>,
 ) -> EndpointIdx {
-    let from = || owners[start..].iter().chain(&owners[..start]).copied();
     let probe = probe % distinct.max(1);
     nth_admitted(from(), probe, &mut LoadCheck::new(bound))
         .or_else(|| nth_admitted(from(), probe, &mut LoadCheck::new(None)))
-        .unwrap_or(owners[start])
+        .unwrap_or(first)
+}
+
+/// The owners of a cyclic array from `start`, once around.
+pub(crate) fn from_slice(
+    owners: &[EndpointIdx],
+    start: usize,
+) -> impl Iterator<Item = EndpointIdx> + '_ {
+    owners[start..].iter().chain(&owners[..start]).copied()
 }
 
 #[cfg(test)]
@@ -93,7 +101,9 @@ mod tests {
     #[test]
     fn walks_distinct_owners_in_order_and_wraps() {
         let owners = idx(&[0, 0, 1, 0, 2, 1, 3]);
-        let walk = |start, probe| walk_cyclic(&owners, start, probe, 4, None).get();
+        let walk = |start: usize, probe| {
+            walk_cyclic(|| from_slice(&owners, start), owners[start], probe, 4, None).get()
+        };
         assert_eq!((0..4).map(|p| walk(0, p)).collect::<Vec<_>>(), [0, 1, 2, 3]);
         assert_eq!((0..4).map(|p| walk(5, p)).collect::<Vec<_>>(), [1, 3, 0, 2]);
         // A probe past the number of endpoints wraps around the distinct ones.
