@@ -23,6 +23,15 @@ zk     `lbkit watch` following PROVIDERS Dubbo providers (ephemeral nodes under
        instead, each change timed to its Controller's debug line for the publish (logged once
        the strategy has prepared the new set: what a pick sees). --via pool: the same with the
        tower `Pool` of crates/lbkit/examples/zk_pool.rs (built by scripts/bench-scale.sh).
+files  `lbkit proxy` with SERVICES services of --endpoints (default 1 000) endpoints each, every
+       service from a file source of its own (one JSON file in a directory of its own, as
+       Dubbo-less fleets and `scripts/bench-xds.py scale --dir-per-service` keep them), for
+       each size in --services (default 1,100: 1 000 and 100 000 endpoints): start-up (process
+       start until every service has published its set), RSS and memory per endpoint, idle
+       CPU, then --changes one-endpoint changes (one file rewritten, a second apart, in a
+       service that varies): each one's latency from the rename to the Controller's debug
+       line naming the new address, and the CPU per change above idle. Issue 44's target: a
+       change at 100 000 endpoints within 2x of the same change at 1 000.
 
 Every wait is bounded; everything listens on 127.0.0.1.
 """
@@ -37,6 +46,8 @@ import threading
 import time
 import urllib.parse
 import http.client
+import json
+import shutil
 
 import psutil
 
@@ -541,15 +552,105 @@ def zk_size(args, zk, providers, n):
         proc.wait()
 
 
+# === files ===
+
+
+def endpoints_json(svc, endpoints, variant):
+    """Service svc's endpoints; endpoint 0's address depends on `variant` (0 = the original)."""
+    eps = [{"address": f"10.{svc // 250}.{svc % 250}.{e % 250 + 1}:{20000 + e // 250}", "weight": 100}
+           for e in range(endpoints)]
+    if variant:
+        eps[0]["address"] = f"10.{svc // 250}.{svc % 250}.{variant}:30000"
+    # In key order, as generated lists usually are: the Controller then patches what a rewrite
+    # changed (in any other order it rebuilds the service's set, still O(service)).
+    return json.dumps(sorted(eps, key=lambda e: e["address"]))
+
+
+def files_config(args, workdir, services):
+    out = [f'[[listener]]\nbind = "127.0.0.1:{args.base_port}"\n[admin]\nbind = "127.0.0.1:{args.base_port + 1}"\n']
+    for s in range(services):
+        d = os.path.join(workdir, f"svc{s}")
+        os.makedirs(d, exist_ok=True)
+        write_atomically(os.path.join(d, "endpoints.json"), endpoints_json(s, args.endpoints, 0))
+        out.append(f'[[route]]\npath_prefix = "/s{s}/"\nservice = "svc{s}"\n')
+        out.append(f'[service.svc{s}]\nfile = "{d}/endpoints.json"\nstrategy = "{args.strategy}"\n')
+    return "\n".join(out)
+
+
+def files_bench(args):
+    print(f"# lbkit proxy ({args.strategy}), services x {args.endpoints} endpoints, each service from a file "
+          f"source of its own; {args.changes} one-endpoint changes a second apart")
+    print("services endpoints start s  RSS MB  KiB/ep idle CPU % changes  p50 ms  p99 ms  max ms  lost  CPU ms/change")
+    for n in [int(x) for x in args.services.split(",")]:
+        files_size(args, n)
+
+
+def files_size(args, n):
+    nan = float("nan")
+    workdir = tempfile.mkdtemp(prefix="bench-scale-files-")
+    path = os.path.join(workdir, "proxy.toml")
+    with open(path, "w") as f:
+        f.write(files_config(args, workdir, n))
+    env = dict(os.environ, LBKIT_LOG="warn,lbkit_discovery::controller=debug")
+    t0 = time.monotonic()
+    proc = subprocess.Popen([args.lbkit, "proxy", "--config", path], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, env=env)
+    out = Lines(proc.stderr)
+    try:
+        full = f"published endpoints={args.endpoints} "
+        at = 0
+        for _ in range(n):
+            at, t_up, _ = out.wait_for(lambda l: full in l, at, 300)
+            at += 1
+        start = t_up - t0
+        ps = psutil.Process(proc.pid)
+        time.sleep(2.0)
+        # Idle CPU (timers, outlier detection) over 20 s: the clock ticks at 10 ms, and what
+        # a change costs is the busy time above it.
+        c0 = ps.cpu_times()
+        time.sleep(20.0)
+        c1 = ps.cpu_times()
+        idle = ((c1.user + c1.system) - (c0.user + c0.system)) / 20.0
+        rss = ps.memory_info().rss / 2**20
+        lat, lost, variants = [], 0, {}
+        c0, w0 = ps.cpu_times(), time.monotonic()
+        for r in range(args.changes):
+            svc = (7 + 37 * r) % n
+            variants[svc] = 2 if variants.get(svc) == 1 else 1
+            d = os.path.join(workdir, f"svc{svc}")
+            new = f"10.{svc // 250}.{svc % 250}.{variants[svc]}:30000"
+            mark = out.count()
+            write_atomically(os.path.join(d, "endpoints.json"), endpoints_json(svc, args.endpoints, variants[svc]))
+            t_w = time.monotonic()
+            try:
+                _, t_seen, _ = out.wait_for(lambda l: new in published_keys(l), mark, 10)
+                lat.append((t_seen - t_w) * 1000)
+            except TimeoutError:
+                lost += 1
+            time.sleep(max(0.0, t_w + 1.0 - time.monotonic()))
+        c1, w1 = ps.cpu_times(), time.monotonic()
+        busy = (c1.user + c1.system) - (c0.user + c0.system) - idle * (w1 - w0)
+        per_change = max(0.0, busy) / max(1, args.changes) * 1000
+        total = n * args.endpoints
+        kib = rss * 1024 / total
+        print(f"{n:>8} {total:>9} {start:>7.2f} {rss:>7.1f} {kib:>7.2f} {idle * 100:>10.1f} {args.changes:>7} "
+              f"{quantile(lat or [nan], 0.5):>7.1f} {quantile(lat or [nan], 0.99):>7.1f} {max(lat or [nan]):>7.1f} {lost:>5} "
+              f"{per_change:>14.2f}", flush=True)
+    finally:
+        proc.kill()
+        proc.wait()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["proxy", "zk"])
+    ap.add_argument("what", choices=["proxy", "zk", "files"])
     ap.add_argument("--lbkit", required=True)
     ap.add_argument("--backend", help="the backend example (proxy)")
     ap.add_argument("--wrk", default="wrk")
     ap.add_argument("--zk", default=os.environ.get("LBKIT_ZK", "127.0.0.1:2181"))
     ap.add_argument("--sizes", default="1,10,100,1000", help="services, comma-separated (proxy)")
-    ap.add_argument("--endpoints", type=int, default=100, help="endpoints per service (proxy)")
+    ap.add_argument("--endpoints", type=int, help="endpoints per service (proxy: 100, files: 1 000)")
     ap.add_argument("--workers", default="1", help="worker threads, comma-separated (proxy)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reloads", type=int, default=5, help="reload pairs measured (proxy)")
@@ -562,12 +663,18 @@ def main():
     ap.add_argument("--strategy", default="round-robin", help="the proxy's or pool's strategy (zk --via proxy|pool)")
     ap.add_argument("--pool", help="the zk_pool example (zk --via pool; default: beside --lbkit, examples/zk_pool)")
     ap.add_argument("--base-port", type=int, default=27080)
+    ap.add_argument("--services", default="1,100", help="services, comma-separated (files)")
+    ap.add_argument("--changes", type=int, default=30, help="one-endpoint changes measured (files)")
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args()
     if args.what == "proxy":
+        args.endpoints = args.endpoints or 100
         if not args.backend:
             ap.error("proxy needs --backend")
         proxy_bench(args)
+    elif args.what == "files":
+        args.endpoints = args.endpoints or 1000
+        files_bench(args)
     else:
         zk_bench(args)
 

@@ -8,6 +8,7 @@
 #
 #   scripts/bench-scale.sh proxy [--sizes 1,10,100,1000 --endpoints 100 --workers 1 --rounds 3]
 #   scripts/bench-scale.sh zk [--providers 1000,10000 --churn 0.01 --seconds 30 --via watch|proxy|pool]
+#   scripts/bench-scale.sh files [--services 1,100 --endpoints 1000 --changes 30 --strategy S]
 #   scripts/bench-scale.sh all
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -40,6 +41,7 @@ run_zk() {
 case $what in
   proxy) run_proxy "$@" ;;
   zk) run_zk "$@" ;;
+  files) "$LBKIT_PYTHON" "$ROOT/scripts/bench-scale.py" files --lbkit "$TARGET/release/lbkit" "$@" ;;
   all) run_proxy; echo; run_zk ;;
-  *) echo "usage: scripts/bench-scale.sh proxy|zk|all [options of scripts/bench-scale.py]" >&2; exit 2 ;;
+  *) echo "usage: scripts/bench-scale.sh proxy|zk|files|all [options of scripts/bench-scale.py]" >&2; exit 2 ;;
 esac

@@ -114,7 +114,8 @@ mod change {
     use divan::{black_box, Bencher};
     use lbkit_core::{EndpointSpec, Snapshot, SnapshotBuilder, Strategy, Timestamp};
     use lbkit_strategy::{
-        ConsistentHash, Ketama, Maglev, RoundRobin, SmoothWeightedRoundRobin, WeightedRandom,
+        ConsistentHash, Ketama, LeastRequest, Maglev, P2cEwma, Rendezvous, RoundRobin,
+        SmoothWeightedRoundRobin, WeightedRandom,
     };
 
     const N: usize = 10_000;
@@ -178,5 +179,20 @@ mod change {
     #[divan::bench(args = HOW, sample_count = 30)]
     fn weighted_random(b: Bencher, how: &str) {
         bench_change(b, WeightedRandom, how);
+    }
+
+    #[divan::bench(args = HOW, sample_count = 30)]
+    fn rendezvous(b: Bencher, how: &str) {
+        bench_change(b, Rendezvous::new(), how);
+    }
+
+    #[divan::bench(args = HOW, sample_count = 30)]
+    fn least_request(b: Bencher, how: &str) {
+        bench_change(b, LeastRequest::default(), how);
+    }
+
+    #[divan::bench(args = HOW, sample_count = 30)]
+    fn p2c_ewma(b: Bencher, how: &str) {
+        bench_change(b, P2cEwma::default(), how);
     }
 }

@@ -279,8 +279,11 @@ pub fn publisher<S: Strategy>(
 /// A change costs what it changes: the controller marks the keys each update adds, removes or
 /// changes (and each health result, held or confirmed removal, rejection), and the rebuild
 /// patches only those endpoints ([`SnapshotBuilder::patch`]); every other endpoint is the same
-/// object, with its statistics. A reset, or a set out of key order, is diffed whole
-/// ([`SnapshotBuilder::reset_from`]). Strategies then prepare the new snapshot as they do any.
+/// object, with its statistics. A full listing in key order (a file source's file rewritten, a
+/// registry's listing after a reconnect) is compared with the set in one walk and touches only
+/// what differs; a set out of key order is diffed whole ([`SnapshotBuilder::reset_from`]).
+/// Strategies then prepare the new snapshot from the last one's picker
+/// ([`Strategy::prepare_next`](lbkit_core::Strategy::prepare_next): the hash rings patch).
 #[derive(Debug)]
 pub struct Controller {
     config: ControllerConfig,
@@ -916,7 +919,11 @@ fn apply(
 ) -> bool {
     match update {
         Update::Reset(new) => {
-            touched.all();
+            if *ordered && in_key_order(&new) {
+                touch_differences(specs, &new, touched);
+            } else {
+                touched.all();
+            }
             reset(specs, ordered, new, removed)
         }
         Update::Add(new) if *ordered && new.len() <= FEW => {
@@ -938,6 +945,41 @@ fn apply(
             keys.iter().for_each(|k| touched.key(k));
             remove(specs, *ordered, &keys, removed)
         }
+    }
+}
+
+/// Mark in `touched` the keys whose spec differs between `old` and `new`, both in strictly
+/// ascending key order, in one merge walk: a full listing (a file source's file rewritten, a
+/// registry's listing after a reconnect) then touches what changed, and the set is patched,
+/// not rebuilt. All of it when more than half changed.
+fn touch_differences(old: &[EndpointSpec], new: &[EndpointSpec], touched: &mut Touched) {
+    let (mut i, mut j) = (0, 0);
+    let mut keys = Vec::new();
+    loop {
+        let key = match (old.get(i), new.get(j)) {
+            (Some(a), Some(b)) if a.key == b.key => {
+                (i, j) = (i + 1, j + 1);
+                if a == b {
+                    continue;
+                }
+                &a.key
+            }
+            (Some(a), b) if b.is_none_or(|b| a.key < b.key) => {
+                i += 1;
+                &a.key
+            }
+            (_, Some(b)) => {
+                j += 1;
+                &b.key
+            }
+            (None, None) | (Some(_), None) => break,
+        };
+        keys.push(key);
+    }
+    if keys.len() * 2 > new.len().max(old.len()) {
+        touched.all();
+    } else {
+        keys.into_iter().for_each(|k| touched.key(k));
     }
 }
 

@@ -4,6 +4,7 @@
 //! * **Origin**: Ribbon `RandomRule`, Envoy `RANDOM`.
 //! * **Complexity**: prepare O(n); pick O(1), no shared writes at all (the RNG is the caller's),
 //!   so it scales across threads without contention.
+//! * **A change**: the eligible list is copied again, O(n); nothing else is kept.
 //! * **Behaviour under trouble**: blind to load and to weights (see `weighted-random` for
 //!   Dubbo's weighted `RandomLoadBalance`).
 //! * **Differences from the origin**: Ribbon's `RandomRule` loops (and can spin) while the server

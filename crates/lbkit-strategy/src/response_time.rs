@@ -7,6 +7,8 @@
 //!   draws from an alias table over those weights.
 //! * **Origin**: Netflix Ribbon `WeightedResponseTimeRule` (`DynamicServerWeightTask`).
 //! * **Complexity**: prepare O(n) per refresh tick; pick O(1).
+//! * **A change**: prepared again from the statistics, O(n), as on every refresh tick; endpoints
+//!   that stay keep their statistics (the snapshot keeps them).
 //! * **Behaviour under trouble**: a slow endpoint's share shrinks at the next refresh (not at
 //!   once: use `p2c-ewma` for fast reaction). Failures do not count as fast responses: only
 //!   successes enter the average.

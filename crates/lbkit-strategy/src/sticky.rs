@@ -4,6 +4,8 @@
 //! * **Origin**: the custom Ribbon rule of the RPC framework lbkit replaces ("3 calls, then
 //!   switch"), which kept its count in unsynchronised fields and broke under concurrency.
 //! * **Complexity**: prepare O(n); pick O(1), one atomic add.
+//! * **A change**: as round robin's: the eligible list copied again, O(n); the counter keeps its
+//!   place.
 //! * **Behaviour under trouble**: like round robin; useful to keep short bursts of related calls
 //!   on one connection.
 //! * **Differences from the origin**: thread-safe by construction (one atomic counter, no

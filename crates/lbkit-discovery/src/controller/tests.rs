@@ -739,3 +739,42 @@ async fn the_run_loop_lets_held_endpoints_go_on_time() {
     drop(tx);
     task.await.expect("ends");
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { rng_seed: proptest::test_runner::RngSeed::Fixed(44), ..Default::default() })]
+    /// Full listings in key order (a file source's file rewritten) touch exactly the keys that
+    /// came, went or changed spec, or all of them when more than half did.
+    #[test]
+    fn listings_touch_what_changed(
+        first in proptest::collection::btree_map(0u8..40, 1u32..4, 0..30),
+        steps in proptest::collection::vec(proptest::collection::vec((0u8..40, 0u32..4), 0..6), 1..8),
+    ) {
+        let mut specs = Vec::new();
+        let mut ordered = true;
+        let mut set = first;
+        let mut all = 0;
+        for (n, step) in std::iter::once(Vec::new()).chain(steps).enumerate() {
+            // A step edits a few keys: weight 0 removes one, another weight sets it.
+            for (k, w) in step {
+                if w == 0 { set.remove(&k); } else { set.insert(k, w); }
+            }
+            let new: Vec<EndpointSpec> = set.iter().map(|(k, &w)| spec(&format!("h{k:02}:1"), w)).collect();
+            let was: HashMap<EndpointKey, EndpointSpec> = specs.iter().map(|s: &EndpointSpec| (s.key.clone(), s.clone())).collect();
+            let now: HashMap<EndpointKey, EndpointSpec> = new.iter().map(|s| (s.key.clone(), s.clone())).collect();
+            let mut differ: Vec<&EndpointKey> = was.keys().chain(now.keys()).filter(|k| was.get(*k) != now.get(*k)).collect();
+            differ.sort();
+            differ.dedup();
+            let mut touched = Touched::none();
+            apply(&mut specs, &mut ordered, Update::Reset(new), None, &mut touched);
+            match &touched {
+                Touched::All => {
+                    all += usize::from(n > 0);
+                    proptest::prop_assert!(differ.len() * 2 > was.len().max(now.len()));
+                }
+                Touched::Keys(keys) => proptest::prop_assert_eq!(keys.iter().collect::<Vec<_>>(), differ),
+            }
+        }
+        // Small edits of a set of up to 30: mostly patched.
+        proptest::prop_assert!(all <= 8);
+    }
+}

@@ -20,6 +20,9 @@
 //!   CRC32 of the key and an O(log P) binary search; memory 8 bytes per point. Weights are nginx
 //!   weights: lbkit's default weight 100 makes 16 000 points (125 KiB) per endpoint; give
 //!   endpoints nginx's weights (default 1) for nginx's ring and a smaller one.
+//! * **A change**: patched like `consistent-hash`'s ring while the weights' divisor stays: one
+//!   endpoint out and one in among 10 000 at weight 100 (a ring at its 16 777 216-point cap):
+//!   5.7–6.0 ms against 531–544 ms from scratch (BENCHMARKS.md, "What a change costs a strategy").
 //! * **Behaviour under trouble**: blind to load unless `balance_factor` is set (bounds are
 //!   weighted). Down and drained endpoints are left off the ring, which equals nginx walking past
 //!   their points; keys of the others never move. A rejected candidate makes the pick walk on to

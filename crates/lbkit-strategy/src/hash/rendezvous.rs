@@ -14,6 +14,9 @@
 //!   eligible endpoint — inherent to rendezvous hashing, so prefer a ring or Maglev beyond a few
 //!   hundred endpoints; memory 24 bytes per endpoint. Walking to the `p`-th preference keeps the
 //!   best 16 in one pass; beyond them each further step is another O(n) pass.
+//! * **A change**: every eligible endpoint's address is hashed again, O(n) (101 µs at 10 000
+//!   endpoints; BENCHMARKS.md, "What a change costs a strategy"). No table: keys of endpoints that
+//!   stay never move.
 //! * **Behaviour under trouble**: blind to load unless `balance_factor` is set (bounds are
 //!   weighted). Only eligible endpoints are ranked, and removing one from a ranking leaves the
 //!   order of the others unchanged, so only keys of a failed endpoint move, each to its next

@@ -22,6 +22,7 @@
 //!   static stride scheduler); Dubbo 3's adaptive load balancing uses server-reported load too;
 //!   the `p2c` cost is Finagle's and linkerd's peak EWMA.
 //! * **Complexity**: prepare O(n) per period; pick O(1).
+//! * **A change**: prepared again, O(n), as every period; the statistics stay with the endpoints.
 //! * **Behaviour under trouble**: an overloaded server reports high utilisation and its weight
 //!   falls within a period; a server returning errors is penalised through `eps`; a server that
 //!   stops reporting falls back to the mean after the expiry. In the simulator's `hidden-load`

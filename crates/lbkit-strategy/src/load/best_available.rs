@@ -7,6 +7,7 @@
 //! * **Origin**: Netflix Ribbon `BestAvailableRule`.
 //! * **Complexity**: prepare O(n); pick O(n) up to 8 endpoints (an exact scan, as Ribbon), O(1)
 //!   beyond (the better of two samples).
+//! * **A change**: the candidate list is built again, O(n); the counts stay with the endpoints.
 //! * **Behaviour under trouble**: like `least-active`, plus failing endpoints are excluded while
 //!   their breaker is tripped.
 //! * **Differences from the origin**: Ribbon scans every server on every pick; large sets use two

@@ -6,6 +6,8 @@
 //! * **Complexity**: prepare O(n); pick O(n) for up to 8 endpoints (exact, as Dubbo), and O(1)
 //!   beyond: the less active of two weight-proportional samples (power of two choices), which
 //!   is what makes it usable at 100 000 endpoints.
+//! * **A change**: the candidate list is built again, O(n); the in-flight counts the picks compare
+//!   stay with the endpoints.
 //! * **Behaviour under trouble**: a slow endpoint accumulates calls in flight and stops getting
 //!   new ones — the cure for requests piling up on a slow provider; a fast-failing endpoint
 //!   looks idle, so pair it with outlier detection or the circuit breaker.

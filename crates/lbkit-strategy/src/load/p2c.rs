@@ -10,6 +10,9 @@
 //!   `P2CPeakEwma`, linkerd's and tower's `p2c` + `PeakEwma` (the 30 ms default RTT is
 //!   linkerd's; the 10 s decay Finagle's).
 //! * **Complexity**: prepare O(n); pick O(1): two RNG draws and two statistics reads.
+//! * **A change**: the eligible list is copied again, O(n) (2.6 µs at 10 000 endpoints;
+//!   BENCHMARKS.md, "What a change costs a strategy"); the statistics the picks compare stay with
+//!   the endpoints.
 //! * **Behaviour under trouble**: a slow endpoint's EWMA jumps at its first slow response, so it
 //!   loses nearly every comparison at once; after it recovers its estimate decays and it is
 //!   probed again. With two samples the worst endpoint is never picked while another exists.

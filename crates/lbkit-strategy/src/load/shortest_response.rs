@@ -13,6 +13,7 @@
 //!   prepare plus every success since. The strategy asks to be prepared again every slot (5 s,
 //!   [`Strategy::refresh_interval`], done by [`Balancer::tick`]), so samples leave the window
 //!   at most one slot late — the slots' own granularity.
+//! * **A change**: the windows' bases are read again, O(n); the statistics stay with the endpoints.
 //! * **Behaviour under trouble**: a provider that turns slow sees its estimate grow with each slow
 //!   response and with the calls queueing on it; an endpoint without successful samples in the
 //!   window estimates 0 and is tried first (as in Dubbo), which probes new and recovered

@@ -17,6 +17,8 @@
 //!   load per server crosses a threshold) and Envoy zone-aware routing (prefer the local zone
 //!   while it is healthy enough).
 //! * **Complexity**: O(n) per prepare; the pick is the inner strategy's.
+//! * **A change**: the zones are assessed again, O(n), and the inner strategy is prepared from
+//!   scratch for the zone's endpoints (a hash ring inside a zone filter is rebuilt, not patched).
 //! * **Differences from the origin**: Envoy sends a computed fraction of traffic across zones to
 //!   match capacity; here it is all-local or all-zones, re-decided every refresh. Ribbon's
 //!   thresholds are per-server loads (0.2 active requests); here the comparison is relative to the
