@@ -66,6 +66,19 @@ def median(xs):
     return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
 
 
+def cpu_seconds(ps):
+    t = ps.cpu_times()
+    return t.user + t.system
+
+
+def idle_share(ps, seconds):
+    """The share of a core `ps` uses while left alone for `seconds` (after 2 s to settle)."""
+    time.sleep(2.0)
+    c0 = cpu_seconds(ps)
+    time.sleep(seconds)
+    return (cpu_seconds(ps) - c0) / seconds
+
+
 def quantile(xs, q):
     s = sorted(xs)
     return s[min(len(s) - 1, int(q * len(s)))]
@@ -489,11 +502,7 @@ def zk_size(args, zk, providers, n):
             _, t_list, header = out.wait_for(lambda l: f"published endpoints={n} " in l, 0, 120)
         listing = t_list - t0
         ps = psutil.Process(proc.pid)
-        time.sleep(2.0)
-        c0 = ps.cpu_times()
-        time.sleep(5.0)
-        c1 = ps.cpu_times()
-        idle_cpu = ((c1.user + c1.system) - (c0.user + c0.system)) / 5.0 * 100
+        idle_cpu = idle_share(ps, 5.0) * 100
         # Churn: every 1/rate s one operation, alternately a removal and an addition.
         rate = max(1.0, n * args.churn)
         ops = int(rate * args.seconds)
@@ -604,16 +613,12 @@ def files_size(args, n):
             at += 1
         start = t_up - t0
         ps = psutil.Process(proc.pid)
-        time.sleep(2.0)
         # Idle CPU (timers, outlier detection) over 20 s: the clock ticks at 10 ms, and what
         # a change costs is the busy time above it.
-        c0 = ps.cpu_times()
-        time.sleep(20.0)
-        c1 = ps.cpu_times()
-        idle = ((c1.user + c1.system) - (c0.user + c0.system)) / 20.0
+        idle = idle_share(ps, 20.0)
         rss = ps.memory_info().rss / 2**20
         lat, lost, variants = [], 0, {}
-        c0, w0 = ps.cpu_times(), time.monotonic()
+        c0, w0 = cpu_seconds(ps), time.monotonic()
         for r in range(args.changes):
             svc = (7 + 37 * r) % n
             variants[svc] = 2 if variants.get(svc) == 1 else 1
@@ -628,8 +633,8 @@ def files_size(args, n):
             except TimeoutError:
                 lost += 1
             time.sleep(max(0.0, t_w + 1.0 - time.monotonic()))
-        c1, w1 = ps.cpu_times(), time.monotonic()
-        busy = (c1.user + c1.system) - (c0.user + c0.system) - idle * (w1 - w0)
+        c1, w1 = cpu_seconds(ps), time.monotonic()
+        busy = c1 - c0 - idle * (w1 - w0)
         per_change = max(0.0, busy) / max(1, args.changes) * 1000
         total = n * args.endpoints
         kib = rss * 1024 / total
