@@ -121,7 +121,7 @@ mod change {
     const N: usize = 10_000;
     const HOW: [&str; 2] = ["scratch", "next"];
 
-    /// The last set and the next: the 5 000th endpoint gone, one new in the middle.
+    /// The last set and the next: the 5 000th endpoint gone, one new (last in key order).
     fn sets() -> (Arc<Snapshot>, Arc<Snapshot>) {
         let mut addresses: Vec<String> = (0..N).map(lbkit_bench::address).collect();
         addresses.sort();

@@ -40,12 +40,16 @@ pub trait Strategy: Send + Sync + 'static {
     /// `last_snapshot` (the set published before): a strategy whose structure allows it carries
     /// over what did not change ([`diff::carried`](crate::diff::carried) says which endpoints
     /// are the same objects) instead of building from scratch. The hash rings do: a change of
-    /// k endpoints hashes only theirs and merges the rest in one pass. The picker must equal
-    /// the one [`prepare`](Strategy::prepare) would build.
+    /// k endpoints hashes only theirs, merges again only the parts of the ring their points
+    /// land in and shares the rest. The picker must equal the one
+    /// [`prepare`](Strategy::prepare) would build. `last` must be the picker this strategy
+    /// prepared for `last_snapshot`.
     ///
-    /// The [`Balancer`](crate::Balancer) calls this on every publish after the first, off the
-    /// request path (picks keep the last picker until the new one is swapped in). The default
-    /// prepares from scratch.
+    /// The [`Balancer`](crate::Balancer) calls this for the picker of its whole snapshot on
+    /// every publish, refresh tick and change of stages after the first, off the request path
+    /// (picks keep the last picker until the new one is swapped in). The pickers of tag subsets
+    /// and of stages that narrow the whole set (tiers, an aperture) are prepared from scratch.
+    /// The default prepares from scratch.
     fn prepare_next(
         &self,
         last_snapshot: &Arc<Snapshot>,

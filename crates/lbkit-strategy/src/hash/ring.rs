@@ -171,9 +171,9 @@ pub(crate) type Carry = (Vec<Option<EndpointIdx>>, Vec<EndpointIdx>);
 /// What the ring of `snapshot` keeps of the ring of `last`: for each endpoint of `last`, its
 /// index in `snapshot` when it is the same object and eligible in both (its points stay), and
 /// `snapshot`'s eligible endpoints not kept (their points are to be made). `None` when the two
-/// sets cannot be matched ([`diff::carried`]), when the endpoints that stay changed order (a
-/// collision's winner could change anywhere) or more than half of the eligible endpoints are
-/// new: a rebuild then costs about as much.
+/// sets cannot be matched ([`diff::carried`]) or more than half of the eligible endpoints are
+/// new: a rebuild then costs about as much. The endpoints that stay keep their order
+/// (`carried` walks both sets forward), so who keeps a point two of them share does not change.
 pub(crate) fn carry(last: &Snapshot, snapshot: &Snapshot) -> Option<Carry> {
     carry_all(last, snapshot).filter(|(_, fresh)| fresh.len() * 2 <= snapshot.eligible().len())
 }
@@ -193,14 +193,13 @@ fn carry_all(last: &Snapshot, snapshot: &Snapshot) -> Option<Carry> {
             Some(n)
         })
         .collect();
-    let in_order = owners.iter().flatten().is_sorted();
     let fresh: Vec<EndpointIdx> = snapshot
         .eligible()
         .iter()
         .copied()
         .filter(|i| !kept[i.get()])
         .collect();
-    in_order.then_some((owners, fresh))
+    Some((owners, fresh))
 }
 
 /// Points each of `slots` slots holds among `points`.

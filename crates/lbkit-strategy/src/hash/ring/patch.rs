@@ -94,7 +94,8 @@ impl RingPicker {
     /// The ring of `snapshot` from this one, the ring the same strategy prepared for `last`;
     /// `put` puts an endpoint's points. Equal to a rebuild (the same points and owners; see the
     /// module's "What a change costs"). `None` when a rebuild is due: [`carry`] says so, the
-    /// ring is empty, or patches left more than twice the chunks a rebuild makes.
+    /// ring is empty, `last` is not the size of the snapshot this ring was made for, or patches
+    /// left more than twice the chunks a rebuild makes (plus 16).
     pub(crate) fn patch(
         &self,
         last: &Snapshot,
@@ -113,7 +114,7 @@ impl RingPicker {
         put: Put<'_>,
         bound: Option<Bound>,
     ) -> Option<RingPicker> {
-        if self.is_empty() {
+        if self.is_empty() || self.slot.len() != last.len() || owners.len() != last.len() {
             return None;
         }
         let slots = Slots::next(self, &owners, &fresh, snapshot.len());
