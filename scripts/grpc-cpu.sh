@@ -4,17 +4,24 @@
 # rounds (issue 18). Each run: three tonic backends (lbkit-tower's echo_server example), a 2 s
 # h2load warm-up, then 8 s measured; prints req/s, the proxy's CPU a call (user + system ticks
 # of all its threads over the 8 s) and its system calls a call (`perf stat -e
-# raw_syscalls:sys_enter` over 4 s in the middle of the run).
+# raw_syscalls:sys_enter` over 4 s in the middle of the run) and the calls' p99 (h2load's
+# per-call log).
 #
 #   ROUNDS=3 SHAPE="-c4 -m64" scripts/grpc-cpu.sh
 #   SHAPE="-c32 -m8" scripts/grpc-cpu.sh
+#   CALL=repeat REPLIES=10 scripts/grpc-cpu.sh   # server streaming: 10 replies a call
 #
+# CALL is `say` (unary, the default) or `repeat` (`echo.Echo/Repeat`, server streaming,
+# REPLIES messages a call, 1 to 127). LBKIT, when set, is the lbkit binary to measure (default:
+# the release build this script makes).
 # Needs haproxy, h2load (scripts/bench-grpc.sh installs both) and perf (Debian's linux-perf);
 # the proxies and backends share the machine's cores with h2load, as in bench-grpc.sh.
 set -euo pipefail
 
 ROUNDS=${ROUNDS:-3}
 SHAPE=${SHAPE:-"-c4 -m64"}
+CALL=${CALL:-say}
+REPLIES=${REPLIES:-10}
 BASE_PORT=${BASE_PORT:-29180}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
@@ -32,9 +39,22 @@ done
 
 B1=$((BASE_PORT + 1)); B2=$((BASE_PORT + 2)); B3=$((BASE_PORT + 3)); FRONT=$((BASE_PORT + 10))
 ADMIN=$((BASE_PORT + 11))
+LBKIT=${LBKIT:-$TARGET/release/lbkit}
 grpc_call_setup "$WORK"
+CALL_ARGS=("${H2LOAD_ARGS[@]}")
+case $CALL in
+  say) METHOD=Say ;;
+  repeat)
+    [[ $REPLIES =~ ^[0-9]+$ ]] && ((REPLIES >= 1 && REPLIES <= 127)) \
+      || { echo "REPLIES must be 1 to 127, not $REPLIES" >&2; exit 2; }
+    # RepeatRequest { message: "hello", count: REPLIES }, gRPC-framed (length 9).
+    printf "\x00\x00\x00\x00\x09\x0a\x05hello\x10\\$(printf %03o "$REPLIES")" > "$WORK/repeat.bin"
+    CALL_ARGS=(-H "content-type: application/grpc" -H "te: trailers" -d "$WORK/repeat.bin")
+    METHOD=Repeat ;;
+  *) echo "CALL must be say or repeat, not $CALL" >&2; exit 2 ;;
+esac
 # shellcheck disable=SC2206 # SHAPE is h2load's options, split on purpose
-H2LOAD=(h2load -t2 $SHAPE "${H2LOAD_ARGS[@]}" "http://127.0.0.1:$FRONT/echo.Echo/Say")
+H2LOAD=(h2load -t2 $SHAPE "${CALL_ARGS[@]}" "http://127.0.0.1:$FRONT/echo.Echo/$METHOD")
 
 { lbkit_conf "$FRONT" "$ADMIN" "$B1" "$B2" "$B3" round-robin
   echo "h2c = true"; echo "forwarded_headers = []"; } > "$WORK/lbkit.toml"
@@ -56,16 +76,19 @@ measure() { # $1 pid, $2 label
   "${H2LOAD[@]}" -D 2 >/dev/null
   local before after calls hp rps
   before=$(ticks "$1")
-  "${H2LOAD[@]}" -D 8 > "$WORK/out.txt" & hp=$!
+  "${H2LOAD[@]}" -D 8 --log-file="$WORK/calls.tsv" > "$WORK/out.txt" & hp=$!
   sleep 2
   calls=$(perf stat -e raw_syscalls:sys_enter -p "$1" -x, -- sleep 4 2>&1 \
     | awk -F, '/raw_syscalls/ {print $1}')
   wait "$hp"
   after=$(ticks "$1")
   rps=$(awk '/finished in/ {print $4}' "$WORK/out.txt")
+  grep -q ' 0 failed' "$WORK/out.txt" || { echo "$2: calls failed" >&2; cat "$WORK/out.txt" >&2; }
+  p99=$(cut -f3 "$WORK/calls.tsv" | sort -n | awk '{v[NR] = $1} END {print v[int(NR * 0.99)] / 1000}')
   awk -v l="$2" -v r="$rps" -v t=$((after - before)) -v hz="$(getconf CLK_TCK)" -v s="$calls" \
-    'BEGIN { printf "%-8s %9.0f req/s  %5.1f us CPU a call  %5.2f system calls a call\n",
-             l, r, t * 1e6 / hz / (r * 8), s / (r * 4) }'
+    -v p="$p99" \
+    'BEGIN { printf "%-8s %9.0f req/s  %5.1f us CPU a call  %5.2f system calls a call  p99 %6.2f ms\n",
+             l, r, t * 1e6 / hz / (r * 8), s / (r * 4), p }'
   kill "$1"; wait "$1" 2>/dev/null || true
 }
 
@@ -73,7 +96,7 @@ for round in $(seq "$ROUNDS"); do
   echo "-- round $round of $ROUNDS ($SHAPE)"
   haproxy -f "$WORK/haproxy.cfg" -db >"$WORK/haproxy.log" 2>&1 & PIDS+=($!)
   measure $! haproxy
-  "$TARGET/release/lbkit" proxy --threads 1 --config "$WORK/lbkit.toml" >"$WORK/lbkit.log" 2>&1 &
+  "$LBKIT" proxy --threads 1 --config "$WORK/lbkit.toml" >"$WORK/lbkit.log" 2>&1 &
   PIDS+=($!)
   measure $! lbkit
 done

@@ -5,7 +5,8 @@
 //! lbkit register --zk $LBKIT_ZK --interface echo.Echo --protocol tri --address 127.0.0.1:50070
 //! ```
 //!
-//! Every `Say` is answered with the request's message and `NAME` as the server. It serves until
+//! Every `Say` is answered with the request's message and `NAME` as the server, every `Repeat`
+//! with `count` such replies (at most [`MAX_REPEAT`]), streamed one at a time. It serves until
 //! Ctrl-C or SIGTERM, then prints `NAME served N calls` (the gRPC benchmark,
 //! `scripts/bench-grpc.sh`, reads each backend's share from it; `TOKIO_WORKER_THREADS` sets its
 //! threads). `crates/lbkit/tests/dubbo_python.rs` runs [`serve`] and has Python Dubbo consumers
@@ -15,6 +16,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
+use futures_util::stream::{self, BoxStream, StreamExt};
 use tokio::sync::oneshot;
 use tonic::{Request, Response, Status};
 
@@ -24,7 +26,10 @@ use tonic::{Request, Response, Status};
 pub mod echo;
 
 use echo::echo_server::{Echo, EchoServer};
-use echo::{SayReply, SayRequest};
+use echo::{RepeatRequest, SayReply, SayRequest};
+
+/// The most replies one `Repeat` call streams; a larger `count` is refused.
+pub const MAX_REPEAT: u32 = 10_000;
 
 /// The server: answers as `name`, counting calls.
 struct Named(String, Arc<AtomicU64>);
@@ -37,6 +42,35 @@ impl Echo for Named {
             message: request.into_inner().message,
             server: self.0.clone(),
         }))
+    }
+
+    type RepeatStream = BoxStream<'static, Result<SayReply, Status>>;
+
+    async fn repeat(
+        &self,
+        request: Request<RepeatRequest>,
+    ) -> Result<Response<Self::RepeatStream>, Status> {
+        let RepeatRequest { message, count } = request.into_inner();
+        if count > MAX_REPEAT {
+            return Err(Status::invalid_argument(format!(
+                "count {count} is over {MAX_REPEAT}"
+            )));
+        }
+        self.1.fetch_add(1, Relaxed);
+        let reply = SayReply {
+            message,
+            server: self.0.clone(),
+        };
+        // One reply at a time, yielding between them as a server producing them over time
+        // would: tonic then sends each in its own DATA frame instead of batching them.
+        let replies = stream::iter(0..count).then(move |_| {
+            let reply = reply.clone();
+            async move {
+                tokio::task::yield_now().await;
+                Ok(reply)
+            }
+        });
+        Ok(Response::new(replies.boxed()))
     }
 }
 

@@ -30,7 +30,7 @@ pub mod echo;
 
 use echo::echo_client::EchoClient;
 use echo::echo_server::{Echo, EchoServer};
-use echo::{SayReply, SayRequest};
+use echo::{RepeatRequest, SayReply, SayRequest};
 
 /// What the example saw.
 #[derive(Debug, Default)]
@@ -60,16 +60,38 @@ struct Server {
 #[tonic::async_trait]
 impl Echo for Server {
     async fn say(&self, request: Request<SayRequest>) -> Result<Response<SayReply>, Status> {
+        self.answer(request.into_inner().message)
+            .await
+            .map(Response::new)
+    }
+
+    type RepeatStream = futures_util::stream::BoxStream<'static, Result<SayReply, Status>>;
+
+    async fn repeat(
+        &self,
+        request: Request<RepeatRequest>,
+    ) -> Result<Response<Self::RepeatStream>, Status> {
+        use futures_util::StreamExt;
+        let RepeatRequest { message, count } = request.into_inner();
+        let reply = self.answer(message).await?;
+        let replies = (0..count.min(1_000)).map(move |_| Ok(reply.clone()));
+        Ok(Response::new(futures_util::stream::iter(replies).boxed()))
+    }
+}
+
+impl Server {
+    /// One reply as this server behaves: at once, late, or UNAVAILABLE.
+    async fn answer(&self, message: String) -> Result<SayReply, Status> {
         let _ = self.calls.send(self.name);
         match self.behaviour {
             Behaviour::Fast => {}
             Behaviour::Slow(d) => tokio::time::sleep(d).await,
             Behaviour::Unavailable => return Err(Status::unavailable("shutting down")),
         }
-        Ok(Response::new(SayReply {
-            message: request.into_inner().message,
+        Ok(SayReply {
+            message,
             server: self.name.to_owned(),
-        }))
+        })
     }
 }
 

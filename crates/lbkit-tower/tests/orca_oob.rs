@@ -171,6 +171,13 @@ fn tonic_health_like() -> impl tower::Service<
         ) -> Result<Response<echo::SayReply>, Status> {
             Err(Status::unavailable("not in this test"))
         }
+        type RepeatStream = futures_util::stream::Empty<Result<echo::SayReply, Status>>;
+        async fn repeat(
+            &self,
+            _: Request<echo::RepeatRequest>,
+        ) -> Result<Response<Self::RepeatStream>, Status> {
+            Err(Status::unavailable("not in this test"))
+        }
     }
     echo::echo_server::EchoServer::new(Silent)
 }

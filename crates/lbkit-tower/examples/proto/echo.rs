@@ -8,6 +8,14 @@ pub struct SayRequest {
     pub user: ::prost::alloc::string::String,
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct RepeatRequest {
+    #[prost(string, tag = "1")]
+    pub message: ::prost::alloc::string::String,
+    /// How many replies to stream.
+    #[prost(uint32, tag = "2")]
+    pub count: u32,
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct SayReply {
     #[prost(string, tag = "1")]
     pub message: ::prost::alloc::string::String,
@@ -124,6 +132,29 @@ pub mod echo_client {
             req.extensions_mut().insert(GrpcMethod::new("echo.Echo", "Say"));
             self.inner.unary(req, path, codec).await
         }
+        /// Answer with `count` replies, each the message and the server's name: a server-streaming
+        /// call (the gRPC benchmarks' streaming shape).
+        pub async fn repeat(
+            &mut self,
+            request: impl tonic::IntoRequest<super::RepeatRequest>,
+        ) -> std::result::Result<
+            tonic::Response<tonic::codec::Streaming<super::SayReply>>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static("/echo.Echo/Repeat");
+            let mut req = request.into_request();
+            req.extensions_mut().insert(GrpcMethod::new("echo.Echo", "Repeat"));
+            self.inner.server_streaming(req, path, codec).await
+        }
     }
 }
 /// Generated server implementations.
@@ -144,6 +175,18 @@ pub mod echo_server {
             &self,
             request: tonic::Request<super::SayRequest>,
         ) -> std::result::Result<tonic::Response<super::SayReply>, tonic::Status>;
+        /// Server streaming response type for the Repeat method.
+        type RepeatStream: tonic::codegen::tokio_stream::Stream<
+                Item = std::result::Result<super::SayReply, tonic::Status>,
+            >
+            + std::marker::Send
+            + 'static;
+        /// Answer with `count` replies, each the message and the server's name: a server-streaming
+        /// call (the gRPC benchmarks' streaming shape).
+        async fn repeat(
+            &self,
+            request: tonic::Request<super::RepeatRequest>,
+        ) -> std::result::Result<tonic::Response<Self::RepeatStream>, tonic::Status>;
     }
     #[derive(Debug)]
     pub struct EchoServer<T> {
@@ -260,6 +303,52 @@ pub mod echo_server {
                                 max_encoding_message_size,
                             );
                         let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/echo.Echo/Repeat" => {
+                    #[allow(non_camel_case_types)]
+                    struct RepeatSvc<T: Echo>(pub Arc<T>);
+                    impl<
+                        T: Echo,
+                    > tonic::server::ServerStreamingService<super::RepeatRequest>
+                    for RepeatSvc<T> {
+                        type Response = super::SayReply;
+                        type ResponseStream = T::RepeatStream;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::ResponseStream>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::RepeatRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Echo>::repeat(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = RepeatSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.server_streaming(method, req).await;
                         Ok(res)
                     };
                     Box::pin(fut)
