@@ -35,7 +35,7 @@ use lbkit_core::signal::Pushback;
 use lbkit_core::stage::Attr;
 use lbkit_core::{
     classify_answer, Attempts, CallGuard, Classified, Clock, FastRng, Observed, Outcome,
-    RequestTagBuf, RetryWhen, Route, Stop,
+    RequestTagBuf, RetryWhen, Route, Stop, Timestamp,
 };
 use lbkit_strategy::attrs::{attr_buf, MAX_ATTRS};
 use lbkit_strategy::KeyExtractor;
@@ -124,16 +124,10 @@ async fn read_small(
         return Ok(resp.map(Answer::Streamed));
     }
     let (parts, body) = resp.into_parts();
-    let read = async {
-        match deadline {
-            Some(at) => tokio::time::timeout_at(at, body.collect()).await,
-            None => Ok(body.collect().await),
-        }
-    };
-    match read.await {
-        Ok(Ok(whole)) => Ok(Response::from_parts(parts, Answer::Whole(whole))),
-        Ok(Err(_)) => Err(Observed::ResetBeforeResponse),
-        Err(_) => Err(Observed::Timeout),
+    match within(deadline, body.collect()).await {
+        Some(Ok(whole)) => Ok(Response::from_parts(parts, Answer::Whole(whole))),
+        Some(Err(_)) => Err(Observed::ResetBeforeResponse),
+        None => Err(Observed::Timeout),
     }
 }
 
@@ -155,7 +149,9 @@ async fn forward(
     if let Some(d) = out.deadline {
         attempts.limit(d);
     }
-    if attempts.deadline_passed(service.clock().now()) {
+    // One clock read for the check and the first attempt's limit.
+    let mut now = service.clock().now();
+    if attempts.deadline_passed(now) {
         return local(StatusCode::GATEWAY_TIMEOUT, "deadline exceeded\n");
     }
     let mut rng = FastRng::from_entropy();
@@ -165,11 +161,8 @@ async fn forward(
         Err(e) => return local(StatusCode::SERVICE_UNAVAILABLE, &format!("{e}\n")),
     };
     loop {
-        let tried = match hedge_delay(envelope, &out, &attempts) {
-            Some(delay) => hedged(service, &mut out, &mut attempts, guard, &mut rng, delay).await,
-            None => one(service, &mut out, &mut attempts, guard).await,
-        };
-        let (tried, g) = match tried {
+        let next = attempt(envelope, &mut out, &mut attempts, guard, &mut rng, now);
+        let (tried, g) = match next.await {
             Ok(tried) => tried,
             Err(early) => return early,
         };
@@ -178,12 +171,7 @@ async fn forward(
             Ok(resp) => classify_head(resp.status(), resp.headers()),
             Err(observed) => observed.classify(),
         };
-        let retry = match c.retry {
-            RetryWhen::Never => false,
-            RetryWhen::Idempotent => out.idempotent,
-            RetryWhen::Always => true,
-        };
-        if retry && out.reclaim.is_some() {
+        if retries(c, &out) && out.reclaim.is_some() {
             let left = attempts.timeout(service.clock().now());
             let back = out.reclaim(left.map_or(RECLAIM_WAIT, |l| l.min(RECLAIM_WAIT)));
             attempts.set_replayable(back.await);
@@ -195,28 +183,60 @@ async fn forward(
             Ok((next, _)) => {
                 guard.finish_at(c.outcome, answered);
                 guard = next;
+                now = service.clock().now();
             }
             Err(stop) => return answer(service, tried, guard, c.outcome, stop),
         }
     }
 }
 
-/// One attempt of the call on `guard`'s endpoint: what it gave, or the call's answer when it
-/// ends here (an upgrade's `101`, a fault of the client's, a target that cannot be sent).
+/// The call's next attempt on `guard`'s endpoint, starting `now`: hedged when the route hedges
+/// it ([`hedged`]), else [`one`].
+async fn attempt(
+    envelope: &Envelope<'_>,
+    out: &mut Outgoing,
+    attempts: &mut Attempts,
+    guard: CallGuard,
+    rng: &mut FastRng,
+    now: Timestamp,
+) -> Result<(Tried, CallGuard), Response<ProxyBody>> {
+    let service = envelope.service();
+    match hedge_delay(envelope, out, attempts) {
+        // Boxed: a race of two exchanges is the largest state of a call, and most calls do not
+        // hedge (they would all carry its size).
+        Some(delay) => Box::pin(hedged(service, out, attempts, guard, rng, delay)).await,
+        None => one(service, out, attempts, guard, now).await,
+    }
+}
+
+/// Whether an answer classified `c` may be retried by its retry rule (an idempotent request's
+/// only, or any).
+fn retries(c: Classified, out: &Outgoing) -> bool {
+    match c.retry {
+        RetryWhen::Never => false,
+        RetryWhen::Idempotent => out.idempotent,
+        RetryWhen::Always => true,
+    }
+}
+
+/// One attempt of the call on `guard`'s endpoint, starting `now`: what it gave, or the call's
+/// answer when it ends here (an upgrade's `101`, a fault of the client's, a target that cannot
+/// be sent).
 async fn one(
     service: &Service,
     out: &mut Outgoing,
     attempts: &mut Attempts,
     guard: CallGuard,
+    now: Timestamp,
 ) -> Result<(Tried, CallGuard), Response<ProxyBody>> {
     let last = attempts.begun() > attempts.policy().retries;
     let Some(upstream) = out.request(guard.endpoint().address(), last) else {
         return Err(local(StatusCode::BAD_REQUEST, "bad request target\n"));
     };
-    let limit = attempts.timeout(service.clock().now());
+    let limit = attempts.timeout(now);
     let deadline = limit.map(|l| tokio::time::Instant::now() + l);
     let upstream = out.tell_deadline(upstream, limit, service);
-    let tried = match send(service, upstream, limit).await {
+    let tried = match send(service, upstream, deadline).await {
         Ok(resp) if resp.status() == StatusCode::SWITCHING_PROTOCOLS => {
             return Err(switch(out.upgrade.take(), resp, guard));
         }
@@ -248,8 +268,12 @@ fn noted(
     endpoint: &lbkit_core::Endpoint,
 ) -> Option<Pushback> {
     orca::record(resp.headers(), endpoint.stats(), service.clock());
-    let now = service.clock().now();
-    record_pushback(resp.status(), resp.headers(), endpoint.stats(), now)
+    record_pushback(
+        resp.status(),
+        resp.headers(),
+        endpoint.stats(),
+        service.clock(),
+    )
 }
 
 /// When the call's first attempt is hedged: on a route that hedges (`hedge`), for an
@@ -320,7 +344,7 @@ fn exchange<'s>(
     let endpoint = endpoint.clone();
     async move {
         let deadline = limit.map(|l| tokio::time::Instant::now() + l);
-        match send(service, upstream, limit).await {
+        match send(service, upstream, deadline).await {
             Ok(resp) => {
                 let p = noted(service, &resp, &endpoint);
                 (read_small(resp, deadline).await, p)
@@ -412,25 +436,40 @@ fn client_fault(observed: Observed, upload: Option<&UploadState>) -> Option<Resp
 const RECLAIM_WAIT: Duration = Duration::from_secs(1);
 
 /// One attempt: `upstream` on the service's client of this thread (h2c's or the pooled
-/// HTTP/1.1 one), within `limit`.
-async fn send(
-    service: &Service,
+/// HTTP/1.1 one), until `deadline`. Not an `async fn`, which would keep `upstream` twice.
+fn send<'s>(
+    service: &'s Service,
     upstream: Request<UpstreamBody>,
-    limit: Option<Duration>,
-) -> Result<Response<UpstreamAnswer>, Observed> {
-    let limit = limit.unwrap_or(Duration::MAX);
+    deadline: Option<tokio::time::Instant>,
+) -> impl std::future::Future<Output = Result<Response<UpstreamAnswer>, Observed>> + 's {
+    use futures_util::future::{Either as Which, FutureExt};
     if service.config().h2c {
-        return match tokio::time::timeout(limit, service.h2c().request(upstream)).await {
-            Ok(Ok(resp)) => Ok(resp.map(Either::Right)),
-            Ok(Err(observed)) => Err(observed),
-            Err(_) => Err(Observed::Timeout),
-        };
+        let asked = within(deadline, service.h2c().request(upstream));
+        return Which::Left(asked.map(|answered| match answered {
+            Some(Ok(resp)) => Ok(resp.map(Either::Right)),
+            Some(Err(observed)) => Err(observed),
+            None => Err(Observed::Timeout),
+        }));
     }
-    match tokio::time::timeout(limit, service.client().request(upstream)).await {
-        Ok(Ok(resp)) => Ok(resp.map(Either::Left)),
-        Ok(Err(e)) if e.is_connect() => Err(Observed::ConnectFailed),
-        Ok(Err(_)) => Err(Observed::ResetBeforeResponse),
-        Err(_) => Err(Observed::Timeout),
+    let asked = within(deadline, service.client().request(upstream));
+    Which::Right(asked.map(|answered| match answered {
+        Some(Ok(resp)) => Ok(resp.map(Either::Left)),
+        Some(Err(e)) if e.is_connect() => Err(Observed::ConnectFailed),
+        Some(Err(_)) => Err(Observed::ResetBeforeResponse),
+        None => Err(Observed::Timeout),
+    }))
+}
+
+/// `fut`, unless `deadline` comes first (`None`: no limit, and no timer). Not an `async fn`:
+/// one would keep `fut` twice in its state (as its argument and inside the timeout).
+fn within<F: std::future::Future>(
+    deadline: Option<tokio::time::Instant>,
+    fut: F,
+) -> impl std::future::Future<Output = Option<F::Output>> {
+    use futures_util::future::{Either, FutureExt};
+    match deadline {
+        Some(at) => Either::Left(tokio::time::timeout_at(at, fut).map(Result::ok)),
+        None => Either::Right(fut.map(Some)),
     }
 }
 
@@ -611,7 +650,7 @@ fn relay(
             // makes a success a failure.
             let outcome = trailers.as_ref().map_or(outcome, |t| {
                 orca::record(t, guard.endpoint().stats(), clock);
-                record_pushback(rparts.status, t, guard.endpoint().stats(), clock.now());
+                record_pushback(rparts.status, t, guard.endpoint().stats(), clock);
                 trailers_outcome(outcome, t, GrpcCodes::DEFAULT)
             });
             guard.finish(outcome);

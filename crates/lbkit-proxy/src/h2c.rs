@@ -249,12 +249,21 @@ impl H2Client {
         })
     }
 
-    /// Send `req` (its URI names the endpoint's address) and wait for the answer's head.
-    pub(crate) async fn request(
+    /// Send `req` (its URI names the endpoint's address) and wait for the answer's head. Not
+    /// an `async fn`, which would keep `req` twice (as its argument and taken apart).
+    pub(crate) fn request(
         self: &Arc<Self>,
         req: Request<Either<Full<Bytes>, ClientBody>>,
-    ) -> Result<Response<H2Body>, Observed> {
+    ) -> impl Future<Output = Result<Response<H2Body>, Observed>> + '_ {
         let (parts, body) = req.into_parts();
+        self.send(parts, body)
+    }
+
+    async fn send(
+        self: &Arc<Self>,
+        parts: http::request::Parts,
+        body: Either<Full<Bytes>, ClientBody>,
+    ) -> Result<Response<H2Body>, Observed> {
         let Some(address) = parts.uri.authority() else {
             return Err(Observed::ConnectFailed);
         };
@@ -302,7 +311,8 @@ impl H2Client {
             Err(false) if slot.tries.load(Relaxed) != tries => return Err(Observed::ConnectFailed),
             Err(_) => {}
         }
-        let made = self.connect(address, &slot).await;
+        // Boxed: connecting (the handshake's state) is rare, and every call would carry it.
+        let made = Box::pin(self.connect(address, &slot)).await;
         slot.tries.fetch_add(1, Relaxed);
         let conn = made?;
         let send = conn.ready().await.ok_or(Observed::ConnectFailed)?;

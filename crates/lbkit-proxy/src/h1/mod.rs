@@ -41,8 +41,9 @@ use buffers::{reserve, Buffers};
 pub(crate) use gate::pin_runtime_thread;
 pub(crate) use pool::sweep_idle;
 pub(crate) use rewind::Rewind;
-pub(crate) use timer::Timer;
-use timer::{deadline, FAR};
+use timer::deadline;
+use timer::Timer;
+pub(crate) use timer::FAR;
 use wire::{BodyCursor, ClientAddr, Hdr, Parsed, ReqHead, RespHead};
 
 use crate::config::Limits;

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::time::{Instant, Sleep};
 
 /// "No deadline": far enough never to matter, near enough never to overflow an `Instant`.
-pub(super) const FAR: Duration = Duration::from_secs(86_400 * 365);
+pub(crate) const FAR: Duration = Duration::from_secs(86_400 * 365);
 
 /// A deadline for the runtime's timer: `limit` after `tick`, or far away without one.
 pub(super) fn deadline(tick: Instant, limit: Option<Duration>) -> Instant {
@@ -19,7 +19,7 @@ pub(super) fn deadline(tick: Instant, limit: Option<Duration>) -> Instant {
 /// A deadline that arms its timer lazily: moving the deadline later (every request does) costs
 /// nothing; the timer, when it fires early, re-arms itself to the current deadline. One timer
 /// registration per timeout period instead of one per request.
-pub(crate) struct Timer {
+pub(super) struct Timer {
     sleep: Pin<Box<Sleep>>,
     deadline: Instant,
 }
@@ -30,7 +30,7 @@ pub(super) struct Elapsed;
 
 impl Timer {
     /// A timer with no deadline yet.
-    pub(crate) fn new() -> Self {
+    pub(super) fn new() -> Self {
         // Far enough never to fire before a real deadline is set.
         let never = Instant::now() + FAR;
         Timer {
@@ -40,7 +40,7 @@ impl Timer {
     }
 
     /// Set the deadline.
-    pub(crate) fn set(&mut self, deadline: Instant) {
+    pub(super) fn set(&mut self, deadline: Instant) {
         self.deadline = deadline;
         if self.sleep.deadline() > deadline {
             self.sleep.as_mut().reset(deadline);
@@ -48,7 +48,7 @@ impl Timer {
     }
 
     /// Ready once the deadline has passed.
-    pub(crate) fn poll_expired(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+    pub(super) fn poll_expired(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         loop {
             ready!(self.sleep.as_mut().poll(cx));
             if Instant::now() >= self.deadline {

@@ -6,7 +6,7 @@ use std::future::{poll_fn, Future};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -14,12 +14,12 @@ use h2::server::SendResponse;
 use h2::{Reason, RecvStream, SendStream};
 use http::{Request, Response};
 use http_body::Body;
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 
 use super::Shared;
 use crate::body::{Inbound, ProxyBody};
 use crate::forward;
-use crate::h1::Timer;
+use crate::h1::FAR;
 use crate::h2body::{reset_reason, H2Body, Pipe, Piped};
 use crate::hub::Defences;
 use crate::watchdog::Busy;
@@ -52,8 +52,8 @@ pub(super) async fn serve(
     let (parts, recv) = req.into_parts();
     let body = H2Body::new(recv, &parts.headers).with_progress(progress.clone());
     let req = Request::from_parts(parts, Inbound::Right(body));
-    let mut idle = Idle::new();
     let limit = shared.stream_idle;
+    let mut idle = Idle::new(limit);
     // Boxed: the request's future is large (see `server.rs`), and a box moves as a pointer.
     let answer = Box::pin(forward::serve(&shared.hub, shared.peer, req));
     let (resp, route_timeout) = match head(answer, &mut respond, &mut idle, &progress, limit).await
@@ -146,29 +146,109 @@ where
 }
 
 /// A stream's idle limit: ready once the bytes moved either way (`moved`, read at each poll)
-/// have not changed for `limit`. One timer, re-armed lazily (`h1::Timer`): progress costs a
-/// clock read, not a timer registration.
+/// have not changed for `limit`, noticed within a quarter of it. Progress costs nothing (no
+/// clock read, no timer change): a timer looks every quarter of the limit at whether the count
+/// moved since its last look, so a call that ends in time reads the clock once here.
 struct Idle {
-    timer: Timer,
-    seen: u64,
-    since: Instant,
+    sleep: Pin<Box<Sleep>>,
+    /// `moved` at the last look.
+    looked: u64,
+    /// When a look last found the count moved (at first: the stream's start).
+    quiet_since: Instant,
 }
 
 impl Idle {
-    fn new() -> Self {
+    fn new(limit: Duration) -> Self {
+        let now = Instant::now();
         Idle {
-            timer: Timer::new(),
-            seen: 0,
-            since: Instant::now(),
+            sleep: Box::pin(tokio::time::sleep_until(now + quarter(limit))),
+            looked: 0,
+            quiet_since: now,
         }
     }
 
     fn poll(&mut self, moved: u64, limit: Duration, cx: &mut Context<'_>) -> Poll<()> {
-        if moved != self.seen {
-            self.seen = moved;
-            self.since = Instant::now();
+        let limit = limit.min(FAR);
+        // A shorter limit than the timer was set for (a stalled answer's) holds at once.
+        let due = self.quiet_since + limit;
+        if self.sleep.deadline() > due {
+            self.sleep.as_mut().reset(due);
         }
-        self.timer.set(self.since + limit);
-        self.timer.poll_expired(cx)
+        loop {
+            ready!(self.sleep.as_mut().poll(cx));
+            let now = Instant::now();
+            if moved != self.looked {
+                self.looked = moved;
+                self.quiet_since = now;
+            } else if now >= self.quiet_since + limit {
+                return Poll::Ready(());
+            }
+            let next = (now + quarter(limit)).min(self.quiet_since + limit);
+            self.sleep.as_mut().reset(next);
+        }
+    }
+}
+
+/// How often [`Idle`] looks: a quarter of `limit` (at least a millisecond).
+fn quarter(limit: Duration) -> Duration {
+    (limit.min(FAR) / 4).max(Duration::from_millis(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// How long after its start `Idle` is ready when the count moves at `progress` (if ever).
+    async fn fires_after(limit: Duration, progress: Option<Duration>) -> Duration {
+        let start = Instant::now();
+        let moved = Arc::new(AtomicU64::new(0));
+        if let Some(at) = progress {
+            let moved = moved.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(at).await;
+                moved.store(1, Relaxed);
+            });
+        }
+        let mut idle = Idle::new(limit);
+        poll_fn(|cx| idle.poll(moved.load(Relaxed), limit, cx)).await;
+        start.elapsed()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_quiet_stream_is_idle_after_the_limit() {
+        let limit = Duration::from_secs(4);
+        assert_eq!(fires_after(limit, None).await, limit);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn progress_puts_it_off_by_the_limit_give_or_take_a_quarter() {
+        let limit = Duration::from_secs(4);
+        let after = fires_after(limit, Some(Duration::from_millis(2_500))).await;
+        let last = Duration::from_millis(2_500);
+        assert!(
+            after >= last + limit && after <= last + limit + limit / 4,
+            "idle {after:?} after the start, the last progress at {last:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_shorter_limit_holds_at_once() {
+        let (long, short) = (Duration::from_secs(300), Duration::from_secs(2));
+        let start = Instant::now();
+        let mut idle = Idle::new(long);
+        let mut polls = 0;
+        // The first poll arms the long limit's look; the next ones ask for the short limit
+        // (an answer stalled on the client's window), woken by the look a quarter later at
+        // the latest.
+        poll_fn(|cx| {
+            polls += 1;
+            let limit = if polls == 1 { long } else { short };
+            if polls == 1 {
+                cx.waker().wake_by_ref();
+            }
+            idle.poll(0, limit, cx)
+        })
+        .await;
+        assert_eq!(start.elapsed(), short);
     }
 }

@@ -483,7 +483,7 @@ where
             return None;
         }
         let stats = call.endpoint().stats();
-        record_pushback(resp.status(), resp.headers(), stats, call.clock().now())
+        record_pushback(resp.status(), resp.headers(), stats, call.clock())
     }
 
     fn complete(

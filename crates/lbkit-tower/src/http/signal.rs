@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use lbkit_core::signal::{self, GrpcTimeout, Pushback};
-use lbkit_core::{EndpointStats, Timestamp};
+use lbkit_core::{Clock, EndpointStats, Timestamp};
 
 /// gRPC's deadline header.
 pub static GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
@@ -123,13 +123,20 @@ pub fn pushback(status: StatusCode, headers: &HeaderMap, now: Timestamp) -> Opti
 }
 
 /// [`pushback`], recorded against the endpoint whose answer it is (picks pass it over for
-/// the time asked): what the driver then gives the call's attempts.
+/// the time asked): what the driver then gives the call's attempts. `clock` is read only when
+/// the answer asks for a pushback (most carry none: a proxy checks every gRPC call's trailers).
 pub fn record_pushback(
     status: StatusCode,
     headers: &HeaderMap,
     stats: &EndpointStats,
-    now: Timestamp,
+    clock: &Clock,
 ) -> Option<Pushback> {
+    if !headers.contains_key(&GRPC_RETRY_PUSHBACK_MS)
+        && !headers.contains_key(http::header::RETRY_AFTER)
+    {
+        return None;
+    }
+    let now = clock.now();
     let p = pushback(status, headers, now)?;
     p.record(stats, now);
     Some(p)
@@ -159,9 +166,10 @@ mod tests {
         let stats = EndpointStats::default();
         let mut h = HeaderMap::new();
         let now = Timestamp::from_millis(10_000);
-        assert_eq!(record_pushback(StatusCode::OK, &h, &stats, now), None);
+        let (clock, _) = Clock::manual(now);
+        assert_eq!(record_pushback(StatusCode::OK, &h, &stats, &clock), None);
         h.insert(http::header::RETRY_AFTER, HeaderValue::from_static("2"));
-        let p = record_pushback(StatusCode::TOO_MANY_REQUESTS, &h, &stats, now);
+        let p = record_pushback(StatusCode::TOO_MANY_REQUESTS, &h, &stats, &clock);
         assert_eq!(p, Some(Pushback::Wait(Duration::from_secs(2))));
         assert_eq!(
             stats.pushed_back_until(now),
