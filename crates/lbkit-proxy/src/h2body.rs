@@ -24,6 +24,9 @@ type BodyError = Box<dyn std::error::Error + Send + Sync>;
 pub(crate) struct H2Body {
     recv: RecvStream,
     data_done: bool,
+    /// `h2`'s end of stream as of the last frame read: asked once a frame here, not at every
+    /// `is_end_stream` (each asks `h2` under its lock; a relayed answer asks twice a frame).
+    ended: bool,
     /// What is left of a `Content-Length`, for the size hint.
     remaining: Option<u64>,
     progress: Option<Arc<AtomicU64>>,
@@ -34,7 +37,8 @@ pub(crate) struct H2Body {
 impl H2Body {
     /// The body of a message whose head is `headers`.
     pub(crate) fn new(recv: RecvStream, headers: &HeaderMap) -> Self {
-        let remaining = if recv.is_end_stream() {
+        let ended = recv.is_end_stream();
+        let remaining = if ended {
             Some(0)
         } else {
             headers
@@ -44,6 +48,7 @@ impl H2Body {
         H2Body {
             recv,
             data_done: false,
+            ended,
             remaining,
             progress: None,
             _tied: None,
@@ -82,21 +87,25 @@ impl Body for H2Body {
                     if let Some(p) = &this.progress {
                         p.fetch_add(data.len() as u64 + 1, Relaxed);
                     }
+                    this.ended = this.recv.is_end_stream();
                     return Poll::Ready(Some(Ok(Frame::data(data))));
                 }
                 Some(Err(e)) => return Poll::Ready(Some(Err(e))),
                 None => this.data_done = true,
             }
         }
-        match ready!(this.recv.poll_trailers(cx)) {
+        let trailers = ready!(this.recv.poll_trailers(cx));
+        this.ended = true;
+        match trailers {
             Ok(Some(trailers)) => Poll::Ready(Some(Ok(Frame::trailers(trailers)))),
             Ok(None) => Poll::Ready(None),
             Err(e) => Poll::Ready(Some(Err(e))),
         }
     }
 
+    /// As of the last frame read (`false` while more may come, as `Body` allows).
     fn is_end_stream(&self) -> bool {
-        self.recv.is_end_stream()
+        self.ended
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -162,23 +171,26 @@ where
         self.tx.send_reset(reason);
     }
 
-    /// Move the body on as far as the window and the body allow.
+    /// Move the body on as far as the window and the body allow. A reset by the peer is looked
+    /// for once a poll (each look takes `h2`'s lock), and a send after it fails anyway.
     pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Piped> {
+        if self.tx.poll_reset(cx).is_ready() {
+            return Poll::Ready(Piped::Gone);
+        }
         loop {
-            if self.tx.poll_reset(cx).is_ready() {
-                return Poll::Ready(Piped::Gone);
-            }
             if let Some((data, eos)) = &mut self.pending {
+                let mut window = 0;
                 if !data.is_empty() {
                     self.tx.reserve_capacity(data.len());
-                    if self.tx.capacity() == 0 {
+                    window = self.tx.capacity();
+                    if window == 0 {
                         match ready!(self.tx.poll_capacity(cx)) {
                             Some(Ok(_)) => continue,
                             _ => return Poll::Ready(Piped::Gone),
                         }
                     }
                 }
-                let chunk = data.split_to(self.tx.capacity().min(data.len()));
+                let chunk = data.split_to(window.min(data.len()));
                 let last = data.is_empty() && *eos;
                 self.sent += chunk.len() as u64;
                 if self.tx.send_data(chunk, last).is_err() {
