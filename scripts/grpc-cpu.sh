@@ -87,7 +87,7 @@ measure() { # $1 pid, $2 label
   p99=$(cut -f3 "$WORK/calls.tsv" | sort -n | awk '{v[NR] = $1} END {print v[int(NR * 0.99)] / 1000}')
   awk -v l="$2" -v r="$rps" -v t=$((after - before)) -v hz="$(getconf CLK_TCK)" -v s="$calls" \
     -v p="$p99" \
-    'BEGIN { printf "%-8s %9.0f req/s  %5.1f us CPU a call  %5.2f system calls a call  p99 %6.2f ms\n",
+    'BEGIN { printf "%-8s %9.0f req/s  %6.2f us CPU a call  %5.2f system calls a call  p99 %6.2f ms\n",
              l, r, t * 1e6 / hz / (r * 8), s / (r * 4), p }'
   kill "$1"; wait "$1" 2>/dev/null || true
 }

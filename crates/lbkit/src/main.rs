@@ -7,6 +7,12 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+/// jemalloc (the default `jemalloc` feature): its per-thread caches take a proxy's bursts of
+/// streams that overflow glibc's (BENCHMARKS.md, "gRPC CPU a call: the allocator").
+#[cfg(all(feature = "jemalloc", unix))]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() -> ExitCode {
     let args = cli::Cli::parse(); // usage errors exit with status 2 (clap)
     match cli::run(args) {
