@@ -191,21 +191,23 @@ async fn forward(
 }
 
 /// The call's next attempt on `guard`'s endpoint, starting `now`: hedged when the route hedges
-/// it ([`hedged`]), else [`one`].
-async fn attempt(
-    envelope: &Envelope<'_>,
-    out: &mut Outgoing,
-    attempts: &mut Attempts,
+/// it ([`hedged`]), else [`one`]. Not an `async fn`, which would add a level of state that
+/// each call moves.
+fn attempt<'a>(
+    envelope: &'a Envelope<'_>,
+    out: &'a mut Outgoing,
+    attempts: &'a mut Attempts,
     guard: CallGuard,
-    rng: &mut FastRng,
+    rng: &'a mut FastRng,
     now: Timestamp,
-) -> Result<(Tried, CallGuard), Response<ProxyBody>> {
+) -> impl std::future::Future<Output = Result<(Tried, CallGuard), Response<ProxyBody>>> + 'a {
+    use futures_util::future::Either;
     let service = envelope.service();
     match hedge_delay(envelope, out, attempts) {
         // Boxed: a race of two exchanges is the largest state of a call, and most calls do not
         // hedge (they would all carry its size).
-        Some(delay) => Box::pin(hedged(service, out, attempts, guard, rng, delay)).await,
-        None => one(service, out, attempts, guard, now).await,
+        Some(delay) => Either::Left(Box::pin(hedged(service, out, attempts, guard, rng, delay))),
+        None => Either::Right(one(service, out, attempts, guard, now)),
     }
 }
 
