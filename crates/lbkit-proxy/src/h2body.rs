@@ -27,6 +27,8 @@ pub(crate) struct H2Body {
     /// `h2`'s end of stream as of the last frame read: asked once a frame here, not at every
     /// `is_end_stream` (each asks `h2` under its lock; a relayed answer asks twice a frame).
     ended: bool,
+    /// A gRPC answer: it ends with trailers, never on a DATA frame, so no frame asks.
+    trailed: bool,
     /// What is left of a `Content-Length`, for the size hint.
     remaining: Option<u64>,
     progress: Option<Arc<AtomicU64>>,
@@ -49,6 +51,7 @@ impl H2Body {
             recv,
             data_done: false,
             ended,
+            trailed: false,
             remaining,
             progress: None,
             _tied: None,
@@ -58,6 +61,17 @@ impl H2Body {
     /// Keep `tied` until the body is dropped.
     pub(crate) fn with_tied(mut self, tied: Option<tokio::sync::oneshot::Sender<()>>) -> Self {
         self._tied = tied;
+        self
+    }
+
+    /// The body of a gRPC answer (`application/grpc`; not gRPC-web, whose trailers are in the
+    /// body): it ends with trailers, so no DATA frame is asked whether it ended the stream.
+    /// (An answer that ends on one all the same is ended by an empty DATA frame.)
+    pub(crate) fn grpc_answer(mut self, headers: &HeaderMap) -> Self {
+        use lbkit_tower::http::GrpcKind;
+        let content_type = headers.get(http::header::CONTENT_TYPE);
+        self.trailed =
+            content_type.is_some_and(|v| GrpcKind::of(v.as_bytes()) == Some(GrpcKind::Grpc));
         self
     }
 
@@ -87,7 +101,7 @@ impl Body for H2Body {
                     if let Some(p) = &this.progress {
                         p.fetch_add(data.len() as u64 + 1, Relaxed);
                     }
-                    this.ended = this.recv.is_end_stream();
+                    this.ended = !this.trailed && this.recv.is_end_stream();
                     return Poll::Ready(Some(Ok(Frame::data(data))));
                 }
                 Some(Err(e)) => return Poll::Ready(Some(Err(e))),
@@ -135,6 +149,9 @@ pub(crate) struct Pipe<B> {
     tx: SendStream<Bytes>,
     /// A chunk read from the body, not yet all handed to `h2`, and whether it ends the body.
     pending: Option<(Bytes, bool)>,
+    /// Window `h2` assigned to the stream that no chunk has used yet (as `h2` counts it): a
+    /// chunk within it is sent without asking `h2` again (each ask takes its lock).
+    granted: usize,
     /// Bytes handed to `h2` so far.
     sent: u64,
 }
@@ -150,6 +167,7 @@ where
             body,
             tx,
             pending: None,
+            granted: 0,
             sent: 0,
         }
     }
@@ -179,18 +197,18 @@ where
         }
         loop {
             if let Some((data, eos)) = &mut self.pending {
-                let mut window = 0;
-                if !data.is_empty() {
+                if data.len() > self.granted {
                     self.tx.reserve_capacity(data.len());
-                    window = self.tx.capacity();
-                    if window == 0 {
+                    self.granted = self.tx.capacity();
+                    if self.granted == 0 {
                         match ready!(self.tx.poll_capacity(cx)) {
                             Some(Ok(_)) => continue,
                             _ => return Poll::Ready(Piped::Gone),
                         }
                     }
                 }
-                let chunk = data.split_to(window.min(data.len()));
+                let chunk = data.split_to(self.granted.min(data.len()));
+                self.granted -= chunk.len();
                 let last = data.is_empty() && *eos;
                 self.sent += chunk.len() as u64;
                 if self.tx.send_data(chunk, last).is_err() {

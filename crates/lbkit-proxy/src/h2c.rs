@@ -498,7 +498,9 @@ fn observed(e: &h2::Error) -> Observed {
 /// An answer with its body read as it comes; `tied` lives as long as the body.
 fn answer_body(resp: Response<RecvStream>, tied: Option<oneshot::Sender<()>>) -> Response<H2Body> {
     let (parts, recv) = resp.into_parts();
-    let body = H2Body::new(recv, &parts.headers).with_tied(tied);
+    let body = H2Body::new(recv, &parts.headers)
+        .grpc_answer(&parts.headers)
+        .with_tied(tied);
     Response::from_parts(parts, body)
 }
 

@@ -25,6 +25,9 @@ struct Counted {
     requests: Arc<AtomicUsize>,
 }
 
+/// Size of the body `slow_counting_backend` serves at `/big`.
+const SLOW_BIG: usize = 256 * 1024;
+
 async fn slow_counting_backend(delay: Duration) -> Counted {
     let (ended, requests) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let (done, arrived) = (ended.clone(), requests.clone());
@@ -39,7 +42,7 @@ async fn slow_counting_backend(delay: Duration) -> Counted {
                     // A backend's service time, not a wait for a condition.
                     tokio::time::sleep(delay).await;
                     let body = if req.uri().path() == "/big" {
-                        Bytes::from(vec![b'x'; 256 * 1024])
+                        Bytes::from(vec![b'x'; SLOW_BIG])
                     } else {
                         Bytes::from_static(b"ok")
                     };
@@ -224,6 +227,51 @@ async fn a_stream_stuck_on_a_zero_window_is_reset_while_others_work() {
     .expect("the stuck stream's upstream connection closed");
     let idle = sample(&proxy, "lbkit_proxy_http2_stream_idle_resets_total").await;
     assert_eq!(idle, 1.0);
+}
+
+/// A streamed answer to a client that grants its window a little at a time (1 000 bytes, each
+/// time it has read all it granted) arrives whole, in order and within the window: the
+/// proxy's pipe, which counts the window `h2` assigned it and asks again only past that,
+/// misses no grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_paced_by_small_windows_arrives_whole() {
+    const STEP: usize = 1_000;
+    let b = slow_counting_backend(Duration::ZERO).await;
+    let proxy = start(&config_for(&[b.addr], "round-robin", "")).await;
+    let mut h2 = RawH2::connect(proxy.listeners()[0], &[(h2raw::INITIAL_WINDOW_SIZE, 0)])
+        .await
+        .expect("connect");
+    h2.window_update(0, 1 << 30)
+        .await
+        .expect("connection window");
+    let id = h2.request("GET", "/big", true).await.expect("HEADERS");
+    let (mut body, mut granted) = (Vec::new(), 0);
+    loop {
+        if body.len() == granted {
+            h2.window_update(id, STEP as u32).await.expect("window");
+            granted += STEP;
+        }
+        let f = frame(&mut h2).await.expect("the answer's frames");
+        if f.stream != id {
+            continue;
+        }
+        if f.kind == h2raw::DATA {
+            body.extend_from_slice(&f.payload);
+            assert!(
+                body.len() <= granted,
+                "{} bytes for {granted} granted",
+                body.len()
+            );
+        }
+        if f.ends_stream() {
+            break;
+        }
+    }
+    assert_eq!(body.len(), SLOW_BIG);
+    assert!(
+        body.iter().all(|&c| c == b'x'),
+        "the body as the backend sent it"
+    );
 }
 
 /// An answer waiting for the client's window is bounded by its route's `timeout_ms` when that
