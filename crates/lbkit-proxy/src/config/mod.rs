@@ -11,7 +11,7 @@
 //! max_headers = 100                     # default 100 request headers (HTTP/1)
 //! header_read_timeout_ms = 10000        # default 10 s: a client slower to send its head (and a small body) is cut off, from its first byte (or from the connection's start, for its first request; on a connection hyper serves, from the handover: a half-sent HTTP/2 preface)
 //! idle_timeout_ms = 60000               # default 60 s: a client connection with no request in flight and none starting is closed (HTTP/2: GOAWAY, then closed header_read_timeout_ms later at the latest); nginx's keepalive_timeout
-//! stream_idle_timeout_ms = 300000       # default 5 min: an HTTP/2 stream with no byte either way for this long is reset (RST_STREAM CANCEL), its upstream exchange cancelled, whatever the connection's other streams do (Envoy's stream_idle_timeout; nginx has none per stream); a client connection hyper serves (HTTP/1.0, Expect, chunked uploads, ...) with a request in flight but no byte read or written for this long is closed
+//! stream_idle_timeout_ms = 300000       # default 5 min: an HTTP/2 stream with no byte either way for this long (noticed within a quarter of it more) is reset (RST_STREAM CANCEL), its upstream exchange cancelled, whatever the connection's other streams do (Envoy's stream_idle_timeout; nginx has none per stream); a client connection hyper serves (HTTP/1.0, Expect, chunked uploads, ...) with a request in flight but no byte read or written for this long is closed
 //! max_requests_per_connection = 1000    # default 1 000, 0 = no limit: requests one client connection may make; then HTTP/1.1 gets `Connection: close` with the last answer, HTTP/2 a graceful GOAWAY (its streams in flight finish); nginx's keepalive_requests (also 1 000), Envoy's max_requests_per_connection (no limit there by default)
 //! max_premature_resets = 100            # default 100, 0 = no limit: an HTTP/2 connection whose client reset this many streams before their answer started, and at least half of the streams it opened, gets GOAWAY ENHANCE_YOUR_CALM and is closed (the HTTP/2 rapid reset attack, CVE-2023-44487, burst or paced); Envoy's overload.premature_reset_total_stream_count (500, with the same half); nginx caps requests per connection instead
 //! max_connections = 10000               # default 10 000 client connections at once, all listeners
@@ -156,7 +156,8 @@ pub struct Limits {
     /// 60 000.
     #[serde(default = "default_idle_timeout_ms")]
     pub idle_timeout_ms: u64,
-    /// Limit on an HTTP/2 stream with no byte either way (then reset with `CANCEL`), and on a
+    /// Limit on an HTTP/2 stream with no byte either way (then reset with `CANCEL`, noticed
+    /// within a quarter of the limit more), and on a
     /// client connection hyper serves with a request in flight but no byte either way (then
     /// closed), ms. Default 300 000 (Envoy's `stream_idle_timeout`).
     #[serde(default = "default_stream_idle_timeout_ms")]

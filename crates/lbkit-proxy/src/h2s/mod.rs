@@ -14,7 +14,7 @@
 //! |---|---|---|---|
 //! | streams the client resets before their answer started | `max_premature_resets` (100), once they are also half of the streams opened | `GOAWAY ENHANCE_YOUR_CALM`, connection closed | `premature_reset_total_stream_count` (500, the same half) / none |
 //! | requests on one connection | `max_requests_per_connection` (1 000) | graceful `GOAWAY`: streams in flight finish | `max_requests_per_connection` (none) / `keepalive_requests` (1 000) |
-//! | a stream with no byte either way | `stream_idle_timeout_ms` (5 min) | `RST_STREAM CANCEL`, its upstream exchange cancelled | `stream_idle_timeout` (5 min) / none |
+//! | a stream with no byte either way | `stream_idle_timeout_ms` (5 min; noticed within a quarter of it more) | `RST_STREAM CANCEL`, its upstream exchange cancelled | `stream_idle_timeout` (5 min) / none |
 //! | an answer waiting for the client's window | the route's `timeout_ms` (15 s), if shorter | the same | — / `send_timeout` per connection |
 //! | a stream already reset when its task first runs | — | never routed: no pick, no upstream connection | |
 //!
