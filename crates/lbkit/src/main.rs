@@ -8,7 +8,8 @@ use std::process::ExitCode;
 use clap::Parser;
 
 /// jemalloc (the default `jemalloc` feature): its per-thread caches take a proxy's bursts of
-/// streams that overflow glibc's (BENCHMARKS.md, "gRPC CPU a call: the allocator").
+/// streams that overflow glibc's (BENCHMARKS.md, "gRPC CPU a call against HAProxy, unary and
+/// server streaming").
 #[cfg(all(feature = "jemalloc", unix))]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
