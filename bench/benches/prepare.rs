@@ -139,6 +139,27 @@ mod change {
         (last, next)
     }
 
+    /// What every publish costs before any strategy: the Controller's `SnapshotBuilder::patch`
+    /// of one endpoint (alternately gone and back, last in key order) in a set of 10 000,
+    /// building the next snapshot and dropping the last (the copies by reference, the
+    /// policy's per-endpoint arrays).
+    #[divan::bench(sample_count = 30)]
+    fn snapshot_patch(b: Bencher) {
+        let mut addresses: Vec<String> = (0..N).map(lbkit_bench::address).collect();
+        addresses.sort();
+        let specs: Vec<EndpointSpec> = addresses.iter().map(EndpointSpec::new).collect();
+        let mut builder = SnapshotBuilder::new();
+        let mut last = builder.reset_from(specs.iter().map(Cow::Borrowed), Timestamp::ZERO);
+        let extra = EndpointSpec::new("127.0.200.1:20880");
+        let mut present = false;
+        b.bench_local(|| {
+            let spec = (!present).then(|| Cow::Borrowed(&extra));
+            present = !present;
+            last = builder.patch(vec![(extra.key.clone(), spec)], Timestamp::ZERO);
+            black_box(last.len())
+        });
+    }
+
     fn bench_change<S: Strategy>(b: Bencher<'_, '_>, strategy: S, how: &str) {
         let (last, next) = sets();
         let picker = strategy.prepare(&last, Timestamp::ZERO);

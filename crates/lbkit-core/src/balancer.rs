@@ -766,9 +766,7 @@ fn prepare<S: Strategy>(
     };
     let periodic = strategy.refresh_interval().map(|d| now.saturating_add(d));
     let warming = snapshot
-        .eligible()
-        .iter()
-        .any(|&i| snapshot.is_ramping(i, now))
+        .any_ramping(now)
         .then(|| now.saturating_add(WARMUP_REFRESH));
     let refresh_at = match (periodic, warming) {
         (Some(a), Some(b)) => Some(a.min(b)),

@@ -6,6 +6,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::live::LiveStats;
 use crate::stats::EndpointStats;
 use crate::time::Timestamp;
 
@@ -312,20 +313,29 @@ impl EndpointSpec {
 #[derive(Clone)]
 pub struct Endpoint(crate::sync::Arc<EndpointInner>);
 
+// Immutable after construction (the statistics' atomics aside). In declaration order: what
+// building a snapshot and weighing an endpoint read (live line, weight, priority, health, tags,
+// registration, warm-up) comes first, so that with the `Arc`'s two counts it is the first 64
+// bytes of the allocation (one cache line or two, by where the allocator put it), and a snapshot
+// of n endpoints reads nothing else of them, nor their statistics.
+#[repr(C)]
 struct EndpointInner {
-    // Immutable after construction.
-    key: EndpointKey,
-    key_hash: u64,
-    address: Arc<str>,
+    /// `stats.live_line()`, kept here: valid while `stats` is.
+    live: &'static LiveStats,
     weight: u32,
-    zone: Option<Arc<str>>,
-    metadata: Arc<Metadata>,
-    registered_at: Option<Timestamp>,
-    warmup: Duration,
-    healthy: bool,
     priority: u32,
+    healthy: bool,
     /// Whether the metadata carries a tag, tag groups or a tag rule (read once, here).
     tagged: bool,
+    /// Whether `registered_at` is known (an `Option` would take 16 bytes, and the line).
+    registered: bool,
+    registered_at: Timestamp,
+    warmup: Duration,
+    key_hash: u64,
+    key: EndpointKey,
+    address: Arc<str>,
+    zone: Option<Arc<str>>,
+    metadata: Arc<Metadata>,
     /// Monotonic time this process first saw the key (kept across snapshots).
     added_at: Timestamp,
     // Atomics, shared with every snapshot that holds this key.
@@ -339,6 +349,7 @@ impl Endpoint {
     pub fn new(spec: EndpointSpec, stats: Arc<EndpointStats>, added_at: Timestamp) -> Self {
         let warmup = warmup_of(&spec);
         Endpoint(crate::sync::Arc::new(EndpointInner {
+            live: stats.live_line(),
             key_hash: key_hash(&spec.key),
             key: spec.key,
             address: Arc::from(spec.address),
@@ -346,7 +357,8 @@ impl Endpoint {
             zone: spec.zone.map(Arc::from),
             tagged: carries_tags(&spec.metadata),
             metadata: Arc::new(spec.metadata),
-            registered_at: spec.registered_at,
+            registered: spec.registered_at.is_some(),
+            registered_at: spec.registered_at.unwrap_or(Timestamp::ZERO),
             warmup,
             healthy: spec.healthy,
             priority: spec.priority,
@@ -373,7 +385,7 @@ impl Endpoint {
             && *e.address == *spec.address
             && e.weight == spec.weight
             && e.zone.as_deref() == spec.zone.as_deref()
-            && e.registered_at == spec.registered_at
+            && self.registered_at() == spec.registered_at
             && e.warmup == warmup_of(spec)
             && e.healthy == spec.healthy
             && e.priority == spec.priority
@@ -405,7 +417,7 @@ impl Endpoint {
             weight: e.weight,
             zone: e.zone.as_deref().map(str::to_owned),
             metadata: (*e.metadata).clone(),
-            registered_at: e.registered_at,
+            registered_at: self.registered_at(),
             warmup: Some(e.warmup),
             healthy: e.healthy,
             priority: e.priority,
@@ -456,7 +468,7 @@ impl Endpoint {
 
     /// Registration time (wall clock), if known.
     pub fn registered_at(&self) -> Option<Timestamp> {
-        self.0.registered_at
+        self.0.registered.then_some(self.0.registered_at)
     }
 
     /// Warm-up window (zero when no registration time is known and none was set).
@@ -484,6 +496,11 @@ impl Endpoint {
         &self.0.stats
     }
 
+    /// `stats().live_line()`, read from the endpoint itself (a snapshot's dense index).
+    pub(crate) fn live_line(&self) -> &'static LiveStats {
+        self.0.live
+    }
+
     /// The shared statistics handle (for reuse across snapshots).
     pub fn stats_arc(&self) -> &Arc<EndpointStats> {
         &self.0.stats
@@ -491,7 +508,7 @@ impl Endpoint {
 
     /// Weight after Dubbo's warm-up rule at `now` (see [`warmup_weight`]).
     pub fn effective_weight(&self, now: Timestamp) -> u32 {
-        match self.0.registered_at {
+        match self.registered_at() {
             Some(at) => warmup_weight(self.0.weight, at, now, self.0.warmup),
             None => self.0.weight,
         }
@@ -499,7 +516,7 @@ impl Endpoint {
 
     /// Whether the endpoint is still inside its warm-up window at `now`.
     pub fn is_warming(&self, now: Timestamp) -> bool {
-        match self.0.registered_at {
+        match self.registered_at() {
             Some(at) => self.0.weight > 0 && now < at.saturating_add(self.0.warmup),
             None => false,
         }
@@ -523,7 +540,7 @@ impl fmt::Debug for Endpoint {
             .field("weight", &self.0.weight)
             .field("zone", &self.0.zone)
             .field("healthy", &self.0.healthy)
-            .field("registered_at", &self.0.registered_at)
+            .field("registered_at", &self.registered_at())
             .finish_non_exhaustive()
     }
 }
@@ -604,6 +621,15 @@ mod tests {
     use proptest::prelude::*;
 
     const MIN: u64 = 60_000;
+
+    /// What building a snapshot and weighing an endpoint read (the live line, weight, health,
+    /// tags, registration, warm-up) ends within the first 64 bytes of the allocation, after
+    /// the `Arc`'s two counts.
+    #[test]
+    fn what_a_snapshot_reads_shares_the_counts_line() {
+        let end = std::mem::offset_of!(EndpointInner, warmup) + std::mem::size_of::<Duration>();
+        assert!(end <= 64 - 16, "the hot fields end at byte {end}");
+    }
 
     #[test]
     fn keys_are_equal_by_text_whether_shared_or_not() {

@@ -78,6 +78,11 @@ pub struct Snapshot {
     ejected: u32,
     /// Endpoints whose metadata carries tags or a tag rule ([`Endpoint::is_tagged`]).
     tagged: u32,
+    /// The end of the latest warm-up window of an endpoint with weight (eligible or not):
+    /// no endpoint is warming at or after it ([`any_ramping`](Self::any_ramping)).
+    warm_until: Timestamp,
+    /// Whether its endpoints have more than one priority ([`Endpoint::priority`]).
+    tiered: bool,
 }
 
 // === impl Snapshot ===
@@ -102,44 +107,70 @@ impl Snapshot {
         policy: &SnapshotPolicy,
         overlay: &HealthOverlay,
     ) -> Self {
-        let ejected_until: Arc<[Option<Timestamp>]> = endpoints
-            .iter()
-            .map(|e| overlay.ejected.get(e.key()).copied())
-            .collect();
-        let serving = |i: usize| endpoints[i].is_eligible() && ejected_until[i].is_none();
-        let weighted = endpoints.iter().filter(|e| e.weight() > 0).count();
-        let healthy = (0..endpoints.len()).filter(|&i| serving(i)).count();
+        Snapshot::over(version, Arc::from(endpoints), policy, overlay)
+    }
+
+    /// [`with_policy`](Self::with_policy) over endpoints already shared (another snapshot's,
+    /// or a builder's copied once into their final place).
+    fn over(
+        version: u64,
+        endpoints: Arc<[Endpoint]>,
+        policy: &SnapshotPolicy,
+        overlay: &HealthOverlay,
+    ) -> Self {
+        let facts = Facts::of(&endpoints, overlay, None);
+        Snapshot::assemble(version, endpoints, facts, policy, overlay)
+    }
+
+    /// A snapshot of copies of `endpoints`, copied in the pass that reads them (at 10 000
+    /// endpoints and more each is a cache miss, paid once).
+    fn of_copies(
+        version: u64,
+        endpoints: &[Endpoint],
+        policy: &SnapshotPolicy,
+        overlay: &HealthOverlay,
+    ) -> Self {
+        let mut copies = Vec::with_capacity(endpoints.len());
+        let facts = Facts::of(endpoints, overlay, Some(&mut copies));
+        Snapshot::assemble(version, copies.into(), facts, policy, overlay)
+    }
+
+    /// The snapshot of `endpoints` from what one pass read of them ([`Facts`]): the rest works
+    /// on the dense arrays it filled.
+    fn assemble(
+        version: u64,
+        endpoints: Arc<[Endpoint]>,
+        facts: Facts,
+        policy: &SnapshotPolicy,
+        overlay: &HealthOverlay,
+    ) -> Self {
         let panic = policy.panic_threshold > 0.0
-            && weighted > 0
-            && (healthy as f64) < policy.panic_threshold * weighted as f64;
-        let is_eligible: Box<[bool]> = (0..endpoints.len())
-            .map(|i| {
-                if panic {
-                    endpoints[i].weight() > 0
-                } else {
-                    serving(i)
-                }
-            })
-            .collect();
+            && facts.weighted > 0
+            && (facts.serving as f64) < policy.panic_threshold * facts.weighted as f64;
+        let want = if panic {
+            Facts::WEIGHTED
+        } else {
+            Facts::SERVING
+        };
+        let is_eligible: Box<[bool]> = facts.flags.iter().map(|f| f & want != 0).collect();
         let eligible = (0..endpoints.len())
             .filter(|&i| is_eligible[i])
             .map(EndpointIdx::new)
             .collect();
         let ramp_from = policy.slow_start.map(|_| ramps(&endpoints, overlay));
-        let count = |f: &dyn Fn(usize) -> bool| {
-            saturating_u32((0..endpoints.len()).filter(|&i| f(i)).count())
-        };
         Snapshot {
             version,
-            unhealthy: count(&|i| !endpoints[i].is_healthy()),
-            drained: count(&|i| endpoints[i].is_healthy() && endpoints[i].weight() == 0),
-            ejected: count(&|i| ejected_until[i].is_some()),
-            tagged: count(&|i| endpoints[i].is_tagged()),
-            live: endpoints.iter().map(|e| e.stats().live_line()).collect(),
-            endpoints: Arc::from(endpoints),
+            unhealthy: saturating_u32(facts.unhealthy),
+            drained: saturating_u32(facts.drained),
+            ejected: saturating_u32(facts.ejected),
+            tagged: saturating_u32(facts.tagged),
+            warm_until: facts.warm_until,
+            tiered: facts.priorities.0 < facts.priorities.1,
+            live: facts.live.into(),
+            endpoints,
             eligible,
             is_eligible,
-            ejected_until,
+            ejected_until: facts.ejected_until,
             ramp_from,
             policy: *policy,
             panic,
@@ -150,7 +181,7 @@ impl Snapshot {
 
     /// The same endpoints (and statistics) under a new policy or overlay, as version `version`.
     pub fn derive(&self, version: u64, policy: &SnapshotPolicy, overlay: &HealthOverlay) -> Self {
-        Snapshot::with_policy(version, self.endpoints.to_vec(), policy, overlay)
+        Snapshot::over(version, self.endpoints.clone(), policy, overlay)
     }
 
     /// The same snapshot (endpoints, indices, policy, version) with only the eligible endpoints
@@ -182,6 +213,8 @@ impl Snapshot {
             drained: self.drained,
             ejected: self.ejected,
             tagged: self.tagged,
+            warm_until: self.warm_until,
+            tiered: self.tiered,
         }
     }
 
@@ -215,6 +248,8 @@ impl Snapshot {
             drained: self.drained,
             ejected: self.ejected,
             tagged: self.tagged,
+            warm_until: self.warm_until,
+            tiered: self.tiered,
         }
     }
 
@@ -311,6 +346,20 @@ impl Snapshot {
     /// 10⁶ with thousands of clients), where proportions would be off.
     pub fn coverage(&self) -> Option<&[u32]> {
         self.coverage.as_deref()
+    }
+
+    /// Whether its endpoints (eligible or not) have more than one priority: then they form
+    /// tiers ([`stage`](crate::stage)). Read once, when the snapshot was built.
+    pub fn is_tiered(&self) -> bool {
+        self.tiered
+    }
+
+    /// Whether the weight of some eligible endpoint still changes with time at `now` (warm-up
+    /// or slow start): O(1) once every warm-up window has ended and no slow start is set,
+    /// else a scan that stops at the first.
+    pub fn any_ramping(&self, now: Timestamp) -> bool {
+        (now < self.warm_until || self.ramp_from.is_some())
+            && self.eligible.iter().any(|&i| self.is_ramping(i, now))
     }
 
     /// Whether the weight of `idx` still changes with time at `now` (warm-up or slow start).
@@ -410,6 +459,85 @@ fn ramps(endpoints: &[Endpoint], overlay: &HealthOverlay) -> Arc<[Timestamp]> {
                 .map_or(e.added_at(), |&r| r.max(e.added_at()))
         })
         .collect()
+}
+
+/// What [`Snapshot::with_policy`] reads of each endpoint, in one pass: a flag byte each, the
+/// statistics lines, the ejections, and the counts.
+struct Facts {
+    flags: Vec<u8>,
+    live: Vec<&'static LiveStats>,
+    ejected_until: Arc<[Option<Timestamp>]>,
+    weighted: usize,
+    serving: usize,
+    unhealthy: usize,
+    drained: usize,
+    ejected: usize,
+    tagged: usize,
+    warm_until: Timestamp,
+    /// The lowest and highest priority.
+    priorities: (u32, u32),
+}
+
+impl Facts {
+    /// Weight above 0.
+    const WEIGHTED: u8 = 1;
+    /// Healthy, weight above 0 and not ejected.
+    const SERVING: u8 = 2;
+
+    /// Read every endpoint once; with `copies`, push a copy of each there in the same pass.
+    fn of(
+        endpoints: &[Endpoint],
+        overlay: &HealthOverlay,
+        mut copies: Option<&mut Vec<Endpoint>>,
+    ) -> Facts {
+        let n = endpoints.len();
+        let ejected_until: Arc<[Option<Timestamp>]> = if overlay.ejected.is_empty() {
+            vec![None; n].into()
+        } else {
+            endpoints
+                .iter()
+                .map(|e| overlay.ejected.get(e.key()).copied())
+                .collect()
+        };
+        let mut f = Facts {
+            flags: Vec::with_capacity(n),
+            live: Vec::with_capacity(n),
+            ejected_until,
+            weighted: 0,
+            serving: 0,
+            unhealthy: 0,
+            drained: 0,
+            ejected: 0,
+            tagged: 0,
+            warm_until: Timestamp::ZERO,
+            priorities: (u32::MAX, 0),
+        };
+        for (e, until) in endpoints.iter().zip(f.ejected_until.iter()) {
+            if let Some(copies) = copies.as_deref_mut() {
+                copies.push(e.clone());
+            }
+            let (weighted, healthy) = (e.weight() > 0, e.is_healthy());
+            let serving = weighted && healthy && until.is_none();
+            f.flags.push(
+                (u8::from(weighted) * Facts::WEIGHTED) | (u8::from(serving) * Facts::SERVING),
+            );
+            f.live.push(e.live_line());
+            f.weighted += usize::from(weighted);
+            f.serving += usize::from(serving);
+            f.unhealthy += usize::from(!healthy);
+            f.drained += usize::from(healthy && !weighted);
+            f.ejected += usize::from(until.is_some());
+            f.tagged += usize::from(e.is_tagged());
+            f.priorities = (
+                f.priorities.0.min(e.priority()),
+                f.priorities.1.max(e.priority()),
+            );
+            if let (true, Some(at)) = (weighted, e.registered_at()) {
+                f.warm_until = f.warm_until.max(at.saturating_add(e.warmup()));
+            }
+        }
+        f
+    }
 }
 
 fn saturating_u32(n: usize) -> u32 {
@@ -637,10 +765,10 @@ impl SnapshotBuilder {
     /// The next snapshot of the current endpoints.
     fn next(&mut self) -> Arc<Snapshot> {
         self.version += 1;
-        let (endpoints, overlay) = (self.current.clone(), HealthOverlay::default());
-        Arc::new(Snapshot::with_policy(
+        let overlay = HealthOverlay::default();
+        Arc::new(Snapshot::of_copies(
             self.version,
-            endpoints,
+            &self.current,
             &self.policy,
             &overlay,
         ))
@@ -908,6 +1036,52 @@ mod tests {
         assert_eq!(s.effective_weight(EndpointIdx::new(0), at(100_000)), 10);
         assert!(s.is_ramping(EndpointIdx::new(1), at(100_000)));
         assert!(!s.is_ramping(EndpointIdx::new(1), at(150_000)));
+        assert!(s.any_ramping(at(149_999)) && !s.any_ramping(at(150_000)));
+    }
+
+    /// `any_ramping` answers as a scan of the eligible endpoints would: a warming endpoint
+    /// that is down does not count, and every window's end is seen.
+    #[test]
+    fn any_ramping_sees_eligible_warm_ups_only() {
+        let at = |ms| Timestamp::from_millis(ms);
+        let warming = |addr: &str, from: u64| {
+            spec(addr, 100)
+                .with_registered_at(at(from))
+                .with_warmup(std::time::Duration::from_secs(60))
+        };
+        let s = Snapshot::from_specs(
+            vec![
+                spec("a:1", 100),
+                warming("b:1", 0),
+                warming("c:1", 30_000).with_healthy(false),
+                warming("d:1", 10_000).with_weight(0),
+            ],
+            Timestamp::ZERO,
+        );
+        let scan = |now| s.eligible().iter().any(|&i| s.is_ramping(i, now));
+        for ms in [0, 59_999, 60_000, 69_999, 89_999, 90_000, 200_000] {
+            assert_eq!(s.any_ramping(at(ms)), scan(at(ms)), "at {ms} ms");
+        }
+        assert!(s.any_ramping(at(59_999)) && !s.any_ramping(at(60_000)));
+    }
+
+    #[test]
+    fn tiers_are_seen_across_every_endpoint() {
+        let of = |p: &[u32]| {
+            let specs = p.iter().enumerate();
+            let specs = specs.map(|(i, &p)| spec(&format!("h{i}:1"), 1).with_priority(p));
+            Snapshot::from_specs(specs.collect(), Timestamp::ZERO)
+        };
+        assert!(!of(&[]).is_tiered() && !of(&[3]).is_tiered() && !of(&[1, 1, 1]).is_tiered());
+        assert!(of(&[0, 0, 1]).is_tiered() && of(&[2, 0]).is_tiered());
+        let down = Snapshot::from_specs(
+            vec![
+                spec("a:1", 1),
+                spec("b:1", 1).with_priority(1).with_healthy(false),
+            ],
+            Timestamp::ZERO,
+        );
+        assert!(down.is_tiered(), "a down endpoint's tier still counts");
     }
 
     #[test]

@@ -286,10 +286,7 @@ impl<P> Staged<P> {
         tag_sets: &[Arc<Snapshot>],
         now: Timestamp,
     ) -> Option<Staged<P>> {
-        let tiered = snapshot
-            .endpoints()
-            .windows(2)
-            .any(|w| w[0].priority() != w[1].priority());
+        let tiered = snapshot.is_tiered();
         if stages.is_default() && !tiered {
             return None;
         }
