@@ -253,10 +253,14 @@ impl<Svc: Send + Sync + 'static, S: Strategy, M: MakeEndpoint<Svc>> PoolTarget<S
             }
         }
         let mut union: ServiceMap<Svc> = old.clone();
-        union.extend(next.iter().map(|(h, e)| (*h, e.clone())));
+        for (h, e) in next.iter() {
+            union.insert(h, e.clone());
+        }
+        union.settle();
+        next.settle();
         let released = old
             .iter()
-            .filter(|(h, e)| next.get(*h).is_none_or(|n| !Arc::ptr_eq(n, e)))
+            .filter(|(h, e)| next.get(h).is_none_or(|n| !Arc::ptr_eq(n, e)))
             .count() as u64;
         Services {
             union,
@@ -269,7 +273,7 @@ impl<Svc: Send + Sync + 'static, S: Strategy, M: MakeEndpoint<Svc>> PoolTarget<S
 
     /// The services of `snapshot` when `old` holds exactly those of `last` and `d` is what
     /// changed between them: only the endpoints new, readdressed or gone are looked at (two
-    /// copies of the map by reference, then O(k) hash operations).
+    /// copies of the map's layer, O(√n) amortized, and O(k) hash operations).
     fn services_changed(
         &mut self,
         inner: &PoolInner<Svc, S>,
@@ -300,10 +304,12 @@ impl<Svc: Send + Sync + 'static, S: Strategy, M: MakeEndpoint<Svc>> PoolTarget<S
                 None => rejected.push(ep.key().clone()),
             }
         }
+        union.settle();
         let mut next = union.clone();
         for h in &gone {
             next.remove(h);
         }
+        next.settle();
         let released = gone.len() as u64 + replaced;
         Services {
             union,

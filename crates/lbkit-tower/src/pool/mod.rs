@@ -3,10 +3,11 @@
 
 mod discovery;
 mod select;
+mod services;
 
 use std::collections::HashMap;
 use std::fmt;
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::Hasher;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -102,8 +103,7 @@ pub(crate) struct Entry<Svc> {
     pub(crate) svc: Svc,
 }
 
-/// Endpoint services by [`Endpoint::key_hash`]; the entry's key is checked on lookup.
-pub(crate) type ServiceMap<Svc> = HashMap<u64, Arc<Entry<Svc>>, BuildHasherDefault<KeyHashHasher>>;
+pub(crate) use services::ServiceMap;
 
 /// The map's keys are already uniform 64-bit hashes: pass them through.
 #[derive(Default)]
@@ -290,7 +290,8 @@ impl<Svc, S: Strategy> Pool<Svc, S> {
     /// Whether a client service exists for `key`.
     pub fn has_service(&self, key: &EndpointKey) -> bool {
         let map = self.inner.services.load();
-        map.values().any(|e| &e.key == key)
+        let held = map.values().any(|e| &e.key == key);
+        held
     }
 
     /// Number of client services held.
