@@ -317,7 +317,8 @@ pub struct Endpoint(crate::sync::Arc<EndpointInner>);
 // building a snapshot and weighing an endpoint read (live line, weight, priority, health, tags,
 // registration, warm-up) comes first, so that with the `Arc`'s two counts it is the first 64
 // bytes of the allocation (one cache line or two, by where the allocator put it), and a snapshot
-// of n endpoints reads nothing else of them, nor their statistics.
+// of n endpoints reads nothing else of them, nor their statistics, unless endpoints are ejected
+// or a slow start is set (then their keys too).
 #[repr(C)]
 struct EndpointInner {
     /// `stats.live_line()`, kept here: valid while `stats` is.

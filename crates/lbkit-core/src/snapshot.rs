@@ -54,8 +54,8 @@ impl EndpointIdx {
 #[derive(Debug)]
 pub struct Snapshot {
     version: u64,
-    // Shared (with the restrictions of this snapshot a tag table prepares): a restriction
-    // copies only its eligibility.
+    // Shared with the restrictions of this snapshot a tag table prepares (a restriction copies
+    // only its eligibility) and with the snapshots derived from it under another policy.
     endpoints: Arc<[Endpoint]>,
     eligible: Box<[EndpointIdx]>,
     // Per endpoint, indexed like `endpoints`. Each line belongs to the endpoint's stats, which

@@ -18,10 +18,48 @@ fn source(rx: mpsc::UnboundedReceiver<Item>) -> impl futures_core::Stream<Item =
 }
 
 async fn wait(status: &mut watch::Receiver<PoolStatus>, what: impl Fn(&PoolStatus) -> bool) {
-    tokio::time::timeout(Duration::from_secs(30), status.wait_for(|s| what(s)))
+    let waited = tokio::time::timeout(Duration::from_secs(30), status.wait_for(|s| what(s)))
         .await
-        .expect("the pool task reports within 30 s")
-        .expect("the pool is alive");
+        .map(|r| r.is_ok());
+    let last = status.borrow().clone();
+    assert!(
+        waited.is_ok(),
+        "the pool task reports within 30 s: {last:?}"
+    );
+    assert!(waited.unwrap(), "the pool is alive");
+}
+
+/// In a pool large enough that its map of services is layered (see `pool/services.rs`), a
+/// service is still dropped as its endpoint goes, not when the layer next folds.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_large_pool_drops_a_service_as_its_endpoint_goes() {
+    let names: Vec<String> = (0..200).map(|i| format!("s{i}")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let farm = Farm::new(&names);
+    let (tx, rx) = mpsc::unbounded_channel::<Item>();
+    tx.send(Ok(Update::Reset(farm.specs(&names[..100]))))
+        .unwrap();
+    let pool = PoolBuilder::default().spawn(source(rx), farm.maker());
+    let mut status = pool.status();
+    // One addition at a time stays in the layer; each removal must release its service now.
+    for i in 0..50 {
+        let version = status.borrow().version;
+        tx.send(Ok(Update::Add(farm.specs(&[names[100 + i]]))))
+            .unwrap();
+        wait(&mut status, |s| s.version == version + 1).await;
+        assert!(pool.has_service(&EndpointKey::from(names[100 + i])));
+        tx.send(Ok(Update::Remove(vec![EndpointKey::from(names[i])])))
+            .unwrap();
+        wait(&mut status, |s| s.version == version + 2).await;
+        assert!(!pool.has_service(&EndpointKey::from(names[i])));
+        assert_eq!(
+            Arc::strong_count(&farm.backends[names[i]].0),
+            1,
+            "{}'s service is dropped with its endpoint",
+            names[i]
+        );
+    }
+    assert_eq!(pool.service_count(), 100);
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]

@@ -272,8 +272,9 @@ impl<Svc: Send + Sync + 'static, S: Strategy, M: MakeEndpoint<Svc>> PoolTarget<S
     }
 
     /// The services of `snapshot` when `old` holds exactly those of `last` and `d` is what
-    /// changed between them: only the endpoints new, readdressed or gone are looked at (two
-    /// copies of the map's layer, O(√n) amortized, and O(k) hash operations).
+    /// changed between them: only the endpoints new, readdressed or gone are looked at (copies
+    /// of the map's layer and O(k) hash operations; one O(n) fold when a service goes, so that
+    /// it is dropped now).
     fn services_changed(
         &mut self,
         inner: &PoolInner<Svc, S>,
@@ -309,7 +310,12 @@ impl<Svc: Send + Sync + 'static, S: Strategy, M: MakeEndpoint<Svc>> PoolTarget<S
         for h in &gone {
             next.remove(h);
         }
-        next.settle();
+        // What went, or was replaced, must not stay held by the base the next map shares.
+        if next.hides() {
+            next.fold();
+        } else {
+            next.settle();
+        }
         let released = gone.len() as u64 + replaced;
         Services {
             union,
