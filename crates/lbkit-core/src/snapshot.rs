@@ -83,6 +83,9 @@ pub struct Snapshot {
     warm_until: Timestamp,
     /// Whether its endpoints have more than one priority ([`Endpoint::priority`]).
     tiered: bool,
+    /// Whether its endpoints are known to be in strictly ascending key order (a builder's
+    /// snapshot of a set in key order); `false` when unknown.
+    in_key_order: bool,
 }
 
 // === impl Snapshot ===
@@ -166,6 +169,7 @@ impl Snapshot {
             tagged: saturating_u32(facts.tagged),
             warm_until: facts.warm_until,
             tiered: facts.priorities.0 < facts.priorities.1,
+            in_key_order: false,
             live: facts.live.into(),
             endpoints,
             eligible,
@@ -181,7 +185,9 @@ impl Snapshot {
 
     /// The same endpoints (and statistics) under a new policy or overlay, as version `version`.
     pub fn derive(&self, version: u64, policy: &SnapshotPolicy, overlay: &HealthOverlay) -> Self {
-        Snapshot::over(version, self.endpoints.clone(), policy, overlay)
+        let mut derived = Snapshot::over(version, self.endpoints.clone(), policy, overlay);
+        derived.in_key_order = self.in_key_order;
+        derived
     }
 
     /// The same snapshot (endpoints, indices, policy, version) with only the eligible endpoints
@@ -215,6 +221,7 @@ impl Snapshot {
             tagged: self.tagged,
             warm_until: self.warm_until,
             tiered: self.tiered,
+            in_key_order: self.in_key_order,
         }
     }
 
@@ -250,6 +257,7 @@ impl Snapshot {
             tagged: self.tagged,
             warm_until: self.warm_until,
             tiered: self.tiered,
+            in_key_order: self.in_key_order,
         }
     }
 
@@ -346,6 +354,13 @@ impl Snapshot {
     /// 10⁶ with thousands of clients), where proportions would be off.
     pub fn coverage(&self) -> Option<&[u32]> {
         self.coverage.as_deref()
+    }
+
+    /// Whether its endpoints are known to be in strictly ascending key order: a
+    /// [`SnapshotBuilder`]'s snapshot of a set in key order (and what is derived or restricted
+    /// from one). [`diff::between`](crate::diff::between) needs the last set in that order.
+    pub fn in_key_order(&self) -> bool {
+        self.in_key_order
     }
 
     /// Whether its endpoints (eligible or not) have more than one priority: then they form
@@ -766,12 +781,9 @@ impl SnapshotBuilder {
     fn next(&mut self) -> Arc<Snapshot> {
         self.version += 1;
         let overlay = HealthOverlay::default();
-        Arc::new(Snapshot::of_copies(
-            self.version,
-            &self.current,
-            &self.policy,
-            &overlay,
-        ))
+        let mut next = Snapshot::of_copies(self.version, &self.current, &self.policy, &overlay);
+        next.in_key_order = self.ascending;
+        Arc::new(next)
     }
 
     /// The endpoints of the last snapshot.

@@ -129,7 +129,8 @@ where
             return Vec::new();
         };
         let old = inner.services.load_full();
-        let last = self.last.take().filter(|l| l.len() == old.len());
+        // `diff::between` walks the last set by key: one out of key order is matched whole.
+        let last = (self.last.take()).filter(|l| l.len() == old.len() && l.in_key_order());
         let changes = last.as_ref().and_then(|l| {
             let d = diff::between(l.endpoints(), snapshot.endpoints(), None)?;
             Some((l, d))
