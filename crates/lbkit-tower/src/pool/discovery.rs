@@ -95,25 +95,7 @@ where
     };
     let mut source =
         Box::pin(source.map(|item| item.map_err(|e| DiscoveryError::Source(e.into()))));
-    // Apply what is ready now, so a static list is in place before the first call.
-    let mut ready = Vec::new();
-    while ready.len() < MAX_BATCH {
-        match source.next().now_or_never() {
-            Some(Some(Ok(u))) => ready.push(u),
-            Some(Some(Err(e))) => {
-                controller.source_error(&e);
-                target.source_error(&e);
-            }
-            Some(None) => {
-                target.source_ended();
-                break;
-            }
-            None => break,
-        }
-    }
-    if !ready.is_empty() {
-        controller.apply_into(ready, &mut target);
-    }
+    apply_ready(&mut controller, &mut source, &mut target);
     tokio::spawn(controller.run(source, target));
     Pool { inner }
 }
@@ -219,6 +201,33 @@ where
 
     fn alive(&self) -> bool {
         self.inner.strong_count() > 0
+    }
+}
+
+/// Apply what the source has ready now (at most [`MAX_BATCH`] updates), so a static list is in
+/// place before the first call.
+fn apply_ready<St, T>(controller: &mut Controller, source: &mut St, target: &mut T)
+where
+    St: Stream<Item = Result<Update, DiscoveryError>> + Unpin,
+    T: Target,
+{
+    let mut ready = Vec::new();
+    while ready.len() < MAX_BATCH {
+        match source.next().now_or_never() {
+            Some(Some(Ok(u))) => ready.push(u),
+            Some(Some(Err(e))) => {
+                controller.source_error(&e);
+                target.source_error(&e);
+            }
+            Some(None) => {
+                target.source_ended();
+                break;
+            }
+            None => break,
+        }
+    }
+    if !ready.is_empty() {
+        controller.apply_into(ready, target);
     }
 }
 
