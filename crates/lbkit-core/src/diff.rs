@@ -1,7 +1,8 @@
 //! What changed between two sets of endpoints, in O(n) pointer comparisons and O(k) key
 //! comparisons for k changes: a [`SnapshotBuilder`](crate::SnapshotBuilder) keeps an unchanged
 //! endpoint the same object, so a walk of the last set beside the next compares pointers and
-//! reads keys only where they differ. `lbkit watch` prints changes with it; the tower pool
+//! reads keys only where they differ; where both hold the same part of endpoints
+//! ([`Endpoints`]), a whole part at once. `lbkit watch` prints changes with it; the tower pool
 //! carries its client services over with it; a strategy carries its prepared structure over
 //! with [`carried`] (the hash rings patch what changed instead of rebuilding).
 //!
@@ -16,7 +17,7 @@
 //! assert!(d.gone.is_empty());
 //! ```
 
-use crate::Endpoint;
+use crate::Endpoints;
 
 /// The endpoints of the next set that are new or not the same object as the last set's with
 /// their key (index in the next set, and index in the last of the one with its key), then the
@@ -34,18 +35,30 @@ pub struct Diff {
 /// that way: unchanged endpoints come in the last set's order, and each other one is checked
 /// against its neighbours, so the check costs no more than the diff. Then walk it in
 /// [`key_order`].
-pub fn between(last: &[Endpoint], next: &[Endpoint], order: Option<&[usize]>) -> Option<Diff> {
+pub fn between(last: &Endpoints, next: &Endpoints, order: Option<&[usize]>) -> Option<Diff> {
     let n = order.map_or(next.len(), <[usize]>::len);
     let at_pos = |p: usize| order.map_or(p, |o| o[p]);
     let (mut at, mut d) = (0, Diff::default());
-    for p in 0..n {
-        let e = &next[at_pos(p)];
+    let mut p = 0;
+    while p < n {
+        // A part both share: all of it unchanged, no endpoint read.
+        let shared = if order.is_none() {
+            next.shared_from(p, last, at)
+        } else {
+            0
+        };
+        if shared > 0 {
+            (p, at) = (p + shared, at + shared);
+            continue;
+        }
+        p += 1;
+        let e = &next[at_pos(p - 1)];
         if last.get(at).is_some_and(|o| o.ptr_eq(e)) {
             at += 1; // unchanged: the same object, no text read
             continue;
         }
-        let before = p.checked_sub(1).map(|q| &next[at_pos(q)]);
-        let after = (p + 1 < n).then(|| &next[at_pos(p + 1)]);
+        let before = (p - 1).checked_sub(1).map(|q| &next[at_pos(q)]);
+        let after = (p < n).then(|| &next[at_pos(p)]);
         if before.is_some_and(|b| b.key() >= e.key()) || after.is_some_and(|a| a.key() <= e.key()) {
             return None;
         }
@@ -62,7 +75,7 @@ pub fn between(last: &[Endpoint], next: &[Endpoint], order: Option<&[usize]>) ->
             .is_some_and(|o| o.key() == e.key())
             .then_some(at);
         at += usize::from(old.is_some());
-        d.changed.push((at_pos(p), old));
+        d.changed.push((at_pos(p - 1), old));
     }
     d.gone.extend(at..last.len());
     Some(d)
@@ -83,7 +96,7 @@ pub fn between(last: &[Endpoint], next: &[Endpoint], order: Option<&[usize]>) ->
 /// let s3 = b.apply(Update::Remove(vec![s1.endpoint(EndpointIdx::new(1)).key().clone()]), Timestamp::ZERO);
 /// assert_eq!(diff::carried(s1.endpoints(), s3.endpoints()), Some(vec![Some(0), None, Some(1)]));
 /// ```
-pub fn carried(last: &[Endpoint], next: &[Endpoint]) -> Option<Vec<Option<usize>>> {
+pub fn carried(last: &Endpoints, next: &Endpoints) -> Option<Vec<Option<usize>>> {
     let d = between(last, next, None)?;
     let mut old_moved = vec![false; last.len()];
     let mut new_moved = vec![false; next.len()];
@@ -108,7 +121,7 @@ pub fn carried(last: &[Endpoint], next: &[Endpoint]) -> Option<Vec<Option<usize>
 }
 
 /// The order that walks `endpoints` by key (a key listed twice: the later one). O(n log n).
-pub fn key_order(endpoints: &[Endpoint]) -> Vec<usize> {
+pub fn key_order(endpoints: &Endpoints) -> Vec<usize> {
     let mut order: Vec<usize> = (0..endpoints.len()).collect();
     order.sort_by(|&a, &b| endpoints[a].key().cmp(endpoints[b].key()));
     order.dedup_by(|later, earlier| {
@@ -155,6 +168,31 @@ mod tests {
                 let d = between(last.endpoints(), next.endpoints(), None).expect("key order");
                 let moved = d.changed.len() + map.iter().filter(|m| m.is_some()).count();
                 prop_assert_eq!(moved, next.len());
+                last = next;
+            }
+        }
+
+        /// Over patched sets of hundreds, whose parts the snapshots share, `between` finds what
+        /// it finds over copies that share no part (every endpoint compared).
+        #[test]
+        fn shared_parts_change_no_diff(
+            start in proptest::collection::btree_set(0u16..1500, 0..500),
+            rounds in proptest::collection::vec(proptest::collection::btree_map(0u16..1500, any::<Option<u8>>(), 0..30), 1..5),
+        ) {
+            let spec = |k: u16, w: u8| EndpointSpec::new(format!("h{k:05}:80")).with_weight(u32::from(w) + 1);
+            let key = |k: u16| spec(k, 0).key;
+            let mut b = SnapshotBuilder::new();
+            let specs: Vec<EndpointSpec> = start.iter().map(|&k| spec(k, 0)).collect();
+            let mut last = b.reset_from(specs.iter().map(Cow::Borrowed), Timestamp::ZERO);
+            for changes in rounds {
+                let mut changes: Vec<_> = changes.into_iter().map(|(k, w)| (key(k), w.map(|w| Cow::Owned(spec(k, w))))).collect();
+                changes.sort_by(|a, b| a.0.cmp(&b.0));
+                let next = b.patch(changes, Timestamp::ZERO);
+                let fast = between(last.endpoints(), next.endpoints(), None);
+                let copies = |s: &crate::Snapshot| Endpoints::from(s.endpoints().to_vec());
+                let slow = between(&copies(&last), &copies(&next), None);
+                prop_assert!(fast.is_some());
+                prop_assert_eq!(fast, slow);
                 last = next;
             }
         }

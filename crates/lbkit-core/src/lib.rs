@@ -91,7 +91,7 @@ pub use live::{exp_small, LiveStats};
 pub use policy::{HealthOverlay, SlowStart, SnapshotPolicy, DEFAULT_PANIC_THRESHOLD};
 pub use rng::FastRng;
 pub use route::{RequestTag, RequestTagBuf, Route, Routed, RoutedSet};
-pub use snapshot::{EndpointIdx, Snapshot, SnapshotBuilder, Update};
+pub use snapshot::{EndpointIdx, Endpoints, EndpointsIter, Snapshot, SnapshotBuilder, Update};
 pub use stats::{
     EndpointStats, FailureKind, LatencyHistogram, LoadReport, Outcome, StatsSeed,
     DEFAULT_EWMA_DECAY, LATENCY_BUCKETS, LOAD_REPORT_GAP, SLOT, SLOTS,

@@ -14,6 +14,11 @@ use crate::policy::{HealthOverlay, SnapshotPolicy};
 use crate::stats::{EndpointStats, DEFAULT_EWMA_DECAY};
 use crate::time::Timestamp;
 
+mod endpoints;
+
+use endpoints::Tally;
+pub use endpoints::{Endpoints, EndpointsIter};
+
 /// Index of an endpoint in one [`Snapshot`]; meaningless in any other snapshot.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct EndpointIdx(u32);
@@ -55,15 +60,17 @@ impl EndpointIdx {
 pub struct Snapshot {
     version: u64,
     // Shared with the restrictions of this snapshot a tag table prepares (a restriction copies
-    // only its eligibility) and with the snapshots derived from it under another policy.
-    endpoints: Arc<[Endpoint]>,
+    // only its eligibility) and with the snapshots derived from it under another policy; its
+    // parts with the builder's next snapshots, as far as they stay unchanged.
+    endpoints: Endpoints,
     eligible: Box<[EndpointIdx]>,
     // Per endpoint, indexed like `endpoints`. Each line belongs to the endpoint's stats, which
     // `endpoints` keeps alive: a dense index so a pick reads no `Endpoint` at all.
     live: Arc<[&'static LiveStats]>,
     // Per endpoint, indexed like `endpoints`; immutable.
     is_eligible: Box<[bool]>,
-    ejected_until: Arc<[Option<Timestamp>]>,
+    /// `None` when no endpoint is ejected.
+    ejected_until: Option<Arc<[Option<Timestamp>]>>,
     /// Start of each endpoint's slow-start ramp (present only with a slow-start policy).
     ramp_from: Option<Arc<[Timestamp]>>,
     policy: SnapshotPolicy,
@@ -110,50 +117,38 @@ impl Snapshot {
         policy: &SnapshotPolicy,
         overlay: &HealthOverlay,
     ) -> Self {
-        Snapshot::over(version, Arc::from(endpoints), policy, overlay)
+        Snapshot::over(version, Endpoints::from(endpoints), policy, overlay)
     }
 
     /// [`with_policy`](Self::with_policy) over endpoints already shared (another snapshot's,
-    /// or a builder's copied once into their final place).
+    /// or a builder's).
     fn over(
         version: u64,
-        endpoints: Arc<[Endpoint]>,
+        endpoints: Endpoints,
         policy: &SnapshotPolicy,
         overlay: &HealthOverlay,
     ) -> Self {
-        let facts = Facts::of(&endpoints, overlay, None);
+        let facts = Facts::of(&endpoints, overlay);
         Snapshot::assemble(version, endpoints, facts, policy, overlay)
     }
 
-    /// A snapshot of copies of `endpoints`, copied in the pass that reads them (at 10 000
-    /// endpoints and more each is a cache miss, paid once).
-    fn of_copies(
-        version: u64,
-        endpoints: &[Endpoint],
-        policy: &SnapshotPolicy,
-        overlay: &HealthOverlay,
-    ) -> Self {
-        let mut copies = Vec::with_capacity(endpoints.len());
-        let facts = Facts::of(endpoints, overlay, Some(&mut copies));
-        Snapshot::assemble(version, copies.into(), facts, policy, overlay)
-    }
-
-    /// The snapshot of `endpoints` from what one pass read of them ([`Facts`]): the rest works
-    /// on the dense arrays it filled.
+    /// The snapshot of `endpoints` from what was read of them ([`Facts`]): the rest works on
+    /// the dense arrays it filled.
     fn assemble(
         version: u64,
-        endpoints: Arc<[Endpoint]>,
+        endpoints: Endpoints,
         facts: Facts,
         policy: &SnapshotPolicy,
         overlay: &HealthOverlay,
     ) -> Self {
+        let t = facts.tally;
         let panic = policy.panic_threshold > 0.0
-            && facts.weighted > 0
-            && (facts.serving as f64) < policy.panic_threshold * facts.weighted as f64;
+            && t.weighted > 0
+            && (t.serving as f64) < policy.panic_threshold * t.weighted as f64;
         let want = if panic {
-            Facts::WEIGHTED
+            Tally::WEIGHTED
         } else {
-            Facts::SERVING
+            Tally::SERVING
         };
         let is_eligible: Box<[bool]> = facts.flags.iter().map(|f| f & want != 0).collect();
         let eligible = (0..endpoints.len())
@@ -163,12 +158,12 @@ impl Snapshot {
         let ramp_from = policy.slow_start.map(|_| ramps(&endpoints, overlay));
         Snapshot {
             version,
-            unhealthy: saturating_u32(facts.unhealthy),
-            drained: saturating_u32(facts.drained),
-            ejected: saturating_u32(facts.ejected),
-            tagged: saturating_u32(facts.tagged),
-            warm_until: facts.warm_until,
-            tiered: facts.priorities.0 < facts.priorities.1,
+            unhealthy: saturating_u32(t.unhealthy),
+            drained: saturating_u32(t.drained),
+            ejected: saturating_u32(t.ejected),
+            tagged: saturating_u32(t.tagged),
+            warm_until: t.warm_until,
+            tiered: t.priorities.0 < t.priorities.1,
             in_key_order: false,
             live: facts.live.into(),
             endpoints,
@@ -307,7 +302,7 @@ impl Snapshot {
 
     /// Until when the endpoint at `idx` is ejected, if it is.
     pub fn ejected_until(&self, idx: EndpointIdx) -> Option<Timestamp> {
-        self.ejected_until.get(idx.get()).copied().flatten()
+        (self.ejected_until.as_ref()?.get(idx.get()).copied()).flatten()
     }
 
     /// Whether the panic threshold made every weighted endpoint eligible.
@@ -392,7 +387,7 @@ impl Snapshot {
     }
 
     /// All endpoints, in source order.
-    pub fn endpoints(&self) -> &[Endpoint] {
+    pub fn endpoints(&self) -> &Endpoints {
         &self.endpoints
     }
 
@@ -464,7 +459,7 @@ impl Snapshot {
 
 /// Where each endpoint's slow-start ramp starts: its first sighting, or its readmission after
 /// an ejection when later.
-fn ramps(endpoints: &[Endpoint], overlay: &HealthOverlay) -> Arc<[Timestamp]> {
+fn ramps(endpoints: &Endpoints, overlay: &HealthOverlay) -> Arc<[Timestamp]> {
     endpoints
         .iter()
         .map(|e| {
@@ -476,82 +471,43 @@ fn ramps(endpoints: &[Endpoint], overlay: &HealthOverlay) -> Arc<[Timestamp]> {
         .collect()
 }
 
-/// What [`Snapshot::with_policy`] reads of each endpoint, in one pass: a flag byte each, the
-/// statistics lines, the ejections, and the counts.
+/// What [`Snapshot::with_policy`] reads of its endpoints: a flag byte each, the statistics
+/// lines, the ejections, and the counts.
 struct Facts {
     flags: Vec<u8>,
     live: Vec<&'static LiveStats>,
-    ejected_until: Arc<[Option<Timestamp>]>,
-    weighted: usize,
-    serving: usize,
-    unhealthy: usize,
-    drained: usize,
-    ejected: usize,
-    tagged: usize,
-    warm_until: Timestamp,
-    /// The lowest and highest priority.
-    priorities: (u32, u32),
+    /// `None` when nothing is ejected.
+    ejected_until: Option<Arc<[Option<Timestamp>]>>,
+    tally: Tally,
 }
 
 impl Facts {
-    /// Weight above 0.
-    const WEIGHTED: u8 = 1;
-    /// Healthy, weight above 0 and not ejected.
-    const SERVING: u8 = 2;
-
-    /// Read every endpoint once; with `copies`, push a copy of each there in the same pass.
-    fn of(
-        endpoints: &[Endpoint],
-        overlay: &HealthOverlay,
-        mut copies: Option<&mut Vec<Endpoint>>,
-    ) -> Facts {
-        let n = endpoints.len();
-        let ejected_until: Arc<[Option<Timestamp>]> = if overlay.ejected.is_empty() {
-            vec![None; n].into()
-        } else {
-            endpoints
-                .iter()
-                .map(|e| overlay.ejected.get(e.key()).copied())
-                .collect()
-        };
-        let mut f = Facts {
-            flags: Vec::with_capacity(n),
-            live: Vec::with_capacity(n),
-            ejected_until,
-            weighted: 0,
-            serving: 0,
-            unhealthy: 0,
-            drained: 0,
-            ejected: 0,
-            tagged: 0,
-            warm_until: Timestamp::ZERO,
-            priorities: (u32::MAX, 0),
-        };
-        for (e, until) in endpoints.iter().zip(f.ejected_until.iter()) {
-            if let Some(copies) = copies.as_deref_mut() {
-                copies.push(e.clone());
-            }
-            let (weighted, healthy) = (e.weight() > 0, e.is_healthy());
-            let serving = weighted && healthy && until.is_none();
-            f.flags.push(
-                (u8::from(weighted) * Facts::WEIGHTED) | (u8::from(serving) * Facts::SERVING),
-            );
-            f.live.push(e.live_line());
-            f.weighted += usize::from(weighted);
-            f.serving += usize::from(serving);
-            f.unhealthy += usize::from(!healthy);
-            f.drained += usize::from(healthy && !weighted);
-            f.ejected += usize::from(until.is_some());
-            f.tagged += usize::from(e.is_tagged());
-            f.priorities = (
-                f.priorities.0.min(e.priority()),
-                f.priorities.1.max(e.priority()),
-            );
-            if let (true, Some(at)) = (weighted, e.registered_at()) {
-                f.warm_until = f.warm_until.max(at.saturating_add(e.warmup()));
-            }
+    /// With no ejection, what each part of `endpoints` read when it was made (no endpoint is
+    /// read again); else a pass over every endpoint with its ejection.
+    fn of(endpoints: &Endpoints, overlay: &HealthOverlay) -> Facts {
+        if overlay.ejected.is_empty() {
+            let (flags, live, tally) = endpoints.read();
+            return Facts {
+                flags,
+                live,
+                ejected_until: None,
+                tally,
+            };
         }
-        f
+        let ejected_until: Arc<[Option<Timestamp>]> = endpoints
+            .iter()
+            .map(|e| overlay.ejected.get(e.key()).copied())
+            .collect();
+        let mut tally = Tally::EMPTY;
+        let flags = (endpoints.iter().zip(ejected_until.iter()))
+            .map(|(e, until)| tally.read(e, until.is_some()))
+            .collect();
+        Facts {
+            flags,
+            live: endpoints.iter().map(Endpoint::live_line).collect(),
+            ejected_until: Some(ejected_until),
+            tally,
+        }
     }
 }
 
@@ -589,7 +545,7 @@ pub enum Update {
 #[derive(Debug)]
 pub struct SnapshotBuilder {
     version: u64,
-    current: Vec<Endpoint>,
+    current: Endpoints,
     /// Whether `current` is in strictly ascending key order (then a set in that order too is
     /// matched to it by a merge, not a hash map).
     ascending: bool,
@@ -611,7 +567,7 @@ impl SnapshotBuilder {
     pub fn new() -> Self {
         SnapshotBuilder {
             version: 0,
-            current: Vec::new(),
+            current: Endpoints::default(),
             ascending: true,
             ewma_decay: DEFAULT_EWMA_DECAY,
             policy: SnapshotPolicy::default(),
@@ -718,8 +674,10 @@ impl SnapshotBuilder {
     /// what changed since the last build: a change of k endpoints costs O(k log n) key
     /// comparisons and k spec comparisons, where [`reset_from`] compares all n (a Dubbo
     /// provider's spec is a URL's worth of metadata: that was most of the cost of one change
-    /// among 10 000 providers). The rest is O(n) without comparisons: the endpoints copied
-    /// by reference into the snapshot's arrays.
+    /// among 10 000 providers). The endpoints are held in parts of about 64 ([`Endpoints`]):
+    /// the parts no change falls in are shared with the last snapshot, each changed part is
+    /// copied and read again, O(64) each. What stays O(n) is sequential, a few bytes an
+    /// endpoint: the position index and the dense arrays picks read (no endpoint is read).
     ///
     /// Falls back to comparing the whole set when the last one was not in key order (then
     /// the endpoints changed are appended, in `changes`' order).
@@ -761,19 +719,8 @@ impl SnapshotBuilder {
             specs.extend(changes.iter().filter_map(|(_, s)| s.clone()));
             return self.reset_from(specs, now);
         }
-        let mut rest = std::mem::take(&mut self.current).into_iter();
-        let mut out = Vec::with_capacity(rest.len() + changes.len());
-        for (key, spec) in changes {
-            let before = rest.as_slice().partition_point(|e| *e.key() < key);
-            out.extend(rest.by_ref().take(before));
-            let here = rest.as_slice().first().is_some_and(|e| *e.key() == key);
-            let prev = if here { rest.next() } else { None };
-            if let Some(spec) = spec {
-                out.push(self.endpoint(spec, prev.as_ref(), now));
-            }
-        }
-        out.extend(rest);
-        self.current = out;
+        let next = (self.current).patch(changes, |spec, prev| self.endpoint(spec, prev, now));
+        self.current = next;
         self.next()
     }
 
@@ -781,13 +728,13 @@ impl SnapshotBuilder {
     fn next(&mut self) -> Arc<Snapshot> {
         self.version += 1;
         let overlay = HealthOverlay::default();
-        let mut next = Snapshot::of_copies(self.version, &self.current, &self.policy, &overlay);
+        let mut next = Snapshot::over(self.version, self.current.clone(), &self.policy, &overlay);
         next.in_key_order = self.ascending;
         Arc::new(next)
     }
 
     /// The endpoints of the last snapshot.
-    pub fn current(&self) -> &[Endpoint] {
+    pub fn current(&self) -> &Endpoints {
         &self.current
     }
 
@@ -807,14 +754,12 @@ impl SnapshotBuilder {
         let current = std::mem::take(&mut self.current);
         self.current = if ascending && self.ascending {
             // Both in key order: a merge finds each key's predecessor.
-            let mut at = 0;
+            let mut walk = current.iter().peekable();
             self.build(
                 specs,
                 |key| {
-                    while current.get(at).is_some_and(|e| e.key() < key) {
-                        at += 1;
-                    }
-                    current.get(at).filter(|e| e.key() == key)
+                    while walk.next_if(|e| e.key() < key).is_some() {}
+                    walk.peek().copied().filter(|e| e.key() == key)
                 },
                 now,
             )
@@ -833,7 +778,7 @@ impl SnapshotBuilder {
         specs: impl Iterator<Item = Cow<'a, EndpointSpec>>,
         mut previous: impl FnMut(&EndpointKey) -> Option<&'b Endpoint>,
         now: Timestamp,
-    ) -> Vec<Endpoint> {
+    ) -> Endpoints {
         specs
             .map(|spec| {
                 let prev = previous(&spec.key);

@@ -410,8 +410,9 @@ impl Controller {
     ///
     /// # Complexity
     /// For u updated specs of a set of n in key order: O(u log n) to apply them (O(n + u) for
-    /// a large batch or a reset), and a snapshot patched in O(u log n) comparisons plus O(n)
-    /// copies by reference (see [`SnapshotBuilder::patch`]).
+    /// a large batch or a reset, and O(n) moves of specs: a `Vec` in key order), and a
+    /// snapshot patched in O(u log n) comparisons and O(u · 64) copies by reference, plus O(n)
+    /// sequential bytes (see [`SnapshotBuilder::patch`]).
     pub fn apply_batch(&mut self, updates: Vec<Update>) -> Option<Arc<Snapshot>> {
         self.metrics.batches.fetch_add(1, Relaxed);
         self.metrics

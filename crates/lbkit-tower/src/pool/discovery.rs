@@ -282,9 +282,8 @@ impl<Svc: Send + Sync + 'static, S: Strategy, M: MakeEndpoint<Svc>> PoolTarget<S
     }
 
     /// The services of `snapshot` when `old` holds exactly those of `last` and `d` is what
-    /// changed between them: only the endpoints new, readdressed or gone are looked at (copies
-    /// of the map's layer and O(k) hash operations; one O(n) fold when a service goes, so that
-    /// it is dropped now).
+    /// changed between them: only the endpoints new, readdressed or gone are looked at (O(k)
+    /// hash operations, each copying the shard it falls in: O(k·√n)).
     fn services_changed(
         &mut self,
         inner: &PoolInner<Svc, S>,
@@ -320,12 +319,7 @@ impl<Svc: Send + Sync + 'static, S: Strategy, M: MakeEndpoint<Svc>> PoolTarget<S
         for h in &gone {
             next.remove(h);
         }
-        // What went, or was replaced, must not stay held by the base the next map shares.
-        if next.hides() {
-            next.fold();
-        } else {
-            next.settle();
-        }
+        next.settle();
         let released = gone.len() as u64 + replaced;
         Services {
             union,

@@ -5,15 +5,15 @@
 //! endpoints while the balancer swaps snapshots, then the new ones alone), and calls read whichever
 //! is current without a lock. A plain hash map copied for each would cost two O(n) copies and two
 //! O(n) drops per change (issue 44: at 10 000 endpoints the copies alone were a fifth of a tower
-//! `Pool`'s CPU under churn). Here a map is a shared *base* and a small *layer* of what changed
-//! since it: a copy copies the layer, and the layer is folded into a new base once it outgrows 2·√n
-//! entries, so a change of k endpoints costs O(k + √n) amortized. A lookup reads the layer first
-//! (skipped while it is empty), then the base.
+//! `Pool`'s CPU under churn). Here a map is about √n *shards* by hash, each shared by the copies
+//! until one of them changes it: a copy copies the shards' handles, a change copies the shard
+//! it falls in. A change of k endpoints costs O((k + 1)·√n) reference counts, and an entry removed
+//! is no longer held by the map it was removed from, so a service goes with its endpoint (its
+//! connections, its tasks) once the maps calls may still read are gone.
 //!
-//! A service removed or replaced must be dropped when its endpoint goes (its connections, its
-//! tasks), not when the layer next folds: the map a publish leaves in place is folded whenever
-//! its layer hides an entry of the base ([`ServiceMap::hides`]), so only additions stay layered.
-//! Under churn that is one O(n) copy a publish instead of two.
+//! (The twenty-fourth session's map was a shared base and a layer of changes, folded into a new
+//! base past 2·√n changes and whenever the layer hid a removed entry, so that it was dropped:
+//! under churn that fold, O(n) a publish, was a third of a `Pool`'s CPU.)
 
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
@@ -22,49 +22,68 @@ use std::sync::Arc;
 use super::{Entry, KeyHashHasher};
 
 type Map<V> = HashMap<u64, V, BuildHasherDefault<KeyHashHasher>>;
+/// One shard: the entries whose hash picks it.
+type Shard<Svc> = Arc<Map<Arc<Entry<Svc>>>>;
 
-/// Layers smaller than this are never folded (a small pool copies its layer for nothing).
-const MIN_LAYER: usize = 32;
+/// The hash bits that pick a shard start here: above those a shard's own table indexes by (a
+/// shard of thousands uses the low dozen), below the 7 top bits its control bytes take.
+const SHARD_SHIFT: u32 = 32;
 
-/// Endpoint services by [`Endpoint::key_hash`](lbkit_core::Endpoint::key_hash); the entry's
-/// key is checked on lookup. Cloning copies the layer only.
+/// Endpoint services by [`Endpoint::key_hash`](lbkit_core::Endpoint::key_hash) (a SipHash: its
+/// bits are even); the entry's key is checked on lookup. Cloning copies the shards' handles.
 pub(crate) struct ServiceMap<Svc> {
-    base: Arc<Map<Arc<Entry<Svc>>>>,
-    /// What differs from `base`: `Some` added or replaced, `None` removed from it.
-    layer: Map<Option<Arc<Entry<Svc>>>>,
+    shards: Arc<Vec<Shard<Svc>>>,
+    /// `shards.len() - 1` (a power of two, less one).
+    mask: u64,
     len: usize,
 }
 
 impl<Svc> Default for ServiceMap<Svc> {
     fn default() -> Self {
-        ServiceMap {
-            base: Arc::default(),
-            layer: Map::default(),
-            len: 0,
-        }
+        ServiceMap::with_shards(1)
     }
 }
 
 impl<Svc> Clone for ServiceMap<Svc> {
     fn clone(&self) -> Self {
         ServiceMap {
-            base: self.base.clone(),
-            layer: self.layer.clone(),
+            shards: self.shards.clone(),
+            mask: self.mask,
             len: self.len,
         }
     }
 }
 
+/// Shards for `n` entries: the power of two nearest below √n (at least 1).
+fn shards_for(n: usize) -> usize {
+    1 << (n.isqrt().max(1).ilog2())
+}
+
 impl<Svc> ServiceMap<Svc> {
+    fn with_shards(shards: usize) -> Self {
+        debug_assert!(shards.is_power_of_two());
+        ServiceMap {
+            shards: Arc::new((0..shards).map(|_| Arc::default()).collect()),
+            mask: shards as u64 - 1,
+            len: 0,
+        }
+    }
+
+    #[inline]
+    fn shard(&self, hash: u64) -> usize {
+        ((hash >> SHARD_SHIFT) & self.mask) as usize
+    }
+
+    /// The shard of `hash`, copied first if another map shares it (or the list of shards).
+    fn shard_mut(&mut self, hash: u64) -> &mut Map<Arc<Entry<Svc>>> {
+        let i = self.shard(hash);
+        Arc::make_mut(&mut Arc::make_mut(&mut self.shards)[i])
+    }
+
     /// The entry under `hash`.
     #[inline]
     pub(crate) fn get(&self, hash: &u64) -> Option<&Arc<Entry<Svc>>> {
-        if !self.layer.is_empty() {
-            if let Some(v) = self.layer.get(hash) {
-                return v.as_ref();
-            }
-        }
-        self.base.get(hash)
+        self.shards[self.shard(*hash)].get(hash)
     }
 
     /// Services held.
@@ -74,37 +93,24 @@ impl<Svc> ServiceMap<Svc> {
 
     /// Put `entry` under `hash`, replacing what was there.
     pub(crate) fn insert(&mut self, hash: u64, entry: Arc<Entry<Svc>>) {
-        if self.get(&hash).is_none() {
-            self.len += 1;
+        if self.get(&hash).is_some_and(|e| Arc::ptr_eq(e, &entry)) {
+            return;
         }
-        self.layer.insert(hash, Some(entry));
+        let was = self.shard_mut(hash).insert(hash, entry);
+        self.len += usize::from(was.is_none());
     }
 
     /// Take out the entry under `hash`, if any.
     pub(crate) fn remove(&mut self, hash: &u64) {
-        if self.get(hash).is_none() {
-            return;
-        }
-        self.len -= 1;
-        if self.base.contains_key(hash) {
-            self.layer.insert(*hash, None);
-        } else {
-            self.layer.remove(hash);
+        if self.get(hash).is_some() {
+            self.shard_mut(*hash).remove(hash);
+            self.len -= 1;
         }
     }
 
     /// Every entry with its hash, in no order.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (u64, &Arc<Entry<Svc>>)> {
-        let base = self
-            .base
-            .iter()
-            .filter(|(h, _)| !self.layer.contains_key(*h))
-            .map(|(h, e)| (*h, e));
-        let layer = self
-            .layer
-            .iter()
-            .filter_map(|(h, e)| e.as_ref().map(|e| (*h, e)));
-        base.chain(layer)
+        (self.shards.iter()).flat_map(|s| s.iter().map(|(h, e)| (*h, e)))
     }
 
     /// Every entry, in no order.
@@ -112,27 +118,17 @@ impl<Svc> ServiceMap<Svc> {
         self.iter().map(|(_, e)| e)
     }
 
-    /// Fold the layer into a new base once it has grown past 2·√n entries (and 32): O(n), at
-    /// most once per √n changes, so copies of the map stay O(√n).
+    /// Shard it again, O(n), when its size has moved four times away from what its shards
+    /// suit (√n a shard): at most once per fourfold growth or shrinkage.
     pub(crate) fn settle(&mut self) {
-        if self.layer.len() > MIN_LAYER.max(2 * self.len.isqrt()) {
-            self.fold();
+        let (now, want) = (self.shards.len(), shards_for(self.len));
+        if want >= now * 4 || want * 4 <= now {
+            let mut map = ServiceMap::with_shards(want);
+            for (h, e) in self.iter() {
+                map.insert(h, e.clone());
+            }
+            *self = map;
         }
-    }
-
-    /// Whether the layer hides an entry of the base (removed or replaced): the base still
-    /// holds that service alive.
-    pub(crate) fn hides(&self) -> bool {
-        self.layer.keys().any(|h| self.base.contains_key(h))
-    }
-
-    /// Fold the layer into a new base now, O(n): the entries it hid are no longer held by
-    /// this map (they go when the last map sharing the old base does).
-    pub(crate) fn fold(&mut self) {
-        let mut base = Map::with_capacity_and_hasher(self.len, Default::default());
-        base.extend(self.iter().map(|(h, e)| (h, e.clone())));
-        self.base = Arc::new(base);
-        self.layer = Map::default();
     }
 }
 
@@ -141,6 +137,11 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+
+    /// A spread hash of `n` (odd multiplier: distinct for distinct `n`).
+    fn hash(n: u64) -> u64 {
+        n.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+    }
 
     fn entry(n: u64) -> Arc<Entry<u64>> {
         Arc::new(Entry {
@@ -157,7 +158,7 @@ mod tests {
             ..ProptestConfig::default()
         })]
 
-        /// Any sequence of inserts, removals, copies and folds reads like a plain map.
+        /// Any sequence of inserts, removals, copies and reshardings reads like a plain map.
         #[test]
         fn reads_like_a_plain_map(ops in prop::collection::vec((0u8..4, 0u64..200, 0u64..1000), 0..600)) {
             let mut map = ServiceMap::default();
@@ -166,7 +167,7 @@ mod tests {
                 match op {
                     0 | 1 => { map.insert(h, entry(v)); plain.insert(h, v); }
                     2 => { map.remove(&h); plain.remove(&h); }
-                    _ => { map = map.clone(); map.settle(); }
+                    _ => { let copy = map.clone(); map.settle(); drop(copy); }
                 }
                 prop_assert_eq!(map.len(), plain.len());
                 prop_assert_eq!(map.get(&h).map(|e| e.svc), plain.get(&h).copied());
@@ -179,33 +180,54 @@ mod tests {
         }
     }
 
-    /// Copies share the base; the layer folds once it outgrows √n, not before.
+    /// A copy shares every shard; a change copies the one shard it falls in, and the map it
+    /// was made on no longer holds what it removed.
     #[test]
-    fn the_layer_folds_past_its_bound() {
+    fn a_change_copies_one_shard() {
         let mut map = ServiceMap::default();
-        for h in 0..10_000 {
-            map.insert(h, entry(h));
+        for h in 0..10_000u64 {
+            map.insert(hash(h), entry(h));
         }
         map.settle();
-        assert!(map.layer.is_empty(), "a whole set folds into the base");
+        assert_eq!(map.shards.len(), 64, "√10 000 = 100: 64 shards");
         let copy = map.clone();
-        assert!(Arc::ptr_eq(&map.base, &copy.base));
-        for h in 0..150 {
-            map.remove(&h);
-            map.settle();
+        let gone = hash(5);
+        let held = Arc::clone(map.get(&gone).expect("held"));
+        map.remove(&gone);
+        map.insert(hash(10_001), entry(10_001));
+        let shared = (map.shards.iter().zip(copy.shards.iter()))
+            .filter(|(a, b)| Arc::ptr_eq(a, b))
+            .count();
+        assert!(
+            shared >= 62,
+            "only the shards changed are copies: {shared} shared"
+        );
+        assert_eq!(Arc::strong_count(&held), 2, "held here and by the copy");
+        drop(copy);
+        assert_eq!(Arc::strong_count(&held), 1, "no map holds it");
+        assert_eq!((map.len(), map.iter().count()), (10_000, 10_000));
+        assert!(map.get(&gone).is_none() && map.get(&hash(10_001)).is_some());
+    }
+
+    /// Growth and shrinkage past four times shard it again; a copy keeps what it had.
+    #[test]
+    fn it_shards_again_as_it_grows_and_shrinks() {
+        let mut map = ServiceMap::default();
+        map.insert(hash(7), entry(7));
+        map.settle();
+        assert_eq!(map.shards.len(), 1);
+        for h in 0..4_000 {
+            map.insert(hash(h + 10), entry(h));
         }
-        assert_eq!(map.layer.len(), 150, "150 ≤ 2·√9 850: still layered");
-        assert!(Arc::ptr_eq(&map.base, &copy.base));
-        let folded = (150..300).find(|h| {
-            map.remove(h);
-            map.settle();
-            map.layer.is_empty()
-        });
-        // Removing 198 makes a layer of 199 over 9 801 services: 2·√9 801 = 198.
-        assert_eq!(folded, Some(198));
-        assert!(!Arc::ptr_eq(&map.base, &copy.base));
-        assert_eq!(copy.len(), 10_000, "a copy keeps what it had");
-        assert_eq!(map.len(), 9_801);
-        assert!(map.get(&5).is_none() && map.get(&9_999).is_some());
+        map.settle();
+        assert_eq!(map.shards.len(), 32);
+        let copy = map.clone();
+        for h in 0..3_990 {
+            map.remove(&hash(h + 10));
+        }
+        map.settle();
+        assert_eq!((map.shards.len(), map.len()), (2, 11));
+        assert_eq!(copy.len(), 4_001);
+        assert!(map.get(&hash(7)).is_some() && copy.get(&hash(15)).is_some());
     }
 }

@@ -17,7 +17,7 @@ use lbkit::discovery::zookeeper::{
     Layout, ProviderFilter, ServicePath, WatchMode, ZkConfig, ZkSource,
 };
 use lbkit::discovery::{Controller, ControllerConfig, DiscoveryError, RemovalProtection};
-use lbkit::{diff, Clock, Endpoint, EndpointIdx, Snapshot};
+use lbkit::{diff, Clock, Endpoint, EndpointIdx, Endpoints, Snapshot};
 use tracing::level_filters::LevelFilter;
 use tracing_subscriber::filter::Targets;
 
@@ -347,11 +347,11 @@ struct Printer {
 /// The providers of the last set shown, in key order.
 enum Last {
     Snapshot(Arc<Snapshot>),
-    Sorted(Vec<Endpoint>),
+    Sorted(Endpoints),
 }
 
 impl Last {
-    fn endpoints(&self) -> &[Endpoint] {
+    fn endpoints(&self) -> &Endpoints {
         match self {
             Last::Snapshot(s) => s.endpoints(),
             Last::Sorted(v) => v,
@@ -387,7 +387,10 @@ impl Printer {
         let Some(last) = &self.last else {
             self.listing(snapshot, &mut out)?;
             out.flush()?;
-            let in_order = all.windows(2).all(|w| w[0].key() < w[1].key());
+            let in_order = all
+                .iter()
+                .zip(all.iter().skip(1))
+                .all(|(a, b)| a.key() < b.key());
             self.last = Some(keep(snapshot, in_order));
             return Ok(0);
         };
