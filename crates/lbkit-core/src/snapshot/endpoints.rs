@@ -6,8 +6,10 @@
 //! instruction: at 10 000 endpoints most of the cost of a change. Parts that no change falls
 //! in are shared by reference instead, one count for 64 endpoints, and each part keeps what a
 //! snapshot reads of its endpoints ([`Tally`], flags, statistics lines), read once when the
-//! part is made. What is still O(n) per snapshot is sequential: the position index and the
-//! dense arrays a pick reads, a few bytes an endpoint.
+//! part is made. What is still O(n) per snapshot is sequential: the dense arrays a pick reads,
+//! a few bytes an endpoint. A position is found in O(1) through two small tables (one entry per
+//! part and one per 64 positions) that stay in cache, so looking an endpoint up costs the same
+//! cache misses as in one array: its slot and the endpoint.
 
 use std::fmt;
 use std::iter::FusedIterator;
@@ -20,11 +22,12 @@ use crate::time::Timestamp;
 
 /// Endpoints in a part cut from a list.
 const PART: usize = 64;
-/// At most this many endpoints in a part: an offset fits in [`OFFSET_BITS`].
-const MAX_PART: usize = 1 << OFFSET_BITS;
+/// At most this many endpoints in a part.
+const MAX_PART: usize = 128;
 /// A part patched below this size joins the part before it when both fit in one.
 const MIN_PART: usize = 16;
-const OFFSET_BITS: u32 = 7;
+/// Positions per entry of the directory (`Endpoints::dir`), as a shift.
+const DIR_SHIFT: u32 = 6;
 
 /// A snapshot's endpoints, in source order: [`Snapshot::endpoints`](crate::Snapshot::endpoints)
 /// and [`SnapshotBuilder::current`](crate::SnapshotBuilder::current). Indexed like a slice in
@@ -40,18 +43,24 @@ const OFFSET_BITS: u32 = 7;
 /// assert_eq!(all[1].address(), "b:1");
 /// assert_eq!(all.iter().map(|e| e.address()).collect::<Vec<_>>(), ["a:1", "b:1"]);
 /// ```
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Endpoints {
     parts: Arc<[Part]>,
-    /// Per position: its part's index, shifted past [`OFFSET_BITS`], and its offset in it.
-    at: Arc<[u32]>,
+    /// Per part, the position of its first endpoint; then the number of endpoints.
+    starts: Arc<[u32]>,
+    /// Per 64 positions (`i >> DIR_SHIFT`), the part that holds the first of them: the part of
+    /// position `i` is that one or one of the next 64.
+    dir: Arc<[u32]>,
 }
 
 #[derive(Clone)]
-struct Part(Arc<PartInner>);
+struct Part {
+    endpoints: Arc<[Endpoint]>,
+    read: Arc<Read>,
+}
 
-struct PartInner {
-    endpoints: Box<[Endpoint]>,
+/// What a part read of its endpoints when it was made.
+struct Read {
     /// Per endpoint: [`Tally::WEIGHTED`] and [`Tally::SERVING`] (no ejection considered).
     flags: Box<[u8]>,
     live: Box<[&'static LiveStats]>,
@@ -137,16 +146,18 @@ impl Part {
         let mut tally = Tally::EMPTY;
         let flags = endpoints.iter().map(|e| tally.read(e, false)).collect();
         let live = endpoints.iter().map(Endpoint::live_line).collect();
-        Part(Arc::new(PartInner {
-            endpoints: endpoints.into_boxed_slice(),
-            flags,
-            live,
-            tally,
-        }))
+        Part {
+            endpoints: endpoints.into(),
+            read: Arc::new(Read { flags, live, tally }),
+        }
     }
 
     fn endpoints(&self) -> &[Endpoint] {
-        &self.0.endpoints
+        &self.endpoints
+    }
+
+    fn ptr_eq(&self, other: &Part) -> bool {
+        Arc::ptr_eq(&self.endpoints, &other.endpoints)
     }
 }
 
@@ -156,21 +167,38 @@ impl Endpoints {
     /// Number of endpoints.
     #[inline]
     pub fn len(&self) -> usize {
-        self.at.len()
+        self.starts.last().map_or(0, |&n| n as usize)
     }
 
     /// Whether there are none.
     #[inline]
     pub fn is_empty(&self) -> bool {
-        self.at.is_empty()
+        self.len() == 0
     }
 
-    /// The endpoint at position `i`, if there is one.
+    /// The endpoint at position `i`, if there is one. O(1): at most 64 steps through a table
+    /// of one entry per part (a few when parts hold dozens, as they do).
     #[inline]
     pub fn get(&self, i: usize) -> Option<&Endpoint> {
-        let a = *self.at.get(i)?;
-        let part = &self.parts[(a >> OFFSET_BITS) as usize];
-        part.0.endpoints.get((a & (MAX_PART as u32 - 1)) as usize)
+        if let [only] = &*self.parts {
+            // Up to 128 endpoints (most services): one part, no table read.
+            return only.endpoints.get(i);
+        }
+        let j = self.part_of(i)?;
+        self.parts[j].endpoints.get(i - self.starts[j] as usize)
+    }
+
+    /// The part that holds position `i`.
+    #[inline]
+    fn part_of(&self, i: usize) -> Option<usize> {
+        if i >= self.len() {
+            return None;
+        }
+        let mut j = self.dir[i >> DIR_SHIFT] as usize;
+        while self.starts[j + 1] as usize <= i {
+            j += 1;
+        }
+        Some(j)
     }
 
     /// The first endpoint, if any.
@@ -202,24 +230,18 @@ impl Endpoints {
     pub fn ptr_eq(&self, other: &Endpoints) -> bool {
         Arc::ptr_eq(&self.parts, &other.parts)
             || (self.parts.len() == other.parts.len()
-                && (self.parts.iter().zip(other.parts.iter()))
-                    .all(|(a, b)| Arc::ptr_eq(&a.0, &b.0)))
+                && (self.parts.iter().zip(other.parts.iter())).all(|(a, b)| a.ptr_eq(b)))
     }
 
     /// When position `i` here and position `j` of `other` start the same part: its length (the
     /// endpoints from there on are the same objects in both); else 0. O(1).
     pub(crate) fn shared_from(&self, i: usize, other: &Endpoints, j: usize) -> usize {
-        let (Some(&a), Some(&b)) = (self.at.get(i), other.at.get(j)) else {
+        let (Some(p), Some(q)) = (self.part_of(i), other.part_of(j)) else {
             return 0;
         };
-        let offset = MAX_PART as u32 - 1;
-        if a & offset != 0 || b & offset != 0 {
-            return 0;
-        }
-        let part = &self.parts[(a >> OFFSET_BITS) as usize];
-        let theirs = &other.parts[(b >> OFFSET_BITS) as usize];
-        if Arc::ptr_eq(&part.0, &theirs.0) {
-            part.endpoints().len()
+        let starts = self.starts[p] as usize == i && other.starts[q] as usize == j;
+        if starts && self.parts[p].ptr_eq(&other.parts[q]) {
+            self.parts[p].endpoints.len()
         } else {
             0
         }
@@ -232,9 +254,9 @@ impl Endpoints {
         let (mut flags, mut live, mut tally) =
             (Vec::with_capacity(n), Vec::with_capacity(n), Tally::EMPTY);
         for part in self.parts.iter() {
-            flags.extend_from_slice(&part.0.flags);
-            live.extend_from_slice(&part.0.live);
-            tally.add(&part.0.tally);
+            flags.extend_from_slice(&part.read.flags);
+            live.extend_from_slice(&part.read.live);
+            tally.add(&part.read.tally);
         }
         (flags, live, tally)
     }
@@ -281,17 +303,34 @@ impl Endpoints {
     }
 
     fn of_parts(parts: Vec<Part>) -> Endpoints {
-        let n = parts.iter().map(|p| p.endpoints().len()).sum();
-        let mut at = Vec::with_capacity(n);
-        for (j, part) in parts.iter().enumerate() {
-            let base = u32::try_from(j << OFFSET_BITS)
-                .expect("a snapshot holds fewer than 2^25 parts of endpoints");
-            at.extend((0..part.endpoints().len() as u32).map(|o| base | o));
+        let count =
+            |n: usize| u32::try_from(n).expect("a snapshot holds at most u32::MAX endpoints");
+        let mut starts = Vec::with_capacity(parts.len() + 1);
+        let mut n = 0;
+        for part in &parts {
+            starts.push(count(n));
+            n += part.endpoints.len();
+        }
+        starts.push(count(n));
+        let mut dir = Vec::with_capacity(n.div_ceil(1 << DIR_SHIFT));
+        let mut j = 0;
+        for first in (0..n).step_by(1 << DIR_SHIFT) {
+            while starts[j + 1] as usize <= first {
+                j += 1;
+            }
+            dir.push(count(j));
         }
         Endpoints {
             parts: parts.into(),
-            at: at.into(),
+            starts: starts.into(),
+            dir: dir.into(),
         }
+    }
+}
+
+impl Default for Endpoints {
+    fn default() -> Self {
+        Endpoints::of_parts(Vec::new())
     }
 }
 
@@ -514,7 +553,7 @@ mod tests {
         let gone = added.patch([(ep(5_001, 1).key().clone(), None::<()>)], |(), _| ep(0, 0));
         for next in [&added, &gone] {
             let shared = (next.parts.iter())
-                .filter(|p| all.parts.iter().any(|o| Arc::ptr_eq(&o.0, &p.0)))
+                .filter(|p| all.parts.iter().any(|o| o.ptr_eq(p)))
                 .count();
             assert_eq!(shared, parts - 1);
         }
