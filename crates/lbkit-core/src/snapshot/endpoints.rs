@@ -265,7 +265,7 @@ impl Endpoints {
     /// applied: `(key, Some(spec))` puts `make(spec, the endpoint of key)` in key order,
     /// `(key, None)` removes the key's endpoint. The parts no change falls in are shared; each
     /// other part is copied with its changes (O(64) references) and read again. k changes
-    /// cost O(k · 64 + n / 64), plus the position index (4 bytes an endpoint, written in order).
+    /// cost O(k · 64 + n / 64), the part tables included.
     pub(crate) fn patch<S>(
         &self,
         changes: impl IntoIterator<Item = (EndpointKey, Option<S>)>,
