@@ -322,8 +322,36 @@ impl Snapshot {
     /// server in proportion to the share of it the aperture covers.
     #[inline]
     pub fn effective_weight(&self, idx: EndpointIdx, now: Timestamp) -> u32 {
-        let e = self.endpoint(idx);
-        let w = e.effective_weight(now);
+        self.adjusted(idx, self.endpoint(idx).effective_weight(now), now)
+    }
+
+    /// [`effective_weight`](Self::effective_weight) of each eligible endpoint at `now`, in
+    /// [`eligible`](Self::eligible) order: what a weighted strategy prepares from. Computed
+    /// from dense copies of each endpoint's weight and warm-up, made once per part of the
+    /// endpoints (about 64), so no endpoint is read: at 10 000 endpoints, sequential reads
+    /// instead of 10 000 cache misses.
+    ///
+    /// ```
+    /// use lbkit_core::{EndpointIdx, EndpointSpec, Snapshot, Timestamp};
+    /// let snap = Snapshot::from_specs(
+    ///     vec![EndpointSpec::new("a:1").with_weight(3), EndpointSpec::new("b:1").with_weight(0)],
+    ///     Timestamp::ZERO,
+    /// );
+    /// assert_eq!(snap.eligible_weights(Timestamp::ZERO), [(EndpointIdx::new(0), 3)]);
+    /// ```
+    pub fn eligible_weights(&self, now: Timestamp) -> Vec<(EndpointIdx, u32)> {
+        let mut weights = self.endpoints.effective_weights(&self.eligible, now);
+        if self.coverage.is_some() || self.ramp_from.is_some() {
+            for (idx, w) in &mut weights {
+                *w = self.adjusted(*idx, *w, now);
+            }
+        }
+        weights
+    }
+
+    /// Weight `w` of `idx` (after warm-up) with slow start and an aperture's coverage applied.
+    #[inline]
+    fn adjusted(&self, idx: EndpointIdx, w: u32, now: Timestamp) -> u32 {
         let w = match (&self.policy.slow_start, &self.ramp_from) {
             (Some(ramp), Some(from)) => {
                 ramp.apply(w, now.saturating_duration_since(from[idx.get()]))
@@ -994,6 +1022,45 @@ mod tests {
         assert!(s.is_ramping(EndpointIdx::new(1), at(100_000)));
         assert!(!s.is_ramping(EndpointIdx::new(1), at(150_000)));
         assert!(s.any_ramping(at(149_999)) && !s.any_ramping(at(150_000)));
+    }
+
+    /// `eligible_weights` answers as `effective_weight` of each eligible endpoint does, with
+    /// Dubbo's warm-up, slow start and an aperture's coverage together, members out of order.
+    #[test]
+    fn eligible_weights_are_each_effective_weight() {
+        let policy = SnapshotPolicy {
+            slow_start: Some(crate::SlowStart::new(std::time::Duration::from_secs(100))),
+            ..SnapshotPolicy::default()
+        };
+        let mut overlay = HealthOverlay::default();
+        overlay
+            .readmitted
+            .insert(EndpointKey::from("h1:1"), Timestamp::from_millis(50_000));
+        let specs = (0..300u64).map(|i| {
+            let spec = EndpointSpec::new(format!("h{i}:1")).with_weight(10 + i as u32 % 7);
+            match i % 3 {
+                0 => spec.with_registered_at(Timestamp::from_millis(i * 500)),
+                _ => spec,
+            }
+        });
+        let built = Endpoints::from_iter(
+            specs.map(|s| Endpoint::new(s, Arc::new(EndpointStats::default()), Timestamp::ZERO)),
+        );
+        let s = Snapshot::over(1, built.clone(), &policy, &overlay);
+        let plain = Snapshot::over(1, built, &SnapshotPolicy::default(), &overlay);
+        let members: Vec<EndpointIdx> = [299, 3, 0, 1, 150, 64, 63].map(EndpointIdx::new).into();
+        let cover: Arc<[u32]> = (0..300u32).map(|i| 1 + i % 4).collect();
+        let scoped = s.scoped(&members, false, Some(cover.clone()));
+        let covered = plain.scoped(&members, false, Some(cover));
+        for ms in [0, 50_000, 100_000, 149_999, 200_000, 1_000_000] {
+            let now = Timestamp::from_millis(ms);
+            for snap in [&s, &plain, &scoped, &covered] {
+                let each: Vec<(EndpointIdx, u32)> = (snap.eligible().iter())
+                    .map(|&i| (i, snap.effective_weight(i, now)))
+                    .collect();
+                assert_eq!(snap.eligible_weights(now), each, "at {ms} ms");
+            }
+        }
     }
 
     /// `any_ramping` answers as a scan of the eligible endpoints would: a warming endpoint

@@ -4,10 +4,8 @@ use lbkit_core::{EndpointIdx, Snapshot, Timestamp};
 
 /// Effective (warm-up) weights of the eligible endpoints at `now`, in eligible order.
 pub(crate) fn effective_weights(snapshot: &Snapshot, now: Timestamp) -> Vec<(EndpointIdx, u64)> {
-    snapshot
-        .eligible()
-        .iter()
-        .map(|&i| (i, u64::from(snapshot.effective_weight(i, now))))
+    (snapshot.eligible_weights(now).into_iter())
+        .map(|(i, w)| (i, u64::from(w)))
         .collect()
 }
 

@@ -16,8 +16,9 @@ use std::iter::FusedIterator;
 use std::ops::Index;
 use std::sync::Arc;
 
-use crate::endpoint::{Endpoint, EndpointKey};
+use crate::endpoint::{Endpoint, EndpointKey, Weighing};
 use crate::live::LiveStats;
+use crate::snapshot::EndpointIdx;
 use crate::time::Timestamp;
 
 /// Endpoints in a part cut from a list.
@@ -64,6 +65,8 @@ struct Read {
     /// Per endpoint: [`Tally::WEIGHTED`] and [`Tally::SERVING`] (no ejection considered).
     flags: Box<[u8]>,
     live: Box<[&'static LiveStats]>,
+    /// Per endpoint, what its effective weight is computed from.
+    weighing: Box<[Weighing]>,
     tally: Tally,
 }
 
@@ -115,9 +118,7 @@ impl Tally {
             self.priorities.0.min(e.priority()),
             self.priorities.1.max(e.priority()),
         );
-        if let (true, Some(at)) = (weighted, e.registered_at()) {
-            self.warm_until = self.warm_until.max(at.saturating_add(e.warmup()));
-        }
+        self.warm_until = self.warm_until.max(e.warm_end());
         (u8::from(weighted) * Tally::WEIGHTED) | (u8::from(serving) * Tally::SERVING)
     }
 
@@ -146,9 +147,15 @@ impl Part {
         let mut tally = Tally::EMPTY;
         let flags = endpoints.iter().map(|e| tally.read(e, false)).collect();
         let live = endpoints.iter().map(Endpoint::live_line).collect();
+        let weighing = endpoints.iter().map(Endpoint::weighing).collect();
         Part {
             endpoints: endpoints.into(),
-            read: Arc::new(Read { flags, live, tally }),
+            read: Arc::new(Read {
+                flags,
+                live,
+                weighing,
+                tally,
+            }),
         }
     }
 
@@ -259,6 +266,31 @@ impl Endpoints {
             tally.add(&part.read.tally);
         }
         (flags, live, tally)
+    }
+
+    /// The effective weight at `now` ([`Endpoint::effective_weight`]) of the endpoint at each
+    /// of `positions`, in their order: computed from the parts' dense copies ([`Weighing`]),
+    /// no endpoint read. O(positions), sequential when they ascend (a snapshot's eligible list
+    /// does); any order is answered.
+    ///
+    /// # Panics
+    /// When a position is not below [`len`](Self::len).
+    pub(crate) fn effective_weights(
+        &self,
+        positions: &[EndpointIdx],
+        now: Timestamp,
+    ) -> Vec<(EndpointIdx, u32)> {
+        let (mut j, mut start, mut end) = (0, 0, 0);
+        (positions.iter())
+            .map(|&idx| {
+                let i = idx.get();
+                if !(start..end).contains(&i) {
+                    j = self.part_of(i).expect("a position within the endpoints");
+                    (start, end) = (self.starts[j] as usize, self.starts[j + 1] as usize);
+                }
+                (idx, self.parts[j].read.weighing[i - start].at(now))
+            })
+            .collect()
     }
 
     /// These endpoints (strictly ascending keys) with `changes` (strictly ascending keys)
@@ -452,19 +484,42 @@ impl FusedIterator for EndpointsIter<'_> {}
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
+    use std::time::Duration;
 
     use proptest::prelude::*;
 
     use super::*;
     use crate::{EndpointSpec, EndpointStats};
 
-    /// An endpoint of key `k` (keys sort as numbers); `w` picks weight, health and priority.
+    /// An endpoint of key `k` (keys sort as numbers); `w` picks weight, health, priority and
+    /// warm-up (registered at 0–12 s, a window of up to 9.4 s; or none).
     fn ep(k: u16, w: u8) -> Endpoint {
-        let spec = EndpointSpec::new(format!("h{k:05}:1"))
-            .with_weight(u32::from(w % 4))
+        let mut spec = EndpointSpec::new(format!("h{k:05}:1"))
+            .with_weight(u32::from(w % 4) * 50)
             .with_healthy(!w.is_multiple_of(5))
             .with_priority(u32::from(w % 3));
+        if w % 7 < 4 {
+            spec = (spec.with_registered_at(Timestamp::from_millis(u64::from(k % 13) * 1_000)))
+                .with_warmup(Duration::from_millis(u64::from(w) * 37));
+        }
         Endpoint::new(spec, Arc::new(EndpointStats::default()), Timestamp::ZERO)
+    }
+
+    /// The parts' copies of the weights give each endpoint's effective weight, at times
+    /// before, within and after warm-up windows, for positions in order and out of it.
+    fn check_weights(all: &Endpoints, model: &[Endpoint]) {
+        let mut positions: Vec<EndpointIdx> = (0..model.len()).map(EndpointIdx::new).collect();
+        for now in [0, 999, 1_000, 4_321, 12_000, 21_399, 21_400, 60_000] {
+            let now = Timestamp::from_millis(now);
+            let want = |p: &[EndpointIdx]| -> Vec<(EndpointIdx, u32)> {
+                (p.iter())
+                    .map(|&i| (i, model[i.get()].effective_weight(now)))
+                    .collect()
+            };
+            assert_eq!(all.effective_weights(&positions, now), want(&positions));
+            positions.reverse();
+            assert_eq!(all.effective_weights(&positions, now), want(&positions));
+        }
     }
 
     fn tally_of<'a>(all: impl Iterator<Item = &'a Endpoint>) -> (Vec<u8>, Tally) {
@@ -496,6 +551,7 @@ mod tests {
             (c, t.priorities, t.warm_until)
         };
         assert_eq!(counts(tally), counts(t));
+        check_weights(all, model);
     }
 
     proptest! {
