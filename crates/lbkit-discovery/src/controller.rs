@@ -521,9 +521,7 @@ impl Controller {
             };
             let sizes = (listed, desired.len());
             let touched = &self.touched;
-            let maybe_back = |k: &EndpointKey| touched.contains(k);
-            let keys =
-                (self.removal).judge(removed, sizes, [&maybe_back, &is_listed], confirmed, now);
+            let keys = (self.removal).judge(removed, sizes, touched, &is_listed, confirmed, now);
             // Held: served again, earlier removals of the window too.
             keys.iter().for_each(|k| self.touched.key(k));
             if !keys.is_empty() {
@@ -1141,6 +1139,14 @@ impl Touched {
         }
     }
 
+    #[cfg(test)]
+    fn contains(&self, key: &EndpointKey) -> bool {
+        match self {
+            Touched::All => true,
+            Touched::Keys(keys) => keys.contains(key),
+        }
+    }
+
     /// The keys, or how many when there are more than a line's worth, or "all".
     fn describe(&self) -> String {
         match self {
@@ -1151,13 +1157,6 @@ impl Touched {
                 .map(EndpointKey::as_str)
                 .collect::<Vec<_>>()
                 .join(" "),
-        }
-    }
-
-    fn contains(&self, key: &EndpointKey) -> bool {
-        match self {
-            Touched::All => true,
-            Touched::Keys(keys) => keys.contains(key),
         }
     }
 }

@@ -30,10 +30,12 @@
 //! the [`Target`](super::Target) (`lbkit watch` prints a line; the proxy's and a tower pool's
 //! `/metrics` show the counters).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::time::Duration;
 
 use lbkit_core::{EndpointKey, EndpointSpec, Timestamp};
+
+use super::Touched;
 
 /// When removals are held back, and for how long (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -100,10 +102,26 @@ pub(crate) struct Held {
     config: Option<RemovalProtection>,
     /// Removed by the source and still served: each one's spec and when it was held.
     pending: BTreeMap<EndpointKey, (EndpointSpec, Timestamp)>,
-    /// Removals let through within the window, oldest first.
-    recent: VecDeque<(Timestamp, EndpointSpec)>,
+    /// Removals let through within the window, oldest first, each with its key's hash.
+    recent: VecDeque<Recent>,
     /// The size of the source's set before each batch within the window, oldest first.
     sizes: VecDeque<(Timestamp, usize)>,
+}
+
+/// A removal let through within the window.
+#[derive(Debug)]
+struct Recent {
+    at: Timestamp,
+    /// [`key_hash`] of the spec's key: a batch that lists keys again compares hashes with the
+    /// window's hundreds of removals, not keys.
+    hash: u64,
+    spec: EndpointSpec,
+}
+
+/// A hash of `key`, the same in every run.
+fn key_hash(key: &EndpointKey) -> u64 {
+    use std::hash::BuildHasher;
+    foldhash::fast::FixedState::default().hash_one(key)
 }
 
 impl Held {
@@ -132,28 +150,25 @@ impl Held {
     }
 
     /// Judge one batch at `now`: `removed` are the specs it removed from the source's set,
-    /// which listed `before` endpoints before it and `after` after it; `is_listed` tells
-    /// whether a key is in the set after it, and `confirmed` whether a key is already known to
-    /// be gone (down, ejected); `maybe_back` is a cheap first test of whether the batch may
-    /// have listed a key again (the keys it touched), so that a batch of one change does not
-    /// look up each of the window's removals in the set. Returns the keys newly held.
+    /// which listed `before` endpoints before it and `after` after it; `touched` are the keys
+    /// it may have listed again, `is_listed` tells whether a key is in the set after it, and
+    /// `confirmed` whether a key is already known to be gone (down, ejected). Returns the keys
+    /// newly held.
     pub(crate) fn judge(
         &mut self,
         removed: Vec<EndpointSpec>,
         (before, after): (usize, usize),
-        [maybe_back, is_listed]: [&dyn Fn(&EndpointKey) -> bool; 2],
+        touched: &Touched,
+        is_listed: &dyn Fn(&EndpointKey) -> bool,
         confirmed: impl Fn(&EndpointKey) -> bool,
         now: Timestamp,
     ) -> Vec<EndpointKey> {
         let Some(config) = self.config else {
             return Vec::new();
         };
-        // Listed again: simply back.
-        let back = |key: &EndpointKey| maybe_back(key) && is_listed(key);
-        self.pending.retain(|key, _| !back(key));
-        self.recent.retain(|(_, s)| !back(&s.key));
+        self.drop_listed_again(touched, is_listed);
         let since = now.saturating_sub(config.window);
-        while self.recent.front().is_some_and(|(t, _)| *t < since) {
+        while self.recent.front().is_some_and(|r| r.at < since) {
             self.recent.pop_front();
         }
         while self.sizes.front().is_some_and(|(t, _)| *t < since) {
@@ -166,10 +181,15 @@ impl Held {
         }
         let peak = self.sizes.iter().map(|(_, n)| *n).max().unwrap_or(before);
         if !config.holds(peak, after) {
-            self.recent.extend(removed.into_iter().map(|s| (now, s)));
+            let recent = removed.into_iter().map(|spec| Recent {
+                at: now,
+                hash: key_hash(&spec.key),
+                spec,
+            });
+            self.recent.extend(recent);
             return Vec::new();
         }
-        let window = std::mem::take(&mut self.recent).into_iter().map(|(_, s)| s);
+        let window = std::mem::take(&mut self.recent).into_iter().map(|r| r.spec);
         let mut held = Vec::new();
         for spec in window.chain(removed) {
             if !confirmed(&spec.key) && !self.pending.contains_key(&spec.key) {
@@ -178,6 +198,29 @@ impl Held {
             }
         }
         held
+    }
+
+    /// The held endpoints and the window's removals that the batch listed again: simply back.
+    /// Of the keys it touched (a few, in churn), those listed now are looked for among the
+    /// window's removals by hash; a batch that touched all keys looks each removal up.
+    fn drop_listed_again(&mut self, touched: &Touched, is_listed: &dyn Fn(&EndpointKey) -> bool) {
+        let Touched::Keys(keys) = touched else {
+            self.pending.retain(|key, _| !is_listed(key));
+            self.recent.retain(|r| !is_listed(&r.spec.key));
+            return;
+        };
+        if self.pending.is_empty() && self.recent.is_empty() {
+            return;
+        }
+        let back: Vec<&EndpointKey> = keys.iter().filter(|k| is_listed(k)).collect();
+        for key in &back {
+            self.pending.remove(*key);
+        }
+        let hashes: HashSet<u64> = back.iter().map(|k| key_hash(k)).collect();
+        if !hashes.is_empty() {
+            let listed = |r: &Recent| hashes.contains(&r.hash) && back.contains(&&r.spec.key);
+            self.recent.retain(|r| !listed(r));
+        }
     }
 
     /// `key` is confirmed gone: whether it was held (it leaves the serving set).
@@ -255,10 +298,6 @@ mod tests {
         Timestamp::from_millis(s * 1000)
     }
 
-    fn anything(_: &EndpointKey) -> bool {
-        true
-    }
-
     fn listed(keys: &'static [&'static str]) -> impl Fn(&EndpointKey) -> bool {
         move |k: &EndpointKey| keys.contains(&k.as_str())
     }
@@ -270,7 +309,8 @@ mod tests {
         let held = h.judge(
             specs(&["a:1"]),
             (3, 2),
-            [&anything, &listed(&["b:1", "c:1"])],
+            &Touched::All,
+            &listed(&["b:1", "c:1"]),
             |_| false,
             t(0),
         );
@@ -279,7 +319,8 @@ mod tests {
         let held = h.judge(
             specs(&["b:1"]),
             (2, 1),
-            [&anything, &listed(&["c:1"])],
+            &Touched::All,
+            &listed(&["c:1"]),
             |_| false,
             t(5),
         );
@@ -303,29 +344,31 @@ mod tests {
         let ten: Vec<String> = (0..10).map(|i| format!("old{i}:1")).collect();
         let ten: Vec<&str> = ten.iter().map(String::as_str).collect();
         assert!(h
-            .judge(specs(&ten), (10, 10), [&anything, &none], |_| false, t(0))
+            .judge(specs(&ten), (10, 10), &Touched::All, &none, |_| false, t(0))
             .is_empty());
         // A rolling restart of two onto new addresses within the window: 2 → 3 → 2 → 3 → 2.
         assert!(h
-            .judge(Vec::new(), (2, 3), [&anything, &none], |_| false, t(20))
+            .judge(Vec::new(), (2, 3), &Touched::All, &none, |_| false, t(20))
             .is_empty());
         assert!(h
             .judge(
                 specs(&["r1:1"]),
                 (3, 2),
-                [&anything, &none],
+                &Touched::All,
+                &none,
                 |_| false,
                 t(21)
             )
             .is_empty());
         assert!(h
-            .judge(Vec::new(), (2, 3), [&anything, &none], |_| false, t(22))
+            .judge(Vec::new(), (2, 3), &Touched::All, &none, |_| false, t(22))
             .is_empty());
         assert!(h
             .judge(
                 specs(&["r2:1"]),
                 (3, 2),
-                [&anything, &none],
+                &Touched::All,
+                &none,
                 |_| false,
                 t(23)
             )
@@ -338,7 +381,8 @@ mod tests {
                 .judge(
                     specs(&[&gone]),
                     (n, n - 1),
-                    [&anything, &none],
+                    &Touched::All,
+                    &none,
                     |_| false,
                     t(100 + 4 * i)
                 )
@@ -347,8 +391,59 @@ mod tests {
         // Six of ten at once, but already known down: nothing to hold.
         let six = specs(&["a:1", "b:1", "c:1", "d:1", "e:1", "f:1"]);
         assert!(h
-            .judge(six, (10, 4), [&anything, &none], |_| true, t(200))
+            .judge(six, (10, 4), &Touched::All, &none, |_| true, t(200))
             .is_empty());
+    }
+
+    fn touched(keys: &[&str]) -> Touched {
+        Touched::Keys(keys.iter().map(|k| EndpointKey::from(*k)).collect())
+    }
+
+    /// A batch that touched a few keys brings back those of them listed again, held or in
+    /// the window, by hash; a key listed but not touched by the batch is not looked at.
+    #[test]
+    fn the_keys_a_batch_touched_come_back_from_the_window_and_the_held() {
+        let mut h = Held::new(Some(RemovalProtection::default()));
+        let never = |_: &EndpointKey| false;
+        // 10 → 9 → 8: let through, in the window.
+        for (i, gone) in ["w1:1", "w2:1"].into_iter().enumerate() {
+            let sizes = (10 - i, 9 - i);
+            let held = h.judge(
+                specs(&[gone]),
+                sizes,
+                &touched(&[gone]),
+                &never,
+                never,
+                t(0),
+            );
+            assert!(held.is_empty());
+        }
+        // w1 is listed again (touched), w2 is listed but not touched: w1 leaves the window.
+        let listed = |k: &EndpointKey| ["w1:1", "w2:1"].contains(&k.as_str());
+        let sizes = (8, 9);
+        let held = h.judge(
+            Vec::new(),
+            sizes,
+            &touched(&["w1:1", "n:1"]),
+            &listed,
+            never,
+            t(1),
+        );
+        assert!(held.is_empty());
+        // 9 → 4 is a mass removal: it holds its own and the window's w2, not w1.
+        let five = specs(&["a:1", "b:1", "c:1", "d:1", "e:1"]);
+        let held = h.judge(five, (9, 4), &touched(&["a:1"]), &never, never, t(2));
+        let mut held: Vec<&str> = held.iter().map(EndpointKey::as_str).collect();
+        held.sort_unstable();
+        assert_eq!(held, ["a:1", "b:1", "c:1", "d:1", "e:1", "w2:1"]);
+        // Of the held, the touched c and e are listed again; d is listed but not touched.
+        let listed = |k: &EndpointKey| ["c:1", "d:1", "e:1"].contains(&k.as_str());
+        let batch = touched(&["c:1", "e:1"]);
+        assert!(h
+            .judge(Vec::new(), (4, 6), &batch, &listed, never, t(3))
+            .is_empty());
+        let keys: Vec<&str> = h.keys().map(EndpointKey::as_str).collect();
+        assert_eq!(keys, ["a:1", "b:1", "d:1", "w2:1"]);
     }
 
     #[test]
@@ -359,7 +454,8 @@ mod tests {
             h.judge(
                 specs(&["a:1", "b:1"]),
                 (3, 1),
-                [&anything, &none],
+                &Touched::All,
+                &none,
                 |_| false,
                 t(0)
             )
@@ -368,7 +464,7 @@ mod tests {
         );
         let back = |k: &EndpointKey| k.as_str() == "a:1";
         assert!(h
-            .judge(Vec::new(), (1, 2), [&anything, &back], |_| false, t(1))
+            .judge(Vec::new(), (1, 2), &Touched::All, &back, |_| false, t(1))
             .is_empty());
         assert_eq!(
             h.keys().map(EndpointKey::as_str).collect::<Vec<_>>(),
@@ -379,7 +475,8 @@ mod tests {
             .judge(
                 specs(&["a:1", "b:1"]),
                 (2, 0),
-                [&anything, &none],
+                &Touched::All,
+                &none,
                 |_| false,
                 t(0)
             )
