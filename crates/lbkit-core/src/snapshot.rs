@@ -393,11 +393,20 @@ impl Snapshot {
     }
 
     /// Whether the weight of some eligible endpoint still changes with time at `now` (warm-up
-    /// or slow start): O(1) once every warm-up window has ended and no slow start is set,
-    /// else a scan that stops at the first.
+    /// or slow start): O(1) once every warm-up window has ended and no slow start is set; with
+    /// slow start a scan that stops at the first; else a scan of only the parts of the
+    /// endpoints (about 64 each) with a warm-up still running, which stops at the first
+    /// eligible one warming (a settled fleet with a few new providers reads a few parts, not
+    /// every endpoint).
     pub fn any_ramping(&self, now: Timestamp) -> bool {
-        (now < self.warm_until || self.ramp_from.is_some())
-            && self.eligible.iter().any(|&i| self.is_ramping(i, now))
+        if self.ramp_from.is_some() {
+            return self.eligible.iter().any(|&i| self.is_ramping(i, now));
+        }
+        let warming = |(start, part): (usize, &[Endpoint])| {
+            let mut each = part.iter().enumerate();
+            each.any(|(j, e)| self.is_eligible[start + j] && e.is_warming(now))
+        };
+        now < self.warm_until && self.endpoints.warming_parts(now).any(warming)
     }
 
     /// Whether the weight of `idx` still changes with time at `now` (warm-up or slow start).
@@ -1087,6 +1096,32 @@ mod tests {
             assert_eq!(s.any_ramping(at(ms)), scan(at(ms)), "at {ms} ms");
         }
         assert!(s.any_ramping(at(59_999)) && !s.any_ramping(at(60_000)));
+    }
+
+    /// Over many parts, `any_ramping` (which skips the parts with no warm-up running) answers
+    /// as a scan of the eligible endpoints, in a snapshot and in restrictions of it.
+    #[test]
+    fn any_ramping_skips_only_parts_with_nothing_warming() {
+        let at = |ms| Timestamp::from_millis(ms);
+        // 1 000 endpoints; every 97th warming (windows ending 10 s apart), every 3rd of those down.
+        let specs = (0..1_000u64).map(|i| {
+            let s = spec(&format!("h{i:04}:1"), 100);
+            match i % 97 {
+                0 => (s.with_registered_at(at(i * 10)))
+                    .with_warmup(std::time::Duration::from_secs(60))
+                    .with_healthy(i % 3 != 0),
+                _ => s,
+            }
+        });
+        let s = Snapshot::from_specs(specs.collect(), Timestamp::ZERO);
+        let odd = s.restrict(|i| i.get() % 2 == 1);
+        for snap in [&s, &odd] {
+            let scan = |now| snap.eligible().iter().any(|&i| snap.is_ramping(i, now));
+            for ms in (0..80_000).step_by(2_500).chain([69_699, 69_700, 69_701]) {
+                assert_eq!(snap.any_ramping(at(ms)), scan(at(ms)), "at {ms} ms");
+            }
+        }
+        assert!(s.any_ramping(at(69_699)) && !s.any_ramping(at(69_700)));
     }
 
     #[test]

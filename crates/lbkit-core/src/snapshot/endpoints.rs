@@ -268,6 +268,17 @@ impl Endpoints {
         (flags, live, tally)
     }
 
+    /// The parts with an endpoint of weight whose warm-up lasts past `now` (as their counts
+    /// say), each as the position of its first endpoint and its endpoints.
+    pub(crate) fn warming_parts(
+        &self,
+        now: Timestamp,
+    ) -> impl Iterator<Item = (usize, &[Endpoint])> + '_ {
+        (self.parts.iter().zip(self.starts.iter()))
+            .filter(move |(p, _)| now < p.read.tally.warm_until)
+            .map(|(p, &start)| (start as usize, p.endpoints()))
+    }
+
     /// The effective weight at `now` ([`Endpoint::effective_weight`]) of the endpoint at each
     /// of `positions`, in their order: computed from the parts' dense copies ([`Weighing`]),
     /// no endpoint read. O(positions), sequential when they ascend (a snapshot's eligible list
