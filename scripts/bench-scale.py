@@ -423,7 +423,9 @@ def zk_bench(args):
     who = {"watch": "lbkit watch", "proxy": "lbkit proxy", "pool": "a tower Pool"}[args.via]
     who += "" if args.via == "watch" else f" ({args.strategy})"
     print(f"# {who} following N Dubbo providers, {args.churn * 100:g} % of them changing per second "
-          f"for {args.seconds} s (half removed, half added)")
+          f"for {args.seconds} s (half removed, half added)"
+          + (f"; the first registered {args.registered_ago:g} s before" if args.registered_ago else
+             "; every one in Dubbo's warm-up"))
     print(f"{'providers':>9} {'listing s':>9} {'changes':>7} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} "
           f"{'lost':>5} {'CPU %':>6} {'idle CPU %':>10} {'RSS MB':>7}")
     for n in [int(x) for x in args.providers.split(",")]:
@@ -478,7 +480,10 @@ def published_keys(line):
 
 
 def zk_size(args, zk, providers, n):
-    now_ms = int(time.time() * 1000)
+    # The first providers registered --registered-ago seconds back: 0 puts every one in Dubbo's
+    # 10-minute warm-up for the whole run (a fleet started at once); an hour gives a settled
+    # fleet where only the providers the churn adds warm up.
+    now_ms = int(time.time() * 1000) - int(args.registered_ago * 1000)
     live = {}
     batch = []
     for i in range(n):
@@ -666,6 +671,8 @@ def main():
     ap.add_argument("--churn", type=float, default=0.01, help="share of providers changing per second (zk)")
     ap.add_argument("--via", choices=["watch", "proxy", "pool"], default="watch", help="what follows the providers (zk)")
     ap.add_argument("--strategy", default="round-robin", help="the proxy's or pool's strategy (zk --via proxy|pool)")
+    ap.add_argument("--registered-ago", type=float, default=0.0,
+                    help="seconds before now the first providers registered (zk; 0: all warming up)")
     ap.add_argument("--pool", help="the zk_pool example (zk --via pool; default: beside --lbkit, examples/zk_pool)")
     ap.add_argument("--base-port", type=int, default=27080)
     ap.add_argument("--services", default="1,100", help="services, comma-separated (files)")

@@ -216,4 +216,33 @@ mod change {
     fn p2c_ewma(b: Bencher, how: &str) {
         bench_change(b, P2cEwma::default(), how);
     }
+
+    /// 10 000 endpoints of weight 100 in Dubbo's 10-minute warm-up, registered 30 ms apart
+    /// (a fleet started at once), at 5 minutes: every weight differs and is computed again at
+    /// each preparation.
+    fn warming() -> (Arc<Snapshot>, Timestamp) {
+        let mut addresses: Vec<String> = (0..N).map(lbkit_bench::address).collect();
+        addresses.sort();
+        let specs = (addresses.iter().enumerate()).map(|(i, a)| {
+            let at = Timestamp::from_millis(i as u64 * 30);
+            Cow::Owned(EndpointSpec::new(a).with_weight(100).with_registered_at(at))
+        });
+        let snap = SnapshotBuilder::new().reset_from(specs, Timestamp::ZERO);
+        (snap, Timestamp::from_millis(300_000))
+    }
+
+    fn bench_warming<S: Strategy>(b: Bencher<'_, '_>, strategy: S) {
+        let (snap, now) = warming();
+        b.bench_local(|| black_box(&strategy).prepare(black_box(&snap), now));
+    }
+
+    #[divan::bench(sample_count = 30)]
+    fn weighted_random_warming(b: Bencher) {
+        bench_warming(b, WeightedRandom);
+    }
+
+    #[divan::bench(sample_count = 30)]
+    fn least_request_warming(b: Bencher) {
+        bench_warming(b, LeastRequest::default());
+    }
 }
