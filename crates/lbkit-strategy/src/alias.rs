@@ -97,8 +97,18 @@ where
 {
     let (n, t) = (T::from(items.len() as u64), T::from(total));
     let mut scaled: Vec<T> = items.iter().map(|&(_, w)| T::from(w) * n).collect();
-    let (mut small, mut large): (Vec<u32>, Vec<u32>) =
-        (0..items.len() as u32).partition(|&i| scaled[i as usize] < t);
+    // Sized once: grown push by push they were copied over again (3 % of a churn's samples).
+    let (mut small, mut large) = (
+        Vec::with_capacity(items.len()),
+        Vec::with_capacity(items.len()),
+    );
+    for (i, &w) in (0u32..).zip(&scaled) {
+        if w < t {
+            small.push(i)
+        } else {
+            large.push(i)
+        }
+    }
     let mut columns: Vec<Column> = (items.iter())
         .map(|&(idx, _)| Column {
             threshold: total,

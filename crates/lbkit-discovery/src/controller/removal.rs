@@ -33,9 +33,9 @@
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::time::Duration;
 
-use lbkit_core::{EndpointKey, EndpointSpec, Timestamp};
+use lbkit_core::{EndpointKey, Timestamp};
 
-use super::Touched;
+use super::{Spec, Touched};
 
 /// When removals are held back, and for how long (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -101,7 +101,7 @@ impl std::fmt::Display for Confirmed {
 pub(crate) struct Held {
     config: Option<RemovalProtection>,
     /// Removed by the source and still served: each one's spec and when it was held.
-    pending: BTreeMap<EndpointKey, (EndpointSpec, Timestamp)>,
+    pending: BTreeMap<EndpointKey, (Spec, Timestamp)>,
     /// Removals let through within the window, oldest first, each with its key's hash.
     recent: VecDeque<Recent>,
     /// The size of the source's set before each batch within the window, oldest first.
@@ -115,7 +115,7 @@ struct Recent {
     /// [`key_hash`] of the spec's key: a batch that lists keys again compares hashes with the
     /// window's hundreds of removals, not keys.
     hash: u64,
-    spec: EndpointSpec,
+    spec: Spec,
 }
 
 /// A hash of `key`, the same in every run.
@@ -156,7 +156,7 @@ impl Held {
     /// newly held.
     pub(crate) fn judge(
         &mut self,
-        removed: Vec<EndpointSpec>,
+        removed: Vec<Spec>,
         (before, after): (usize, usize),
         touched: &Touched,
         is_listed: &dyn Fn(&EndpointKey) -> bool,
@@ -259,11 +259,7 @@ impl Held {
 
     /// The serving set: `listed` (the source's set) and the held specs, in key order when
     /// `listed` is; `None` when nothing is held.
-    pub(crate) fn serving(
-        &self,
-        listed: &[EndpointSpec],
-        ordered: bool,
-    ) -> Option<Vec<EndpointSpec>> {
+    pub(crate) fn serving(&self, listed: &[Spec], ordered: bool) -> Option<Vec<Spec>> {
         if self.pending.is_empty() {
             return None;
         }
@@ -290,8 +286,12 @@ impl Held {
 mod tests {
     use super::*;
 
-    fn specs(keys: &[&str]) -> Vec<EndpointSpec> {
-        keys.iter().map(|k| EndpointSpec::new(*k)).collect()
+    use lbkit_core::EndpointSpec;
+
+    fn specs(keys: &[&str]) -> Vec<Spec> {
+        keys.iter()
+            .map(|k| Box::new(EndpointSpec::new(*k)))
+            .collect()
     }
 
     fn t(s: u64) -> Timestamp {

@@ -431,9 +431,9 @@ proptest::proptest! {
                 1 => Update::Add(specs_of()),
                 _ => Update::Remove(keys.iter().map(|k| EndpointKey::from(format!("h{k}:1").as_str())).collect()),
             };
-            let keys_of = |v: &[EndpointSpec]| v.iter().map(|s| s.key.as_str().to_owned()).collect::<std::collections::BTreeSet<_>>();
+            let keys_of = |v: &[Spec]| v.iter().map(|s| s.key.as_str().to_owned()).collect::<std::collections::BTreeSet<_>>();
             let before = keys_of(&specs);
-            let was: HashMap<EndpointKey, EndpointSpec> = specs.iter().map(|s| (s.key.clone(), s.clone())).collect();
+            let was: HashMap<EndpointKey, Spec> = specs.iter().map(|s| (s.key.clone(), s.clone())).collect();
             let mut removed = Vec::new();
             let mut touched = Touched::none();
             apply(&mut specs, &mut ordered, update, Some(&mut removed), &mut touched);
@@ -759,7 +759,7 @@ proptest::proptest! {
                 if w == 0 { set.remove(&k); } else { set.insert(k, w); }
             }
             let new: Vec<EndpointSpec> = set.iter().map(|(k, &w)| spec(&format!("h{k:02}:1"), w)).collect();
-            let was: HashMap<EndpointKey, EndpointSpec> = specs.iter().map(|s: &EndpointSpec| (s.key.clone(), s.clone())).collect();
+            let was: HashMap<EndpointKey, EndpointSpec> = specs.iter().map(|s: &Spec| (s.key.clone(), (**s).clone())).collect();
             let now: HashMap<EndpointKey, EndpointSpec> = new.iter().map(|s| (s.key.clone(), s.clone())).collect();
             let mut differ: Vec<&EndpointKey> = was.keys().chain(now.keys()).filter(|k| was.get(*k) != now.get(*k)).collect();
             differ.sort();
