@@ -7,7 +7,9 @@
 //! * **Complexity**: prepare O(n); pick O(1) (two RNG draws, one table read), independent of n;
 //!   memory 16 bytes per endpoint.
 //! * **A change**: the alias table is built again, O(n) (23–25 µs at 10 000 endpoints;
-//!   BENCHMARKS.md, "What a change costs a strategy"): Vose's construction pairs each light entry
+//!   BENCHMARKS.md, "What a change costs a strategy"), from weights computed out of the
+//!   snapshot's dense copies ([`Snapshot::eligible_weights`](lbkit_core::Snapshot::eligible_weights)),
+//!   no endpoint read: Vose's construction pairs each light entry
 //!   with a heavy one, so one weight can move pairs anywhere in the table. It is built on the
 //!   publisher's thread; picks keep the last table until the new one is swapped in.
 //! * **Behaviour under trouble**: blind to load. A warming endpoint's share follows Dubbo's

@@ -10,8 +10,9 @@
 //! * **Origin**: Envoy `LEAST_REQUEST` (`choice_count`, `active_request_bias`).
 //! * **Complexity**: prepare O(n); pick O(choice_count) with equal weights, O(1) expected with
 //!   unequal ones (at most 32 draws).
-//! * **A change**: the weights are read again and the candidate list or the weighted table rebuilt,
-//!   O(n) (27 µs at 10 000 endpoints of equal weight; BENCHMARKS.md, "What a change costs a
+//! * **A change**: the weights are computed again from the snapshot's dense copies
+//!   ([`Snapshot::eligible_weights`](lbkit_core::Snapshot::eligible_weights), no endpoint read) and
+//!   the candidate list or the weighted table rebuilt, O(n) (27 µs at 10 000 endpoints of equal weight; BENCHMARKS.md, "What a change costs a
 //!   strategy").
 //! * **Behaviour under trouble**: a slow endpoint's calls in flight pile up and its share shrinks
 //!   with them; weights still count, so a large server takes more.
