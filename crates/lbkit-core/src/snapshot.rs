@@ -1005,8 +1005,8 @@ mod tests {
         assert!(!s.is_eligible(EndpointIdx::new(0)));
     }
 
-    #[test]
-    fn slow_start_ramps_from_addition_or_readmission() {
+    /// A 100 s slow start, and an overlay that readmitted `h1:1` at 50 s.
+    fn slow_start_readmitting_h1() -> (SnapshotPolicy, HealthOverlay) {
         let policy = SnapshotPolicy {
             slow_start: Some(crate::SlowStart::new(std::time::Duration::from_secs(100))),
             ..SnapshotPolicy::default()
@@ -1015,6 +1015,12 @@ mod tests {
         overlay
             .readmitted
             .insert(EndpointKey::from("h1:1"), Timestamp::from_millis(50_000));
+        (policy, overlay)
+    }
+
+    #[test]
+    fn slow_start_ramps_from_addition_or_readmission() {
+        let (policy, overlay) = slow_start_readmitting_h1();
         let s = Snapshot::with_policy(1, five(0), &policy, &overlay);
         let at = |ms| Timestamp::from_millis(ms);
         assert_eq!(
@@ -1037,14 +1043,7 @@ mod tests {
     /// Dubbo's warm-up, slow start and an aperture's coverage together, members out of order.
     #[test]
     fn eligible_weights_are_each_effective_weight() {
-        let policy = SnapshotPolicy {
-            slow_start: Some(crate::SlowStart::new(std::time::Duration::from_secs(100))),
-            ..SnapshotPolicy::default()
-        };
-        let mut overlay = HealthOverlay::default();
-        overlay
-            .readmitted
-            .insert(EndpointKey::from("h1:1"), Timestamp::from_millis(50_000));
+        let (policy, overlay) = slow_start_readmitting_h1();
         let specs = (0..300u64).map(|i| {
             let spec = EndpointSpec::new(format!("h{i}:1")).with_weight(10 + i as u32 % 7);
             match i % 3 {
