@@ -177,6 +177,24 @@ mod change {
         bench_change(b, ConsistentHash::new(), how);
     }
 
+    /// Publishes in a row, as under churn: the last set and the next in turn (an endpoint gone,
+    /// then back), each ring patched from the last one and the last one dropped, as the
+    /// proxy's Controller does. Unlike `next`, which patches the same warm ring every time,
+    /// this counts what sharing and dropping the ring's pieces costs.
+    #[divan::bench(sample_count = 20)]
+    fn consistent_hash_chain(b: Bencher) {
+        let (last, next) = sets();
+        let strategy = ConsistentHash::new();
+        let sets = [last, next];
+        let mut picker = strategy.prepare(&sets[0], Timestamp::ZERO);
+        let mut at = 0;
+        b.bench_local(|| {
+            let (from, to) = (&sets[at], &sets[1 - at]);
+            picker = black_box(&strategy).prepare_next(from, &picker, to, Timestamp::ZERO);
+            at = 1 - at;
+        });
+    }
+
     #[divan::bench(args = HOW, sample_count = 10)]
     fn ketama(b: Bencher, how: &str) {
         bench_change(b, Ketama::new(), how);

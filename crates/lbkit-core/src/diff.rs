@@ -113,11 +113,20 @@ pub fn carried(last: &Endpoints, next: &Endpoints) -> Option<Vec<Option<usize>>>
     let map = (0..last.len())
         .map(|o| (!old_moved[o]).then(|| now.next()).flatten())
         .collect::<Vec<_>>();
-    let same = map
-        .iter()
-        .enumerate()
-        .all(|(o, n)| n.is_none_or(|n| last[o].ptr_eq(&next[n])));
-    same.then_some(map)
+    same_objects(last, next, &map).then_some(map)
+}
+
+/// Whether each endpoint of `last` that `map` pairs (ascending) is the very same object as
+/// its pair in `next`: both walked forward once, part by part, no position looked up.
+fn same_objects(last: &Endpoints, next: &Endpoints, map: &[Option<usize>]) -> bool {
+    let mut now = next.iter();
+    let mut at = 0;
+    last.iter().zip(map).all(|(e, n)| {
+        let Some(n) = *n else { return true };
+        let paired = now.nth(n - at);
+        at = n + 1;
+        paired.is_some_and(|p| e.ptr_eq(p))
+    })
 }
 
 /// The order that walks `endpoints` by key (a key listed twice: the later one). O(n log n).

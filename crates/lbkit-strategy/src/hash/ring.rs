@@ -1,16 +1,22 @@
 //! The sorted hash ring shared by `consistent-hash` (Dubbo's MD5 layout) and `ketama` (nginx's
 //! CRC32 layout): 32-bit points in ascending order, each owned by an endpoint.
 //!
-//! **What a change costs**: the points are cut into chunks of about [`CHUNK`] and owned by
-//! slots, not snapshot indices, so the ring of the next snapshot shares every chunk no point
-//! lands in or leaves ([`patch`](RingPicker::patch)): a change of k endpoints with v points each
-//! hashes those k (the ones that go, to find their points, and the ones that come), merges at
-//! most 2kv chunks again, and copies the O(n) slot table and the O(P / CHUNK) chunk list. A
-//! pick costs what it did: a binary search over the chunks' first points, then over one chunk.
-//! BENCHMARKS.md ("What a change costs a strategy") has the figures.
+//! **What a change costs**: the points are cut into chunks of about [`CHUNK`], the chunks
+//! gathered in groups of about [`GROUP`], and the points owned by slots, not snapshot indices,
+//! so the ring of the next snapshot shares every group no point lands in or leaves, and in the
+//! groups it makes again every chunk no point lands in or leaves
+//! ([`patch`](RingPicker::patch)). A change of k endpoints with v points each hashes those k
+//! (the ones that go, to find their points, and the ones that come), merges at most 2kv chunks
+//! again, copies the O(n) slot table and the O(P / (CHUNK · GROUP)) group list, and shares
+//! the O(kv · GROUP) chunks beside the merged ones: one reference count for each shared group
+//! or chunk, where one for every chunk cost most of a patch. A pick costs a binary search over
+//! the groups' first points, one over a group's chunks' first points, then one over one chunk.
+//! BENCHMARKS.md ("What a change costs a strategy", "Hash rings under churn: chunks in
+//! groups") has the figures.
 
 mod patch;
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use lbkit_core::{diff, EndpointIdx, PickContext, PickError, Picker, Snapshot, Timestamp};
@@ -21,6 +27,12 @@ use super::{consistent, fallback_hash, ketama};
 
 /// Points a rebuild puts in one chunk; a chunk merged again splits above twice as many.
 pub(crate) const CHUNK: usize = 64;
+
+/// Chunks a rebuild puts in one group; a group made again splits above twice as many.
+pub(crate) const GROUP: usize = 16;
+
+/// Chunks a group holds at most.
+const MAX_GROUP: usize = 2 * GROUP;
 
 /// Which endpoint keeps a point that two endpoints share.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,6 +59,9 @@ type Slot = u32;
 /// A point and the slot that owns it.
 type Point = (u32, Slot);
 
+/// A point's place: group, chunk in the group, offset in the chunk.
+type At = (usize, usize, usize);
+
 /// The slot of an endpoint off the ring.
 const NO_SLOT: Slot = Slot::MAX;
 
@@ -57,14 +72,13 @@ const NO_SLOT: Slot = Slot::MAX;
 /// "What a change costs").
 #[derive(Debug)]
 pub struct RingPicker {
-    /// First point of each chunk, ascending.
+    /// First point of each group, ascending.
     firsts: Box<[u32]>,
-    /// How many of each chunk's points are on the ring; the rest are its shadowed points.
-    mains: Box<[u32]>,
-    /// The points in ascending order, no duplicates, cut into non-empty chunks; after each
-    /// chunk's points, by point then slot, the points that lost a collision to one of them:
-    /// what a patch puts back when the holder leaves.
-    chunks: Box<[Arc<[Point]>]>,
+    /// The points in ascending order, no duplicates, cut into non-empty chunks gathered in
+    /// non-empty groups.
+    groups: Box<[Arc<Group>]>,
+    /// Chunks in all groups.
+    chunks: usize,
     /// Each slot's endpoint (a slot on the free list: whichever it held last, never read).
     endpoint: Box<[EndpointIdx]>,
     /// Each endpoint's slot, `NO_SLOT` for an endpoint off the ring.
@@ -81,6 +95,127 @@ pub struct RingPicker {
     key_point: KeyPoint,
     bound: Option<Bound>,
     empty: PickError,
+}
+
+/// A run of the ring's chunks, shared whole by the rings that changed none of its points.
+/// The chunks' first points, counts and handles are kept in the group's own memory, so a pick
+/// reads the group, then one chunk.
+#[derive(Debug)]
+struct Group {
+    /// Chunks in the group, at least 1 and at most [`MAX_GROUP`].
+    len: usize,
+    /// First point of each chunk, ascending (the first `len`).
+    first: [u32; MAX_GROUP],
+    /// How many of each chunk's points are on the ring; the rest are its shadowed points.
+    main: [u32; MAX_GROUP],
+    /// Each chunk (the first `len`): its points on the ring, ascending; then, by point then
+    /// slot, the points that lost a collision to one of them (what a patch puts back when the
+    /// holder leaves).
+    chunk: [Option<Arc<[Point]>>; MAX_GROUP],
+}
+
+/// Chunks in the making: a group's, or a ring's before it is cut into groups.
+#[derive(Default)]
+struct Chunks {
+    firsts: Vec<u32>,
+    mains: Vec<u32>,
+    chunks: Vec<Arc<[Point]>>,
+}
+
+// === impl Group ===
+
+impl Group {
+    /// Chunks in the group.
+    #[inline]
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    /// First point of each chunk.
+    #[inline]
+    fn firsts(&self) -> &[u32] {
+        &self.first[..self.len]
+    }
+
+    /// How many of each chunk's points are on the ring.
+    #[inline]
+    fn lens(&self) -> &[u32] {
+        &self.main[..self.len]
+    }
+
+    /// Chunk `c`: its points on the ring, then its shadowed points.
+    #[inline]
+    fn chunk(&self, c: usize) -> &[Point] {
+        self.chunk[c].as_deref().unwrap_or(&[])
+    }
+
+    /// Chunk `c`'s points on the ring.
+    #[inline]
+    fn main(&self, c: usize) -> &[Point] {
+        &self.chunk(c)[..self.main[c] as usize]
+    }
+
+    /// Each chunk's points on the ring, in order.
+    fn mains(&self) -> impl Iterator<Item = &[Point]> + '_ {
+        (0..self.len).map(|c| self.main(c))
+    }
+}
+
+// === impl Chunks ===
+
+impl Chunks {
+    fn with_capacity(n: usize) -> Self {
+        Chunks {
+            firsts: Vec::with_capacity(n),
+            mains: Vec::with_capacity(n),
+            chunks: Vec::with_capacity(n),
+        }
+    }
+
+    /// Share `group`'s chunks in `range`.
+    fn share(&mut self, group: &Group, range: Range<usize>) {
+        self.firsts
+            .extend_from_slice(&group.firsts()[range.clone()]);
+        self.mains.extend_from_slice(&group.lens()[range.clone()]);
+        self.chunks
+            .extend(group.chunk[range].iter().flatten().cloned());
+    }
+
+    /// Add chunks made again: `(first point, points on the ring, chunk)`.
+    fn push(&mut self, chunks: impl Iterator<Item = (u32, u32, Arc<[Point]>)>) {
+        for (first, main, chunk) in chunks {
+            self.firsts.push(first);
+            self.mains.push(main);
+            self.chunks.push(chunk);
+        }
+    }
+
+    /// The chunks as one group when there are at most `whole` (none when there are none), else
+    /// cut into groups of [`GROUP`]. `whole` is at most [`MAX_GROUP`].
+    fn into_groups(self, whole: usize) -> impl Iterator<Item = Group> {
+        debug_assert!(whole <= MAX_GROUP);
+        let n = self.chunks.len();
+        let size = if n <= whole { n.max(1) } else { GROUP };
+        let Chunks {
+            firsts,
+            mains,
+            chunks,
+        } = self;
+        let mut chunks = chunks.into_iter();
+        (0..n).step_by(size).map(move |at| {
+            let end = n.min(at + size);
+            let (mut first, mut main) = ([0; MAX_GROUP], [0; MAX_GROUP]);
+            first[..end - at].copy_from_slice(&firsts[at..end]);
+            main[..end - at].copy_from_slice(&mains[at..end]);
+            let mut taken = chunks.by_ref().take(end - at);
+            Group {
+                len: end - at,
+                first,
+                main,
+                chunk: std::array::from_fn(|_| taken.next()),
+            }
+        })
+    }
 }
 
 // === impl Collision ===
@@ -243,16 +378,14 @@ impl RingPicker {
         }
         let counts = counts(&ring.points, endpoint.len());
         let len = ring.points.len();
-        let (mut firsts, mut mains, mut chunks) = (Vec::new(), Vec::new(), Vec::new());
-        for (first, main, chunk) in ring.cut() {
-            firsts.push(first);
-            mains.push(main);
-            chunks.push(chunk);
-        }
+        let mut chunks = Chunks::default();
+        chunks.push(ring.cut());
+        let chunks_len = chunks.chunks.len();
+        let groups: Vec<Group> = chunks.into_groups(GROUP).collect();
         RingPicker {
-            firsts: firsts.into(),
-            mains: mains.into(),
-            chunks: chunks.into(),
+            firsts: groups.iter().map(|g| g.first[0]).collect(),
+            groups: groups.into_iter().map(Arc::new).collect(),
+            chunks: chunks_len,
             distinct: distinct(&counts),
             endpoint,
             slot: slot.into(),
@@ -278,53 +411,61 @@ impl RingPicker {
 
     /// The points in ascending order with their owners.
     pub fn points(&self) -> impl Iterator<Item = (u32, EndpointIdx)> + '_ {
-        (0..self.chunks.len())
-            .flat_map(|c| self.main(c))
+        self.groups
+            .iter()
+            .flat_map(|g| g.mains())
+            .flatten()
             .map(|&(h, s)| (h, self.endpoint[s as usize]))
-    }
-
-    /// Chunk `c`'s points on the ring.
-    #[inline]
-    fn main(&self, c: usize) -> &[Point] {
-        &self.chunks[c][..self.mains[c] as usize]
     }
 
     /// The owner of the first point at or after `point`, wrapping to the first point (Dubbo's
     /// `TreeMap.ceilingEntry`, nginx's `ngx_http_upstream_find_chash_point`).
     ///
     /// # Complexity
-    /// O(log P): a binary search over the chunks' first points, then over one chunk.
+    /// O(log P): a binary search over the groups' first points, one over a group's chunks'
+    /// first points, then one over one chunk.
     pub fn owner_at(&self, point: u32) -> Option<EndpointIdx> {
         (!self.is_empty()).then(|| self.owner(self.position(point)))
     }
 
-    /// Chunk and offset of the first point at or after `point`, wrapping to the first point.
-    /// The ring is not empty.
+    /// Group, chunk and offset of the first point at or after `point`, wrapping to the first
+    /// point. The ring is not empty.
     #[inline]
-    fn position(&self, point: u32) -> (usize, usize) {
-        let c = self.firsts.partition_point(|&f| f < point);
-        if let Some(before) = c.checked_sub(1) {
-            let main = self.main(before);
+    fn position(&self, point: u32) -> At {
+        let g = self.firsts.partition_point(|&f| f < point);
+        if let Some(before) = g.checked_sub(1) {
+            let group = &self.groups[before];
+            // At least 1: the group's first chunk starts at the group's first point.
+            let c = group.firsts().partition_point(|&f| f < point);
+            let main = group.main(c - 1);
             let i = main.partition_point(|&(h, _)| h < point);
             if i < main.len() {
-                return (before, i);
+                return (before, c - 1, i);
+            }
+            if c < group.len() {
+                return (before, c, 0);
             }
         }
-        (if c == self.chunks.len() { 0 } else { c }, 0)
+        (if g == self.groups.len() { 0 } else { g }, 0, 0)
     }
 
     #[inline]
-    fn owner(&self, (c, i): (usize, usize)) -> EndpointIdx {
-        self.endpoint[self.chunks[c][i].1 as usize]
+    fn owner(&self, (g, c, i): At) -> EndpointIdx {
+        self.endpoint[self.groups[g].chunk(c)[i].1 as usize]
     }
 
-    /// The owners clockwise from `(c, i)`, once around.
-    fn clockwise(&self, (c, i): (usize, usize)) -> impl Iterator<Item = EndpointIdx> + '_ {
-        let here = self.main(c);
-        let later = (c + 1..self.chunks.len()).chain(0..c);
+    /// The owners clockwise from `(g, c, i)`, once around.
+    fn clockwise(&self, (g, c, i): At) -> impl Iterator<Item = EndpointIdx> + '_ {
+        let group = &self.groups[g];
+        let here = group.main(c);
+        let rest = (c + 1..group.len()).map(move |c| group.main(c));
+        let others = (g + 1..self.groups.len())
+            .chain(0..g)
+            .flat_map(|g| self.groups[g].mains());
+        let start = (0..c).map(move |c| group.main(c));
         here[i..]
             .iter()
-            .chain(later.flat_map(|c| self.main(c)))
+            .chain(rest.chain(others).chain(start).flatten())
             .chain(&here[..i])
             .map(|&(_, s)| self.endpoint[s as usize])
     }

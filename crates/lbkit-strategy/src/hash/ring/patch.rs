@@ -1,43 +1,44 @@
-//! The ring of the next snapshot from the last one's: the slots renumbered, the chunks no point
-//! lands in or leaves shared, the others merged again.
+//! The ring of the next snapshot from the last one's: the slots renumbered, the groups and
+//! chunks no point lands in or leaves shared, the others made again.
 
 use std::ops::Range;
 use std::sync::Arc;
 
 use lbkit_core::{EndpointIdx, Snapshot};
 
-use super::{carry, distinct, Builder, Carry, Point, RingPicker, Slot, CHUNK, NO_SLOT};
+use super::{
+    carry, distinct, Builder, Carry, Chunks, Group, Point, RingPicker, Slot, CHUNK, GROUP, NO_SLOT,
+};
 use crate::hash::bounded::Bound;
 
 /// Puts an endpoint's points (an endpoint of the snapshot given).
 pub(crate) type Put<'a> = &'a dyn Fn(&Snapshot, EndpointIdx, &mut Vec<(u32, EndpointIdx)>);
 
-/// The chunks of the next ring, shared or merged again.
-#[derive(Default)]
+/// The groups of the next ring, shared or made again, with its counts of chunks and points.
 struct Merged {
-    /// First point of each chunk: copied for the chunks shared (reading them would touch every
-    /// chunk's memory), read for the chunks merged.
+    /// First point of each group: copied for the groups shared (reading them would touch every
+    /// group's memory), read for the groups made again.
     firsts: Vec<u32>,
-    mains: Vec<u32>,
-    chunks: Vec<Arc<[Point]>>,
+    groups: Vec<Arc<Group>>,
+    chunks: usize,
+    len: usize,
 }
 
 // === impl Merged ===
 
 impl Merged {
-    /// Share `ring`'s chunks in `range`.
+    /// Share `ring`'s groups in `range`.
     fn share(&mut self, ring: &RingPicker, range: Range<usize>) {
         self.firsts.extend_from_slice(&ring.firsts[range.clone()]);
-        self.mains.extend_from_slice(&ring.mains[range.clone()]);
-        self.chunks.extend_from_slice(&ring.chunks[range]);
+        self.groups.extend_from_slice(&ring.groups[range]);
     }
 
-    /// Add chunks merged again.
-    fn push(&mut self, chunks: impl Iterator<Item = (u32, u32, Arc<[Point]>)>) {
-        for (first, main, chunk) in chunks {
-            self.firsts.push(first);
-            self.mains.push(main);
-            self.chunks.push(chunk);
+    /// Put `chunks` (group `old`'s made again) in place of group `old`.
+    fn replace(&mut self, old: &Group, chunks: Chunks) {
+        self.chunks = self.chunks + chunks.chunks.len() - old.len();
+        for group in chunks.into_groups(2 * GROUP) {
+            self.firsts.push(group.first[0]);
+            self.groups.push(Arc::new(group));
         }
     }
 }
@@ -95,7 +96,7 @@ impl RingPicker {
     /// `put` puts an endpoint's points. Equal to a rebuild (the same points and owners; see the
     /// module's "What a change costs"). `None` when a rebuild is due: [`carry`] says so, the
     /// ring is empty, `last` is not the size of the snapshot this ring was made for, or patches
-    /// left more than twice the chunks a rebuild makes (plus 16).
+    /// left more than twice the chunks or groups a rebuild makes (plus 16).
     pub(crate) fn patch(
         &self,
         last: &Snapshot,
@@ -103,10 +104,13 @@ impl RingPicker {
         put: Put<'_>,
         bound: Option<Bound>,
     ) -> Option<RingPicker> {
-        self.patch_carried(carry(last, snapshot)?, last, snapshot, put, bound)
+        self.patch_all(carry(last, snapshot)?, last, snapshot, put, bound)
+            .filter(RingPicker::compact)
     }
 
-    pub(super) fn patch_carried(
+    /// [`patch`](Self::patch) with what the ring keeps carried, however scattered the patch
+    /// leaves the ring. `None` only when the ring is empty or was not `last`'s.
+    pub(super) fn patch_all(
         &self,
         (owners, fresh): Carry,
         last: &Snapshot,
@@ -124,20 +128,16 @@ impl RingPicker {
         let mut counts = self.counts.to_vec();
         counts.resize(slots.endpoint.len(), 0);
         let merged = self.merge(&removed, &added, &slots.endpoint, &mut counts)?;
-        let len = merged.mains.iter().map(|&m| m as usize).sum();
-        if merged.chunks.len() > 2 * usize::div_ceil(len, CHUNK) + 16 {
-            return None;
-        }
         Some(RingPicker {
             firsts: merged.firsts.into(),
-            mains: merged.mains.into(),
-            chunks: merged.chunks.into(),
+            groups: merged.groups.into(),
+            chunks: merged.chunks,
             distinct: distinct(&counts),
             endpoint: slots.endpoint.into(),
             slot: slots.slot.into(),
             free: slots.free.into(),
             counts: counts.into(),
-            len,
+            len: merged.len,
             collision: self.collision,
             key_point: self.key_point,
             bound,
@@ -145,10 +145,17 @@ impl RingPicker {
         })
     }
 
+    /// Whether the ring has at most twice the chunks and groups a rebuild makes (plus 16):
+    /// patches that leave it more scattered give way to a rebuild.
+    pub(super) fn compact(&self) -> bool {
+        self.chunks <= 2 * usize::div_ceil(self.len, CHUNK) + 16
+            && self.groups.len() <= 2 * usize::div_ceil(self.chunks, GROUP) + 16
+    }
+
     /// This ring's points less `removed`, plus `added` (both ascending), owned by the slots of
-    /// `endpoint`: the chunks an edit lands in are merged again, the others shared. `counts`
-    /// follows the points each slot holds. `None` when a removed point is not on the ring (the
-    /// ring was not the last snapshot's: rebuild).
+    /// `endpoint`: the groups and chunks an edit lands in are made again, the others shared.
+    /// `counts` follows the points each slot holds. `None` when a removed point is not on the
+    /// ring (the ring was not the last snapshot's: rebuild).
     fn merge(
         &self,
         removed: &[Point],
@@ -156,71 +163,155 @@ impl RingPicker {
         endpoint: &[EndpointIdx],
         counts: &mut [u32],
     ) -> Option<Merged> {
-        let chunk_of = |h: u32| self.firsts.partition_point(|&f| f <= h).saturating_sub(1);
-        let mut touched: Vec<usize> = removed
+        let mut touched: Vec<(usize, usize)> = removed
             .iter()
             .chain(added)
-            .map(|&(h, _)| chunk_of(h))
+            .map(|&(h, _)| self.chunk_of(h))
             .collect();
         touched.sort_unstable();
         touched.dedup();
-        let mut out = Merged::default();
+        let mut out = Merged {
+            firsts: Vec::with_capacity(self.groups.len() + 1),
+            groups: Vec::with_capacity(self.groups.len() + 1),
+            chunks: self.chunks,
+            len: self.len,
+        };
         let mut next = 0;
-        for &c in &touched {
-            out.share(self, next..c);
-            let range = self.range(c);
-            let (removed, added) = (
-                &removed[within(removed, &range)],
-                &added[within(added, &range)],
-            );
-            let ring = self.remerge(c, removed, added, endpoint, counts)?;
-            if ring.points.len() <= 2 * CHUNK {
-                out.push(ring.whole());
-            } else {
-                out.push(ring.cut());
-            }
-            next = c + 1;
+        for run in touched.chunk_by(|a, b| a.0 == b.0) {
+            let g = run[0].0;
+            out.share(self, next..g);
+            let edits = Edits {
+                removed,
+                added,
+                endpoint,
+            };
+            let chunks = self.remake(g, run.iter().map(|&(_, c)| c), &edits, counts, &mut out)?;
+            out.replace(&self.groups[g], chunks);
+            next = g + 1;
         }
-        out.share(self, next..self.chunks.len());
+        out.share(self, next..self.groups.len());
         Some(out)
     }
 
-    /// The points chunk `c` answers for: from its first point (from 0 for the first chunk) up
-    /// to the next chunk's.
-    fn range(&self, c: usize) -> Range<u64> {
-        let lo = if c == 0 { 0 } else { u64::from(self.firsts[c]) };
-        let hi = self.firsts.get(c + 1).map_or(1 << 32, |&f| u64::from(f));
-        lo..hi
+    /// Group and chunk that answer for point `h`: the last chunk whose first point is at or
+    /// before it, else the first chunk.
+    fn chunk_of(&self, h: u32) -> (usize, usize) {
+        let g = self.firsts.partition_point(|&f| f <= h).saturating_sub(1);
+        let firsts = self.groups[g].firsts();
+        (g, firsts.partition_point(|&f| f <= h).saturating_sub(1))
     }
 
-    /// Chunk `c`'s points and shadowed points, less `removed` and plus `added`, settled again
-    /// by the collision rule.
+    /// Group `g`'s chunks, the `touched` ones (ascending) merged again with their edits and
+    /// the others shared; `out.len` follows the points on the ring.
+    fn remake(
+        &self,
+        g: usize,
+        touched: impl Iterator<Item = usize>,
+        edits: &Edits<'_>,
+        counts: &mut [u32],
+        out: &mut Merged,
+    ) -> Option<Chunks> {
+        let group = &self.groups[g];
+        let mut chunks = Chunks::with_capacity(group.len() + 2);
+        let mut next = 0;
+        for c in touched {
+            chunks.share(group, next..c);
+            let range = self.range(g, c);
+            let removed = &edits.removed[within(edits.removed, &range)];
+            let added = &edits.added[within(edits.added, &range)];
+            let ring = self.remerge(group, c, removed, added, edits.endpoint, counts)?;
+            out.len = out.len + ring.points.len() - group.lens()[c] as usize;
+            if ring.points.len() <= 2 * CHUNK {
+                chunks.push(ring.whole());
+            } else {
+                chunks.push(ring.cut());
+            }
+            next = c + 1;
+        }
+        chunks.share(group, next..group.len());
+        Some(chunks)
+    }
+
+    /// The points chunk `c` of group `g` answers for: from its first point (from 0 for the
+    /// ring's first chunk) up to the next chunk's.
+    fn range(&self, g: usize, c: usize) -> Range<u64> {
+        let group = &self.groups[g];
+        let lo = if g == 0 && c == 0 {
+            0
+        } else {
+            u64::from(group.first[c])
+        };
+        let next = group.firsts().get(c + 1).or_else(|| self.firsts.get(g + 1));
+        lo..next.map_or(1 << 32, |&f| u64::from(f))
+    }
+
+    /// Chunk `c` of `group`: its points and shadowed points, less `removed` and plus `added`
+    /// (both ascending), settled again by the collision rule. Three sorted runs merged, no sort.
     fn remerge<'a>(
         &self,
+        group: &Group,
         c: usize,
         removed: &[Point],
         added: &[Point],
         endpoint: &'a [EndpointIdx],
         counts: &mut [u32],
     ) -> Option<Builder<'a>> {
-        let mut points: Vec<Point> = self.chunks[c].to_vec();
-        for &(_, s) in self.main(c) {
+        let (main, shadowed) = group.chunk(c).split_at(group.lens()[c] as usize);
+        for &(_, s) in main {
             counts[s as usize] = counts[s as usize].saturating_sub(1);
         }
-        for gone in removed {
-            let at = points.iter().position(|p| p == gone)?;
-            points.swap_remove(at);
-        }
-        points.extend_from_slice(added);
-        points.sort_unstable();
-        let mut ring = Builder::new(points.len(), self.collision, endpoint);
-        for p in points {
+        let mut ring = Builder::new(main.len() + added.len(), self.collision, endpoint);
+        let mut gone = removed.iter().peekable();
+        let kept = Merge::new(main, shadowed).filter(|p| gone.next_if_eq(p).is_none());
+        for &p in Merge::new(kept, added) {
             ring.push(p);
+        }
+        if gone.peek().is_some() {
+            return None;
         }
         for &(_, s) in &ring.points {
             counts[s as usize] += 1;
         }
         Some(ring)
+    }
+}
+
+/// The points that go and come in a patch (each ascending), and the next ring's slots.
+struct Edits<'a> {
+    removed: &'a [Point],
+    added: &'a [Point],
+    endpoint: &'a [EndpointIdx],
+}
+
+/// The points of two ascending runs, ascending.
+struct Merge<'a, A: Iterator<Item = &'a Point>> {
+    a: std::iter::Peekable<A>,
+    b: std::slice::Iter<'a, Point>,
+    b_next: Option<&'a Point>,
+}
+
+impl<'a, A: Iterator<Item = &'a Point>> Merge<'a, A> {
+    fn new(a: impl IntoIterator<IntoIter = A>, b: &'a [Point]) -> Self {
+        let mut b = b.iter();
+        let b_next = b.next();
+        Merge {
+            a: a.into_iter().peekable(),
+            b,
+            b_next,
+        }
+    }
+}
+
+impl<'a, A: Iterator<Item = &'a Point>> Iterator for Merge<'a, A> {
+    type Item = &'a Point;
+
+    #[inline]
+    fn next(&mut self) -> Option<&'a Point> {
+        match (self.a.peek(), self.b_next) {
+            (Some(x), Some(y)) if y < *x => std::mem::replace(&mut self.b_next, self.b.next()),
+            (Some(_), _) => self.a.next(),
+            (None, _) => std::mem::replace(&mut self.b_next, self.b.next()),
+        }
     }
 }
 
