@@ -21,7 +21,7 @@
 //!   went are hashed, only the ring's chunks their points land in are merged again, and only the
 //!   groups of chunks those lie in are made again; the rest is shared (see `ring.rs`). One
 //!   endpoint out and one in among 10 000: 0.46 ms against 81 ms from scratch (BENCHMARKS.md,
-//!   "What a change costs a strategy"); with the chunks in groups, 0.50 against 0.76 ms in the
+//!   "What a change costs a strategy"); with the chunks in groups, 0.50 against 0.77 ms in the
 //!   same runs, and 6.0 % of a core against 10.5 % following 10 000 ZooKeeper providers at
 //!   1 %/s ("Hash rings under churn: chunks in groups").
 //! * **Behaviour under trouble**: blind to load unless `balance_factor` is set. The ring holds
