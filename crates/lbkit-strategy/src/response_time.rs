@@ -175,7 +175,7 @@ impl Picker for ResponseTimePicker {
             Inner::RoundRobin(_) => format!("{avg}; round robin until response times are known"),
             Inner::Weighted(p) => {
                 let (w, total) = p.weight_of(idx)?;
-                format!("{avg}; {}", share(w, total))
+                format!("{avg}; {}", share(w, total, None))
             }
         })
     }

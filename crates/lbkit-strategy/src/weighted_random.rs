@@ -38,7 +38,7 @@ use std::sync::Arc;
 use lbkit_core::{EndpointIdx, PickContext, PickError, Picker, Snapshot, Strategy, Timestamp};
 
 use crate::alias::AliasTable;
-use crate::common::{all_equal, effective_weights, share};
+use crate::common::{all_equal, coverage_of, effective_weights, share};
 
 /// Weighted random choice (Dubbo's `random`).
 #[derive(Debug, Clone, Copy, Default)]
@@ -52,7 +52,7 @@ impl Strategy for WeightedRandom {
     }
 
     fn prepare(&self, snapshot: &Arc<Snapshot>, now: Timestamp) -> WeightedRandomPicker {
-        WeightedRandomPicker::new(&effective_weights(snapshot, now))
+        WeightedRandomPicker::new(&effective_weights(snapshot, now)).with_coverage(snapshot)
     }
 }
 
@@ -61,6 +61,8 @@ impl Strategy for WeightedRandom {
 pub struct WeightedRandomPicker {
     draw: Draw,
     weights: Box<[(EndpointIdx, u64)]>,
+    /// The aperture's coverage the weights include, for `--explain`.
+    coverage: Option<Box<[u32]>>,
 }
 
 #[derive(Debug)]
@@ -82,7 +84,14 @@ impl WeightedRandomPicker {
         WeightedRandomPicker {
             draw,
             weights: weights.into(),
+            coverage: None,
         }
+    }
+
+    /// Say in `--explain` the aperture coverage `snapshot`'s weights include, if any.
+    pub(crate) fn with_coverage(mut self, snapshot: &Snapshot) -> Self {
+        self.coverage = coverage_of(snapshot);
+        self
     }
 
     /// The weight used for `idx`, and the total.
@@ -111,6 +120,7 @@ impl Picker for WeightedRandomPicker {
             Draw::Alias(t) => t.total() == total,
             Draw::Uniform(_) => true,
         });
-        Some(share(w, total))
+        let coverage = self.coverage.as_ref().map(|c| c[idx.get()]);
+        Some(share(w, total, coverage))
     }
 }

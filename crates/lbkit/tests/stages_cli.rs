@@ -324,3 +324,44 @@ fn bad_stage_flags_exit_2_naming_the_flag() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("give priority or backup"));
 }
+
+/// Under a deterministic aperture that covers its edge servers partly, the weighted
+/// strategies' `--explain` says the weight they draw by is the effective weight times the
+/// coverage: 10 servers, 7 clients, aperture 3, client 0 covers x0..x3 wholly (coverage 7)
+/// and x4 for 2 sevenths.
+#[test]
+fn explain_names_the_aperture_coverage_in_the_weight_drawn_by() {
+    let dir = tempfile::tempdir().unwrap();
+    let eps: Vec<String> = (0..10)
+        .map(|i| format!(r#"{{"address":"x{i}:1"}}"#))
+        .collect();
+    let eps = file(&dir, "eps.json", &format!("[{}]", eps.join(",")));
+    for strategy in ["weighted-round-robin", "weighted-random", "least-request"] {
+        let text = ok(&[
+            "pick",
+            "-s",
+            strategy,
+            "-f",
+            &eps,
+            "--aperture",
+            "3",
+            "--client-index",
+            "0",
+            "--client-count",
+            "7",
+            "--explain",
+        ]);
+        let whole = "weight 700 = effective weight 100 × aperture coverage 7 (23.33% of picks)";
+        let edge = "weight 200 = effective weight 100 × aperture coverage 2 (6.67% of picks)";
+        assert_eq!(text.matches(whole).count(), 4, "{strategy}: {text}");
+        assert_eq!(text.matches(edge).count(), 1, "{strategy}: {text}");
+    }
+    // Without an aperture the note is as before.
+    let text = ok(&["pick", "-s", "weighted-random", "-f", &eps, "--explain"]);
+    assert_eq!(
+        text.matches("weight 100 (10.00% of picks)").count(),
+        10,
+        "{text}"
+    );
+    assert!(!text.contains("coverage"), "{text}");
+}

@@ -291,7 +291,7 @@ impl Picker for AdaptivePicker {
             format!("mean weight ({r})")
         });
         Some(match &self.order {
-            Order::Wrr(_) => format!("{}; {source}", share(w, total)),
+            Order::Wrr(_) => format!("{}; {source}", share(w, total, None)),
             Order::P2c(p) => format!("weight {w} of 1000, {source}; {}", p.explain(idx, now)?),
         })
     }

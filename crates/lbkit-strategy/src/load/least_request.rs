@@ -73,10 +73,10 @@ impl Strategy for LeastRequest {
         let mode = if all_equal(&weights) {
             Mode::Choices(IndexList::new(weights.iter().map(|&(i, _)| i).collect()))
         } else if self.bias == 0.0 {
-            Mode::Static(SmoothWeightedPicker::from_weights(
-                weights.clone(),
-                self.counter.of(snapshot),
-            ))
+            Mode::Static(
+                SmoothWeightedPicker::from_weights(weights.clone(), self.counter.of(snapshot))
+                    .with_coverage(snapshot),
+            )
         } else {
             match AliasTable::new(&weights) {
                 Some(alias) => {
@@ -188,10 +188,14 @@ impl Picker for LeastRequestPicker {
             Mode::Weighted { weight, .. } => {
                 let w = weight[idx.get()];
                 format!(
-                    "effective weight {w} / ({load} + 1)^{} = {:.3}; static {}",
+                    "weight {w} / ({load} + 1)^{} = {:.3}; static {}",
                     self.bias,
                     w as f64 / self.load_factor(idx),
-                    share(w, self.total)
+                    share(
+                        w,
+                        self.total,
+                        self.snapshot.coverage().map(|c| c[idx.get()])
+                    )
                 )
             }
         })

@@ -69,7 +69,7 @@ use lbkit_core::{
     weight_gcd as gcd, EndpointIdx, PickContext, PickError, Picker, Snapshot, Strategy, Timestamp,
 };
 
-use crate::common::{effective_weights, share};
+use crate::common::{coverage_of, effective_weights, share};
 use crate::round_robin::{Counters, SharedCounter};
 
 /// Longest cycle kept in memory (4 MiB of indices): beyond it, a folded cycle is stored.
@@ -136,6 +136,7 @@ impl Strategy for SmoothWeightedRoundRobin {
             self.counter.of(snapshot),
             Unroll::Yes,
         )
+        .with_coverage(snapshot)
     }
 }
 
@@ -146,6 +147,8 @@ pub struct SmoothWeightedPicker {
     weights: Box<[(EndpointIdx, u64)]>,
     total: u64,
     counter: SharedCounter,
+    /// The aperture's coverage the weights include, for `--explain`.
+    coverage: Option<Box<[u32]>>,
 }
 
 /// Which order a stored cycle holds.
@@ -225,7 +228,14 @@ impl SmoothWeightedPicker {
             weights: weights.into_boxed_slice(),
             total,
             counter,
+            coverage: None,
         }
+    }
+
+    /// Say in `--explain` the aperture coverage `snapshot`'s weights include, if any.
+    pub(crate) fn with_coverage(mut self, snapshot: &Snapshot) -> Self {
+        self.coverage = coverage_of(snapshot);
+        self
     }
 
     /// Whether the exact nginx cycle is kept (rather than the golden-ratio stride).
@@ -257,7 +267,8 @@ impl Picker for SmoothWeightedPicker {
             Order::Folded(_) => "folded golden stride cycle",
             Order::Stride(_) => "golden stride",
         };
-        Some(format!("{}, {mode}", share(w, self.total)))
+        let coverage = self.coverage.as_ref().map(|c| c[idx.get()]);
+        Some(format!("{}, {mode}", share(w, self.total, coverage)))
     }
 }
 
