@@ -337,3 +337,53 @@ impl<P: Protocol> StreamTask<P> {
         true
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::session::tests::set;
+
+    /// A stream over `cache` that has seen its state, as after its first answer.
+    fn stream(
+        cache: &Cache,
+    ) -> (
+        StreamTask<Session>,
+        mpsc::Receiver<Result<DiscoveryResponse, Status>>,
+    ) {
+        let (tx, rx) = mpsc::channel(16);
+        let mut task = StreamTask::<Session> {
+            peer: "test".to_owned(),
+            states: cache.subscribe(),
+            clock: cache.clock().clone(),
+            metrics: Arc::new(Metrics::default()),
+            tx,
+        };
+        task.states.borrow_and_update();
+        (task, rx)
+    }
+
+    /// A change that lands while the server answers a request (RELIABILITY.md: "a change
+    /// racing a request"): answering reads the state without marking it seen, so the change
+    /// still wakes the stream's loop and reaches every subscribed type, not only the one the
+    /// request asked for.
+    #[tokio::test]
+    async fn a_change_racing_a_request_still_wakes_the_stream() {
+        let cache = Cache::new();
+        set(&cache, "a", &["127.0.0.1:1"]);
+        let (mut task, mut rx) = stream(&cache);
+        let mut session = Session::new();
+        // The change lands after the stream's last wake-up, before the request is answered.
+        set(&cache, "a", &["127.0.0.1:2"]);
+        let request = DiscoveryRequest {
+            type_url: Kind::Cluster.type_url().to_owned(),
+            ..DiscoveryRequest::default()
+        };
+        assert!(task.on_request(&mut session, &request).await);
+        let answer = rx.try_recv().expect("the request is answered").unwrap();
+        assert_eq!(answer.type_url, Kind::Cluster.type_url());
+        assert!(
+            task.states.has_changed().unwrap(),
+            "answering the request marked the change seen: the stream's loop would sleep through it"
+        );
+    }
+}
