@@ -438,10 +438,11 @@ impl RingPicker {
             let group = &self.groups[before];
             // At least 1: the group's first chunk starts at the group's first point.
             let c = group.firsts().partition_point(|&f| f < point);
-            let main = group.main(c - 1);
+            let prev = c.saturating_sub(1);
+            let main = group.main(prev);
             let i = main.partition_point(|&(h, _)| h < point);
             if i < main.len() {
-                return (before, c - 1, i);
+                return (before, prev, i);
             }
             if c < group.len() {
                 return (before, c, 0);

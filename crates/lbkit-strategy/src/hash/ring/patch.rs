@@ -176,15 +176,15 @@ impl RingPicker {
             chunks: self.chunks,
             len: self.len,
         };
+        let edits = Edits {
+            removed,
+            added,
+            endpoint,
+        };
         let mut next = 0;
         for run in touched.chunk_by(|a, b| a.0 == b.0) {
             let g = run[0].0;
             out.share(self, next..g);
-            let edits = Edits {
-                removed,
-                added,
-                endpoint,
-            };
             let chunks = self.remake(g, run.iter().map(|&(_, c)| c), &edits, counts, &mut out)?;
             out.replace(&self.groups[g], chunks);
             next = g + 1;
