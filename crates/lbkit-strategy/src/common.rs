@@ -25,17 +25,47 @@ pub(crate) fn coverage_of(snapshot: &Snapshot) -> Option<Box<[u32]>> {
 /// the weight includes one ([`coverage_of`]).
 pub(crate) fn share(weight: u64, total: u64, coverage: Option<u32>) -> String {
     let mut text = format!("weight {weight}");
-    if let Some(c) = coverage.filter(|&c| c > 0) {
-        let saturated = if weight == u64::from(u32::MAX) {
-            ", saturated"
-        } else {
-            ""
-        };
-        let base = weight / u64::from(c);
-        text += &format!(" = effective weight {base} × aperture coverage {c}{saturated}");
+    match coverage.filter(|&c| c > 0) {
+        // The product stopped at u32::MAX: the effective weight is not the quotient.
+        Some(c) if c > 1 && weight == u64::from(u32::MAX) => {
+            text += &format!(" (saturated: effective weight × aperture coverage {c})");
+        }
+        Some(c) => {
+            let base = weight / u64::from(c);
+            text += &format!(" = effective weight {base} × aperture coverage {c}");
+        }
+        None => {}
     }
     if total > 0 {
         text += &format!(" ({:.2}% of picks)", weight as f64 * 100.0 / total as f64);
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::share;
+
+    /// `--explain`'s weight text: plain, under an aperture's coverage, and saturated (where
+    /// the quotient is not the effective weight, so none is claimed).
+    #[test]
+    fn share_names_the_coverage_and_no_quotient_when_saturated() {
+        assert_eq!(share(100, 400, None), "weight 100 (25.00% of picks)");
+        assert_eq!(share(7, 0, None), "weight 7");
+        assert_eq!(
+            share(700, 2800, Some(7)),
+            "weight 700 = effective weight 100 × aperture coverage 7 (25.00% of picks)"
+        );
+        let max = u64::from(u32::MAX);
+        assert_eq!(
+            share(max, 0, Some(3)),
+            format!("weight {max} (saturated: effective weight × aperture coverage 3)")
+        );
+        // A weight of u32::MAX at coverage 1 is exact, not saturated.
+        assert_eq!(
+            share(max, 0, Some(1)),
+            format!("weight {max} = effective weight {max} × aperture coverage 1")
+        );
+        assert_eq!(share(100, 0, Some(0)), "weight 100");
+    }
 }

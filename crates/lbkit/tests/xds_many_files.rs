@@ -5,6 +5,8 @@
 //! serves the process now. Checked end to end: the server starts and serves the first and the
 //! last service's endpoint to `lbkit watch --xds`, and follows a change of the last file.
 //!
+//! It catches the old failure where `fs.inotify.max_user_instances` is at Linux's default (128,
+//! as on the project's machines); where a machine raises it, it checks that the server serves.
 //! Its own test binary: no other test's watchers count against the limit.
 
 #[path = "faults/procs.rs"]

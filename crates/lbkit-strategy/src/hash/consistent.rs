@@ -15,8 +15,8 @@
 //!   is the same in Dubbo 2.6, 2.7 and 3.x.
 //! * **Complexity**: prepare O(P log P) with P = `nodes` × endpoints (one MD5 per 4 points); pick:
 //!   one MD5 of the key (≈ 100–200 ns for short keys) plus an O(log P) binary search; memory 8
-//!   bytes per point (160 points: 1.25 KiB per endpoint), and under one more per point for the
-//!   chunks a patch shares.
+//!   bytes per point (160 points: 1.25 KiB per endpoint), and about one more per point for the
+//!   chunks and groups a patch shares (a group's fixed tables hold 32 chunks; a rebuild fills 16).
 //! * **A change**: patched, not rebuilt (`Strategy::prepare_next`): only the endpoints that came or
 //!   went are hashed, only the ring's chunks their points land in are merged again, and only the
 //!   groups of chunks those lie in are made again; the rest is shared (see `ring.rs`). One

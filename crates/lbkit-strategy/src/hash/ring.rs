@@ -11,7 +11,7 @@
 //! the O(kv · GROUP) chunks beside the merged ones: one reference count for each shared group
 //! or chunk, where one for every chunk cost most of a patch. A pick costs a binary search over
 //! the groups' first points, one over a group's chunks' first points, then one over one chunk:
-//! 1.6–5.6 ns more than a ring of chunks alone, for 0.55–0.65× the cost of a patch.
+//! 1.9–5.6 ns more than a ring of chunks alone, for 0.55–0.65× the cost of a patch.
 //! BENCHMARKS.md ("What a change costs a strategy", "Hash rings under churn: chunks in
 //! groups") has the figures.
 
@@ -438,6 +438,7 @@ impl RingPicker {
             let group = &self.groups[before];
             // At least 1: the group's first chunk starts at the group's first point.
             let c = group.firsts().partition_point(|&f| f < point);
+            debug_assert!(c > 0, "a group's first point is the ring's group first");
             let prev = c.saturating_sub(1);
             let main = group.main(prev);
             let i = main.partition_point(|&(h, _)| h < point);

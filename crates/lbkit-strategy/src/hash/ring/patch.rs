@@ -148,8 +148,9 @@ impl RingPicker {
     /// Whether the ring has at most twice the chunks and groups a rebuild makes (plus 16):
     /// patches that leave it more scattered give way to a rebuild.
     pub(super) fn compact(&self) -> bool {
-        self.chunks <= 2 * usize::div_ceil(self.len, CHUNK) + 16
-            && self.groups.len() <= 2 * usize::div_ceil(self.chunks, GROUP) + 16
+        let chunks = usize::div_ceil(self.len, CHUNK);
+        self.chunks <= 2 * chunks + 16
+            && self.groups.len() <= 2 * usize::div_ceil(chunks, GROUP) + 16
     }
 
     /// This ring's points less `removed`, plus `added` (both ascending), owned by the slots of

@@ -106,6 +106,7 @@ proptest! {
                 .collect();
             let next = b.reset_from(specs.iter().map(Cow::Borrowed), Timestamp::ZERO);
             let rebuilt = ring(&next, collision, &put);
+            lookups_agree(&rebuilt);
             let carried = carry_all(&last, &next).expect("key order");
             // None only when the last ring was empty: a patch that gives up (a removed point
             // not found where it looked) would hide its mistakes behind a rebuild. A ring left
