@@ -733,20 +733,10 @@ impl Controller {
         let mut source = std::pin::pin!(source);
         let mut source_open = true;
         let mut health = self.health.take();
-        let every = |d: Option<Duration>| {
-            let mut i = tokio::time::interval(d.unwrap_or(Duration::from_secs(3_600)));
-            i.set_missed_tick_behavior(MissedTickBehavior::Delay);
-            i
-        };
         let mut outliers = every(self.config.outlier.map(|o| o.interval));
         let mut refresh = every(self.config.refresh);
         let ticking = self.config.refresh.is_some() || self.detector.is_some();
-        if self.dirty {
-            // An initial set (a reload's hand-over) is served before the source speaks.
-            self.dirty = false;
-            let s = self.rebuild();
-            self.publish(&mut target, s);
-        }
+        self.publish_initial(&mut target);
         while target.alive()
             && (source_open || health.is_some() || ticking || self.removal.len() > 0)
         {
@@ -770,15 +760,7 @@ impl Controller {
                     }
                     None => health = None,
                 },
-                _ = outliers.tick(), if self.detector.is_some() => {
-                    let ejections = self.metrics.ejections();
-                    if let Some(s) = self.tick_outliers(self.clock.now()) {
-                        self.publish(&mut target, s);
-                        if self.metrics.ejections() != ejections {
-                            target.ejections(&self.ejected);
-                        }
-                    }
-                }
+                _ = outliers.tick(), if self.detector.is_some() => self.on_outlier_tick(&mut target),
                 _ = refresh.tick(), if self.config.refresh.is_some() => {
                     target.tick(self.clock.now());
                 }
@@ -787,6 +769,27 @@ impl Controller {
                         self.publish(&mut target, s);
                     }
                 }
+            }
+        }
+    }
+
+    /// An initial set (a reload's hand-over) is served before the source speaks.
+    fn publish_initial<T: Target>(&mut self, target: &mut T) {
+        if self.dirty {
+            self.dirty = false;
+            let s = self.rebuild();
+            self.publish(target, s);
+        }
+    }
+
+    /// The outlier detector's tick: publish what it ejected or readmitted, and tell `target`
+    /// of the ejections when there are new ones.
+    fn on_outlier_tick<T: Target>(&mut self, target: &mut T) {
+        let ejections = self.metrics.ejections();
+        if let Some(s) = self.tick_outliers(self.clock.now()) {
+            self.publish(target, s);
+            if self.metrics.ejections() != ejections {
+                target.ejections(&self.ejected);
             }
         }
     }
@@ -861,6 +864,14 @@ async fn sleep_until(at: Option<tokio::time::Instant>) {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
     }
+}
+
+/// A tick every `d` (hourly when `None`: the branch it drives is off), late ticks delayed, not
+/// bunched.
+fn every(d: Option<Duration>) -> tokio::time::Interval {
+    let mut i = tokio::time::interval(d.unwrap_or(Duration::from_secs(3_600)));
+    i.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    i
 }
 
 async fn recv(rx: &mut Option<mpsc::Receiver<(EndpointKey, bool)>>) -> Option<(EndpointKey, bool)> {

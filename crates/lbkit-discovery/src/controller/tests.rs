@@ -285,6 +285,40 @@ fn a_held_empty_push_stays_held_through_health_changes_and_ejections() {
     assert_eq!(addrs(&next), vec![("c:1", 1)]);
 }
 
+/// A target that counts publishes and ticks, and hands each snapshot published to a channel;
+/// alive while that channel is.
+struct Probe {
+    snaps: tokio::sync::mpsc::UnboundedSender<Arc<Snapshot>>,
+    ticks: Arc<std::sync::atomic::AtomicUsize>,
+    published: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Probe {
+    fn new() -> (Probe, tokio::sync::mpsc::UnboundedReceiver<Arc<Snapshot>>) {
+        let (snaps, rx) = tokio::sync::mpsc::unbounded_channel();
+        let probe = Probe {
+            snaps,
+            ticks: Arc::default(),
+            published: Arc::default(),
+        };
+        (probe, rx)
+    }
+}
+
+impl Target for Probe {
+    fn publish(&mut self, s: Arc<Snapshot>, _: Timestamp) -> Vec<EndpointKey> {
+        self.published.fetch_add(1, Relaxed);
+        let _ = self.snaps.send(s);
+        Vec::new()
+    }
+    fn tick(&mut self, _: Timestamp) {
+        self.ticks.fetch_add(1, Relaxed);
+    }
+    fn alive(&self) -> bool {
+        !self.snaps.is_closed()
+    }
+}
+
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn the_run_loop_holds_the_set_through_health_results_and_ticks() {
     let (tx, stream) = source::channel();
@@ -293,32 +327,8 @@ async fn the_run_loop_holds_the_set_through_health_results_and_ticks() {
         refresh: Some(Duration::from_millis(250)),
         ..ControllerConfig::default()
     };
-    let published = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let ticks = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let (snap_tx, mut snaps) = tokio::sync::mpsc::unbounded_channel();
-    struct Probe {
-        snaps: tokio::sync::mpsc::UnboundedSender<Arc<Snapshot>>,
-        ticks: Arc<std::sync::atomic::AtomicUsize>,
-        published: Arc<std::sync::atomic::AtomicUsize>,
-    }
-    impl Target for Probe {
-        fn publish(&mut self, s: Arc<Snapshot>, _: Timestamp) -> Vec<EndpointKey> {
-            self.published.fetch_add(1, Relaxed);
-            let _ = self.snaps.send(s);
-            Vec::new()
-        }
-        fn tick(&mut self, _: Timestamp) {
-            self.ticks.fetch_add(1, Relaxed);
-        }
-        fn alive(&self) -> bool {
-            !self.snaps.is_closed()
-        }
-    }
-    let probe = Probe {
-        snaps: snap_tx,
-        ticks: ticks.clone(),
-        published: published.clone(),
-    };
+    let (probe, mut snaps) = Probe::new();
+    let (ticks, published) = (probe.ticks.clone(), probe.published.clone());
     let task = tokio::spawn(
         Controller::new(config)
             .with_health(health_rx)
