@@ -112,7 +112,8 @@ mod change {
     use std::sync::Arc;
 
     use divan::{black_box, Bencher};
-    use lbkit_core::{EndpointSpec, Snapshot, SnapshotBuilder, Strategy, Timestamp};
+    use lbkit_core::route::TAG_KEY;
+    use lbkit_core::{Balancer, EndpointSpec, Snapshot, SnapshotBuilder, Strategy, Timestamp};
     use lbkit_strategy::{
         ConsistentHash, Ketama, LeastRequest, Maglev, P2cEwma, Rendezvous, RoundRobin,
         SmoothWeightedRoundRobin, WeightedRandom,
@@ -123,10 +124,24 @@ mod change {
 
     /// The last set and the next: the 5 000th endpoint gone, one new (last in key order).
     fn sets() -> (Arc<Snapshot>, Arc<Snapshot>) {
+        sets_tagged(false)
+    }
+
+    /// [`sets`], and with `tagged` a third of the endpoints carry Dubbo's tag `blue`, a third
+    /// `green` (by their address), the rest none.
+    fn sets_tagged(tagged: bool) -> (Arc<Snapshot>, Arc<Snapshot>) {
         let mut addresses: Vec<String> = (0..N).map(lbkit_bench::address).collect();
         addresses.sort();
+        let spec = |a: &String| {
+            let s = EndpointSpec::new(a);
+            match a.bytes().map(u32::from).sum::<u32>() % 3 {
+                0 if tagged => s.with_meta(TAG_KEY, "blue"),
+                1 if tagged => s.with_meta(TAG_KEY, "green"),
+                _ => s,
+            }
+        };
         let specs = |a: &[String]| -> Vec<EndpointSpec> {
-            let mut s: Vec<EndpointSpec> = a.iter().map(EndpointSpec::new).collect();
+            let mut s: Vec<EndpointSpec> = a.iter().map(spec).collect();
             s.sort_by(|x, y| x.key.cmp(&y.key));
             s
         };
@@ -191,6 +206,22 @@ mod change {
         b.bench_local(|| {
             let (from, to) = (&sets[at], &sets[1 - at]);
             picker = black_box(&strategy).prepare_next(from, &picker, to, Timestamp::ZERO);
+            at = 1 - at;
+        });
+    }
+
+    /// A balancer's publishes in a row (an endpoint gone, then back) when the endpoints carry
+    /// tags: the whole set's ring and one ring for each of the three subsets (`blue`, `green`,
+    /// the untagged), each old snapshot and its rings dropped, as the proxy's Controller does.
+    #[divan::bench(sample_count = 10)]
+    fn consistent_hash_tagged_publish(b: Bencher) {
+        let (last, next) = sets_tagged(true);
+        let lb = Balancer::new(ConsistentHash::new(), last.clone(), Timestamp::ZERO);
+        assert_eq!(lb.current().tag_sets(), 3);
+        let sets = [last, next];
+        let mut at = 1;
+        b.bench_local(|| {
+            lb.publish(black_box(sets[at].clone()), Timestamp::ZERO);
             at = 1 - at;
         });
     }

@@ -47,6 +47,26 @@ struct Tagged<P> {
     pickers: Box<[P]>,
 }
 
+// === impl Tagged ===
+
+impl<P: Picker> Tagged<P> {
+    /// The pickers of `table`'s subsets, each from the last snapshot's picker of the same
+    /// requests' subset where there is one ([`TagTable::counterpart`]), else from scratch.
+    fn prepare<S>(strategy: &S, table: TagTable, now: Timestamp, last: Option<&Self>) -> Self
+    where
+        S: Strategy<Picker = P>,
+    {
+        let from_last = |i| last.and_then(|l| Some((l, l.table.counterpart(&table, i)?)));
+        let pickers = (table.subsets.iter().enumerate())
+            .map(|(i, s)| match from_last(i) {
+                Some((l, j)) => strategy.prepare_next(&l.table.subsets[j], &l.pickers[j], s, now),
+                None => strategy.prepare(s, now),
+            })
+            .collect();
+        Tagged { table, pickers }
+    }
+}
+
 // === impl Prepared ===
 
 impl<P: Picker> Prepared<P> {
@@ -745,12 +765,8 @@ fn prepare<S: Strategy>(
     last: Option<&Prepared<S::Picker>>,
 ) -> Prepared<S::Picker> {
     let tags = TagTable::of(&snapshot).map(|table| {
-        let pickers = table
-            .subsets
-            .iter()
-            .map(|s| strategy.prepare(s, now))
-            .collect();
-        Box::new(Tagged { table, pickers })
+        let last = last.and_then(|l| l.tags.as_deref());
+        Box::new(Tagged::prepare(strategy, table, now, last))
     });
     let tag_sets = tags.as_ref().map_or(&[][..], |t| &t.table.subsets[..]);
     let mut staged = Staged::prepare(strategy, stages, &snapshot, tag_sets, now);

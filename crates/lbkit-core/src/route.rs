@@ -23,7 +23,10 @@
 //!
 //! Each distinct set gets its own picker, prepared with the others once per snapshot change
 //! ([`Prepared`](crate::Prepared)), so a tagged pick costs the strategy's pick plus a binary
-//! search of the tag table, and failover retries stay within the request's set. Only the
+//! search of the tag table, and failover retries stay within the request's set. A set's picker
+//! is prepared from the last snapshot's picker of the same requests' set
+//! ([`Strategy::prepare_next`](crate::Strategy::prepare_next)), so a change of k endpoints
+//! costs a tagged fleet's hash rings O(k) patches, not one rebuild per tag. Only the
 //! [`MAX_TAG_SETS`] largest sets get a picker: requests for the others (a fleet that tags every
 //! provider apart, say) pick at random among the set's members, passing over those the
 //! availability filter or the call's earlier attempts rule out.
@@ -402,6 +405,29 @@ impl TagTable {
     /// The rule's key, when a rule applies.
     pub(crate) fn rule(&self) -> Option<&str> {
         self.rule.as_deref()
+    }
+
+    /// The subset of this table (the last snapshot's) that the requests now led to `next`'s
+    /// subset `i` were led to: through a tag that leads to it in both, else as the untagged or
+    /// the fallback set of both. `None` when those requests went to all of the last snapshot,
+    /// to a member list or nowhere. The pair is what a picker of `next`'s subset is prepared
+    /// from ([`Strategy::prepare_next`](crate::Strategy::prepare_next)), so a change of k
+    /// endpoints costs a tag subset's ring O(k) as it costs the whole snapshot's.
+    pub(crate) fn counterpart(&self, next: &TagTable, i: usize) -> Option<usize> {
+        let i = Lead::Subset(u32::try_from(i).ok()?);
+        let by_tag = next.tags.iter().filter(|t| t.lead == i).find_map(|t| {
+            match self.tags.binary_search_by(|e| e.name.cmp(&t.name)) {
+                Ok(at) => Some(self.tags[at].lead),
+                Err(_) => None,
+            }
+        });
+        let lead = by_tag
+            .or_else(|| (next.untagged == i).then_some(self.untagged))
+            .or_else(|| (next.fallback == i).then_some(self.fallback))?;
+        match lead {
+            Lead::Subset(j) => Some(j as usize),
+            _ => None,
+        }
     }
 }
 

@@ -47,9 +47,10 @@ pub trait Strategy: Send + Sync + 'static {
     ///
     /// The [`Balancer`](crate::Balancer) calls this for the picker of its whole snapshot on
     /// every publish, refresh tick and change of stages after the first, off the request path
-    /// (picks keep the last picker until the new one is swapped in). The pickers of tag subsets
-    /// and of stages that narrow the whole set (tiers, an aperture) are prepared from scratch.
-    /// The default prepares from scratch.
+    /// (picks keep the last picker until the new one is swapped in), and for the picker of each
+    /// tag subset whose requests had a subset in the last snapshot too (the same tag, or the
+    /// untagged or fallback set). The pickers of stages that narrow the whole set (tiers, an
+    /// aperture) are prepared from scratch. The default prepares from scratch.
     fn prepare_next(
         &self,
         last_snapshot: &Arc<Snapshot>,
@@ -462,5 +463,41 @@ mod tests {
         let mut rng = FastRng::seed_from_u64(1);
         let mut cx = PickContext::new(Timestamp::ZERO, &mut rng);
         assert_eq!(current.picker().pick(&mut cx), Ok(EndpointIdx::new(0)));
+    }
+
+    /// The pickers of tag subsets are prepared from the last snapshot's picker of the same
+    /// requests' subset too; a tag new to the set gets one from scratch.
+    #[test]
+    fn tag_subsets_prepare_from_the_last_subsets_picker() {
+        use crate::route::TAG_KEY;
+        let counting = Arc::new(Counting::default());
+        let snap = |tags: &[(&str, Option<&str>)]| {
+            let specs = tags.iter().map(|&(a, t)| match t {
+                Some(t) => EndpointSpec::new(a).with_meta(TAG_KEY, t),
+                None => EndpointSpec::new(a),
+            });
+            Arc::new(Snapshot::from_specs(specs.collect(), Timestamp::ZERO))
+        };
+        let first = snap(&[("a:1", Some("x")), ("b:1", Some("y")), ("c:1", None)]);
+        let lb = Balancer::new(counting.clone(), first, Timestamp::ZERO);
+        // The whole set, then subsets x, y and the untagged one.
+        assert_eq!(lb.current().tag_sets(), 3);
+        assert_eq!(counting.fresh.load(Ordering::Relaxed), 4);
+        let next = [("a:1", Some("x")), ("d:1", Some("x")), ("b:1", Some("y"))];
+        let next = snap(&[next[0], next[1], next[2], ("c:1", None), ("e:1", Some("z"))]);
+        lb.publish(next, Timestamp::ZERO);
+        assert_eq!(lb.current().tag_sets(), 4);
+        assert_eq!(
+            counting.carried.load(Ordering::Relaxed),
+            4,
+            "whole, x, y, untagged"
+        );
+        assert_eq!(counting.fresh.load(Ordering::Relaxed), 5, "z");
+        let mut rng = FastRng::seed_from_u64(1);
+        for (t, want) in [(&b"x"[..], "a:1"), (b"y", "b:1"), (b"z", "e:1")] {
+            let mut cx = PickContext::new(Timestamp::ZERO, &mut rng).with_tag(RequestTag::new(t));
+            let at = lb.current().select(&mut cx, lb.availability()).unwrap();
+            assert_eq!(lb.current().snapshot().endpoint(at).address(), want);
+        }
     }
 }

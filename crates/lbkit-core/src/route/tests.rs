@@ -324,3 +324,31 @@ fn beyond_the_prepared_sets_tags_pick_among_their_members() {
         .with_tag(RequestTag::new(b"t39"));
     assert_eq!(b.pick_untried(&mut cx).err(), Some(PickError::AllTried));
 }
+
+/// A subset of the next table is paired with the last table's subset of the same requests (its
+/// picker is prepared from that one's): by tag, else as the untagged set. A tag new to the
+/// next table has none.
+#[test]
+fn a_subset_is_paired_with_the_last_subset_of_the_same_requests() {
+    let now = Timestamp::ZERO;
+    let table = |tags: &[(u8, Option<&str>)]| {
+        let specs = tags
+            .iter()
+            .map(|&(i, t)| spec(&format!("10.0.0.{i}:1"), t))
+            .collect();
+        TagTable::of(&Snapshot::from_specs(specs, now)).expect("tagged")
+    };
+    let (a, b, c) = (Some("a"), Some("b"), Some("c"));
+    let last = table(&[(1, a), (2, a), (3, b), (4, None), (5, None)]);
+    let next = table(&[(1, a), (2, a), (6, a), (3, b), (7, c), (4, None), (5, None)]);
+    let subset = |t: &TagTable, name: Option<&str>| match t.lead(name.and_then(tag).as_ref()) {
+        Ok((Lead::Subset(i), _)) => i as usize,
+        other => panic!("{name:?}: {other:?}"),
+    };
+    for name in [a, b, None] {
+        let (i, j) = (subset(&next, name), subset(&last, name));
+        assert_eq!(last.counterpart(&next, i), Some(j), "{name:?}");
+    }
+    assert_eq!(last.counterpart(&next, subset(&next, c)), None);
+    assert_eq!(last.counterpart(&next, next.subsets.len()), None);
+}

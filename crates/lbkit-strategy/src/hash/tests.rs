@@ -213,3 +213,66 @@ fn pickers_prepared_from_the_last_pick_as_rebuilt_ones() {
         }
     }
 }
+
+/// A balancer whose endpoints carry Dubbo tags prepares each tag subset's ring from the last
+/// one (patched), and picks in every subset as a balancer made from scratch on the same set:
+/// providers coming, going and moving between tags, for each tag, untagged requests and an
+/// unknown tag (the fallback).
+#[test]
+fn tag_subsets_patched_pick_as_rebuilt_ones() {
+    use lbkit_core::route::TAG_KEY;
+    use lbkit_core::{Balancer, RequestTag};
+    use std::borrow::Cow;
+    let tags = [Some("blue"), Some("green"), None];
+    let spec = |p: u32, t: usize| {
+        let s = EndpointSpec::new(format!("10.1.{}.{}:20880", p / 200, p % 200 + 1));
+        match tags[t] {
+            Some(name) => s.with_meta(TAG_KEY, name),
+            None => s,
+        }
+    };
+    let mut rng = FastRng::seed_from_u64(44);
+    let mut set: std::collections::BTreeMap<u32, usize> =
+        (0..90).map(|p| (p * 2, (p % 3) as usize)).collect();
+    let specs = |set: &std::collections::BTreeMap<u32, usize>| -> Vec<EndpointSpec> {
+        set.iter().map(|(&p, &t)| spec(p, t)).collect()
+    };
+    let now = Timestamp::ZERO;
+    for name in ["consistent-hash", "ketama"] {
+        let mut b = lbkit_core::SnapshotBuilder::new();
+        let first = b.reset_from(specs(&set).iter().map(Cow::Borrowed), now);
+        let lb = Balancer::new(build(name, Params::new()).unwrap(), first, now);
+        for _ in 0..8 {
+            for _ in 0..5 {
+                let p = rng.below(240) as u32;
+                match set.get(&p).copied() {
+                    Some(t) if rng.below(2) == 0 => drop(set.insert(p, (t + 1) % 3)),
+                    Some(_) => drop(set.remove(&p)),
+                    None => drop(set.insert(p, rng.below(3) as usize)),
+                }
+            }
+            let next = b.reset_from(specs(&set).iter().map(Cow::Borrowed), now);
+            lb.publish(next.clone(), now);
+            let fresh = Balancer::new(build(name, Params::new()).unwrap(), next, now);
+            let (ours, theirs) = (lb.current(), fresh.current());
+            assert_eq!(ours.tag_sets(), theirs.tag_sets(), "{name}");
+            for tag in [&b"blue"[..], b"green", b"", b"red"] {
+                for k in 0..200u32 {
+                    let key = format!("user-{k}");
+                    let pick = |p: &lbkit_core::Prepared<Box<dyn Picker>>, lb: &Balancer<_>| {
+                        let mut r = FastRng::seed_from_u64(u64::from(k));
+                        let mut cx = PickContext::new(now, &mut r)
+                            .with_key(key.as_bytes())
+                            .with_tag(RequestTag::new(tag));
+                        p.select(&mut cx, lb.availability())
+                    };
+                    assert_eq!(
+                        pick(&ours, &lb),
+                        pick(&theirs, &fresh),
+                        "{name} {tag:?} {key}"
+                    );
+                }
+            }
+        }
+    }
+}
