@@ -56,8 +56,11 @@ esac
 # shellcheck disable=SC2206 # SHAPE is h2load's options, split on purpose
 H2LOAD=(h2load -t2 $SHAPE "${CALL_ARGS[@]}" "http://127.0.0.1:$FRONT/echo.Echo/$METHOD")
 
+# The configuration in a directory of its own: the proxy watches its file's directory, and
+# h2load's per-call log written beside it would wake the watcher on every write.
+mkdir "$WORK/conf"
 { lbkit_conf "$FRONT" "$ADMIN" "$B1" "$B2" "$B3" round-robin
-  echo "h2c = true"; echo "forwarded_headers = []"; } > "$WORK/lbkit.toml"
+  echo "h2c = true"; echo "forwarded_headers = []"; } > "$WORK/conf/lbkit.toml"
 haproxy_conf 1 "$FRONT" "$B1" "$B2" "$B3" h2 > "$WORK/haproxy.cfg"
 
 for p in $B1 $B2 $B3; do
@@ -96,7 +99,7 @@ for round in $(seq "$ROUNDS"); do
   echo "-- round $round of $ROUNDS ($SHAPE)"
   haproxy -f "$WORK/haproxy.cfg" -db >"$WORK/haproxy.log" 2>&1 & PIDS+=($!)
   measure $! haproxy
-  "$LBKIT" proxy --threads 1 --config "$WORK/lbkit.toml" >"$WORK/lbkit.log" 2>&1 &
+  "$LBKIT" proxy --threads 1 --config "$WORK/conf/lbkit.toml" >"$WORK/lbkit.log" 2>&1 &
   PIDS+=($!)
   measure $! lbkit
 done
