@@ -124,22 +124,15 @@ mod change {
 
     /// The last set and the next: the 5 000th endpoint gone, one new (last in key order).
     fn sets() -> (Arc<Snapshot>, Arc<Snapshot>) {
-        sets_tagged(false)
+        sets_with(|s, _| s)
     }
 
-    /// [`sets`], and with `tagged` a third of the endpoints carry Dubbo's tag `blue`, a third
-    /// `green` (by their address), the rest none.
-    fn sets_tagged(tagged: bool) -> (Arc<Snapshot>, Arc<Snapshot>) {
+    /// [`sets`], each endpoint's spec passed through `with` with its third (0, 1 or 2, by
+    /// its address).
+    fn sets_with(with: fn(EndpointSpec, u32) -> EndpointSpec) -> (Arc<Snapshot>, Arc<Snapshot>) {
         let mut addresses: Vec<String> = (0..N).map(lbkit_bench::address).collect();
         addresses.sort();
-        let spec = |a: &String| {
-            let s = EndpointSpec::new(a);
-            match a.bytes().map(u32::from).sum::<u32>() % 3 {
-                0 if tagged => s.with_meta(TAG_KEY, "blue"),
-                1 if tagged => s.with_meta(TAG_KEY, "green"),
-                _ => s,
-            }
-        };
+        let spec = |a: &String| with(EndpointSpec::new(a), a.bytes().map(u32::from).sum::<u32>() % 3);
         let specs = |a: &[String]| -> Vec<EndpointSpec> {
             let mut s: Vec<EndpointSpec> = a.iter().map(spec).collect();
             s.sort_by(|x, y| x.key.cmp(&y.key));
@@ -211,13 +204,35 @@ mod change {
     }
 
     /// A balancer's publishes in a row (an endpoint gone, then back) when the endpoints carry
-    /// tags: the whole set's ring and one ring for each of the three subsets (`blue`, `green`,
+    /// tags (a third `blue`, a third `green`, the rest none): the whole set's ring and one ring for each of the three subsets (`blue`, `green`,
     /// the untagged), each old snapshot and its rings dropped, as the proxy's Controller does.
     #[divan::bench(sample_count = 10)]
     fn consistent_hash_tagged_publish(b: Bencher) {
-        let (last, next) = sets_tagged(true);
+        let (last, next) = sets_with(|s, third| match third {
+            0 => s.with_meta(TAG_KEY, "blue"),
+            1 => s.with_meta(TAG_KEY, "green"),
+            _ => s,
+        });
+        bench_publish(b, last, next, |lb| assert_eq!(lb.current().tag_sets(), 3));
+    }
+
+    /// The same with two priority tiers instead of tags (two thirds in tier 0, healthy: every
+    /// request reaches tier 0's ring; a third in the standby tier 1).
+    #[divan::bench(sample_count = 10)]
+    fn consistent_hash_tiered_publish(b: Bencher) {
+        let (last, next) = sets_with(|s, third| s.with_priority(u32::from(third == 2)));
+        bench_publish(b, last, next, |lb| assert!(lb.current().is_staged()));
+    }
+
+    /// A consistent-hash balancer on `last`, publishing `next` and `last` in turn.
+    fn bench_publish(
+        b: Bencher<'_, '_>,
+        last: Arc<Snapshot>,
+        next: Arc<Snapshot>,
+        check: fn(&Balancer<ConsistentHash>),
+    ) {
         let lb = Balancer::new(ConsistentHash::new(), last.clone(), Timestamp::ZERO);
-        assert_eq!(lb.current().tag_sets(), 3);
+        check(&lb);
         let sets = [last, next];
         let mut at = 1;
         b.bench_local(|| {

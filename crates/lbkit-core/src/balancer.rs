@@ -769,7 +769,8 @@ fn prepare<S: Strategy>(
         Box::new(Tagged::prepare(strategy, table, now, last))
     });
     let tag_sets = tags.as_ref().map_or(&[][..], |t| &t.table.subsets[..]);
-    let mut staged = Staged::prepare(strategy, stages, &snapshot, tag_sets, now);
+    let last_main = last.map(|l| (&l.main, &l.picker));
+    let mut staged = Staged::prepare(strategy, stages, &snapshot, tag_sets, now, last_main);
     let (main, picker) = match staged.as_mut().and_then(Staged::fold_main) {
         Some(folded) => folded,
         None => {

@@ -465,6 +465,50 @@ mod tests {
         assert_eq!(current.picker().pick(&mut cx), Ok(EndpointIdx::new(0)));
     }
 
+    /// Under healthy priority tiers every request reaches tier 0's leaf, whose picker is
+    /// prepared from the last main picker; the standby tier, which no request reaches, gets
+    /// none until tier 0 degrades.
+    #[test]
+    fn the_folded_tier_prepares_from_the_last_main_picker() {
+        let counting = Arc::new(Counting::default());
+        let snap = |eps: &[(&str, u32)]| {
+            let specs = eps
+                .iter()
+                .map(|&(a, p)| EndpointSpec::new(a).with_priority(p));
+            Arc::new(Snapshot::from_specs(specs.collect(), Timestamp::ZERO))
+        };
+        let lb = Balancer::new(
+            counting.clone(),
+            snap(&[("a:1", 0), ("b:1", 0), ("z:1", 1)]),
+            Timestamp::ZERO,
+        );
+        assert!(lb.current().is_staged());
+        assert_eq!(counting.fresh.load(Ordering::Relaxed), 1, "tier 0 alone");
+        lb.publish(snap(&[("b:1", 0), ("c:1", 0), ("z:1", 1)]), Timestamp::ZERO);
+        assert_eq!(counting.carried.load(Ordering::Relaxed), 1, "tier 0");
+        assert_eq!(counting.fresh.load(Ordering::Relaxed), 1, "no more");
+        let current = lb.current();
+        assert_eq!(current.picker().1, 1, "from the first tier 0 picker");
+        let mut rng = FastRng::seed_from_u64(1);
+        let mut cx = PickContext::new(Timestamp::ZERO, &mut rng);
+        let at = current.select(&mut cx, lb.availability()).unwrap();
+        assert_eq!(current.snapshot().endpoint(at).address(), "b:1");
+        // Tier 0 down: the requests move to tier 1, whose leaf is prepared now.
+        let down = |a: &str| EndpointSpec::new(a).with_healthy(false);
+        let specs = vec![
+            down("b:1"),
+            down("c:1"),
+            EndpointSpec::new("z:1").with_priority(1),
+        ];
+        lb.publish(
+            Arc::new(Snapshot::from_specs(specs, Timestamp::ZERO)),
+            Timestamp::ZERO,
+        );
+        let current = lb.current();
+        let at = current.select(&mut cx, lb.availability()).unwrap();
+        assert_eq!(current.snapshot().endpoint(at).address(), "z:1");
+    }
+
     /// The pickers of tag subsets are prepared from the last snapshot's picker of the same
     /// requests' subset too; a tag new to the set gets one from scratch.
     #[test]

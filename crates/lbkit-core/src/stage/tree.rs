@@ -62,6 +62,17 @@ pub(crate) struct Tree {
     pub(super) any: Entry,
 }
 
+impl Tree {
+    /// Its entries: every member's, each subset's and the default subset's.
+    fn entries(&self) -> impl Iterator<Item = &Entry> {
+        let subsets = self.subsets.iter().flat_map(|s| {
+            let keyed = s.key_sets.iter().flat_map(|k| k.entries.iter());
+            keyed.map(|sub| &sub.entry).chain(s.default.as_ref())
+        });
+        std::iter::once(&self.any).chain(subsets)
+    }
+}
+
 pub(super) struct SubsetIndex {
     pub(super) key_sets: Box<[KeySet]>,
     pub(super) fallback: SubsetFallback,
@@ -221,6 +232,22 @@ pub(super) enum Node {
     Zones(Box<[u64]>, Box<[Node]>, Box<[ZoneInfo]>),
 }
 
+impl Node {
+    /// Mark the leaves this node leads to in `reached`.
+    fn mark(&self, reached: &mut [bool]) {
+        match self {
+            Node::Leaf(i, _) => {
+                if let Some(r) = reached.get_mut(*i as usize) {
+                    *r = true;
+                }
+            }
+            Node::Tiers(_, children) | Node::Zones(_, children, _) => {
+                children.iter().for_each(|n| n.mark(reached));
+            }
+        }
+    }
+}
+
 pub(super) struct LeafInfo {
     /// Endpoints the leaf picks from, and of how many candidates (before the aperture).
     pub(super) picks_from: u32,
@@ -279,18 +306,26 @@ impl<P> Staged<P> {
     /// them: their eligible endpoints, to which [`with_down`] adds the tag's others) with
     /// `strategy` at the leaves. `None` when nothing is staged: no stage configured and a
     /// single priority.
+    ///
+    /// `last_main` is the last snapshot's main set and picker ([`Prepared`](crate::Prepared)'s
+    /// `main` and `picker`): the leaf that every request of the whole snapshot reaches, the
+    /// one [`fold_main`](Self::fold_main) hands over, is prepared from it
+    /// ([`Strategy::prepare_next`]), so healthy tiers or an aperture over a large set cost a
+    /// change what the set's strategy makes of it, not a build from scratch. The other leaves
+    /// are prepared from scratch.
     pub(crate) fn prepare<S: Strategy<Picker = P>>(
         strategy: &S,
         stages: &Stages,
         snapshot: &Arc<Snapshot>,
         tag_sets: &[Arc<Snapshot>],
         now: Timestamp,
+        last_main: Option<(&Arc<Snapshot>, &P)>,
     ) -> Option<Staged<P>> {
         let tiered = snapshot.is_tiered();
         if stages.is_default() && !tiered {
             return None;
         }
-        let mut b = Builder::new(strategy, stages, snapshot, now);
+        let mut b = Builder::<S>::new(stages, snapshot);
         let all: Vec<EndpointIdx> = (0..snapshot.len()).map(EndpointIdx::new).collect();
         let main = b.tree(&all, true);
         // A tag's tiers count its down members but never panic: tag routing sends requests to
@@ -299,13 +334,54 @@ impl<P> Staged<P> {
             .iter()
             .map(|set| b.tree(&with_down(snapshot, set), false))
             .collect();
-        Some(Staged {
+        let unprepared = std::mem::take(&mut b.unprepared);
+        let mut staged = Staged {
             main,
             tags,
             leaves: b.leaves.into_boxed_slice(),
             folded: false,
             refs: b.refs.into_boxed_slice(),
-        })
+        };
+        staged.prepare_leaves(strategy, &unprepared, now, last_main);
+        Some(staged)
+    }
+
+    /// Give those of leaves `unprepared` that a request can reach their pickers: the main
+    /// leaf's from `last_main` when there is one, the others' from scratch. A leaf no node
+    /// leads to (a tier that takes no load while the ones before it are healthy: a standby
+    /// tier) gets none, so a change costs it nothing.
+    fn prepare_leaves<S: Strategy<Picker = P>>(
+        &mut self,
+        strategy: &S,
+        unprepared: &[u32],
+        now: Timestamp,
+        last_main: Option<(&Arc<Snapshot>, &P)>,
+    ) {
+        let main_leaf = self.main_leaf();
+        let mut reached = vec![false; self.leaves.len()];
+        for tree in std::iter::once(&self.main).chain(&*self.tags) {
+            tree.entries().for_each(|e| e.node.mark(&mut reached));
+        }
+        for &i in unprepared.iter().filter(|&&i| reached[i as usize]) {
+            let leaf = &mut self.leaves[i as usize];
+            leaf.picker = Some(match last_main {
+                Some((last, picker)) if main_leaf == Some(i as usize) => {
+                    strategy.prepare_next(last, picker, &leaf.snapshot, now)
+                }
+                _ => strategy.prepare(&leaf.snapshot, now),
+            });
+        }
+    }
+
+    /// The leaf every request of the whole snapshot reaches, when no other set shares it (see
+    /// [`fold_main`](Self::fold_main)).
+    fn main_leaf(&self) -> Option<usize> {
+        let tree = &self.main;
+        let Node::Leaf(i, _) = &tree.any.node else {
+            return None;
+        };
+        let i = *i as usize;
+        (tree.subsets.is_none() && self.refs.get(i) == Some(&1)).then_some(i)
     }
 
     /// When every request of the whole snapshot reaches one leaf (no subsets, one tier with
@@ -313,14 +389,7 @@ impl<P> Staged<P> {
     /// hand over that leaf's snapshot and picker, so the caller picks there directly and the
     /// stages cost nothing per pick. Tree 0 stays for reports.
     pub(crate) fn fold_main(&mut self) -> Option<(Arc<Snapshot>, P)> {
-        let tree = &self.main;
-        let Node::Leaf(i, _) = &tree.any.node else {
-            return None;
-        };
-        let i = *i as usize;
-        if tree.subsets.is_some() || self.refs.get(i) != Some(&1) {
-            return None;
-        }
+        let i = self.main_leaf()?;
         let leaf = self.leaves.get_mut(i)?;
         let picker = leaf.picker.take()?;
         self.folded = true;
@@ -537,10 +606,8 @@ pub(super) fn bytes_eq(a: &[u8], b: &[u8]) -> bool {
 
 /// Prepares trees, sharing leaves between sets that reach the same endpoints.
 struct Builder<'b, S: Strategy> {
-    strategy: &'b S,
     stages: &'b Stages,
     snapshot: &'b Arc<Snapshot>,
-    now: Timestamp,
     /// Per endpoint: up, weighted and not ejected.
     serving: Vec<bool>,
     leaves: Vec<Leaf<S::Picker>>,
@@ -548,6 +615,9 @@ struct Builder<'b, S: Strategy> {
     /// Whether the tree being built lets its tiers panic.
     may_panic: bool,
     seen: HashMap<LeafKey, u32>,
+    /// The leaves that get a picker, prepared once the trees are built (see
+    /// [`Staged::prepare`]).
+    unprepared: Vec<u32>,
 }
 
 /// What makes two leaves the same: their members (sorted), the aperture's coverage of each
@@ -555,26 +625,20 @@ struct Builder<'b, S: Strategy> {
 type LeafKey = (Vec<EndpointIdx>, Vec<u32>, bool);
 
 impl<'b, S: Strategy> Builder<'b, S> {
-    fn new(
-        strategy: &'b S,
-        stages: &'b Stages,
-        snapshot: &'b Arc<Snapshot>,
-        now: Timestamp,
-    ) -> Self {
+    fn new(stages: &'b Stages, snapshot: &'b Arc<Snapshot>) -> Self {
         let serving = (0..snapshot.len())
             .map(EndpointIdx::new)
             .map(|i| snapshot.endpoint(i).is_eligible() && snapshot.ejected_until(i).is_none())
             .collect();
         Builder {
-            strategy,
             stages,
             snapshot,
-            now,
             serving,
             leaves: Vec::new(),
             refs: Vec::new(),
             may_panic: true,
             seen: HashMap::new(),
+            unprepared: Vec::new(),
         }
     }
 
@@ -826,6 +890,7 @@ impl<'b, S: Strategy> Builder<'b, S> {
             return at;
         }
         let (members, cover, panic) = &key;
+        let at = u32::try_from(self.leaves.len()).unwrap_or(u32::MAX);
         let leaf = if self.leaves.len() < MAX_STAGE_SETS {
             let coverage = (!cover.is_empty()).then(|| {
                 let mut c = vec![0u32; self.snapshot.len()];
@@ -835,8 +900,9 @@ impl<'b, S: Strategy> Builder<'b, S> {
                 Arc::from(c)
             });
             let snapshot = Arc::new(self.snapshot.scoped(members, *panic, coverage));
+            self.unprepared.push(at);
             Leaf {
-                picker: Some(self.strategy.prepare(&snapshot, self.now)),
+                picker: None,
                 snapshot,
                 members: Box::new([]),
             }
@@ -847,7 +913,6 @@ impl<'b, S: Strategy> Builder<'b, S> {
                 members: members.clone().into_boxed_slice(),
             }
         };
-        let at = u32::try_from(self.leaves.len()).unwrap_or(u32::MAX);
         self.leaves.push(leaf);
         self.refs.push(1);
         self.seen.insert(key, at);
