@@ -113,6 +113,7 @@ mod change {
 
     use divan::{black_box, Bencher};
     use lbkit_core::route::TAG_KEY;
+    use lbkit_core::stage::{Localities, Stages};
     use lbkit_core::{Balancer, EndpointSpec, Snapshot, SnapshotBuilder, Strategy, Timestamp};
     use lbkit_strategy::{
         ConsistentHash, Ketama, LeastRequest, Maglev, P2cEwma, Rendezvous, RoundRobin,
@@ -213,7 +214,8 @@ mod change {
             1 => s.with_meta(TAG_KEY, "green"),
             _ => s,
         });
-        bench_publish(b, last, next, |lb| assert_eq!(lb.current().tag_sets(), 3));
+        let no_stages = Stages::default();
+        bench_publish(b, last, next, no_stages, |lb| assert_eq!(lb.current().tag_sets(), 3));
     }
 
     /// The same with two priority tiers instead of tags (two thirds in tier 0, healthy: every
@@ -221,17 +223,33 @@ mod change {
     #[divan::bench(sample_count = 10)]
     fn consistent_hash_tiered_publish(b: Bencher) {
         let (last, next) = sets_with(|s, third| s.with_priority(u32::from(third == 2)));
-        bench_publish(b, last, next, |lb| assert!(lb.current().is_staged()));
+        let no_stages = Stages::default();
+        bench_publish(b, last, next, no_stages, |lb| assert!(lb.current().is_staged()));
     }
 
-    /// A consistent-hash balancer on `last`, publishing `next` and `last` in turn.
+    /// The same with three zones (a third each) under locality-weighted balancing: a ring for
+    /// each zone.
+    #[divan::bench(sample_count = 10)]
+    fn consistent_hash_zoned_publish(b: Bencher) {
+        let (last, next) = sets_with(|s, third| s.with_zone(["x", "y", "z"][third as usize]));
+        let stages = Stages {
+            localities: Some(Localities::default()),
+            ..Stages::default()
+        };
+        bench_publish(b, last, next, stages, |lb| assert!(lb.current().is_staged()));
+    }
+
+    /// A consistent-hash balancer on `last` under `stages`, publishing `next` and `last` in
+    /// turn.
     fn bench_publish(
         b: Bencher<'_, '_>,
         last: Arc<Snapshot>,
         next: Arc<Snapshot>,
+        stages: Stages,
         check: fn(&Balancer<ConsistentHash>),
     ) {
-        let lb = Balancer::new(ConsistentHash::new(), last.clone(), Timestamp::ZERO);
+        let lb = Balancer::new(ConsistentHash::new(), last.clone(), Timestamp::ZERO)
+            .with_stages(stages, Timestamp::ZERO);
         check(&lb);
         let sets = [last, next];
         let mut at = 1;

@@ -11,7 +11,7 @@ use crate::error::PickError;
 use crate::route::{self, Lead, RequestTag, Routed, RoutedSet, TagTable};
 use crate::shadow::Shadow;
 use crate::snapshot::{EndpointIdx, Snapshot};
-use crate::stage::{Attr, Leaf, StageReport, Staged, Stages};
+use crate::stage::{Attr, Last, Leaf, StageReport, Staged, Stages};
 use crate::stats::Outcome;
 use crate::strategy::{BoxStrategy, PickContext, Picker, Strategy};
 use crate::sync::{ArcCell, AtomicBool, Ordering};
@@ -769,8 +769,11 @@ fn prepare<S: Strategy>(
         Box::new(Tagged::prepare(strategy, table, now, last))
     });
     let tag_sets = tags.as_ref().map_or(&[][..], |t| &t.table.subsets[..]);
-    let last_main = last.map(|l| (&l.main, &l.picker));
-    let mut staged = Staged::prepare(strategy, stages, &snapshot, tag_sets, now, last_main);
+    let last_stages = last.map(|l| Last {
+        main: (&l.main, &l.picker),
+        staged: l.staged.as_ref(),
+    });
+    let mut staged = Staged::prepare(strategy, stages, &snapshot, tag_sets, now, last_stages);
     let (main, picker) = match staged.as_mut().and_then(Staged::fold_main) {
         Some(folded) => folded,
         None => {

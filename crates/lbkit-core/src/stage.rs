@@ -106,7 +106,7 @@ mod tree;
 pub use aperture::{aperture_coverage, aperture_slice, random_slice};
 pub use report::{LocalityReport, StageReport, SubsetChoice, TierReport};
 pub use tiers::{priority_loads, tier_health};
-pub(crate) use tree::{Leaf, Staged};
+pub(crate) use tree::{Last, Leaf, Staged};
 
 /// One request attribute, a key and its value (a header, a gRPC metadata entry): what subsets
 /// match on.

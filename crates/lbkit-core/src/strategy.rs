@@ -512,6 +512,57 @@ mod tests {
         assert_eq!(current.snapshot().endpoint(at).address(), "z:1");
     }
 
+    /// With locality-weighted balancing, each zone's leaf is prepared from the last snapshot's
+    /// leaf of the same tier and zone; a zone new to the set gets one from scratch.
+    #[test]
+    fn zone_leaves_prepare_from_the_last_leaf_of_their_zone() {
+        use crate::stage::{Localities, Stages};
+        let counting = Arc::new(Counting::default());
+        let snap = |eps: &[(&str, &str)]| {
+            let specs = eps.iter().map(|&(a, z)| EndpointSpec::new(a).with_zone(z));
+            Arc::new(Snapshot::from_specs(specs.collect(), Timestamp::ZERO))
+        };
+        let stages = Stages {
+            localities: Some(Localities::default()),
+            ..Stages::default()
+        };
+        let first = snap(&[("a:1", "x"), ("b:1", "x"), ("c:1", "y"), ("d:1", "y")]);
+        let lb = Balancer::new(counting.clone(), first, Timestamp::ZERO)
+            .with_stages(stages, Timestamp::ZERO);
+        let count = || {
+            let c = &counting;
+            (
+                c.fresh.load(Ordering::Relaxed),
+                c.carried.load(Ordering::Relaxed),
+            )
+        };
+        let before = count();
+        let next = [
+            ("a:1", "x"),
+            ("e:1", "x"),
+            ("c:1", "y"),
+            ("d:1", "y"),
+            ("f:1", "w"),
+        ];
+        lb.publish(snap(&next), Timestamp::ZERO);
+        assert_eq!(count().1 - before.1, 3, "the whole set, zones x and y");
+        assert_eq!(count().0 - before.0, 1, "zone w");
+        let mut rng = FastRng::seed_from_u64(1);
+        let mut seen = std::collections::BTreeSet::new();
+        for _ in 0..60 {
+            let mut cx = PickContext::new(Timestamp::ZERO, &mut rng);
+            let current = lb.current();
+            let at = current.select(&mut cx, lb.availability()).unwrap();
+            seen.insert(current.snapshot().endpoint(at).address().to_owned());
+        }
+        let want = ["a:1", "c:1", "f:1"].map(String::from);
+        assert_eq!(
+            seen,
+            want.into_iter().collect(),
+            "each zone's first endpoint"
+        );
+    }
+
     /// The pickers of tag subsets are prepared from the last snapshot's picker of the same
     /// requests' subset too; a tag new to the set gets one from scratch.
     #[test]

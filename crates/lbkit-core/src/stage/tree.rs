@@ -53,6 +53,50 @@ pub(crate) struct Leaf<P> {
     pub(crate) snapshot: Arc<Snapshot>,
     pub(crate) picker: Option<P>,
     pub(crate) members: Box<[EndpointIdx]>,
+    /// Where the whole snapshot's requests find it (see [`Route`]), when they do.
+    route: Option<Route>,
+}
+
+/// A leaf's place in the whole snapshot's tree, stable across snapshots: its tier's priority
+/// and its zone ("" when its tier has no zones). The next snapshot's leaf at the same place is
+/// prepared from this one's picker.
+type Route = (u32, Box<str>);
+
+/// What the last snapshot prepared, for the next one's leaves to be prepared from: its main
+/// set and picker ([`Prepared`](crate::Prepared)'s `main` and `picker`) and its stages.
+pub(crate) struct Last<'l, P> {
+    pub(crate) main: (&'l Arc<Snapshot>, &'l P),
+    pub(crate) staged: Option<&'l Staged<P>>,
+}
+
+impl<P> Clone for Last<'_, P> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<P> Copy for Last<'_, P> {}
+
+impl<'l, P> Last<'l, P> {
+    /// The set and picker a leaf is prepared from: the last main set's for the main leaf (see
+    /// [`Staged::fold_main`]), else the last leaf's at the same `route` (the last main set's
+    /// when that leaf was folded). `None`: from scratch.
+    fn pair(self, main: bool, route: Option<&Route>) -> Option<(&'l Arc<Snapshot>, &'l P)> {
+        if main {
+            return Some(self.main);
+        }
+        let staged = self.staged?;
+        let route = Some(route?);
+        let at = staged
+            .leaves
+            .iter()
+            .position(|l| l.route.as_ref() == route)?;
+        match &staged.leaves[at].picker {
+            Some(picker) => Some((&staged.leaves[at].snapshot, picker)),
+            None if staged.folded && staged.main_leaf() == Some(at) => Some(self.main),
+            None => None,
+        }
+    }
 }
 
 /// One routed set's stages.
@@ -319,7 +363,7 @@ impl<P> Staged<P> {
         snapshot: &Arc<Snapshot>,
         tag_sets: &[Arc<Snapshot>],
         now: Timestamp,
-        last_main: Option<(&Arc<Snapshot>, &P)>,
+        last: Option<Last<'_, P>>,
     ) -> Option<Staged<P>> {
         let tiered = snapshot.is_tiered();
         if stages.is_default() && !tiered {
@@ -342,7 +386,7 @@ impl<P> Staged<P> {
             folded: false,
             refs: b.refs.into_boxed_slice(),
         };
-        staged.prepare_leaves(strategy, &unprepared, now, last_main);
+        staged.prepare_leaves(strategy, &unprepared, now, last);
         Some(staged)
     }
 
@@ -355,7 +399,7 @@ impl<P> Staged<P> {
         strategy: &S,
         unprepared: &[u32],
         now: Timestamp,
-        last_main: Option<(&Arc<Snapshot>, &P)>,
+        last: Option<Last<'_, P>>,
     ) {
         let main_leaf = self.main_leaf();
         let mut reached = vec![false; self.leaves.len()];
@@ -364,11 +408,12 @@ impl<P> Staged<P> {
         }
         for &i in unprepared.iter().filter(|&&i| reached[i as usize]) {
             let leaf = &mut self.leaves[i as usize];
-            leaf.picker = Some(match last_main {
-                Some((last, picker)) if main_leaf == Some(i as usize) => {
-                    strategy.prepare_next(last, picker, &leaf.snapshot, now)
+            let main = main_leaf == Some(i as usize);
+            leaf.picker = Some(match last.and_then(|l| l.pair(main, leaf.route.as_ref())) {
+                Some((snapshot, picker)) => {
+                    strategy.prepare_next(snapshot, picker, &leaf.snapshot, now)
                 }
-                _ => strategy.prepare(&leaf.snapshot, now),
+                None => strategy.prepare(&leaf.snapshot, now),
             });
         }
     }
@@ -618,6 +663,8 @@ struct Builder<'b, S: Strategy> {
     /// The leaves that get a picker, prepared once the trees are built (see
     /// [`Staged::prepare`]).
     unprepared: Vec<u32>,
+    /// The place of the leaves being made in the whole snapshot's tree, while it is built.
+    route: Option<Route>,
 }
 
 /// What makes two leaves the same: their members (sorted), the aperture's coverage of each
@@ -639,6 +686,7 @@ impl<'b, S: Strategy> Builder<'b, S> {
             may_panic: true,
             seen: HashMap::new(),
             unprepared: Vec::new(),
+            route: None,
         }
     }
 
@@ -646,7 +694,10 @@ impl<'b, S: Strategy> Builder<'b, S> {
     /// when `may_panic` (else never).
     fn tree(&mut self, members: &[EndpointIdx], may_panic: bool) -> Tree {
         self.may_panic = may_panic;
+        // The whole snapshot's tree (the only one that may panic) names its leaves' places.
+        self.route = may_panic.then(|| (0, "".into()));
         let any = self.entry(members);
+        self.route = None;
         let subsets = self.stages.subsets.as_ref().map(|cfg| {
             // Stages set through the library unvalidated: a key set that is empty or longer
             // than `MAX_SUBSET_KEYS` can match nothing, and is left out.
@@ -751,6 +802,9 @@ impl<'b, S: Strategy> Builder<'b, S> {
         let mut children = Vec::with_capacity(tiers.len());
         let mut info = Vec::with_capacity(tiers.len());
         for (k, (priority, m)) in tiers.iter().enumerate() {
+            if let Some(route) = &mut self.route {
+                *route = (*priority, "".into());
+            }
             children.push(self.zones(m, plan.panic[k]));
             info.push(TierInfo {
                 priority: *priority,
@@ -812,7 +866,14 @@ impl<'b, S: Strategy> Builder<'b, S> {
             return self.leaf(members, panic);
         }
         let effective: Vec<f64> = info.iter().map(|z| z.effective).collect();
-        let children: Vec<Node> = by_zone.values().map(|m| self.leaf(m, panic)).collect();
+        let children: Vec<Node> = (by_zone.iter())
+            .map(|(zone, m)| {
+                if let Some(route) = &mut self.route {
+                    route.1 = (*zone).into();
+                }
+                self.leaf(m, panic)
+            })
+            .collect();
         Node::Zones(
             bounds(&effective),
             children.into_boxed_slice(),
@@ -905,12 +966,14 @@ impl<'b, S: Strategy> Builder<'b, S> {
                 picker: None,
                 snapshot,
                 members: Box::new([]),
+                route: self.route.clone(),
             }
         } else {
             Leaf {
                 snapshot: self.snapshot.clone(),
                 picker: None,
                 members: members.clone().into_boxed_slice(),
+                route: None,
             }
         };
         self.leaves.push(leaf);

@@ -7,6 +7,8 @@ use lbkit_core::{
     Timestamp,
 };
 
+use lbkit_core::stage::Stages;
+
 use crate::catalog::{build, Params};
 
 const NAMES: [&str; 4] = ["consistent-hash", "ketama", "maglev", "rendezvous"];
@@ -226,7 +228,7 @@ fn tag_subsets_patched_pick_as_rebuilt_ones() {
         Some(name) => s.with_meta(TAG_KEY, name),
         None => s,
     };
-    patched_pick_as_rebuilt(spec, &[b"blue", b"green", b"", b"red"]);
+    patched_pick_as_rebuilt(spec, &[b"blue", b"green", b"", b"red"], &Stages::default());
 }
 
 /// Under priority tiers (tier 0 healthy: every request reaches its leaf, prepared from the last
@@ -235,14 +237,30 @@ fn tag_subsets_patched_pick_as_rebuilt_ones() {
 #[test]
 fn the_healthy_tier_patched_picks_as_rebuilt() {
     let spec = |s: EndpointSpec, t: usize| s.with_priority(t as u32);
-    patched_pick_as_rebuilt(spec, &[b""]);
+    patched_pick_as_rebuilt(spec, &[b""], &Stages::default());
+}
+
+/// With locality-weighted balancing over three zones (each zone's ring prepared from the last
+/// one's of the same zone), the patched rings pick as a balancer made from scratch.
+#[test]
+fn zone_rings_patched_pick_as_rebuilt() {
+    let spec = |s: EndpointSpec, t: usize| s.with_zone(["x", "y", "z"][t]);
+    let stages = Stages {
+        localities: Some(lbkit_core::stage::Localities::default()),
+        ..Stages::default()
+    };
+    patched_pick_as_rebuilt(spec, &[b""], &stages);
 }
 
 /// Balancers of consistent hash and ketama over 90 endpoints, each in one of three variants
 /// (`spec`), through eight rounds of five changes (an endpoint gone, new, or moved to the next
 /// variant): each publish's picks, for 200 keys under each request tag of `tags`, equal those
-/// of a balancer made from scratch on the same set.
-fn patched_pick_as_rebuilt(spec: impl Fn(EndpointSpec, usize) -> EndpointSpec, tags: &[&[u8]]) {
+/// of a balancer made from scratch on the same set, both under `stages`.
+fn patched_pick_as_rebuilt(
+    spec: impl Fn(EndpointSpec, usize) -> EndpointSpec,
+    tags: &[&[u8]],
+    stages: &Stages,
+) {
     use lbkit_core::{Balancer, Prepared, RequestTag, SnapshotBuilder};
     use std::borrow::Cow;
     use std::collections::BTreeMap;
@@ -265,7 +283,8 @@ fn patched_pick_as_rebuilt(spec: impl Fn(EndpointSpec, usize) -> EndpointSpec, t
     for name in ["consistent-hash", "ketama"] {
         let mut b = SnapshotBuilder::new();
         let first = b.reset_from(specs(&set).iter().map(Cow::Borrowed), now);
-        let lb = Balancer::new(build(name, Params::new()).unwrap(), first, now);
+        let lb = Balancer::new(build(name, Params::new()).unwrap(), first, now)
+            .with_stages(stages.clone(), now);
         for _ in 0..8 {
             for _ in 0..5 {
                 let p = rng.below(240) as u32;
@@ -277,7 +296,8 @@ fn patched_pick_as_rebuilt(spec: impl Fn(EndpointSpec, usize) -> EndpointSpec, t
             }
             let next = b.reset_from(specs(&set).iter().map(Cow::Borrowed), now);
             lb.publish(next.clone(), now);
-            let fresh = Balancer::new(build(name, Params::new()).unwrap(), next, now);
+            let fresh = Balancer::new(build(name, Params::new()).unwrap(), next, now)
+                .with_stages(stages.clone(), now);
             let (ours, theirs) = (lb.current(), fresh.current());
             assert_eq!(ours.tag_sets(), theirs.tag_sets(), "{name}");
             assert_eq!(ours.is_staged(), theirs.is_staged(), "{name}");
