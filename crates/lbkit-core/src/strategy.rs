@@ -49,11 +49,12 @@ pub trait Strategy: Send + Sync + 'static {
     /// every publish, refresh tick and change of stages after the first, off the request path
     /// (picks keep the last picker until the new one is swapped in), and for the picker of each
     /// tag subset whose requests had a subset in the last snapshot too (the same tag, or the
-    /// untagged or fallback set), and for the set every request of the whole snapshot reaches
+    /// untagged or fallback set), for the set every request of the whole snapshot reaches
     /// when stages narrow it to one (healthy priority tiers, an aperture), from the last one's
-    /// main picker. The other sets of stages (metadata subsets, several tiers or localities
-    /// sharing the load) are prepared from scratch, and a tier no request reaches (a standby
-    /// tier) not at all. The default prepares from scratch.
+    /// main picker, and for each tier's or zone's set of the whole snapshot, from the last
+    /// one's of the same tier and zone. The sets of metadata subsets and of tag sets' stages
+    /// are prepared from scratch, and a tier no request reaches (a standby tier) not at all.
+    /// The default prepares from scratch.
     fn prepare_next(
         &self,
         last_snapshot: &Arc<Snapshot>,

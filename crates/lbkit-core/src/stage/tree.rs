@@ -1,6 +1,8 @@
 //! The prepared stages of one snapshot: per set (the whole snapshot, each tag's set) a tree of
 //! subset index → tiers → zones → leaves, and the leaves' pickers. Built once per snapshot
-//! change; a pick walks it with a few comparisons and draws.
+//! change; a pick walks it with a few comparisons and draws. A leaf of the whole snapshot's
+//! tree gets its picker from the last snapshot's leaf at the same tier and zone
+//! ([`Strategy::prepare_next`]), and a leaf no request can reach (a standby tier) none.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -351,12 +353,13 @@ impl<P> Staged<P> {
     /// `strategy` at the leaves. `None` when nothing is staged: no stage configured and a
     /// single priority.
     ///
-    /// `last_main` is the last snapshot's main set and picker ([`Prepared`](crate::Prepared)'s
-    /// `main` and `picker`): the leaf that every request of the whole snapshot reaches, the
-    /// one [`fold_main`](Self::fold_main) hands over, is prepared from it
+    /// `last` is what the last snapshot prepared: the leaf that every request of the whole
+    /// snapshot reaches, the one [`fold_main`](Self::fold_main) hands over, is prepared from
+    /// its main set and picker
     /// ([`Strategy::prepare_next`]), so healthy tiers or an aperture over a large set cost a
     /// change what the set's strategy makes of it, not a build from scratch. The other leaves
-    /// are prepared from scratch.
+    /// of the whole snapshot's tree are prepared from `last`'s leaf at the same place
+    /// ([`Route`]: tier and zone); the leaves of subsets and tag sets from scratch.
     pub(crate) fn prepare<S: Strategy<Picker = P>>(
         strategy: &S,
         stages: &Stages,
