@@ -26,7 +26,9 @@
 //! search of the tag table, and failover retries stay within the request's set. A set's picker
 //! is prepared from the last snapshot's picker of the same requests' set
 //! ([`Strategy::prepare_next`](crate::Strategy::prepare_next)), so a change of k endpoints
-//! costs a tagged fleet's hash rings O(k) patches, not one rebuild per tag. Only the
+//! costs a tagged fleet's hash rings O(k) patches, not one rebuild per tag (when stages run,
+//! tagged requests pick in the stage trees of their sets, whose leaves are still prepared from
+//! scratch). Only the
 //! [`MAX_TAG_SETS`] largest sets get a picker: requests for the others (a fleet that tags every
 //! provider apart, say) pick at random among the set's members, passing over those the
 //! availability filter or the call's earlier attempts rule out.
@@ -407,27 +409,27 @@ impl TagTable {
         self.rule.as_deref()
     }
 
-    /// The subset of this table (the last snapshot's) that the requests now led to `next`'s
-    /// subset `i` were led to: through a tag that leads to it in both, else as the untagged or
-    /// the fallback set of both. `None` when those requests went to all of the last snapshot,
-    /// to a member list or nowhere. The pair is what a picker of `next`'s subset is prepared
-    /// from ([`Strategy::prepare_next`](crate::Strategy::prepare_next)), so a change of k
-    /// endpoints costs a tag subset's ring O(k) as it costs the whole snapshot's.
+    /// A subset of this table (the last snapshot's) that requests now led to `next`'s subset
+    /// `i` were led to: the first of a tag's, then the untagged, then the fallback requests'
+    /// that went to a subset. `None` when all of them went to all of the last snapshot, to a
+    /// member list or nowhere. The pair is what a picker of `next`'s subset is prepared from
+    /// ([`Strategy::prepare_next`](crate::Strategy::prepare_next)), so a change of k endpoints
+    /// costs a tag subset's ring O(k) as it costs the whole snapshot's.
     pub(crate) fn counterpart(&self, next: &TagTable, i: usize) -> Option<usize> {
         let i = Lead::Subset(u32::try_from(i).ok()?);
-        let by_tag = next.tags.iter().filter(|t| t.lead == i).find_map(|t| {
-            match self.tags.binary_search_by(|e| e.name.cmp(&t.name)) {
-                Ok(at) => Some(self.tags[at].lead),
-                Err(_) => None,
-            }
+        let by_tag = (next.tags.iter().filter(|t| t.lead == i)).map(|t| {
+            let at = self.tags.binary_search_by(|e| e.name.cmp(&t.name));
+            at.map_or(Lead::Nothing, |at| self.tags[at].lead)
         });
-        let lead = by_tag
-            .or_else(|| (next.untagged == i).then_some(self.untagged))
-            .or_else(|| (next.fallback == i).then_some(self.fallback))?;
-        match lead {
+        let sets = [
+            (next.untagged, self.untagged),
+            (next.fallback, self.fallback),
+        ];
+        let by_set = sets.into_iter().filter(|&(n, _)| n == i).map(|(_, l)| l);
+        by_tag.chain(by_set).find_map(|lead| match lead {
             Lead::Subset(j) => Some(j as usize),
             _ => None,
-        }
+        })
     }
 }
 

@@ -50,7 +50,9 @@ pub(crate) struct Staged<P> {
 }
 
 /// A set the stages lead to: a restriction of the snapshot with its picker, or (beyond
-/// [`MAX_STAGE_SETS`]) the base snapshot and the set's members to pick from at random.
+/// [`MAX_STAGE_SETS`]) the base snapshot and the set's members to pick from at random. A
+/// restriction no node leads to (a standby tier), or whose picker
+/// [`fold_main`](Staged::fold_main) handed over, has neither: no pick reaches it.
 pub(crate) struct Leaf<P> {
     pub(crate) snapshot: Arc<Snapshot>,
     pub(crate) picker: Option<P>,
@@ -359,7 +361,7 @@ impl<P> Staged<P> {
     /// ([`Strategy::prepare_next`]), so healthy tiers or an aperture over a large set cost a
     /// change what the set's strategy makes of it, not a build from scratch. The other leaves
     /// of the whole snapshot's tree are prepared from `last`'s leaf at the same place
-    /// ([`Route`]: tier and zone); the leaves of subsets and tag sets from scratch.
+    /// ([`Route`]: tier and zone); the other leaves of subsets and tag sets from scratch.
     pub(crate) fn prepare<S: Strategy<Picker = P>>(
         strategy: &S,
         stages: &Stages,
@@ -393,8 +395,9 @@ impl<P> Staged<P> {
         Some(staged)
     }
 
-    /// Give those of leaves `unprepared` that a request can reach their pickers: the main
-    /// leaf's from `last_main` when there is one, the others' from scratch. A leaf no node
+    /// Give those of leaves `unprepared` that a request can reach their pickers, from what
+    /// [`Last::pair`] finds in `last` (the main leaf from the last main set, a leaf of the whole
+    /// snapshot's tree from the last leaf at its [`Route`]), else from scratch. A leaf no node
     /// leads to (a tier that takes no load while the ones before it are healthy: a standby
     /// tier) gets none, so a change costs it nothing.
     fn prepare_leaves<S: Strategy<Picker = P>>(
@@ -652,7 +655,8 @@ pub(super) fn bytes_eq(a: &[u8], b: &[u8]) -> bool {
     }
 }
 
-/// Prepares trees, sharing leaves between sets that reach the same endpoints.
+/// Builds trees, sharing leaves between sets that reach the same endpoints (their pickers are
+/// prepared after, by [`Staged::prepare_leaves`]).
 struct Builder<'b, S: Strategy> {
     stages: &'b Stages,
     snapshot: &'b Arc<Snapshot>,
@@ -947,7 +951,7 @@ impl<'b, S: Strategy> Builder<'b, S> {
     }
 
     /// The leaf for exactly `members` (eligible as given, with the aperture's coverage of
-    /// each), shared when already prepared.
+    /// each), shared when already made.
     fn intern(&mut self, key: LeafKey) -> u32 {
         if let Some(&at) = self.seen.get(&key) {
             self.refs[at as usize] += 1;
