@@ -383,7 +383,6 @@ impl<P> Staged<P> {
             .iter()
             .map(|set| b.tree(&with_down(snapshot, set), false))
             .collect();
-        let unprepared = std::mem::take(&mut b.unprepared);
         let mut staged = Staged {
             main,
             tags,
@@ -391,11 +390,12 @@ impl<P> Staged<P> {
             folded: false,
             refs: b.refs.into_boxed_slice(),
         };
-        staged.prepare_leaves(strategy, &unprepared, now, last);
+        staged.prepare_leaves(strategy, now, last);
         Some(staged)
     }
 
-    /// Give those of leaves `unprepared` that a request can reach their pickers, from what
+    /// Give the leaves that are restrictions of the snapshot (the first [`MAX_STAGE_SETS`]
+    /// made) and that a request can reach their pickers, from what
     /// [`Last::pair`] finds in `last` (the main leaf from the last main set, a leaf of the whole
     /// snapshot's tree from the last leaf at its [`Route`]), else from scratch. A leaf no node
     /// leads to (a tier that takes no load while the ones before it are healthy: a standby
@@ -403,7 +403,6 @@ impl<P> Staged<P> {
     fn prepare_leaves<S: Strategy<Picker = P>>(
         &mut self,
         strategy: &S,
-        unprepared: &[u32],
         now: Timestamp,
         last: Option<Last<'_, P>>,
     ) {
@@ -412,9 +411,10 @@ impl<P> Staged<P> {
         for tree in std::iter::once(&self.main).chain(&*self.tags) {
             tree.entries().for_each(|e| e.node.mark(&mut reached));
         }
-        for &i in unprepared.iter().filter(|&&i| reached[i as usize]) {
-            let leaf = &mut self.leaves[i as usize];
-            let main = main_leaf == Some(i as usize);
+        let restricted = self.leaves.len().min(MAX_STAGE_SETS);
+        for i in (0..restricted).filter(|&i| reached[i]) {
+            let leaf = &mut self.leaves[i];
+            let main = main_leaf == Some(i);
             leaf.picker = Some(match last.and_then(|l| l.pair(main, leaf.route.as_ref())) {
                 Some((snapshot, picker)) => {
                     strategy.prepare_next(snapshot, picker, &leaf.snapshot, now)
@@ -667,9 +667,6 @@ struct Builder<'b, S: Strategy> {
     /// Whether the tree being built lets its tiers panic.
     may_panic: bool,
     seen: HashMap<LeafKey, u32>,
-    /// The leaves that get a picker, prepared once the trees are built (see
-    /// [`Staged::prepare`]).
-    unprepared: Vec<u32>,
     /// The place of the leaves being made in the whole snapshot's tree, while it is built.
     route: Option<Route>,
 }
@@ -692,7 +689,6 @@ impl<'b, S: Strategy> Builder<'b, S> {
             refs: Vec::new(),
             may_panic: true,
             seen: HashMap::new(),
-            unprepared: Vec::new(),
             route: None,
         }
     }
@@ -958,7 +954,6 @@ impl<'b, S: Strategy> Builder<'b, S> {
             return at;
         }
         let (members, cover, panic) = &key;
-        let at = u32::try_from(self.leaves.len()).unwrap_or(u32::MAX);
         let leaf = if self.leaves.len() < MAX_STAGE_SETS {
             let coverage = (!cover.is_empty()).then(|| {
                 let mut c = vec![0u32; self.snapshot.len()];
@@ -968,7 +963,6 @@ impl<'b, S: Strategy> Builder<'b, S> {
                 Arc::from(c)
             });
             let snapshot = Arc::new(self.snapshot.scoped(members, *panic, coverage));
-            self.unprepared.push(at);
             Leaf {
                 picker: None,
                 snapshot,
@@ -983,6 +977,7 @@ impl<'b, S: Strategy> Builder<'b, S> {
                 route: None,
             }
         };
+        let at = u32::try_from(self.leaves.len()).unwrap_or(u32::MAX);
         self.leaves.push(leaf);
         self.refs.push(1);
         self.seen.insert(key, at);
