@@ -71,6 +71,37 @@ fn weighted_round_robin_skewed_1000(b: Bencher) {
     );
 }
 
+/// 10 000 endpoints warming up: weights 1 to `top` spread as Dubbo's warm-up spreads them over
+/// a fleet that registered within the last `top` × 6 s (5: half a minute, five distinct
+/// weights, the nginx cycle; 100: ten minutes, too many groups for it, the golden-ratio
+/// stride's cycle). What `lbkit watch` and the proxy rebuild on every publish under churn.
+#[divan::bench(args = [5, 100], sample_count = 30)]
+fn weighted_round_robin_warming_10000(b: Bencher, top: u32) {
+    let specs = (0..10_000)
+        .map(|i| {
+            let weight = 1 + (i as u32).wrapping_mul(2_654_435_761) % top;
+            EndpointSpec::new(lbkit_bench::address(i)).with_weight(weight)
+        })
+        .collect();
+    let snap = Arc::new(Snapshot::from_specs(specs, Timestamp::ZERO));
+    bench_prepare(b, SmoothWeightedRoundRobin::new(), snap, Timestamp::ZERO);
+}
+
+/// 1 000 endpoints of weights 1 to 80: a cycle of W ≈ 40 500 picks over 80 weight groups,
+/// about 3.2 million steps, near `lbkit_strategy::MAX_CYCLE_WORK`: the
+/// longest an nginx cycle takes to build.
+#[divan::bench(sample_count = 30)]
+fn weighted_round_robin_nginx_work_limit(b: Bencher) {
+    let specs = (0..1_000)
+        .map(|i| {
+            let weight = 1 + (i as u32).wrapping_mul(2_654_435_761) % 80;
+            EndpointSpec::new(lbkit_bench::address(i)).with_weight(weight)
+        })
+        .collect();
+    let snap = Arc::new(Snapshot::from_specs(specs, Timestamp::ZERO));
+    bench_prepare(b, SmoothWeightedRoundRobin::new(), snap, Timestamp::ZERO);
+}
+
 /// "uniform": no statistics (round-robin fallback); "skewed": one response time per endpoint,
 /// 0.5–10.5 ms (weighted path; endpoint weights themselves are uniform).
 #[divan::bench(args = W, sample_count = 30)]
@@ -162,7 +193,7 @@ mod change {
         let extra = EndpointSpec::new("127.0.200.1:20880");
         let mut present = false;
         b.bench_local(|| {
-            let spec = (!present).then(|| Cow::Borrowed(&extra));
+            let spec = (!present).then_some(Cow::Borrowed(&extra));
             present = !present;
             last = builder.patch(vec![(extra.key.clone(), spec)], Timestamp::ZERO);
             black_box(last.len())

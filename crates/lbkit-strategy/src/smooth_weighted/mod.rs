@@ -34,9 +34,10 @@
 //!   reduction and a multiply-shift), O(log n) worst; the same order (and once per 2³² picks
 //!   or more, when the 64-bit counter wraps, a span is off by about one pick).
 //! * **A change**: the cycle is built again on the publisher's thread, O(W · G), O(W) or O(table)
-//!   as above (95–97 µs at 10 000 endpoints of equal weight; BENCHMARKS.md, "What a change costs a
-//!   strategy"): one weight changes the order of the whole cycle, so nothing of the last one is
-//!   reused. The counter is the strategy's and keeps its place; picks keep the last cycle until the
+//!   as above (95–97 µs at 10 000 endpoints of equal weight; 0.25 ms at 10 000 warming up with
+//!   weights 1 to 5, 1.1 ms with weights 1 to 100, the golden cycle; BENCHMARKS.md, "What a
+//!   change costs a strategy", "Smooth weighted round robin under churn"): one weight changes
+//!   the order of the whole cycle, so nothing of the last one is reused. The counter is the strategy's and keeps its place; picks keep the last cycle until the
 //!   new one is swapped in.
 //! * **Behaviour under trouble**: blind to load; warming endpoints follow Dubbo's curve (the cycle
 //!   is rebuilt every second during warm-up).
@@ -61,7 +62,6 @@
 //! assert_eq!(order, "aabacaa");
 //! ```
 
-use std::collections::BTreeMap;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
@@ -94,7 +94,8 @@ fn folded_limit(n: usize) -> u64 {
 }
 
 /// Most steps (cycle length × distinct weights) spent building an nginx cycle, which bounds
-/// prepare time to about 15 ms on the benchmark machine (5.7 M steps took 20 ms); beyond it,
+/// prepare time to about 4 ms (3.2 M steps take 2.7 ms on the benchmark machine,
+/// `prepare::weighted_round_robin_nginx_work_limit`); beyond it,
 /// weighted round robin builds the cycle in golden-ratio stride order (one step per entry,
 /// about 0.5 ms for 500 000 entries), and the load-driven strategies' schedulers compute the
 /// stride per pick.
@@ -202,16 +203,12 @@ impl SmoothWeightedPicker {
         let weights: Vec<(EndpointIdx, u64)> =
             weights.into_iter().filter(|&(_, w)| w > 0).collect();
         let total: u64 = weights.iter().map(|&(_, w)| w).sum();
-        let g = weights.iter().fold(0, |g, &(_, w)| gcd(g, w));
+        let g = weights_gcd(&weights);
         let cycle_len = total.checked_div(g).unwrap_or(0);
-        let groups = weights
-            .iter()
-            .map(|&(_, w)| w)
-            .collect::<std::collections::BTreeSet<_>>()
-            .len() as u64;
+        let distinct = distinct_weights(&weights);
         let fits = cycle_len <= MAX_CYCLE;
-        let order = if fits && cycle_len.saturating_mul(groups) <= MAX_CYCLE_WORK {
-            Order::Cycle(nginx_cycle(&weights, g), CycleKind::Nginx)
+        let order = if fits && cycle_len.saturating_mul(distinct.len() as u64) <= MAX_CYCLE_WORK {
+            Order::Cycle(nginx_cycle(&weights, &distinct, g), CycleKind::Nginx)
         } else if fits && unroll == Unroll::Yes {
             Order::Cycle(golden_cycle(&weights, g), CycleKind::Golden)
         } else if let Some(folded) = (unroll == Unroll::Yes
@@ -272,49 +269,74 @@ impl Picker for SmoothWeightedPicker {
     }
 }
 
-/// One cycle of nginx's smooth weighted round robin over weights divided by `g`.
-///
-/// At step t (1-based) endpoint i holds `t·wᵢ − T·cᵢ` (cᵢ = its picks so far, T = Σw); the
-/// largest value wins, ties to the earlier endpoint. Within a group of equal weight the member
-/// with the fewest picks (then the earliest) is the group's best, and members take turns in
-/// order, so each group is a cursor over its members.
-fn nginx_cycle(weights: &[(EndpointIdx, u64)], g: u64) -> Box<[EndpointIdx]> {
-    struct Group {
-        weight: i128,
-        members: Vec<EndpointIdx>,
-        cursor: usize,
-        picks: i128,
-    }
-    let mut by_weight: BTreeMap<u64, Vec<EndpointIdx>> = BTreeMap::new();
-    for &(i, w) in weights {
-        by_weight.entry(w / g).or_default().push(i);
-    }
-    let mut groups: Vec<Group> = by_weight
-        .into_iter()
-        .map(|(w, members)| Group {
-            weight: i128::from(w),
-            members,
-            cursor: 0,
-            picks: 0,
-        })
-        .collect();
-    let total: i128 = weights.iter().map(|&(_, w)| i128::from(w / g)).sum();
-    let mut cycle = Vec::with_capacity(usize::try_from(total).unwrap_or(0));
-    for t in 1..=total {
-        let best = groups
-            .iter()
-            .enumerate()
-            .map(|(gi, gr)| (t * gr.weight - total * gr.picks, gr.members[gr.cursor], gi))
-            .max_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)))
-            .map(|(_, _, gi)| gi)
-            .expect("at least one group when the total is positive");
-        let gr = &mut groups[best];
-        cycle.push(gr.members[gr.cursor]);
-        gr.cursor += 1;
-        if gr.cursor == gr.members.len() {
-            gr.cursor = 0;
-            gr.picks += 1;
+/// The greatest common divisor of the weights (0 for none), stopping at the first 1: a fleet
+/// warming up has weights 1, 2, 3… and gets there within a few endpoints.
+fn weights_gcd(weights: &[(EndpointIdx, u64)]) -> u64 {
+    let mut g = 0;
+    for &(_, w) in weights {
+        g = gcd(g, w);
+        if g == 1 {
+            break;
         }
+    }
+    g
+}
+
+/// The weights' distinct values, ascending: the groups of [`nginx_cycle`].
+fn distinct_weights(weights: &[(EndpointIdx, u64)]) -> Vec<u64> {
+    let mut distinct: Vec<u64> = weights.iter().map(|&(_, w)| w).collect();
+    distinct.sort_unstable();
+    distinct.dedup();
+    distinct
+}
+
+/// One cycle of nginx's smooth weighted round robin over weights divided by `g`: `W = Σw / g`
+/// picks, built in O(W · G) for the G `distinct` weights (ascending, as [`distinct_weights`]
+/// gives them). The caller keeps W within [`MAX_CYCLE`].
+///
+/// At step t (1-based) endpoint i holds `t·wᵢ − W·cᵢ` (cᵢ = its picks so far); the largest
+/// value wins, ties to the earlier endpoint. Within a group of equal weight the member with
+/// the fewest picks (then the earliest) is the group's best, and members take turns in order,
+/// so each group is a cursor over its members. A group's best value, `t·w − W·(rounds its
+/// cursor completed)`, grows by w a step and drops by W when its cursor wraps: with W ≤ 2²⁰
+/// it stays within ±2⁴¹, so a step is G additions and comparisons of `i64`s.
+fn nginx_cycle(weights: &[(EndpointIdx, u64)], distinct: &[u64], g: u64) -> Box<[EndpointIdx]> {
+    let mut members: Vec<Vec<EndpointIdx>> = vec![Vec::new(); distinct.len()];
+    for &(i, w) in weights {
+        members[distinct.partition_point(|&d| d < w)].push(i);
+    }
+    // Each group's best value, weight and member up next: all a step reads.
+    let mut heads: Vec<(i64, i64, EndpointIdx)> = Vec::with_capacity(members.len());
+    for (m, &w) in members.iter().zip(distinct) {
+        let (Some(&next), Ok(w)) = (m.first(), i64::try_from(w / g)) else {
+            return Box::default();
+        };
+        heads.push((0, w, next));
+    }
+    let mut cursors = vec![0usize; members.len()];
+    let total: i64 = heads
+        .iter()
+        .zip(&members)
+        .map(|(h, m)| h.1 * m.len() as i64)
+        .sum();
+    let mut cycle = Vec::with_capacity(usize::try_from(total).unwrap_or(0));
+    for _ in 0..total {
+        let (mut best, mut top, mut top_next) = (0, i64::MIN, usize::MAX);
+        for (gi, (value, weight, next)) in heads.iter_mut().enumerate() {
+            *value += *weight;
+            if *value > top || (*value == top && next.get() < top_next) {
+                (best, top, top_next) = (gi, *value, next.get());
+            }
+        }
+        let (value, _, next) = &mut heads[best];
+        cycle.push(*next);
+        let (cursor, group) = (&mut cursors[best], &members[best]);
+        *cursor += 1;
+        if *cursor == group.len() {
+            *cursor = 0;
+            *value -= total;
+        }
+        *next = group[*cursor];
     }
     cycle.into_boxed_slice()
 }

@@ -253,6 +253,19 @@ proptest! {
         prop_assert_eq!(picks(&picker(&weights), n), nginx_reference(&weights, n));
     }
 
+    /// Fleets warming up: many endpoints sharing a few weights, so each weight group's cursor
+    /// wraps many times a cycle, and ties between groups are common.
+    #[test]
+    fn warming_fleets_cycle_as_the_nginx_reference(
+        weights in proptest::collection::vec(1u64..6, 1..80),
+        scale in 1u64..4,
+    ) {
+        let weights: Vec<u64> = weights.iter().map(|w| w * scale).collect();
+        let total: u64 = weights.iter().sum();
+        let n = 2 * total as usize + 3;
+        prop_assert_eq!(picks(&picker(&weights), n), nginx_reference(&weights, n));
+    }
+
     #[test]
     fn every_window_holds_exact_shares_with_bounded_gaps(weights in proptest::collection::vec(1u64..50, 1..10)) {
         let g = weights.iter().fold(0, |g, &w| gcd(g, w));
