@@ -72,14 +72,6 @@ wait_port() { # wait until port $1 accepts connections (bounded: 10 s)
   echo "nothing listens on port $1" >&2; return 1
 }
 
-rss_kb() { # total RSS (kB) of pid $1 and its children
-  local total=0 p
-  for p in $1 $(pgrep -P "$1" || true); do
-    total=$((total + $(awk '/VmRSS/ {print $2}' "/proc/$p/status" 2>/dev/null || echo 0)))
-  done
-  echo "$total"
-}
-
 start_backends() {
   BACKENDS=()
   local p
@@ -103,27 +95,7 @@ stop_backends() { # prints the three call counts ("?" for a backend that printed
 }
 
 start_nginx() {
-  cat > "$WORK/nginx.conf" <<CONF
-worker_processes $1;
-pid $WORK/nginx.pid;
-error_log stderr error;
-events { worker_connections 4096; multi_accept on; }
-http {
-  access_log off;
-  # nginx closes a client connection after 1 000 requests by default (and an upstream one
-  # too): h2load does not reconnect, so a run would end there.
-  keepalive_requests 100000000;
-  upstream b {
-    server 127.0.0.1:$B1; server 127.0.0.1:$B2; server 127.0.0.1:$B3;
-    keepalive 128; keepalive_requests 100000000;
-  }
-  server {
-    listen 127.0.0.1:$FRONT http2;
-    http2_max_concurrent_streams 1024;
-    location / { grpc_pass grpc://b; }
-  }
-}
-CONF
+  nginx_grpc_conf "$1" "$FRONT" "$B1" "$B2" "$B3" "$WORK" > "$WORK/nginx.conf"
   mkdir -p "$WORK/logs"
   "$NGINX" -p "$WORK" -c "$WORK/nginx.conf" -g 'daemon off;' >"$WORK/nginx.log" 2>&1 & echo $!
 }

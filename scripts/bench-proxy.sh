@@ -6,7 +6,9 @@
 # Envoy (ROUND_ROBIN, then LEAST_REQUEST; --concurrency = workers, circuit breakers raised) and
 # `lbkit proxy` (round-robin, then p2c-ewma), each with WORKERS workers/threads; wrk at each
 # connection count for DURATION. Prints req/s, p50, p99, the ratio to the best of the other
-# proxies in that row so far ("x best"), and the proxy's RSS at idle and its peak under load.
+# proxies in that row so far ("x best"), the proxy's CPU a request (user + system ticks of all
+# its threads and child processes over the run, over wrk's request count) and its RSS at idle
+# and its peak under load.
 #
 #   WORKERS="1 2" CONNS="64 256" DURATION=10s scripts/bench-proxy.sh
 #   PROXIES="envoy-rr lbkit-rr" scripts/bench-proxy.sh       # a subset, in this order
@@ -74,14 +76,6 @@ wait_port() { # wait until something answers HTTP on port $1 (bounded: 10 s)
 for p in $B1 $B2 $B3; do "$BACKEND" "$p" 1 >"$WORK/backend-$p.log" 2>&1 & PIDS+=($!); done
 for p in $B1 $B2 $B3; do wait_port "$p"; done
 
-rss_kb() { # total RSS (kB) of pid $1 and its children (nginx/haproxy workers)
-  local total=0 p
-  for p in $1 $(pgrep -P "$1" || true); do
-    total=$((total + $(awk '/VmRSS/ {print $2}' "/proc/$p/status" 2>/dev/null || echo 0)))
-  done
-  echo "$total"
-}
-
 start_nginx() {
   nginx_conf "$1" "$FRONT" "$B1" "$B2" "$B3" "$WORK" > "$WORK/nginx.conf"
   mkdir -p "$WORK/logs"
@@ -108,7 +102,7 @@ start_lbkit() { # $1 workers, $2 strategy, $3 forwarded_headers
 RESULTS=$WORK/results
 ALL=$WORK/all.txt
 : > "$ALL"
-printf "%-9s %-7s %-5s %10s %9s %9s %8s %10s %10s\n" proxy workers conns "req/s" p50 p99 "x best" "idle RSS" "load RSS"
+printf "%-9s %-7s %-5s %10s %9s %9s %8s %8s %10s %10s\n" proxy workers conns "req/s" p50 p99 "x best" "CPU us" "idle RSS" "load RSS"
 for round in $(seq "$ROUNDS"); do
 [ "$ROUNDS" -gt 1 ] && echo "-- round $round of $ROUNDS"
 for w in $WORKERS; do
@@ -129,11 +123,15 @@ for w in $WORKERS; do
       wait_port "$FRONT"
       idle=$(rss_kb "$pid")
       wrk -t"$WRK_THREADS" -c"$c" -d2s "http://127.0.0.1:$FRONT/" >/dev/null # warm pools
+      pids=$(proxy_family "$pid")
+      ticks=$(proxy_ticks "$pids")
       wrk -t"$WRK_THREADS" -c"$c" -d"$DURATION" --latency "http://127.0.0.1:$FRONT/" > "$RESULTS" &
       wrk_pid=$!
       sleep 3
       load=$(rss_kb "$pid")
       wait "$wrk_pid"
+      ticks=$(($(proxy_ticks "$pids") - ticks))
+      cpu=$(awk -v t="$ticks" -v hz="$(getconf CLK_TCK)" '/requests in/ { printf "%.2f", t * 1e6 / hz / $1 }' "$RESULTS")
       rps=$(awk '/Requests\/sec/ {print $2}' "$RESULTS")
       p50=$(awk '$1 == "50%" {print $2}' "$RESULTS")
       p99=$(awk '$1 == "99%" {print $2}' "$RESULTS")
@@ -144,9 +142,9 @@ for w in $WORKERS; do
         *) best_rps=$(awk -v a="$rps" -v b="${best_rps:-0}" 'BEGIN { print (a > b ? a : b) }') ;;
       esac
       ratio=$(awk -v a="$rps" -v b="${best_rps:-$rps}" 'BEGIN { printf "%.2f", a / b }')
-      printf "%-9s %-7s %-5s %10.0f %9s %9s %8s %8d kB %8d kB %s\n" \
-        "$proxy" "$w" "$c" "$rps" "$p50" "$p99" "$ratio" "$idle" "$load" "$errors"
-      echo "$w $c $proxy $rps $p99" >> "$ALL"
+      printf "%-9s %-7s %-5s %10.0f %9s %9s %8s %8s %8d kB %8d kB %s\n" \
+        "$proxy" "$w" "$c" "$rps" "$p50" "$p99" "$ratio" "$cpu" "$idle" "$load" "$errors"
+      echo "$w $c $proxy $rps $p99 $cpu" >> "$ALL"
       kill "$pid"; wait "$pid" 2>/dev/null || true
       # Let the port go (TIME_WAIT does not block a listener, but the old process must be gone).
       while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
@@ -158,8 +156,8 @@ done
 if [ "$ROUNDS" -gt 1 ]; then
   echo
   echo "medians over $ROUNDS rounds (p99 in ms; x best = median req/s over the best other proxy's"
-  echo "median req/s in that row; best p99 = that proxy's median p99)"
-  printf "%-10s %-7s %-5s %10s %9s %8s %-10s %9s\n" proxy workers conns "req/s" p99 "x best" "best" "best p99"
+  echo "median req/s in that row; best p99 = that proxy's median p99; CPU us = median CPU a request)"
+  printf "%-10s %-7s %-5s %10s %9s %8s %-10s %9s %8s\n" proxy workers conns "req/s" p99 "x best" "best" "best p99" "CPU us"
   awk '
     function ms(v) { # wrk latency text to milliseconds
       if (v ~ /us$/) return substr(v, 1, length(v) - 2) / 1000
@@ -173,7 +171,7 @@ if [ "$ROUNDS" -gt 1 ]; then
       return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
     }
     { key = $1 " " $2 " " $3; if (!(key in rps)) order[++k] = key
-      rps[key] = rps[key] " " $4; p99[key] = p99[key] " " ms($5) }
+      rps[key] = rps[key] " " $4; p99[key] = p99[key] " " ms($5); cpu[key] = cpu[key] " " $6 }
     END {
       for (i = 1; i <= k; i++) {
         split(order[i], f, " "); row = f[1] " " f[2]
@@ -183,7 +181,7 @@ if [ "$ROUNDS" -gt 1 ]; then
       for (i = 1; i <= k; i++) {
         split(order[i], f, " "); row = f[1] " " f[2]
         r = median(rps[order[i]])
-        printf "%-10s %-7s %-5s %10.0f %7.2fms %8.2f %-10s %7.2fms\n", f[3], f[1], f[2], r, median(p99[order[i]]), r / best[row], bestname[row], bestp99[row]
+        printf "%-10s %-7s %-5s %10.0f %7.2fms %8.2f %-10s %7.2fms %8.2f\n", f[3], f[1], f[2], r, median(p99[order[i]]), r / best[row], bestname[row], bestp99[row], median(cpu[order[i]])
       }
     }' "$ALL"
 fi

@@ -11,6 +11,29 @@ proxy_cleanup() {
   rm -rf "$WORK"
 }
 
+# proxy_family PID: PID and its child processes (nginx's workers), comma-separated.
+proxy_family() {
+  { echo "$1"; pgrep -P "$1" || true; } | paste -sd,
+}
+
+# proxy_ticks PIDS: user + system clock ticks of every thread of the comma-separated PIDS.
+proxy_ticks() {
+  local s=0 p t
+  for p in ${1//,/ }; do
+    for t in /proc/"$p"/task/*; do s=$((s + $(awk '{print $14 + $15}' "$t/stat"))); done
+  done
+  echo "$s"
+}
+
+# rss_kb PID: total RSS (kB) of PID and its children (nginx and HAProxy workers).
+rss_kb() {
+  local total=0 p
+  for p in $1 $(pgrep -P "$1" || true); do
+    total=$((total + $(awk '/VmRSS/ {print $2}' "/proc/$p/status" 2>/dev/null || echo 0)))
+  done
+  echo "$total"
+}
+
 # nginx_conf WORKERS FRONT B1 B2 B3 DIR: round robin, upstream keep-alive, access log off.
 nginx_conf() {
   cat <<CONF
@@ -24,6 +47,32 @@ http {
   server {
     listen 127.0.0.1:$2;
     location / { proxy_pass http://b; proxy_http_version 1.1; proxy_set_header Connection ""; }
+  }
+}
+CONF
+}
+
+# nginx_grpc_conf WORKERS FRONT B1 B2 B3 DIR: gRPC (h2c) in front, `grpc_pass` to the backends,
+# round robin, upstream keep-alive, no cap on requests a connection.
+nginx_grpc_conf() {
+  cat <<CONF
+worker_processes $1;
+pid $6/nginx.pid;
+error_log stderr error;
+events { worker_connections 4096; multi_accept on; }
+http {
+  access_log off;
+  # nginx closes a client connection after 1 000 requests by default (and an upstream one
+  # too): h2load does not reconnect, so a run would end there.
+  keepalive_requests 100000000;
+  upstream b {
+    server 127.0.0.1:$3; server 127.0.0.1:$4; server 127.0.0.1:$5;
+    keepalive 128; keepalive_requests 100000000;
+  }
+  server {
+    listen 127.0.0.1:$2 http2;
+    http2_max_concurrent_streams 1024;
+    location / { grpc_pass grpc://b; }
   }
 }
 CONF
