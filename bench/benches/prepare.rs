@@ -270,6 +270,30 @@ mod change {
         bench_publish(b, last, next, stages, |lb| assert!(lb.current().is_staged()));
     }
 
+    /// Tags and zones together: a third `blue`, a third `green`, the rest none (by address),
+    /// and two zones (by the address's last digit) under locality-weighted balancing: a ring
+    /// for each zone of the whole set and of each tag set.
+    #[divan::bench(sample_count = 10)]
+    fn consistent_hash_tagged_zoned_publish(b: Bencher) {
+        let (last, next) = sets_with(|s, third| {
+            let zone = ["x", "y"][usize::from(s.address.as_bytes()[s.address.len() - 1] % 2)];
+            let s = s.with_zone(zone);
+            match third {
+                0 => s.with_meta(TAG_KEY, "blue"),
+                1 => s.with_meta(TAG_KEY, "green"),
+                _ => s,
+            }
+        });
+        let stages = Stages {
+            localities: Some(Localities::default()),
+            ..Stages::default()
+        };
+        bench_publish(b, last, next, stages, |lb| {
+            assert!(lb.current().is_staged());
+            assert_eq!(lb.current().tag_sets(), 3);
+        });
+    }
+
     /// A consistent-hash balancer on `last` under `stages`, publishing `next` and `last` in
     /// turn.
     fn bench_publish(

@@ -769,9 +769,17 @@ fn prepare<S: Strategy>(
         Box::new(Tagged::prepare(strategy, table, now, last))
     });
     let tag_sets = tags.as_ref().map_or(&[][..], |t| &t.table.subsets[..]);
+    let last_tags = last.and_then(|l| l.tags.as_deref());
+    let tag_pairs: Vec<Option<usize>> = match (&tags, last_tags) {
+        (Some(now), Some(was)) => (0..tag_sets.len())
+            .map(|i| was.table.counterpart(&now.table, i))
+            .collect(),
+        _ => Vec::new(),
+    };
     let last_stages = last.map(|l| Last {
         main: (&l.main, &l.picker),
         staged: l.staged.as_ref(),
+        tags: &tag_pairs,
     });
     let mut staged = Staged::prepare(strategy, stages, &snapshot, tag_sets, now, last_stages);
     let (main, picker) = match staged.as_mut().and_then(Staged::fold_main) {

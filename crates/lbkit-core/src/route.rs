@@ -27,8 +27,8 @@
 //! is prepared from the last snapshot's picker of the same requests' set
 //! ([`Strategy::prepare_next`](crate::Strategy::prepare_next)), so a change of k endpoints
 //! costs a tagged fleet's hash rings O(k) patches, not one rebuild per tag (when stages run,
-//! tagged requests pick in the stage trees of their sets, whose leaves are still prepared from
-//! scratch). Only the
+//! tagged requests pick in the stage trees of their sets, whose tier and zone leaves are
+//! prepared from the last tree's of the same requests in the same way). Only the
 //! [`MAX_TAG_SETS`] largest sets get a picker: requests for the others (a fleet that tags every
 //! provider apart, say) pick at random among the set's members, passing over those the
 //! availability filter or the call's earlier attempts rule out.

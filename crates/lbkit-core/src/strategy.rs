@@ -51,9 +51,10 @@ pub trait Strategy: Send + Sync + 'static {
     /// tag subset whose requests had a subset in the last snapshot too (the same tag, or the
     /// untagged or fallback set), for the set every request of the whole snapshot reaches
     /// when stages narrow it to one (healthy priority tiers, an aperture), from the last one's
-    /// main picker, and for each tier's or zone's set of the whole snapshot, from the last
-    /// one's of the same tier and zone. The sets of metadata subsets and of tag sets' stages
-    /// are prepared from scratch, and a tier no request reaches (a standby tier) not at all.
+    /// main picker, and for each tier's or zone's set of the whole snapshot or of a tag set,
+    /// from the last one's of the same tier and zone (of the same requests' tag set). The sets
+    /// of metadata subsets are prepared from scratch, and a tier no request reaches (a standby
+    /// tier) not at all.
     /// The default prepares from scratch.
     fn prepare_next(
         &self,
@@ -561,6 +562,76 @@ mod tests {
             seen,
             want.into_iter().collect(),
             "each zone's first endpoint"
+        );
+    }
+
+    /// With tags and locality-weighted balancing, the zone leaves of a tag set's tree are
+    /// prepared from the last leaves of the same requests' tag set and zone too; a zone new to
+    /// the set gets one from scratch.
+    #[test]
+    fn tag_zone_leaves_prepare_from_the_last_leaf_of_their_tag_and_zone() {
+        use crate::route::TAG_KEY;
+        use crate::stage::{Localities, Stages};
+        let counting = Arc::new(Counting::default());
+        let snap = |eps: &[(&str, &str, Option<&str>)]| {
+            let specs = eps.iter().map(|&(a, z, t)| {
+                let s = EndpointSpec::new(a).with_zone(z);
+                match t {
+                    Some(t) => s.with_meta(TAG_KEY, t),
+                    None => s,
+                }
+            });
+            Arc::new(Snapshot::from_specs(specs.collect(), Timestamp::ZERO))
+        };
+        let stages = Stages {
+            localities: Some(Localities::default()),
+            ..Stages::default()
+        };
+        let (t, none) = (Some("t"), None);
+        let first = [
+            ("a:1", "x", t),
+            ("b:1", "y", t),
+            ("c:1", "x", none),
+            ("d:1", "y", none),
+        ];
+        let lb = Balancer::new(counting.clone(), snap(&first), Timestamp::ZERO)
+            .with_stages(stages, Timestamp::ZERO);
+        let count = || {
+            let c = &counting;
+            (
+                c.fresh.load(Ordering::Relaxed),
+                c.carried.load(Ordering::Relaxed),
+            )
+        };
+        let before = count();
+        let next = [
+            ("a:1", "x", t),
+            ("e:1", "x", t),
+            ("b:1", "y", t),
+            ("c:1", "x", none),
+            ("d:1", "y", none),
+            ("f:1", "w", t),
+        ];
+        lb.publish(snap(&next), Timestamp::ZERO);
+        // Carried: the tag sets t and untagged, the whole set, zones x and y of the whole
+        // set's tree, of t's and of the untagged set's. Fresh: zone w (t's and the whole
+        // set's: the same members, one leaf).
+        assert_eq!(count().1 - before.1, 9, "carried");
+        assert_eq!(count().0 - before.0, 1, "fresh");
+        let mut rng = FastRng::seed_from_u64(1);
+        let mut seen = std::collections::BTreeSet::new();
+        for _ in 0..80 {
+            let mut cx =
+                PickContext::new(Timestamp::ZERO, &mut rng).with_tag(RequestTag::new(b"t"));
+            let current = lb.current();
+            let at = current.select(&mut cx, lb.availability()).unwrap();
+            seen.insert(current.snapshot().endpoint(at).address().to_owned());
+        }
+        let want = ["a:1", "b:1", "f:1"].map(String::from);
+        assert_eq!(
+            seen,
+            want.into_iter().collect(),
+            "each zone's first endpoint of t"
         );
     }
 

@@ -1,8 +1,9 @@
 //! The prepared stages of one snapshot: per set (the whole snapshot, each tag's set) a tree of
 //! subset index → tiers → zones → leaves, and the leaves' pickers. Built once per snapshot
 //! change; a pick walks it with a few comparisons and draws. A leaf of the whole snapshot's
-//! tree gets its picker from the last snapshot's leaf at the same tier and zone
-//! ([`Strategy::prepare_next`]), and a leaf no request can reach (a standby tier) none.
+//! tree, or of a tag set's, gets its picker from the last snapshot's leaf at the same tier and
+//! zone of the same requests' tree ([`Strategy::prepare_next`]), and a leaf no request can
+//! reach (a standby tier) none.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -57,20 +58,25 @@ pub(crate) struct Leaf<P> {
     pub(crate) snapshot: Arc<Snapshot>,
     pub(crate) picker: Option<P>,
     pub(crate) members: Box<[EndpointIdx]>,
-    /// Where the whole snapshot's requests find it (see [`Route`]), when they do.
+    /// Where the requests of the whole snapshot or of a tag set find it (see [`Route`]), when
+    /// they do.
     route: Option<Route>,
 }
 
-/// A leaf's place in the whole snapshot's tree, stable across snapshots: its tier's priority
-/// and its zone ("" when its tier has no zones). The next snapshot's leaf at the same place is
-/// prepared from this one's picker.
-type Route = (u32, Box<str>);
+/// A leaf's place, stable across snapshots: its tree (0 for the whole snapshot's, t + 1 for tag
+/// set t's), its tier's priority and its zone ("" when its tier has no zones). The next
+/// snapshot's leaf at the same place (in the tree of the same requests' tag set: [`Last`]'s
+/// `tags`) is prepared from this one's picker. Leaves of metadata subsets have none.
+type Route = (u32, u32, Box<str>);
 
 /// What the last snapshot prepared, for the next one's leaves to be prepared from: its main
 /// set and picker ([`Prepared`](crate::Prepared)'s `main` and `picker`) and its stages.
 pub(crate) struct Last<'l, P> {
     pub(crate) main: (&'l Arc<Snapshot>, &'l P),
     pub(crate) staged: Option<&'l Staged<P>>,
+    /// For each tag set of the snapshot being prepared, the last snapshot's tag set of the same
+    /// requests ([`TagTable::counterpart`](crate::route::TagTable::counterpart)), if any.
+    pub(crate) tags: &'l [Option<usize>],
 }
 
 impl<P> Clone for Last<'_, P> {
@@ -83,18 +89,24 @@ impl<P> Copy for Last<'_, P> {}
 
 impl<'l, P> Last<'l, P> {
     /// The set and picker a leaf is prepared from: the last main set's for the main leaf (see
-    /// [`Staged::fold_main`]), else the last leaf's at the same `route` (the last main set's
-    /// when that leaf was folded). `None`: from scratch.
+    /// [`Staged::fold_main`]), else the last leaf's at the same `route`, a tag set's leaf in the
+    /// last tree of the same requests' tag set (the last main set's when that leaf was folded).
+    /// `None`: from scratch.
     fn pair(self, main: bool, route: Option<&Route>) -> Option<(&'l Arc<Snapshot>, &'l P)> {
         if main {
             return Some(self.main);
         }
         let staged = self.staged?;
-        let route = Some(route?);
-        let at = staged
-            .leaves
-            .iter()
-            .position(|l| l.route.as_ref() == route)?;
+        let (tree, priority, zone) = route?;
+        let tree = match tree.checked_sub(1) {
+            None => 0,
+            Some(t) => 1 + u32::try_from(self.tags.get(t as usize).copied().flatten()?).ok()?,
+        };
+        let at = staged.leaves.iter().position(|l| {
+            l.route
+                .as_ref()
+                .is_some_and(|r| r.0 == tree && r.1 == *priority && r.2 == *zone)
+        })?;
         match &staged.leaves[at].picker {
             Some(picker) => Some((&staged.leaves[at].snapshot, picker)),
             None if staged.folded && staged.main_leaf() == Some(at) => Some(self.main),
@@ -360,8 +372,9 @@ impl<P> Staged<P> {
     /// its main set and picker
     /// ([`Strategy::prepare_next`]), so healthy tiers or an aperture over a large set cost a
     /// change what the set's strategy makes of it, not a build from scratch. The other leaves
-    /// of the whole snapshot's tree are prepared from `last`'s leaf at the same place
-    /// ([`Route`]: tier and zone); the other leaves of subsets and tag sets from scratch.
+    /// of the whole snapshot's tree, and the leaves of tag sets' trees, are prepared from
+    /// `last`'s leaf at the same place ([`Route`]: the same requests' tree, tier and zone); the
+    /// leaves of metadata subsets from scratch.
     pub(crate) fn prepare<S: Strategy<Picker = P>>(
         strategy: &S,
         stages: &Stages,
@@ -376,12 +389,13 @@ impl<P> Staged<P> {
         }
         let mut b = Builder::<S>::new(stages, snapshot);
         let all: Vec<EndpointIdx> = (0..snapshot.len()).map(EndpointIdx::new).collect();
-        let main = b.tree(&all, true);
+        let main = b.tree(&all, true, 0);
         // A tag's tiers count its down members but never panic: tag routing sends requests to
         // serving providers only, and a tier with nothing serving takes no load.
         let tags = tag_sets
             .iter()
-            .map(|set| b.tree(&with_down(snapshot, set), false))
+            .zip(1..)
+            .map(|(set, t)| b.tree(&with_down(snapshot, set), false, t))
             .collect();
         let mut staged = Staged {
             main,
@@ -694,11 +708,10 @@ impl<'b, S: Strategy> Builder<'b, S> {
     }
 
     /// The tree of a set of `members`, whose tiers enter panic as the snapshot's policy says
-    /// when `may_panic` (else never).
-    fn tree(&mut self, members: &[EndpointIdx], may_panic: bool) -> Tree {
+    /// when `may_panic` (else never); `tree` names its leaves' places ([`Route`]).
+    fn tree(&mut self, members: &[EndpointIdx], may_panic: bool, tree: u32) -> Tree {
         self.may_panic = may_panic;
-        // The whole snapshot's tree (the only one that may panic) names its leaves' places.
-        self.route = may_panic.then(|| (0, "".into()));
+        self.route = Some((tree, 0, "".into()));
         let any = self.entry(members);
         self.route = None;
         let subsets = self.stages.subsets.as_ref().map(|cfg| {
@@ -806,7 +819,7 @@ impl<'b, S: Strategy> Builder<'b, S> {
         let mut info = Vec::with_capacity(tiers.len());
         for (k, (priority, m)) in tiers.iter().enumerate() {
             if let Some(route) = &mut self.route {
-                *route = (*priority, "".into());
+                (route.1, route.2) = (*priority, "".into());
             }
             children.push(self.zones(m, plan.panic[k]));
             info.push(TierInfo {
@@ -872,7 +885,7 @@ impl<'b, S: Strategy> Builder<'b, S> {
         let children: Vec<Node> = (by_zone.iter())
             .map(|(zone, m)| {
                 if let Some(route) = &mut self.route {
-                    route.1 = (*zone).into();
+                    route.2 = (*zone).into();
                 }
                 self.leaf(m, panic)
             })

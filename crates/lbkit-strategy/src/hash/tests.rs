@@ -252,6 +252,29 @@ fn zone_rings_patched_pick_as_rebuilt() {
     patched_pick_as_rebuilt(spec, &[b""], &stages);
 }
 
+/// With Dubbo tags and locality-weighted balancing together, each tag set's zone rings are
+/// prepared from the last ones of the same requests' tag set and zone: the patched rings pick
+/// as a balancer made from scratch for every tag, untagged and an unknown tag. An endpoint's
+/// zone follows its address (two zones); its tag moves with its variant.
+#[test]
+fn tag_zone_rings_patched_pick_as_rebuilt() {
+    use lbkit_core::route::TAG_KEY;
+    let tags = [Some("blue"), Some("green"), None];
+    let spec = |s: EndpointSpec, t: usize| {
+        let zone = ["x", "y"][s.address.bytes().map(usize::from).sum::<usize>() % 2];
+        let s = s.with_zone(zone);
+        match tags[t] {
+            Some(name) => s.with_meta(TAG_KEY, name),
+            None => s,
+        }
+    };
+    let stages = Stages {
+        localities: Some(lbkit_core::stage::Localities::default()),
+        ..Stages::default()
+    };
+    patched_pick_as_rebuilt(spec, &[b"blue", b"green", b"", b"red"], &stages);
+}
+
 /// Balancers of consistent hash and ketama over 90 endpoints, each in one of three variants
 /// (`spec`), through eight rounds of five changes (an endpoint gone, new, or moved to the next
 /// variant): each publish's picks, for 200 keys under each request tag of `tags`, equal those
