@@ -19,7 +19,8 @@
 # CALL is `say` (unary, the default) or `repeat` (`echo.Echo/Repeat`, server streaming,
 # REPLIES messages a call, 1 to 127). LBKIT, when set, is the lbkit binary to measure (default:
 # the release build this script makes).
-# Needs haproxy, h2load (scripts/bench-grpc.sh installs both) and perf (Debian's linux-perf);
+# Needs h2load, the PEERS (HAProxy and nginx from Debian's packages: scripts/bench-grpc.sh
+# installs them and h2load; Envoy through scripts/envoy.sh) and perf (Debian's linux-perf);
 # the proxies and backends share the machine's cores with h2load, as in bench-grpc.sh.
 set -euo pipefail
 
@@ -42,7 +43,8 @@ for peer in $PEERS; do
     haproxy) command -v haproxy >/dev/null || { echo "haproxy is missing (see the header)" >&2; exit 2; } ;;
     nginx) NGINX=$(command -v nginx || echo /usr/sbin/nginx)
       [ -x "$NGINX" ] || { echo "nginx is missing (Debian's nginx package)" >&2; exit 2; } ;;
-    envoy) eval "$("$ROOT/scripts/envoy.sh")" ;; # exports LBKIT_ENVOY
+    envoy) eval "$("$ROOT/scripts/envoy.sh")" # exports LBKIT_ENVOY
+      [ -x "${LBKIT_ENVOY:-}" ] || { echo "no Envoy binary (scripts/envoy.sh failed)" >&2; exit 2; } ;;
     *) echo "PEERS takes haproxy, envoy and nginx, not $peer" >&2; exit 2 ;;
   esac
 done

@@ -16,11 +16,14 @@ proxy_family() {
   { echo "$1"; pgrep -P "$1" || true; } | paste -sd,
 }
 
-# proxy_ticks PIDS: user + system clock ticks of every thread of the comma-separated PIDS.
+# proxy_ticks PIDS: user + system clock ticks of the comma-separated PIDS, each process's total
+# (its live threads and the ones that ended); 0 for a process that is gone.
 proxy_ticks() {
-  local s=0 p t
+  local s=0 p n
   for p in ${1//,/ }; do
-    for t in /proc/"$p"/task/*; do s=$((s + $(awk '{print $14 + $15}' "$t/stat"))); done
+    # Fields 14 and 15 of /proc/PID/stat, counted after the command name's closing parenthesis.
+    n=$(sed 's/.*) //' "/proc/$p/stat" 2>/dev/null | awk '{print $12 + $13}')
+    s=$((s + ${n:-0}))
   done
   echo "$s"
 }

@@ -414,6 +414,21 @@ mod tests {
     struct Counting {
         fresh: AtomicUsize,
         carried: AtomicUsize,
+        /// Pickers carried over from a set of other zones or tags than the new one's.
+        unlike: AtomicUsize,
+    }
+
+    /// The zones and Dubbo tags of `s`'s eligible endpoints.
+    fn kinds(s: &Snapshot) -> std::collections::BTreeSet<(String, String)> {
+        let tag = |i: EndpointIdx| s.endpoint(i).metadata().get(crate::route::TAG_KEY).cloned();
+        (s.eligible().iter())
+            .map(|&i| {
+                (
+                    s.endpoint(i).zone().unwrap_or("").to_owned(),
+                    tag(i).unwrap_or_default(),
+                )
+            })
+            .collect()
     }
     struct First(EndpointIdx, usize);
     impl Picker for First {
@@ -432,12 +447,15 @@ mod tests {
         }
         fn prepare_next(
             &self,
-            _: &Arc<Snapshot>,
+            was: &Arc<Snapshot>,
             last: &First,
             s: &Arc<Snapshot>,
             _: Timestamp,
         ) -> First {
             self.carried.fetch_add(1, Ordering::Relaxed);
+            if kinds(was) != kinds(s) {
+                self.unlike.fetch_add(1, Ordering::Relaxed);
+            }
             First(s.eligible()[0], last.1 + 1)
         }
     }
@@ -588,11 +606,13 @@ mod tests {
             ..Stages::default()
         };
         let (t, none) = (Some("t"), None);
+        // The untagged set is the larger here (tag set 0) and t's in the next (so 0 there).
         let first = [
             ("a:1", "x", t),
             ("b:1", "y", t),
             ("c:1", "x", none),
             ("d:1", "y", none),
+            ("g:1", "x", none),
         ];
         let lb = Balancer::new(counting.clone(), snap(&first), Timestamp::ZERO)
             .with_stages(stages, Timestamp::ZERO);
@@ -611,6 +631,7 @@ mod tests {
             ("c:1", "x", none),
             ("d:1", "y", none),
             ("f:1", "w", t),
+            ("g:1", "x", none),
         ];
         lb.publish(snap(&next), Timestamp::ZERO);
         // Carried: the tag sets t and untagged, the whole set, zones x and y of the whole
@@ -618,6 +639,13 @@ mod tests {
         // set's: the same members, one leaf).
         assert_eq!(count().1 - before.1, 9, "carried");
         assert_eq!(count().0 - before.0, 1, "fresh");
+        // Each leaf from the last leaf of its own tag and zone: only the whole set's picker
+        // and tag set t's, which gained zone w, come from sets of other kinds.
+        assert_eq!(
+            counting.unlike.load(Ordering::Relaxed),
+            2,
+            "paired by tag and zone"
+        );
         let mut rng = FastRng::seed_from_u64(1);
         let mut seen = std::collections::BTreeSet::new();
         for _ in 0..80 {

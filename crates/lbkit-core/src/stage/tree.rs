@@ -411,7 +411,8 @@ impl<P> Staged<P> {
     /// Give the leaves that are restrictions of the snapshot (the first [`MAX_STAGE_SETS`]
     /// made) and that a request can reach their pickers, from what
     /// [`Last::pair`] finds in `last` (the main leaf from the last main set, a leaf of the whole
-    /// snapshot's tree from the last leaf at its [`Route`]), else from scratch. A leaf no node
+    /// snapshot's tree or of a tag set's from the last leaf at its [`Route`]), else from
+    /// scratch. A leaf no node
     /// leads to (a tier that takes no load while the ones before it are healthy: a standby
     /// tier) gets none, so a change costs it nothing.
     fn prepare_leaves<S: Strategy<Picker = P>>(
@@ -681,7 +682,8 @@ struct Builder<'b, S: Strategy> {
     /// Whether the tree being built lets its tiers panic.
     may_panic: bool,
     seen: HashMap<LeafKey, u32>,
-    /// The place of the leaves being made in the whole snapshot's tree, while it is built.
+    /// The place of the leaves being made in the tree being built ([`Route`]); `None` while a
+    /// metadata subset's entries are built.
     route: Option<Route>,
 }
 

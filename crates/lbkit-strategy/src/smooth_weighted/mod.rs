@@ -37,8 +37,9 @@
 //!   as above (95–97 µs at 10 000 endpoints of equal weight; 0.25 ms at 10 000 warming up with
 //!   weights 1 to 5, 1.1 ms with weights 1 to 100, the golden cycle; BENCHMARKS.md, "What a
 //!   change costs a strategy", "Smooth weighted round robin under churn"): one weight changes
-//!   the order of the whole cycle, so nothing of the last one is reused. The counter is the strategy's and keeps its place; picks keep the last cycle until the
-//!   new one is swapped in.
+//!   the order of the whole cycle, so nothing of the last one is reused. The counter is the
+//!   strategy's and keeps its place; picks keep the last cycle until the new one is swapped
+//!   in.
 //! * **Behaviour under trouble**: blind to load; warming endpoints follow Dubbo's curve (the cycle
 //!   is rebuilt every second during warm-up).
 //! * **Differences from the origin**: Dubbo 2.5 ran an O(maxWeight · n) loop per pick and nginx
