@@ -164,7 +164,12 @@ mod change {
     fn sets_with(with: fn(EndpointSpec, u32) -> EndpointSpec) -> (Arc<Snapshot>, Arc<Snapshot>) {
         let mut addresses: Vec<String> = (0..N).map(lbkit_bench::address).collect();
         addresses.sort();
-        let spec = |a: &String| with(EndpointSpec::new(a), a.bytes().map(u32::from).sum::<u32>() % 3);
+        let spec = |a: &String| {
+            with(
+                EndpointSpec::new(a),
+                a.bytes().map(u32::from).sum::<u32>() % 3,
+            )
+        };
         let specs = |a: &[String]| -> Vec<EndpointSpec> {
             let mut s: Vec<EndpointSpec> = a.iter().map(spec).collect();
             s.sort_by(|x, y| x.key.cmp(&y.key));
@@ -246,7 +251,9 @@ mod change {
             _ => s,
         });
         let no_stages = Stages::default();
-        bench_publish(b, last, next, no_stages, |lb| assert_eq!(lb.current().tag_sets(), 3));
+        bench_publish(b, last, next, no_stages, |lb| {
+            assert_eq!(lb.current().tag_sets(), 3)
+        });
     }
 
     /// The same with two priority tiers instead of tags (two thirds in tier 0, healthy: every
@@ -255,7 +262,9 @@ mod change {
     fn consistent_hash_tiered_publish(b: Bencher) {
         let (last, next) = sets_with(|s, third| s.with_priority(u32::from(third == 2)));
         let no_stages = Stages::default();
-        bench_publish(b, last, next, no_stages, |lb| assert!(lb.current().is_staged()));
+        bench_publish(b, last, next, no_stages, |lb| {
+            assert!(lb.current().is_staged())
+        });
     }
 
     /// The same with three zones (a third each) under locality-weighted balancing: a ring for
@@ -267,7 +276,9 @@ mod change {
             localities: Some(Localities::default()),
             ..Stages::default()
         };
-        bench_publish(b, last, next, stages, |lb| assert!(lb.current().is_staged()));
+        bench_publish(b, last, next, stages, |lb| {
+            assert!(lb.current().is_staged())
+        });
     }
 
     /// Tags and zones together: a third `blue`, a third `green`, the rest none (by address),
@@ -291,6 +302,25 @@ mod change {
         bench_publish(b, last, next, stages, |lb| {
             assert!(lb.current().is_staged());
             assert_eq!(lb.current().tag_sets(), 3);
+        });
+    }
+
+    /// Metadata subsets: a third each of `version` v0, v1 and v2 (by address), subsets by
+    /// `version`: the whole set's ring, its every-member leaf's and one for each version.
+    #[divan::bench(sample_count = 10)]
+    fn consistent_hash_subset_publish(b: Bencher) {
+        use lbkit_core::stage::{SubsetFallback, Subsets};
+        let (last, next) =
+            sets_with(|s, third| s.with_meta("version", ["v0", "v1", "v2"][third as usize]));
+        let stages = Stages {
+            subsets: Some(Subsets::new(
+                vec![vec!["version".into()]],
+                SubsetFallback::Any,
+            )),
+            ..Stages::default()
+        };
+        bench_publish(b, last, next, stages, |lb| {
+            assert!(lb.current().is_staged())
         });
     }
 

@@ -51,10 +51,10 @@ pub trait Strategy: Send + Sync + 'static {
     /// tag subset whose requests had a subset in the last snapshot too (the same tag, or the
     /// untagged or fallback set), for the set every request of the whole snapshot reaches
     /// when stages narrow it to one (healthy priority tiers, an aperture), from the last one's
-    /// main picker, and for each tier's or zone's set of the whole snapshot or of a tag set,
-    /// from the last one's of the same tier and zone (of the same requests' tag set). The sets
-    /// of metadata subsets are prepared from scratch, and a tier no request reaches (a standby
-    /// tier) not at all.
+    /// main picker, and for each tier's or zone's set of the whole snapshot, of a metadata
+    /// subset or of a tag set, from the last one's at the same place (the same requests' tag
+    /// set, the same subset's key set and values, tier and zone). A set new to the snapshot is
+    /// prepared from scratch, and a tier no request reaches (a standby tier) not at all.
     /// The default prepares from scratch.
     fn prepare_next(
         &self,
@@ -418,18 +418,20 @@ mod tests {
         unlike: AtomicUsize,
     }
 
-    /// The zones and Dubbo tags of `s`'s eligible endpoints.
-    fn kinds(s: &Snapshot) -> std::collections::BTreeSet<(String, String)> {
-        let tag = |i: EndpointIdx| s.endpoint(i).metadata().get(crate::route::TAG_KEY).cloned();
+    /// The zones, Dubbo tags and `version`s of `s`'s eligible endpoints.
+    fn kinds(s: &Snapshot) -> std::collections::BTreeSet<(String, String, String)> {
+        let meta = |i: EndpointIdx, k: &str| {
+            let m = s.endpoint(i).metadata();
+            m.get(k).cloned().unwrap_or_default()
+        };
         (s.eligible().iter())
             .map(|&i| {
-                (
-                    s.endpoint(i).zone().unwrap_or("").to_owned(),
-                    tag(i).unwrap_or_default(),
-                )
+                let zone = s.endpoint(i).zone().unwrap_or("").to_owned();
+                (zone, meta(i, crate::route::TAG_KEY), meta(i, "version"))
             })
             .collect()
     }
+
     struct First(EndpointIdx, usize);
     impl Picker for First {
         fn pick(&self, _: &mut PickContext<'_>) -> Result<EndpointIdx, PickError> {
@@ -661,6 +663,61 @@ mod tests {
             want.into_iter().collect(),
             "each zone's first endpoint of t"
         );
+    }
+
+    /// With metadata subsets, each subset's leaf is prepared from the last snapshot's leaf of
+    /// the same key set and values; a subset new to the set gets one from scratch.
+    #[test]
+    fn subset_leaves_prepare_from_the_last_leaf_of_their_subset() {
+        use crate::stage::{Stages, SubsetFallback, Subsets};
+        let counting = Arc::new(Counting::default());
+        let snap = |eps: &[(&str, &str)]| {
+            let specs = eps
+                .iter()
+                .map(|&(a, v)| EndpointSpec::new(a).with_meta("version", v));
+            Arc::new(Snapshot::from_specs(specs.collect(), Timestamp::ZERO))
+        };
+        let stages = Stages {
+            subsets: Some(Subsets::new(
+                vec![vec!["version".into()]],
+                SubsetFallback::Any,
+            )),
+            ..Stages::default()
+        };
+        let first = [("a:1", "v1"), ("b:1", "v1"), ("c:1", "v2"), ("d:1", "v2")];
+        let lb = Balancer::new(counting.clone(), snap(&first), Timestamp::ZERO)
+            .with_stages(stages, Timestamp::ZERO);
+        let count = || {
+            let c = &counting;
+            (
+                c.fresh.load(Ordering::Relaxed),
+                c.carried.load(Ordering::Relaxed),
+                c.unlike.load(Ordering::Relaxed),
+            )
+        };
+        let before = count();
+        let next = [
+            ("a:1", "v1"),
+            ("b:1", "v1"),
+            ("c:1", "v2"),
+            ("d:1", "v2"),
+            ("e:1", "v1"),
+            ("f:1", "v3"),
+        ];
+        lb.publish(snap(&next), Timestamp::ZERO);
+        // Carried: the whole set's picker, its every-member leaf, subsets v1 and v2, each from
+        // its own last set (only the first two gained v3). Fresh: subset v3.
+        assert_eq!(count().1 - before.1, 4, "carried");
+        assert_eq!(count().0 - before.0, 1, "fresh");
+        assert_eq!(count().2 - before.2, 2, "paired by key set and values");
+        let mut rng = FastRng::seed_from_u64(1);
+        for (v, want) in [(&b"v1"[..], "a:1"), (b"v2", "c:1"), (b"v3", "f:1")] {
+            let attrs: &[crate::stage::Attr<'_>] = &[(b"version", v)];
+            let mut cx = PickContext::new(Timestamp::ZERO, &mut rng).with_attrs(attrs);
+            let current = lb.current();
+            let at = current.select(&mut cx, lb.availability()).unwrap();
+            assert_eq!(current.snapshot().endpoint(at).address(), want);
+        }
     }
 
     /// The pickers of tag subsets are prepared from the last snapshot's picker of the same

@@ -1,9 +1,8 @@
 //! The prepared stages of one snapshot: per set (the whole snapshot, each tag's set) a tree of
 //! subset index → tiers → zones → leaves, and the leaves' pickers. Built once per snapshot
-//! change; a pick walks it with a few comparisons and draws. A leaf of the whole snapshot's
-//! tree, or of a tag set's, gets its picker from the last snapshot's leaf at the same tier and
-//! zone of the same requests' tree ([`Strategy::prepare_next`]), and a leaf no request can
-//! reach (a standby tier) none.
+//! change; a pick walks it with a few comparisons and draws. A leaf gets its picker from the
+//! last snapshot's leaf at the same place (the same requests' tree, metadata subset, tier and
+//! zone: [`Strategy::prepare_next`]), and a leaf no request can reach (a standby tier) none.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -58,16 +57,33 @@ pub(crate) struct Leaf<P> {
     pub(crate) snapshot: Arc<Snapshot>,
     pub(crate) picker: Option<P>,
     pub(crate) members: Box<[EndpointIdx]>,
-    /// Where the requests of the whole snapshot or of a tag set find it (see [`Route`]), when
-    /// they do.
+    /// Where requests find it (see [`Route`]); `None` beyond [`MAX_STAGE_SETS`].
     route: Option<Route>,
 }
 
 /// A leaf's place, stable across snapshots: its tree (0 for the whole snapshot's, t + 1 for tag
-/// set t's), its tier's priority and its zone ("" when its tier has no zones). The next
-/// snapshot's leaf at the same place (in the tree of the same requests' tag set: [`Last`]'s
-/// `tags`) is prepared from this one's picker. Leaves of metadata subsets have none.
-type Route = (u32, u32, Box<str>);
+/// set t's), its entry in the tree ([`entry_name`]: "" for every member, else a metadata
+/// subset's key set and values, or the default subset), its tier's priority and its zone (""
+/// when its tier has no zones). The next snapshot's leaf at the same place (in the tree of the
+/// same requests' tag set: [`Last`]'s `tags`) is prepared from this one's picker.
+type Route = (u32, Box<str>, u32, Box<str>);
+
+/// The entry part of a [`Route`]: "" for a tree's every-member entry, `"d"` for the default
+/// subset, and `k`, the key set's place in the configuration, then its values, each after a
+/// NUL, for a metadata subset.
+fn entry_name(key_set: Option<(usize, &[&str])>) -> Box<str> {
+    match key_set {
+        None => "d".into(),
+        Some((k, values)) => {
+            let mut name = format!("k{k}");
+            for v in values {
+                name.push('\0');
+                name.push_str(v);
+            }
+            name.into()
+        }
+    }
+}
 
 /// What the last snapshot prepared, for the next one's leaves to be prepared from: its main
 /// set and picker ([`Prepared`](crate::Prepared)'s `main` and `picker`) and its stages.
@@ -97,7 +113,7 @@ impl<'l, P> Last<'l, P> {
             return Some(self.main);
         }
         let staged = self.staged?;
-        let (tree, priority, zone) = route?;
+        let (tree, entry, priority, zone) = route?;
         let tree = match tree.checked_sub(1) {
             None => 0,
             Some(t) => 1 + u32::try_from(self.tags.get(t as usize).copied().flatten()?).ok()?,
@@ -105,7 +121,7 @@ impl<'l, P> Last<'l, P> {
         let at = staged.leaves.iter().position(|l| {
             l.route
                 .as_ref()
-                .is_some_and(|r| r.0 == tree && r.1 == *priority && r.2 == *zone)
+                .is_some_and(|r| r.0 == tree && r.1 == *entry && r.2 == *priority && r.3 == *zone)
         })?;
         match &staged.leaves[at].picker {
             Some(picker) => Some((&staged.leaves[at].snapshot, picker)),
@@ -371,10 +387,10 @@ impl<P> Staged<P> {
     /// snapshot reaches, the one [`fold_main`](Self::fold_main) hands over, is prepared from
     /// its main set and picker
     /// ([`Strategy::prepare_next`]), so healthy tiers or an aperture over a large set cost a
-    /// change what the set's strategy makes of it, not a build from scratch. The other leaves
-    /// of the whole snapshot's tree, and the leaves of tag sets' trees, are prepared from
-    /// `last`'s leaf at the same place ([`Route`]: the same requests' tree, tier and zone); the
-    /// leaves of metadata subsets from scratch.
+    /// change what the set's strategy makes of it, not a build from scratch. The other leaves,
+    /// of the whole snapshot's tree and of tag sets' trees, are prepared from `last`'s leaf at
+    /// the same place ([`Route`]: the same requests' tree, entry — every member, or a metadata
+    /// subset's values — tier and zone); a leaf at a new place from scratch.
     pub(crate) fn prepare<S: Strategy<Picker = P>>(
         strategy: &S,
         stages: &Stages,
@@ -682,8 +698,7 @@ struct Builder<'b, S: Strategy> {
     /// Whether the tree being built lets its tiers panic.
     may_panic: bool,
     seen: HashMap<LeafKey, u32>,
-    /// The place of the leaves being made in the tree being built ([`Route`]); `None` while a
-    /// metadata subset's entries are built.
+    /// The place of the leaves being made in the tree being built ([`Route`]).
     route: Option<Route>,
 }
 
@@ -713,17 +728,14 @@ impl<'b, S: Strategy> Builder<'b, S> {
     /// when `may_panic` (else never); `tree` names its leaves' places ([`Route`]).
     fn tree(&mut self, members: &[EndpointIdx], may_panic: bool, tree: u32) -> Tree {
         self.may_panic = may_panic;
-        self.route = Some((tree, 0, "".into()));
+        self.route = Some((tree, "".into(), 0, "".into()));
         let any = self.entry(members);
-        self.route = None;
         let subsets = self.stages.subsets.as_ref().map(|cfg| {
             // Stages set through the library unvalidated: a key set that is empty or longer
             // than `MAX_SUBSET_KEYS` can match nothing, and is left out.
-            let key_sets = cfg
-                .key_sets
-                .iter()
-                .filter(|keys| (1..=super::MAX_SUBSET_KEYS).contains(&keys.len()))
-                .map(|keys| self.key_set(keys, members))
+            let key_sets = (cfg.key_sets.iter().enumerate())
+                .filter(|(_, keys)| (1..=super::MAX_SUBSET_KEYS).contains(&keys.len()))
+                .map(|(k, keys)| self.key_set(k, keys, members))
                 .collect();
             let default = (!cfg.default.is_empty()).then(|| {
                 let m = self.snapshot.endpoints();
@@ -735,6 +747,7 @@ impl<'b, S: Strategy> Builder<'b, S> {
                         cfg.default.iter().all(|(k, v)| meta.get(k) == Some(v))
                     })
                     .collect();
+                self.name_entry(entry_name(None));
                 self.entry(&of)
             });
             SubsetIndex {
@@ -743,10 +756,21 @@ impl<'b, S: Strategy> Builder<'b, S> {
                 default,
             }
         });
+        self.route = None;
         Tree { subsets, any }
     }
 
-    fn key_set(&mut self, keys: &[String], members: &[EndpointIdx]) -> KeySet {
+    /// Name the entry whose leaves are made next ([`Route`]), at priority 0 and no zone until
+    /// its tiers and zones say otherwise.
+    fn name_entry(&mut self, name: Box<str>) {
+        if let Some(route) = &mut self.route {
+            (route.1, route.2, route.3) = (name, 0, "".into());
+        }
+    }
+
+    /// Key set `k` of the configuration (`keys`) over `members`: an entry for each combination
+    /// of values they carry.
+    fn key_set(&mut self, k: usize, keys: &[String], members: &[EndpointIdx]) -> KeySet {
         let mut groups: BTreeMap<Vec<&str>, Vec<EndpointIdx>> = BTreeMap::new();
         for &i in members {
             let meta = self.snapshot.endpoint(i).metadata();
@@ -760,14 +784,17 @@ impl<'b, S: Strategy> Builder<'b, S> {
         }
         let entries = groups
             .into_iter()
-            .map(|(values, of)| Sub {
-                first: Label::new(values.first().map_or(&[], |v| v.as_bytes())),
-                rest: values
-                    .iter()
-                    .skip(1)
-                    .map(|v| Label::new(v.as_bytes()))
-                    .collect(),
-                entry: self.entry(&of),
+            .map(|(values, of)| {
+                self.name_entry(entry_name(Some((k, &values))));
+                Sub {
+                    first: Label::new(values.first().map_or(&[], |v| v.as_bytes())),
+                    rest: values
+                        .iter()
+                        .skip(1)
+                        .map(|v| Label::new(v.as_bytes()))
+                        .collect(),
+                    entry: self.entry(&of),
+                }
             })
             .collect();
         KeySet {
@@ -821,7 +848,7 @@ impl<'b, S: Strategy> Builder<'b, S> {
         let mut info = Vec::with_capacity(tiers.len());
         for (k, (priority, m)) in tiers.iter().enumerate() {
             if let Some(route) = &mut self.route {
-                (route.1, route.2) = (*priority, "".into());
+                (route.2, route.3) = (*priority, "".into());
             }
             children.push(self.zones(m, plan.panic[k]));
             info.push(TierInfo {
@@ -887,7 +914,7 @@ impl<'b, S: Strategy> Builder<'b, S> {
         let children: Vec<Node> = (by_zone.iter())
             .map(|(zone, m)| {
                 if let Some(route) = &mut self.route {
-                    route.2 = (*zone).into();
+                    route.3 = (*zone).into();
                 }
                 self.leaf(m, panic)
             })

@@ -275,10 +275,28 @@ fn tag_zone_rings_patched_pick_as_rebuilt() {
     patched_pick_as_rebuilt(spec, &[b"blue", b"green", b"", b"red"], &stages);
 }
 
+/// With metadata subsets (`version`, three values moving with the variant; requests ask for
+/// each), each subset's ring is prepared from the last one's of the same version: the patched
+/// rings pick as a balancer made from scratch.
+#[test]
+fn subset_rings_patched_pick_as_rebuilt() {
+    use lbkit_core::stage::{SubsetFallback, Subsets};
+    let spec = |s: EndpointSpec, t: usize| s.with_meta("version", ["v0", "v1", "v2"][t]);
+    let stages = Stages {
+        subsets: Some(Subsets::new(
+            vec![vec!["version".into()]],
+            SubsetFallback::Any,
+        )),
+        ..Stages::default()
+    };
+    patched_pick_as_rebuilt(spec, &[b""], &stages);
+}
+
 /// Balancers of consistent hash and ketama over 90 endpoints, each in one of three variants
 /// (`spec`), through eight rounds of five changes (an endpoint gone, new, or moved to the next
 /// variant): each publish's picks, for 200 keys under each request tag of `tags`, equal those
-/// of a balancer made from scratch on the same set, both under `stages`.
+/// of a balancer made from scratch on the same set, both under `stages`. Each request also
+/// carries a `version` attribute (v0, v1 or v2 by its key), for metadata subsets.
 fn patched_pick_as_rebuilt(
     spec: impl Fn(EndpointSpec, usize) -> EndpointSpec,
     tags: &[&[u8]],
@@ -298,9 +316,12 @@ fn patched_pick_as_rebuilt(
     let now = Timestamp::ZERO;
     let pick = |p: &Prepared<Box<dyn Picker>>, lb: &Balancer<BoxStrategy>, key: &str, tag| {
         let mut r = FastRng::seed_from_u64(key.len() as u64);
+        let version: &[u8] = [&b"v0"[..], b"v1", b"v2"][key.len() % 3];
+        let attrs: &[lbkit_core::stage::Attr<'_>] = &[(b"version", version)];
         let mut cx = PickContext::new(now, &mut r)
             .with_key(key.as_bytes())
-            .with_tag(RequestTag::new(tag));
+            .with_tag(RequestTag::new(tag))
+            .with_attrs(attrs);
         p.select(&mut cx, lb.availability())
     };
     for name in ["consistent-hash", "ketama"] {
