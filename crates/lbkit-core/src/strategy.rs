@@ -52,8 +52,8 @@ pub trait Strategy: Send + Sync + 'static {
     /// untagged or fallback set), for the set every request of the whole snapshot reaches
     /// when stages narrow it to one (healthy priority tiers, an aperture), from the last one's
     /// main picker, and for each tier's or zone's set of the whole snapshot, of a metadata
-    /// subset or of a tag set, from the last one's at the same place (the same requests' tag
-    /// set, the same subset's key set and values, tier and zone). A set new to the snapshot is
+    /// subset (or the default subset) or of a tag set, from the last one's at the same place
+    /// (the same requests' tag set, the same subset's key set and values, tier and zone). A set new to the snapshot is
     /// prepared from scratch, and a tier no request reaches (a standby tier) not at all.
     /// The default prepares from scratch.
     fn prepare_next(

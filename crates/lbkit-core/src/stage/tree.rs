@@ -65,24 +65,29 @@ pub(crate) struct Leaf<P> {
 /// set t's), its entry in the tree ([`entry_name`]: "" for every member, else a metadata
 /// subset's key set and values, or the default subset), its tier's priority and its zone (""
 /// when its tier has no zones). The next snapshot's leaf at the same place (in the tree of the
-/// same requests' tag set: [`Last`]'s `tags`) is prepared from this one's picker.
+/// same requests' tag set: [`Last`]'s `tags`) is prepared from this one's picker. A leaf two
+/// entries share (the same members) keeps the place of the first; when their members part,
+/// the other's leaf is prepared from scratch once.
 type Route = (u32, Box<str>, u32, Box<str>);
 
 /// The entry part of a [`Route`]: "" for a tree's every-member entry, `"d"` for the default
-/// subset, and `k`, the key set's place in the configuration, then its values, each after a
-/// NUL, for a metadata subset.
-fn entry_name(key_set: Option<(usize, &[&str])>) -> Box<str> {
-    match key_set {
-        None => "d".into(),
-        Some((k, values)) => {
-            let mut name = format!("k{k}");
-            for v in values {
-                name.push('\0');
-                name.push_str(v);
-            }
-            name.into()
+/// subset, and for a metadata subset `k`, then its key set's keys and `v`, then its values,
+/// each written as its length, `:` and itself: unambiguous whatever the texts hold, and the
+/// same after a reload that reorders the key sets.
+fn entry_name(subset: Option<(&[String], &[&str])>) -> Box<str> {
+    use std::fmt::Write as _;
+    let Some((keys, values)) = subset else {
+        return "d".into();
+    };
+    let mut name = String::from("k");
+    let texts = keys.iter().map(String::as_str);
+    for (i, t) in texts.chain(values.iter().copied()).enumerate() {
+        if i == keys.len() {
+            name.push('v');
         }
+        let _ = write!(name, "{}:{t}", t.len());
     }
+    name.into()
 }
 
 /// What the last snapshot prepared, for the next one's leaves to be prepared from: its main
@@ -389,8 +394,9 @@ impl<P> Staged<P> {
     /// ([`Strategy::prepare_next`]), so healthy tiers or an aperture over a large set cost a
     /// change what the set's strategy makes of it, not a build from scratch. The other leaves,
     /// of the whole snapshot's tree and of tag sets' trees, are prepared from `last`'s leaf at
-    /// the same place ([`Route`]: the same requests' tree, entry — every member, or a metadata
-    /// subset's values — tier and zone); a leaf at a new place from scratch.
+    /// the same place ([`Route`]: the same requests' tree, entry — every member, a metadata
+    /// subset's values or the default subset — tier and zone); a leaf at a new place from
+    /// scratch.
     pub(crate) fn prepare<S: Strategy<Picker = P>>(
         strategy: &S,
         stages: &Stages,
@@ -733,9 +739,9 @@ impl<'b, S: Strategy> Builder<'b, S> {
         let subsets = self.stages.subsets.as_ref().map(|cfg| {
             // Stages set through the library unvalidated: a key set that is empty or longer
             // than `MAX_SUBSET_KEYS` can match nothing, and is left out.
-            let key_sets = (cfg.key_sets.iter().enumerate())
-                .filter(|(_, keys)| (1..=super::MAX_SUBSET_KEYS).contains(&keys.len()))
-                .map(|(k, keys)| self.key_set(k, keys, members))
+            let key_sets = (cfg.key_sets.iter())
+                .filter(|keys| (1..=super::MAX_SUBSET_KEYS).contains(&keys.len()))
+                .map(|keys| self.key_set(keys, members))
                 .collect();
             let default = (!cfg.default.is_empty()).then(|| {
                 let m = self.snapshot.endpoints();
@@ -768,9 +774,8 @@ impl<'b, S: Strategy> Builder<'b, S> {
         }
     }
 
-    /// Key set `k` of the configuration (`keys`) over `members`: an entry for each combination
-    /// of values they carry.
-    fn key_set(&mut self, k: usize, keys: &[String], members: &[EndpointIdx]) -> KeySet {
+    /// The key set `keys` over `members`: an entry for each combination of values they carry.
+    fn key_set(&mut self, keys: &[String], members: &[EndpointIdx]) -> KeySet {
         let mut groups: BTreeMap<Vec<&str>, Vec<EndpointIdx>> = BTreeMap::new();
         for &i in members {
             let meta = self.snapshot.endpoint(i).metadata();
@@ -785,7 +790,7 @@ impl<'b, S: Strategy> Builder<'b, S> {
         let entries = groups
             .into_iter()
             .map(|(values, of)| {
-                self.name_entry(entry_name(Some((k, &values))));
+                self.name_entry(entry_name(Some((keys, &values))));
                 Sub {
                     first: Label::new(values.first().map_or(&[], |v| v.as_bytes())),
                     rest: values
@@ -1062,4 +1067,28 @@ fn coverage_units(slice: &[(EndpointIdx, u64)]) -> Vec<u32> {
         .iter()
         .map(|&(_, c)| u32::try_from(c / g).unwrap_or(u32::MAX))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::entry_name;
+
+    /// A subset's entry name tells key sets and value tuples apart whatever their texts hold.
+    #[test]
+    fn entry_names_are_unambiguous() {
+        let keys = |k: &[&str]| k.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        let (ab, a) = (keys(&["a", "b"]), keys(&["a"]));
+        let names = [
+            entry_name(Some((&ab, &["x\0y", "z"]))),
+            entry_name(Some((&ab, &["x", "y\0z"]))),
+            entry_name(Some((&ab, &["x", "1:z"]))),
+            entry_name(Some((&ab, &["x1:", "z"]))),
+            entry_name(Some((&a, &["bv1:x"]))),
+            entry_name(Some((&keys(&["av1:b"]), &["x"]))),
+            entry_name(None),
+        ];
+        let distinct: std::collections::BTreeSet<_> = names.iter().collect();
+        assert_eq!(distinct.len(), names.len(), "{names:?}");
+        assert_eq!(&*entry_name(Some((&ab, &["x", "z"]))), "k1:a1:bv1:x1:z");
+    }
 }
