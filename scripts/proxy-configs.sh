@@ -37,15 +37,22 @@ rss_kb() {
   echo "$total"
 }
 
-# nginx_conf WORKERS FRONT B1 B2 B3 DIR: round robin, upstream keep-alive, access log off.
-nginx_conf() {
+# nginx_head WORKERS DIR: what both nginx configurations open with, up to inside `http {`.
+nginx_head() {
   cat <<CONF
 worker_processes $1;
-pid $6/nginx.pid;
+pid $2/nginx.pid;
 error_log stderr error;
 events { worker_connections 4096; multi_accept on; }
 http {
   access_log off;
+CONF
+}
+
+# nginx_conf WORKERS FRONT B1 B2 B3 DIR: round robin, upstream keep-alive, access log off.
+nginx_conf() {
+  nginx_head "$1" "$6"
+  cat <<CONF
   upstream b { server 127.0.0.1:$3; server 127.0.0.1:$4; server 127.0.0.1:$5; keepalive 128; }
   server {
     listen 127.0.0.1:$2;
@@ -58,13 +65,8 @@ CONF
 # nginx_grpc_conf WORKERS FRONT B1 B2 B3 DIR: gRPC (h2c) in front, `grpc_pass` to the backends,
 # round robin, upstream keep-alive, no cap on requests a connection.
 nginx_grpc_conf() {
+  nginx_head "$1" "$6"
   cat <<CONF
-worker_processes $1;
-pid $6/nginx.pid;
-error_log stderr error;
-events { worker_connections 4096; multi_accept on; }
-http {
-  access_log off;
   # nginx closes a client connection after 1 000 requests by default (and an upstream one
   # too): h2load does not reconnect, so a run would end there.
   keepalive_requests 100000000;

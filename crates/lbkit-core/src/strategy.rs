@@ -418,6 +418,42 @@ mod tests {
         unlike: AtomicUsize,
     }
 
+    impl Counting {
+        /// Pickers prepared from scratch, carried over, and carried over from unlike sets.
+        fn counts(&self) -> (usize, usize, usize) {
+            let load = |n: &AtomicUsize| n.load(Ordering::Relaxed);
+            (load(&self.fresh), load(&self.carried), load(&self.unlike))
+        }
+    }
+
+    /// The addresses `n` picks from `lb`'s current stages reach, with request tag `tag`.
+    fn picked(
+        lb: &Balancer<Arc<Counting>>,
+        tag: Option<&[u8]>,
+        n: usize,
+    ) -> std::collections::BTreeSet<String> {
+        let mut rng = FastRng::seed_from_u64(1);
+        (0..n)
+            .map(|_| {
+                let mut cx = PickContext::new(Timestamp::ZERO, &mut rng);
+                if let Some(t) = tag {
+                    cx = cx.with_tag(RequestTag::new(t));
+                }
+                let current = lb.current();
+                let at = current.select(&mut cx, lb.availability()).unwrap();
+                current.snapshot().endpoint(at).address().to_owned()
+            })
+            .collect()
+    }
+
+    /// Stages of locality-weighted balancing alone.
+    fn localities() -> crate::stage::Stages {
+        crate::stage::Stages {
+            localities: Some(crate::stage::Localities::default()),
+            ..crate::stage::Stages::default()
+        }
+    }
+
     /// The zones, Dubbo tags and `version`s of `s`'s eligible endpoints.
     fn kinds(s: &Snapshot) -> std::collections::BTreeSet<(String, String, String)> {
         let meta = |i: EndpointIdx, k: &str| {
@@ -538,26 +574,16 @@ mod tests {
     /// leaf of the same tier and zone; a zone new to the set gets one from scratch.
     #[test]
     fn zone_leaves_prepare_from_the_last_leaf_of_their_zone() {
-        use crate::stage::{Localities, Stages};
         let counting = Arc::new(Counting::default());
         let snap = |eps: &[(&str, &str)]| {
             let specs = eps.iter().map(|&(a, z)| EndpointSpec::new(a).with_zone(z));
             Arc::new(Snapshot::from_specs(specs.collect(), Timestamp::ZERO))
         };
-        let stages = Stages {
-            localities: Some(Localities::default()),
-            ..Stages::default()
-        };
+        let stages = localities();
         let first = snap(&[("a:1", "x"), ("b:1", "x"), ("c:1", "y"), ("d:1", "y")]);
         let lb = Balancer::new(counting.clone(), first, Timestamp::ZERO)
             .with_stages(stages, Timestamp::ZERO);
-        let count = || {
-            let c = &counting;
-            (
-                c.fresh.load(Ordering::Relaxed),
-                c.carried.load(Ordering::Relaxed),
-            )
-        };
+        let count = || counting.counts();
         let before = count();
         let next = [
             ("a:1", "x"),
@@ -569,14 +595,7 @@ mod tests {
         lb.publish(snap(&next), Timestamp::ZERO);
         assert_eq!(count().1 - before.1, 3, "the whole set, zones x and y");
         assert_eq!(count().0 - before.0, 1, "zone w");
-        let mut rng = FastRng::seed_from_u64(1);
-        let mut seen = std::collections::BTreeSet::new();
-        for _ in 0..60 {
-            let mut cx = PickContext::new(Timestamp::ZERO, &mut rng);
-            let current = lb.current();
-            let at = current.select(&mut cx, lb.availability()).unwrap();
-            seen.insert(current.snapshot().endpoint(at).address().to_owned());
-        }
+        let seen = picked(&lb, None, 60);
         let want = ["a:1", "c:1", "f:1"].map(String::from);
         assert_eq!(
             seen,
@@ -591,7 +610,6 @@ mod tests {
     #[test]
     fn tag_zone_leaves_prepare_from_the_last_leaf_of_their_tag_and_zone() {
         use crate::route::TAG_KEY;
-        use crate::stage::{Localities, Stages};
         let counting = Arc::new(Counting::default());
         let snap = |eps: &[(&str, &str, Option<&str>)]| {
             let specs = eps.iter().map(|&(a, z, t)| {
@@ -603,10 +621,7 @@ mod tests {
             });
             Arc::new(Snapshot::from_specs(specs.collect(), Timestamp::ZERO))
         };
-        let stages = Stages {
-            localities: Some(Localities::default()),
-            ..Stages::default()
-        };
+        let stages = localities();
         let (t, none) = (Some("t"), None);
         // The untagged set is the larger here (tag set 0) and t's in the next (so 0 there).
         let first = [
@@ -618,13 +633,7 @@ mod tests {
         ];
         let lb = Balancer::new(counting.clone(), snap(&first), Timestamp::ZERO)
             .with_stages(stages, Timestamp::ZERO);
-        let count = || {
-            let c = &counting;
-            (
-                c.fresh.load(Ordering::Relaxed),
-                c.carried.load(Ordering::Relaxed),
-            )
-        };
+        let count = || counting.counts();
         let before = count();
         let next = [
             ("a:1", "x", t),
@@ -648,15 +657,7 @@ mod tests {
             2,
             "paired by tag and zone"
         );
-        let mut rng = FastRng::seed_from_u64(1);
-        let mut seen = std::collections::BTreeSet::new();
-        for _ in 0..80 {
-            let mut cx =
-                PickContext::new(Timestamp::ZERO, &mut rng).with_tag(RequestTag::new(b"t"));
-            let current = lb.current();
-            let at = current.select(&mut cx, lb.availability()).unwrap();
-            seen.insert(current.snapshot().endpoint(at).address().to_owned());
-        }
+        let seen = picked(&lb, Some(b"t"), 80);
         let want = ["a:1", "b:1", "f:1"].map(String::from);
         assert_eq!(
             seen,
@@ -687,14 +688,7 @@ mod tests {
         let first = [("a:1", "v1"), ("b:1", "v1"), ("c:1", "v2"), ("d:1", "v2")];
         let lb = Balancer::new(counting.clone(), snap(&first), Timestamp::ZERO)
             .with_stages(stages, Timestamp::ZERO);
-        let count = || {
-            let c = &counting;
-            (
-                c.fresh.load(Ordering::Relaxed),
-                c.carried.load(Ordering::Relaxed),
-                c.unlike.load(Ordering::Relaxed),
-            )
-        };
+        let count = || counting.counts();
         let before = count();
         let next = [
             ("a:1", "v1"),

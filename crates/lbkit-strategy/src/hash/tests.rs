@@ -292,6 +292,19 @@ fn subset_rings_patched_pick_as_rebuilt() {
     patched_pick_as_rebuilt(spec, &[b""], &stages);
 }
 
+/// Five changes to `set` (position → variant): an endpoint gone, new, or moved to the next
+/// variant.
+fn churn(rng: &mut FastRng, set: &mut std::collections::BTreeMap<u32, usize>) {
+    for _ in 0..5 {
+        let p = rng.below(240) as u32;
+        match set.get(&p).copied() {
+            Some(t) if rng.below(2) == 0 => drop(set.insert(p, (t + 1) % 3)),
+            Some(_) => drop(set.remove(&p)),
+            None => drop(set.insert(p, rng.below(3) as usize)),
+        }
+    }
+}
+
 /// Balancers of consistent hash and ketama over 90 endpoints, each in one of three variants
 /// (`spec`), through eight rounds of five changes (an endpoint gone, new, or moved to the next
 /// variant): each publish's picks, for 200 keys under each request tag of `tags`, equal those
@@ -330,14 +343,7 @@ fn patched_pick_as_rebuilt(
         let lb = Balancer::new(build(name, Params::new()).unwrap(), first, now)
             .with_stages(stages.clone(), now);
         for _ in 0..8 {
-            for _ in 0..5 {
-                let p = rng.below(240) as u32;
-                match set.get(&p).copied() {
-                    Some(t) if rng.below(2) == 0 => drop(set.insert(p, (t + 1) % 3)),
-                    Some(_) => drop(set.remove(&p)),
-                    None => drop(set.insert(p, rng.below(3) as usize)),
-                }
-            }
+            churn(&mut rng, &mut set);
             let next = b.reset_from(specs(&set).iter().map(Cow::Borrowed), now);
             lb.publish(next.clone(), now);
             let fresh = Balancer::new(build(name, Params::new()).unwrap(), next, now)
