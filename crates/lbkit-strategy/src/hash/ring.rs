@@ -165,14 +165,6 @@ impl Group {
 // === impl Chunks ===
 
 impl Chunks {
-    fn with_capacity(n: usize) -> Self {
-        Chunks {
-            firsts: Vec::with_capacity(n),
-            mains: Vec::with_capacity(n),
-            chunks: Vec::with_capacity(n),
-        }
-    }
-
     /// Share `group`'s chunks in `range`.
     fn share(&mut self, group: &Group, range: Range<usize>) {
         self.firsts
@@ -191,9 +183,16 @@ impl Chunks {
         }
     }
 
+    /// Forget every chunk, keeping the memory for the next group.
+    fn clear(&mut self) {
+        self.firsts.clear();
+        self.mains.clear();
+        self.chunks.clear();
+    }
+
     /// The chunks as one group when there are at most `whole` (none when there are none), else
-    /// cut into groups of [`GROUP`]. `whole` is at most [`MAX_GROUP`].
-    fn into_groups(self, whole: usize) -> impl Iterator<Item = Group> {
+    /// cut into groups of [`GROUP`]; the chunks leave `self`. `whole` is at most [`MAX_GROUP`].
+    fn drain_groups(&mut self, whole: usize) -> impl Iterator<Item = Group> + '_ {
         debug_assert!(whole <= MAX_GROUP);
         let n = self.chunks.len();
         let size = if n <= whole { n.max(1) } else { GROUP };
@@ -202,7 +201,7 @@ impl Chunks {
             mains,
             chunks,
         } = self;
-        let mut chunks = chunks.into_iter();
+        let mut chunks = chunks.drain(..);
         (0..n).step_by(size).map(move |at| {
             let end = n.min(at + size);
             let (mut first, mut main) = ([0; MAX_GROUP], [0; MAX_GROUP]);
@@ -382,7 +381,7 @@ impl RingPicker {
         let mut chunks = Chunks::default();
         chunks.push(ring.cut());
         let chunks_len = chunks.chunks.len();
-        let groups: Vec<Group> = chunks.into_groups(GROUP).collect();
+        let groups: Vec<Group> = chunks.drain_groups(GROUP).collect();
         RingPicker {
             firsts: groups.iter().map(|g| g.first[0]).collect(),
             groups: groups.into_iter().map(Arc::new).collect(),

@@ -126,3 +126,42 @@ proptest! {
         }
     }
 }
+
+/// A patch whose removed points are not on the ring (the ring was not made from the last
+/// snapshot's points) gives up instead of removing whatever sits where they would be: points
+/// outside a space of 16 (chunks full of collisions), and points each one before a point of
+/// the endpoint that goes (chunks without collisions, where the point after the one not found
+/// is the one to remove).
+#[test]
+fn a_patch_gives_up_when_a_removed_point_is_not_on_the_ring() {
+    let specs = |ports: &[u32]| -> Vec<EndpointSpec> {
+        let address = |p| EndpointSpec::new(format!("10.0.0.1:{p}"));
+        ports.iter().map(|&p| address(p)).collect()
+    };
+    for (space, shift) in [(16, 16), (u32::MAX, u32::MAX)] {
+        let mut b = SnapshotBuilder::new();
+        let last = b.reset_from(
+            specs(&[1000, 1001, 1002]).iter().map(Cow::Borrowed),
+            Timestamp::ZERO,
+        );
+        let next = b.reset_from(
+            specs(&[1000, 1002]).iter().map(Cow::Borrowed),
+            Timestamp::ZERO,
+        );
+        let made_with = put(space, 40);
+        let other = |s: &Snapshot, e: EndpointIdx, out: &mut Vec<(u32, EndpointIdx)>| {
+            let from = out.len();
+            made_with(s, e, out);
+            out[from..]
+                .iter_mut()
+                .for_each(|p| p.0 = p.0.wrapping_add(shift));
+        };
+        let made = ring(&last, Collision::KeepFirst, &made_with);
+        let carried = carry_all(&last, &next).expect("key order");
+        assert!(
+            made.patch_all(carried, &last, &next, &other, None)
+                .is_none(),
+            "space {space}"
+        );
+    }
+}
