@@ -159,6 +159,19 @@ mod change {
         sets_with(|s, _| s)
     }
 
+    /// A Dubbo fleet's address: its own host, every provider on port 20880 (as
+    /// `scripts/bench-scale.py` registers them). Unlike [`lbkit_bench::address`]'s ports of
+    /// one to five digits, no two of these with a replica number appended read the same, so
+    /// Dubbo's ring has almost no shared points.
+    fn fleet_address(i: usize) -> String {
+        format!(
+            "10.{}.{}.{}:20880",
+            (i >> 16) & 255,
+            (i >> 8) & 255,
+            i & 255
+        )
+    }
+
     /// [`sets`], each endpoint's spec passed through `with` with its third (0, 1 or 2, by
     /// its address).
     fn sets_with(with: fn(EndpointSpec, u32) -> EndpointSpec) -> (Arc<Snapshot>, Arc<Snapshot>) {
@@ -228,7 +241,31 @@ mod change {
     /// this counts what sharing and dropping the ring's pieces costs.
     #[divan::bench(sample_count = 20)]
     fn consistent_hash_chain(b: Bencher) {
-        let (last, next) = sets();
+        bench_chain(b, sets());
+    }
+
+    /// The same over a Dubbo fleet's addresses ([`fleet_address`]), the next set patched from
+    /// the last as the Controller patches it (the two share their unchanged parts, so the
+    /// snapshot diff is the live one): the ring of `scripts/bench-scale.py`'s churn, where few
+    /// chunks hold a shared point.
+    #[divan::bench(sample_count = 20)]
+    fn consistent_hash_chain_fleet(b: Bencher) {
+        let mut addresses: Vec<String> = (0..N).map(fleet_address).collect();
+        addresses.sort();
+        let specs: Vec<EndpointSpec> = addresses.iter().map(EndpointSpec::new).collect();
+        let mut builder = SnapshotBuilder::new();
+        let last = builder.reset_from(specs.iter().map(Cow::Borrowed), Timestamp::ZERO);
+        let extra = EndpointSpec::new("10.255.0.1:20880");
+        let edits = vec![
+            (specs[N / 2].key.clone(), None),
+            (extra.key.clone(), Some(Cow::Borrowed(&extra))),
+        ];
+        let next = builder.patch(edits, Timestamp::ZERO);
+        assert_eq!(next.len(), N);
+        bench_chain(b, (last, next));
+    }
+
+    fn bench_chain(b: Bencher<'_, '_>, (last, next): (Arc<Snapshot>, Arc<Snapshot>)) {
         let strategy = ConsistentHash::new();
         let sets = [last, next];
         let mut picker = strategy.prepare(&sets[0], Timestamp::ZERO);
