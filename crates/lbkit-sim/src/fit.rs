@@ -147,6 +147,63 @@ struct Req {
 /// # Errors
 /// No records (for that service); a service name not in the trace.
 pub fn fit(trace: &Trace, service: Option<&str>) -> Result<Fit, SimError> {
+    let mut notes = Vec::new();
+    let chosen = choose_service(trace, service, &mut notes)?;
+    let records: Vec<&Record> = trace
+        .records
+        .iter()
+        .filter(|r| *r.service == *chosen)
+        .collect();
+    let strategy = replayed_strategy(&records, &mut notes);
+    let sample_rate = sample_rate(&records, &mut notes);
+    let requests = Requests::of(&records);
+    let (endpoints, servers, mut files) = fit_servers(&records, &mut notes);
+    let workload = Workload::fit(&records, &requests, sample_rate, &mut files, &mut notes);
+    notes.push(
+        "weights, zones, warm-up and the strategy's parameters are not in a trace: the fit uses the defaults".to_owned(),
+    );
+    let n = requests.count();
+    let scenario = format!(
+        "# Fitted by `lbkit sim --fit` to {n} requests of service {} ({} attempts, {:.1} s; strategy {}, {:.1} % sampled).\n\
+         # Edit and rerun with `lbkit sim --scenario THIS_FILE`.\n\
+         name = {}\n\
+         description = {}\n\
+         requests = {}\n\
+         strategies = [{}]\n\n\
+         {}\
+         {servers}",
+        comment(&chosen),
+        records.len(),
+        workload.span_s,
+        comment(&strategy),
+        sample_rate * 100.0,
+        quoted(&format!("trace-{chosen}")),
+        quoted(&format!("{n} recorded requests of {chosen}, replayed")),
+        workload.requests,
+        quoted(&strategy),
+        workload.table(),
+    );
+    Ok(Fit {
+        service: chosen,
+        strategy,
+        sample_rate,
+        requests: n,
+        p50_ms: requests.quantile(0.5),
+        p99_ms: requests.quantile(0.99),
+        error_rate: requests.failed as f64 / n.max(1) as f64,
+        endpoints,
+        scenario,
+        files,
+        notes,
+    })
+}
+
+/// The service to fit: `service` when the trace has it, else the one with the most records.
+fn choose_service(
+    trace: &Trace,
+    service: Option<&str>,
+    notes: &mut Vec<String>,
+) -> Result<String, SimError> {
     let counts = tally(trace.records.iter().map(|r| &*r.service));
     let chosen = match service {
         Some(s) if counts.contains_key(s) => s.to_owned(),
@@ -159,18 +216,17 @@ pub fn fit(trace: &Trace, service: Option<&str>) -> Result<Fit, SimError> {
         }
         None => most(&counts).ok_or_else(|| SimError::input("trace", "no records"))?,
     };
-    let mut notes = Vec::new();
     if service.is_none() && counts.len() > 1 {
         notes.push(format!(
             "the trace has {} services; fitted {chosen:?}, the one with the most records (--service picks another)",
             counts.len()
         ));
     }
-    let records: Vec<&Record> = trace
-        .records
-        .iter()
-        .filter(|r| *r.service == *chosen)
-        .collect();
+    Ok(chosen)
+}
+
+/// The strategy the replay runs: the one with the most attempts in `records`.
+fn replayed_strategy(records: &[&Record], notes: &mut Vec<String>) -> String {
     let strategies = tally(records.iter().map(|r| &*r.strategy));
     let strategy = most(&strategies).unwrap_or_default();
     if strategies.len() > 1 {
@@ -179,55 +235,93 @@ pub fn fit(trace: &Trace, service: Option<&str>) -> Result<Fit, SimError> {
             strategies.len()
         ));
     }
+    strategy
+}
+
+/// The share of requests the trace recorded: its first record's, 1 when that is not within
+/// (0, 1].
+fn sample_rate(records: &[&Record], notes: &mut Vec<String>) -> f64 {
     let recorded_rate = records.first().map_or(1.0, |r| r.sample_rate);
-    let sample_rate = if recorded_rate > 0.0 && recorded_rate <= 1.0 {
+    if recorded_rate > 0.0 && recorded_rate <= 1.0 {
         recorded_rate
     } else {
         notes.push(format!(
             "the trace's sample rate {recorded_rate} is not within (0, 1]: taken as 1"
         ));
         1.0
-    };
+    }
+}
 
-    // Requests.
-    let mut reqs: HashMap<u64, Req> = HashMap::new();
-    for r in &records {
-        let end = r.picked_at_ns.saturating_add(r.latency_ns);
-        let e = reqs.entry(r.request).or_insert(Req {
-            start: r.picked_at_ns,
-            end,
-            last_attempt: r.attempt,
-            ok: r.outcome == TraceOutcome::Success,
-        });
-        e.start = e.start.min(r.picked_at_ns);
-        e.end = e.end.max(end);
-        if r.attempt >= e.last_attempt {
-            e.last_attempt = r.attempt;
-            e.ok = r.outcome == TraceOutcome::Success;
+/// The requests of the records: when each started, and how long the successful ones took.
+struct Requests {
+    /// Start of each request, ascending (ns).
+    starts: Vec<u64>,
+    /// Latency of each successful request, ascending (ms).
+    ok_latency: Vec<f64>,
+    /// Requests whose last attempt failed.
+    failed: usize,
+}
+
+impl Requests {
+    /// The records' attempts gathered into requests: from the first attempt's pick to the
+    /// last attempt's end, successful when the last attempt was.
+    fn of(records: &[&Record]) -> Requests {
+        let mut reqs: HashMap<u64, Req> = HashMap::new();
+        for r in records {
+            let end = r.picked_at_ns.saturating_add(r.latency_ns);
+            let e = reqs.entry(r.request).or_insert(Req {
+                start: r.picked_at_ns,
+                end,
+                last_attempt: r.attempt,
+                ok: r.outcome == TraceOutcome::Success,
+            });
+            e.start = e.start.min(r.picked_at_ns);
+            e.end = e.end.max(end);
+            if r.attempt >= e.last_attempt {
+                e.last_attempt = r.attempt;
+                e.ok = r.outcome == TraceOutcome::Success;
+            }
+        }
+        let mut starts: Vec<u64> = reqs.values().map(|r| r.start).collect();
+        starts.sort_unstable();
+        let mut ok_latency: Vec<f64> = reqs
+            .values()
+            .filter(|r| r.ok)
+            .map(|r| (r.end - r.start) as f64 / 1e6)
+            .collect();
+        ok_latency.sort_by(f64::total_cmp);
+        let failed = reqs.values().filter(|r| !r.ok).count();
+        Requests {
+            starts,
+            ok_latency,
+            failed,
         }
     }
-    let mut starts: Vec<u64> = reqs.values().map(|r| r.start).collect();
-    starts.sort_unstable();
-    let t0 = starts.first().copied().unwrap_or(0);
-    let mut ok_latency: Vec<f64> = reqs
-        .values()
-        .filter(|r| r.ok)
-        .map(|r| (r.end - r.start) as f64 / 1e6)
-        .collect();
-    ok_latency.sort_by(f64::total_cmp);
-    let quantile = |q: f64| -> f64 {
-        if ok_latency.is_empty() {
+
+    /// Requests in all.
+    fn count(&self) -> u64 {
+        self.starts.len() as u64
+    }
+
+    /// The `q` quantile of the successful requests' latency (ms), 0 when none succeeded.
+    fn quantile(&self, q: f64) -> f64 {
+        let ok = &self.ok_latency;
+        if ok.is_empty() {
             return 0.0;
         }
-        let i = ((q * ok_latency.len() as f64).ceil() as usize).clamp(1, ok_latency.len()) - 1;
-        ok_latency[i]
-    };
-    let failed = reqs.values().filter(|r| !r.ok).count();
-    let n = reqs.len() as u64;
+        let i = ((q * ok.len() as f64).ceil() as usize).clamp(1, ok.len()) - 1;
+        ok[i]
+    }
+}
 
-    // Endpoints.
+/// Each endpoint of the records fitted as a server, in address order: the addresses, the
+/// `[[server]]` tables and each server's CSV file.
+fn fit_servers(
+    records: &[&Record],
+    notes: &mut Vec<String>,
+) -> (Vec<String>, String, Vec<(String, String)>) {
     let mut by_endpoint: BTreeMap<&str, Vec<&Record>> = BTreeMap::new();
-    for &r in &records {
+    for &r in records {
         by_endpoint.entry(&r.endpoint).or_default().push(r);
     }
     let endpoints: Vec<String> = by_endpoint.keys().map(|e| (*e).to_owned()).collect();
@@ -240,103 +334,130 @@ pub fn fit(trace: &Trace, service: Option<&str>) -> Result<Fit, SimError> {
             .copied()
             .filter(|r| matches!(r.outcome, TraceOutcome::Success | TraceOutcome::Server))
             .collect();
-        let ended = rs
-            .iter()
-            .filter(|r| r.outcome != TraceOutcome::Cancelled)
-            .count();
-        let failures = rs.iter().filter(|r| {
-            matches!(
-                r.outcome,
-                TraceOutcome::Server | TraceOutcome::Connect | TraceOutcome::Other
-            )
-        });
-        let error_rate = failures.count() as f64 / ended.max(1) as f64;
-        let (server, csv) = fit_server(&name, address, &answered, error_rate, &mut notes);
+        let (server, csv) = fit_server(&name, address, &answered, error_rate(rs), notes);
         servers.push_str(&server);
         files.push((format!("{name}.csv"), csv));
     }
+    (endpoints, servers, files)
+}
 
-    // Workload.
-    let retries = records.iter().map(|r| r.attempt).max().unwrap_or(0).min(16);
-    let timeout_ms = records
+/// The share of an endpoint's ended attempts (not cancelled) that failed at the server, to
+/// connect or otherwise.
+fn error_rate(records: &[&Record]) -> f64 {
+    let ended = records
         .iter()
-        .filter(|r| r.outcome == TraceOutcome::Timeout)
-        .map(|r| r.latency_ns as f64 / 1e6)
-        .fold(f64::INFINITY, f64::min);
-    let timeout_ms = if timeout_ms.is_finite() {
-        timeout_ms.floor().max(1.0)
-    } else {
-        0.0
-    };
-    let span_s = (starts.last().copied().unwrap_or(t0) - t0) as f64 / 1e9;
-    let (arrivals, requests) = if sample_rate >= 1.0 {
-        let mut csv = String::from("arrival_ms\n");
-        for s in &starts {
-            let _ = writeln!(csv, "{:.6}", (s - t0) as f64 / 1e6);
-        }
-        files.push(("arrivals.csv".to_owned(), csv));
-        ("arrivals = \"arrivals.csv\"".to_owned(), n)
-    } else {
-        let rate = (n as f64 / span_s.max(1e-3)) / sample_rate.max(1e-9);
-        // Written whole (`{rate}`: a rate of 1e-8/s must not round to 0), and positive.
-        let rate = if rate.is_finite() && rate > 0.0 {
-            rate
-        } else {
-            1.0
-        };
-        notes.push(format!(
-            "{:.1} % of requests were recorded: arrivals are Poisson at {rate:.1}/s (the recorded rate / the sample rate), not the recorded times",
-            sample_rate * 100.0
-        ));
-        (
-            format!("rate = {rate}"),
-            ((n as f64 / sample_rate) as u64).clamp(1, crate::MAX_REQUESTS),
+        .filter(|r| r.outcome != TraceOutcome::Cancelled)
+        .count();
+    let failures = records.iter().filter(|r| {
+        matches!(
+            r.outcome,
+            TraceOutcome::Server | TraceOutcome::Connect | TraceOutcome::Other
         )
+    });
+    failures.count() as f64 / ended.max(1) as f64
+}
+
+/// The fitted `[workload]`: arrivals, retries and timeout as recorded.
+struct Workload {
+    /// `arrivals = "arrivals.csv"` (every request recorded) or `rate = …` (sampled).
+    arrivals: String,
+    /// Requests to replay: those recorded, scaled up by the sample rate.
+    requests: u64,
+    /// Retries: the most attempts any request made, less one (at most 16).
+    retries: u16,
+    /// The shortest timed-out attempt (ms, at least 1), 0 when none timed out.
+    timeout_ms: f64,
+    /// From the first request's start to the last one's (s).
+    span_s: f64,
+}
+
+impl Workload {
+    /// The workload of `records`: the recorded arrival times when every request was recorded
+    /// (written to `arrivals.csv` in `files`), else Poisson arrivals at the recorded rate
+    /// over the sample rate.
+    fn fit(
+        records: &[&Record],
+        requests: &Requests,
+        sample_rate: f64,
+        files: &mut Vec<(String, String)>,
+        notes: &mut Vec<String>,
+    ) -> Workload {
+        let retries = records.iter().map(|r| r.attempt).max().unwrap_or(0).min(16);
+        let timeout_ms = records
+            .iter()
+            .filter(|r| r.outcome == TraceOutcome::Timeout)
+            .map(|r| r.latency_ns as f64 / 1e6)
+            .fold(f64::INFINITY, f64::min);
+        let timeout_ms = if timeout_ms.is_finite() {
+            timeout_ms.floor().max(1.0)
+        } else {
+            0.0
+        };
+        let starts = &requests.starts;
+        let t0 = starts.first().copied().unwrap_or(0);
+        let span_s = (starts.last().copied().unwrap_or(t0) - t0) as f64 / 1e9;
+        let n = requests.count();
+        let (arrivals, requests) = if sample_rate >= 1.0 {
+            let mut csv = String::from("arrival_ms\n");
+            for s in starts {
+                let _ = writeln!(csv, "{:.6}", (s - t0) as f64 / 1e6);
+            }
+            files.push(("arrivals.csv".to_owned(), csv));
+            ("arrivals = \"arrivals.csv\"".to_owned(), n)
+        } else {
+            poisson_arrivals(n, span_s, sample_rate, notes)
+        };
+        Workload {
+            arrivals,
+            requests,
+            retries,
+            timeout_ms,
+            span_s,
+        }
+    }
+
+    /// The `[workload]` table.
+    fn table(&self) -> String {
+        format!(
+            "[workload]\n\
+             kind = \"open\"\n\
+             {}\n\
+             clients = 1\n\
+             balancer = \"shared\"\n\
+             timeout_ms = {}\n\
+             retries = {}\n\
+             # Retries draw on a retry budget, the proxy's default unless set here:\n\
+             # retry_budget_percent = 20.0\n\
+             # retry_budget_min_per_sec = 10\n\
+             panic_threshold = 0.0\n",
+            self.arrivals, self.timeout_ms, self.retries
+        )
+    }
+}
+
+/// Arrivals of a sampled trace: `rate = …` at the recorded rate over the sample rate, and the
+/// requests to replay.
+fn poisson_arrivals(
+    n: u64,
+    span_s: f64,
+    sample_rate: f64,
+    notes: &mut Vec<String>,
+) -> (String, u64) {
+    let rate = (n as f64 / span_s.max(1e-3)) / sample_rate.max(1e-9);
+    // Written whole (`{rate}`: a rate of 1e-8/s must not round to 0), and positive.
+    let rate = if rate.is_finite() && rate > 0.0 {
+        rate
+    } else {
+        1.0
     };
-    notes.push(
-        "weights, zones, warm-up and the strategy's parameters are not in a trace: the fit uses the defaults".to_owned(),
-    );
-    let scenario = format!(
-        "# Fitted by `lbkit sim --fit` to {n} requests of service {} ({} attempts, {:.1} s; strategy {}, {:.1} % sampled).\n\
-         # Edit and rerun with `lbkit sim --scenario THIS_FILE`.\n\
-         name = {}\n\
-         description = {}\n\
-         requests = {requests}\n\
-         strategies = [{}]\n\n\
-         [workload]\n\
-         kind = \"open\"\n\
-         {arrivals}\n\
-         clients = 1\n\
-         balancer = \"shared\"\n\
-         timeout_ms = {timeout_ms}\n\
-         retries = {retries}\n\
-         # Retries draw on a retry budget, the proxy's default unless set here:\n\
-         # retry_budget_percent = 20.0\n\
-         # retry_budget_min_per_sec = 10\n\
-         panic_threshold = 0.0\n\
-         {servers}",
-        comment(&chosen),
-        records.len(),
-        span_s,
-        comment(&strategy),
-        sample_rate * 100.0,
-        quoted(&format!("trace-{chosen}")),
-        quoted(&format!("{n} recorded requests of {chosen}, replayed")),
-        quoted(&strategy),
-    );
-    Ok(Fit {
-        service: chosen,
-        strategy,
-        sample_rate,
-        requests: n,
-        p50_ms: quantile(0.5),
-        p99_ms: quantile(0.99),
-        error_rate: failed as f64 / n.max(1) as f64,
-        endpoints,
-        scenario,
-        files,
-        notes,
-    })
+    notes.push(format!(
+        "{:.1} % of requests were recorded: arrivals are Poisson at {rate:.1}/s (the recorded rate / the sample rate), not the recorded times",
+        sample_rate * 100.0
+    ));
+    (
+        format!("rate = {rate}"),
+        ((n as f64 / sample_rate) as u64).clamp(1, crate::MAX_REQUESTS),
+    )
 }
 
 /// How many times each name occurs.
