@@ -239,6 +239,34 @@ enum End {
     Lost(DiscoveryError),
 }
 
+/// Why a session's persistent watches are not set.
+enum Opened {
+    /// The server has none: watch with one-shot watches.
+    OneShot,
+    /// The session or the consumer is gone.
+    Lost(End),
+}
+
+/// A session's persistent watches.
+struct Watches {
+    /// The providers' directory, recursively.
+    providers: PersistentWatcher,
+    /// The rules' nodes.
+    rules: Vec<PersistentWatcher>,
+    /// The tag rule of the providers' application, once set.
+    tag: Option<PersistentWatcher>,
+}
+
+/// What a session has to do before it waits for the next event.
+struct Due {
+    /// List the providers again.
+    relist: bool,
+    /// Set the persistent watches again (after a cut).
+    rewatch: bool,
+    /// List the rules again.
+    relist_rules: bool,
+}
+
 struct Consumer {
     source: ZkSource,
     dir: String,
@@ -358,7 +386,41 @@ impl Consumer {
         if self.one_shot {
             return self.session_one_shot(client).await;
         }
-        let mut watcher = match client
+        let mut watches = match self.open_watches(client).await {
+            Ok(w) => w,
+            Err(Opened::OneShot) => return self.session_one_shot(client).await,
+            Err(Opened::Lost(end)) => return end,
+        };
+        let mut due = Due {
+            relist: true,
+            rewatch: false,
+            relist_rules: self.rules_dir.is_some(),
+        };
+        loop {
+            match self.catch_up(client, &mut watches, &mut due).await {
+                Ok(true) => {}
+                Ok(false) => continue,
+                Err(end) => return end,
+            }
+            if !self.flush().await {
+                return End::Gone;
+            }
+            let event = match self.next_event(&mut watches, &mut due).await {
+                Ok(Some(event)) => event,
+                Ok(None) => continue,
+                Err(end) => return end,
+            };
+            if let Some(end) = self.burst(client, &mut watches, &mut due, event).await {
+                return end;
+            }
+        }
+    }
+
+    /// The session's persistent watches: the providers' directory (recursive) and the rules'.
+    /// A server without persistent watches (ZooKeeper < 3.6) switches the consumer to
+    /// one-shot watches when the watch mode is `auto`.
+    async fn open_watches(&mut self, client: &Client) -> Result<Watches, Opened> {
+        let providers = match client
             .watch(&self.dir, AddWatchMode::PersistentRecursive)
             .await
         {
@@ -373,150 +435,192 @@ impl Consumer {
                 );
                 self.one_shot = true;
                 self.status.send_modify(|s| s.one_shot_watches = true);
-                return self.session_one_shot(client).await;
+                return Err(Opened::OneShot);
             }
-            Err(e) => return End::Lost(registry_err(&self.dir, e)),
+            Err(e) => return Err(Opened::Lost(End::Lost(registry_err(&self.dir, e)))),
         };
-        let mut rules_watchers = match self.watch_rules(client).await {
-            Ok(w) => w,
-            Err(e) => return End::Lost(registry_err(&self.dir, e)),
+        match self.watch_rules(client).await {
+            Ok(rules) => Ok(Watches {
+                providers,
+                rules,
+                tag: None,
+            }),
+            Err(e) => Err(Opened::Lost(End::Lost(registry_err(&self.dir, e)))),
+        }
+    }
+
+    /// What is due before waiting for the next event: the tag rule's watch (another
+    /// application's tag rule: its own watch, the others stay), the watches set again after a
+    /// cut, the rules and the providers listed again. `Ok(false)`: the listing named another
+    /// application, whose tag rule is to be watched and read before sending (start the turn
+    /// again); `Err`: the session is gone.
+    async fn catch_up(
+        &mut self,
+        client: &Client,
+        watches: &mut Watches,
+        due: &mut Due,
+    ) -> Result<bool, End> {
+        if self.retarget_tag() {
+            watches.tag = None;
+            due.relist_rules = true;
+        }
+        if let (Some(path), None) = (&self.tag_path, &watches.tag) {
+            match client.watch(path, AddWatchMode::PersistentRecursive).await {
+                Ok(w) => watches.tag = Some(w),
+                Err(e) if ends_session(&e) => return Err(End::Lost(registry_err(path, e))),
+                Err(e) => tracing::debug!(error = %e, "tag rule watch not set yet"),
+            }
+        }
+        if due.rewatch {
+            self.rewatch(client, watches, due).await?;
+        }
+        if due.relist_rules {
+            match self.relist_rules(client).await {
+                Ok(()) => due.relist_rules = false,
+                Err(e) if ends_session(&e) => return Err(End::Lost(registry_err(&self.dir, e))),
+                Err(e) => tracing::debug!(error = %e, "rules listing interrupted"),
+            }
+        }
+        if due.relist {
+            match self.relist(client).await {
+                Ok(()) => due.relist = false,
+                Err(e) if ends_session(&e) => return Err(End::Lost(registry_err(&self.dir, e))),
+                // Connection loss: the reconnection event triggers the next listing.
+                Err(e) => tracing::debug!(error = %e, "listing interrupted"),
+            }
+            return Ok(self.tag_path == self.wanted_tag_path());
+        }
+        Ok(true)
+    }
+
+    /// The persistent watches set again after a cut. zookeeper-client 0.11 does not set them
+    /// again on a new connection (its `resend_watches` sends only the one-shot kinds), so the
+    /// server would stop sending events. The new watcher is in place before the old one
+    /// drops, so the path stays watched.
+    async fn rewatch(
+        &mut self,
+        client: &Client,
+        watches: &mut Watches,
+        due: &mut Due,
+    ) -> Result<(), End> {
+        let again = match client
+            .watch(&self.dir, AddWatchMode::PersistentRecursive)
+            .await
+        {
+            Ok(w) => self.watch_rules(client).await.map(|r| (w, r)),
+            Err(e) => Err(e),
         };
-        let (mut relist, mut rewatch) = (true, false);
-        let mut relist_rules = self.rules_dir.is_some();
-        let mut tag_watcher: Option<PersistentWatcher> = None;
-        loop {
-            if self.retarget_tag() {
-                // Another application's tag rule: watch its node instead (a watch of its own:
-                // the other watches stay as they are).
-                tag_watcher = None;
-                relist_rules = true;
+        match again {
+            Ok((w, r)) => {
+                (watches.providers, watches.rules) = (w, r);
+                due.rewatch = false;
+                // Set again at the top of the next turn, as the others were here.
+                watches.tag = None;
             }
-            if let (Some(path), None) = (&self.tag_path, &tag_watcher) {
-                match client.watch(path, AddWatchMode::PersistentRecursive).await {
-                    Ok(w) => tag_watcher = Some(w),
-                    Err(e) if ends_session(&e) => return End::Lost(registry_err(path, e)),
-                    Err(e) => tracing::debug!(error = %e, "tag rule watch not set yet"),
-                }
-            }
-            if rewatch {
-                // zookeeper-client 0.11 does not set persistent watches again on a new
-                // connection (its `resend_watches` sends only the one-shot kinds), so after a
-                // cut the server would stop sending events: add the watch again. The new
-                // watcher is in place before the old one drops, so the path stays watched.
-                let again = match client
-                    .watch(&self.dir, AddWatchMode::PersistentRecursive)
-                    .await
-                {
-                    Ok(w) => self.watch_rules(client).await.map(|r| (w, r)),
-                    Err(e) => Err(e),
-                };
-                match again {
-                    Ok((w, r)) => {
-                        (watcher, rules_watchers) = (w, r);
-                        rewatch = false;
-                        // Set again at the top of the next turn, as the others were here.
-                        tag_watcher = None;
-                    }
-                    Err(e) if ends_session(&e) => return End::Lost(registry_err(&self.dir, e)),
-                    // Lost again: the next reconnection asks for them.
-                    Err(e) => tracing::debug!(error = %e, "watch not set again yet"),
-                }
-            }
-            if relist_rules {
-                match self.relist_rules(client).await {
-                    Ok(()) => relist_rules = false,
-                    Err(e) if ends_session(&e) => return End::Lost(registry_err(&self.dir, e)),
-                    Err(e) => tracing::debug!(error = %e, "rules listing interrupted"),
-                }
-            }
-            if relist {
-                match self.relist(client).await {
-                    Ok(()) => relist = false,
-                    Err(e) if ends_session(&e) => return End::Lost(registry_err(&self.dir, e)),
-                    // Connection loss: the reconnection event triggers the next listing.
-                    Err(e) => tracing::debug!(error = %e, "listing interrupted"),
-                }
-                if self.tag_path != self.wanted_tag_path() {
-                    // The listing named another application: watch and read its tag rule
-                    // before sending.
-                    continue;
-                }
-            }
-            if !self.flush().await {
-                return End::Gone;
-            }
-            let mut event = tokio::select! {
-                ev = watcher.changed() => ev,
-                ev = rules_event(&mut rules_watchers, tag_watcher.as_mut()) => {
-                    self.status.send_modify(|s| s.events += 1);
-                    match (ev.event_type, ev.session_state) {
-                        // The providers' watcher follows the session; a terminal state ends
-                        // this watcher too (never poll it again).
-                        (EventType::Session, SessionState::Disconnected
-                            | SessionState::SyncConnected
-                            | SessionState::ConnectedReadOnly) => {}
-                        (EventType::Session, state) => {
-                            let dir = self.rules_dir.clone().unwrap_or_default();
-                            return End::Lost(registry_err(&dir, state_error(state)));
-                        }
-                        _ => relist_rules = true,
-                    }
-                    continue;
-                }
-                () = self.tx.closed() => return End::Gone,
-            };
-            // Handle what is already queued before sending: a burst becomes one update.
-            let mut synced = false;
-            loop {
+            Err(e) if ends_session(&e) => return Err(End::Lost(registry_err(&self.dir, e))),
+            // Lost again: the next reconnection asks for them.
+            Err(e) => tracing::debug!(error = %e, "watch not set again yet"),
+        }
+        Ok(())
+    }
+
+    /// The next providers' event; `Ok(None)` after a rules event (handled: the rules are due
+    /// to be listed again), `Err` when the session or the consumer is gone.
+    async fn next_event(
+        &mut self,
+        watches: &mut Watches,
+        due: &mut Due,
+    ) -> Result<Option<WatchedEvent>, End> {
+        tokio::select! {
+            ev = watches.providers.changed() => Ok(Some(ev)),
+            ev = rules_event(&mut watches.rules, watches.tag.as_mut()) => {
                 self.status.send_modify(|s| s.events += 1);
-                match event.event_type {
-                    EventType::Session => match event.session_state {
-                        SessionState::Disconnected => {
-                            self.status.send_modify(|s| s.connected = false);
-                        }
-                        SessionState::SyncConnected | SessionState::ConnectedReadOnly => {
-                            self.status.send_modify(|s| s.connected = true);
-                            (relist, rewatch) = (true, true);
-                            relist_rules = self.rules_dir.is_some();
-                        }
-                        // Terminal (expired, closed, auth failed): the watcher is done; never
-                        // poll it again.
-                        state => {
-                            let e = registry_err(&self.dir, state_error(state));
-                            return End::Lost(e);
-                        }
-                    },
-                    EventType::NodeChildrenChanged => relist = true,
-                    EventType::NodeDeleted if event.path == self.dir => self.nodes.clear(),
-                    kind => {
-                        if let Err(e) = self.node_event(client, kind, &event.path).await {
-                            if ends_session(&e) {
-                                return End::Lost(registry_err(&event.path, e));
-                            }
-                            relist = true;
-                        }
+                match (ev.event_type, ev.session_state) {
+                    // The providers' watcher follows the session; a terminal state ends
+                    // this watcher too (never poll it again).
+                    (EventType::Session, SessionState::Disconnected
+                        | SessionState::SyncConnected
+                        | SessionState::ConnectedReadOnly) => {}
+                    (EventType::Session, state) => {
+                        let dir = self.rules_dir.clone().unwrap_or_default();
+                        return Err(End::Lost(registry_err(&dir, state_error(state))));
                     }
+                    _ => due.relist_rules = true,
                 }
-                if let Some(next) = watcher.changed().now_or_never() {
-                    event = next;
-                    continue;
+                Ok(None)
+            }
+            () = self.tx.closed() => Err(End::Gone),
+        }
+    }
+
+    /// `event` and what is already queued behind it, handled before sending: a burst becomes
+    /// one update. Once, after the queue runs dry while connected, one round trip
+    /// ([`sync`](Self::sync)) lets the rest of a transaction's events in. `Some`: the session
+    /// or the consumer is gone.
+    async fn burst(
+        &mut self,
+        client: &Client,
+        watches: &mut Watches,
+        due: &mut Due,
+        mut event: WatchedEvent,
+    ) -> Option<End> {
+        let mut synced = false;
+        loop {
+            if let Err(end) = self.handle(client, due, &event).await {
+                return Some(end);
+            }
+            if let Some(next) = watches.providers.changed().now_or_never() {
+                event = next;
+                continue;
+            }
+            let connected = self.status.borrow().connected;
+            if std::mem::replace(&mut synced, true)
+                || !connected
+                || event.event_type == EventType::Session
+            {
+                return None;
+            }
+            if let Some(end) = self.sync(client).await {
+                return Some(end);
+            }
+            event = watches.providers.changed().now_or_never()?;
+        }
+    }
+
+    /// One providers' event: the session's state, a listing due, a node read or forgotten.
+    async fn handle(
+        &mut self,
+        client: &Client,
+        due: &mut Due,
+        event: &WatchedEvent,
+    ) -> Result<(), End> {
+        self.status.send_modify(|s| s.events += 1);
+        match event.event_type {
+            EventType::Session => match event.session_state {
+                SessionState::Disconnected => {
+                    self.status.send_modify(|s| s.connected = false);
                 }
-                let connected = self.status.borrow().connected;
-                if std::mem::replace(&mut synced, true)
-                    || !connected
-                    || event.event_type == EventType::Session
-                {
-                    break;
+                SessionState::SyncConnected | SessionState::ConnectedReadOnly => {
+                    self.status.send_modify(|s| s.connected = true);
+                    (due.relist, due.rewatch) = (true, true);
+                    due.relist_rules = self.rules_dir.is_some();
                 }
-                if let Some(end) = self.sync(client).await {
-                    return end;
-                }
-                match watcher.changed().now_or_never() {
-                    Some(next) => event = next,
-                    None => break,
+                // Terminal (expired, closed, auth failed): the watcher is done; never poll it
+                // again.
+                state => return Err(End::Lost(registry_err(&self.dir, state_error(state)))),
+            },
+            EventType::NodeChildrenChanged => due.relist = true,
+            EventType::NodeDeleted if event.path == self.dir => self.nodes.clear(),
+            kind => {
+                if let Err(e) = self.node_event(client, kind, &event.path).await {
+                    if ends_session(&e) {
+                        return Err(End::Lost(registry_err(&event.path, e)));
+                    }
+                    due.relist = true;
                 }
             }
         }
+        Ok(())
     }
 
     /// One round trip after a burst of events: ZooKeeper sends the events of a transaction
