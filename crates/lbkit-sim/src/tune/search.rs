@@ -42,6 +42,9 @@ fn mean(v: impl Iterator<Item = f64>) -> f64 {
     }
 }
 
+/// Each label's runs, one a seed, in seed order.
+type Runs = BTreeMap<String, Vec<Summary>>;
+
 /// One search in progress.
 pub(super) struct Search<'a> {
     pub(super) scenario: &'a Scenario,
@@ -54,10 +57,43 @@ pub(super) struct Search<'a> {
 
 impl Search<'_> {
     pub(super) fn run(&self, candidates: Vec<String>) -> Result<Tuning, SimError> {
-        let objective = self.options.objective;
-        let mut runs: BTreeMap<String, Vec<Summary>> = BTreeMap::new();
+        let (runs, rounds) = self.rounds(candidates)?;
+        let ranking = self.ranking(&runs, &rounds);
+        let winner = ranking[0].label.clone();
+        let gain = if winner == self.current {
+            let current = ranking[0].objective;
+            Gain {
+                seeds: 0,
+                current,
+                winner: current,
+                change: 0.0,
+                low: 0.0,
+                high: 0.0,
+            }
+        } else {
+            self.verdict(&winner)?
+        };
+        let comparison = self.comparison(&ranking)?;
+        Ok(Tuning {
+            scenario: self.scenario.name.clone(),
+            objective: self.options.objective,
+            current: self.current.to_owned(),
+            winner,
+            requests: self.options.requests,
+            runs: self.done.load(Relaxed),
+            ranking,
+            gain,
+            comparison,
+        })
+    }
+
+    /// The rounds of [`ROUND_SEEDS`]: each round runs the candidates still in (and the
+    /// current setting) on the seeds they have not run yet, ranks them, and keeps the
+    /// [`survivors`] for the next. Each label's runs, and the rounds it stayed in.
+    fn rounds(&self, candidates: Vec<String>) -> Result<(Runs, BTreeMap<String, usize>), SimError> {
+        let mut runs: Runs = BTreeMap::new();
         let mut rounds: BTreeMap<String, usize> = BTreeMap::new();
-        let mut alive = candidates.clone();
+        let mut alive = candidates;
         for (round, &seeds) in ROUND_SEEDS.iter().enumerate() {
             let jobs: Vec<(String, u64)> = alive
                 .iter()
@@ -82,20 +118,18 @@ impl Search<'_> {
                 alive.truncate(survivors(alive.len()));
             }
         }
-        let limit = self.fail_limit(&runs);
+        Ok((runs, rounds))
+    }
+
+    /// The candidates best first: those that stayed in more rounds first, then by the
+    /// objective; the current setting (which ran every seed) before the first candidate it
+    /// beats on that candidate's own seeds (the seeds are the same prefix for everyone).
+    fn ranking(&self, runs: &Runs, rounds: &BTreeMap<String, usize>) -> Vec<Candidate> {
+        let limit = self.fail_limit(runs);
         let mut ranking: Vec<Candidate> = runs
             .iter()
             .filter(|(label, _)| *label != self.current)
-            .map(|(label, rs)| Candidate {
-                label: label.clone(),
-                rounds: rounds[label],
-                seeds: rs.len() as u64,
-                objective: mean(rs.iter().map(|r| objective.value(r))),
-                p99_ms: mean(rs.iter().map(|r| r.p99_ms)),
-                failed: mean(rs.iter().map(|r| r.failed)),
-                fails_more: objective != Objective::Errors
-                    && mean(rs.iter().map(|r| r.failed)) > limit,
-            })
+            .map(|(label, rs)| self.candidate(label, rounds[label], rs, Some(limit)))
             .collect();
         ranking.sort_by(|a, b| {
             b.rounds
@@ -103,8 +137,6 @@ impl Search<'_> {
                 .then_with(|| self.compare(&runs[&a.label], &runs[&b.label], limit))
                 .then(a.label.cmp(&b.label))
         });
-        // The current setting ran every seed: it goes before the first candidate it beats on
-        // that candidate's own seeds (the seeds are the same prefix for everyone).
         let yardstick = &runs[self.current];
         let at = ranking
             .iter()
@@ -113,44 +145,31 @@ impl Search<'_> {
                 self.compare(seeds, &runs[&c.label], limit).is_lt()
             })
             .unwrap_or(ranking.len());
-        ranking.insert(
-            at,
-            Candidate {
-                label: self.current.to_owned(),
-                rounds: ROUND_SEEDS.len(),
-                seeds: yardstick.len() as u64,
-                objective: mean(yardstick.iter().map(|r| objective.value(r))),
-                p99_ms: mean(yardstick.iter().map(|r| r.p99_ms)),
-                failed: mean(yardstick.iter().map(|r| r.failed)),
-                fails_more: false,
-            },
-        );
-        let winner = ranking[0].label.clone();
-        let gain = if winner == self.current {
-            let current = ranking[0].objective;
-            Gain {
-                seeds: 0,
-                current,
-                winner: current,
-                change: 0.0,
-                low: 0.0,
-                high: 0.0,
-            }
-        } else {
-            self.verdict(&winner)?
-        };
-        let comparison = self.comparison(&ranking)?;
-        Ok(Tuning {
-            scenario: self.scenario.name.clone(),
-            objective,
-            current: self.current.to_owned(),
-            winner,
-            requests: self.options.requests,
-            runs: self.done.load(Relaxed),
-            ranking,
-            gain,
-            comparison,
-        })
+        let current = self.candidate(self.current, ROUND_SEEDS.len(), yardstick, None);
+        ranking.insert(at, current);
+        ranking
+    }
+
+    /// `label`'s line of the ranking from its runs `rs`: means over its seeds. `limit`: the
+    /// most failures it may have on a latency objective (`None` for the current setting).
+    fn candidate(
+        &self,
+        label: &str,
+        rounds: usize,
+        rs: &[Summary],
+        limit: Option<f64>,
+    ) -> Candidate {
+        let objective = self.options.objective;
+        let failed = mean(rs.iter().map(|r| r.failed));
+        Candidate {
+            label: label.to_owned(),
+            rounds,
+            seeds: rs.len() as u64,
+            objective: mean(rs.iter().map(|r| objective.value(r))),
+            p99_ms: mean(rs.iter().map(|r| r.p99_ms)),
+            failed,
+            fails_more: objective != Objective::Errors && limit.is_some_and(|l| failed > l),
+        }
     }
 
     /// The most failures a candidate may have on a latency objective: the current setting's
