@@ -24,6 +24,20 @@ pub(crate) struct Queues {
     pub(crate) by_address: HashMap<String, usize>,
 }
 
+impl Queues {
+    /// No delay yet at any of the servers of `addresses` (in server order).
+    pub(crate) fn of(addresses: &[String]) -> Arc<Queues> {
+        Arc::new(Queues {
+            delay: addresses.iter().map(|_| AtomicU64::new(0)).collect(),
+            by_address: addresses
+                .iter()
+                .enumerate()
+                .map(|(i, a)| (a.clone(), i))
+                .collect(),
+        })
+    }
+}
+
 #[derive(Debug, Clone)]
 pub(crate) struct Oracle(pub(crate) Arc<Queues>);
 

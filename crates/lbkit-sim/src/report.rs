@@ -1,7 +1,6 @@
 //! Running strategies over a scenario, and the report: aligned text, JSON, a conclusion.
 
 use std::fmt::Write as _;
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use lbkit_core::{BoxStrategy, HedgeDelay, Strategy as _};
@@ -172,27 +171,11 @@ pub fn run(
         return Err(SimError::input("--requests", "must be at least 1"));
     }
     let seed = options.seed.unwrap_or(scenario.seed);
-    let labels: Vec<String> = if !options.strategies.is_empty() {
-        options.strategies.clone()
-    } else if !scenario.strategies.is_empty() {
-        scenario.strategies.clone()
-    } else {
-        catalog::strategies().map(|s| s.name.to_owned()).collect()
-    };
-    let labels: Vec<String> = labels
-        .iter()
-        .flat_map(|l| {
-            let hedged =
-                (scenario.compare_hedging && !l.contains("+hedge")).then(|| format!("{l}+hedge"));
-            std::iter::once(l.clone()).chain(hedged)
-        })
-        .map(|l| with_refresh(&l, scenario.refresh_ms))
-        .collect();
+    let labels = labels(scenario, options);
     let parsed = labels
         .iter()
         .map(|l| parse_label(l))
         .collect::<Result<Vec<_>, _>>()?;
-    let addresses = Engine::addresses(scenario);
     let mut results = Vec::new();
     for (i, (label, (name, params))) in labels.iter().zip(&parsed).enumerate() {
         let make = || catalog::build(name, params.clone()).expect("validated above");
@@ -201,37 +184,18 @@ pub fn run(
             scenario, label, &make, None, record, requests, seed, progress,
         )?);
     }
-    let queues = Arc::new(Queues {
-        delay: addresses.iter().map(|_| AtomicU64::new(0)).collect(),
-        by_address: addresses
-            .iter()
-            .enumerate()
-            .map(|(i, a)| (a.clone(), i))
-            .collect(),
-    });
+    let queues = Queues::of(&Engine::addresses(scenario));
     let oracle = || BoxStrategy::new(Oracle(queues.clone()));
     if !options.skip_oracle {
-        results.push(simulate(
-            scenario,
-            ORACLE,
-            &oracle,
-            Some(queues.clone()),
-            None,
-            requests,
-            seed,
-            progress,
-        )?);
+        let queues = Some(queues.clone());
+        let (oracle, seed) = (&oracle, seed);
+        let result = simulate(
+            scenario, ORACLE, oracle, queues, None, requests, seed, progress,
+        )?;
+        results.push(result);
     }
     let notes = fairness_notes(&results, &parsed);
-    let names = scenario.server_names();
-    let watched = match &scenario.watch {
-        Some(w) => w.clone(),
-        None => {
-            let probe = Engine::new(scenario, &oracle, None, None, 1, seed)
-                .map_err(|e| SimError::input(&scenario.name, e))?;
-            names[probe.watched()].clone()
-        }
-    };
+    let watched = watched_server(scenario, &oracle, seed)?;
     let fleet = labels
         .iter()
         .any(|l| l.contains("+aperture") || l.contains("+subset"))
@@ -247,6 +211,43 @@ pub fn run(
         results,
         notes,
     })
+}
+
+/// The strategies to run, as labels: the options', else the scenario's, else every
+/// strategy of the catalog; each with its hedged twin when the scenario compares hedging,
+/// and the scenario's `refresh_ms`.
+fn labels(scenario: &Scenario, options: &RunOptions) -> Vec<String> {
+    let labels: Vec<String> = if !options.strategies.is_empty() {
+        options.strategies.clone()
+    } else if !scenario.strategies.is_empty() {
+        scenario.strategies.clone()
+    } else {
+        catalog::strategies().map(|s| s.name.to_owned()).collect()
+    };
+    labels
+        .iter()
+        .flat_map(|l| {
+            let hedged =
+                (scenario.compare_hedging && !l.contains("+hedge")).then(|| format!("{l}+hedge"));
+            std::iter::once(l.clone()).chain(hedged)
+        })
+        .map(|l| with_refresh(&l, scenario.refresh_ms))
+        .collect()
+}
+
+/// The server whose load the report follows: the scenario's `watch`, else the one the
+/// engine picks.
+fn watched_server(
+    scenario: &Scenario,
+    oracle: &dyn Fn() -> BoxStrategy,
+    seed: u64,
+) -> Result<String, SimError> {
+    if let Some(w) = &scenario.watch {
+        return Ok(w.clone());
+    }
+    let probe = Engine::new(scenario, oracle, None, None, 1, seed)
+        .map_err(|e| SimError::input(&scenario.name, e))?;
+    Ok(scenario.server_names()[probe.watched()].clone())
 }
 
 /// One run of the strategy `label` (as given: the scenario's `refresh_ms` is not added), no
@@ -359,12 +360,36 @@ impl Report {
             .max()
             .unwrap_or(8)
             .max(8);
-        let watched = self.watched_index();
         let _ = writeln!(
             out,
             "scenario {} ({} requests per strategy, seed {}): {}",
             self.scenario, self.requests, self.seed, self.description
         );
+        self.results_table(&mut out, w);
+        if self.results.iter().any(|r| r.strategy == ORACLE) {
+            let _ = writeln!(
+                out,
+                "({ORACLE}: shortest expected delay, seeing every server's true queue and service \
+                 rate — the best-known baseline, which no real client can run)"
+            );
+        }
+        let n = self.results.first().map_or(0, |r| r.servers.len());
+        if n <= 16 {
+            self.share_table(&mut out, w);
+        }
+        if self.fleet {
+            self.fleet_table(&mut out, w);
+        }
+        for note in &self.notes {
+            let _ = writeln!(out, "\nnote: {note}");
+        }
+        out
+    }
+
+    /// Latency, errors and the watched server's share and queue, one row per strategy
+    /// (`w`: the strategy column's width).
+    fn results_table(&self, out: &mut String, w: usize) {
+        let watched = self.watched_index();
         let _ = writeln!(
             out,
             "{:w$}  {:>9}  {:>8}  {:>8}  {:>9}  {:>9}  {:>6}  {:>8}  {:>7}  {:>9}",
@@ -396,47 +421,26 @@ impl Report {
                 s.max_queue
             );
         }
-        if self.results.iter().any(|r| r.strategy == ORACLE) {
-            let _ = writeln!(
-                out,
-                "({ORACLE}: shortest expected delay, seeing every server's true queue and service \
-                 rate — the best-known baseline, which no real client can run)"
-            );
-        }
-        let n = self.results.first().map_or(0, |r| r.servers.len());
-        if n <= 16 {
-            let _ = writeln!(out, "\nshare of requests per server, %");
-            let names: Vec<String> = self.results[0]
+    }
+
+    /// Each server's share of requests, one row per strategy (`w`: the strategy column's
+    /// width).
+    fn share_table(&self, out: &mut String, w: usize) {
+        let _ = writeln!(out, "\nshare of requests per server, %");
+        let names: Vec<String> = self.results[0]
+            .servers
+            .iter()
+            .map(|s| format!("{:>6}", truncate(&s.name, 6)))
+            .collect();
+        let _ = writeln!(out, "{:w$}  {}", "strategy", names.join(" "));
+        for r in &self.results {
+            let cells: Vec<String> = r
                 .servers
                 .iter()
-                .map(|s| truncate(&s.name, 6))
+                .map(|s| format!("{:>6.1}", s.share * 100.0))
                 .collect();
-            let _ = writeln!(
-                out,
-                "{:w$}  {}",
-                "strategy",
-                names
-                    .iter()
-                    .map(|n| format!("{n:>6}"))
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            );
-            for r in &self.results {
-                let cells: Vec<String> = r
-                    .servers
-                    .iter()
-                    .map(|s| format!("{:>6.1}", s.share * 100.0))
-                    .collect();
-                let _ = writeln!(out, "{:w$}  {}", r.strategy, cells.join(" "));
-            }
+            let _ = writeln!(out, "{:w$}  {}", r.strategy, cells.join(" "));
         }
-        if self.fleet {
-            self.fleet_table(&mut out, w);
-        }
-        for note in &self.notes {
-            let _ = writeln!(out, "\nnote: {note}");
-        }
-        out
     }
 
     /// Connections per server, load spread and share per zone, one row per strategy.
