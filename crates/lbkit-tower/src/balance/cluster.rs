@@ -322,15 +322,55 @@ where
 {
     let eligible = s.pool.balancer().current().snapshot().eligible().len();
     let forks = (forks as usize).min(eligible.max(1));
+    let now = attempts.started();
+    let timeout = attempts.timeout(now);
+    let copies = fork_copies(s, &first, &req, forks, &mut attempts);
+    let mut calls: FuturesUnordered<_> = std::iter::once(s.send(first, req, timeout))
+        .chain(
+            copies
+                .into_iter()
+                .map(|(sel, copy)| s.send(sel, copy, timeout)),
+        )
+        .collect();
+    let mut last: Option<Sent<Svc::Response>> = None;
+    while let Some(sent) = calls.next().await {
+        if !sent.is_failure() {
+            return sent.finish(&s.responses); // dropping `calls` cancels the rest
+        }
+        if let Some(prev) = last.replace(sent) {
+            prev.discard();
+        }
+    }
+    match last {
+        Some(sent) => sent.finish(&s.responses),
+        None => Err(Box::new(Error::new(ErrorKind::NoService))),
+    }
+}
+
+/// Copies of `req` for the forks beside `first`'s call, each with an endpoint picked among
+/// those not called yet and paid from the retry budget: `forks - 1`, or fewer when the
+/// request cannot be copied, no endpoint is left or the budget is spent.
+fn fork_copies<Req, Svc, Q, R, S: Strategy, F>(
+    s: &Shared<Svc, Q, R, S, F>,
+    first: &Selected<Svc>,
+    req: &Req,
+    forks: usize,
+    attempts: &mut Attempts,
+) -> Vec<(Selected<Svc>, Req)>
+where
+    Svc: Service<Req> + Clone,
+    Svc::Error: Into<BoxError>,
+    Q: RequestPolicy<Req>,
+    R: ResponsePolicy<Svc::Response>,
+{
     let mut tried = TriedSet::new();
     tried.insert(first.call.endpoint());
     let trace = first.call.trace_id();
     let mut copies = Vec::with_capacity(forks);
     let now = attempts.started();
-    let timeout = attempts.timeout(now);
     let mut rng = FastRng::seed_from_u64(now.as_nanos() ^ s.next_seed());
     while copies.len() + 1 < forks {
-        let Some(copy) = s.requests.replay(&req) else {
+        let Some(copy) = s.requests.replay(req) else {
             break;
         };
         let again = Again {
@@ -352,26 +392,7 @@ where
         tried.insert(sel.call.endpoint());
         copies.push((sel, copy));
     }
-    let mut calls: FuturesUnordered<_> = std::iter::once(s.send(first, req, timeout))
-        .chain(
-            copies
-                .into_iter()
-                .map(|(sel, copy)| s.send(sel, copy, timeout)),
-        )
-        .collect();
-    let mut last: Option<Sent<Svc::Response>> = None;
-    while let Some(sent) = calls.next().await {
-        if !sent.is_failure() {
-            return sent.finish(&s.responses); // dropping `calls` cancels the rest
-        }
-        if let Some(prev) = last.replace(sent) {
-            prev.discard();
-        }
-    }
-    match last {
-        Some(sent) => sent.finish(&s.responses),
-        None => Err(Box::new(Error::new(ErrorKind::NoService))),
-    }
+    copies
 }
 
 /// Send to every eligible endpoint; an error if any fails, else the last endpoint's response
@@ -395,14 +416,7 @@ where
         return Err(Box::new(Error::pick(s.pool.snapshot().empty_error())));
     }
     let total = targets.len();
-    let mut reqs = Vec::with_capacity(total);
-    for _ in 1..total {
-        match s.requests.replay(&req) {
-            Some(copy) => reqs.push(copy),
-            None => return Err(Box::new(Error::new(ErrorKind::NotReplayable))),
-        }
-    }
-    reqs.push(req);
+    let reqs = copies(&s.requests, req, total)?;
     // One attempt each, bounded by the per-attempt limit inside the overall deadline (cut to
     // the caller's).
     let mut attempts = Attempts::resume(s.attempt_policy(), false, false, now);
@@ -421,6 +435,34 @@ where
         })
         .collect();
     let results: Vec<_> = calls.collect().await;
+    broadcast_outcome(results, &s.responses)
+}
+
+/// `req` and copies of it (its replays), `total` in all, the original last.
+fn copies<Req, Q: RequestPolicy<Req>>(
+    requests: &Q,
+    req: Req,
+    total: usize,
+) -> Result<Vec<Req>, BoxError> {
+    let mut reqs = Vec::with_capacity(total);
+    for _ in 1..total {
+        match requests.replay(&req) {
+            Some(copy) => reqs.push(copy),
+            None => return Err(Box::new(Error::new(ErrorKind::NotReplayable))),
+        }
+    }
+    reqs.push(req);
+    Ok(reqs)
+}
+
+/// A broadcast's answer from every target's result (in snapshot order): the last response
+/// when none failed, else a [`ErrorKind::Broadcast`] error counting the failures, at the
+/// first failure's endpoint and caused by it.
+fn broadcast_outcome<Resp, R: ResponsePolicy<Resp>>(
+    results: Vec<Result<Sent<Resp>, Error>>,
+    responses: &R,
+) -> Result<R::Output, BoxError> {
+    let total = results.len();
     let failed = results
         .iter()
         .filter(|r| r.as_ref().map_or(true, Sent::is_failure))
@@ -443,23 +485,24 @@ where
             }
         }
     }
-    match (first_failure, last) {
-        (None, Some(sent)) => sent.finish(&s.responses),
-        (first, last) => {
-            if let Some(sent) = last {
-                sent.discard();
-            }
-            let mut err = Error::new(ErrorKind::Broadcast {
-                failed: failed as u32,
+    let Some(first) = first_failure else {
+        return match last {
+            Some(sent) => sent.finish(responses),
+            None => Err(Box::new(Error::new(ErrorKind::Broadcast {
+                failed: 0,
                 total: total as u32,
-            });
-            if let Some(first) = first {
-                if let Some(k) = first.endpoint().cloned() {
-                    err = err.at(&k, 0);
-                }
-                err = err.with_source(Box::new(first));
-            }
-            Err(Box::new(err))
-        }
+            }))),
+        };
+    };
+    if let Some(sent) = last {
+        sent.discard();
     }
+    let mut err = Error::new(ErrorKind::Broadcast {
+        failed: failed as u32,
+        total: total as u32,
+    });
+    if let Some(k) = first.endpoint().cloned() {
+        err = err.at(&k, 0);
+    }
+    Err(Box::new(err.with_source(Box::new(first))))
 }
