@@ -144,10 +144,57 @@ pub(crate) fn decode_url_text(text: &str) -> Result<String, UrlError> {
         .into_owned())
 }
 
-fn parse_plain(url: &str) -> Result<ProviderUrl, UrlError> {
+/// The parts of a URL as Dubbo's `URL.valueOf` reads them:
+/// `protocol://[user[:password]@]host[:port]/path?k=v&…`, query values taken verbatim.
+pub(crate) struct UrlParts<'a> {
+    pub(crate) protocol: &'a str,
+    /// The user name before `@` (without `:password`), when there is one.
+    pub(crate) user: Option<&'a str>,
+    /// `host[:port]` as written.
+    pub(crate) host_port: &'a str,
+    pub(crate) path: &'a str,
+    /// What follows `?` ([`query_params`] reads it).
+    pub(crate) query: &'a str,
+}
+
+/// Split `url` into its [`UrlParts`]; `shape` is what the error for a URL without `://`
+/// says is expected. The reason when there is no protocol.
+pub(crate) fn split_url<'a>(url: &'a str, shape: &str) -> Result<UrlParts<'a>, String> {
     let (protocol, rest) = url
         .split_once("://")
-        .ok_or_else(|| err(url, "no protocol (expected protocol://host:port/interface)"))?;
+        .ok_or_else(|| format!("no protocol (expected {shape})"))?;
+    let (before_query, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let (authority, path) = before_query.split_once('/').unwrap_or((before_query, ""));
+    let (user, host_port) = match authority.rsplit_once('@') {
+        Some((user, hp)) => (Some(user.split(':').next().unwrap_or(user)), hp),
+        None => (None, authority),
+    };
+    Ok(UrlParts {
+        protocol,
+        user,
+        host_port,
+        path,
+        query,
+    })
+}
+
+/// A URL's query parameters, values verbatim (a name given twice: the last value). The
+/// reason when a parameter has no name.
+pub(crate) fn query_params(query: &str) -> Result<BTreeMap<String, String>, String> {
+    let mut params = BTreeMap::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        if k.is_empty() {
+            return Err(format!("query parameter {pair:?} has no name"));
+        }
+        params.insert(k.to_owned(), v.to_owned());
+    }
+    Ok(params)
+}
+
+fn parse_plain(url: &str) -> Result<ProviderUrl, UrlError> {
+    let parts = split_url(url, "protocol://host:port/interface").map_err(|r| err(url, r))?;
+    let protocol = parts.protocol;
     let protocol_ok = !protocol.is_empty()
         && protocol
             .chars()
@@ -155,23 +202,12 @@ fn parse_plain(url: &str) -> Result<ProviderUrl, UrlError> {
     if !protocol_ok {
         return Err(err(url, format!("invalid protocol {protocol:?}")));
     }
-    let (before_query, query) = rest.split_once('?').unwrap_or((rest, ""));
-    let (authority, path) = before_query.split_once('/').unwrap_or((before_query, ""));
-    let host_port = authority.rsplit_once('@').map_or(authority, |(_, hp)| hp);
-    check_address(host_port).map_err(|reason| err(url, reason))?;
-    let mut params = BTreeMap::new();
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        if k.is_empty() {
-            return Err(err(url, format!("query parameter {pair:?} has no name")));
-        }
-        params.insert(k.to_owned(), v.to_owned());
-    }
+    check_address(parts.host_port).map_err(|reason| err(url, reason))?;
     Ok(ProviderUrl {
         protocol: protocol.to_owned(),
-        address: host_port.to_owned(),
-        path: path.to_owned(),
-        params,
+        address: parts.host_port.to_owned(),
+        path: parts.path.to_owned(),
+        params: query_params(parts.query).map_err(|r| err(url, r))?,
     })
 }
 

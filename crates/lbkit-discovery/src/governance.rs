@@ -61,7 +61,7 @@
 
 use std::cmp::Ordering;
 
-use crate::dubbo::{decode_url_text, ProviderUrl};
+use crate::dubbo::{decode_url_text, query_params, split_url, ProviderUrl};
 use crate::error::UrlError;
 
 /// The metadata key naming the override rules that changed an endpoint, and what each set:
@@ -149,10 +149,8 @@ impl RuleNode {
             url: text.clone(),
             reason,
         };
-        let (protocol, rest) = text.split_once("://").ok_or_else(|| {
-            err("no protocol (expected override://host[:port]/interface?…)".into())
-        })?;
-        let mode = match protocol {
+        let parts = split_url(&text, "override://host[:port]/interface?…").map_err(err)?;
+        let mode = match parts.protocol {
             "override" => Mode::Override,
             "absent" => Mode::Absent,
             "empty" => return Ok(RuleNode::Clear),
@@ -162,41 +160,10 @@ impl RuleNode {
                 )))
             }
         };
-        let (before_query, query) = rest.split_once('?').unwrap_or((rest, ""));
-        let (authority, path) = before_query.split_once('/').unwrap_or((before_query, ""));
+        let (host, port) = rule_host(parts.host_port).map_err(err)?;
+        let mut params = query_params(parts.query).map_err(err)?;
         // Dubbo reads a rule's application from `user@` when it has no `application=`.
-        let (user, host_port) = match authority.rsplit_once('@') {
-            Some((user, hp)) => (Some(user.split(':').next().unwrap_or(user)), hp),
-            None => (None, authority),
-        };
-        let (host, port) = match host_port.rsplit_once(':') {
-            Some((h, p)) if !h.ends_with(']') || host_port.starts_with('[') => {
-                let port = p
-                    .parse::<u16>()
-                    .map_err(|_| err(format!("port {p:?} is not a number")))?;
-                (h, (port != 0).then_some(port))
-            }
-            _ => (host_port, None),
-        };
-        if host.is_empty() {
-            return Err(err("no host (0.0.0.0 = every provider)".into()));
-        }
-        let bare = host.trim_start_matches('[').trim_end_matches(']');
-        let host_ok = bare
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':'));
-        if !host_ok {
-            return Err(err(format!("{host:?} is not a host name or address")));
-        }
-        let mut params = std::collections::BTreeMap::new();
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            if k.is_empty() {
-                return Err(err(format!("query parameter {pair:?} has no name")));
-            }
-            params.insert(k.to_owned(), v.to_owned());
-        }
-        if let Some(user) = user.filter(|u| !u.is_empty()) {
+        if let Some(user) = parts.user.filter(|u| !u.is_empty()) {
             params
                 .entry("application".to_owned())
                 .or_insert_with(|| user.to_owned());
@@ -223,12 +190,37 @@ impl RuleNode {
             mode,
             host: host.to_owned(),
             port,
-            interface: path.to_owned(),
+            interface: parts.path.to_owned(),
             params,
             priority,
             text: text.clone(),
         }))
     }
+}
+
+/// A rule's host and port (`None` for none or 0): any host name or address, `0.0.0.0` for
+/// every provider. The reason when the host is missing or not a host, or the port not a number.
+fn rule_host(host_port: &str) -> Result<(&str, Option<u16>), String> {
+    let (host, port) = match host_port.rsplit_once(':') {
+        Some((h, p)) if !h.ends_with(']') || host_port.starts_with('[') => {
+            let port = p
+                .parse::<u16>()
+                .map_err(|_| format!("port {p:?} is not a number"))?;
+            (h, (port != 0).then_some(port))
+        }
+        _ => (host_port, None),
+    };
+    if host.is_empty() {
+        return Err("no host (0.0.0.0 = every provider)".into());
+    }
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    let host_ok = bare
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':'));
+    if !host_ok {
+        return Err(format!("{host:?} is not a host name or address"));
+    }
+    Ok((host, port))
 }
 
 /// Why a rule did or did not apply to one provider.
