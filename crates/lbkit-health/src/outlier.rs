@@ -18,8 +18,9 @@
 //!   restarts.
 //! * **Cap**: at most `max_ejection_percent` (10 %) of the endpoints are ejected at once, but at
 //!   least one.
-//! * **Complexity**: O(n) per tick (one pass, a hash map lookup per endpoint); nothing on the
-//!   pick path.
+//! * **Complexity**: O(n) per tick: one pass over the endpoints with one lookup each (a fast,
+//!   randomly seeded hash), one over the tracks to forget those of endpoints gone; nothing on
+//!   the pick path.
 //! * **Differences from Envoy**: consecutive failures are checked at ticks, not at the failing
 //!   call (Ribbon's circuit breaker in the availability filter reacts at once); Envoy's
 //!   failure-percentage rule is off by default (`enforcing_failure_percentage: 0`), here it is on.
@@ -134,8 +135,46 @@ pub struct Ejection {
     pub times: u32,
 }
 
+/// Readmit endpoint `e` when its time is served; lower its multiplier while it serves.
+/// Whether it was readmitted.
+fn readmit(
+    track: &mut Track,
+    overlay: &mut HealthOverlay,
+    e: &lbkit_core::Endpoint,
+    config: &OutlierConfig,
+    now: Timestamp,
+) -> bool {
+    match track.ejection {
+        Some(ej) if ej.until <= now => {
+            track.ejection = None;
+            overlay.ejected.remove(e.key());
+            overlay.readmitted.insert(e.key().clone(), now);
+            track.readmitted_at = Some(now);
+            e.stats().clear_consecutive_failures();
+            true
+        }
+        Some(_) => false,
+        // Envoy: serving for a whole interval since the last readmission lowers the
+        // multiplier by one.
+        None => {
+            let served = track
+                .readmitted_at
+                .is_none_or(|at| now.saturating_duration_since(at) >= config.interval);
+            if served {
+                track.times_ejected = track.times_ejected.saturating_sub(1);
+            }
+            false
+        }
+    }
+}
+
+/// A map with foldhash's fast hash (randomly seeded per map), as the snapshot's own maps.
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
 #[derive(Debug, Default, Clone, Copy)]
 struct Track {
+    /// The tick that last saw the endpoint in the snapshot (tracks not seen are forgotten).
+    seen: u64,
     successes: u64,
     failures: u64,
     times_ejected: u32,
@@ -147,8 +186,10 @@ struct Track {
 #[derive(Debug)]
 pub struct OutlierDetector {
     config: OutlierConfig,
-    tracks: HashMap<EndpointKey, Track>,
+    tracks: FastMap<EndpointKey, Track>,
     overlay: HealthOverlay,
+    /// Ticks so far.
+    ticks: u64,
 }
 
 // === impl OutlierDetector ===
@@ -158,8 +199,9 @@ impl OutlierDetector {
     pub fn new(config: OutlierConfig) -> Self {
         OutlierDetector {
             config,
-            tracks: HashMap::new(),
+            tracks: FastMap::default(),
             overlay: HealthOverlay::default(),
+            ticks: 0,
         }
     }
 
@@ -181,14 +223,29 @@ impl OutlierDetector {
     /// Evaluate the rules over the calls since the last tick. Returns whether any endpoint was
     /// ejected or readmitted (then build and publish a new snapshot).
     pub fn tick(&mut self, snapshot: &Snapshot, now: Timestamp) -> bool {
-        // Forget endpoints that left: one set of the snapshot's keys, O(n) per tick.
-        let present: std::collections::HashSet<&EndpointKey> =
-            snapshot.endpoints().iter().map(|e| e.key()).collect();
-        self.tracks.retain(|k, _| present.contains(k));
-        self.overlay.ejected.retain(|k, _| present.contains(k));
-        self.overlay.readmitted.retain(|k, _| present.contains(k));
-        let mut changed = self.readmit(snapshot, now);
-        let volumes = self.interval_volumes(snapshot);
+        self.ticks += 1;
+        let mut changed = false;
+        let mut volumes = Vec::with_capacity(snapshot.len());
+        for e in snapshot.endpoints() {
+            let track = self.tracks.entry(e.key().clone()).or_default();
+            track.seen = self.ticks;
+            changed |= readmit(track, &mut self.overlay, e, &self.config, now);
+            let (s, f) = (e.stats().successes(), e.stats().failures());
+            volumes.push((
+                e.key().clone(),
+                s.saturating_sub(track.successes),
+                f.saturating_sub(track.failures),
+            ));
+            (track.successes, track.failures) = (s, f);
+        }
+        // Forget endpoints that left.
+        let ticks = self.ticks;
+        self.tracks.retain(|_, t| t.seen == ticks);
+        let tracks = &self.tracks;
+        self.overlay.ejected.retain(|k, _| tracks.contains_key(k));
+        self.overlay
+            .readmitted
+            .retain(|k, _| tracks.contains_key(k));
         let candidates = self.candidates(snapshot, &volumes);
         let cap = (snapshot.len() * self.config.max_ejection_percent as usize / 100).max(1);
         for (key, rule) in candidates {
@@ -198,55 +255,6 @@ impl OutlierDetector {
             changed |= self.eject(key, rule, now);
         }
         changed
-    }
-
-    /// Readmit endpoints whose time is served; lower the multiplier of those serving.
-    fn readmit(&mut self, snapshot: &Snapshot, now: Timestamp) -> bool {
-        let mut changed = false;
-        for e in snapshot.endpoints() {
-            let track = self.tracks.entry(e.key().clone()).or_default();
-            match track.ejection {
-                Some(ej) if ej.until <= now => {
-                    track.ejection = None;
-                    self.overlay.ejected.remove(e.key());
-                    self.overlay.readmitted.insert(e.key().clone(), now);
-                    track.readmitted_at = Some(now);
-                    e.stats().clear_consecutive_failures();
-                    changed = true;
-                }
-                Some(_) => {}
-                // Envoy: serving for a whole interval since the last readmission lowers the
-                // multiplier by one.
-                None => {
-                    let served = track
-                        .readmitted_at
-                        .is_none_or(|at| now.saturating_duration_since(at) >= self.config.interval);
-                    if served {
-                        track.times_ejected = track.times_ejected.saturating_sub(1);
-                    }
-                }
-            }
-        }
-        changed
-    }
-
-    /// Calls (successes, failures) per endpoint since the last tick; updates the baselines.
-    fn interval_volumes(&mut self, snapshot: &Snapshot) -> Vec<(EndpointKey, u64, u64)> {
-        snapshot
-            .endpoints()
-            .iter()
-            .map(|e| {
-                let track = self.tracks.entry(e.key().clone()).or_default();
-                let (s, f) = (e.stats().successes(), e.stats().failures());
-                let delta = (
-                    s.saturating_sub(track.successes),
-                    f.saturating_sub(track.failures),
-                );
-                track.successes = s;
-                track.failures = f;
-                (e.key().clone(), delta.0, delta.1)
-            })
-            .collect()
     }
 
     /// Endpoints that break a rule, worst first within each rule, not already ejected.

@@ -194,3 +194,30 @@ fn the_overlay_drives_a_snapshot_and_panic_mode() {
     assert!(panic.in_panic(), "1 of 2 healthy < 60 %");
     assert_eq!(panic.eligible().len(), 2);
 }
+
+#[test]
+fn endpoints_that_leave_are_forgotten() {
+    let s = snap(10);
+    let mut d = OutlierDetector::new(only_consecutive());
+    calls(&s, 2, 0, 5, T0);
+    assert!(d.tick(&s, at(10)));
+    let key = s.endpoints()[2].key().clone();
+    assert_eq!(d.ejection(&key).unwrap().times, 1);
+    // Endpoint 2 leaves: its track and its ejection go with it.
+    let without: Vec<EndpointSpec> = (0..10)
+        .filter(|&i| i != 2)
+        .map(|i| EndpointSpec::new(format!("10.0.0.{i}:80")))
+        .collect();
+    let fewer = Snapshot::from_specs(without, at(11));
+    assert!(!d.tick(&fewer, at(11)));
+    assert!(d.ejection(&key).is_none());
+    assert!(!d.overlay().ejected.contains_key(&key));
+    assert_eq!(d.tracks.len(), 9);
+    // Back with the same address: a new endpoint, first ejection again (30 s, not 60 s).
+    let back = snap(10);
+    assert!(!d.tick(&back, at(12)));
+    calls(&back, 2, 0, 5, at(12));
+    assert!(d.tick(&back, at(13)));
+    assert_eq!(d.ejection(&key).unwrap().times, 1);
+    assert_eq!(d.ejection(&key).unwrap().until, at(43));
+}
