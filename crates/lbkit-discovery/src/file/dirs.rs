@@ -4,7 +4,8 @@
 //! is followed through its directory ([`WatchedPath`]). One `notify` watcher serves them all:
 //! one inotify instance for the process (and two threads: notify's, and ours that routes its
 //! events), each directory watched once however many of its files are followed, and each event
-//! delivered only to the files it may concern.
+//! delivered only to the files it may concern. Plain reads (opens and closes without a write,
+//! our own reloads among them) stay on notify's thread and never wake ours.
 //!
 //! Before, every file opened a watcher of its own. Linux allows 128 inotify instances per
 //! user by default (`fs.inotify.max_user_instances`), so a proxy or `lbkit xds` with more than
@@ -170,13 +171,22 @@ impl Hub {
         if self.watcher.is_none() {
             let events = self.events.clone();
             let w = notify::recommended_watcher(move |ev| {
-                // The hub thread never ends while the watcher lives (it owns it).
-                let _ = events.send(Msg::Event(ev));
+                if forwarded(&ev) {
+                    // The hub thread never ends while the watcher lives (it owns it).
+                    let _ = events.send(Msg::Event(ev));
+                }
             })?;
             self.watcher = Some(w);
         }
         Ok(self.watcher.as_mut().expect("set above"))
     }
+}
+
+/// Whether the watcher's thread hands `ev` to the hub thread: every event but a plain read
+/// (the watcher asks for opens, so every read of any file in a watched directory, our own
+/// reloads among them, would otherwise wake the hub thread for nothing).
+fn forwarded(ev: &notify::Result<notify::Event>) -> bool {
+    ev.as_ref().map_or(true, |ev| !super::watch::read_only(ev))
 }
 
 /// Directories and their subscribers. Directory keys are canonical paths, as the watcher

@@ -76,6 +76,19 @@ fn plain_reads_wake_no_one() {
         Event::new(EventKind::Access(notify::event::AccessKind::Read)).add_path(dir.join("a.toml"));
     routes.dispatch(&read);
     assert_eq!(a.heard(), []);
+    // Nor do they wake the hub thread: the watcher's thread keeps them.
+    assert!(!forwarded(&Ok(read)));
+    let open = Event::new(EventKind::Access(notify::event::AccessKind::Open(
+        notify::event::AccessMode::Any,
+    )))
+    .add_path(dir.join("a.toml"));
+    assert!(!forwarded(&Ok(open)));
+    let written = Event::new(EventKind::Access(notify::event::AccessKind::Close(
+        notify::event::AccessMode::Write,
+    )))
+    .add_path(dir.join("a.toml"));
+    assert!(forwarded(&Ok(written)));
+    assert!(forwarded(&Err(notify::Error::generic("queue overflow"))));
 }
 
 #[test]
