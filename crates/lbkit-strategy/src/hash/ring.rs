@@ -20,7 +20,7 @@ mod patch;
 use std::ops::Range;
 use std::sync::Arc;
 
-use lbkit_core::{diff, EndpointIdx, PickContext, PickError, Picker, Snapshot, Timestamp};
+use lbkit_core::{EndpointIdx, PickContext, PickError, Picker, Snapshot, Timestamp};
 
 use super::bounded::Bound;
 use super::walk::walk_cyclic;
@@ -297,44 +297,6 @@ impl<'a> Builder<'a> {
             (main[0].0, main.len() as u32, Arc::from(chunk))
         })
     }
-}
-
-/// Each last index's index now (`None`: its points go), and the eligible endpoints whose
-/// points are to be made.
-pub(crate) type Carry = (Vec<Option<EndpointIdx>>, Vec<EndpointIdx>);
-
-/// What the ring of `snapshot` keeps of the ring of `last`: for each endpoint of `last`, its
-/// index in `snapshot` when it is the same object and eligible in both (its points stay), and
-/// `snapshot`'s eligible endpoints not kept (their points are to be made). `None` when the two
-/// sets cannot be matched ([`diff::carried`]) or more than half of the eligible endpoints are
-/// new: a rebuild then costs about as much. The endpoints that stay keep their order
-/// (`carried` walks both sets forward), so who keeps a point two of them share does not change.
-pub(crate) fn carry(last: &Snapshot, snapshot: &Snapshot) -> Option<Carry> {
-    carry_all(last, snapshot).filter(|(_, fresh)| fresh.len() * 2 <= snapshot.eligible().len())
-}
-
-/// [`carry`], however much changed.
-fn carry_all(last: &Snapshot, snapshot: &Snapshot) -> Option<Carry> {
-    let carried = diff::carried(last.endpoints(), snapshot.endpoints())?;
-    let mut kept = vec![false; snapshot.len()];
-    let owners: Vec<Option<EndpointIdx>> = carried
-        .iter()
-        .enumerate()
-        .map(|(o, now)| {
-            let now = now.map(EndpointIdx::new);
-            let stays = last.is_eligible(EndpointIdx::new(o));
-            let n = now.filter(|&n| stays && snapshot.is_eligible(n))?;
-            kept[n.get()] = true;
-            Some(n)
-        })
-        .collect();
-    let fresh: Vec<EndpointIdx> = snapshot
-        .eligible()
-        .iter()
-        .copied()
-        .filter(|i| !kept[i.get()])
-        .collect();
-    Some((owners, fresh))
 }
 
 /// Points each of `slots` slots holds among `points`.

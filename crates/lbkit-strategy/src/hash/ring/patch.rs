@@ -4,11 +4,9 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use lbkit_core::{EndpointIdx, Snapshot};
+use lbkit_core::{diff, EndpointIdx, Snapshot};
 
-use super::{
-    carry, distinct, Builder, Carry, Chunks, Group, Point, RingPicker, Slot, CHUNK, GROUP, NO_SLOT,
-};
+use super::{distinct, Builder, Chunks, Group, Point, RingPicker, Slot, CHUNK, GROUP, NO_SLOT};
 use crate::hash::bounded::Bound;
 
 /// Puts an endpoint's points (an endpoint of the snapshot given).
@@ -52,38 +50,48 @@ struct Scratch {
     chunks: Chunks,
 }
 
-/// The slot tables of the next ring.
+/// The slot tables of the next ring, and the endpoints whose points go and come.
 struct Slots {
     endpoint: Vec<EndpointIdx>,
     slot: Vec<Slot>,
     free: Vec<Slot>,
+    /// The last snapshot's endpoints on the ring that leave it: their points go.
+    gone: Vec<EndpointIdx>,
+    /// The snapshot's eligible endpoints not on the last ring: their points are to be made.
+    fresh: Vec<EndpointIdx>,
 }
 
 // === impl Slots ===
 
 impl Slots {
-    /// `ring`'s slots renumbered by `owners`; `fresh` endpoints take free slots (not the ones
-    /// freed now, whose points are still to be found by slot) or new ones.
-    fn next(
-        ring: &RingPicker,
-        owners: &[Option<EndpointIdx>],
-        fresh: &[EndpointIdx],
-        len: usize,
-    ) -> Slots {
+    /// `ring`'s slots renumbered for `snapshot`: an endpoint on the ring keeps its slot when
+    /// `carried` ([`diff::carried`]) pairs it with an eligible endpoint of `snapshot` (the same
+    /// object), and its points stay; the others leave it. `snapshot`'s other eligible
+    /// endpoints take free slots (not the ones freed now, whose points are still to be found by
+    /// slot) or new ones. The endpoints that stay keep their order (`carried` walks both sets
+    /// forward), so who keeps a point two of them share does not change. One pass over the
+    /// ring's slots, one over the eligible endpoints.
+    fn next(ring: &RingPicker, snapshot: &Snapshot, carried: &[Option<usize>]) -> Slots {
         let mut endpoint = ring.endpoint.to_vec();
-        let mut slot = vec![NO_SLOT; len];
-        let mut gone = Vec::new();
+        let mut slot = vec![NO_SLOT; snapshot.len()];
+        let (mut freed, mut gone) = (Vec::new(), Vec::new());
         for (o, &s) in ring.slot.iter().enumerate().filter(|&(_, &s)| s != NO_SLOT) {
-            match owners[o] {
+            let now = carried[o].map(EndpointIdx::new);
+            match now.filter(|&n| snapshot.is_eligible(n)) {
                 Some(n) => {
                     endpoint[s as usize] = n;
                     slot[n.get()] = s;
                 }
-                None => gone.push(s),
+                None => {
+                    freed.push(s);
+                    gone.push(EndpointIdx::new(o));
+                }
             }
         }
+        let eligible = snapshot.eligible().iter().copied();
+        let fresh: Vec<EndpointIdx> = eligible.filter(|e| slot[e.get()] == NO_SLOT).collect();
         let mut free = ring.free.to_vec();
-        for &e in fresh {
+        for &e in &fresh {
             let s = free.pop().unwrap_or_else(|| {
                 endpoint.push(e);
                 (endpoint.len() - 1) as Slot
@@ -91,11 +99,13 @@ impl Slots {
             endpoint[s as usize] = e;
             slot[e.get()] = s;
         }
-        free.extend(gone);
+        free.extend(freed);
         Slots {
             endpoint,
             slot,
             free,
+            gone,
+            fresh,
         }
     }
 }
@@ -103,9 +113,11 @@ impl Slots {
 impl RingPicker {
     /// The ring of `snapshot` from this one, the ring the same strategy prepared for `last`;
     /// `put` puts an endpoint's points. Equal to a rebuild (the same points and owners; see the
-    /// module's "What a change costs"). `None` when a rebuild is due: [`carry`] says so, the
-    /// ring is empty, `last` is not the size of the snapshot this ring was made for, or patches
-    /// left more than twice the chunks or groups a rebuild makes (plus 16).
+    /// module's "What a change costs"). `None` when a rebuild is due: the two sets cannot be
+    /// matched ([`diff::carried`]), more than half of the eligible endpoints are new (a rebuild
+    /// then costs about as much), the ring is empty, `last` is not the size of the snapshot
+    /// this ring was made for, or patches left more than twice the chunks or groups a rebuild
+    /// makes (plus 16).
     pub(crate) fn patch(
         &self,
         last: &Snapshot,
@@ -113,27 +125,33 @@ impl RingPicker {
         put: Put<'_>,
         bound: Option<Bound>,
     ) -> Option<RingPicker> {
-        self.patch_all(carry(last, snapshot)?, last, snapshot, put, bound)
+        let carried = diff::carried(last.endpoints(), snapshot.endpoints())?;
+        let most_fresh = snapshot.eligible().len() / 2;
+        self.patch_all(&carried, most_fresh, last, snapshot, put, bound)
             .filter(RingPicker::compact)
     }
 
-    /// [`patch`](Self::patch) with what the ring keeps carried, however scattered the patch
-    /// leaves the ring. `None` only when the ring is empty or was not `last`'s.
+    /// [`patch`](Self::patch) with `carried` ([`diff::carried`] of `last` and `snapshot`),
+    /// however scattered the patch leaves the ring. `None` when more than `most_fresh`
+    /// endpoints are new, or the ring is empty or was not `last`'s.
     pub(super) fn patch_all(
         &self,
-        (owners, fresh): Carry,
+        carried: &[Option<usize>],
+        most_fresh: usize,
         last: &Snapshot,
         snapshot: &Arc<Snapshot>,
         put: Put<'_>,
         bound: Option<Bound>,
     ) -> Option<RingPicker> {
-        if self.is_empty() || self.slot.len() != last.len() || owners.len() != last.len() {
+        if self.is_empty() || self.slot.len() != last.len() || carried.len() != last.len() {
             return None;
         }
-        let slots = Slots::next(self, &owners, &fresh, snapshot.len());
-        let gone = (0..owners.len()).filter(|&o| owners[o].is_none() && self.slot[o] != NO_SLOT);
-        let removed = points_of(last, gone.map(EndpointIdx::new), &self.slot, put);
-        let added = points_of(snapshot, fresh.into_iter(), &slots.slot, put);
+        let slots = Slots::next(self, snapshot, carried);
+        if slots.fresh.len() > most_fresh {
+            return None;
+        }
+        let removed = points_of(last, slots.gone.iter().copied(), &self.slot, put);
+        let added = points_of(snapshot, slots.fresh.iter().copied(), &slots.slot, put);
         let mut counts = self.counts.to_vec();
         counts.resize(slots.endpoint.len(), 0);
         let merged = self.merge(&removed, &added, &slots.endpoint, &mut counts)?;

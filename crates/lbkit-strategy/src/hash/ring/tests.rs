@@ -1,6 +1,6 @@
 use std::borrow::Cow;
 
-use lbkit_core::{EndpointSpec, SnapshotBuilder};
+use lbkit_core::{diff, EndpointSpec, SnapshotBuilder};
 use proptest::prelude::*;
 
 use super::*;
@@ -107,11 +107,11 @@ proptest! {
             let next = b.reset_from(specs.iter().map(Cow::Borrowed), Timestamp::ZERO);
             let rebuilt = ring(&next, collision, &put);
             lookups_agree(&rebuilt);
-            let carried = carry_all(&last, &next).expect("key order");
+            let carried = diff::carried(last.endpoints(), next.endpoints()).expect("key order");
             // None only when the last ring was empty: a patch that gives up (a removed point
             // not found where it looked) would hide its mistakes behind a rebuild. A ring left
             // too scattered is checked, then rebuilt, as `patch` does.
-            patched = match patched.patch_all(carried, &last, &next, &put, None) {
+            patched = match patched.patch_all(&carried, usize::MAX, &last, &next, &put, None) {
                 Some(p) => {
                     prop_assert_eq!(parts(&p), parts(&rebuilt));
                     lookups_agree(&p);
@@ -157,9 +157,9 @@ fn a_patch_gives_up_when_a_removed_point_is_not_on_the_ring() {
                 .for_each(|p| p.0 = p.0.wrapping_add(shift));
         };
         let made = ring(&last, Collision::KeepFirst, &made_with);
-        let carried = carry_all(&last, &next).expect("key order");
+        let carried = diff::carried(last.endpoints(), next.endpoints()).expect("key order");
         assert!(
-            made.patch_all(carried, &last, &next, &other, None)
+            made.patch_all(&carried, usize::MAX, &last, &next, &other, None)
                 .is_none(),
             "space {space}"
         );
