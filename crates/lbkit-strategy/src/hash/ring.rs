@@ -6,10 +6,14 @@
 //! so the ring of the next snapshot shares every group no point lands in or leaves, and in the
 //! groups it makes again every chunk no point lands in or leaves
 //! ([`patch`](RingPicker::patch)). A change of k endpoints with v points each hashes those k
-//! (the ones that go, to find their points, and the ones that come), merges at most 2kv chunks
-//! again, copies the O(n) slot table and the O(P / (CHUNK · GROUP)) group list, and shares
-//! the O(kv · GROUP) chunks beside the merged ones: one reference count for each shared group
-//! or chunk, where one for every chunk cost most of a patch. A pick costs a binary search over
+//! (the ones that go, to find their points, and the ones that come), makes at most 2kv chunks
+//! again (a chunk without shared points is spliced: its runs copied whole between the edits;
+//! one with shared points is merged point by point, the collision rule settling each), renumbers
+//! the O(n) slot table in one pass from [`diff::carried`](lbkit_core::diff::carried), copies the
+//! O(P / (CHUNK · GROUP)) group list, and shares the O(kv · GROUP) chunks beside the remade
+//! ones: one reference count for each shared group or chunk, where one for every chunk cost
+//! most of a patch. At 10 000 endpoints what is left is mostly memory: the chunks a change
+//! lands in, and the reference counts of the groups shared and dropped. A pick costs a binary search over
 //! the groups' first points, one over a group's chunks' first points, then one over one chunk:
 //! 1.9–5.6 ns more than a ring of chunks alone, for 0.55–0.65× the cost of a patch.
 //! BENCHMARKS.md ("What a change costs a strategy", "Hash rings under churn: chunks in
