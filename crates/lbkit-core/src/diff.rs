@@ -30,6 +30,37 @@ pub struct Diff {
     pub gone: Vec<usize>,
 }
 
+// === impl Diff ===
+
+impl Diff {
+    /// For each endpoint of the last set (`last` of them, in order), its index in the next
+    /// set (of `next`) when it is unchanged there, else `None`: [`carried`] one index at a
+    /// time, for a diff made by [`between`] without an `order`. O(n + k), nothing allocated.
+    ///
+    /// ```
+    /// use lbkit_core::diff::Diff;
+    /// // Last: a b c d; next: a c e d (b gone, e new).
+    /// let d = Diff { changed: vec![(2, None)], gone: vec![1] };
+    /// assert_eq!(d.pairs(4, 4).collect::<Vec<_>>(), [Some(0), None, Some(1), Some(3)]);
+    /// ```
+    pub fn pairs(&self, last: usize, next: usize) -> impl Iterator<Item = Option<usize>> + '_ {
+        let mut gone = self.gone.iter().copied().peekable();
+        let mut olds = self.changed.iter().filter_map(|&(_, o)| o).peekable();
+        let mut news = self.changed.iter().map(|&(n, _)| n).peekable();
+        let mut now = 0;
+        (0..last).map(move |o| {
+            if gone.next_if_eq(&o).is_some() || olds.next_if_eq(&o).is_some() {
+                return None;
+            }
+            while news.next_if_eq(&now).is_some() {
+                now += 1;
+            }
+            now += 1;
+            (now <= next).then_some(now - 1)
+        })
+    }
+}
+
 /// The diff from `last` (in strictly ascending key order) to `next`, walked in `order` (indices
 /// into `next`; its own order when `None`). `None` when `next` is not in ascending key order
 /// that way: unchanged endpoints come in the last set's order, and each other one is checked
@@ -98,21 +129,7 @@ pub fn between(last: &Endpoints, next: &Endpoints, order: Option<&[usize]>) -> O
 /// ```
 pub fn carried(last: &Endpoints, next: &Endpoints) -> Option<Vec<Option<usize>>> {
     let d = between(last, next, None)?;
-    let mut old_moved = vec![false; last.len()];
-    let mut new_moved = vec![false; next.len()];
-    for &i in &d.gone {
-        old_moved[i] = true;
-    }
-    for &(n, o) in &d.changed {
-        new_moved[n] = true;
-        if let Some(o) = o {
-            old_moved[o] = true;
-        }
-    }
-    let mut now = (0..next.len()).filter(|&n| !new_moved[n]);
-    let map = (0..last.len())
-        .map(|o| (!old_moved[o]).then(|| now.next()).flatten())
-        .collect::<Vec<_>>();
+    let map: Vec<Option<usize>> = d.pairs(last.len(), next.len()).collect();
     // `between` classed every endpoint of both sets once, the unchanged ones paired in order:
     // the pairs are the very same objects (walked again only where assertions are on, as this
     // O(n) walk was a fifth of a hash ring's patch).

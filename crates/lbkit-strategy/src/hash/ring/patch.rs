@@ -65,18 +65,24 @@ struct Slots {
 
 impl Slots {
     /// `ring`'s slots renumbered for `snapshot`: an endpoint on the ring keeps its slot when
-    /// `carried` ([`diff::carried`]) pairs it with an eligible endpoint of `snapshot` (the same
-    /// object), and its points stay; the others leave it. `snapshot`'s other eligible
+    /// `carried` (one item for each of the last snapshot's endpoints, as [`diff::carried`]
+    /// gives them) pairs it with an eligible endpoint of `snapshot` (the same object), and its
+    /// points stay; the others leave it. `snapshot`'s other eligible
     /// endpoints take free slots (not the ones freed now, whose points are still to be found by
     /// slot) or new ones. The endpoints that stay keep their order (`carried` walks both sets
     /// forward), so who keeps a point two of them share does not change. One pass over the
     /// ring's slots, one over the eligible endpoints.
-    fn next(ring: &RingPicker, snapshot: &Snapshot, carried: &[Option<usize>]) -> Slots {
+    fn next(
+        ring: &RingPicker,
+        snapshot: &Snapshot,
+        carried: impl Iterator<Item = Option<usize>>,
+    ) -> Slots {
         let mut endpoint = ring.endpoint.to_vec();
         let mut slot = vec![NO_SLOT; snapshot.len()];
         let (mut freed, mut gone) = (Vec::new(), Vec::new());
-        for (o, &s) in ring.slot.iter().enumerate().filter(|&(_, &s)| s != NO_SLOT) {
-            let now = carried[o].map(EndpointIdx::new);
+        let on_ring = ring.slot.iter().zip(carried).enumerate();
+        for (o, (&s, now)) in on_ring.filter(|&(_, (&s, _))| s != NO_SLOT) {
+            let now = now.map(EndpointIdx::new);
             match now.filter(|&n| snapshot.is_eligible(n)) {
                 Some(n) => {
                     endpoint[s as usize] = n;
@@ -125,28 +131,29 @@ impl RingPicker {
         put: Put<'_>,
         bound: Option<Bound>,
     ) -> Option<RingPicker> {
-        let carried = diff::carried(last.endpoints(), snapshot.endpoints())?;
+        let d = diff::between(last.endpoints(), snapshot.endpoints(), None)?;
+        let carried = d.pairs(last.len(), snapshot.len());
         let most_fresh = snapshot.eligible().len() / 2;
-        self.patch_all(&carried, most_fresh, last, snapshot, put, bound)
+        self.patch_all(carried, most_fresh, last, snapshot, put, bound)
             .filter(RingPicker::compact)
     }
 
-    /// [`patch`](Self::patch) with `carried` ([`diff::carried`] of `last` and `snapshot`),
-    /// however scattered the patch leaves the ring. `None` when more than `most_fresh`
-    /// endpoints are new, or the ring is empty or was not `last`'s.
+    /// [`patch`](Self::patch) with `carried` ([`diff::carried`] of `last` and `snapshot`, an
+    /// item for each endpoint of `last`), however scattered the patch leaves the ring. `None`
+    /// when more than `most_fresh` endpoints are new, or the ring is empty or was not `last`'s.
     pub(super) fn patch_all(
         &self,
-        carried: &[Option<usize>],
+        carried: impl IntoIterator<Item = Option<usize>>,
         most_fresh: usize,
         last: &Snapshot,
         snapshot: &Arc<Snapshot>,
         put: Put<'_>,
         bound: Option<Bound>,
     ) -> Option<RingPicker> {
-        if self.is_empty() || self.slot.len() != last.len() || carried.len() != last.len() {
+        if self.is_empty() || self.slot.len() != last.len() {
             return None;
         }
-        let slots = Slots::next(self, snapshot, carried);
+        let slots = Slots::next(self, snapshot, carried.into_iter());
         if slots.fresh.len() > most_fresh {
             return None;
         }

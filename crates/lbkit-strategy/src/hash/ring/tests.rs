@@ -111,7 +111,7 @@ proptest! {
             // None only when the last ring was empty: a patch that gives up (a removed point
             // not found where it looked) would hide its mistakes behind a rebuild. A ring left
             // too scattered is checked, then rebuilt, as `patch` does.
-            patched = match patched.patch_all(&carried, usize::MAX, &last, &next, &put, None) {
+            patched = match patched.patch_all(carried, usize::MAX, &last, &next, &put, None) {
                 Some(p) => {
                     prop_assert_eq!(parts(&p), parts(&rebuilt));
                     lookups_agree(&p);
@@ -159,7 +159,7 @@ fn a_patch_gives_up_when_a_removed_point_is_not_on_the_ring() {
         let made = ring(&last, Collision::KeepFirst, &made_with);
         let carried = diff::carried(last.endpoints(), next.endpoints()).expect("key order");
         assert!(
-            made.patch_all(&carried, usize::MAX, &last, &next, &other, None)
+            made.patch_all(carried, usize::MAX, &last, &next, &other, None)
                 .is_none(),
             "space {space}"
         );
