@@ -35,7 +35,9 @@ pub struct Diff {
 impl Diff {
     /// For each endpoint of the last set (`last` of them, in order), its index in the next
     /// set (of `next`) when it is unchanged there, else `None`: [`carried`] one index at a
-    /// time, for a diff made by [`between`] without an `order`. O(n + k), nothing allocated.
+    /// time, for a diff made by [`between`] without an `order` (its `gone`, and the old and
+    /// the new indices of its `changed`, each ascending; an old index in one of the two
+    /// only). O(n + k), nothing allocated.
     ///
     /// ```
     /// use lbkit_core::diff::Diff;
@@ -44,6 +46,11 @@ impl Diff {
     /// assert_eq!(d.pairs(4, 4).collect::<Vec<_>>(), [Some(0), None, Some(1), Some(3)]);
     /// ```
     pub fn pairs(&self, last: usize, next: usize) -> impl Iterator<Item = Option<usize>> + '_ {
+        // What `between` without an order guarantees, and the walk below relies on.
+        let olds = || self.changed.iter().filter_map(|&(_, o)| o);
+        debug_assert!(self.gone.is_sorted() && olds().is_sorted());
+        debug_assert!(self.changed.iter().map(|&(n, _)| n).is_sorted());
+        debug_assert!(olds().all(|o| self.gone.binary_search(&o).is_err()));
         let mut gone = self.gone.iter().copied().peekable();
         let mut olds = self.changed.iter().filter_map(|&(_, o)| o).peekable();
         let mut news = self.changed.iter().map(|&(n, _)| n).peekable();

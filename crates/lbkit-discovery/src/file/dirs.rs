@@ -183,10 +183,11 @@ impl Hub {
 }
 
 /// Whether the watcher's thread hands `ev` to the hub thread: every event but a plain read
-/// (the watcher asks for opens, so every read of any file in a watched directory, our own
+/// that asks for no rescan (the watcher asks for opens, so every read of any file in a watched directory, our own
 /// reloads among them, would otherwise wake the hub thread for nothing).
 fn forwarded(ev: &notify::Result<notify::Event>) -> bool {
-    ev.as_ref().map_or(true, |ev| !super::watch::read_only(ev))
+    ev.as_ref()
+        .map_or(true, |ev| ev.need_rescan() || !super::watch::read_only(ev))
 }
 
 /// Directories and their subscribers. Directory keys are canonical paths, as the watcher
