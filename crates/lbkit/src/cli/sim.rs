@@ -90,30 +90,7 @@ pub(crate) fn run(args: SimArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     if let Some(file) = &args.fit {
-        let fit = fit_trace(file, args.service.as_deref())?;
-        let path = args.out.as_deref().unwrap_or(Path::new("scenario.toml"));
-        fit.write(path).map_err(bad)?;
-        if args.format == SimFormat::Json {
-            return fit_json(&mut out, &fit, path);
-        }
-        writeln!(
-            out,
-            "wrote {} ({} file(s) beside it): {} recorded requests of {} ({:.1} % sampled), strategy {}, recorded p50 {:.2} ms, p99 {:.2} ms, {:.2} % failed",
-            path.display(),
-            fit.files.len(),
-            fit.requests,
-            fit.service,
-            fit.sample_rate * 100.0,
-            fit.strategy,
-            fit.p50_ms,
-            fit.p99_ms,
-            fit.error_rate * 100.0
-        )?;
-        for note in &fit.notes {
-            writeln!(out, "note: {note}")?;
-        }
-        writeln!(out, "next: lbkit sim --scenario {}", path.display())?;
-        return Ok(());
+        return fit_command(&args, file, &mut out);
     }
     if let Some(file) = &args.trace {
         return replay(&args, file, &mut out);
@@ -129,18 +106,7 @@ pub(crate) fn run(args: SimArgs) -> anyhow::Result<()> {
         seed: args.seed,
         strategies: args.strategies,
         skip_oracle: false,
-        record: match &args.record {
-            Some(path) => {
-                let config = lbkit_trace::TraceConfig::new(path)
-                    .with_sample_rate(1.0)
-                    .with_max_bytes(lbkit_trace::MAX_MAX_BYTES)
-                    .with_lossless(true);
-                Some(std::sync::Arc::new(
-                    lbkit_trace::Recorder::open(&config).map_err(bad)?,
-                ))
-            }
-            None => None,
-        },
+        record: args.record.as_deref().map(recorder).transpose()?,
     };
     let show_progress = args.format == SimFormat::Table;
     let report = run_with_progress(&scenario, &options, show_progress)?;
@@ -163,6 +129,46 @@ pub(crate) fn run(args: SimArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// `lbkit sim --fit FILE`: fit a scenario to the trace, write it (`--out`, default
+/// `scenario.toml`) and say what was fitted.
+fn fit_command(args: &SimArgs, file: &Path, out: &mut impl Write) -> anyhow::Result<()> {
+    let fit = fit_trace(file, args.service.as_deref())?;
+    let path = args.out.as_deref().unwrap_or(Path::new("scenario.toml"));
+    fit.write(path).map_err(bad)?;
+    if args.format == SimFormat::Json {
+        return fit_json(out, &fit, path);
+    }
+    writeln!(
+        out,
+        "wrote {} ({} file(s) beside it): {} recorded requests of {} ({:.1} % sampled), strategy {}, recorded p50 {:.2} ms, p99 {:.2} ms, {:.2} % failed",
+        path.display(),
+        fit.files.len(),
+        fit.requests,
+        fit.service,
+        fit.sample_rate * 100.0,
+        fit.strategy,
+        fit.p50_ms,
+        fit.p99_ms,
+        fit.error_rate * 100.0
+    )?;
+    for note in &fit.notes {
+        writeln!(out, "note: {note}")?;
+    }
+    writeln!(out, "next: lbkit sim --scenario {}", path.display())?;
+    Ok(())
+}
+
+/// `--record PATH`: a recorder of every attempt, lossless, as big as a trace may be.
+fn recorder(path: &Path) -> anyhow::Result<std::sync::Arc<lbkit_trace::Recorder>> {
+    let config = lbkit_trace::TraceConfig::new(path)
+        .with_sample_rate(1.0)
+        .with_max_bytes(lbkit_trace::MAX_MAX_BYTES)
+        .with_lossless(true);
+    Ok(std::sync::Arc::new(
+        lbkit_trace::Recorder::open(&config).map_err(bad)?,
+    ))
 }
 
 pub(super) fn fit_trace(file: &Path, service: Option<&str>) -> anyhow::Result<lbkit_sim::fit::Fit> {

@@ -80,48 +80,18 @@ fn parse_objective(s: &str) -> Result<Objective, String> {
 }
 
 pub(crate) fn run(args: TuneArgs) -> anyhow::Result<()> {
-    if !(args.budget.is_finite() && args.budget > 0.0) {
-        return Err(bad("--budget must be a positive number of seconds"));
-    }
-    if let Some(n) = args.requests {
-        if n == 0 || n > MAX_REQUESTS {
-            return Err(bad(format!("--requests must be within 1..={MAX_REQUESTS}")));
-        }
-    }
-    if args.threads == Some(0) {
-        return Err(bad("--threads must be at least 1"));
-    }
+    check(&args)?;
     // With --format json, stdout carries the JSON alone: the rest goes to stderr.
     let mut text: Box<dyn Write> = match args.format {
         SimFormat::Table => Box::new(std::io::stdout()),
         SimFormat::Json => Box::new(std::io::stderr()),
     };
-    let (scenario, dir, current, service) = match &args.trace {
-        Some(file) => {
-            let Fitted { fit, scenario, dir } = fit_and_check(
-                file,
-                args.service.as_deref(),
-                args.out.as_deref(),
-                ("lbkit tune --trace", "lbkit-tune-out"),
-                &mut text,
-            )?;
-            let current = args.current.clone().unwrap_or(fit.strategy);
-            (scenario, dir, current, fit.service)
-        }
-        None => {
-            let scenario = load_scenario(args.scenario.as_deref().unwrap_or_default())?;
-            let dir = args
-                .out
-                .clone()
-                .unwrap_or_else(|| Path::new("lbkit-tune-out").join(&scenario.name));
-            let current = args.current.clone().unwrap_or_else(|| "round-robin".into());
-            let service = args
-                .service
-                .clone()
-                .unwrap_or_else(|| scenario.name.clone());
-            (scenario, dir, current, service)
-        }
-    };
+    let Target {
+        scenario,
+        dir,
+        current,
+        service,
+    } = target(&args, &mut text)?;
     let threads = args.threads.unwrap_or_else(|| {
         std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
     });
@@ -159,6 +129,75 @@ pub(crate) fn run(args: TuneArgs) -> anyhow::Result<()> {
         SimFormat::Table => print(&mut out, &tuning, &service, &written)?,
     }
     Ok(())
+}
+
+/// The numeric arguments' bounds: a positive budget, `--requests` within the simulator's
+/// bounds, at least one thread.
+fn check(args: &TuneArgs) -> anyhow::Result<()> {
+    if !(args.budget.is_finite() && args.budget > 0.0) {
+        return Err(bad("--budget must be a positive number of seconds"));
+    }
+    if let Some(n) = args.requests {
+        if n == 0 || n > MAX_REQUESTS {
+            return Err(bad(format!("--requests must be within 1..={MAX_REQUESTS}")));
+        }
+    }
+    if args.threads == Some(0) {
+        return Err(bad("--threads must be at least 1"));
+    }
+    Ok(())
+}
+
+/// What a search runs on and writes to.
+struct Target {
+    scenario: Scenario,
+    /// The report's folder.
+    dir: PathBuf,
+    /// The setting to beat.
+    current: String,
+    /// The service named in the snippet.
+    service: String,
+}
+
+/// The scenario to search: fitted to `--trace` (checked against it, notes to `text`), else
+/// `--scenario`; with the report's folder, the current setting and the service's name.
+fn target(args: &TuneArgs, text: &mut Box<dyn Write>) -> anyhow::Result<Target> {
+    Ok(match &args.trace {
+        Some(file) => {
+            let Fitted { fit, scenario, dir } = fit_and_check(
+                file,
+                args.service.as_deref(),
+                args.out.as_deref(),
+                ("lbkit tune --trace", "lbkit-tune-out"),
+                text,
+            )?;
+            let current = args.current.clone().unwrap_or(fit.strategy);
+            Target {
+                scenario,
+                dir,
+                current,
+                service: fit.service,
+            }
+        }
+        None => {
+            let scenario = load_scenario(args.scenario.as_deref().unwrap_or_default())?;
+            let dir = args
+                .out
+                .clone()
+                .unwrap_or_else(|| Path::new("lbkit-tune-out").join(&scenario.name));
+            let current = args.current.clone().unwrap_or_else(|| "round-robin".into());
+            let service = args
+                .service
+                .clone()
+                .unwrap_or_else(|| scenario.name.clone());
+            Target {
+                scenario,
+                dir,
+                current,
+                service,
+            }
+        }
+    })
 }
 
 fn print(
