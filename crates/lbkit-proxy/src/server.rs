@@ -71,29 +71,8 @@ impl Proxy {
             config.listeners.len(),
         );
         let hub = Arc::new(hub);
-        let mut listeners = Vec::new();
         let mut accept = Vec::new();
-        let mut sockets: Vec<Vec<(usize, std::net::TcpListener)>> =
-            (0..workers).map(|_| Vec::new()).collect();
-        for (i, l) in config.listeners.iter().enumerate() {
-            let mut addr = l.bind;
-            for (w, mine) in sockets.iter_mut().enumerate() {
-                let listener = bind(addr, workers > 1)?;
-                addr = local_addr(&listener, l.bind)?;
-                if w == 0 {
-                    listeners.push(addr);
-                }
-                if workers == 1 {
-                    let job = listen(listener, i, &config, &hub, &shutdown, None);
-                    accept.push(tokio::spawn(job));
-                } else {
-                    let std = listener
-                        .into_std()
-                        .map_err(|source| ProxyError::Bind { addr, source })?;
-                    mine.push((i, std));
-                }
-            }
-        }
+        let (listeners, sockets) = bind_all(&config, workers, &hub, &shutdown, &mut accept)?;
         if workers == 1 {
             tokio::spawn(h1::sweep_idle(Arc::downgrade(&hub)));
         } else {
@@ -107,13 +86,7 @@ impl Proxy {
                     shutdown: shutdown.clone(),
                     exit: exit.subscribe(),
                 };
-                std::thread::Builder::new()
-                    .name(format!("lbkit-worker-{w}"))
-                    .spawn(move || job.run())
-                    .map_err(|source| ProxyError::Bind {
-                        addr: config.admin.bind,
-                        source,
-                    })?;
+                job.spawn(config.admin.bind)?;
             }
         }
         let admin_listener = bind(config.admin.bind, false)?;
@@ -225,6 +198,19 @@ struct Worker {
 // === impl Worker ===
 
 impl Worker {
+    /// Run on a thread of its own (`lbkit-worker-N`); `admin` names the error when the
+    /// thread cannot start.
+    fn spawn(self, admin: SocketAddr) -> Result<(), ProxyError> {
+        std::thread::Builder::new()
+            .name(format!("lbkit-worker-{}", self.index))
+            .spawn(move || self.run())
+            .map(drop)
+            .map_err(|source| ProxyError::Bind {
+                addr: admin,
+                source,
+            })
+    }
+
     fn run(mut self) {
         worker::set_index(self.index + 1);
         // This thread builds its runtime and drives it until the end.
@@ -259,6 +245,44 @@ impl Worker {
             let _ = self.exit.wait_for(|&exit| exit).await;
         });
     }
+}
+
+/// Each worker's listening sockets: (listener index, socket).
+type WorkerSockets = Vec<Vec<(usize, std::net::TcpListener)>>;
+
+/// Bind every listener of `config` once for each worker (a port of 0 takes the port the
+/// first bind got). With one worker, each accept loop is spawned here (its task into
+/// `accept`); with several, each worker's sockets come back, to start on its own thread.
+/// Also the listeners' addresses, in the configuration's order.
+fn bind_all(
+    config: &Config,
+    workers: usize,
+    hub: &Arc<Hub>,
+    shutdown: &watch::Sender<bool>,
+    accept: &mut Vec<tokio::task::JoinHandle<()>>,
+) -> Result<(Vec<SocketAddr>, WorkerSockets), ProxyError> {
+    let mut listeners = Vec::new();
+    let mut sockets: WorkerSockets = (0..workers).map(|_| Vec::new()).collect();
+    for (i, l) in config.listeners.iter().enumerate() {
+        let mut addr = l.bind;
+        for (w, mine) in sockets.iter_mut().enumerate() {
+            let listener = bind(addr, workers > 1)?;
+            addr = local_addr(&listener, l.bind)?;
+            if w == 0 {
+                listeners.push(addr);
+            }
+            if workers == 1 {
+                let job = listen(listener, i, config, hub, shutdown, None);
+                accept.push(tokio::spawn(job));
+            } else {
+                let std = listener
+                    .into_std()
+                    .map_err(|source| ProxyError::Bind { addr, source })?;
+                mine.push((i, std));
+            }
+        }
+    }
+    Ok((listeners, sockets))
 }
 
 /// The accept loop of listener `i` of `config`, which also serves the connections of that
