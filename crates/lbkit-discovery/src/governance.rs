@@ -443,65 +443,79 @@ pub fn parse_yaml_configurators(text: &str, interface: &str) -> Result<Vec<RuleN
     if config.key.is_empty() {
         return Err("the document has no key".into());
     }
-    let application_scope = config.scope.as_deref() == Some("application");
-    let version = config.config_version.as_deref().unwrap_or("v2.7");
     let mut rules = Vec::new();
     for (n, item) in config.configs.iter().enumerate() {
         let params = item_parameters(item).map_err(|e| format!("configs[{n}]: {e}"))?;
-        let enabled = match item.kind.as_deref() {
-            None | Some("general") => config.enabled,
-            Some(_) => item.enabled.unwrap_or(true),
-        };
-        let addresses: Vec<&str> = if item.addresses.is_empty() {
-            vec![ANY_HOST]
-        } else {
-            item.addresses.iter().map(String::as_str).collect()
-        };
-        let services: Vec<&str> = if !application_scope {
-            vec![config.key.as_str()]
-        } else if item.services.is_empty() {
-            vec!["*"]
-        } else {
-            item.services.iter().map(String::as_str).collect()
-        };
-        for addr in &addresses {
-            for service in &services {
-                let (path, placed) = service_key(service);
-                if path != interface && path != "*" {
-                    continue;
-                }
-                let mut url =
-                    format!("override://{addr}/{path}?{placed}category=dynamicconfigurators");
-                if let Some(side) = &item.side {
-                    url += &format!("&side={side}");
-                }
-                url += &params;
-                let providers = if !item.provider_addresses.is_empty() {
-                    item.provider_addresses.join(",")
-                } else if item.side.as_deref() == Some("provider") {
-                    addresses.join(",")
-                } else {
-                    String::new()
-                };
-                if !providers.is_empty() {
-                    url += &format!("&providerAddresses={providers}");
-                }
-                url += &format!("&enabled={enabled}&configVersion={version}");
-                let apps: Vec<&str> = if application_scope {
-                    vec![config.key.as_str()]
-                } else {
-                    item.applications.iter().map(String::as_str).collect()
-                };
-                if apps.is_empty() {
-                    rules.push(parse_rule(&url)?);
-                }
-                for app in apps {
-                    rules.push(parse_rule(&format!("{url}&application={app}"))?);
-                }
+        item_rules(&config, item, &params, interface, &mut rules)?;
+    }
+    Ok(rules)
+}
+
+/// The override rules one item of `config` stands for, into `rules`: one for each of its
+/// addresses (any host when none) and services (those of `interface`, or `*`), and each of
+/// its applications (the document's key in application scope). `params`: the item's
+/// parameters as `&k=v`.
+fn item_rules(
+    config: &YamlConfig,
+    item: &YamlItem,
+    params: &str,
+    interface: &str,
+    rules: &mut Vec<RuleNode>,
+) -> Result<(), String> {
+    let application_scope = config.scope.as_deref() == Some("application");
+    let version = config.config_version.as_deref().unwrap_or("v2.7");
+    let enabled = match item.kind.as_deref() {
+        None | Some("general") => config.enabled,
+        Some(_) => item.enabled.unwrap_or(true),
+    };
+    let addresses: Vec<&str> = if item.addresses.is_empty() {
+        vec![ANY_HOST]
+    } else {
+        item.addresses.iter().map(String::as_str).collect()
+    };
+    let services: Vec<&str> = if !application_scope {
+        vec![config.key.as_str()]
+    } else if item.services.is_empty() {
+        vec!["*"]
+    } else {
+        item.services.iter().map(String::as_str).collect()
+    };
+    let providers = if !item.provider_addresses.is_empty() {
+        item.provider_addresses.join(",")
+    } else if item.side.as_deref() == Some("provider") {
+        addresses.join(",")
+    } else {
+        String::new()
+    };
+    let apps: Vec<&str> = if application_scope {
+        vec![config.key.as_str()]
+    } else {
+        item.applications.iter().map(String::as_str).collect()
+    };
+    for addr in &addresses {
+        for service in &services {
+            let (path, placed) = service_key(service);
+            if path != interface && path != "*" {
+                continue;
+            }
+            let mut url = format!("override://{addr}/{path}?{placed}category=dynamicconfigurators");
+            if let Some(side) = &item.side {
+                url += &format!("&side={side}");
+            }
+            url += params;
+            if !providers.is_empty() {
+                url += &format!("&providerAddresses={providers}");
+            }
+            url += &format!("&enabled={enabled}&configVersion={version}");
+            if apps.is_empty() {
+                rules.push(parse_rule(&url)?);
+            }
+            for app in &apps {
+                rules.push(parse_rule(&format!("{url}&application={app}"))?);
             }
         }
     }
-    Ok(rules)
+    Ok(())
 }
 
 fn parse_rule(url: &str) -> Result<RuleNode, String> {
