@@ -87,7 +87,28 @@ pub struct ServiceRow<'a> {
 /// # Errors
 /// The encoder's (a `String` never fails).
 pub fn encode_endpoints(enc: &mut DescriptorEncoder<'_>, rows: &[EndpointRows<'_>]) -> fmt::Result {
-    type Value = fn(&EndpointRows<'_>, EndpointIdx) -> u64;
+    endpoint_counters(enc, rows)?;
+    endpoint_failures(enc, rows)?;
+    endpoint_gauges(enc, rows)?;
+    let mut f = enc.encode_descriptor(
+        "lbkit_endpoint_call_duration_seconds",
+        "Latency of every finished call to the endpoint, success or failure.",
+        None,
+        MetricType::Histogram,
+    )?;
+    each(rows, |labels, r, i| {
+        histogram(
+            &mut f.encode_family(labels)?,
+            &r.snapshot.endpoint(i).stats().latency_histogram(),
+        )
+    })
+}
+
+/// An endpoint's value in one of the plain endpoint families.
+type Value = fn(&EndpointRows<'_>, EndpointIdx) -> u64;
+
+/// The endpoint counters: calls, cancellations, ejections.
+fn endpoint_counters(enc: &mut DescriptorEncoder<'_>, rows: &[EndpointRows<'_>]) -> fmt::Result {
     let counters: [(&str, &str, Value); 3] = [
         (
             "lbkit_endpoint_calls",
@@ -116,6 +137,11 @@ pub fn encode_endpoints(enc: &mut DescriptorEncoder<'_>, rows: &[EndpointRows<'_
             ConstCounter::new(value(r, i)).encode(f.encode_family(labels)?)
         })?;
     }
+    Ok(())
+}
+
+/// Failures by kind, one series for each endpoint and kind.
+fn endpoint_failures(enc: &mut DescriptorEncoder<'_>, rows: &[EndpointRows<'_>]) -> fmt::Result {
     let mut f = enc.encode_descriptor(
         "lbkit_endpoint_failures",
         "Calls to the endpoint recorded as failures, by kind.",
@@ -129,7 +155,11 @@ pub fn encode_endpoints(enc: &mut DescriptorEncoder<'_>, rows: &[EndpointRows<'_
             ConstCounter::new(n).encode(f.encode_family(&labels)?)?;
         }
         Ok(())
-    })?;
+    })
+}
+
+/// The endpoint gauges: calls in flight, eligibility.
+fn endpoint_gauges(enc: &mut DescriptorEncoder<'_>, rows: &[EndpointRows<'_>]) -> fmt::Result {
     let gauges: [(&str, &str, Value); 2] = [
         (
             "lbkit_endpoint_in_flight",
@@ -148,18 +178,7 @@ pub fn encode_endpoints(enc: &mut DescriptorEncoder<'_>, rows: &[EndpointRows<'_
             gauge(f.encode_family(labels)?, value(r, i))
         })?;
     }
-    let mut f = enc.encode_descriptor(
-        "lbkit_endpoint_call_duration_seconds",
-        "Latency of every finished call to the endpoint, success or failure.",
-        None,
-        MetricType::Histogram,
-    )?;
-    each(rows, |labels, r, i| {
-        histogram(
-            &mut f.encode_family(labels)?,
-            &r.snapshot.endpoint(i).stats().latency_histogram(),
-        )
-    })
+    Ok(())
 }
 
 /// Run `f` for every endpoint of `rows` with its `service` and `endpoint` labels.
