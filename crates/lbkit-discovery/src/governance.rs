@@ -473,20 +473,8 @@ fn item_rules(
     } else {
         item.addresses.iter().map(String::as_str).collect()
     };
-    let services: Vec<&str> = if !application_scope {
-        vec![config.key.as_str()]
-    } else if item.services.is_empty() {
-        vec!["*"]
-    } else {
-        item.services.iter().map(String::as_str).collect()
-    };
-    let providers = if !item.provider_addresses.is_empty() {
-        item.provider_addresses.join(",")
-    } else if item.side.as_deref() == Some("provider") {
-        addresses.join(",")
-    } else {
-        String::new()
-    };
+    let services = item_services(config, item, application_scope);
+    let providers = provider_addresses(item, &addresses);
     let apps: Vec<&str> = if application_scope {
         vec![config.key.as_str()]
     } else {
@@ -516,6 +504,34 @@ fn item_rules(
         }
     }
     Ok(())
+}
+
+/// The services an item applies to: the document's key in service scope; in application
+/// scope the item's `services`, or every one.
+fn item_services<'a>(
+    config: &'a YamlConfig,
+    item: &'a YamlItem,
+    application_scope: bool,
+) -> Vec<&'a str> {
+    if !application_scope {
+        vec![config.key.as_str()]
+    } else if item.services.is_empty() {
+        vec!["*"]
+    } else {
+        item.services.iter().map(String::as_str).collect()
+    }
+}
+
+/// An item's `providerAddresses`: its own list, else its addresses when it is provider-side,
+/// else none (empty).
+fn provider_addresses(item: &YamlItem, addresses: &[&str]) -> String {
+    if !item.provider_addresses.is_empty() {
+        item.provider_addresses.join(",")
+    } else if item.side.as_deref() == Some("provider") {
+        addresses.join(",")
+    } else {
+        String::new()
+    }
 }
 
 fn parse_rule(url: &str) -> Result<RuleNode, String> {

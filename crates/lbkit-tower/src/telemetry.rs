@@ -425,40 +425,49 @@ impl prometheus_client::collector::Collector for PoolCollector {
                 }],
             )?;
         }
-        let service = [("service", name)];
-        for (family, help, counter) in [
-            (
-                "lbkit_attempts",
-                "Attempts sent by the pool (retries and forks included).",
-                &m.attempts,
-            ),
-            (
-                "lbkit_pass_over",
-                "Candidates passed over because their service was not ready or missing.",
-                &m.pass_over,
-            ),
-        ] {
-            let f = enc.encode_descriptor(family, help, None, MetricType::Counter)?;
-            let mut f = f;
-            ConstCounter::new(counter.load(Relaxed)).encode(f.encode_family(&service)?)?;
-        }
-        let mut f = enc.encode_descriptor(
-            "lbkit_failback",
-            "Failback retries by result.",
-            None,
-            MetricType::Counter,
-        )?;
-        for (result, n) in FAILBACK.iter().zip(&m.failback) {
-            let labels = [("service", name), ("result", result)];
-            ConstCounter::new(n.load(Relaxed)).encode(f.encode_family(&labels)?)?;
-        }
-        let f = enc.encode_descriptor(
-            "lbkit_endpoints",
-            "Endpoints with a client service.",
-            None,
-            MetricType::Gauge,
-        )?;
-        let mut f = f;
-        gauge(f.encode_family(&service)?, p.services() as u64)
+        encode_pool(&mut enc, name, m, p.services())
     }
+}
+
+/// The pool's own families for service `name`: attempts, candidates passed over, failback
+/// retries by result, and the endpoints with a client service (`services`).
+fn encode_pool(
+    enc: &mut DescriptorEncoder<'_>,
+    name: &str,
+    m: &PoolMetrics,
+    services: usize,
+) -> fmt::Result {
+    let service = [("service", name)];
+    for (family, help, counter) in [
+        (
+            "lbkit_attempts",
+            "Attempts sent by the pool (retries and forks included).",
+            &m.attempts,
+        ),
+        (
+            "lbkit_pass_over",
+            "Candidates passed over because their service was not ready or missing.",
+            &m.pass_over,
+        ),
+    ] {
+        let mut f = enc.encode_descriptor(family, help, None, MetricType::Counter)?;
+        ConstCounter::new(counter.load(Relaxed)).encode(f.encode_family(&service)?)?;
+    }
+    let mut f = enc.encode_descriptor(
+        "lbkit_failback",
+        "Failback retries by result.",
+        None,
+        MetricType::Counter,
+    )?;
+    for (result, n) in FAILBACK.iter().zip(&m.failback) {
+        let labels = [("service", name), ("result", result)];
+        ConstCounter::new(n.load(Relaxed)).encode(f.encode_family(&labels)?)?;
+    }
+    let mut f = enc.encode_descriptor(
+        "lbkit_endpoints",
+        "Endpoints with a client service.",
+        None,
+        MetricType::Gauge,
+    )?;
+    gauge(f.encode_family(&service)?, services as u64)
 }

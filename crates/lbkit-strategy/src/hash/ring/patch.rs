@@ -266,7 +266,7 @@ impl RingPicker {
             } else {
                 let ring = self.remerge(group, c, removed, added, edits.endpoint, counts)?;
                 out.len = out.len + ring.points.len() - main;
-                if ring.points.len() <= 2 * CHUNK {
+                if one_chunk(ring.points.len()) {
                     chunks.push(ring.whole());
                 } else {
                     chunks.push(ring.cut());
@@ -375,7 +375,7 @@ fn recount(removed: &[Point], added: &[Point], counts: &mut [u32]) {
 /// [`CHUNK`] (none when there are none), else cut into chunks of `CHUNK`; `(first point,
 /// points on the ring, chunk)`.
 fn pieces(points: &[Point]) -> impl Iterator<Item = (u32, u32, Arc<[Point]>)> + '_ {
-    let size = if points.len() <= 2 * CHUNK {
+    let size = if one_chunk(points.len()) {
         points.len().max(1)
     } else {
         CHUNK
@@ -383,6 +383,12 @@ fn pieces(points: &[Point]) -> impl Iterator<Item = (u32, u32, Arc<[Point]>)> + 
     points
         .chunks(size)
         .map(|c| (c[0].0, c.len() as u32, Arc::from(c)))
+}
+
+/// Whether a chunk made again with `points` points on the ring stays one chunk (up to twice
+/// [`CHUNK`]), else it is cut into chunks of `CHUNK`.
+fn one_chunk(points: usize) -> bool {
+    points <= 2 * CHUNK
 }
 
 /// The points that go and come in a patch (each ascending), and the next ring's slots.
