@@ -28,8 +28,12 @@
 //!   65 537, 1.80 ms before the bitmap and the tail; BENCHMARKS.md, "What a change costs a
 //!   strategy"): endpoints take entries in turns, so
 //!   one endpoint more or less shifts whose turn fills which entry everywhere after its first one;
-//!   the paper bounds the entries that move, not where they are. It is built on the publisher's
-//!   thread; picks keep the last table until the new one is swapped in.
+//!   the paper bounds the entries that move, not where they are. What feeds the build is carried
+//!   over ([`Strategy::prepare_next`]): the last table keeps its endpoints' permutations,
+//!   weights and address order, so the endpoints that are the same objects are not read again
+//!   (a cache miss each, across a fleet), and only the k new and changed ones are hashed and
+//!   placed by binary search, O(n) dense copies plus O(k log n) reads. It is built on the
+//!   publisher's thread; picks keep the last table until the new one is swapped in.
 //! * **Behaviour under trouble**: blind to load unless `balance_factor` is set (bounds are
 //!   weighted). The table is built over every endpoint with weight > 0, healthy or not; an entry of
 //!   a down endpoint is resolved, at prepare, to the next entry of an eligible one, so keys of
@@ -60,7 +64,9 @@
 
 use std::sync::Arc;
 
-use lbkit_core::{EndpointIdx, PickContext, PickError, Picker, Snapshot, Strategy, Timestamp};
+use lbkit_core::{
+    diff, EndpointIdx, PickContext, PickError, Picker, Snapshot, Strategy, Timestamp,
+};
 use xxhash_rust::xxh64::xxh64;
 
 use super::bounded::{BalanceFactor, Bound};
@@ -152,26 +158,51 @@ impl Strategy for Maglev {
     }
 
     fn prepare(&self, snapshot: &Arc<Snapshot>, _now: Timestamp) -> MaglevPicker {
-        let size = self.table_size;
         let weighted = snapshot
             .endpoints()
             .iter()
             .enumerate()
-            .filter(|(_, e)| e.weight() > 0);
-        let raw = build_table(weighted.map(|(i, e)| (i, e.address(), e.weight())), size);
+            .filter(|(_, e)| e.weight() > 0)
+            .map(|(i, e)| (e.address(), i, e.weight()))
+            .collect();
+        self.picker(snapshot, seeds_of(weighted, self.table_size))
+    }
+
+    /// The table built again, from the last one's seeds: the endpoints that are the same
+    /// objects keep their permutations and weights without being read, only the new and
+    /// changed ones are hashed, and they join the address order by binary search.
+    fn prepare_next(
+        &self,
+        last_snapshot: &Arc<Snapshot>,
+        last: &MaglevPicker,
+        snapshot: &Arc<Snapshot>,
+        now: Timestamp,
+    ) -> MaglevPicker {
+        match last.carry(last_snapshot, snapshot, self.table_size) {
+            Some(seeds) => self.picker(snapshot, seeds),
+            None => self.prepare(snapshot, now),
+        }
+    }
+}
+
+impl Maglev {
+    /// The picker of `snapshot` whose endpoints of positive weight are `seeds`.
+    fn picker(&self, snapshot: &Arc<Snapshot>, seeds: Vec<Seed>) -> MaglevPicker {
+        let size = self.table_size;
+        let raw = build_table(&seeds, size);
         let mut eligible = vec![false; snapshot.len()];
         snapshot
             .eligible()
             .iter()
             .for_each(|i| eligible[i.get()] = true);
-        let table = resolve(&raw, &eligible).unwrap_or_else(|| {
+        let table = resolve(raw, &eligible).unwrap_or_else(|| {
             // No entry belongs to an eligible endpoint (more endpoints than entries): a table of
             // the eligible endpoints alone.
             let only = snapshot.eligible().iter().map(|&i| {
                 let e = snapshot.endpoint(i);
-                (i.get(), e.address(), e.weight())
+                (e.address(), i.get(), e.weight())
             });
-            build_table(only, size)
+            build_table(&seeds_of(only.collect(), size), size)
                 .into_iter()
                 .map(|p| EndpointIdx::new(p as usize))
                 .collect()
@@ -188,6 +219,9 @@ impl Strategy for Maglev {
                 .balance
                 .map(|f| Bound::new(f, snapshot, |e| u64::from(e.weight()))),
             empty: snapshot.empty_error(),
+            seeds: seeds.into_boxed_slice(),
+            size,
+            of: snapshot.len(),
         }
     }
 }
@@ -201,6 +235,12 @@ pub struct MaglevPicker {
     distinct: u32,
     bound: Option<Bound>,
     empty: PickError,
+    /// The endpoints of positive weight the table was built from, in address order.
+    seeds: Box<[Seed]>,
+    /// Entries the table was built with.
+    size: u32,
+    /// Endpoints in the snapshot it was prepared for.
+    of: usize,
 }
 
 // === impl MaglevPicker ===
@@ -219,6 +259,61 @@ impl MaglevPicker {
             None => fallback_hash(cx),
         }
     }
+}
+
+impl MaglevPicker {
+    /// The seeds of `next` from this table's, made for `last`: the endpoints that are the same
+    /// objects in both carried over (their positions in `next`), the new and changed ones of
+    /// positive weight hashed and put in their places. `None` when the sets cannot be matched
+    /// ([`diff::between`]) or this picker was not made for `last` with `size` entries.
+    fn carry(&self, last: &Snapshot, next: &Snapshot, size: u32) -> Option<Vec<Seed>> {
+        if self.size != size || self.of != last.len() {
+            return None;
+        }
+        let d = diff::between(last.endpoints(), next.endpoints(), None)?;
+        let now: Vec<Option<usize>> = d.pairs(last.len(), next.len()).collect();
+        let carried = self.seeds.iter().filter_map(|s| {
+            let at = now.get(s.position as usize).copied().flatten()?;
+            Some(Seed {
+                position: u32::try_from(at).ok()?,
+                ..*s
+            })
+        });
+        let fresh = d.changed.iter().filter_map(|&(i, _)| {
+            let e = next.endpoints().get(i)?;
+            (e.weight() > 0).then(|| (e.address(), i, e.weight()))
+        });
+        Some(merge(
+            carried.collect(),
+            seeds_of(fresh.collect(), size),
+            next,
+        ))
+    }
+}
+
+/// `carried` and `fresh` (each in address order, positions in `next`) in one address order.
+fn merge(carried: Vec<Seed>, fresh: Vec<Seed>, next: &Snapshot) -> Vec<Seed> {
+    if fresh.is_empty() {
+        return carried;
+    }
+    let key = |s: &Seed| {
+        (
+            next.endpoint(EndpointIdx::new(s.position as usize))
+                .address(),
+            s.position,
+        )
+    };
+    let mut out = Vec::with_capacity(carried.len() + fresh.len());
+    let mut rest = &carried[..];
+    for f in fresh {
+        let k = key(&f);
+        let before = rest.partition_point(|c| key(c) < k);
+        out.extend_from_slice(&rest[..before]);
+        out.push(f);
+        rest = &rest[before..];
+    }
+    out.extend_from_slice(rest);
+    out
 }
 
 impl Picker for MaglevPicker {
@@ -356,14 +451,51 @@ const FREE: u32 = u32::MAX;
 /// instead: a walk costs `M / free` probes a claim, the choice `free` multiplications.
 const TAIL: u32 = 128;
 
-/// Maglev's population (paper listing 1) with Envoy's weighted turns. `endpoints` are
-/// (position, address, weight > 0); returns the position owning each of `size` entries.
-/// `size` is at most [`MAX_TABLE_SIZE`] and positions are below `u32::MAX`.
-fn build_table<'a>(endpoints: impl Iterator<Item = (usize, &'a str, u32)>, size: u32) -> Vec<u32> {
-    let mut entries = build_entries(endpoints, size);
-    if entries.is_empty() {
+/// One endpoint of positive weight as a table is built from it, and as the next table carries
+/// it over: its position in the snapshot, its configured weight and its permutation.
+#[derive(Clone, Copy, Debug)]
+struct Seed {
+    position: u32,
+    weight: u32,
+    offset: u32,
+    skip: u32,
+}
+
+/// The seeds of `endpoints` (address, position, weight > 0), sorted by address (Envoy sorts
+/// them so that the table does not depend on the hosts' order), with their permutations.
+fn seeds_of(mut endpoints: Vec<(&str, usize, u32)>, size: u32) -> Vec<Seed> {
+    endpoints.sort_unstable();
+    let m = u64::from(size);
+    endpoints
+        .iter()
+        .map(|&(address, position, weight)| Seed {
+            position: u32::try_from(position).unwrap_or(FREE - 1),
+            weight,
+            offset: (xxh64(address.as_bytes(), 0) % m) as u32,
+            skip: (xxh64(address.as_bytes(), 1) % (m - 1) + 1) as u32,
+        })
+        .collect()
+}
+
+/// Maglev's population (paper listing 1) with Envoy's weighted turns over `seeds` (in address
+/// order); returns the position owning each of `size` entries. `size` is at most
+/// [`MAX_TABLE_SIZE`].
+fn build_table(seeds: &[Seed], size: u32) -> Vec<u32> {
+    if seeds.is_empty() {
         return Vec::new();
     }
+    let sum: f64 = seeds.iter().map(|s| f64::from(s.weight)).sum();
+    let mut entries: Vec<BuildEntry> = seeds
+        .iter()
+        .map(|s| BuildEntry {
+            position: s.position,
+            at: s.offset,
+            skip: s.skip,
+            inverse: 0,
+            weight: f64::from(s.weight) / sum,
+            target: 0.0,
+        })
+        .collect();
     let max_weight = entries.iter().map(|e| e.weight).fold(0.0, f64::max);
     let mut table = vec![FREE; size as usize];
     let mut taken = Taken::new(size);
@@ -396,35 +528,14 @@ fn build_table<'a>(endpoints: impl Iterator<Item = (usize, &'a str, u32)>, size:
     table
 }
 
-/// The build entries, sorted by address (Envoy sorts them so that the table does not depend on
-/// the hosts' order), with their normalized weights and first entries.
-fn build_entries<'a>(
-    endpoints: impl Iterator<Item = (usize, &'a str, u32)>,
-    size: u32,
-) -> Vec<BuildEntry> {
-    let mut sorted: Vec<(&str, usize, u32)> = endpoints.map(|(i, a, w)| (a, i, w)).collect();
-    sorted.sort_unstable();
-    let sum: f64 = sorted.iter().map(|&(_, _, w)| f64::from(w)).sum();
-    let m = u64::from(size);
-    sorted
-        .iter()
-        .map(|&(address, position, w)| BuildEntry {
-            position: u32::try_from(position).unwrap_or(FREE - 1),
-            at: (xxh64(address.as_bytes(), 0) % m) as u32,
-            skip: (xxh64(address.as_bytes(), 1) % (m - 1) + 1) as u32,
-            inverse: 0,
-            weight: f64::from(w) / sum,
-            target: 0.0,
-        })
-        .collect()
-}
-
 /// Replace each entry of an ineligible endpoint by the next entry (cyclically) of an eligible
 /// one. `None` when no entry is eligible.
-fn resolve(raw: &[u32], eligible: &[bool]) -> Option<Box<[EndpointIdx]>> {
+fn resolve(raw: Vec<u32>, eligible: &[bool]) -> Option<Box<[EndpointIdx]>> {
     let owner = |p: u32| EndpointIdx::new(p as usize);
     if eligible.iter().all(|&e| e) {
-        return (!raw.is_empty()).then(|| raw.iter().map(|&p| owner(p)).collect());
+        // Converted where it lies (an index is a `u32`): no second table allocated.
+        let table: Vec<EndpointIdx> = raw.into_iter().map(owner).collect();
+        return (!table.is_empty()).then(|| table.into_boxed_slice());
     }
     let anchor = raw.iter().position(|&p| eligible[p as usize])?;
     let mut table = vec![owner(raw[anchor]); raw.len()];
@@ -553,23 +664,79 @@ mod tests {
                 .enumerate()
                 .map(|(i, (a, &w))| (i, a.as_str(), w))
                 .collect();
-            let raw = build_table(endpoints.iter().copied(), size);
+            let by_address = endpoints.iter().map(|&(i, a, w)| (a, i, w)).collect();
+            let raw = build_table(&seeds_of(by_address, size), size);
             let want = reference_table(&endpoints, u64::from(size));
             let got: Vec<usize> = raw.iter().map(|&p| p as usize).collect();
             proptest::prop_assert_eq!(&got, &want);
             let eligible: Vec<bool> = (0..weights.len()).map(|i| !down[i]).collect();
-            let resolved = resolve(&raw, &eligible)
+            let resolved = resolve(raw, &eligible)
                 .map(|t| t.iter().map(|i| i.get()).collect::<Vec<_>>());
             proptest::prop_assert_eq!(resolved, reference_resolve(&want, &eligible));
+        }
+    }
+
+    /// A chain of sets, each table prepared from the last one's seeds, equals the table built
+    /// from scratch: endpoints coming and going (addresses in no order of their keys), weights
+    /// changing, draining to 0 and coming back, health flipping, at two table sizes.
+    #[test]
+    fn tables_prepared_from_the_last_equal_rebuilt_ones() {
+        use lbkit_core::{EndpointSpec, FastRng, SnapshotBuilder};
+        use std::borrow::Cow;
+        use std::collections::BTreeMap;
+        // Keys ascend with `p`; addresses do not (the last octet runs backwards).
+        let spec = |p: u32, (w, up): (u32, bool)| {
+            EndpointSpec::new(format!("10.{}.0.{}:20880", p % 7, 250 - p))
+                .with_weight(w)
+                .with_healthy(up)
+        };
+        let mut rng = FastRng::seed_from_u64(2016);
+        for size in [251, DEFAULT_TABLE_SIZE] {
+            let strategy = Maglev::try_with_table_size(size).unwrap();
+            let mut set: BTreeMap<u32, (u32, bool)> = (0..40).map(|p| (p * 5, (1, true))).collect();
+            let specs = |set: &BTreeMap<u32, (u32, bool)>| -> Vec<EndpointSpec> {
+                set.iter().map(|(&p, &v)| spec(p, v)).collect()
+            };
+            let mut b = SnapshotBuilder::new();
+            let mut last = b.reset_from(specs(&set).iter().map(Cow::Borrowed), Timestamp::ZERO);
+            let mut picker = strategy.prepare(&last, Timestamp::ZERO);
+            for round in 0..30 {
+                for _ in 0..1 + round % 4 {
+                    let p = rng.below(200) as u32;
+                    let now = match set.get(&p).copied() {
+                        Some((w, up)) if rng.below(3) == 0 => Some(((w + 1) % 4, up)),
+                        Some((w, up)) if rng.below(2) == 0 => Some((w, !up)),
+                        Some(_) => None,
+                        None => Some((1 + rng.below(3) as u32, true)),
+                    };
+                    match now {
+                        Some(v) => set.insert(p, v),
+                        None => set.remove(&p),
+                    };
+                }
+                let next = b.reset_from(specs(&set).iter().map(Cow::Borrowed), Timestamp::ZERO);
+                picker = strategy.prepare_next(&last, &picker, &next, Timestamp::ZERO);
+                let rebuilt = strategy.prepare(&next, Timestamp::ZERO);
+                assert_eq!(
+                    picker.table(),
+                    rebuilt.table(),
+                    "size {size}, round {round}"
+                );
+                assert_eq!(
+                    picker.distinct, rebuilt.distinct,
+                    "size {size}, round {round}"
+                );
+                last = next;
+            }
         }
     }
 
     #[test]
     fn down_entries_resolve_to_the_next_eligible_entry() {
         let raw = [0, 1, 1, 2, 0, 1];
-        let t = resolve(&raw, &[true, false, true]).unwrap();
+        let t = resolve(raw.to_vec(), &[true, false, true]).unwrap();
         let got: Vec<usize> = t.iter().map(|i| i.get()).collect();
         assert_eq!(got, [0, 2, 2, 2, 0, 0]);
-        assert!(resolve(&raw, &[false, false, false]).is_none());
+        assert!(resolve(raw.to_vec(), &[false, false, false]).is_none());
     }
 }
