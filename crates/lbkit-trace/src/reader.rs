@@ -182,73 +182,87 @@ impl SegmentReader<'_> {
             };
             let start = self.at;
             self.at += 1;
-            match kind {
-                KIND_STREAM => {
-                    let id = self.u32()?;
-                    let service = self.text()?;
-                    let strategy = self.text()?;
-                    let b = self.take(8)?;
-                    let mut rate = [0u8; 8];
-                    rate.copy_from_slice(b);
-                    let rate = f64::from_le_bytes(rate);
-                    match (service, strategy) {
-                        (Ok(a), Ok(b)) => {
-                            self.streams.insert(id, (a, b, rate));
-                        }
-                        (Err(e), _) | (_, Err(e)) => return self.fail(e),
-                    }
-                }
-                KIND_ENDPOINT => {
-                    let id = self.u32()?;
-                    match self.text()? {
-                        Ok(a) => {
-                            self.endpoints.insert(id, a);
-                        }
-                        Err(e) => return self.fail(e),
-                    }
-                }
-                KIND_ATTEMPT => {
-                    let b = self.take(ATTEMPT_LEN - 1)?;
-                    let mut fixed = [0u8; ATTEMPT_LEN - 1];
-                    fixed.copy_from_slice(b);
-                    let raw = RawAttempt::get(&fixed);
-                    let Some((service, strategy, sample_rate)) =
-                        self.streams.get(&raw.stream).cloned()
-                    else {
-                        return self.fail(format!(
-                            "byte {start}: attempt of stream {} before its definition",
-                            raw.stream
-                        ));
-                    };
-                    let Some(endpoint) = self.endpoints.get(&raw.endpoint).cloned() else {
-                        return self.fail(format!(
-                            "byte {start}: attempt to endpoint {} before its definition",
-                            raw.endpoint
-                        ));
-                    };
-                    let Some(outcome) = TraceOutcome::from_code(raw.outcome) else {
-                        return self.fail(format!("byte {start}: unknown outcome {}", raw.outcome));
-                    };
-                    return Ok(Some(Record {
-                        picked_at_ns: raw.picked_at_ns,
-                        latency_ns: raw.latency_ns,
-                        request: raw.request,
-                        service,
-                        strategy,
-                        endpoint,
-                        sample_rate,
-                        in_flight: raw.in_flight,
-                        attempt: raw.attempt,
-                        outcome,
-                        retry: raw.attempt > 0,
-                        hedge: raw.flags & FLAG_HEDGE != 0,
-                    }));
-                }
-                other => {
-                    return self.fail(format!("byte {start}: unknown record kind {other}"));
-                }
+            let read = match kind {
+                KIND_STREAM => self.define_stream()?.map(|()| None),
+                KIND_ENDPOINT => self.define_endpoint()?.map(|()| None),
+                KIND_ATTEMPT => self.attempt(start)?.map(Some),
+                other => Err(format!("byte {start}: unknown record kind {other}")),
+            };
+            match read {
+                Ok(None) => continue,
+                Ok(Some(record)) => return Ok(Some(record)),
+                Err(e) => return self.fail(e),
             }
         }
+    }
+
+    /// A stream's definition (its id, service, strategy and sample rate), past its kind byte;
+    /// `Err` inside for a malformed one.
+    fn define_stream(&mut self) -> Result<Result<(), String>, Cut> {
+        let id = self.u32()?;
+        let service = self.text()?;
+        let strategy = self.text()?;
+        let b = self.take(8)?;
+        let mut rate = [0u8; 8];
+        rate.copy_from_slice(b);
+        let rate = f64::from_le_bytes(rate);
+        Ok(match (service, strategy) {
+            (Ok(a), Ok(b)) => {
+                self.streams.insert(id, (a, b, rate));
+                Ok(())
+            }
+            (Err(e), _) | (_, Err(e)) => Err(e),
+        })
+    }
+
+    /// An endpoint's definition (its id and address), past its kind byte; `Err` inside for a
+    /// malformed one.
+    fn define_endpoint(&mut self) -> Result<Result<(), String>, Cut> {
+        let id = self.u32()?;
+        Ok(self.text()?.map(|a| {
+            self.endpoints.insert(id, a);
+        }))
+    }
+
+    /// An attempt starting at byte `start`, past its kind byte, with its stream's and
+    /// endpoint's definitions; `Err` inside for a malformed one or one defined nowhere before.
+    fn attempt(&mut self, start: usize) -> Result<Result<Record, String>, Cut> {
+        let b = self.take(ATTEMPT_LEN - 1)?;
+        let mut fixed = [0u8; ATTEMPT_LEN - 1];
+        fixed.copy_from_slice(b);
+        let raw = RawAttempt::get(&fixed);
+        let Some((service, strategy, sample_rate)) = self.streams.get(&raw.stream).cloned() else {
+            let stream = raw.stream;
+            return Ok(Err(format!(
+                "byte {start}: attempt of stream {stream} before its definition"
+            )));
+        };
+        let Some(endpoint) = self.endpoints.get(&raw.endpoint).cloned() else {
+            let endpoint = raw.endpoint;
+            return Ok(Err(format!(
+                "byte {start}: attempt to endpoint {endpoint} before its definition"
+            )));
+        };
+        let Some(outcome) = TraceOutcome::from_code(raw.outcome) else {
+            return Ok(Err(format!(
+                "byte {start}: unknown outcome {}",
+                raw.outcome
+            )));
+        };
+        Ok(Ok(Record {
+            picked_at_ns: raw.picked_at_ns,
+            latency_ns: raw.latency_ns,
+            request: raw.request,
+            service,
+            strategy,
+            endpoint,
+            sample_rate,
+            in_flight: raw.in_flight,
+            attempt: raw.attempt,
+            outcome,
+            retry: raw.attempt > 0,
+            hedge: raw.flags & FLAG_HEDGE != 0,
+        }))
     }
 
     /// Stop at a malformed record: reported as an error by `read_into`.

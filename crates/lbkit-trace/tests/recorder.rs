@@ -264,6 +264,54 @@ fn a_cut_file_keeps_its_whole_records_and_bad_files_are_named() {
     std::fs::write(&path, &bad_kind).unwrap();
     let e = read(&path).unwrap_err().to_string();
     assert!(e.contains("byte 16: unknown record kind 9"), "{e}");
+    // Records that name what was never defined, or an unknown outcome, or a name that is not
+    // UTF-8: stream 7 (service "s", strategy "r"), then attempts to stream 7 / endpoint 3.
+    let text = |t: &[u8]| [&(t.len() as u16).to_le_bytes()[..], t].concat();
+    let stream = |name: &[u8]| {
+        [
+            &[1u8][..],
+            &7u32.to_le_bytes(),
+            &text(name),
+            &text(b"r"),
+            &1f64.to_le_bytes(),
+        ]
+        .concat()
+    };
+    let attempt = |stream: u32, endpoint: u32, outcome: u8| {
+        let mut a = vec![3u8; 1];
+        a.extend_from_slice(&[0; 24]);
+        a.extend_from_slice(&stream.to_le_bytes());
+        a.extend_from_slice(&endpoint.to_le_bytes());
+        a.extend_from_slice(&[0; 6]);
+        a.extend_from_slice(&[outcome, 0]);
+        a
+    };
+    let endpoint = [&[2u8][..], &3u32.to_le_bytes(), &text(b"a:1")].concat();
+    let defined = [&bytes[..16], &stream(b"s")[..]].concat();
+    for (records, want) in [
+        (
+            attempt(7, 3, 0),
+            "byte 16: attempt of stream 7 before its definition",
+        ),
+        (
+            attempt(7, 3, 0),
+            "attempt to endpoint 3 before its definition",
+        ),
+        (
+            [&endpoint[..], &attempt(7, 3, 200)].concat(),
+            "unknown outcome 200",
+        ),
+        (stream(b"\xff"), "byte 23: a name is not UTF-8"),
+    ] {
+        let head = if want.starts_with("byte 16") || want.contains("UTF-8") {
+            &bytes[..16]
+        } else {
+            &defined[..]
+        };
+        std::fs::write(&path, [head, &records[..]].concat()).unwrap();
+        let e = read(&path).unwrap_err().to_string();
+        assert!(e.contains(want), "{want}: {e}");
+    }
     let e = read(&d.path().join("missing")).unwrap_err();
     assert!(matches!(e, TraceError::Io { .. }));
 
