@@ -222,23 +222,7 @@ async fn propagation(addr: String) {
         .unwrap();
     bulk_create(&client, &dir, 0..PROVIDERS).await;
 
-    let clock = Clock::System;
-    let balancer = Arc::new(Balancer::new(
-        First,
-        Arc::new(Snapshot::new(0, vec![])),
-        clock.now(),
-    ));
-    let (updates, _status) = ZkSource::new(zk.clone(), path.clone()).spawn();
-    let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, usize)>();
-    let mut publish = publisher(balancer.clone(), clock);
-    tokio::spawn(Controller::new(ControllerConfig::default()).run(
-        updates,
-        move |s: Arc<Snapshot>| {
-            let n = s.len();
-            publish(s);
-            let _ = tx.send((Instant::now(), n));
-        },
-    ));
+    let mut rx = follow(&zk, &path);
     wait_for(&mut rx, PROVIDERS).await.unwrap();
     let live_1k = live();
     bulk_create(&client, &dir, PROVIDERS..2 * PROVIDERS).await;
@@ -252,20 +236,7 @@ async fn propagation(addr: String) {
     }
     wait_for(&mut rx, PROVIDERS).await.unwrap();
 
-    let ephemeral = CreateMode::Ephemeral.with_acls(Acls::anyone_all());
-    let mut add = Vec::new();
-    let mut remove = Vec::new();
-    for i in 0..SAMPLES {
-        let node = format!("{dir}/{}", node_name(50_000 + i, 100));
-        let t0 = Instant::now();
-        client.create(&node, &[], &ephemeral).await.unwrap();
-        add.push(wait_for(&mut rx, PROVIDERS + 1).await.unwrap() - t0);
-        let t0 = Instant::now();
-        client.delete(&node, None).await.unwrap();
-        remove.push(wait_for(&mut rx, PROVIDERS).await.unwrap() - t0);
-    }
-    add.sort();
-    remove.sort();
+    let (add, remove) = samples(&client, &dir, &mut rx, PROVIDERS, SAMPLES).await;
     println!("propagation with {PROVIDERS} providers registered ({SAMPLES} samples, median / p99 / max):");
     for (what, d) in [
         ("registration -> new snapshot published", &add),
@@ -285,6 +256,55 @@ async fn propagation(addr: String) {
             .await;
     }
     let _ = client.delete(&dir, None).await;
+}
+
+/// A balancer following `path` through a `ZkSource` and a `Controller`; each publish sends
+/// when it happened and the snapshot's size.
+fn follow(zk: &ZkConfig, path: &ServicePath) -> mpsc::UnboundedReceiver<(Instant, usize)> {
+    let clock = Clock::System;
+    let balancer = Arc::new(Balancer::new(
+        First,
+        Arc::new(Snapshot::new(0, vec![])),
+        clock.now(),
+    ));
+    let (updates, _status) = ZkSource::new(zk.clone(), path.clone()).spawn();
+    let (tx, rx) = mpsc::unbounded_channel::<(Instant, usize)>();
+    let mut publish = publisher(balancer, clock);
+    tokio::spawn(Controller::new(ControllerConfig::default()).run(
+        updates,
+        move |s: Arc<Snapshot>| {
+            let n = s.len();
+            publish(s);
+            let _ = tx.send((Instant::now(), n));
+        },
+    ));
+    rx
+}
+
+/// `n` registrations and deregistrations of one provider beside `providers` in `dir`, each
+/// timed to the snapshot that shows it published; both sorted.
+async fn samples(
+    client: &Client,
+    dir: &str,
+    rx: &mut mpsc::UnboundedReceiver<(Instant, usize)>,
+    providers: usize,
+    n: usize,
+) -> (Vec<Duration>, Vec<Duration>) {
+    let ephemeral = CreateMode::Ephemeral.with_acls(Acls::anyone_all());
+    let mut add = Vec::new();
+    let mut remove = Vec::new();
+    for i in 0..n {
+        let node = format!("{dir}/{}", node_name(50_000 + i, 100));
+        let t0 = Instant::now();
+        client.create(&node, &[], &ephemeral).await.unwrap();
+        add.push(wait_for(rx, providers + 1).await.unwrap() - t0);
+        let t0 = Instant::now();
+        client.delete(&node, None).await.unwrap();
+        remove.push(wait_for(rx, providers).await.unwrap() - t0);
+    }
+    add.sort();
+    remove.sort();
+    (add, remove)
 }
 
 fn main() {

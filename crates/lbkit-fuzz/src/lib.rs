@@ -253,13 +253,12 @@ fn check_rules(rules: &lbkit_discovery::governance::Overrides, provider: &Provid
 /// `dubbo.tag`), then picks for every tag it names, an unknown one, forced or not, and none; and
 /// each input line as a tag address, matched against the providers.
 pub fn tag_rule(data: &[u8]) {
-    use lbkit::{Balancer, FastRng, PickContext, PickError, RequestTag, Routed, Snapshot};
+    use lbkit::{Balancer, Snapshot};
     use lbkit_discovery::governance::tag::{parse_tag_rule, AddressPattern};
     let Some(text) = text(data) else { return };
-    let hosts = ["10.0.0.1", "10.0.0.2", "192.168.1.63", "::1", "provider-1"];
     for line in text.lines() {
         if let Ok(p) = AddressPattern::parse(line) {
-            for h in hosts {
+            for h in TAG_HOSTS {
                 let _ = p.matches(h, 20880);
             }
         }
@@ -267,23 +266,7 @@ pub fn tag_rule(data: &[u8]) {
     let Ok(parsed) = parse_tag_rule(text) else {
         return;
     };
-    let mut specs: Vec<lbkit::EndpointSpec> = hosts
-        .iter()
-        .enumerate()
-        .map(|(i, h)| {
-            let addr = if h.contains(':') {
-                format!("[{h}]:20880")
-            } else {
-                format!("{h}:20880")
-            };
-            let spec = lbkit::EndpointSpec::new(addr);
-            match i % 3 {
-                0 => spec.with_meta("dubbo.tag", "blue"),
-                1 => spec.with_meta("dubbo.tag", "gray"),
-                _ => spec,
-            }
-        })
-        .collect();
+    let mut specs = tagged_providers();
     let mut names = vec!["blue".to_owned(), "gray".to_owned(), "unknown".to_owned()];
     if let Some(rule) = &parsed.rule {
         for s in &mut specs {
@@ -299,6 +282,38 @@ pub fn tag_rule(data: &[u8]) {
         std::sync::Arc::new(Snapshot::from_specs(specs, now)),
         now,
     );
+    check_tag_picks(&balancer, &names);
+}
+
+/// The providers [`tag_rule`] applies rules to, by host.
+const TAG_HOSTS: [&str; 5] = ["10.0.0.1", "10.0.0.2", "192.168.1.63", "::1", "provider-1"];
+
+/// [`TAG_HOSTS`] on port 20880, every third tagged `blue`, every third `gray`, the rest not.
+fn tagged_providers() -> Vec<lbkit::EndpointSpec> {
+    TAG_HOSTS
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            let addr = if h.contains(':') {
+                format!("[{h}]:20880")
+            } else {
+                format!("{h}:20880")
+            };
+            let spec = lbkit::EndpointSpec::new(addr);
+            match i % 3 {
+                0 => spec.with_meta("dubbo.tag", "blue"),
+                1 => spec.with_meta("dubbo.tag", "gray"),
+                _ => spec,
+            }
+        })
+        .collect()
+}
+
+/// Picks for each tag of `names`, forced or not, and for none, each inside the set the routing
+/// table gives that tag (a fall back never to a tagged provider), or failing as the table says.
+fn check_tag_picks<S: lbkit::Strategy>(balancer: &lbkit::Balancer<S>, names: &[String]) {
+    use lbkit::{FastRng, PickContext, PickError, RequestTag, Routed};
+    let now = Timestamp::ZERO;
     let prepared = balancer.current();
     let mut rng = FastRng::seed_from_u64(1);
     let tags = names

@@ -79,27 +79,7 @@ pub fn write_tuning(
     dir: &Path,
 ) -> Result<Written, SimError> {
     let mut plots = plot::write_plots(&tuning.comparison, dir)?;
-    let ranked = dir.join("tune-ranked.svg");
-    plot::ranked_bars(
-        &ranked,
-        &format!(
-            "{}: {} of each candidate (mean over its seeds), best first{}",
-            tuning.scenario,
-            tuning.objective.name(),
-            if tuning.ranking.len() > MAX_TUNE_BARS {
-                format!(" — best {MAX_TUNE_BARS} of {}", tuning.ranking.len())
-            } else {
-                String::new()
-            }
-        ),
-        if tuning.objective == Objective::Errors {
-            "% failed"
-        } else {
-            "ms"
-        },
-        &tune_bars(tuning),
-    )?;
-    plots.insert(0, ranked);
+    plots.insert(0, write_ranked(tuning, dir)?);
     let mut page = Page::new(
         &format!("lbkit tune: {}", tuning.scenario),
         &format!(
@@ -133,6 +113,31 @@ pub fn write_tuning(
     let path = dir.join("index.html");
     page.write(&path)?;
     Ok(Written { plots, page: path })
+}
+
+/// The chart of a search's candidates ranked, `tune-ranked.svg` in `dir`; returns its path.
+fn write_ranked(tuning: &Tuning, dir: &Path) -> Result<PathBuf, SimError> {
+    let ranked = dir.join("tune-ranked.svg");
+    plot::ranked_bars(
+        &ranked,
+        &format!(
+            "{}: {} of each candidate (mean over its seeds), best first{}",
+            tuning.scenario,
+            tuning.objective.name(),
+            if tuning.ranking.len() > MAX_TUNE_BARS {
+                format!(" — best {MAX_TUNE_BARS} of {}", tuning.ranking.len())
+            } else {
+                String::new()
+            }
+        ),
+        if tuning.objective == Objective::Errors {
+            "% failed"
+        } else {
+            "ms"
+        },
+        &tune_bars(tuning),
+    )?;
+    Ok(ranked)
 }
 
 fn tune_bars(tuning: &Tuning) -> Vec<plot::Bar> {

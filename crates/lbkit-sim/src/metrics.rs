@@ -246,25 +246,8 @@ impl Collector {
             error_rate: self.errors as f64 / n,
             timeout_rate: self.timeouts as f64 / n,
             attempts_per_request: total_attempts as f64 / n,
-            servers: names
-                .iter()
-                .enumerate()
-                .map(|(i, name)| ServerResult {
-                    name: name.clone(),
-                    share: if total_attempts == 0 {
-                        0.0
-                    } else {
-                        self.attempts[i] as f64 / total_attempts as f64
-                    },
-                    max_queue: self.max_queue[i],
-                })
-                .collect(),
-            little: Little {
-                l: self.area / (self.last_change.saturating_sub(start)).max(1) as f64,
-                lambda_w: (self.finished as f64
-                    / ((self.last_change.saturating_sub(start)).max(1) as f64))
-                    * (self.sojourn_ns / n),
-            },
+            servers: self.server_results(names, total_attempts),
+            little: self.little(start, n),
             peak_live_requests,
             connections_max: connections.iter().copied().max().unwrap_or(0),
             connections_mean: connections.iter().map(|&c| f64::from(c)).sum::<f64>() / servers,
@@ -274,6 +257,34 @@ impl Collector {
                 0.0
             },
             series: self.series,
+        }
+    }
+}
+
+impl Collector {
+    /// Each server's share of the `total` attempts and its longest queue, named by `names`.
+    fn server_results(&self, names: &[String], total: u64) -> Vec<ServerResult> {
+        names
+            .iter()
+            .enumerate()
+            .map(|(i, name)| ServerResult {
+                name: name.clone(),
+                share: if total == 0 {
+                    0.0
+                } else {
+                    self.attempts[i] as f64 / total as f64
+                },
+                max_queue: self.max_queue[i],
+            })
+            .collect()
+    }
+
+    /// Little's law's two sides from `start` on, over `n` finished requests (at least 1).
+    fn little(&self, start: u64, n: f64) -> Little {
+        let span = (self.last_change.saturating_sub(start)).max(1) as f64;
+        Little {
+            l: self.area / span,
+            lambda_w: (self.finished as f64 / span) * (self.sojourn_ns / n),
         }
     }
 }

@@ -112,12 +112,11 @@ async fn serve(server: Server, stop: oneshot::Receiver<()>) -> std::io::Result<S
     Ok(addr)
 }
 
-/// Start three servers, send `calls` calls through the balance, and report.
-///
-/// # Errors
-/// When a server cannot bind a loopback port.
-pub async fn run(calls: u32) -> Result<Report, BoxError> {
-    let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel();
+/// Start the fast, the slow and the failing server, each telling `seen` the calls it gets:
+/// their endpoints, and the senders that stop them when dropped.
+async fn start_servers(
+    seen: tokio::sync::mpsc::UnboundedSender<&'static str>,
+) -> Result<(Vec<EndpointSpec>, Vec<oneshot::Sender<()>>), BoxError> {
     let behaviours = [
         ("fast", Behaviour::Fast),
         ("slow", Behaviour::Slow(Duration::from_millis(40))),
@@ -130,12 +129,21 @@ pub async fn run(calls: u32) -> Result<Report, BoxError> {
         let server = Server {
             name,
             behaviour,
-            calls: seen_tx.clone(),
+            calls: seen.clone(),
         };
         specs.push(EndpointSpec::new(serve(server, stopped).await?.to_string()));
         stops.push(stop);
     }
-    drop(seen_tx);
+    Ok((specs, stops))
+}
+
+/// Start three servers, send `calls` calls through the balance, and report.
+///
+/// # Errors
+/// When a server cannot bind a loopback port.
+pub async fn run(calls: u32) -> Result<Report, BoxError> {
+    let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel();
+    let (specs, stops) = start_servers(seen_tx).await?;
 
     // One lazily connected Channel per endpoint; the balance hands it buffered bodies.
     let make = TryMake(|ep: &Endpoint| {
