@@ -238,9 +238,21 @@ async fn propagation(addr: String) {
 
     let (add, remove) = samples(&client, &dir, &mut rx, PROVIDERS, SAMPLES).await;
     println!("propagation with {PROVIDERS} providers registered ({SAMPLES} samples, median / p99 / max):");
+    print_latencies(&add, &remove);
+    println!("memory, whole consumer (ZkSource + Controller + snapshot), marginal: {per_provider} B per provider");
+    for i in 0..PROVIDERS {
+        let _ = client
+            .delete(&format!("{dir}/{}", node_name(i, 100)), None)
+            .await;
+    }
+    let _ = client.delete(&dir, None).await;
+}
+
+/// Registrations' and deregistrations' latencies (each sorted): median, p99 and max.
+fn print_latencies(add: &[Duration], remove: &[Duration]) {
     for (what, d) in [
-        ("registration -> new snapshot published", &add),
-        ("deregistration -> new snapshot published", &remove),
+        ("registration -> new snapshot published", add),
+        ("deregistration -> new snapshot published", remove),
     ] {
         println!(
             "  {what}: {} / {} / {}",
@@ -249,13 +261,6 @@ async fn propagation(addr: String) {
             ms(d[d.len() - 1])
         );
     }
-    println!("memory, whole consumer (ZkSource + Controller + snapshot), marginal: {per_provider} B per provider");
-    for i in 0..PROVIDERS {
-        let _ = client
-            .delete(&format!("{dir}/{}", node_name(i, 100)), None)
-            .await;
-    }
-    let _ = client.delete(&dir, None).await;
 }
 
 /// A balancer following `path` through a `ZkSource` and a `Controller`; each publish sends

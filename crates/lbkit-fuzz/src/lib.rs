@@ -312,7 +312,7 @@ fn tagged_providers() -> Vec<lbkit::EndpointSpec> {
 /// Picks for each tag of `names`, forced or not, and for none, each inside the set the routing
 /// table gives that tag (a fall back never to a tagged provider), or failing as the table says.
 fn check_tag_picks<S: lbkit::Strategy>(balancer: &lbkit::Balancer<S>, names: &[String]) {
-    use lbkit::{FastRng, PickContext, PickError, RequestTag, Routed};
+    use lbkit::{FastRng, PickContext, RequestTag};
     let now = Timestamp::ZERO;
     let prepared = balancer.current();
     let mut rng = FastRng::seed_from_u64(1);
@@ -331,34 +331,46 @@ fn check_tag_picks<S: lbkit::Strategy>(balancer: &lbkit::Balancer<S>, names: &[S
         for _ in 0..4 {
             let mut cx = PickContext::new(now, &mut rng);
             cx.tag = tag;
-            match (balancer.pick(&mut cx), &routed) {
-                (Ok(g), Ok((how, set))) => {
-                    let idx = balancer
-                        .snapshot()
-                        .find(g.endpoint().key())
-                        .expect("in the snapshot");
-                    assert!(set.contains(idx), "{tag:?} picked outside its set");
-                    let own = g.endpoint().metadata().get("dubbo.tag").cloned();
-                    match how {
-                        Routed::Untagged | Routed::Fallback => assert!(
-                            *how == Routed::Untagged || own.is_none(),
-                            "{tag:?}: a fall back to a tagged provider"
-                        ),
-                        Routed::Tagged | Routed::All => {}
-                    }
-                    g.finish(lbkit::Outcome::Success);
-                }
-                (Err(e), Err(want)) => assert_eq!(e, *want),
-                (Err(PickError::NoTagMatch | PickError::AllTagged), _) => {
-                    panic!("{tag:?}: the pick failed but the table routes it")
-                }
-                (got, want) => panic!(
-                    "{tag:?}: pick {:?}, table {:?}",
-                    got.map(|g| g.endpoint().address().to_owned()),
-                    want.as_ref().map(|r| r.0)
-                ),
-            }
+            check_tag_pick(balancer, tag, balancer.pick(&mut cx), &routed);
         }
+    }
+}
+
+/// One pick for `tag` against what the routing table gives it: inside the table's set (a fall
+/// back never to a tagged provider), or the table's error.
+fn check_tag_pick<S: lbkit::Strategy>(
+    balancer: &lbkit::Balancer<S>,
+    tag: Option<lbkit::RequestTag<'_>>,
+    picked: Result<lbkit::CallGuard, lbkit::PickError>,
+    routed: &Result<(lbkit::Routed, lbkit::RoutedSet<'_>), lbkit::PickError>,
+) {
+    use lbkit::{PickError, Routed};
+    match (picked, routed) {
+        (Ok(g), Ok((how, set))) => {
+            let idx = balancer
+                .snapshot()
+                .find(g.endpoint().key())
+                .expect("in the snapshot");
+            assert!(set.contains(idx), "{tag:?} picked outside its set");
+            let own = g.endpoint().metadata().get("dubbo.tag").cloned();
+            match how {
+                Routed::Untagged | Routed::Fallback => assert!(
+                    *how == Routed::Untagged || own.is_none(),
+                    "{tag:?}: a fall back to a tagged provider"
+                ),
+                Routed::Tagged | Routed::All => {}
+            }
+            g.finish(lbkit::Outcome::Success);
+        }
+        (Err(e), Err(want)) => assert_eq!(e, *want),
+        (Err(PickError::NoTagMatch | PickError::AllTagged), _) => {
+            panic!("{tag:?}: the pick failed but the table routes it")
+        }
+        (got, want) => panic!(
+            "{tag:?}: pick {:?}, table {:?}",
+            got.map(|g| g.endpoint().address().to_owned()),
+            want.as_ref().map(|r| r.0)
+        ),
     }
 }
 

@@ -82,13 +82,7 @@ pub fn write_tuning(
     plots.insert(0, write_ranked(tuning, dir)?);
     let mut page = Page::new(
         &format!("lbkit tune: {}", tuning.scenario),
-        &format!(
-            "objective {} — {} candidates, {} requests per run, {} runs",
-            tuning.objective.name(),
-            tuning.ranking.len() - 1,
-            tuning.requests,
-            tuning.runs
-        ),
+        &tune_subtitle(tuning),
     );
     page.verdict(&tuning.verdict());
     let snippet = tuning.snippet(service);
@@ -113,6 +107,17 @@ pub fn write_tuning(
     let path = dir.join("index.html");
     page.write(&path)?;
     Ok(Written { plots, page: path })
+}
+
+/// Under the title of `lbkit tune`'s page: the objective and the search's size.
+fn tune_subtitle(tuning: &Tuning) -> String {
+    format!(
+        "objective {} — {} candidates, {} requests per run, {} runs",
+        tuning.objective.name(),
+        tuning.ranking.len() - 1,
+        tuning.requests,
+        tuning.runs
+    )
 }
 
 /// The chart of a search's candidates ranked, `tune-ranked.svg` in `dir`; returns its path.

@@ -227,8 +227,6 @@ impl Collector {
         self.series.cdf = cdf_points(&self.latency);
         let connections = self.connections();
         let servers = self.servers.max(1) as f64;
-        let mean_load = total_attempts as f64 / servers;
-        let max_load = self.attempts.iter().copied().max().unwrap_or(0) as f64;
         StrategyResult {
             strategy,
             requests: self.finished,
@@ -251,11 +249,7 @@ impl Collector {
             peak_live_requests,
             connections_max: connections.iter().copied().max().unwrap_or(0),
             connections_mean: connections.iter().map(|&c| f64::from(c)).sum::<f64>() / servers,
-            load_spread: if mean_load > 0.0 {
-                max_load / mean_load
-            } else {
-                0.0
-            },
+            load_spread: self.load_spread(total_attempts, servers),
             series: self.series,
         }
     }
@@ -277,6 +271,17 @@ impl Collector {
                 max_queue: self.max_queue[i],
             })
             .collect()
+    }
+
+    /// The busiest server's attempts over the mean of `servers` (0 with no attempt).
+    fn load_spread(&self, total: u64, servers: f64) -> f64 {
+        let mean_load = total as f64 / servers;
+        let max_load = self.attempts.iter().copied().max().unwrap_or(0) as f64;
+        if mean_load > 0.0 {
+            max_load / mean_load
+        } else {
+            0.0
+        }
     }
 
     /// Little's law's two sides from `start` on, over `n` finished requests (at least 1).

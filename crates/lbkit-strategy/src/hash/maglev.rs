@@ -363,6 +363,23 @@ struct BuildEntry {
 // === impl BuildEntry ===
 
 impl BuildEntry {
+    /// The entries of `seeds`, weights normalized by their sum (in `f64`, in address order, as
+    /// Envoy sums them).
+    fn all(seeds: &[Seed]) -> Vec<BuildEntry> {
+        let sum: f64 = seeds.iter().map(|s| f64::from(s.weight)).sum();
+        seeds
+            .iter()
+            .map(|s| BuildEntry {
+                position: s.position,
+                at: s.offset,
+                skip: s.skip,
+                inverse: 0,
+                weight: f64::from(s.weight) / sum,
+                target: 0.0,
+            })
+            .collect()
+    }
+
     /// Claim the first entry of the permutation from `at` on that `taken` does not hold, and
     /// step past it; returns the entry.
     #[inline]
@@ -484,18 +501,7 @@ fn build_table(seeds: &[Seed], size: u32) -> Vec<u32> {
     if seeds.is_empty() {
         return Vec::new();
     }
-    let sum: f64 = seeds.iter().map(|s| f64::from(s.weight)).sum();
-    let mut entries: Vec<BuildEntry> = seeds
-        .iter()
-        .map(|s| BuildEntry {
-            position: s.position,
-            at: s.offset,
-            skip: s.skip,
-            inverse: 0,
-            weight: f64::from(s.weight) / sum,
-            target: 0.0,
-        })
-        .collect();
+    let mut entries = BuildEntry::all(seeds);
     let max_weight = entries.iter().map(|e| e.weight).fold(0.0, f64::max);
     let mut table = vec![FREE; size as usize];
     let mut taken = Taken::new(size);
