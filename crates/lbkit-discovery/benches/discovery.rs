@@ -21,7 +21,7 @@ use lbkit_core::{
     SnapshotBuilder, Strategy, Timestamp, Update,
 };
 use lbkit_discovery::dubbo::ProviderUrl;
-use lbkit_discovery::zookeeper::{Layout, Provider, ServicePath, ZkConfig, ZkSource};
+use lbkit_discovery::zookeeper::{Layout, Provider, ServicePath, ZkConfig, ZkSource, ZkStatus};
 use lbkit_discovery::{publisher, Controller, ControllerConfig};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -222,7 +222,7 @@ async fn propagation(addr: String) {
         .unwrap();
     bulk_create(&client, &dir, 0..PROVIDERS).await;
 
-    let mut rx = follow(&zk, &path);
+    let (mut rx, _status) = follow(&zk, &path);
     wait_for(&mut rx, PROVIDERS).await.unwrap();
     let live_1k = live();
     bulk_create(&client, &dir, PROVIDERS..2 * PROVIDERS).await;
@@ -264,15 +264,21 @@ fn print_latencies(add: &[Duration], remove: &[Duration]) {
 }
 
 /// A balancer following `path` through a `ZkSource` and a `Controller`; each publish sends
-/// when it happened and the snapshot's size.
-fn follow(zk: &ZkConfig, path: &ServicePath) -> mpsc::UnboundedReceiver<(Instant, usize)> {
+/// when it happened and the snapshot's size. The source's status is the caller's to keep.
+fn follow(
+    zk: &ZkConfig,
+    path: &ServicePath,
+) -> (
+    mpsc::UnboundedReceiver<(Instant, usize)>,
+    lbkit_discovery::source::Status<ZkStatus>,
+) {
     let clock = Clock::System;
     let balancer = Arc::new(Balancer::new(
         First,
         Arc::new(Snapshot::new(0, vec![])),
         clock.now(),
     ));
-    let (updates, _status) = ZkSource::new(zk.clone(), path.clone()).spawn();
+    let (updates, status) = ZkSource::new(zk.clone(), path.clone()).spawn();
     let (tx, rx) = mpsc::unbounded_channel::<(Instant, usize)>();
     let mut publish = publisher(balancer, clock);
     tokio::spawn(Controller::new(ControllerConfig::default()).run(
@@ -283,7 +289,7 @@ fn follow(zk: &ZkConfig, path: &ServicePath) -> mpsc::UnboundedReceiver<(Instant
             let _ = tx.send((Instant::now(), n));
         },
     ));
-    rx
+    (rx, status)
 }
 
 /// `n` registrations and deregistrations of one provider beside `providers` in `dir`, each

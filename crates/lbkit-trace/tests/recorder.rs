@@ -287,31 +287,36 @@ fn a_cut_file_keeps_its_whole_records_and_bad_files_are_named() {
         a
     };
     let endpoint = [&[2u8][..], &3u32.to_le_bytes(), &text(b"a:1")].concat();
-    let defined = [&bytes[..16], &stream(b"s")[..]].concat();
-    for (records, want) in [
+    let header = &bytes[..16];
+    let defined = [header, &stream(b"s")[..]].concat();
+    let cases: [(&[u8], Vec<u8>, &str); 4] = [
         (
+            header,
             attempt(7, 3, 0),
             "byte 16: attempt of stream 7 before its definition",
         ),
         (
+            &defined,
             attempt(7, 3, 0),
             "attempt to endpoint 3 before its definition",
         ),
         (
+            &defined,
             [&endpoint[..], &attempt(7, 3, 200)].concat(),
             "unknown outcome 200",
         ),
-        (stream(b"\xff"), "byte 23: a name is not UTF-8"),
-    ] {
-        let head = if want.starts_with("byte 16") || want.contains("UTF-8") {
-            &bytes[..16]
-        } else {
-            &defined[..]
-        };
+        (header, stream(b"\xff"), "byte 23: a name is not UTF-8"),
+    ];
+    for (head, records, want) in cases {
         std::fs::write(&path, [head, &records[..]].concat()).unwrap();
         let e = read(&path).unwrap_err().to_string();
         assert!(e.contains(want), "{want}: {e}");
     }
+    // A file cut inside a record is read up to the cut, even where the record's name is bad.
+    let bad = stream(b"\xff");
+    std::fs::write(&path, [header, &bad[..bad.len() - 3]].concat()).unwrap();
+    let t = read(&path).unwrap();
+    assert_eq!((t.records.len(), t.truncated), (0, true));
     let e = read(&d.path().join("missing")).unwrap_err();
     assert!(matches!(e, TraceError::Io { .. }));
 

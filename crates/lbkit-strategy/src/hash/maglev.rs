@@ -396,15 +396,16 @@ impl BuildEntry {
     /// [`claim`](Self::claim) when only the entries in `free` are left: the one the permutation
     /// reaches first is the one fewest steps from `at`, `(entry − at) · skip⁻¹ mod M`.
     fn claim_last(&mut self, free: &mut Vec<u32>, size: u32) -> u32 {
-        debug_assert!(!free.is_empty(), "a claim with the table full");
         if self.inverse == 0 {
             self.inverse = inverse_mod(self.skip, size);
         }
         let (m, inverse) = (u64::from(size), u64::from(self.inverse));
         let steps = |&entry: &u32| u64::from(wrap(entry + size - self.at, size)) * inverse % m;
-        let Some((i, _)) = free.iter().enumerate().min_by_key(|(_, e)| steps(e)) else {
-            return self.at;
-        };
+        let (i, _) = free
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, e)| steps(e))
+            .expect("a claim with the table full");
         let entry = free.swap_remove(i);
         self.at = wrap(entry + self.skip, size);
         entry
@@ -690,9 +691,12 @@ mod tests {
         use lbkit_core::{EndpointSpec, FastRng, SnapshotBuilder};
         use std::borrow::Cow;
         use std::collections::BTreeMap;
-        // Keys ascend with `p`; addresses do not (the last octet runs backwards).
+        // Keys ascend with `p`; addresses do not (the last octet runs backwards), and every
+        // sixth endpoint shares the address of the one before it under a key of its own.
         let spec = |p: u32, (w, up): (u32, bool)| {
-            EndpointSpec::new(format!("10.{}.0.{}:20880", p % 7, 250 - p))
+            let q = if p % 6 == 5 { p - 1 } else { p };
+            EndpointSpec::new(format!("10.{}.0.{}:20880", q % 7, 250 - q))
+                .with_key(format!("k{p:04}"))
                 .with_weight(w)
                 .with_healthy(up)
         };
@@ -735,6 +739,31 @@ mod tests {
                 last = next;
             }
         }
+    }
+
+    /// A table prepared from one of another size is built from scratch.
+    #[test]
+    fn a_table_of_another_size_is_not_carried_over() {
+        let specs = (0..50)
+            .map(|i| lbkit_core::EndpointSpec::new(format!("10.0.0.{i}:80")))
+            .collect();
+        let s = Arc::new(Snapshot::from_specs(specs, Timestamp::ZERO));
+        let (small, large) = (Maglev::try_with_table_size(251).unwrap(), Maglev::new());
+        let last = large.prepare(&s, Timestamp::ZERO);
+        let next = small.prepare_next(&s, &last, &s, Timestamp::ZERO);
+        assert_eq!(next.table(), small.prepare(&s, Timestamp::ZERO).table());
+        assert_eq!(next.table().len(), 251);
+    }
+
+    /// The largest table Envoy allows equals the listing's population too.
+    #[test]
+    fn the_largest_table_equals_the_reference_population() {
+        let endpoints = [(0, "a:1", 1), (1, "b:1", 2), (2, "c:1", 3)];
+        let by_address = endpoints.iter().map(|&(i, a, w)| (a, i, w)).collect();
+        let raw = build_table(&seeds_of(by_address, MAX_TABLE_SIZE), MAX_TABLE_SIZE);
+        let want = reference_table(&endpoints, u64::from(MAX_TABLE_SIZE));
+        assert!(raw.iter().zip(&want).all(|(&a, &b)| a as usize == b));
+        assert_eq!(raw.len(), want.len());
     }
 
     #[test]
