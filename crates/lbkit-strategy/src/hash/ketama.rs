@@ -22,7 +22,8 @@
 //!   endpoints nginx's weights (default 1) for nginx's ring and a smaller one.
 //! * **A change**: patched like `consistent-hash`'s ring while the weights' divisor stays: one
 //!   endpoint out and one in among 10 000 at weight 100 (a ring at its 16 777 216-point cap):
-//!   5.7–6.0 ms against 531–544 ms from scratch (BENCHMARKS.md, "What a change costs a strategy").
+//!   2.3–2.8 ms against 635–659 ms from scratch since chunks are spliced (5.7–6.0 against
+//!   531–544 ms before, on another machine; BENCHMARKS.md, "What a change costs a strategy").
 //! * **Behaviour under trouble**: blind to load unless `balance_factor` is set (bounds are
 //!   weighted). Down and drained endpoints are left off the ring, which equals nginx walking past
 //!   their points; keys of the others never move. A rejected candidate makes the pick walk on to
