@@ -13,12 +13,15 @@
 //! O(P / (CHUNK · GROUP)) group list, and shares the O(kv · GROUP) chunks beside the remade
 //! ones: one reference count for each shared group or chunk, where one for every chunk cost
 //! most of a patch. At 10 000 endpoints what is left is mostly memory: the chunks a change
-//! lands in, and the reference counts of the groups shared and dropped. A pick costs a binary search over
-//! the groups' first points, one over a group's chunks' first points, then one over one chunk:
-//! 1.9–5.6 ns more than a ring of chunks alone, for 0.55–0.65× the cost of a patch.
-//! BENCHMARKS.md ("What a change costs a strategy", "Hash rings under churn: chunks in
-//! groups") has the figures.
+//! lands in, and the reference counts of the groups shared and dropped. A pick finds its group
+//! through a radix index of the groups' first points (about one group a bucket of the 32-bit
+//! space; a plain search for rings of up to 8 groups), then searches a group's chunks' first
+//! points and one chunk: 0.53–0.79× the pick of a binary search over every group at 1 000
+//! and 10 000 endpoints (the index is remade with each patch, O(groups)). BENCHMARKS.md ("What
+//! a change costs a strategy", "Hash rings under churn: chunks in groups", "Ring picks: a
+//! radix index of the groups") has the figures.
 
+mod firsts;
 mod patch;
 
 use std::ops::Range;
@@ -26,6 +29,7 @@ use std::sync::Arc;
 
 use lbkit_core::{EndpointIdx, PickContext, PickError, Picker, Snapshot, Timestamp};
 
+use self::firsts::Firsts;
 use super::bounded::Bound;
 use super::walk::walk_cyclic;
 use super::{consistent, fallback_hash, ketama};
@@ -77,8 +81,8 @@ const NO_SLOT: Slot = Slot::MAX;
 /// "What a change costs").
 #[derive(Debug)]
 pub struct RingPicker {
-    /// First point of each group, ascending.
-    firsts: Box<[u32]>,
+    /// First point of each group, ascending, with their index.
+    firsts: Firsts,
     /// The points in ascending order, no duplicates, cut into non-empty chunks gathered in
     /// non-empty groups.
     groups: Box<[Arc<Group>]>,
@@ -349,7 +353,7 @@ impl RingPicker {
         let chunks_len = chunks.chunks.len();
         let groups: Vec<Group> = chunks.drain_groups(GROUP).collect();
         RingPicker {
-            firsts: groups.iter().map(|g| g.first[0]).collect(),
+            firsts: Firsts::new(groups.iter().map(|g| g.first[0]).collect()),
             groups: groups.into_iter().map(Arc::new).collect(),
             chunks: chunks_len,
             distinct: distinct(&counts),
@@ -388,8 +392,9 @@ impl RingPicker {
     /// `TreeMap.ceilingEntry`, nginx's `ngx_http_upstream_find_chash_point`).
     ///
     /// # Complexity
-    /// O(log P): a binary search over the groups' first points, one over a group's chunks'
-    /// first points, then one over one chunk.
+    /// O(log P) at worst, O(1) expected to find the group: a read of the groups' radix index
+    /// and a search of the first points in one bucket, then a search over a group's chunks'
+    /// first points and one over one chunk.
     pub fn owner_at(&self, point: u32) -> Option<EndpointIdx> {
         (!self.is_empty()).then(|| self.owner(self.position(point)))
     }
@@ -398,7 +403,7 @@ impl RingPicker {
     /// point. The ring is not empty.
     #[inline]
     fn position(&self, point: u32) -> At {
-        let g = self.firsts.partition_point(|&f| f < point);
+        let g = self.firsts.below(point);
         if let Some(before) = g.checked_sub(1) {
             let group = &self.groups[before];
             // At least 1: the group's first chunk starts at the group's first point.

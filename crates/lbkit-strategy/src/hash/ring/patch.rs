@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use lbkit_core::{diff, EndpointIdx, Snapshot};
 
+use super::firsts::Firsts;
 use super::{distinct, Builder, Chunks, Group, Point, RingPicker, Slot, CHUNK, GROUP, NO_SLOT};
 use crate::hash::bounded::Bound;
 
@@ -163,7 +164,7 @@ impl RingPicker {
         counts.resize(slots.endpoint.len(), 0);
         let merged = self.merge(&removed, &added, &slots.endpoint, &mut counts)?;
         Some(RingPicker {
-            firsts: merged.firsts.into(),
+            firsts: Firsts::new(merged.firsts),
             groups: merged.groups.into(),
             chunks: merged.chunks,
             distinct: distinct(&counts),
