@@ -17,9 +17,9 @@
 //! through a radix index of the groups' first points (about one group a bucket of the 32-bit
 //! space; a plain search for rings of up to 8 groups), then searches a group's chunks' first
 //! points and one chunk: 0.53–0.79× the pick of a binary search over every group at 1 000
-//! and 10 000 endpoints (the index is remade with each patch, O(groups)). BENCHMARKS.md ("What
-//! a change costs a strategy", "Hash rings under churn: chunks in groups", "Ring picks: a
-//! radix index of the groups") has the figures.
+//! and 10 000 endpoints (the index is remade with each patch, O(groups + buckets)).
+//! BENCHMARKS.md ("What a change costs a strategy", "Hash rings under churn: chunks in
+//! groups", "Ring picks: a radix index of the groups") has the figures.
 
 mod firsts;
 mod patch;
@@ -392,9 +392,9 @@ impl RingPicker {
     /// `TreeMap.ceilingEntry`, nginx's `ngx_http_upstream_find_chash_point`).
     ///
     /// # Complexity
-    /// O(log P) at worst, O(1) expected to find the group: a read of the groups' radix index
-    /// and a search of the first points in one bucket, then a search over a group's chunks'
-    /// first points and one over one chunk.
+    /// O(log P) at worst; the group found in O(1) expected up to 65 536 groups (a read of the
+    /// groups' radix index and a search of the first points in one bucket), then a search over
+    /// a group's chunks' first points and one over one chunk.
     pub fn owner_at(&self, point: u32) -> Option<EndpointIdx> {
         (!self.is_empty()).then(|| self.owner(self.position(point)))
     }

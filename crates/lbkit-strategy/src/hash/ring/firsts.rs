@@ -19,8 +19,8 @@ pub(super) struct Firsts {
 /// Most index bits: 65 536 buckets (256 KiB) for rings of more groups.
 const MAX_BITS: u32 = 16;
 
-/// Groups searched without the index (a ring of up to 8 192 points): the index's two reads
-/// cost more than the three steps of a search.
+/// Groups searched without the index (a ring of about 8 192 points or fewer): the index's two
+/// reads cost more than the three steps of a search.
 const SEARCHED: usize = 8;
 
 // === impl Firsts ===
@@ -28,6 +28,7 @@ const SEARCHED: usize = 8;
 impl Firsts {
     /// `firsts` (ascending) with their index. O(groups + buckets).
     pub(super) fn new(firsts: Vec<u32>) -> Self {
+        debug_assert!(firsts.windows(2).all(|w| w[0] < w[1]), "ascending, unique");
         let bits = if firsts.len() <= SEARCHED {
             0
         } else {
@@ -84,6 +85,25 @@ fn count(n: usize) -> u32 {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// More groups than buckets (several first points a bucket at 16 bits), and first points
+    /// crowded into the first and the last bucket.
+    #[test]
+    fn crowded_buckets_equal_a_binary_search() {
+        let many: Vec<u32> = (0..70_000u32).map(|i| i.wrapping_mul(61_357)).collect();
+        let ends: Vec<u32> = (0..20).chain(u32::MAX - 20..=u32::MAX).collect();
+        for mut firsts in [many, ends] {
+            firsts.sort_unstable();
+            firsts.dedup();
+            let index = Firsts::new(firsts.clone());
+            let points = (0..5_000u32)
+                .map(|i| i.wrapping_mul(858_993))
+                .chain([0, 1, 20, 21]);
+            for p in points.chain([u32::MAX - 21, u32::MAX - 20, u32::MAX]) {
+                assert_eq!(index.below(p), firsts.partition_point(|&f| f < p), "{p}");
+            }
+        }
+    }
 
     proptest! {
         #![proptest_config(ProptestConfig {
