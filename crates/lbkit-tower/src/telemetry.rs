@@ -195,56 +195,60 @@ fn each(
     Ok(())
 }
 
+/// A service row's value of one counter.
+type ServiceValue = fn(&ServiceRow<'_>) -> u64;
+
+/// The counters of [`encode_services`]: name, help and each row's value.
+const SERVICE_COUNTERS: [(&str, &str, ServiceValue); 8] = [
+    (
+        "lbkit_retries",
+        "Attempts after the first, each on an endpoint not tried yet.",
+        |r| r.retries,
+    ),
+    (
+        "lbkit_hedges",
+        "Hedges sent: second attempts raced against a slow first one (counted as retries too).",
+        |r| r.hedges,
+    ),
+    (
+        "lbkit_retries_refused",
+        "Retries not sent because the retry budget was spent.",
+        |r| r.retries_refused,
+    ),
+    (
+        "lbkit_discovery_published",
+        "Endpoint snapshots published by the control loop.",
+        |r| r.discovery.map_or(0, ControllerMetrics::published),
+    ),
+    (
+        "lbkit_discovery_source_errors",
+        "Errors reported by the endpoint source (the last good set stayed).",
+        |r| r.discovery.map_or(0, ControllerMetrics::source_errors),
+    ),
+    (
+        "lbkit_discovery_empty_held",
+        "Source updates held back by empty-push protection.",
+        |r| r.discovery.map_or(0, ControllerMetrics::empty_held),
+    ),
+    (
+        "lbkit_discovery_removals_held",
+        "Endpoints whose removal mass-removal protection held back (served until \
+         confirmed gone).",
+        |r| r.discovery.map_or(0, ControllerMetrics::removals_held),
+    ),
+    (
+        "lbkit_discovery_removals_confirmed",
+        "Held endpoints confirmed gone since (health check, ejection or time) and let go.",
+        |r| r.discovery.map_or(0, ControllerMetrics::removals_confirmed),
+    ),
+];
+
 /// Write the retry and discovery families of the [module docs](self) for `rows`.
 ///
 /// # Errors
 /// The encoder's.
 pub fn encode_services(enc: &mut DescriptorEncoder<'_>, rows: &[ServiceRow<'_>]) -> fmt::Result {
-    type Value = fn(&ServiceRow<'_>) -> u64;
-    let counters: [(&str, &str, Value); 8] = [
-        (
-            "lbkit_retries",
-            "Attempts after the first, each on an endpoint not tried yet.",
-            |r| r.retries,
-        ),
-        (
-            "lbkit_hedges",
-            "Hedges sent: second attempts raced against a slow first one (counted as retries too).",
-            |r| r.hedges,
-        ),
-        (
-            "lbkit_retries_refused",
-            "Retries not sent because the retry budget was spent.",
-            |r| r.retries_refused,
-        ),
-        (
-            "lbkit_discovery_published",
-            "Endpoint snapshots published by the control loop.",
-            |r| r.discovery.map_or(0, ControllerMetrics::published),
-        ),
-        (
-            "lbkit_discovery_source_errors",
-            "Errors reported by the endpoint source (the last good set stayed).",
-            |r| r.discovery.map_or(0, ControllerMetrics::source_errors),
-        ),
-        (
-            "lbkit_discovery_empty_held",
-            "Source updates held back by empty-push protection.",
-            |r| r.discovery.map_or(0, ControllerMetrics::empty_held),
-        ),
-        (
-            "lbkit_discovery_removals_held",
-            "Endpoints whose removal mass-removal protection held back (served until \
-             confirmed gone).",
-            |r| r.discovery.map_or(0, ControllerMetrics::removals_held),
-        ),
-        (
-            "lbkit_discovery_removals_confirmed",
-            "Held endpoints confirmed gone since (health check, ejection or time) and let go.",
-            |r| r.discovery.map_or(0, ControllerMetrics::removals_confirmed),
-        ),
-    ];
-    for (name, help, value) in counters {
+    for (name, help, value) in SERVICE_COUNTERS {
         let mut f = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
         for r in rows {
             ConstCounter::new(value(r)).encode(f.encode_family(&[("service", r.service)])?)?;
