@@ -18,16 +18,25 @@
 //! event of its directory, and [`WatchedPath::concerns`] decides. When the kernel dropped
 //! events (a queue overflow: `notify` asks for a rescan), every file is told it may have
 //! changed.
+//!
+//! **Who wakes the hub thread.** The same rule, applied on notify's thread: an event that names
+//! no followed file of a directory whose files are all reached straight (a log written next to
+//! the configuration) is dropped there ([`filter`]), so it costs one lookup and no wake-up.
 
 use std::collections::HashMap;
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc as std_mpsc;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
+use arc_swap::ArcSwap;
 use notify::{RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 
 use super::watch::WatchedPath;
+use filter::Filter;
+
+mod filter;
 
 /// What a subscriber hears: the file may have changed (`Ok`), or the watch failed (`Err`,
 /// the reason).
@@ -116,6 +125,8 @@ struct Hub {
     watcher: Option<notify::RecommendedWatcher>,
     routes: Routes,
     events: std_mpsc::Sender<Msg>,
+    /// The routes' names, as the watcher's callback reads them (see [`filter`]).
+    filter: Arc<ArcSwap<Filter>>,
 }
 
 impl Hub {
@@ -124,20 +135,53 @@ impl Hub {
             watcher: None,
             routes: Routes::default(),
             events,
+            filter: Arc::default(),
         }
     }
 
     fn run(mut self, mail: std_mpsc::Receiver<Msg>) {
         for msg in mail {
             match msg {
-                Msg::Event(Ok(ev)) => self.routes.dispatch(&ev),
+                Msg::Event(Ok(ev)) => {
+                    self.routes.dispatch(&ev);
+                    self.refresh_filter(true);
+                }
                 Msg::Event(Err(e)) => self.routes.fail(&e),
                 Msg::Subscribe { watched, tx, reply } => {
+                    let id = self.subscribe(watched, tx);
+                    // Published before the subscriber hears back and reads its file.
+                    self.refresh_filter(false);
                     // The subscriber waits for this answer; it is gone only if it panicked.
-                    let _ = reply.send(self.subscribe(watched, tx));
+                    let _ = reply.send(id);
                 }
-                Msg::Unsubscribe(id) => self.unsubscribe(id),
+                Msg::Unsubscribe(id) => {
+                    self.unsubscribe(id);
+                    self.refresh_filter(false);
+                }
             }
+        }
+    }
+
+    /// Publish the routes' filter to the watcher's thread when it changed. After an event
+    /// (`after_event`), a directory it widened had a file turn indirect (now a symlink): the
+    /// narrower filter may have dropped an event that changed where that symlink leads, so its
+    /// indirect files are told they may have changed, now that the wider filter is out.
+    fn refresh_filter(&mut self, after_event: bool) {
+        let next = Arc::new(self.routes.filter());
+        if *self.filter.load_full() == *next {
+            return;
+        }
+        let before = self.filter.swap(Arc::clone(&next));
+        if !after_event {
+            return;
+        }
+        let widened: Vec<PathBuf> = next.widened(&before).map(Path::to_path_buf).collect();
+        if !widened.is_empty() {
+            self.routes.each(Some(&widened), |sub| {
+                if sub.indirect() {
+                    let _ = sub.tx.send(Ok(()));
+                }
+            });
         }
     }
 
@@ -170,8 +214,9 @@ impl Hub {
     fn watcher(&mut self) -> Result<&mut notify::RecommendedWatcher, notify::Error> {
         if self.watcher.is_none() {
             let events = self.events.clone();
+            let filter = Arc::clone(&self.filter);
             let w = notify::recommended_watcher(move |ev| {
-                if forwarded(&ev) {
+                if forwarded(&ev, &filter.load()) {
                     // The hub thread never ends while the watcher lives (it owns it).
                     let _ = events.send(Msg::Event(ev));
                 }
@@ -182,12 +227,14 @@ impl Hub {
     }
 }
 
-/// Whether the watcher's thread hands `ev` to the hub thread: every event but a plain read
-/// that asks for no rescan (the watcher asks for opens, so every read of any file in a watched directory, our own
-/// reloads among them, would otherwise wake the hub thread for nothing).
-fn forwarded(ev: &notify::Result<notify::Event>) -> bool {
-    ev.as_ref()
-        .map_or(true, |ev| ev.need_rescan() || !super::watch::read_only(ev))
+/// Whether the watcher's thread hands `ev` to the hub thread: an error, a lost-events notice,
+/// or an event that is not a plain read and that `filter` lets through. The watcher asks for
+/// opens, so every read of any file in a watched directory (our own reloads among them) would
+/// otherwise wake the hub thread for nothing; so would writes to files no one follows.
+fn forwarded(ev: &notify::Result<notify::Event>, filter: &Filter) -> bool {
+    ev.as_ref().map_or(true, |ev| {
+        ev.need_rescan() || (!super::watch::read_only(ev) && filter.passes(ev))
+    })
 }
 
 /// Directories and their subscribers. Directory keys are canonical paths, as the watcher
@@ -243,6 +290,20 @@ impl Routes {
         };
         self.dirs.entry(dir).or_default().push(sub);
         self.next
+    }
+
+    /// What the watcher's thread may let through: per directory, the names of its files when
+    /// each is reached straight, or every name (see [`filter`]).
+    fn filter(&self) -> Filter {
+        let mut filter = Filter::default();
+        for (dir, subs) in &self.dirs {
+            let names = (!subs.iter().any(Sub::indirect)).then(|| {
+                let names = subs.iter().filter_map(|s| s.watched.path().file_name());
+                names.map(OsString::from).collect()
+            });
+            filter.insert(dir.clone(), names);
+        }
+        filter
     }
 
     /// Forget subscriber `id`; returns its directory when no one else listens there.

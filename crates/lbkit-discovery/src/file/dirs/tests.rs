@@ -77,18 +77,22 @@ fn plain_reads_wake_no_one() {
     routes.dispatch(&read);
     assert_eq!(a.heard(), []);
     // Nor do they wake the hub thread: the watcher's thread keeps them.
-    assert!(!forwarded(&Ok(read)));
+    let filter = routes.filter();
+    assert!(!forwarded(&Ok(read), &filter));
     let open = Event::new(EventKind::Access(notify::event::AccessKind::Open(
         notify::event::AccessMode::Any,
     )))
     .add_path(dir.join("a.toml"));
-    assert!(!forwarded(&Ok(open)));
+    assert!(!forwarded(&Ok(open), &filter));
     let written = Event::new(EventKind::Access(notify::event::AccessKind::Close(
         notify::event::AccessMode::Write,
     )))
     .add_path(dir.join("a.toml"));
-    assert!(forwarded(&Ok(written)));
-    assert!(forwarded(&Err(notify::Error::generic("queue overflow"))));
+    assert!(forwarded(&Ok(written), &filter));
+    assert!(forwarded(
+        &Err(notify::Error::generic("queue overflow")),
+        &filter
+    ));
 }
 
 #[test]
@@ -175,4 +179,108 @@ fn a_directory_is_released_with_its_last_file() {
     assert_eq!(routes.remove(a.id), None, "removing twice is harmless");
     assert_eq!(routes.remove(b.id), Some(dir.clone()));
     assert!(!routes.watches(&dir));
+}
+
+#[test]
+fn writes_to_files_no_one_follows_stay_on_the_watchers_thread() {
+    let (_keep, dir) = canonical_dir();
+    let (_keep2, elsewhere) = canonical_dir();
+    std::fs::write(dir.join("a.toml"), "").unwrap();
+    let mut routes = Routes::default();
+    let mut a = listen(&mut routes, &dir.join("a.toml"));
+    let filter = routes.filter();
+    let passes = |ev: Event| forwarded(&Ok(ev), &filter);
+
+    assert!(
+        !passes(write(&dir.join("h2load.log"))),
+        "a log beside a.toml"
+    );
+    assert!(
+        !passes(write(&elsewhere.join("a.toml"))),
+        "another directory"
+    );
+    assert!(passes(write(&dir.join("a.toml"))));
+    assert!(passes(
+        Event::new(EventKind::Modify(ModifyKind::Name(RenameMode::Both)))
+            .add_path(dir.join("a.toml.new"))
+            .add_path(dir.join("a.toml"))
+    ));
+    assert!(passes(write(&dir)), "the directory itself (deleted, moved)");
+    assert!(passes(
+        write(&dir.join("a.toml")).set_flag(notify::event::Flag::Rescan)
+    ));
+    assert!(
+        passes(Event::new(EventKind::Any)),
+        "no path: may be anyone's"
+    );
+
+    // What the filter keeps back, the routes would have told no one.
+    routes.dispatch(&write(&dir.join("h2load.log")));
+    assert_eq!(a.heard(), []);
+}
+
+#[test]
+fn a_directory_with_a_file_behind_a_symlink_or_not_there_yet_lets_every_name_through() {
+    let (_keep, dir) = canonical_dir();
+    std::fs::write(dir.join("a.toml"), "").unwrap();
+    let mut routes = Routes::default();
+    let _a = listen(&mut routes, &dir.join("a.toml"));
+    let other = write(&dir.join("..data"));
+    assert!(!forwarded(&Ok(other.clone()), &routes.filter()));
+
+    let later = listen(&mut routes, &dir.join("later.toml"));
+    assert!(
+        forwarded(&Ok(other.clone()), &routes.filter()),
+        "later.toml is not there yet"
+    );
+    std::fs::write(dir.join("later.toml"), "").unwrap();
+    routes.dispatch(
+        &Event::new(EventKind::Create(CreateKind::File)).add_path(dir.join("later.toml")),
+    );
+    assert!(
+        !forwarded(&Ok(other.clone()), &routes.filter()),
+        "now reached straight"
+    );
+
+    routes.remove(later.id);
+    std::fs::create_dir(dir.join("..v1")).unwrap();
+    std::fs::write(dir.join("..v1").join("b.toml"), "").unwrap();
+    std::os::unix::fs::symlink("..v1/b.toml", dir.join("b.toml")).unwrap();
+    let _b = listen(&mut routes, &dir.join("b.toml"));
+    assert!(
+        forwarded(&Ok(other), &routes.filter()),
+        "b.toml is a symlink"
+    );
+}
+
+#[test]
+fn a_file_turned_symlink_is_told_once_its_directory_lets_every_name_through() {
+    let (_keep, dir) = canonical_dir();
+    std::fs::write(dir.join("a.toml"), "v1").unwrap();
+    let mut hub = Hub::new(std_mpsc::channel().0);
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let watched = WatchedPath::new(dir.join("a.toml"));
+    hub.routes.add(dir.clone(), watched, tx);
+    hub.refresh_filter(false);
+    assert!(!hub.filter.load().passes(&write(&dir.join("..data"))));
+
+    // a.toml becomes a symlink into ..data; the event names it, so it passes and is routed.
+    std::fs::create_dir(dir.join("..v2")).unwrap();
+    std::fs::write(dir.join("..v2").join("a.toml"), "v2").unwrap();
+    std::os::unix::fs::symlink("..v2", dir.join("..data")).unwrap();
+    std::fs::remove_file(dir.join("a.toml")).unwrap();
+    std::os::unix::fs::symlink("..data/a.toml", dir.join("a.toml")).unwrap();
+    hub.routes.dispatch(&write(&dir.join("a.toml")));
+    assert_eq!(std::iter::from_fn(|| rx.try_recv().ok()).count(), 1);
+
+    // Publishing the wider filter tells a.toml once more: a swap of ..data dropped by the
+    // narrower one meanwhile is read then.
+    hub.refresh_filter(true);
+    assert!(hub.filter.load().passes(&write(&dir.join("..data"))));
+    assert_eq!(
+        std::iter::from_fn(|| rx.try_recv().ok()).collect::<Vec<_>>(),
+        [Ok(())]
+    );
+    hub.refresh_filter(true);
+    assert_eq!(rx.try_recv().ok(), None, "told once, when it widened");
 }
