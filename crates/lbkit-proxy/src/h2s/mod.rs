@@ -26,17 +26,29 @@
 //! as the client reads them). The connection's watchdog (`watchdog.rs`) still closes a
 //! connection that never starts a request or stays idle, and its IO (`h1::Rewind`) fails a
 //! write that makes no progress for the longest route timeout.
+//!
+//! **A connection's streams are served by the connection's own task** (a `FuturesUnordered`
+//! polled in its loop), not a task each: `h2` wakes a stream when its frames arrive, and the
+//! stream's sends wake the connection to write them, so with a task a stream every frame
+//! crossed the scheduler twice. One task a connection loses no parallelism (each worker
+//! thread runs a runtime of its own, so a connection's stream tasks ran on its thread anyway)
+//! and took 0.97x the CPU a unary gRPC call (BENCHMARKS.md, "A connection's streams in its own
+//! task"). A panic still ends only its stream. Streams still in flight when the loop ends
+//! (a `GOAWAY` sent, the connection's error) go on as tasks of their own, as before.
 
 mod stream;
 
-use std::future::poll_fn;
+use std::future::{poll_fn, Future};
 use std::net::SocketAddr;
-use std::pin::pin;
+use std::panic::AssertUnwindSafe;
+use std::pin::{pin, Pin};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use futures_util::FutureExt;
 use h2::Reason;
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
@@ -130,6 +142,8 @@ impl Shared {
 #[allow(clippy::large_enum_variant)] // made once per turn of the loop, taken apart at once
 enum Event {
     Accepted(Option<Result<stream::Accepted, h2::Error>>),
+    /// A stream was served to its end.
+    Served,
     Calm,
     Drain,
     Expired(Expired),
@@ -162,6 +176,16 @@ enum Next {
 /// `h2`'s end of a client connection.
 type Served = h2::server::Connection<Rewind, Bytes>;
 
+/// The connection's streams being served, polled by the connection's own task.
+type Streams = FuturesUnordered<Pin<Box<dyn Future<Output = ()> + Send>>>;
+
+/// Streams still in flight when the connection's loop ends go on as tasks of their own.
+fn release(streams: Streams) {
+    for s in streams {
+        tokio::spawn(s);
+    }
+}
+
 impl Conn {
     /// Serve the connection (its preface is the first of `io`'s bytes) until it closes.
     pub(crate) async fn serve(mut self, io: Rewind) {
@@ -187,20 +211,23 @@ impl Conn {
             closing: AtomicBool::new(false),
         });
         let mut phase = Phase::default();
+        let mut streams = Streams::new();
         loop {
             let deadline = phase.deadline;
             let event = tokio::select! {
                 biased;
                 () = shared.calm.notified() => Event::Calm,
+                Some(()) = streams.next(), if !streams.is_empty() => Event::Served,
                 accepted = poll_fn(|cx| h2.poll_accept(cx)) => Event::Accepted(accepted),
                 _ = self.shutdown.changed(), if !phase.draining => Event::Drain,
                 why = &mut watchdog, if !phase.watched => Event::Expired(why),
                 () = sleep_until(deadline), if deadline.is_some() => Event::Deadline,
             };
-            match self.on(event, &mut h2, &shared, &mut phase) {
+            match self.on(event, &mut h2, &shared, &mut phase, &mut streams) {
                 Next::Wait => {}
-                Next::End => return,
+                Next::End => return release(streams),
                 Next::Close(reason) => {
+                    release(streams);
                     shared.closing.store(true, Relaxed);
                     h2.abrupt_shutdown(reason);
                     // The GOAWAY goes out, then the connection closes (bounded: a client that
@@ -214,12 +241,22 @@ impl Conn {
     }
 
     /// What `event` means for the connection.
-    fn on(&self, event: Event, h2: &mut Served, shared: &Arc<Shared>, phase: &mut Phase) -> Next {
+    fn on(
+        &self,
+        event: Event,
+        h2: &mut Served,
+        shared: &Arc<Shared>,
+        phase: &mut Phase,
+        streams: &mut Streams,
+    ) -> Next {
         match event {
+            Event::Served => Next::Wait,
             Event::Accepted(Some(Ok((req, respond)))) => {
                 let opened = shared.opened.fetch_add(1, Relaxed) + 1;
                 let busy = self.activity.begin();
-                tokio::spawn(stream::serve(req, respond, shared.clone(), busy));
+                let serve = stream::serve(req, respond, shared.clone(), busy);
+                // A panic ends its own stream only, as it did in a task of its own.
+                streams.push(Box::pin(AssertUnwindSafe(serve).catch_unwind().map(drop)));
                 let cap = self.limits.max_requests_per_connection;
                 if cap > 0 && opened >= cap && !phase.draining {
                     Defences::count(&self.hub.defences.capped);

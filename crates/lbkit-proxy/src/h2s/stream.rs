@@ -1,6 +1,7 @@
-//! One HTTP/2 stream of a client, in a task of its own: its request routed and forwarded
-//! (`forward::serve`, as on hyper's engine) while the stream is watched for the client's reset
-//! and for idleness, then its answer written under flow control ([`Pipe`]).
+//! One HTTP/2 stream of a client, served within its connection's task (`Conn::serve`): its
+//! request routed and forwarded (`forward::serve`, as on hyper's engine) while the stream is
+//! watched for the client's reset and for idleness, then its answer written under flow control
+//! ([`Pipe`]).
 
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
