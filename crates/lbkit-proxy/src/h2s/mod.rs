@@ -176,8 +176,11 @@ enum Next {
 /// `h2`'s end of a client connection.
 type Served = h2::server::Connection<Rewind, Bytes>;
 
+/// A stream being served (see [`stream::serve`]).
+type Stream = Pin<Box<dyn Future<Output = ()> + Send>>;
+
 /// The connection's streams being served, polled by the connection's own task.
-type Streams = FuturesUnordered<Pin<Box<dyn Future<Output = ()> + Send>>>;
+type Streams = FuturesUnordered<Stream>;
 
 /// Streams still in flight when the connection's loop ends go on as tasks of their own.
 fn release(streams: Streams) {
@@ -240,6 +243,15 @@ impl Conn {
         }
     }
 
+    /// A new stream, counted, to be served by the connection's task. A panic in it ends that
+    /// stream alone, as it did in a task of its own.
+    fn admit(&self, (req, respond): stream::Accepted, shared: &Arc<Shared>) -> Stream {
+        shared.opened.fetch_add(1, Relaxed);
+        let busy = self.activity.begin();
+        let serve = stream::serve(req, respond, shared.clone(), busy);
+        Box::pin(AssertUnwindSafe(serve).catch_unwind().map(drop))
+    }
+
     /// What `event` means for the connection.
     fn on(
         &self,
@@ -251,14 +263,10 @@ impl Conn {
     ) -> Next {
         match event {
             Event::Served => Next::Wait,
-            Event::Accepted(Some(Ok((req, respond)))) => {
-                let opened = shared.opened.fetch_add(1, Relaxed) + 1;
-                let busy = self.activity.begin();
-                let serve = stream::serve(req, respond, shared.clone(), busy);
-                // A panic ends its own stream only, as it did in a task of its own.
-                streams.push(Box::pin(AssertUnwindSafe(serve).catch_unwind().map(drop)));
+            Event::Accepted(Some(Ok(accepted))) => {
+                streams.push(self.admit(accepted, shared));
                 let cap = self.limits.max_requests_per_connection;
-                if cap > 0 && opened >= cap && !phase.draining {
+                if cap > 0 && shared.opened.load(Relaxed) >= cap && !phase.draining {
                     Defences::count(&self.hub.defences.capped);
                     h2.graceful_shutdown();
                     phase.draining = true;
