@@ -6,6 +6,7 @@
 # of the same backend meanwhile.
 #
 #   ROUNDS=3 SECONDS_EACH=5 scripts/h2-abuse.sh
+#   LBKIT=/tmp/lbkit-old ROUNDS=1 scripts/h2-abuse.sh   # another lbkit binary (default: the build)
 #
 # Per round: the paced rapid reset for SECONDS_EACH seconds (50 streams, a PING, its ACK, 50
 # RST_STREAMs, again; a new connection after each GOAWAY), then three streams stuck on a zero
@@ -43,7 +44,7 @@ timeout_ms = 10000
 [service.svc]
 endpoints = ["127.0.0.1:$BACKEND"]
 EOF
-"$TARGET/release/lbkit" proxy --config "$WORK/proxy.toml" --threads 1 >"$WORK/proxy.log" 2>&1 &
+"${LBKIT:-$TARGET/release/lbkit}" proxy --config "$WORK/proxy.toml" --threads 1 >"$WORK/proxy.log" 2>&1 &
 PIDS+=($!)
 
 for r in $(seq 1 "$ROUNDS"); do
