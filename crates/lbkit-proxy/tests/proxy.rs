@@ -787,3 +787,38 @@ async fn grpc_failures_in_the_head_count_and_small_answers_keep_their_trailers()
     assert!(requests >= Some(2), "{e}");
     assert_eq!(failures, Some(0), "{e}");
 }
+
+/// An HTTP/2 client connection drains on shutdown: the proxy sends a graceful `GOAWAY`, the
+/// call in flight is answered, then the connection closes and the shutdown ends in time. The
+/// connection's streams are served by its own task, so this also checks that a stream still in
+/// flight when the drain starts is served to its end.
+#[tokio::test]
+async fn an_http2_connection_drains_on_shutdown() {
+    let slow = Backend::start_slow("slow", Duration::from_millis(300)).await;
+    let proxy = start(&config_text(&[&slow], "round-robin", "")).await;
+    let addr = proxy.listeners()[0];
+    let h2 = h2c_client();
+    let call = {
+        let h2 = h2.clone();
+        tokio::spawn(async move { get(&h2, addr, "/", &[]).await })
+    };
+    // Wait (bounded) until the call is in flight at the endpoint.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let ep = endpoint_json(&proxy, slow.addr).await;
+        if ep["in_flight"].as_u64() == Some(1) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the call never started"
+        );
+        tokio::task::yield_now().await;
+    }
+    let drained = tokio::time::timeout(WAIT, proxy.shutdown(Duration::from_secs(5)))
+        .await
+        .expect("shutdown in time");
+    let (status, body, _) = call.await.unwrap();
+    assert_eq!((status, body.as_str()), (StatusCode::OK, "slow"));
+    assert!(drained, "the HTTP/2 connection closed within the drain");
+}

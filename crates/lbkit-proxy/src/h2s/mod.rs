@@ -191,7 +191,7 @@ fn release(streams: Streams) {
 
 impl Conn {
     /// Serve the connection (its preface is the first of `io`'s bytes) until it closes.
-    pub(crate) async fn serve(mut self, io: Rewind) {
+    pub(crate) async fn serve(self, io: Rewind) {
         let limits = &self.limits;
         let watched = watchdog::Limits::of(limits);
         let mut watchdog = pin!(watchdog::watch(&self.activity, watched));
@@ -215,14 +215,19 @@ impl Conn {
         });
         let mut phase = Phase::default();
         let mut streams = Streams::new();
+        // Made once, not at every turn of the loop: a waiter that was polled takes its
+        // `Notify`'s lock to leave when it is dropped, and the loop turns at every stream's end.
+        let mut calm = pin!(shared.calm.notified());
+        let mut shutdown = self.shutdown.clone();
+        let mut drain = pin!(shutdown.changed());
         loop {
             let deadline = phase.deadline;
             let event = tokio::select! {
                 biased;
-                () = shared.calm.notified() => Event::Calm,
+                () = &mut calm => Event::Calm,
                 Some(()) = streams.next(), if !streams.is_empty() => Event::Served,
                 accepted = poll_fn(|cx| h2.poll_accept(cx)) => Event::Accepted(accepted),
-                _ = self.shutdown.changed(), if !phase.draining => Event::Drain,
+                _ = &mut drain, if !phase.draining => Event::Drain,
                 why = &mut watchdog, if !phase.watched => Event::Expired(why),
                 () = sleep_until(deadline), if deadline.is_some() => Event::Deadline,
             };
