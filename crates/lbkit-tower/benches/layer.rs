@@ -58,7 +58,7 @@ fn runtime() -> tokio::runtime::Runtime {
 
 fn pool<S: Strategy>(strategy: S, n: usize) -> Pool<Echo, S> {
     let specs = (0..n)
-        .map(|i| EndpointSpec::new(format!("10.0.0.{i}:80")))
+        .map(|i| EndpointSpec::new(format!("10.0.{}.{}:80", i / 256, i % 256)))
         .collect();
     PoolBuilder::new(strategy).spawn_static(specs, |_: &Endpoint| Echo)
 }
@@ -103,7 +103,9 @@ fn tower_p2c_peak_ewma(bencher: Bencher<'_, '_>, n: usize) {
     bencher.bench_local(|| request(&mut svc));
 }
 
-#[divan::bench(args = SIZES, sample_count = 100, sample_size = 1000)]
+/// Also at 1 000 and 10 000 endpoints, where the `Pool`'s service map has 16 and 64 shards
+/// (one at 3 and 10): a call reads the endpoint's shard, then its entry.
+#[divan::bench(args = [3, 10, 1_000, 10_000], sample_count = 100, sample_size = 1000)]
 fn lbkit_round_robin_failfast(bencher: Bencher<'_, '_>, n: usize) {
     let rt = runtime();
     let _enter = rt.enter();
@@ -242,7 +244,7 @@ fn http_lbkit_p2c_ewma_failover(bencher: Bencher<'_, '_>, n: usize) {
     let rt = runtime();
     let _enter = rt.enter();
     let specs = (0..n)
-        .map(|i| EndpointSpec::new(format!("10.0.0.{i}:80")))
+        .map(|i| EndpointSpec::new(format!("10.0.{}.{}:80", i / 256, i % 256)))
         .collect();
     let pool = PoolBuilder::new(P2cEwma::default()).spawn_static(specs, |_: &Endpoint| HttpEcho);
     let mut svc = BalanceLayer::http().seed(1).layer(pool);
@@ -254,7 +256,7 @@ fn http_lbkit_p2c_ewma_failfast(bencher: Bencher<'_, '_>, n: usize) {
     let rt = runtime();
     let _enter = rt.enter();
     let specs = (0..n)
-        .map(|i| EndpointSpec::new(format!("10.0.0.{i}:80")))
+        .map(|i| EndpointSpec::new(format!("10.0.{}.{}:80", i / 256, i % 256)))
         .collect();
     let pool = PoolBuilder::new(P2cEwma::default()).spawn_static(specs, |_: &Endpoint| HttpEcho);
     let mut svc = BalanceLayer::http().failfast().seed(1).layer(pool);
