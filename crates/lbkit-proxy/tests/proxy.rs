@@ -794,7 +794,9 @@ async fn grpc_failures_in_the_head_count_and_small_answers_keep_their_trailers()
 /// flight when the drain starts is served to its end.
 #[tokio::test]
 async fn an_http2_connection_drains_on_shutdown() {
-    let slow = Backend::start_slow("slow", Duration::from_millis(300)).await;
+    // Slow enough that the call is surely still in flight when the drain starts, however
+    // loaded the machine: the polls below see it within the 2 s.
+    let slow = Backend::start_slow("slow", Duration::from_secs(2)).await;
     let proxy = start(&config_text(&[&slow], "round-robin", "")).await;
     let addr = proxy.listeners()[0];
     let h2 = h2c_client();

@@ -162,10 +162,12 @@ impl Hub {
         }
     }
 
-    /// Publish the routes' filter to the watcher's thread when it changed. After an event
-    /// (`after_event`), a directory it widened had a file turn indirect (now a symlink): the
-    /// narrower filter may have dropped an event that changed where that symlink leads, so its
-    /// indirect files are told they may have changed, now that the wider filter is out.
+    /// Publish the routes' filter to the watcher's thread when it changed (rebuilt from the
+    /// routes after every event that reaches this thread: few do). After an event
+    /// (`after_event`), a directory it widened had a file turn indirect (now a symlink, or
+    /// gone): the narrower filter may have dropped the events still queued behind that one,
+    /// such as a change of where the symlink leads, so the directory's indirect files are told
+    /// they may have changed, now that the wider filter is out.
     fn refresh_filter(&mut self, after_event: bool) {
         let next = Arc::new(self.routes.filter());
         if *self.filter.load_full() == *next {
@@ -187,7 +189,7 @@ impl Hub {
 
     fn subscribe(
         &mut self,
-        watched: WatchedPath,
+        mut watched: WatchedPath,
         tx: mpsc::UnboundedSender<Change>,
     ) -> Result<u64, notify::Error> {
         let given = watched.dir();
@@ -198,6 +200,9 @@ impl Hub {
         // sources of a reload subscribe while the old ones still hold the route. notify adds
         // to a live watch (`IN_MASK_ADD`) and sets up a lost one anew.
         self.watcher()?.watch(&dir, RecursiveMode::NonRecursive)?;
+        // Resolved again now that the directory is watched: the path may have turned into a
+        // symlink since the subscriber resolved it, and its filter must then pass every event.
+        watched.refresh();
         Ok(self.routes.add(dir, watched, tx))
     }
 
@@ -321,6 +326,8 @@ impl Routes {
     fn dispatch(&mut self, ev: &notify::Event) {
         if ev.need_rescan() {
             self.each(None, |sub| {
+                // Events were lost: where the path leads may have changed unseen too.
+                sub.watched.refresh();
                 let _ = sub.tx.send(Ok(()));
             });
             return;

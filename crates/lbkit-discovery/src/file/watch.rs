@@ -256,10 +256,16 @@ impl WatchedPath {
             .paths
             .iter()
             .any(|p| p.file_name() == self.path.file_name());
+        let moved = self.refresh();
+        named || moved
+    }
+
+    /// Resolve the path again; whether it now leads elsewhere than before.
+    pub(crate) fn refresh(&mut self) -> bool {
         let resolved = std::fs::canonicalize(&self.path).ok();
         let moved = resolved != self.resolved;
         self.resolved = resolved;
-        named || moved
+        moved
     }
 }
 

@@ -16,7 +16,7 @@
 //! | requests on one connection | `max_requests_per_connection` (1 000) | graceful `GOAWAY`: streams in flight finish | `max_requests_per_connection` (none) / `keepalive_requests` (1 000) |
 //! | a stream with no byte either way | `stream_idle_timeout_ms` (5 min; noticed within a quarter of it more) | `RST_STREAM CANCEL`, its upstream exchange cancelled | `stream_idle_timeout` (5 min) / none |
 //! | an answer waiting for the client's window | the route's `timeout_ms` (15 s), if shorter | the same | — / `send_timeout` per connection |
-//! | a stream already reset when its task first runs | — | never routed: no pick, no upstream connection | |
+//! | a stream already reset when it is first polled (after the connection has read every frame it had) | — | never routed: no pick, no upstream connection | |
 //!
 //! `h2`'s own guards stay on as hyper set them: 200 concurrent streams, a header list of
 //! `max_header_bytes` (an HPACK bomb or a `CONTINUATION` flood ends with the connection), 20
@@ -27,14 +27,20 @@
 //! connection that never starts a request or stays idle, and its IO (`h1::Rewind`) fails a
 //! write that makes no progress for the longest route timeout.
 //!
-//! **A connection's streams are served by the connection's own task** (a `FuturesUnordered`
-//! polled in its loop), not a task each: `h2` wakes a stream when its frames arrive, and the
-//! stream's sends wake the connection to write them, so with a task a stream every frame
-//! crossed the scheduler twice. One task a connection loses no parallelism (each worker
-//! thread runs a runtime of its own, so a connection's stream tasks ran on its thread anyway)
-//! and took 0.97x the CPU a unary gRPC call (BENCHMARKS.md, "A connection's streams in its own
-//! task"). A panic still ends only its stream. Streams still in flight when the loop ends
-//! (a `GOAWAY` sent, the connection's error) go on as tasks of their own, as before.
+//! **On a current-thread runtime a connection's streams are served by the connection's own
+//! task** (a `FuturesUnordered` polled in its loop), not a task each: `h2` wakes a stream when
+//! its frames arrive, and the stream's sends wake the connection to write them, so with a task a
+//! stream every frame crossed the scheduler twice. There one task a connection loses no
+//! parallelism (`lbkit proxy`'s worker threads each run such a runtime, so a connection's
+//! stream tasks ran on its thread anyway), and it took 0.97x the CPU a unary gRPC call
+//! (BENCHMARKS.md, "A connection's HTTP/2 streams in its own task"). On a multi-thread runtime
+//! (a library user's `Proxy::start`) each stream still gets a task, so that one connection's
+//! streams run in parallel. The loop polls a new stream only once it has accepted every stream
+//! and read every frame it could, as a new task ran only then, so a reset that came with them is
+//! seen first; and it polls the streams before the connection, so that the answers of the
+//! streams ready at once leave in one write. A panic still ends only its stream. Streams still in flight when the loop ends
+//! (a `GOAWAY` sent, the connection's error, its end) are handed to tasks of their own, as they
+//! ran before; with the connection gone they end with its error.
 
 mod stream;
 
@@ -44,6 +50,7 @@ use std::panic::AssertUnwindSafe;
 use std::pin::{pin, Pin};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -142,6 +149,8 @@ impl Shared {
 #[allow(clippy::large_enum_variant)] // made once per turn of the loop, taken apart at once
 enum Event {
     Accepted(Option<Result<stream::Accepted, h2::Error>>),
+    /// The connection read every frame it could: the streams accepted meanwhile may start.
+    Read,
     /// A stream was served to its end.
     Served,
     Calm,
@@ -179,13 +188,54 @@ type Served = h2::server::Connection<Rewind, Bytes>;
 /// A stream being served (see [`stream::serve`]).
 type Stream = Pin<Box<dyn Future<Output = ()> + Send>>;
 
-/// The connection's streams being served, polled by the connection's own task.
-type Streams = FuturesUnordered<Stream>;
+/// The connection's streams being served: polled by the connection's own task on a
+/// current-thread runtime (`local`), else each in a task of its own (see the module's docs).
+/// A new stream waits in `fresh`, unpolled, until the connection has read every frame it can
+/// (its accept is pending), as a new task ran only then: a reset that came with it is seen
+/// before the stream is routed.
+struct Streams {
+    set: FuturesUnordered<Stream>,
+    fresh: Vec<Stream>,
+    local: bool,
+}
 
-/// Streams still in flight when the connection's loop ends go on as tasks of their own.
-fn release(streams: Streams) {
-    for s in streams {
-        tokio::spawn(s);
+impl Streams {
+    fn new() -> Self {
+        let flavor = tokio::runtime::Handle::current().runtime_flavor();
+        Streams {
+            set: FuturesUnordered::new(),
+            fresh: Vec::new(),
+            local: flavor == tokio::runtime::RuntimeFlavor::CurrentThread,
+        }
+    }
+
+    fn add(&mut self, stream: Stream) {
+        if self.local {
+            self.fresh.push(stream);
+        } else {
+            tokio::spawn(stream);
+        }
+    }
+
+    /// The connection read all it could: the new streams are polled from now on.
+    fn adopt(&mut self) {
+        self.set.extend(self.fresh.drain(..));
+    }
+
+    /// Streams still in flight when the connection's loop ends go on as tasks of their own.
+    fn release(self) {
+        for s in self.set.into_iter().chain(self.fresh) {
+            tokio::spawn(s);
+        }
+    }
+}
+
+/// The connection's next stream; [`Event::Read`] instead of waiting when streams accepted
+/// before wait to be polled.
+fn accept(h2: &mut Served, fresh: bool, cx: &mut std::task::Context<'_>) -> Poll<Event> {
+    match h2.poll_accept(cx) {
+        Poll::Pending if fresh => Poll::Ready(Event::Read),
+        next => next.map(Event::Accepted),
     }
 }
 
@@ -221,22 +271,23 @@ impl Conn {
         let mut shutdown = self.shutdown.clone();
         let mut drain = pin!(shutdown.changed());
         loop {
-            let deadline = phase.deadline;
+            let (deadline, fresh) = (phase.deadline, !streams.fresh.is_empty());
             let event = tokio::select! {
                 biased;
                 () = &mut calm => Event::Calm,
-                Some(()) = streams.next(), if !streams.is_empty() => Event::Served,
-                accepted = poll_fn(|cx| h2.poll_accept(cx)) => Event::Accepted(accepted),
+                // The streams before the connection: their answers are written together.
+                Some(()) = streams.set.next(), if !streams.set.is_empty() => Event::Served,
+                event = poll_fn(|cx| accept(&mut h2, fresh, cx)) => event,
                 _ = &mut drain, if !phase.draining => Event::Drain,
                 why = &mut watchdog, if !phase.watched => Event::Expired(why),
                 () = sleep_until(deadline), if deadline.is_some() => Event::Deadline,
             };
             match self.on(event, &mut h2, &shared, &mut phase, &mut streams) {
                 Next::Wait => {}
-                Next::End => return release(streams),
+                Next::End => return streams.release(),
                 Next::Close(reason) => {
-                    release(streams);
                     shared.closing.store(true, Relaxed);
+                    streams.release();
                     h2.abrupt_shutdown(reason);
                     // The GOAWAY goes out, then the connection closes (bounded: a client that
                     // stops reading does not keep it).
@@ -268,8 +319,12 @@ impl Conn {
     ) -> Next {
         match event {
             Event::Served => Next::Wait,
+            Event::Read => {
+                streams.adopt();
+                Next::Wait
+            }
             Event::Accepted(Some(Ok(accepted))) => {
-                streams.push(self.admit(accepted, shared));
+                streams.add(self.admit(accepted, shared));
                 let cap = self.limits.max_requests_per_connection;
                 if cap > 0 && shared.opened.load(Relaxed) >= cap && !phase.draining {
                     Defences::count(&self.hub.defences.capped);

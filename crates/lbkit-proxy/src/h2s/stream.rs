@@ -1,7 +1,7 @@
-//! One HTTP/2 stream of a client, served within its connection's task (`Conn::serve`): its
-//! request routed and forwarded (`forward::serve`, as on hyper's engine) while the stream is
-//! watched for the client's reset and for idleness, then its answer written under flow control
-//! ([`Pipe`]).
+//! One HTTP/2 stream of a client, served within its connection's task (`Conn::serve`; a task of
+//! its own on a multi-thread runtime): its request routed and forwarded (`forward::serve`, as
+//! on hyper's engine) while the stream is watched for the client's reset and for idleness, then
+//! its answer written under flow control ([`Pipe`]).
 
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
@@ -119,8 +119,8 @@ fn send_head(
 }
 
 /// Wait for the answer's head while watching the stream: a reset by the client drops the
-/// request at once (checked first, so a stream reset before its task runs is never routed,
-/// and opens or takes no upstream connection), and so does the idle limit.
+/// request at once (checked first, so a stream reset before it is first polled is never
+/// routed, and opens or takes no upstream connection), and so does the idle limit.
 async fn head<F>(
     mut answer: Pin<Box<F>>,
     respond: &mut SendResponse<Bytes>,

@@ -5,11 +5,11 @@
 //! routes and find no one to tell. The hub publishes a [`Filter`] of the names it routes, and
 //! the watcher's callback drops the events that name none of them before they cross threads.
 //!
-//! The filter is a copy of the routes and may lag them by one event: a file reached straight
-//! that turns into a symlink widens its directory to every name only once the hub has handled
-//! the event that made the symlink. An event dropped in between (the symlink's target swapped
-//! at once) is not lost: the hub tells every file whose directory it widened that it may have
-//! changed, after the wider filter is published, so that file reads again (see
+//! The filter is a copy of the routes and may lag them by the events still queued: a file
+//! reached straight that turns into a symlink widens its directory to every name only once the
+//! hub has handled the event that made the symlink. An event dropped in between (the symlink's
+//! target swapped at once) is not lost: the hub tells every file whose directory it widened
+//! that it may have changed, after the wider filter is published, so that file reads again (see
 //! [`Hub::refresh_filter`](super::Hub)).
 
 use std::collections::HashMap;

@@ -207,7 +207,7 @@ fn writes_to_files_no_one_follows_stay_on_the_watchers_thread() {
     ));
     assert!(passes(write(&dir)), "the directory itself (deleted, moved)");
     assert!(passes(
-        write(&dir.join("a.toml")).set_flag(notify::event::Flag::Rescan)
+        write(&dir.join("h2load.log")).set_flag(notify::event::Flag::Rescan)
     ));
     assert!(
         passes(Event::new(EventKind::Any)),
@@ -283,4 +283,60 @@ fn a_file_turned_symlink_is_told_once_its_directory_lets_every_name_through() {
     );
     hub.refresh_filter(true);
     assert_eq!(rx.try_recv().ok(), None, "told once, when it widened");
+}
+
+/// The hub thread itself: an event that turns a followed file into a symlink widens the filter
+/// the watcher's thread reads, and the file is told twice (the event, then the widening). Each
+/// step waits on the hub's reply to a later subscription: mail is handled in order.
+#[test]
+fn the_hub_widens_its_filter_after_the_event_that_made_a_symlink() {
+    let (_keep, dir) = canonical_dir();
+    std::fs::write(dir.join("a.toml"), "v1").unwrap();
+    std::fs::write(dir.join("b.toml"), "").unwrap();
+    let hub = Hub::new(std_mpsc::channel().0);
+    let filter = Arc::clone(&hub.filter);
+    let (mail, inbox) = std_mpsc::channel();
+    let thread = std::thread::spawn(move || hub.run(inbox));
+    let subscribe = |name: &str| {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (reply, answer) = std_mpsc::sync_channel(1);
+        let watched = WatchedPath::new(dir.join(name));
+        mail.send(Msg::Subscribe { watched, tx, reply }).unwrap();
+        answer.recv().unwrap().expect("subscribed");
+        rx
+    };
+    let mut a = subscribe("a.toml");
+    assert!(!filter.load().passes(&write(&dir.join("..data"))));
+
+    std::fs::create_dir(dir.join("..v2")).unwrap();
+    std::fs::write(dir.join("..v2").join("a.toml"), "v2").unwrap();
+    std::os::unix::fs::symlink("..v2", dir.join("..data")).unwrap();
+    std::fs::remove_file(dir.join("a.toml")).unwrap();
+    std::os::unix::fs::symlink("..data/a.toml", dir.join("a.toml")).unwrap();
+    mail.send(Msg::Event(Ok(write(&dir.join("a.toml")))))
+        .unwrap();
+    let _b = subscribe("b.toml"); // handled after the event
+    assert!(filter.load().passes(&write(&dir.join("..data"))));
+    let heard: Vec<Change> = std::iter::from_fn(|| a.try_recv().ok()).collect();
+    assert_eq!(heard, [Ok(()), Ok(())], "the event, then the widening");
+    drop(mail);
+    thread.join().unwrap();
+}
+
+/// A path that turned into a symlink before its directory was watched is resolved again once
+/// it is: its directory's filter passes every event from the start.
+#[test]
+fn a_subscription_resolves_its_path_again_once_watched() {
+    let (_keep, dir) = canonical_dir();
+    std::fs::write(dir.join("a.toml"), "v1").unwrap();
+    let watched = WatchedPath::new(dir.join("a.toml")); // resolved while a plain file
+    std::fs::create_dir(dir.join("..v2")).unwrap();
+    std::fs::write(dir.join("..v2").join("a.toml"), "v2").unwrap();
+    std::fs::remove_file(dir.join("a.toml")).unwrap();
+    std::os::unix::fs::symlink("..v2/a.toml", dir.join("a.toml")).unwrap();
+    let mut hub = Hub::new(std_mpsc::channel().0);
+    hub.subscribe(watched, mpsc::unbounded_channel().0)
+        .expect("subscribed");
+    hub.refresh_filter(false);
+    assert!(hub.filter.load().passes(&write(&dir.join("..v3"))));
 }
