@@ -38,9 +38,9 @@
 //! streams run in parallel. The loop polls a new stream only once it has accepted every stream
 //! and read every frame it could, as a new task ran only then, so a reset that came with them is
 //! seen first; and it polls the streams before the connection, so that the answers of the
-//! streams ready at once leave in one write. A panic still ends only its stream. Streams still in flight when the loop ends
-//! (a `GOAWAY` sent, the connection's error, its end) are handed to tasks of their own, as they
-//! ran before; with the connection gone they end with its error.
+//! streams ready at once leave in one write. A panic still ends only its stream. Streams still
+//! in flight when the loop ends (a `GOAWAY` sent, the connection's error, its end) are handed to
+//! tasks of their own, as they ran before; with the connection gone they end with its error.
 
 mod stream;
 
