@@ -172,6 +172,15 @@ struct Phase {
     deadline: Option<tokio::time::Instant>,
 }
 
+impl Phase {
+    /// Send a graceful `GOAWAY`: the streams in flight, and those the client sent before it
+    /// sees it, are still served.
+    fn drain(&mut self, h2: &mut Served) {
+        h2.graceful_shutdown();
+        self.draining = true;
+    }
+}
+
 /// What the loop does after an event.
 enum Next {
     /// Wait for the next event.
@@ -308,6 +317,18 @@ impl Conn {
         Box::pin(AssertUnwindSafe(serve).catch_unwind().map(drop))
     }
 
+    /// Too many streams reset before their answer: the connection closes.
+    fn calm(&self, shared: &Shared) -> Next {
+        Defences::count(&self.hub.defences.calmed);
+        tracing::warn!(
+            peer = %self.peer,
+            resets = shared.premature.load(Relaxed),
+            streams = shared.opened.load(Relaxed),
+            "HTTP/2 client reset too many streams before their answer: GOAWAY ENHANCE_YOUR_CALM"
+        );
+        Next::Close(Reason::ENHANCE_YOUR_CALM)
+    }
+
     /// What `event` means for the connection.
     fn on(
         &self,
@@ -328,8 +349,7 @@ impl Conn {
                 let cap = self.limits.max_requests_per_connection;
                 if cap > 0 && shared.opened.load(Relaxed) >= cap && !phase.draining {
                     Defences::count(&self.hub.defences.capped);
-                    h2.graceful_shutdown();
-                    phase.draining = true;
+                    phase.drain(h2);
                 }
                 Next::Wait
             }
@@ -341,26 +361,15 @@ impl Conn {
             }
             Event::Accepted(None) => Next::End,
             Event::Drain => {
-                h2.graceful_shutdown();
-                phase.draining = true;
+                phase.drain(h2);
                 Next::Wait
             }
-            Event::Calm => {
-                Defences::count(&self.hub.defences.calmed);
-                tracing::warn!(
-                    peer = %self.peer,
-                    resets = shared.premature.load(Relaxed),
-                    streams = shared.opened.load(Relaxed),
-                    "HTTP/2 client reset too many streams before their answer: GOAWAY ENHANCE_YOUR_CALM"
-                );
-                Next::Close(Reason::ENHANCE_YOUR_CALM)
-            }
+            Event::Calm => self.calm(shared),
             // Nothing in flight: a graceful close loses nothing. Streams the client opened
             // before it saw the GOAWAY are still served, within the head limit.
             Event::Expired(Expired::Idle) => {
-                h2.graceful_shutdown();
+                phase.drain(h2);
                 phase.watched = true;
-                phase.draining = true;
                 let head = Duration::from_millis(self.limits.header_read_timeout_ms);
                 phase.deadline = Some(tokio::time::Instant::now() + head);
                 Next::Wait
