@@ -386,9 +386,24 @@ mod change {
         bench_change(b, Ketama::new(), how);
     }
 
+    /// The table built (`scratch`, `next`: no rebuild interval, as every change past it).
     #[divan::bench(args = HOW, sample_count = 20)]
     fn maglev(b: Bencher, how: &str) {
         bench_change(b, Maglev::new(), how);
+    }
+
+    /// The last table patched: a change within the rebuild interval of the last build.
+    #[divan::bench(sample_count = 20)]
+    fn maglev_patch(b: Bencher) {
+        use lbkit_core::Picker;
+        let (last, next) = sets();
+        let strategy = Maglev::new().with_rebuild_interval(lbkit_strategy::TICKED_REBUILD_INTERVAL);
+        let picker = strategy.prepare(&last, Timestamp::ZERO);
+        let patched = strategy.prepare_next(&last, &picker, &next, Timestamp::ZERO);
+        assert!(patched.refresh_at().is_some(), "a patch, not a build");
+        b.bench_local(|| {
+            black_box(&strategy).prepare_next(&last, &picker, black_box(&next), Timestamp::ZERO)
+        });
     }
 
     #[divan::bench(args = HOW, sample_count = 30)]

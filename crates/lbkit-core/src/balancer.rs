@@ -796,10 +796,8 @@ fn prepare<S: Strategy>(
     let warming = snapshot
         .any_ramping(now)
         .then(|| now.saturating_add(WARMUP_REFRESH));
-    let refresh_at = match (periodic, warming) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    };
+    let asked = pickers_refresh_at(&picker, tags.as_deref(), staged.as_ref());
+    let refresh_at = [periodic, warming, asked].into_iter().flatten().min();
     Prepared {
         snapshot,
         main,
@@ -809,6 +807,21 @@ fn prepare<S: Strategy>(
         prepared_at: now,
         refresh_at,
     }
+}
+
+/// The earliest time any picker of a prepared snapshot asked to be prepared again
+/// ([`Picker::refresh_at`]): the main one, the tag sets' and the stages' leaves.
+fn pickers_refresh_at<P: Picker>(
+    main: &P,
+    tags: Option<&Tagged<P>>,
+    staged: Option<&Staged<P>>,
+) -> Option<Timestamp> {
+    let tags = tags.map_or(&[][..], |t| &t.pickers[..]);
+    let leaves = staged.map_or(&[][..], |s| &s.leaves[..]);
+    let leaves = leaves.iter().filter_map(|l| l.picker.as_ref());
+    (std::iter::once(main).chain(tags).chain(leaves))
+        .filter_map(Picker::refresh_at)
+        .min()
 }
 
 impl<S: Strategy + fmt::Debug> fmt::Debug for Balancer<S> {

@@ -102,6 +102,16 @@ pub trait Picker: Any + Send + Sync {
         let _ = (idx, now);
         None
     }
+
+    /// When this picker wants to be prepared again although its snapshot has not changed:
+    /// a picker that stood in for a costly one (a Maglev table patched rather than rebuilt
+    /// while changes come fast) asks for the full preparation here. A
+    /// [`Balancer`](crate::Balancer) re-prepares it, from itself
+    /// ([`Strategy::prepare_next`]), at its first [`tick`](crate::Balancer::tick) from then
+    /// on. Default `None`: never.
+    fn refresh_at(&self) -> Option<Timestamp> {
+        None
+    }
 }
 
 impl<P: Picker + ?Sized> Picker for Box<P> {
@@ -112,6 +122,10 @@ impl<P: Picker + ?Sized> Picker for Box<P> {
 
     fn explain(&self, idx: EndpointIdx, now: Timestamp) -> Option<String> {
         (**self).explain(idx, now)
+    }
+
+    fn refresh_at(&self) -> Option<Timestamp> {
+        (**self).refresh_at()
     }
 }
 

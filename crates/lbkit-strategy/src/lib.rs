@@ -66,7 +66,7 @@ pub use attrs::{AttrHeaders, OwnedAttrs};
 pub use hash::split_target;
 pub use hash::{
     BalanceFactor, ConsistentHash, Ketama, KeyExtractor, KeySource, Maglev, MaglevPicker,
-    Rendezvous, RendezvousPicker, RingPicker,
+    Rendezvous, RendezvousPicker, RingPicker, TICKED_REBUILD_INTERVAL,
 };
 pub use load::{
     Adaptive, AdaptiveChoice, AdaptiveConfig, BestAvailable, LeastActive, LeastRequest, P2cEwma,

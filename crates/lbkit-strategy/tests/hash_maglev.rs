@@ -7,7 +7,7 @@ use lbkit_core::{
     Timestamp,
 };
 use lbkit_strategy::catalog::{build, Params};
-use lbkit_strategy::{Maglev, MaglevPicker};
+use lbkit_strategy::{Maglev, MaglevPicker, TICKED_REBUILD_INTERVAL};
 use proptest::prelude::*;
 use proptest::test_runner::RngSeed;
 
@@ -82,6 +82,58 @@ fn table_size_parameter_sets_the_table() {
         .explain(EndpointIdx::new(0), Timestamp::ZERO)
         .unwrap()
         .contains("of 5000011 table entries"));
+}
+
+/// Through a [`Balancer`]: a change within the rebuild interval publishes the last table
+/// patched, which asks to be built when the interval ends; a tick before then changes
+/// nothing, the first tick from then on publishes the table built from scratch.
+#[test]
+fn a_balancer_builds_a_patched_table_at_the_first_tick_after_the_interval() {
+    use lbkit_core::{Balancer, SnapshotBuilder, Update};
+    let ms = Timestamp::from_millis;
+    let spec = |i: u32| EndpointSpec::new(format!("10.1.0.{i}:80")).with_key(format!("k{i:03}"));
+    let mut b = SnapshotBuilder::new();
+    let first = b.apply(Update::Reset((0..40).map(spec).collect()), ms(1_000));
+    let strategy = Maglev::new().with_rebuild_interval(TICKED_REBUILD_INTERVAL);
+    let balancer = Balancer::new(strategy, first, ms(1_000));
+    assert_eq!(balancer.current().refresh_at(), None);
+    // One endpoint in, 20 ms later: patched; it asks for the build at 1 000 + 100 ms.
+    let second = b.apply(Update::Add(vec![spec(40)]), ms(1_020));
+    balancer.publish(second.clone(), ms(1_020));
+    assert_eq!(balancer.current().refresh_at(), Some(ms(1_100)));
+    let rebuilt = Maglev::new().prepare(&second, ms(1_020));
+    let now = balancer.current();
+    assert_ne!(now.picker().table(), rebuilt.table());
+    assert!(
+        now.picker().table().iter().all(|i| i.get() != 40),
+        "the new one waits"
+    );
+    assert!(!balancer.tick(ms(1_099)));
+    assert!(balancer.tick(ms(1_100)));
+    let built = balancer.current();
+    assert_eq!(built.picker().table(), rebuilt.table());
+    assert_eq!(built.refresh_at(), None);
+    // Calm since: the next change builds at once.
+    let third = b.apply(Update::Add(vec![spec(41)]), ms(1_300));
+    balancer.publish(third.clone(), ms(1_300));
+    let rebuilt = Maglev::new().prepare(&third, ms(1_300));
+    assert_eq!(balancer.current().picker().table(), rebuilt.table());
+    // The parameter: 0 builds on every change; out of range is refused.
+    let every: BoxStrategy =
+        build("maglev", Params::from_pairs([("rebuild_interval_ms", "0")])).unwrap();
+    let last = every.prepare(&second, ms(1_020));
+    assert_eq!(
+        every
+            .prepare_next(&second, &last, &third, ms(1_021))
+            .refresh_at(),
+        None
+    );
+    let err = build(
+        "maglev",
+        Params::from_pairs([("rebuild_interval_ms", "-1")]),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("rebuild_interval_ms"), "{err}");
 }
 
 #[test]

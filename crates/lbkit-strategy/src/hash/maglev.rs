@@ -34,6 +34,16 @@
 //!   (a cache miss each, across a fleet), and only the k new and changed ones are hashed and
 //!   placed by binary search, O(n) dense copies plus O(k log n) reads. It is built on the
 //!   publisher's thread; picks keep the last table until the new one is swapped in.
+//!   **While changes come faster than the rebuild interval** (100 ms in the catalog's
+//!   `maglev`, which the proxy and the `Pool` run; none for [`Maglev::new`], which builds on
+//!   every change, as Envoy: [`Maglev::with_rebuild_interval`]), a change within
+//!   the interval of the last build patches the last table instead, O(M) in one pass, about
+//!   0.1 ms (`maglev/patch.rs`): the entries of endpoints gone, down or drained go to the
+//!   next entry of one still there, a new endpoint waits for the build, which the balancer's
+//!   next tick from the interval's end makes ([`Picker::refresh_at`]), or the next change
+//!   after it. An endpoint back from down or from weight 0 has the table built at once. Under
+//!   a fleet's churn (100 changes a second) this builds about ten tables a second instead of a
+//!   hundred.
 //! * **Behaviour under trouble**: blind to load unless `balance_factor` is set (bounds are
 //!   weighted). The table is built over every endpoint with weight > 0, healthy or not; an entry of
 //!   a down endpoint is resolved, at prepare, to the next entry of an eligible one, so keys of
@@ -63,6 +73,7 @@
 //! ```
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use lbkit_core::{
     diff, EndpointIdx, PickContext, PickError, Picker, Snapshot, Strategy, Timestamp,
@@ -78,6 +89,14 @@ pub const DEFAULT_TABLE_SIZE: u32 = 65_537;
 
 /// Largest table size accepted (Envoy's limit; prime).
 pub const MAX_TABLE_SIZE: u32 = 5_000_011;
+
+/// The [rebuild interval](Maglev::with_rebuild_interval) of the catalog's `maglev` unless its
+/// `rebuild_interval_ms` says otherwise: what `lbkit proxy`, the tower `Pool` and the simulator
+/// run with. They tick their balancers, which a patched table needs ([`Picker::refresh_at`]);
+/// [`Maglev::new`] has none, so a balancer that is never ticked keeps Envoy's table.
+pub const TICKED_REBUILD_INTERVAL: Duration = Duration::from_millis(100);
+
+mod patch;
 
 /// A Maglev table size that is not a prime in `2..=MAX_TABLE_SIZE`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -100,6 +119,7 @@ impl TableSizeError {
 pub struct Maglev {
     table_size: u32,
     balance: Option<BalanceFactor>,
+    rebuild: Duration,
 }
 
 impl Default for Maglev {
@@ -111,11 +131,12 @@ impl Default for Maglev {
 // === impl Maglev ===
 
 impl Maglev {
-    /// A table of [`DEFAULT_TABLE_SIZE`] entries, no load bound.
+    /// A table of [`DEFAULT_TABLE_SIZE`] entries, no load bound, built on every change.
     pub fn new() -> Self {
         Maglev {
             table_size: DEFAULT_TABLE_SIZE,
             balance: None,
+            rebuild: Duration::ZERO,
         }
     }
 
@@ -130,7 +151,7 @@ impl Maglev {
         }
         Ok(Maglev {
             table_size: size,
-            balance: None,
+            ..Maglev::new()
         })
     }
 
@@ -142,6 +163,40 @@ impl Maglev {
     pub(crate) fn with_balance_factor_opt(mut self, factor: Option<BalanceFactor>) -> Self {
         self.balance = factor;
         self
+    }
+
+    /// Build the table at most once per `every` while changes come faster, and patch it in
+    /// between (`Duration::ZERO`, the default: build it on every change, as Envoy does; the
+    /// catalog's `maglev` takes [`TICKED_REBUILD_INTERVAL`]). Only for a balancer that is
+    /// ticked ([`Balancer::tick`](lbkit_core::Balancer::tick)), as `lbkit_discovery`'s
+    /// `Publisher` (with the controller's `refresh` set) and every lbkit driver tick theirs:
+    /// a patched table is built at the first tick after the interval, or at the next change.
+    ///
+    /// A change that comes within `every` of the last build keeps the last table with its
+    /// entries moved to the endpoints' new positions: the entries of endpoints gone, drained
+    /// to weight 0 or down go to the next entry of one still there (as a down endpoint's do),
+    /// and the endpoints new to the set take no keys yet. The picker then asks to be built
+    /// again at the interval's end ([`Picker::refresh_at`]), which the
+    /// [`Balancer`](lbkit_core::Balancer)'s next tick does. An endpoint back from down or from
+    /// weight 0 always has the table built at once, so its keys come back at once. A patch
+    /// costs one pass over the table (about 0.1 ms at 65 537 entries, against 1.1–1.3 ms for
+    /// a build).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use lbkit_strategy::Maglev;
+    /// let coalescing = Maglev::new().with_rebuild_interval(Duration::from_millis(100));
+    /// assert_eq!(coalescing.rebuild_interval(), Duration::from_millis(100));
+    /// assert_eq!(Maglev::new().rebuild_interval(), Duration::ZERO);
+    /// ```
+    pub fn with_rebuild_interval(mut self, every: Duration) -> Self {
+        self.rebuild = every;
+        self
+    }
+
+    /// See [`with_rebuild_interval`](Self::with_rebuild_interval).
+    pub fn rebuild_interval(&self) -> Duration {
+        self.rebuild
     }
 
     /// Entries in the table.
@@ -157,7 +212,7 @@ impl Strategy for Maglev {
         "maglev"
     }
 
-    fn prepare(&self, snapshot: &Arc<Snapshot>, _now: Timestamp) -> MaglevPicker {
+    fn prepare(&self, snapshot: &Arc<Snapshot>, now: Timestamp) -> MaglevPicker {
         let weighted = snapshot
             .endpoints()
             .iter()
@@ -165,12 +220,14 @@ impl Strategy for Maglev {
             .filter(|(_, e)| e.weight() > 0)
             .map(|(i, e)| (e.address(), i, e.weight()))
             .collect();
-        self.picker(snapshot, seeds_of(weighted, self.table_size))
+        self.picker(snapshot, seeds_of(weighted, self.table_size), now)
     }
 
     /// The table built again, from the last one's seeds: the endpoints that are the same
     /// objects keep their permutations and weights without being read, only the new and
-    /// changed ones are hashed, and they join the address order by binary search.
+    /// changed ones are hashed, and they join the address order by binary search. Within the
+    /// [rebuild interval](Maglev::with_rebuild_interval) of the last build, the last table
+    /// patched instead.
     fn prepare_next(
         &self,
         last_snapshot: &Arc<Snapshot>,
@@ -178,16 +235,23 @@ impl Strategy for Maglev {
         snapshot: &Arc<Snapshot>,
         now: Timestamp,
     ) -> MaglevPicker {
-        match last.carry(last_snapshot, snapshot, self.table_size) {
-            Some(seeds) => self.picker(snapshot, seeds),
-            None => self.prepare(snapshot, now),
+        let Some(carried) = last.carry(last_snapshot, snapshot, self.table_size) else {
+            return self.prepare(snapshot, now);
+        };
+        let due = last.built_at.saturating_add(self.rebuild);
+        if now >= due {
+            return self.picker(snapshot, carried.seeds, now);
+        }
+        match self.patched(last, last_snapshot, snapshot, carried, due) {
+            Ok(patched) => patched,
+            Err(seeds) => self.picker(snapshot, seeds, now),
         }
     }
 }
 
 impl Maglev {
-    /// The picker of `snapshot` whose endpoints of positive weight are `seeds`.
-    fn picker(&self, snapshot: &Arc<Snapshot>, seeds: Vec<Seed>) -> MaglevPicker {
+    /// The picker of `snapshot` whose endpoints of positive weight are `seeds`, built at `now`.
+    fn picker(&self, snapshot: &Arc<Snapshot>, seeds: Vec<Seed>, now: Timestamp) -> MaglevPicker {
         let size = self.table_size;
         let raw = build_table(&seeds, size);
         let mut eligible = vec![false; snapshot.len()];
@@ -207,21 +271,37 @@ impl Maglev {
                 .map(|p| EndpointIdx::new(p as usize))
                 .collect()
         });
-        let mut seen = vec![false; snapshot.len()];
-        let distinct = table
-            .iter()
-            .filter(|o| !std::mem::replace(&mut seen[o.get()], true))
-            .count();
+        let mut holds = vec![false; snapshot.len()].into_boxed_slice();
+        table.iter().for_each(|o| holds[o.get()] = true);
+        let (built_at, refresh_at) = (now, None);
+        self.assemble(snapshot, table, holds, seeds, built_at, refresh_at)
+    }
+
+    /// The picker of `snapshot` with `table`, whose entries the endpoints in `holds` own,
+    /// built from `seeds`.
+    fn assemble(
+        &self,
+        snapshot: &Arc<Snapshot>,
+        table: Box<[EndpointIdx]>,
+        holds: Box<[bool]>,
+        seeds: Vec<Seed>,
+        built_at: Timestamp,
+        refresh_at: Option<Timestamp>,
+    ) -> MaglevPicker {
+        let distinct = holds.iter().filter(|&&h| h).count();
         MaglevPicker {
             table,
+            holds,
             distinct: u32::try_from(distinct).unwrap_or(u32::MAX),
             bound: self
                 .balance
                 .map(|f| Bound::new(f, snapshot, |e| u64::from(e.weight()))),
             empty: snapshot.empty_error(),
             seeds: seeds.into_boxed_slice(),
-            size,
+            size: self.table_size,
             of: snapshot.len(),
+            built_at,
+            refresh_at,
         }
     }
 }
@@ -232,6 +312,9 @@ pub struct MaglevPicker {
     /// Entry → endpoint, ineligible endpoints already resolved to the next eligible entry.
     /// Empty when no endpoint is eligible.
     table: Box<[EndpointIdx]>,
+    /// Which endpoints own entries.
+    holds: Box<[bool]>,
+    /// How many do.
     distinct: u32,
     bound: Option<Bound>,
     empty: PickError,
@@ -241,6 +324,10 @@ pub struct MaglevPicker {
     size: u32,
     /// Endpoints in the snapshot it was prepared for.
     of: usize,
+    /// When the table was last built (rather than patched).
+    built_at: Timestamp,
+    /// When a patched table asks to be built: the rebuild interval's end.
+    refresh_at: Option<Timestamp>,
 }
 
 // === impl MaglevPicker ===
@@ -266,30 +353,43 @@ impl MaglevPicker {
     /// objects in both carried over (their positions in `next`), the new and changed ones of
     /// positive weight hashed and put in their places. `None` when the sets cannot be matched
     /// ([`diff::between`]) or this picker was not made for `last` with `size` entries.
-    fn carry(&self, last: &Snapshot, next: &Snapshot, size: u32) -> Option<Vec<Seed>> {
+    fn carry(&self, last: &Snapshot, next: &Snapshot, size: u32) -> Option<Carried> {
         if self.size != size || self.of != last.len() {
             return None;
         }
         let d = diff::between(last.endpoints(), next.endpoints(), None)?;
-        let now: Vec<Option<usize>> = d.pairs(last.len(), next.len()).collect();
+        let mut now: Vec<u32> = (d.pairs(last.len(), next.len()))
+            .map(|p| p.and_then(|at| u32::try_from(at).ok()).unwrap_or(GONE))
+            .collect();
         let carried = self.seeds.iter().filter_map(|s| {
-            let at = now.get(s.position as usize).copied().flatten()?;
-            Some(Seed {
-                position: u32::try_from(at).ok()?,
-                ..*s
-            })
+            let at = *now.get(s.position as usize)?;
+            (at != GONE).then_some(Seed { position: at, ..*s })
         });
+        let carried = carried.collect();
         let fresh = d.changed.iter().filter_map(|&(i, _)| {
             let e = next.endpoints().get(i)?;
             (e.weight() > 0).then(|| (e.address(), i, e.weight()))
         });
-        Some(merge(
-            carried.collect(),
-            seeds_of(fresh.collect(), size),
-            next,
-        ))
+        let seeds = merge(carried, seeds_of(fresh.collect(), size), next);
+        // A changed endpoint keeps its key's entries until the next build.
+        for &(at, was) in &d.changed {
+            if let (Some(was), Ok(at)) = (was, u32::try_from(at)) {
+                now[was] = at;
+            }
+        }
+        Some(Carried { seeds, now })
     }
 }
+
+/// What a table carries over to the next snapshot's: the next seeds, and where each endpoint
+/// of the last snapshot is in the next one (by key), or [`GONE`].
+struct Carried {
+    seeds: Vec<Seed>,
+    now: Vec<u32>,
+}
+
+/// An endpoint of the last snapshot whose key the next one lacks.
+const GONE: u32 = u32::MAX;
 
 /// `carried` and `fresh` (each in address order, positions in `next`) in one address order.
 fn merge(carried: Vec<Seed>, fresh: Vec<Seed>, next: &Snapshot) -> Vec<Seed> {
@@ -334,6 +434,10 @@ impl Picker for MaglevPicker {
             self.distinct,
             self.bound.as_ref(),
         ))
+    }
+
+    fn refresh_at(&self) -> Option<Timestamp> {
+        self.refresh_at
     }
 
     fn explain(&self, idx: EndpointIdx, _now: Timestamp) -> Option<String> {
@@ -683,8 +787,8 @@ mod tests {
         }
     }
 
-    /// A chain of sets, each table prepared from the last one's seeds, equals the table built
-    /// from scratch: endpoints coming and going (addresses in no order of their keys), weights
+    /// A chain of sets, each table prepared from the last one's seeds (no rebuild interval:
+    /// every table is built), equals the table built from scratch: endpoints coming and going (addresses in no order of their keys), weights
     /// changing, draining to 0 and coming back, health flipping, at two table sizes.
     #[test]
     fn tables_prepared_from_the_last_equal_rebuilt_ones() {
@@ -702,7 +806,9 @@ mod tests {
         };
         let mut rng = FastRng::seed_from_u64(2016);
         for size in [251, DEFAULT_TABLE_SIZE] {
-            let strategy = Maglev::try_with_table_size(size).unwrap();
+            let strategy = Maglev::try_with_table_size(size)
+                .unwrap()
+                .with_rebuild_interval(Duration::ZERO);
             let mut set: BTreeMap<u32, (u32, bool)> = (0..40).map(|p| (p * 5, (1, true))).collect();
             let specs = |set: &BTreeMap<u32, (u32, bool)>| -> Vec<EndpointSpec> {
                 set.iter().map(|(&p, &v)| spec(p, v)).collect()

@@ -65,6 +65,8 @@ mod walk;
 #[cfg(test)]
 mod tests;
 
+use std::time::Duration;
+
 use lbkit_core::{BoxStrategy, PickContext};
 
 use crate::catalog::{invalid, Family, ParamError, ParamInfo, Params, StrategyInfo};
@@ -73,7 +75,10 @@ pub use bounded::BalanceFactor;
 pub use consistent::{ConsistentHash, DEFAULT_NODES, MAX_NODES};
 pub use ketama::{Ketama, MAX_RING_POINTS, POINTS_PER_WEIGHT};
 pub use key::{split_target, KeyExtractor, KeyExtractorError, KeySource};
-pub use maglev::{Maglev, MaglevPicker, TableSizeError, DEFAULT_TABLE_SIZE, MAX_TABLE_SIZE};
+pub use maglev::{
+    Maglev, MaglevPicker, TableSizeError, DEFAULT_TABLE_SIZE, MAX_TABLE_SIZE,
+    TICKED_REBUILD_INTERVAL,
+};
 pub use rendezvous::{Rendezvous, RendezvousPicker};
 pub use ring::RingPicker;
 
@@ -118,6 +123,12 @@ const INFOS: &[StrategyInfo] = &[
                 doc: "lookup table entries; a prime up to 5000011, ideally > 100 x endpoints",
                 tune: &[],
             },
+            ParamInfo {
+                name: "rebuild_interval_ms",
+                default: "100",
+                doc: "while changes come faster, build the table at most this often and patch it between (new endpoints wait for the build); 0: build on every change, as Envoy",
+                tune: &[],
+            },
             BALANCE_FACTOR,
         ],
     },
@@ -153,6 +164,9 @@ fn build_maglev(name: &str, params: &Params) -> Result<BoxStrategy, ParamError> 
     let size = params.u32_in(name, "table_size", 2..=MAX_TABLE_SIZE, DEFAULT_TABLE_SIZE)?;
     let maglev = Maglev::try_with_table_size(size)
         .map_err(|e| invalid(name, "table_size", &size.to_string(), &e.to_string()))?;
+    let default = u32::try_from(TICKED_REBUILD_INTERVAL.as_millis()).unwrap_or(u32::MAX);
+    let rebuild = params.u32_in(name, "rebuild_interval_ms", 0..=60_000, default)?;
+    let maglev = maglev.with_rebuild_interval(Duration::from_millis(u64::from(rebuild)));
     let factor = balance_factor(name, params)?;
     Ok(BoxStrategy::new(maglev.with_balance_factor_opt(factor)))
 }

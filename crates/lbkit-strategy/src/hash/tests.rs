@@ -184,7 +184,9 @@ fn pickers_prepared_from_the_last_pick_as_rebuilt_ones() {
         };
         let mut last = b.reset_from(specs(&set).iter().map(Cow::Borrowed), Timestamp::ZERO);
         let mut picker = strategy.prepare(&last, Timestamp::ZERO);
-        for _ in 0..12 {
+        for round in 1..=12 {
+            // A second apart: past Maglev's rebuild interval, every table is built.
+            let now = Timestamp::from_millis(1_000 * round);
             for _ in 0..4 {
                 let p = rng.below(240) as u32;
                 match set.get(&p).copied() {
@@ -194,9 +196,9 @@ fn pickers_prepared_from_the_last_pick_as_rebuilt_ones() {
                     None => drop(set.insert(p, (1, true))),
                 }
             }
-            let next = b.reset_from(specs(&set).iter().map(Cow::Borrowed), Timestamp::ZERO);
-            picker = strategy.prepare_next(&last, &picker, &next, Timestamp::ZERO);
-            let rebuilt = strategy.prepare(&next, Timestamp::ZERO);
+            let next = b.reset_from(specs(&set).iter().map(Cow::Borrowed), now);
+            picker = strategy.prepare_next(&last, &picker, &next, now);
+            let rebuilt = strategy.prepare(&next, now);
             for k in 0..300u32 {
                 let key = format!("user-{k}");
                 for probe in 0..3 {
@@ -208,7 +210,6 @@ fn pickers_prepared_from_the_last_pick_as_rebuilt_ones() {
                 }
             }
             for &i in next.eligible() {
-                let now = Timestamp::ZERO;
                 assert_eq!(picker.explain(i, now), rebuilt.explain(i, now), "{name}");
             }
             last = next;

@@ -170,6 +170,10 @@ impl<P: Picker> Picker for ZonePicker<P> {
         self.picker.pick(cx)
     }
 
+    fn refresh_at(&self) -> Option<Timestamp> {
+        self.picker.refresh_at()
+    }
+
     fn explain(&self, idx: EndpointIdx, now: Timestamp) -> Option<String> {
         let s = &self.state;
         let local = self.snapshot.endpoint(idx).zone() == Some(&*self.local);

@@ -1,0 +1,283 @@
+//! A table patched rather than built, while changes come faster than the rebuild interval
+//! ([`Maglev::with_rebuild_interval`]).
+//!
+//! The last table's entries follow their endpoints to their positions in the next snapshot.
+//! The entries of an endpoint that is gone, drained to weight 0 or down go to the next entry
+//! of one that is still there: the resolution a down endpoint's entries get at a build, so
+//! the keys of every other endpoint stay where they were. An endpoint new to the set takes no
+//! entries until the table is built. One pass over the table and one over the endpoints'
+//! positions; no endpoint is read.
+
+use std::sync::Arc;
+
+use lbkit_core::{EndpointIdx, Snapshot, Timestamp};
+
+use super::{Carried, Maglev, MaglevPicker, Seed, GONE};
+
+impl Maglev {
+    /// `last`'s table patched for `next`, asking to be built at `due`. `Err` with the seeds to
+    /// build it from when it must be built now: an endpoint that should have owned no entries
+    /// in `last` (down, or of weight 0) now should, or no entry is left to anyone.
+    pub(super) fn patched(
+        &self,
+        last: &MaglevPicker,
+        last_snapshot: &Snapshot,
+        next: &Arc<Snapshot>,
+        carried: Carried,
+        due: Timestamp,
+    ) -> Result<MaglevPicker, Vec<Seed>> {
+        let Carried { seeds, mut now } = carried;
+        if !owners(&mut now, &last.seeds, last_snapshot, &seeds, next) {
+            return Err(seeds);
+        }
+        let Some(table) = follow(&last.table, &now) else {
+            return Err(seeds);
+        };
+        let mut holds = vec![false; next.len()].into_boxed_slice();
+        for (&at, &held) in now.iter().zip(&last.holds[..]) {
+            if at != GONE && held {
+                holds[at as usize] = true;
+            }
+        }
+        Ok(self.assemble(next, table, holds, seeds, last.built_at, Some(due)))
+    }
+}
+
+/// Leaves in `now` (each endpoint of the last snapshot's position in the next one) the
+/// endpoints that keep their entries (present, eligible, weight > 0), the others [`GONE`].
+/// `false` when an endpoint that should own no entries in the last snapshot (`last_seeds`,
+/// the ones of positive weight there) should in the next (`next_seeds`).
+fn owners(
+    now: &mut [u32],
+    last_seeds: &[Seed],
+    last: &Snapshot,
+    next_seeds: &[Seed],
+    next: &Snapshot,
+) -> bool {
+    let owned_last = owning(last_seeds, last);
+    let owns_next = owning(next_seeds, next);
+    for (was, at) in now.iter_mut().enumerate() {
+        if *at == GONE {
+            continue;
+        }
+        if !owns_next[*at as usize] {
+            *at = GONE;
+        } else if !owned_last[was] {
+            return false;
+        }
+    }
+    true
+}
+
+/// Which endpoints of `snapshot` should own table entries: those of positive weight
+/// (`weighted`, the seeds) that are eligible.
+fn owning(weighted: &[Seed], snapshot: &Snapshot) -> Vec<bool> {
+    let mut eligible = vec![false; snapshot.len()];
+    snapshot
+        .eligible()
+        .iter()
+        .for_each(|i| eligible[i.get()] = true);
+    let mut owns = vec![false; snapshot.len()];
+    for s in weighted {
+        let p = s.position as usize;
+        owns[p] = eligible[p];
+    }
+    owns
+}
+
+/// `table`'s entries moved to their owners' positions `now[owner]`; an entry of a [`GONE`]
+/// owner takes the next entry's (cyclically) that is not. `None` when every owner is gone.
+fn follow(table: &[EndpointIdx], now: &[u32]) -> Option<Box<[EndpointIdx]>> {
+    let mut gone = Vec::new();
+    let mut out: Box<[EndpointIdx]> = (table.iter().enumerate())
+        .map(|(j, e)| {
+            let at = now[e.get()];
+            if at == GONE {
+                gone.push(j);
+            }
+            EndpointIdx::new(at as usize)
+        })
+        .collect();
+    // Backwards: the entry after `j` is kept or already resolved, except past the end, where
+    // the first kept entry is the next one. O(M) however many are gone.
+    let first = out.iter().copied().find(|e| e.get() != GONE as usize)?;
+    for &j in gone.iter().rev() {
+        out[j] = out.get(j + 1).copied().unwrap_or(first);
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::borrow::Cow;
+    use std::collections::{BTreeMap, HashMap};
+    use std::time::Duration;
+
+    use lbkit_core::{EndpointKey, EndpointSpec, FastRng, Picker, SnapshotBuilder, Strategy};
+
+    use super::super::TICKED_REBUILD_INTERVAL;
+    use super::*;
+
+    /// The patch as the module says it, key by key: an entry keeps its owner's key where the
+    /// next snapshot has that key eligible and of positive weight, else takes the next such
+    /// entry's owner, cyclically.
+    fn reference_patch(table: &[EndpointIdx], last: &Snapshot, next: &Snapshot) -> Vec<usize> {
+        let usable: HashMap<&EndpointKey, usize> = (next.eligible().iter())
+            .filter(|&&i| next.endpoint(i).weight() > 0)
+            .map(|&i| (next.endpoint(i).key(), i.get()))
+            .collect();
+        let owner = |e: EndpointIdx| usable.get(last.endpoint(e).key()).copied();
+        let n = table.len();
+        (0..n)
+            .map(|j| (0..n).find_map(|s| owner(table[(j + s) % n])).unwrap())
+            .collect()
+    }
+
+    /// Keys eligible with weight > 0 in `s`.
+    fn owners_of(s: &Snapshot) -> Vec<&EndpointKey> {
+        (s.eligible().iter())
+            .filter(|&&i| s.endpoint(i).weight() > 0)
+            .map(|&i| s.endpoint(i).key())
+            .collect()
+    }
+
+    /// Whether a key present in both `last` and `next` owns entries in `next` only: a patch
+    /// would leave it without its keys, so the table must be built.
+    fn comes_back(last: &Snapshot, next: &Snapshot) -> bool {
+        let before = owners_of(last);
+        let present: Vec<&EndpointKey> = last.endpoints().iter().map(|e| e.key()).collect();
+        owners_of(next)
+            .into_iter()
+            .any(|k| present.contains(&k) && !before.contains(&k))
+    }
+
+    /// A chain of sets at uneven times: within the rebuild interval of the last build the
+    /// table is the last one patched, key by key as the reference says, and asks to be built
+    /// when the interval ends; past it, or when an endpoint comes back, it equals the table
+    /// built from scratch, and so does every patched table once it is built at its time.
+    #[test]
+    fn tables_within_the_interval_are_the_last_ones_patched() {
+        let interval = Duration::from_millis(100);
+        let spec = |p: u32, (w, up): (u32, bool)| {
+            EndpointSpec::new(format!("10.{}.0.{}:20880", p % 7, 250 - p))
+                .with_key(format!("k{p:04}"))
+                .with_weight(w)
+                .with_healthy(up)
+        };
+        let specs = |set: &BTreeMap<u32, (u32, bool)>| -> Vec<EndpointSpec> {
+            set.iter().map(|(&p, &v)| spec(p, v)).collect()
+        };
+        let mut rng = FastRng::seed_from_u64(44);
+        let (mut patched, mut built, mut back) = (0, 0, 0);
+        for size in [251, 1_009] {
+            let strategy = Maglev::try_with_table_size(size)
+                .unwrap()
+                .with_rebuild_interval(interval);
+            let mut set: BTreeMap<u32, (u32, bool)> = (0..30).map(|p| (p * 5, (1, true))).collect();
+            let mut b = SnapshotBuilder::new();
+            let mut now = Timestamp::from_millis(1_000);
+            let mut last = b.reset_from(specs(&set).iter().map(Cow::Borrowed), now);
+            let mut picker = strategy.prepare(&last, now);
+            for round in 0..60 {
+                for _ in 0..1 + rng.below(3) {
+                    let p = rng.below(150) as u32;
+                    let v = match set.get(&p).copied() {
+                        Some((w, up)) if rng.below(3) == 0 => Some(((w + 1) % 3, up)),
+                        Some((w, up)) if rng.below(2) == 0 => Some((w, !up)),
+                        Some(_) => None,
+                        None => Some((1 + rng.below(2) as u32, true)),
+                    };
+                    match v {
+                        Some(v) => set.insert(p, v),
+                        None => set.remove(&p),
+                    };
+                }
+                now = now + Duration::from_millis([10, 30, 150][rng.below(3) as usize]);
+                let next = b.reset_from(specs(&set).iter().map(Cow::Borrowed), now);
+                let rebuilt = strategy.prepare(&next, now);
+                let within = now < picker.built_at + interval;
+                let p = strategy.prepare_next(&last, &picker, &next, now);
+                let got: Vec<usize> = p.table().iter().map(|i| i.get()).collect();
+                let at = format!("size {size}, round {round}");
+                if within && !comes_back(&last, &next) {
+                    patched += 1;
+                    let want = reference_patch(picker.table(), &last, &next);
+                    assert_eq!(got, want, "{at}");
+                    assert_eq!(p.refresh_at(), Some(picker.built_at + interval), "{at}");
+                    let mut distinct = want.clone();
+                    distinct.sort_unstable();
+                    distinct.dedup();
+                    assert_eq!(p.distinct as usize, distinct.len(), "{at}");
+                    // Built at its time, it is the table built from scratch.
+                    let due = p.refresh_at().unwrap();
+                    let done = strategy.prepare_next(&next, &p, &next, due);
+                    assert_eq!(done.table(), rebuilt.table(), "{at}");
+                    assert_eq!(done.refresh_at(), None, "{at}");
+                } else {
+                    back += usize::from(within);
+                    built += 1;
+                    assert_eq!(p.table(), rebuilt.table(), "{at}");
+                    assert_eq!((p.refresh_at(), p.built_at), (None, now), "{at}");
+                }
+                (last, picker) = (next, p);
+            }
+        }
+        assert!(
+            patched > 30 && built > 30 && back >= 2,
+            "{patched} {built} {back}"
+        );
+    }
+
+    /// Entries of gone owners take the next kept entry's owner, across the table's end too.
+    #[test]
+    fn gone_entries_take_the_next_kept_owner_across_the_end() {
+        let table: Vec<EndpointIdx> = [0, 1, 2, 0, 0].map(EndpointIdx::new).to_vec();
+        let got = follow(&table, &[GONE, 5, 7]).unwrap();
+        let got: Vec<usize> = got.iter().map(|e| e.get()).collect();
+        assert_eq!(got, [5, 5, 7, 5, 5]);
+        assert!(follow(&table, &[GONE, GONE, GONE]).is_none());
+    }
+
+    /// A patched table's owners keep their entries; a new endpoint gets none until the table
+    /// is built; the entries of a removed one go to the next entry's owner.
+    #[test]
+    fn a_patch_keeps_entries_where_they_were() {
+        let specs = |r: std::ops::Range<u32>| -> Vec<EndpointSpec> {
+            // Keys in the order of the sets, as the controller publishes them.
+            let spec = |i| EndpointSpec::new(format!("10.0.0.{i}:80")).with_key(format!("k{i:02}"));
+            r.map(spec).collect()
+        };
+        let mut b = SnapshotBuilder::new();
+        let t0 = Timestamp::from_millis(5_000);
+        let strategy = (Maglev::try_with_table_size(1_009).unwrap())
+            .with_rebuild_interval(TICKED_REBUILD_INTERVAL);
+        let s1 = b.reset_from(specs(0..10).iter().map(Cow::Borrowed), t0);
+        let p1 = strategy.prepare(&s1, t0);
+        // 10.0.0.0 out, 10.0.0.10 in, 10 ms later.
+        let t1 = t0 + Duration::from_millis(10);
+        let s2 = b.reset_from(specs(1..11).iter().map(Cow::Borrowed), t1);
+        let p2 = strategy.prepare_next(&s1, &p1, &s2, t1);
+        assert_eq!(p2.refresh_at(), Some(t0 + TICKED_REBUILD_INTERVAL));
+        let key = |s: &Snapshot, i: EndpointIdx| s.endpoint(i).address().to_string();
+        let (old, new) = ("10.0.0.0:80", "10.0.0.10:80");
+        for (j, (&a, &b)) in p1.table().iter().zip(p2.table().iter()).enumerate() {
+            assert_ne!(
+                key(&s2, b),
+                new,
+                "entry {j}: the new endpoint waits for the build"
+            );
+            if key(&s1, a) != old {
+                assert_eq!(key(&s1, a), key(&s2, b), "entry {j} moved");
+            } else {
+                let after = (1..).map(|s| p1.table()[(j + s) % 1_009]);
+                let heir = after.map(|i| key(&s1, i)).find(|k| k != old).unwrap();
+                assert_eq!(key(&s2, b), heir, "entry {j}: the next entry's owner");
+            }
+        }
+        assert_eq!(p2.distinct, 9);
+        // With no interval the table is built at once, the new endpoint in it.
+        let envoy = strategy.with_rebuild_interval(Duration::ZERO);
+        let p3 = envoy.prepare_next(&s1, &p1, &s2, t1);
+        assert_eq!((p3.refresh_at(), p3.distinct), (None, 10));
+    }
+}
