@@ -465,6 +465,7 @@ def start_follower(args, n):
             f'[[route]]\nservice = "scale"\n[service.scale]\n'
             f'zookeeper = {{ zk = "{args.zk}", interface = "com.acme.Scale", register = false }}\n'
             f'strategy = "{args.strategy}"\n'
+            f"params = {{ {', '.join(args.params)} }}\n"
         )
     proc = subprocess.Popen(
         [args.lbkit, "proxy", "--config", path], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env
@@ -671,6 +672,14 @@ def main():
     ap.add_argument("--churn", type=float, default=0.01, help="share of providers changing per second (zk)")
     ap.add_argument("--via", choices=["watch", "proxy", "pool"], default="watch", help="what follows the providers (zk)")
     ap.add_argument("--strategy", default="round-robin", help="the proxy's or pool's strategy (zk --via proxy|pool)")
+    ap.add_argument(
+        "--param",
+        dest="params",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a strategy parameter for the proxy (zk --via proxy), TOML: rebuild_interval_ms=250; repeatable",
+    )
     ap.add_argument("--registered-ago", type=float, default=0.0,
                     help="seconds before now the first providers registered (zk; 0: all warming up)")
     ap.add_argument("--pool", help="the zk_pool example (zk --via pool; default: beside --lbkit, examples/zk_pool)")
