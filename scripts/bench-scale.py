@@ -412,6 +412,8 @@ def provider_node(i, now_ms):
 
 
 def zk_bench(args):
+    if args.params and args.via != "proxy":
+        sys.exit("bench-scale.py: --param is for zk --via proxy only")
     from kazoo.client import KazooClient
 
     zk = KazooClient(hosts=args.zk, timeout=30)

@@ -88,7 +88,8 @@ impl<P: Picker> Prepared<P> {
         self.prepared_at
     }
 
-    /// When it should be prepared again (response-time refresh, warm-up), if ever.
+    /// When it should be prepared again (response-time refresh, warm-up, a picker's own
+    /// [`Picker::refresh_at`]: a patched Maglev table), if ever.
     pub fn refresh_at(&self) -> Option<Timestamp> {
         self.refresh_at
     }
@@ -629,7 +630,8 @@ impl<S: Strategy> Balancer<S> {
         self.current.load().due(now)
     }
 
-    /// Re-prepare the current snapshot if it is due (response-time weights, warm-up). One due
+    /// Re-prepare the current snapshot if it is due (response-time weights, warm-up, a picker
+    /// that asked: [`Prepared::refresh_at`]). One due
     /// refresh is prepared once, however many threads tick; a `publish` that lands meanwhile
     /// wins. Returns whether a new picker was published.
     pub fn tick(&self, now: Timestamp) -> bool {

@@ -198,3 +198,47 @@ fn stats_survive_a_publish_of_the_same_keys() {
     g.finish_at(Outcome::Success, NOW);
     assert_eq!(a.stats().in_flight(), 0);
 }
+
+/// Asks to be prepared again at a set time only where its set is a restriction (a tag set's
+/// or a stage leaf's: fewer eligible than endpoints), never for the whole snapshot.
+struct AsksInSubsets;
+struct AsksPicker(Option<Timestamp>);
+
+impl Strategy for AsksInSubsets {
+    type Picker = AsksPicker;
+    fn name(&self) -> &str {
+        "asks-in-subsets"
+    }
+    fn prepare(&self, s: &Arc<Snapshot>, now: Timestamp) -> AsksPicker {
+        let subset = s.eligible().len() < s.len();
+        AsksPicker(subset.then(|| now + Duration::from_millis(40)))
+    }
+}
+
+impl Picker for AsksPicker {
+    fn pick(&self, _: &mut PickContext<'_>) -> Result<EndpointIdx, PickError> {
+        Ok(EndpointIdx::new(0))
+    }
+    fn refresh_at(&self) -> Option<Timestamp> {
+        self.0
+    }
+}
+
+/// A tag set's picker asking to be prepared again sets the prepared snapshot's refresh time,
+/// and the tick then re-prepares (`Picker::refresh_at`, folded over every picker).
+#[test]
+fn a_tag_sets_picker_asking_for_a_refresh_is_ticked() {
+    let tagged = |a: &str, tag: &str| EndpointSpec::new(a).with_meta(route::TAG_KEY, tag);
+    let s = snap(vec![
+        tagged("a:1", "blue"),
+        tagged("b:1", "green"),
+        EndpointSpec::new("c:1"),
+    ]);
+    let lb = Balancer::new(AsksInSubsets, s, NOW);
+    let now = lb.current();
+    assert!(now.tag_sets() > 0);
+    assert_eq!(now.picker().refresh_at(), None);
+    assert_eq!(now.refresh_at(), Some(NOW + Duration::from_millis(40)));
+    assert!(!lb.tick(NOW + Duration::from_millis(39)));
+    assert!(lb.tick(NOW + Duration::from_millis(40)));
+}

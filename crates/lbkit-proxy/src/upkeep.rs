@@ -24,7 +24,8 @@ use crate::error::ProxyError;
 use crate::service::Service;
 
 /// How often `Balancer::tick` runs (re-prepares strategies whose weights follow time:
-/// response-time weights, warm-up). 250 ms keeps warm-up curves smooth at negligible cost.
+/// response-time weights, warm-up; builds a Maglev table patched within its rebuild interval).
+/// 250 ms keeps warm-up curves smooth at negligible cost.
 pub const REFRESH_TICK: Duration = Duration::from_millis(250);
 
 /// Start the service's endpoint source, its health checks and its control loop. The service

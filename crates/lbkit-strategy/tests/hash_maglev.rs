@@ -136,6 +136,56 @@ fn a_balancer_builds_a_patched_table_at_the_first_tick_after_the_interval() {
     assert!(err.to_string().contains("rebuild_interval_ms"), "{err}");
 }
 
+/// With tags: an endpoint moving from tag `blue` to `green` changes only which sets it is
+/// eligible in (a tag set's picker is prepared on a restriction of the snapshot, whose table
+/// is built over every endpoint of positive weight), so every table, the whole set's and the
+/// tag sets', is patched exactly and nothing waits for a build; an endpoint leaving patches
+/// them, and the ticks at their intervals' ends build them, then nothing is due.
+#[test]
+fn with_tags_a_move_between_tags_is_exact_and_a_removal_is_built_at_the_tick() {
+    use lbkit_core::route::TAG_KEY;
+    use lbkit_core::{Balancer, EndpointKey, SnapshotBuilder, Update};
+    let ms = Timestamp::from_millis;
+    let spec = |i: u32, tag: &str| {
+        let s = EndpointSpec::new(format!("10.2.0.{i}:80")).with_key(format!("k{i:03}"));
+        if tag.is_empty() {
+            s
+        } else {
+            s.with_meta(TAG_KEY, tag)
+        }
+    };
+    let tag = |i: u32| ["blue", "green", ""][(i / 12) as usize];
+    let mut b = SnapshotBuilder::new();
+    let first = b.apply(
+        Update::Reset((0..36).map(|i| spec(i, tag(i))).collect()),
+        ms(1_000),
+    );
+    let strategy = Maglev::new().with_rebuild_interval(TICKED_REBUILD_INTERVAL);
+    let balancer = Balancer::new(strategy, first, ms(1_000));
+    assert_eq!(balancer.current().tag_sets(), 3);
+    let moved = b.apply(Update::Add(vec![spec(5, "green")]), ms(1_010));
+    balancer.publish(moved.clone(), ms(1_010));
+    let now = balancer.current();
+    assert_eq!(now.refresh_at(), None, "exact: nothing to build");
+    assert_eq!(
+        now.picker().table(),
+        strategy.prepare(&moved, ms(1_010)).table()
+    );
+    let gone = b.apply(Update::Remove(vec![EndpointKey::from("k020")]), ms(1_020));
+    balancer.publish(gone.clone(), ms(1_020));
+    assert_eq!(balancer.current().refresh_at(), Some(ms(1_100)));
+    assert!(balancer.tick(ms(1_100)));
+    // The green set's table was built at 1 010 (endpoint 5 came to it), so it is due at 1 110;
+    // the others, built now, patch exactly at that tick and ask for nothing more.
+    assert_eq!(balancer.current().refresh_at(), Some(ms(1_110)));
+    assert!(balancer.tick(ms(1_110)));
+    let built = balancer.current();
+    assert_eq!(built.refresh_at(), None);
+    let fresh = strategy.prepare(&gone, ms(1_110));
+    assert_eq!(built.picker().table(), fresh.table());
+    assert!(!balancer.tick(ms(1_500)));
+}
+
 #[test]
 fn more_endpoints_than_entries_still_fills_the_table() {
     let specs: Vec<(String, u32)> = (0..20).map(|i| (format!("h{i}:1"), 1)).collect();

@@ -73,6 +73,15 @@ impl Bound {
             .iter()
             .map(|e| weight(e) as f64)
             .collect();
+        Bound::with_weights(factor, snapshot, weights)
+    }
+
+    /// A bound over the eligible endpoints of `snapshot` weighing `weights[position]`.
+    pub(crate) fn with_weights(
+        factor: BalanceFactor,
+        snapshot: &Arc<Snapshot>,
+        weights: Box<[f64]>,
+    ) -> Self {
         let total_weight = snapshot.eligible().iter().map(|&i| weights[i.get()]).sum();
         Bound {
             factor: factor.get(),
@@ -80,6 +89,12 @@ impl Bound {
             weights,
             total_weight,
         }
+    }
+
+    /// The weight `idx` is bounded by, and the eligible endpoints' total.
+    #[cfg(test)]
+    pub(crate) fn weight(&self, idx: EndpointIdx) -> (f64, f64) {
+        (self.weights[idx.get()], self.total_weight)
     }
 
     /// The same bound with every endpoint weighing the same (Dubbo's ring ignores weights).

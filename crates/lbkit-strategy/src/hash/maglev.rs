@@ -36,12 +36,13 @@
 //!   publisher's thread; picks keep the last table until the new one is swapped in.
 //!   **While changes come faster than the rebuild interval** (100 ms in the catalog's
 //!   `maglev`, which the proxy and the `Pool` run; none for [`Maglev::new`], which builds on
-//!   every change, as Envoy: [`Maglev::with_rebuild_interval`]), a change within
-//!   the interval of the last build patches the last table instead, O(M + n), 0.19 ms against
-//!   1.3 ms for a build at 10 000 endpoints (`maglev/patch.rs`): the entries of endpoints gone, down or drained go to the
-//!   next entry of one still there, a new endpoint waits for the build, which the balancer's
-//!   next tick from the interval's end makes ([`Picker::refresh_at`]), or the next change
-//!   after it. An endpoint back from down or from weight 0 has the table built at once. Under
+//!   every change, as Envoy: [`Maglev::with_rebuild_interval`]), a change within the interval
+//!   of the last build patches the last table instead, O(M + n), 0.19 ms against 1.3 ms for a
+//!   build at 10 000 endpoints (`maglev/patch.rs`): the entries of endpoints gone, down or
+//!   drained go to the next entry of one still there, a new endpoint waits for the build,
+//!   which the balancer's next tick from the interval's end makes ([`Picker::refresh_at`]), or
+//!   the next change after it. An endpoint back from down or from weight 0, or new endpoints
+//!   of more than a tenth of the weight kept, have the table built at once. Under
 //!   a fleet's churn (100 changes a second) this builds about ten tables a second instead of a
 //!   hundred: the proxy's CPU following 10 000 providers at 1 %/s went from 19.4 % to 8.7 % of
 //!   a core (BENCHMARKS.md, "Maglev under churn: the last table patched between builds").
@@ -51,13 +52,15 @@
 //!   healthy endpoints never move when another goes down, and a pick stays O(1). A rejected
 //!   candidate makes the pick walk on to the next table entries' distinct endpoints. Weights are
 //!   the configured ones (warm-up would reshuffle the table every second); a weight change,
-//!   draining to 0 included, rebuilds the table and moves a few keys of other endpoints too
-//!   (Maglev's disruption is small, not minimal: paper §5.3).
+//!   draining to 0 included, moves a few keys of other endpoints too once the table is built
+//!   (Maglev's disruption is small, not minimal: paper §5.3); within the rebuild interval the
+//!   drained endpoint's entries go to the next entries' endpoints first.
 //! * **Differences from the origin**: Envoy builds the table over healthy hosts only, so a
 //!   health change moves some keys of healthy hosts too; lbkit keeps them. Envoy retries by
-//!   mutating the hash (`hash ^ (~0 − attempt + 1)`); lbkit walks to the next entries. The table
-//!   equals Envoy's for the same addresses and weights while all are healthy (not checked
-//!   against a running Envoy). Without a key, [`PickContext::hash`](lbkit_core::PickContext::hash)
+//!   mutating the hash (`hash ^ (~0 − attempt + 1)`); lbkit walks to the next entries. A built
+//!   table equals Envoy's for the same addresses and weights while all are healthy (not
+//!   checked against a running Envoy); a patched one (within the rebuild interval) differs
+//!   until the next build. Without a key, [`PickContext::hash`](lbkit_core::PickContext::hash)
 //!   (or a random draw) is the hash.
 //!
 //! ```
@@ -240,7 +243,7 @@ impl Strategy for Maglev {
             return self.prepare(snapshot, now);
         };
         let due = last.built_at.saturating_add(self.rebuild);
-        if now >= due {
+        if self.rebuild.is_zero() || now >= due {
             return self.picker(snapshot, carried.seeds, now);
         }
         match self.patched(last, last_snapshot, snapshot, carried, due) {
@@ -290,13 +293,22 @@ impl Maglev {
         refresh_at: Option<Timestamp>,
     ) -> MaglevPicker {
         let distinct = holds.iter().filter(|&&h| h).count();
+        // Bounds over the endpoints that own entries: one new to a patched table takes no load.
+        let bound = self.balance.map(|f| {
+            let weights = (snapshot.endpoints().iter().zip(&holds[..])).map(|(e, &h)| {
+                if h {
+                    f64::from(e.weight())
+                } else {
+                    0.0
+                }
+            });
+            Bound::with_weights(f, snapshot, weights.collect())
+        });
         MaglevPicker {
             table,
             holds,
             distinct: u32::try_from(distinct).unwrap_or(u32::MAX),
-            bound: self
-                .balance
-                .map(|f| Bound::new(f, snapshot, |e| u64::from(e.weight()))),
+            bound,
             empty: snapshot.empty_error(),
             seeds: seeds.into_boxed_slice(),
             size: self.table_size,
@@ -789,8 +801,9 @@ mod tests {
     }
 
     /// A chain of sets, each table prepared from the last one's seeds (no rebuild interval:
-    /// every table is built), equals the table built from scratch: endpoints coming and going (addresses in no order of their keys), weights
-    /// changing, draining to 0 and coming back, health flipping, at two table sizes.
+    /// every table is built), equals the table built from scratch: endpoints coming and going
+    /// (addresses in no order of their keys), weights changing, draining to 0 and coming back,
+    /// health flipping, at two table sizes.
     #[test]
     fn tables_prepared_from_the_last_equal_rebuilt_ones() {
         use lbkit_core::{EndpointSpec, FastRng, SnapshotBuilder};
