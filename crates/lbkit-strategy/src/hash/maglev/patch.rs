@@ -92,15 +92,10 @@ fn owners(
 /// The weight of each endpoint of `snapshot` in the table: its seed's (`weighted`, the ones of
 /// positive weight) when it is eligible, else 0.
 fn owning(weighted: &[Seed], snapshot: &Snapshot) -> Vec<u32> {
-    let mut eligible = vec![false; snapshot.len()];
-    snapshot
-        .eligible()
-        .iter()
-        .for_each(|i| eligible[i.get()] = true);
     let mut owns = vec![0; snapshot.len()];
     for s in weighted {
-        let p = s.position as usize;
-        owns[p] = if eligible[p] { s.weight } else { 0 };
+        let p = EndpointIdx::new(s.position as usize);
+        owns[p.get()] = if snapshot.is_eligible(p) { s.weight } else { 0 };
     }
     owns
 }
