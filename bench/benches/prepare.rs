@@ -386,6 +386,45 @@ mod change {
         bench_change(b, Ketama::new(), how);
     }
 
+    /// Ketama's ring within the rebuild interval of the last splice: the last ring's points
+    /// shared, the gone endpoint's slot dead, the new one waiting (`held`); and the splice at
+    /// the interval's end of `k` changes in one (`k` out and `k` in, the last ring patched
+    /// with all of them), against `k` patches of one change each in `change::ketama`.
+    #[divan::bench(sample_count = 20)]
+    fn ketama_held(b: Bencher) {
+        use lbkit_core::Picker;
+        let (last, next) = sets();
+        let strategy = Ketama::new().with_rebuild_interval(lbkit_strategy::TICKED_REBUILD_INTERVAL);
+        let ring = strategy.prepare(&last, Timestamp::ZERO);
+        let at = Timestamp::from_millis(10);
+        let held = strategy.prepare_next(&last, &ring, &next, at);
+        assert!(held.refresh_at().is_some(), "held, not spliced");
+        b.bench_local(|| black_box(&strategy).prepare_next(&last, &ring, black_box(&next), at));
+    }
+
+    /// See [`ketama_held`]: `k` changes spliced at once.
+    #[divan::bench(args = [1, 10, 25], sample_count = 10)]
+    fn ketama_splice(b: Bencher, k: usize) {
+        let mut addresses: Vec<String> = (0..N).map(lbkit_bench::address).collect();
+        addresses.sort();
+        let specs = |a: &[String]| -> Vec<EndpointSpec> {
+            let mut s: Vec<EndpointSpec> = a.iter().map(EndpointSpec::new).collect();
+            s.sort_by(|x, y| x.key.cmp(&y.key));
+            s
+        };
+        let mut builder = SnapshotBuilder::new();
+        let last = builder.reset_from(specs(&addresses).iter().map(Cow::Borrowed), Timestamp::ZERO);
+        for i in 0..k {
+            addresses.remove(N / (k + 1) * (i + 1) - i);
+            addresses.push(format!("127.0.200.{}:20880", i + 1));
+        }
+        let next = builder.reset_from(specs(&addresses).iter().map(Cow::Borrowed), Timestamp::ZERO);
+        let strategy = Ketama::new().with_rebuild_interval(lbkit_strategy::TICKED_REBUILD_INTERVAL);
+        let ring = strategy.prepare(&last, Timestamp::ZERO);
+        let due = Timestamp::from_millis(100);
+        b.bench_local(|| black_box(&strategy).prepare_next(&last, &ring, black_box(&next), due));
+    }
+
     /// The table built (`scratch`, `next`: no rebuild interval, as every change past it).
     #[divan::bench(args = HOW, sample_count = 20)]
     fn maglev(b: Bencher, how: &str) {

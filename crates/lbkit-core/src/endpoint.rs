@@ -604,6 +604,12 @@ impl Weighing {
         }
     }
 
+    /// The configured weight ([`Endpoint::weight`]).
+    #[inline]
+    pub(crate) fn weight(&self) -> u32 {
+        self.weight
+    }
+
     /// The effective weight at `now`: Dubbo's warm-up ([`warmup_weight`]).
     #[inline]
     pub(crate) fn at(&self, now: Timestamp) -> u32 {

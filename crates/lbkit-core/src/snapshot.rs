@@ -325,6 +325,25 @@ impl Snapshot {
         self.adjusted(idx, self.endpoint(idx).effective_weight(now), now)
     }
 
+    /// The sum of the eligible endpoints' configured weights ([`Endpoint::weight`]), read
+    /// from the same dense copies as [`eligible_weights`](Self::eligible_weights): no
+    /// endpoint is read (ketama scales its ring by it at every change).
+    ///
+    /// ```
+    /// use lbkit_core::{EndpointSpec, Snapshot, Timestamp};
+    /// let snap = Snapshot::from_specs(
+    ///     vec![
+    ///         EndpointSpec::new("a:1").with_weight(3),
+    ///         EndpointSpec::new("b:1").with_weight(5).with_healthy(false),
+    ///     ],
+    ///     Timestamp::ZERO,
+    /// );
+    /// assert_eq!(snap.eligible_weight_total(), 3);
+    /// ```
+    pub fn eligible_weight_total(&self) -> u64 {
+        self.endpoints.weight_total(&self.eligible)
+    }
+
     /// [`effective_weight`](Self::effective_weight) of each eligible endpoint at `now`, in
     /// [`eligible`](Self::eligible) order: what a weighted strategy prepares from. Computed
     /// from dense copies of each endpoint's weight and warm-up, made once per part of the

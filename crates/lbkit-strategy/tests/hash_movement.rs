@@ -193,3 +193,72 @@ proptest! {
         }
     }
 }
+
+/// Through a [`Balancer`](lbkit_core::Balancer), the catalog's rings (rebuild interval 100 ms):
+/// one endpoint out and one in, 20 ms after the ring was made, publish a ring whose picks send
+/// the keys of the one gone where a ring without it does, give the new one no key, and ask to
+/// be spliced when the interval ends; a tick before then changes nothing, the first tick from
+/// then on picks as a ring made from scratch. `rebuild_interval_ms = 0` applies every change at
+/// once; a value out of range is refused.
+#[test]
+fn catalog_rings_hold_changes_until_the_first_tick_after_the_interval() {
+    use lbkit_core::{Balancer, SnapshotBuilder, Update};
+    let ms = Timestamp::from_millis;
+    let spec = |i: u32| EndpointSpec::new(format!("10.1.0.{i}:80"));
+    let address = |s: &Snapshot, i: lbkit_core::EndpointIdx| s.endpoint(i).address().to_owned();
+    // Each key's endpoint, by address, as `picker` picks it from `snapshot`.
+    let picks = |picker: &dyn Picker, snapshot: &Snapshot| -> Vec<String> {
+        let mut rng = FastRng::seed_from_u64(1);
+        (0..2_000)
+            .map(|k| {
+                let key = format!("key-{k}");
+                let mut cx = PickContext::new(Timestamp::ZERO, &mut rng).with_key(key.as_bytes());
+                address(snapshot, picker.pick(&mut cx).unwrap())
+            })
+            .collect()
+    };
+    for name in ["consistent-hash", "ketama"] {
+        let strategy = || build(name, Params::new()).unwrap();
+        let mut b = SnapshotBuilder::new();
+        let first = b.apply(Update::Reset((0..40).map(spec).collect()), ms(1_000));
+        let balancer = Balancer::new(strategy(), first.clone(), ms(1_000));
+        let gone = first
+            .endpoint(lbkit_core::EndpointIdx::new(5))
+            .key()
+            .clone();
+        b.apply(Update::Remove(vec![gone]), ms(1_020));
+        let second = b.apply(Update::Add(vec![spec(40)]), ms(1_020));
+        balancer.publish(second.clone(), ms(1_020));
+        let now = balancer.current();
+        assert_eq!(now.refresh_at(), Some(ms(1_100)), "{name}");
+        let without: Vec<_> = (0..40).filter(|&i| i != 5).map(spec).collect();
+        let without = Arc::new(Snapshot::from_specs(without, ms(1_020)));
+        let expected = picks(&strategy().prepare(&without, ms(1_020)), &without);
+        assert_eq!(picks(now.picker(), &second), expected, "{name}: held");
+        assert!(!balancer.tick(ms(1_099)), "{name}");
+        assert!(balancer.tick(ms(1_100)), "{name}");
+        let spliced = balancer.current();
+        assert_eq!(spliced.refresh_at(), None, "{name}");
+        let scratch = strategy().prepare(&second, ms(1_100));
+        assert_eq!(
+            picks(spliced.picker(), &second),
+            picks(&scratch, &second),
+            "{name}: spliced"
+        );
+        // The parameter: 0 applies every change at once; out of range is refused.
+        let every = build(name, Params::from_pairs([("rebuild_interval_ms", "0")])).unwrap();
+        let last = every.prepare(&first, ms(1_000));
+        let next = every.prepare_next(&first, &last, &second, ms(1_001));
+        assert_eq!(next.refresh_at(), None, "{name}");
+        assert_eq!(
+            picks(&next, &second),
+            picks(&scratch, &second),
+            "{name}: at once"
+        );
+        let err = build(name, Params::from_pairs([("rebuild_interval_ms", "60001")])).unwrap_err();
+        assert!(
+            err.to_string().contains("rebuild_interval_ms"),
+            "{name}: {err}"
+        );
+    }
+}

@@ -291,17 +291,36 @@ impl Endpoints {
         positions: &[EndpointIdx],
         now: Timestamp,
     ) -> Vec<(EndpointIdx, u32)> {
-        let (mut j, mut start, mut end) = (0, 0, 0);
-        (positions.iter())
-            .map(|&idx| {
-                let i = idx.get();
-                if !(start..end).contains(&i) {
-                    j = self.part_of(i).expect("a position within the endpoints");
-                    (start, end) = (self.starts[j] as usize, self.starts[j + 1] as usize);
-                }
-                (idx, self.parts[j].read.weighing[i - start].at(now))
-            })
+        (self.weighings(positions))
+            .map(|(idx, w)| (idx, w.at(now)))
             .collect()
+    }
+
+    /// The sum of the configured weights ([`Endpoint::weight`]) at `positions`, from the same
+    /// dense copies as [`effective_weights`](Self::effective_weights).
+    ///
+    /// # Panics
+    /// When a position is not below [`len`](Self::len).
+    pub(crate) fn weight_total(&self, positions: &[EndpointIdx]) -> u64 {
+        (self.weighings(positions))
+            .map(|(_, w)| u64::from(w.weight()))
+            .sum()
+    }
+
+    /// The dense copy ([`Weighing`]) of the endpoint at each of `positions`, in their order.
+    fn weighings<'a>(
+        &'a self,
+        positions: &'a [EndpointIdx],
+    ) -> impl Iterator<Item = (EndpointIdx, &'a Weighing)> + 'a {
+        let (mut j, mut start, mut end) = (0, 0, 0);
+        positions.iter().map(move |&idx| {
+            let i = idx.get();
+            if !(start..end).contains(&i) {
+                j = self.part_of(i).expect("a position within the endpoints");
+                (start, end) = (self.starts[j] as usize, self.starts[j + 1] as usize);
+            }
+            (idx, &self.parts[j].read.weighing[i - start])
+        })
     }
 
     /// These endpoints (strictly ascending keys) with `changes` (strictly ascending keys)

@@ -57,12 +57,13 @@
 //! ```
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use lbkit_core::{EndpointIdx, Snapshot, Strategy, Timestamp};
+use lbkit_core::{Endpoint, EndpointIdx, Snapshot, Strategy, Timestamp};
 use md5::{Digest, Md5};
 
 use super::bounded::{BalanceFactor, Bound};
-use super::ring::{Collision, KeyPoint, RingPicker};
+use super::ring::{Collision, KeyPoint, Next, RingPicker};
 
 /// Dubbo's default number of virtual nodes per endpoint (`hash.nodes`).
 pub const DEFAULT_NODES: u32 = 160;
@@ -75,6 +76,7 @@ pub const MAX_NODES: u32 = 65_536;
 pub struct ConsistentHash {
     nodes: u32,
     balance: Option<BalanceFactor>,
+    rebuild: Duration,
 }
 
 impl Default for ConsistentHash {
@@ -98,7 +100,38 @@ impl ConsistentHash {
         ConsistentHash {
             nodes: nodes.clamp(4, MAX_NODES),
             balance: None,
+            rebuild: Duration::ZERO,
         }
+    }
+
+    /// Apply changes that come within `every` of the last one applied in full (a splice) at
+    /// the next splice instead, which the balancer's first tick from then on makes
+    /// ([`Picker::refresh_at`](lbkit_core::Picker::refresh_at)). Meanwhile the ring keeps
+    /// the last splice's points: picks walk past the points of endpoints gone, down or drained
+    /// (their keys land where the splice sends them, but for a point one of them shadowed),
+    /// and new endpoints take no keys. An endpoint back from down or weight 0, or new
+    /// endpoints of more than a tenth of those kept, splice at once. A change then costs
+    /// O(n), one slot table, instead of a patch of every chunk its points land in. Zero (the
+    /// default here): every change spliced at once. The catalog's `consistent-hash` and
+    /// `ketama` take `rebuild_interval_ms`, 100 by default
+    /// ([`TICKED_REBUILD_INTERVAL`](crate::TICKED_REBUILD_INTERVAL)); a balancer that is
+    /// never ticked keeps changes waiting until the next one.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use lbkit_strategy::ConsistentHash;
+    /// let coalescing = ConsistentHash::new().with_rebuild_interval(Duration::from_millis(100));
+    /// assert_eq!(coalescing.rebuild_interval(), Duration::from_millis(100));
+    /// assert_eq!(ConsistentHash::new().rebuild_interval(), Duration::ZERO);
+    /// ```
+    pub fn with_rebuild_interval(mut self, every: Duration) -> Self {
+        self.rebuild = every;
+        self
+    }
+
+    /// See [`with_rebuild_interval`](Self::with_rebuild_interval).
+    pub fn rebuild_interval(&self) -> Duration {
+        self.rebuild
     }
 
     /// Bound every endpoint's load (see [`BalanceFactor`]).
@@ -124,17 +157,20 @@ impl Strategy for ConsistentHash {
         "consistent-hash"
     }
 
-    fn prepare(&self, snapshot: &Arc<Snapshot>, _now: Timestamp) -> RingPicker {
+    fn prepare(&self, snapshot: &Arc<Snapshot>, now: Timestamp) -> RingPicker {
         let mut points = Vec::with_capacity(snapshot.eligible().len() * self.nodes as usize);
         for &idx in snapshot.eligible() {
             self.put(snapshot, idx, &mut points);
         }
         let bound = self.balance.map(|f| Bound::unweighted(f, snapshot));
-        RingPicker::new(points, Collision::KeepLast, KeyPoint::Md5, bound, snapshot)
+        let layout = (Collision::KeepLast, KeyPoint::Md5);
+        RingPicker::new(points, layout, bound, snapshot, now)
     }
 
-    /// Patched from `last`: only the endpoints that came or went are hashed (`nodes / 4`
-    /// MD5s each), and only the chunks of the ring their points land in are copied.
+    /// Patched from the last ring spliced: only the endpoints that came or went are hashed
+    /// (`nodes / 4` MD5s each), and only the chunks of the ring their points land in are
+    /// copied. Within the [rebuild interval](ConsistentHash::with_rebuild_interval) of the
+    /// last splice, the last ring's points shared whole instead.
     fn prepare_next(
         &self,
         last_snapshot: &Arc<Snapshot>,
@@ -142,9 +178,15 @@ impl Strategy for ConsistentHash {
         snapshot: &Arc<Snapshot>,
         now: Timestamp,
     ) -> RingPicker {
-        let bound = self.balance.map(|f| Bound::unweighted(f, snapshot));
         let put = |s: &Snapshot, idx, out: &mut Vec<_>| self.put(s, idx, out);
-        last.patch(last_snapshot, snapshot, &put, bound)
+        let next = Next {
+            put: &put,
+            same_points: same_address,
+            balance: self.balance.map(|f| (f, one as fn(&Endpoint) -> u64)),
+            interval: self.rebuild,
+            now,
+        };
+        last.next(last_snapshot, snapshot, &next)
             .unwrap_or_else(|| self.prepare(snapshot, now))
     }
 }
@@ -158,6 +200,16 @@ impl ConsistentHash {
             points.extend((0..4).map(|h| (digest_point(&digest, h), idx)));
         }
     }
+}
+
+/// Whether two endpoints of one key put the same points: the same address.
+fn same_address(a: &Endpoint, b: &Endpoint) -> bool {
+    a.address() == b.address()
+}
+
+/// What a load bound weighs an endpoint by: the same for all (weights are ignored).
+fn one(_: &Endpoint) -> u64 {
+    1
 }
 
 /// `MD5(address + i)`, with `i` in decimal as Java's string concatenation writes it.

@@ -60,12 +60,13 @@
 //! ```
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use crc32fast::Hasher;
-use lbkit_core::{EndpointIdx, Snapshot, Strategy, Timestamp};
+use lbkit_core::{Endpoint, EndpointIdx, Snapshot, Strategy, Timestamp};
 
 use super::bounded::{BalanceFactor, Bound};
-use super::ring::{Collision, KeyPoint, RingPicker};
+use super::ring::{Collision, KeyPoint, Next, RingPicker};
 
 /// Points per unit of weight (nginx's and libmemcached ketama's constant).
 pub const POINTS_PER_WEIGHT: u64 = 160;
@@ -79,14 +80,36 @@ pub const MAX_RING_POINTS: u64 = 1 << 24;
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Ketama {
     balance: Option<BalanceFactor>,
+    rebuild: Duration,
 }
 
 // === impl Ketama ===
 
 impl Ketama {
-    /// nginx's ring, no load bound.
+    /// nginx's ring, no load bound, every change applied at once.
     pub fn new() -> Self {
-        Ketama { balance: None }
+        Ketama::default()
+    }
+
+    /// Apply changes that come within `every` of the last one applied in full at the next
+    /// one instead: meanwhile picks walk past the points of endpoints gone, and new endpoints
+    /// take none (see [`ConsistentHash::with_rebuild_interval`](super::ConsistentHash::with_rebuild_interval),
+    /// the same ring).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use lbkit_strategy::Ketama;
+    /// let coalescing = Ketama::new().with_rebuild_interval(Duration::from_millis(100));
+    /// assert_eq!(coalescing.rebuild_interval(), Duration::from_millis(100));
+    /// ```
+    pub fn with_rebuild_interval(mut self, every: Duration) -> Self {
+        self.rebuild = every;
+        self
+    }
+
+    /// See [`with_rebuild_interval`](Self::with_rebuild_interval).
+    pub fn rebuild_interval(&self) -> Duration {
+        self.rebuild
     }
 
     /// Bound every endpoint's load, in proportion to its weight (see [`BalanceFactor`]).
@@ -107,24 +130,22 @@ impl Strategy for Ketama {
         "ketama"
     }
 
-    fn prepare(&self, snapshot: &Arc<Snapshot>, _now: Timestamp) -> RingPicker {
+    fn prepare(&self, snapshot: &Arc<Snapshot>, now: Timestamp) -> RingPicker {
         let divisor = divisor(snapshot);
         let mut points = Vec::new();
         for &idx in snapshot.eligible() {
             put(snapshot, idx, divisor, &mut points);
         }
-        RingPicker::new(
-            points,
-            Collision::KeepFirst,
-            KeyPoint::Crc32,
-            self.bound(snapshot),
-            snapshot,
-        )
+        let bound = self.balance.map(|f| Bound::new(f, snapshot, weight));
+        let layout = (Collision::KeepFirst, KeyPoint::Crc32);
+        RingPicker::new(points, layout, bound, snapshot, now)
     }
 
-    /// Patched from `last` while the weights' divisor stays (it moves only when the ring
-    /// crosses [`MAX_RING_POINTS`]): only the endpoints that came or went are hashed, and only
-    /// the chunks of the ring their points land in are copied.
+    /// Patched from the last ring spliced while the weights' divisor stays (it moves only when
+    /// the ring crosses [`MAX_RING_POINTS`]): only the endpoints that came or went are hashed,
+    /// and only the chunks of the ring their points land in are copied. Within the
+    /// [rebuild interval](Ketama::with_rebuild_interval) of the last splice, the last ring's
+    /// points shared whole instead.
     fn prepare_next(
         &self,
         last_snapshot: &Arc<Snapshot>,
@@ -133,28 +154,39 @@ impl Strategy for Ketama {
         now: Timestamp,
     ) -> RingPicker {
         let divisor = divisor(snapshot);
+        if divisor != self::divisor(last.spliced(last_snapshot).1) {
+            return self.prepare(snapshot, now);
+        }
         let put = |s: &Snapshot, idx, out: &mut Vec<_>| put(s, idx, divisor, out);
-        (divisor == self::divisor(last_snapshot))
-            .then(|| last.patch(last_snapshot, snapshot, &put, self.bound(snapshot)))
-            .flatten()
+        let next = Next {
+            put: &put,
+            same_points,
+            balance: self.balance.map(|f| (f, weight as fn(&Endpoint) -> u64)),
+            interval: self.rebuild,
+            now,
+        };
+        last.next(last_snapshot, snapshot, &next)
             .unwrap_or_else(|| self.prepare(snapshot, now))
     }
 }
 
-impl Ketama {
-    fn bound(&self, snapshot: &Arc<Snapshot>) -> Option<Bound> {
-        self.balance
-            .map(|f| Bound::new(f, snapshot, |e| u64::from(e.weight())))
-    }
+/// Whether two endpoints of one key put the same points: the same address and weight.
+fn same_points(a: &Endpoint, b: &Endpoint) -> bool {
+    a.address() == b.address() && a.weight() == b.weight()
 }
 
-/// What every weight is divided by so the ring holds at most [`MAX_RING_POINTS`].
+/// What a load bound weighs an endpoint by: its weight.
+fn weight(e: &Endpoint) -> u64 {
+    u64::from(e.weight())
+}
+
+/// What every weight is divided by so the ring holds at most [`MAX_RING_POINTS`]. Read from
+/// the snapshot's dense weights, not its endpoints (two of these a change were the most of a
+/// change held within the rebuild interval).
 fn divisor(snapshot: &Snapshot) -> u64 {
-    let total: u64 = snapshot
-        .eligible()
-        .iter()
-        .map(|&i| u64::from(snapshot.endpoint(i).weight()) * POINTS_PER_WEIGHT)
-        .sum();
+    let total = snapshot
+        .eligible_weight_total()
+        .saturating_mul(POINTS_PER_WEIGHT);
     total.div_ceil(MAX_RING_POINTS).max(1)
 }
 

@@ -94,6 +94,13 @@ const BALANCE_FACTOR: ParamInfo = ParamInfo {
     tune: &["off", "1.1", "1.25", "1.5", "2.0"],
 };
 
+const REBUILD_INTERVAL: ParamInfo = ParamInfo {
+    name: "rebuild_interval_ms",
+    default: "100",
+    doc: "while changes come faster, apply them in full at most this often; between, endpoints gone are walked past and new ones wait; 0..=60000, 0: every change at once (as nginx and Envoy)",
+    tune: &[],
+};
+
 const INFOS: &[StrategyInfo] = &[
     StrategyInfo {
         name: "consistent-hash",
@@ -105,13 +112,14 @@ const INFOS: &[StrategyInfo] = &[
                 doc: "virtual nodes per endpoint (Dubbo hash.nodes), rounded down to a multiple of 4; 4..=65536",
                 tune: &[],
             },
+            REBUILD_INTERVAL,
             BALANCE_FACTOR,
         ],
     },
     StrategyInfo {
         name: "ketama",
         summary: "CRC32 ring, 160 points per unit of weight, bit-compatible with nginx `hash $key consistent`",
-        params: &[BALANCE_FACTOR],
+        params: &[REBUILD_INTERVAL, BALANCE_FACTOR],
     },
     StrategyInfo {
         name: "maglev",
@@ -123,12 +131,7 @@ const INFOS: &[StrategyInfo] = &[
                 doc: "lookup table entries; a prime up to 5000011, ideally > 100 x endpoints",
                 tune: &[],
             },
-            ParamInfo {
-                name: "rebuild_interval_ms",
-                default: "100",
-                doc: "while changes come faster, build the table at most this often and patch it between (new endpoints wait for the build); 0: build on every change, as Envoy",
-                tune: &[],
-            },
+            REBUILD_INTERVAL,
             BALANCE_FACTOR,
         ],
     },
@@ -142,8 +145,7 @@ const INFOS: &[StrategyInfo] = &[
 fn build(name: &str, params: &Params) -> Option<Result<BoxStrategy, ParamError>> {
     let built = match name {
         "consistent-hash" => build_consistent(name, params),
-        "ketama" => balance_factor(name, params)
-            .map(|f| BoxStrategy::new(Ketama::new().with_balance_factor_opt(f))),
+        "ketama" => build_ketama(name, params),
         "maglev" => build_maglev(name, params),
         "rendezvous" => balance_factor(name, params)
             .map(|f| BoxStrategy::new(Rendezvous::new().with_balance_factor_opt(f))),
@@ -154,9 +156,22 @@ fn build(name: &str, params: &Params) -> Option<Result<BoxStrategy, ParamError>>
 
 fn build_consistent(name: &str, params: &Params) -> Result<BoxStrategy, ParamError> {
     let nodes = params.u32_in(name, "nodes", 4..=MAX_NODES, DEFAULT_NODES)?;
+    let rebuild = rebuild_interval(name, params)?;
     let factor = balance_factor(name, params)?;
     Ok(BoxStrategy::new(
-        ConsistentHash::with_nodes(nodes).with_balance_factor_opt(factor),
+        ConsistentHash::with_nodes(nodes)
+            .with_rebuild_interval(rebuild)
+            .with_balance_factor_opt(factor),
+    ))
+}
+
+fn build_ketama(name: &str, params: &Params) -> Result<BoxStrategy, ParamError> {
+    let rebuild = rebuild_interval(name, params)?;
+    let factor = balance_factor(name, params)?;
+    Ok(BoxStrategy::new(
+        Ketama::new()
+            .with_rebuild_interval(rebuild)
+            .with_balance_factor_opt(factor),
     ))
 }
 
@@ -164,11 +179,16 @@ fn build_maglev(name: &str, params: &Params) -> Result<BoxStrategy, ParamError> 
     let size = params.u32_in(name, "table_size", 2..=MAX_TABLE_SIZE, DEFAULT_TABLE_SIZE)?;
     let maglev = Maglev::try_with_table_size(size)
         .map_err(|e| invalid(name, "table_size", &size.to_string(), &e.to_string()))?;
-    let default = u32::try_from(TICKED_REBUILD_INTERVAL.as_millis()).unwrap_or(u32::MAX);
-    let rebuild = params.u32_in(name, "rebuild_interval_ms", 0..=60_000, default)?;
-    let maglev = maglev.with_rebuild_interval(Duration::from_millis(u64::from(rebuild)));
+    let maglev = maglev.with_rebuild_interval(rebuild_interval(name, params)?);
     let factor = balance_factor(name, params)?;
     Ok(BoxStrategy::new(maglev.with_balance_factor_opt(factor)))
+}
+
+/// The `rebuild_interval_ms` parameter: [`TICKED_REBUILD_INTERVAL`] when absent.
+fn rebuild_interval(name: &str, params: &Params) -> Result<Duration, ParamError> {
+    let default = u32::try_from(TICKED_REBUILD_INTERVAL.as_millis()).unwrap_or(u32::MAX);
+    let rebuild = params.u32_in(name, "rebuild_interval_ms", 0..=60_000, default)?;
+    Ok(Duration::from_millis(u64::from(rebuild)))
 }
 
 /// The `balance_factor` parameter: absent or `off` = no bound.

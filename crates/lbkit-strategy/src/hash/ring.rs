@@ -18,11 +18,24 @@
 //! space; a plain search for rings of up to 8 groups), then searches a group's chunks' first
 //! points and one chunk: 0.53–0.79× the pick of a binary search over every group at 1 000
 //! and 10 000 endpoints (the index is remade with each patch, O(groups + buckets)).
+//!
+//! **Changes faster than the rebuild interval** (`rebuild_interval_ms`, 100 ms in the catalog):
+//! a change within the interval of the last patch ("splice") shares the last spliced ring's
+//! points whole and makes only a slot table, O(n): the points of endpoints gone, down or
+//! drained stay, walked past by picks (nginx's walk past a down server's points), and new
+//! endpoints wait. The balancer's first tick after the interval patches the last spliced ring
+//! with every change since in one splice (`pending.rs` has the rules). A change held costs
+//! 0.18 ms at the ketama cap (10 000 endpoints at weight 100), where a patch remakes about
+//! 3 200 chunks and groups (4.3 ms on the same machine); a splice of k changes costs about k
+//! patches while they share few chunks (ten: 33 ms) and less once they do (25: 2.6 ms a
+//! change), so under steady churn a long interval is what saves work (BENCHMARKS.md, "Hash
+//! rings under churn: changes held between splices").
 //! BENCHMARKS.md ("What a change costs a strategy", "Hash rings under churn: chunks in
 //! groups", "Ring picks: a radix index of the groups") has the figures.
 
 mod firsts;
 mod patch;
+mod pending;
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -30,6 +43,8 @@ use std::sync::Arc;
 use lbkit_core::{EndpointIdx, PickContext, PickError, Picker, Snapshot, Timestamp};
 
 use self::firsts::Firsts;
+pub(crate) use self::pending::Next;
+use self::pending::Spliced;
 use super::bounded::Bound;
 use super::walk::walk_cyclic;
 use super::{consistent, fallback_hash, ketama};
@@ -74,36 +89,62 @@ type At = (usize, usize, usize);
 /// The slot of an endpoint off the ring.
 const NO_SLOT: Slot = Slot::MAX;
 
+/// The endpoint of a slot whose points wait for the next splice to leave the ring (see
+/// `pending.rs`): picks walk past them. Never an endpoint's index (a snapshot holds fewer).
+#[inline]
+fn dead() -> EndpointIdx {
+    EndpointIdx::new(u32::MAX as usize)
+}
+
 /// Prepared ring of [`ConsistentHash`](super::ConsistentHash) or [`Ketama`](super::Ketama).
 ///
 /// Built over the eligible endpoints of one snapshot; immutable after prepare. The next
 /// snapshot's ring is patched from it and shares its unchanged chunks (see the module's
-/// "What a change costs").
+/// "What a change costs"); within the rebuild interval of the last patch, it shares all of
+/// them and walks past the points of the endpoints gone (see
+/// [`ConsistentHash::with_rebuild_interval`](super::ConsistentHash::with_rebuild_interval)).
 #[derive(Debug)]
 pub struct RingPicker {
     /// First point of each group, ascending, with their index.
     firsts: Firsts,
     /// The points in ascending order, no duplicates, cut into non-empty chunks gathered in
     /// non-empty groups.
-    groups: Box<[Arc<Group>]>,
+    groups: Arc<[Arc<Group>]>,
     /// Chunks in all groups.
     chunks: usize,
-    /// Each slot's endpoint (a slot on the free list: whichever it held last, never read).
+    /// Each slot's endpoint (a slot on the free list: whichever it held last, never read), or
+    /// [`dead`] for a slot whose points wait for the next splice to leave.
     endpoint: Box<[EndpointIdx]>,
-    /// Each endpoint's slot, `NO_SLOT` for an endpoint off the ring.
+    /// Each endpoint's slot, `NO_SLOT` for an endpoint off the ring (or waiting to join it).
     slot: Box<[Slot]>,
-    /// Slots no endpoint holds, for endpoints to come.
+    /// Slots no endpoint holds, for endpoints to come (empty while changes are pending).
     free: Box<[Slot]>,
-    /// Points each slot holds on the ring (a patch's count of distinct owners).
+    /// Points each slot holds on the ring (a patch's count of distinct owners; empty while
+    /// changes are pending).
     counts: Box<[u32]>,
-    /// Points on the ring.
-    len: usize,
-    /// Distinct owners.
+    /// Points on the ring, the dead slots' included.
+    stored: usize,
+    /// Points on the ring of slots that are not dead: the ring picks see.
+    live: usize,
+    /// Distinct owners, dead slots left out.
     distinct: u32,
+    /// When the ring was last spliced, what it waits for, and when it asks to be spliced.
+    splice: Splice,
     collision: Collision,
     key_point: KeyPoint,
     bound: Option<Bound>,
     empty: PickError,
+}
+
+/// When a ring was last spliced (built, or patched with every change), and for a ring with
+/// changes pending, the one spliced then and when the next splice is due.
+#[derive(Debug, Clone, Default)]
+struct Splice {
+    at: Timestamp,
+    /// The last ring spliced and its snapshot (`None`: this ring is spliced, none pending).
+    last: Option<Arc<Spliced>>,
+    /// When the pending changes ask to be spliced ([`Picker::refresh_at`]).
+    due: Option<Timestamp>,
 }
 
 /// A run of the ring's chunks, shared whole by the rings that changed none of its points.
@@ -324,13 +365,14 @@ fn distinct(counts: &[u32]) -> u32 {
 // === impl RingPicker ===
 
 impl RingPicker {
-    /// A ring from `points` (any order; the collision rule decides who keeps a shared point).
+    /// A ring from `points` (any order; the collision rule decides who keeps a shared point),
+    /// spliced at `now`.
     pub(crate) fn new(
         points: Vec<(u32, EndpointIdx)>,
-        collision: Collision,
-        key_point: KeyPoint,
+        (collision, key_point): (Collision, KeyPoint),
         bound: Option<Bound>,
         snapshot: &Arc<Snapshot>,
+        now: Timestamp,
     ) -> Self {
         let endpoint: Box<[EndpointIdx]> = snapshot.eligible().into();
         let mut slot = vec![NO_SLOT; snapshot.len()];
@@ -361,7 +403,12 @@ impl RingPicker {
             slot: slot.into(),
             free: Box::new([]),
             counts,
-            len,
+            stored: len,
+            live: len,
+            splice: Splice {
+                at: now,
+                ..Splice::default()
+            },
             collision,
             key_point,
             bound,
@@ -369,14 +416,15 @@ impl RingPicker {
         }
     }
 
-    /// Number of points on the ring (after de-duplication).
+    /// Number of points on the ring (after de-duplication), not counting those of endpoints
+    /// gone that wait for the next splice to leave it.
     pub fn len(&self) -> usize {
-        self.len
+        self.live
     }
 
     /// Whether the ring has no points (no eligible endpoint).
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.live == 0
     }
 
     /// The points in ascending order with their owners.
@@ -386,6 +434,7 @@ impl RingPicker {
             .flat_map(|g| g.mains())
             .flatten()
             .map(|&(h, s)| (h, self.endpoint[s as usize]))
+            .filter(|&(_, e)| e != dead())
     }
 
     /// The owner of the first point at or after `point`, wrapping to the first point (Dubbo's
@@ -396,7 +445,13 @@ impl RingPicker {
     /// groups' radix index and a search of the first points in one bucket), then a search over
     /// a group's chunks' first points and one over one chunk.
     pub fn owner_at(&self, point: u32) -> Option<EndpointIdx> {
-        (!self.is_empty()).then(|| self.owner(self.position(point)))
+        if self.is_empty() {
+            return None;
+        }
+        let at = self.position(point);
+        Some(self.owner(at))
+            .filter(|&e| e != dead())
+            .or_else(|| self.clockwise(at).next())
     }
 
     /// Group, chunk and offset of the first point at or after `point`, wrapping to the first
@@ -422,12 +477,13 @@ impl RingPicker {
         (if g == self.groups.len() { 0 } else { g }, 0, 0)
     }
 
+    /// The owner of the point at `(g, c, i)`: [`dead`] for a point waiting to leave.
     #[inline]
     fn owner(&self, (g, c, i): At) -> EndpointIdx {
         self.endpoint[self.groups[g].chunk(c)[i].1 as usize]
     }
 
-    /// The owners clockwise from `(g, c, i)`, once around.
+    /// The owners clockwise from `(g, c, i)`, once around, past the points waiting to leave.
     fn clockwise(&self, (g, c, i): At) -> impl Iterator<Item = EndpointIdx> + '_ {
         let group = &self.groups[g];
         let here = group.main(c);
@@ -441,6 +497,7 @@ impl RingPicker {
             .chain(rest.chain(others).chain(start).flatten())
             .chain(&here[..i])
             .map(|&(_, s)| self.endpoint[s as usize])
+            .filter(|&e| e != dead())
     }
 
     #[inline]
@@ -465,7 +522,7 @@ impl RingPicker {
             }
             prev = h;
         }
-        if self.len == 1 {
+        if self.live == 1 {
             arc = 1 << 32;
         }
         (arc as f64 / (1u64 << 32) as f64, points)
@@ -481,9 +538,15 @@ impl Picker for RingPicker {
         let point = self.key_point(cx);
         let at = self.position(point);
         let first = self.owner(at);
-        if cx.probe == 0 && self.bound.as_ref().is_none_or(|b| b.is_idle(first)) {
+        if cx.probe == 0 && first != dead() && self.bound.as_ref().is_none_or(|b| b.is_idle(first))
+        {
             return Ok(first);
         }
+        // A dead owner: the first live one clockwise (there is one: the ring is not empty).
+        let live = Some(first).filter(|&e| e != dead());
+        let Some(first) = live.or_else(|| self.clockwise(at).next()) else {
+            return Err(self.empty);
+        };
         Ok(walk_cyclic(
             || self.clockwise(at),
             first,
@@ -491,6 +554,10 @@ impl Picker for RingPicker {
             self.distinct,
             self.bound.as_ref(),
         ))
+    }
+
+    fn refresh_at(&self) -> Option<Timestamp> {
+        self.splice.due
     }
 
     fn explain(&self, idx: EndpointIdx, _now: Timestamp) -> Option<String> {

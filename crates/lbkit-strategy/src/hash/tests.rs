@@ -307,7 +307,7 @@ fn churn(rng: &mut FastRng, set: &mut std::collections::BTreeMap<u32, usize>) {
 }
 
 /// Balancers of consistent hash and ketama over 90 endpoints, each in one of three variants
-/// (`spec`), through eight rounds of five changes (an endpoint gone, new, or moved to the next
+/// (`spec`), through eight rounds a second apart of five changes (an endpoint gone, new, or moved to the next
 /// variant): each publish's picks, for 200 keys under each request tag of `tags`, equal those
 /// of a balancer made from scratch on the same set, both under `stages`. Each request also
 /// carries a `version` attribute (v0, v1 or v2 by its key), for metadata subsets.
@@ -343,12 +343,14 @@ fn patched_pick_as_rebuilt(
         let first = b.reset_from(specs(&set).iter().map(Cow::Borrowed), now);
         let lb = Balancer::new(build(name, Params::new()).unwrap(), first, now)
             .with_stages(stages.clone(), now);
-        for _ in 0..8 {
+        for round in 1..=8 {
             churn(&mut rng, &mut set);
-            let next = b.reset_from(specs(&set).iter().map(Cow::Borrowed), now);
-            lb.publish(next.clone(), now);
-            let fresh = Balancer::new(build(name, Params::new()).unwrap(), next, now)
-                .with_stages(stages.clone(), now);
+            // A second apart: past the rebuild interval, every change is patched in.
+            let at = now.saturating_add(std::time::Duration::from_secs(round));
+            let next = b.reset_from(specs(&set).iter().map(Cow::Borrowed), at);
+            lb.publish(next.clone(), at);
+            let fresh = Balancer::new(build(name, Params::new()).unwrap(), next, at)
+                .with_stages(stages.clone(), at);
             let (ours, theirs) = (lb.current(), fresh.current());
             assert_eq!(ours.tag_sets(), theirs.tag_sets(), "{name}");
             assert_eq!(ours.is_staged(), theirs.is_staged(), "{name}");

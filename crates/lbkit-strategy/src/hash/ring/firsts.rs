@@ -3,15 +3,17 @@
 //! instead of a binary search over every group.
 
 use std::ops::Deref;
+use std::sync::Arc;
 
 /// The first point of each group, ascending, and for each of `2^bits` equal buckets of the
 /// point space (about one group a bucket), how many first points lie below the bucket's start.
-#[derive(Debug)]
+/// Shared, not copied, by the rings made between splices (see `pending.rs`).
+#[derive(Debug, Clone)]
 pub(super) struct Firsts {
-    firsts: Box<[u32]>,
+    firsts: Arc<[u32]>,
     /// `below[b]`: first points below `b << shift`, for `b` in `0..=buckets` (the last is all
     /// of them).
-    below: Box<[u32]>,
+    below: Arc<[u32]>,
     /// `32 − bits`.
     shift: u32,
 }

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use lbkit_core::{diff, EndpointIdx, Snapshot};
 
 use super::firsts::Firsts;
-use super::{distinct, Builder, Chunks, Group, Point, RingPicker, Slot, CHUNK, GROUP, NO_SLOT};
+use super::{
+    distinct, Builder, Chunks, Group, Point, RingPicker, Slot, Splice, CHUNK, GROUP, NO_SLOT,
+};
 use crate::hash::bounded::Bound;
 
 /// Puts an endpoint's points (an endpoint of the snapshot given).
@@ -141,7 +143,9 @@ impl RingPicker {
 
     /// [`patch`](Self::patch) with `carried` ([`diff::carried`] of `last` and `snapshot`, an
     /// item for each endpoint of `last`), however scattered the patch leaves the ring. `None`
-    /// when more than `most_fresh` endpoints are new, or the ring is empty or was not `last`'s.
+    /// when more than `most_fresh` endpoints are new, or the ring is empty, was not `last`'s or
+    /// has changes pending (patch the ring they wait on instead). The ring made is spliced at
+    /// [`Timestamp::ZERO`](lbkit_core::Timestamp::ZERO): the caller says when.
     pub(super) fn patch_all(
         &self,
         carried: impl IntoIterator<Item = Option<usize>>,
@@ -151,7 +155,7 @@ impl RingPicker {
         put: Put<'_>,
         bound: Option<Bound>,
     ) -> Option<RingPicker> {
-        if self.is_empty() || self.slot.len() != last.len() {
+        if self.is_empty() || self.slot.len() != last.len() || self.splice.last.is_some() {
             return None;
         }
         let slots = Slots::next(self, snapshot, carried.into_iter());
@@ -172,7 +176,9 @@ impl RingPicker {
             slot: slots.slot.into(),
             free: slots.free.into(),
             counts: counts.into(),
-            len: merged.len,
+            stored: merged.len,
+            live: merged.len,
+            splice: Splice::default(),
             collision: self.collision,
             key_point: self.key_point,
             bound,
@@ -183,7 +189,7 @@ impl RingPicker {
     /// Whether the ring has at most twice the chunks and groups a rebuild makes (plus 16):
     /// patches that leave it more scattered give way to a rebuild.
     pub(super) fn compact(&self) -> bool {
-        let chunks = usize::div_ceil(self.len, CHUNK);
+        let chunks = usize::div_ceil(self.stored, CHUNK);
         self.chunks <= 2 * chunks + 16
             && self.groups.len() <= 2 * usize::div_ceil(chunks, GROUP) + 16
     }
@@ -210,7 +216,7 @@ impl RingPicker {
             firsts: Vec::with_capacity(self.groups.len() + 1),
             groups: Vec::with_capacity(self.groups.len() + 1),
             chunks: self.chunks,
-            len: self.len,
+            len: self.stored,
         };
         let edits = Edits {
             removed,

@@ -18,12 +18,26 @@ fn put(space: u32, per: u32) -> impl Fn(&Snapshot, EndpointIdx, &mut Vec<(u32, E
     }
 }
 
+/// [`put`] with `per` points for each unit of an endpoint's weight (ketama's shape).
+fn put_weighted(
+    space: u32,
+    per: u32,
+) -> impl Fn(&Snapshot, EndpointIdx, &mut Vec<(u32, EndpointIdx)>) {
+    move |snapshot, idx, out| put(space, per * snapshot.endpoint(idx).weight())(snapshot, idx, out)
+}
+
 fn ring(snapshot: &Arc<Snapshot>, collision: Collision, put: patch::Put<'_>) -> RingPicker {
     let mut all = Vec::new();
     for &idx in snapshot.eligible() {
         put(snapshot, idx, &mut all);
     }
-    RingPicker::new(all, collision, KeyPoint::Md5, None, snapshot)
+    RingPicker::new(
+        all,
+        (collision, KeyPoint::Md5),
+        None,
+        snapshot,
+        Timestamp::ZERO,
+    )
 }
 
 type Points = Vec<(u32, EndpointIdx)>;
@@ -164,4 +178,210 @@ fn a_patch_gives_up_when_a_removed_point_is_not_on_the_ring() {
             "space {space}"
         );
     }
+}
+
+/// An endpoint's address in the tests of changes that wait.
+fn address(p: u32) -> String {
+    format!("10.0.0.1:{}", 1000 + p)
+}
+
+/// One or two changes to `set` (port → weight, healthy): an endpoint gone or new, its weight
+/// changed (0 drains it), its health flipped.
+fn mutate(rng: &mut lbkit_core::FastRng, set: &mut std::collections::BTreeMap<u32, (u32, bool)>) {
+    for _ in 0..=rng.below(2) {
+        let p = rng.below(48) as u32;
+        match (set.get(&p).copied(), rng.below(4)) {
+            (None, _) => drop(set.insert(p, (1 + rng.below(2) as u32, true))),
+            (Some(_), 0) => drop(set.remove(&p)),
+            (Some((w, up)), 1) => drop(set.insert(p, (w, !up))),
+            (Some((w, up)), _) => drop(set.insert(p, ((w + 1) % 3, up))),
+        }
+    }
+}
+
+/// What a ring made within the interval of the last splice (of `base`) shows for `next`, by
+/// an independent model: `None` when the change must be spliced now (an endpoint off the
+/// base ring is eligible again, the new endpoints are more than a tenth of the ones kept, or
+/// none is kept); else the base ring's points whose owners are eligible in `next`, owned by
+/// their indices there, and how many owners they have. `why` counts each reason to splice.
+fn waiting_model(
+    base_ring: &RingPicker,
+    base: &Snapshot,
+    next: &Snapshot,
+    why: &mut [u32; 3],
+) -> Option<(Points, usize)> {
+    let find = |s: &Snapshot, a: &str| {
+        (0..s.len()).find(|&i| s.endpoint(EndpointIdx::new(i)).address() == a)
+    };
+    let eligible = |s: &Snapshot, i: usize| s.is_eligible(EndpointIdx::new(i));
+    let was = |a: &str| find(base, a).map(|i| eligible(base, i));
+    let addresses = (0..next.len()).map(|i| (i, next.endpoint(EndpointIdx::new(i)).address()));
+    let eligible_now: Vec<(usize, &str)> = addresses.filter(|&(i, _)| eligible(next, i)).collect();
+    let back = eligible_now
+        .iter()
+        .filter(|(_, a)| was(a) == Some(false))
+        .count();
+    let fresh = eligible_now
+        .iter()
+        .filter(|(_, a)| was(a).is_none())
+        .count();
+    let kept = eligible_now.len() - back - fresh;
+    let reason = [back > 0, fresh * 10 > kept, kept == 0]
+        .iter()
+        .position(|&r| r);
+    if let Some(r) = reason {
+        why[r] += 1;
+        return None;
+    }
+    let now_of =
+        |e: EndpointIdx| find(next, base.endpoint(e).address()).filter(|&i| eligible(next, i));
+    let points: Points = base_ring
+        .points()
+        .filter_map(|(h, e)| now_of(e).map(|i| (h, EndpointIdx::new(i))))
+        .collect();
+    let owners: std::collections::BTreeSet<EndpointIdx> = points.iter().map(|p| p.1).collect();
+    Some((points, owners.len()))
+}
+
+/// Changes within the rebuild interval of the last splice wait: 150 sets 10, 30 or 150 ms
+/// apart (endpoints coming, going, drained, re-weighted: their points change, down and up),
+/// under either collision
+/// rule, in rings of many chunks, with collisions and of one chunk. A ring made within the
+/// interval shows, point by point, what the model shows (the last spliced ring's points less
+/// those of endpoints gone, down or drained, new ones waiting) or splices when the model says
+/// it must; it finds owners as a scan of its points does, asks to be spliced at the interval's
+/// end, and spliced then (at the balancer's tick, the same snapshot) equals a rebuild. Every
+/// ring spliced equals a rebuild.
+#[test]
+fn changes_within_the_interval_wait_and_splice_as_a_rebuild() {
+    use lbkit_core::FastRng;
+    use std::collections::BTreeMap;
+    use std::time::Duration;
+    let interval = Duration::from_millis(100);
+    let specs = |set: &BTreeMap<u32, (u32, bool)>| -> Vec<EndpointSpec> {
+        let spec = |(&p, &(w, up))| {
+            EndpointSpec::new(address(p))
+                .with_weight(w)
+                .with_healthy(up)
+        };
+        set.iter().map(spec).collect()
+    };
+    for (space, per) in [(u32::MAX, 40), (4096, 40), (u32::MAX, 2)] {
+        for collision in [Collision::KeepFirst, Collision::KeepLast] {
+            let put = put_weighted(space, per);
+            let next_at = |now| pending::Next {
+                put: &put,
+                same_points: |a, b| a.address() == b.address() && a.weight() == b.weight(),
+                balance: None,
+                interval,
+                now,
+            };
+            let mut rng = FastRng::seed_from_u64(44);
+            let mut set: BTreeMap<u32, (u32, bool)> = (0..40).map(|p| (p, (1, true))).collect();
+            let mut b = SnapshotBuilder::new();
+            let mut now = Timestamp::ZERO;
+            let mut last = b.reset_from(specs(&set).iter().map(Cow::Borrowed), now);
+            let mut made = ring(&last, collision, &put);
+            let (mut base, mut base_at) = (last.clone(), now);
+            let (mut held, mut why) = (0, [0u32; 3]);
+            for _ in 0..150 {
+                mutate(&mut rng, &mut set);
+                now =
+                    now.saturating_add(Duration::from_millis([10, 30, 150][rng.below(3) as usize]));
+                let next = b.reset_from(specs(&set).iter().map(Cow::Borrowed), now);
+                let rebuilt = ring(&next, collision, &put);
+                let model = (now < base_at.saturating_add(interval))
+                    .then(|| waiting_model(&ring(&base, collision, &put), &base, &next, &mut why))
+                    .flatten();
+                made = made.next(&last, &next, &next_at(now)).expect("not rebuilt");
+                if made.splice.last.is_some() {
+                    held += 1;
+                    let (points, owners) = model.expect("the model splices");
+                    let (shown, _, distinct, len) = parts(&made);
+                    assert_eq!((shown, distinct as usize, len), (points, owners, made.live));
+                    lookups_agree(&made);
+                    let due = base_at.saturating_add(interval);
+                    assert_eq!(made.refresh_at(), Some(due));
+                    let ticked = made.next(&next, &next, &next_at(due)).expect("spliced");
+                    assert_eq!(parts(&ticked), parts(&rebuilt));
+                    assert_eq!((ticked.refresh_at(), ticked.splice.at), (None, due));
+                } else {
+                    assert_eq!(parts(&made), parts(&rebuilt));
+                    assert_eq!(made.refresh_at(), None);
+                    if made.splice.at == now {
+                        (base, base_at) = (next.clone(), now);
+                    } else {
+                        // Nothing waits: the last splice's ring, renumbered.
+                        assert!(model.is_some() && made.splice.at == base_at);
+                    }
+                }
+                last = next;
+            }
+            assert!(held >= 40, "{held} held ({space}, {per})");
+            // The third reason (none kept) has its own test.
+            assert!(
+                why[..2].iter().all(|&n| n > 0),
+                "reasons to splice met: {why:?}"
+            );
+        }
+    }
+}
+
+/// Within the interval: every endpoint gone splices at once (an empty ring, not one of dead
+/// points); one new endpoint among ten waits, weighing 0 in the load bound, and two splice;
+/// an endpoint down and back is the spliced ring again, asking for nothing.
+#[test]
+fn no_endpoint_left_splices_and_waiting_endpoints_take_no_load() {
+    use crate::hash::bounded::BalanceFactor;
+    use std::time::Duration;
+    let put = put(u32::MAX, 40);
+    let factor = BalanceFactor::new(1.25).unwrap();
+    let next_at = |ms| pending::Next {
+        put: &put,
+        same_points: |a, b| a.address() == b.address(),
+        balance: Some((factor, |_: &lbkit_core::Endpoint| 1)),
+        interval: Duration::from_millis(100),
+        now: Timestamp::from_millis(ms),
+    };
+    let specs = |ports: &[u32], down: Option<u32>| -> Vec<EndpointSpec> {
+        let spec = |&p: &u32| EndpointSpec::new(address(p)).with_healthy(Some(p) != down);
+        ports.iter().map(spec).collect()
+    };
+    let ten: Vec<u32> = (0..10).collect();
+    let mut b = SnapshotBuilder::new();
+    let mut snap = |ports: &[u32], down| {
+        b.reset_from(
+            specs(ports, down).iter().map(Cow::Borrowed),
+            Timestamp::ZERO,
+        )
+    };
+    let s0 = snap(&ten, None);
+    let r0 = ring(&s0, Collision::KeepFirst, &put);
+    // From a builder of its own: one endpoint object for each key in the sets below.
+    let empty = SnapshotBuilder::new().reset_from(std::iter::empty(), Timestamp::ZERO);
+    let gone = r0.next(&s0, &empty, &next_at(10)).expect("spliced");
+    assert!(gone.is_empty() && gone.splice.last.is_none() && gone.refresh_at().is_none());
+    let eleven: Vec<u32> = (0..11).collect();
+    let s1 = snap(&eleven, None);
+    let r1 = r0.next(&s0, &s1, &next_at(10)).expect("held");
+    assert_eq!(r1.refresh_at(), Some(Timestamp::from_millis(100)));
+    assert!(
+        r1.points().all(|(_, e)| e.get() < 10),
+        "the new endpoint waits"
+    );
+    let bound = r1.bound.as_ref().unwrap();
+    assert_eq!(bound.weight(EndpointIdx::new(10)), (0.0, 10.0));
+    assert_eq!(bound.weight(EndpointIdx::new(9)), (1.0, 10.0));
+    let twelve: Vec<u32> = (0..12).collect();
+    let s2 = snap(&twelve, None);
+    let r2 = r1.next(&s1, &s2, &next_at(20)).expect("spliced");
+    assert!(r2.refresh_at().is_none() && r2.splice.at == Timestamp::from_millis(20));
+    assert_eq!(parts(&r2), parts(&ring(&s2, Collision::KeepFirst, &put)));
+    let s3 = snap(&twelve, Some(4));
+    let r3 = r2.next(&s2, &s3, &next_at(30)).expect("held");
+    assert!(r3.points().all(|(_, e)| e.get() != 4) && r3.refresh_at().is_some());
+    let s4 = snap(&twelve, None);
+    let r4 = r3.next(&s3, &s4, &next_at(40)).expect("back");
+    assert_eq!((r4.refresh_at(), r4.splice.at), (None, r2.splice.at));
+    assert_eq!(parts(&r4), parts(&r2));
 }
