@@ -194,12 +194,12 @@ proptest! {
     }
 }
 
-/// Through a [`Balancer`](lbkit_core::Balancer), the catalog's rings (rebuild interval 100 ms):
-/// one endpoint out and one in, 20 ms after the ring was made, publish a ring whose picks send
+/// Through a [`Balancer`](lbkit_core::Balancer), the catalog's rings with `rebuild_interval_ms =
+/// 100`: one endpoint out and one in, 20 ms after the ring was made, publish a ring whose picks send
 /// the keys of the one gone where a ring without it does, give the new one no key, and ask to
 /// be spliced when the interval ends; a tick before then changes nothing, the first tick from
-/// then on picks as a ring made from scratch. `rebuild_interval_ms = 0` applies every change at
-/// once; a value out of range is refused.
+/// then on picks as a ring made from scratch. Without the parameter (0, the default) every
+/// change is applied at once; a value out of range is refused.
 #[test]
 fn catalog_rings_hold_changes_until_the_first_tick_after_the_interval() {
     use lbkit_core::{Balancer, SnapshotBuilder, Update};
@@ -218,7 +218,8 @@ fn catalog_rings_hold_changes_until_the_first_tick_after_the_interval() {
             .collect()
     };
     for name in ["consistent-hash", "ketama"] {
-        let strategy = || build(name, Params::new()).unwrap();
+        let strategy =
+            || build(name, Params::from_pairs([("rebuild_interval_ms", "100")])).unwrap();
         let mut b = SnapshotBuilder::new();
         let first = b.apply(Update::Reset((0..40).map(spec).collect()), ms(1_000));
         let balancer = Balancer::new(strategy(), first.clone(), ms(1_000));
@@ -245,8 +246,8 @@ fn catalog_rings_hold_changes_until_the_first_tick_after_the_interval() {
             picks(&scratch, &second),
             "{name}: spliced"
         );
-        // The parameter: 0 applies every change at once; out of range is refused.
-        let every = build(name, Params::from_pairs([("rebuild_interval_ms", "0")])).unwrap();
+        // By default every change is applied at once; out of range is refused.
+        let every = build(name, Params::new()).unwrap();
         let last = every.prepare(&first, ms(1_000));
         let next = every.prepare_next(&first, &last, &second, ms(1_001));
         assert_eq!(next.refresh_at(), None, "{name}");

@@ -94,13 +94,12 @@ pub const DEFAULT_TABLE_SIZE: u32 = 65_537;
 /// Largest table size accepted (Envoy's limit; prime).
 pub const MAX_TABLE_SIZE: u32 = 5_000_011;
 
-/// The rebuild interval of the catalog's `maglev` ([`Maglev::with_rebuild_interval`]),
-/// `ketama` and `consistent-hash` ([`ConsistentHash::with_rebuild_interval`](crate::ConsistentHash::with_rebuild_interval))
-/// unless their `rebuild_interval_ms` says otherwise: what `lbkit proxy`, the tower `Pool` and
-/// the simulator run with. They tick their balancers, which a patched table or a ring with
-/// changes waiting needs ([`Picker::refresh_at`]); [`Maglev::new`], [`Ketama::new`](crate::Ketama::new)
-/// and [`ConsistentHash::new`](crate::ConsistentHash::new) have none, so a balancer that is
-/// never ticked keeps Envoy's table and nginx's and Dubbo's rings.
+/// The [rebuild interval](Maglev::with_rebuild_interval) of the catalog's `maglev` unless its
+/// `rebuild_interval_ms` says otherwise: what `lbkit proxy`, the tower `Pool` and the simulator
+/// run with. They tick their balancers, which a patched table needs ([`Picker::refresh_at`]);
+/// [`Maglev::new`] has none, so a balancer that is never ticked keeps Envoy's table. The
+/// catalog's rings take the same parameter, off unless set
+/// ([`ConsistentHash::with_rebuild_interval`](crate::ConsistentHash::with_rebuild_interval)).
 pub const TICKED_REBUILD_INTERVAL: Duration = Duration::from_millis(100);
 
 mod patch;

@@ -94,10 +94,10 @@ const BALANCE_FACTOR: ParamInfo = ParamInfo {
     tune: &["off", "1.1", "1.25", "1.5", "2.0"],
 };
 
-const REBUILD_INTERVAL: ParamInfo = ParamInfo {
+const RING_REBUILD_INTERVAL: ParamInfo = ParamInfo {
     name: "rebuild_interval_ms",
-    default: "100",
-    doc: "while changes come faster, apply them in full at most this often; between, endpoints gone are walked past and new ones wait; 0..=60000, 0: every change at once (as nginx and Envoy)",
+    default: "0",
+    doc: "while changes come faster, patch the ring at most this often (at the balancer's ticks); between, the points of endpoints gone are walked past and new endpoints wait; 0..=60000, 0: every change at once (as Dubbo and nginx)",
     tune: &[],
 };
 
@@ -112,14 +112,14 @@ const INFOS: &[StrategyInfo] = &[
                 doc: "virtual nodes per endpoint (Dubbo hash.nodes), rounded down to a multiple of 4; 4..=65536",
                 tune: &[],
             },
-            REBUILD_INTERVAL,
+            RING_REBUILD_INTERVAL,
             BALANCE_FACTOR,
         ],
     },
     StrategyInfo {
         name: "ketama",
         summary: "CRC32 ring, 160 points per unit of weight, bit-compatible with nginx `hash $key consistent`",
-        params: &[REBUILD_INTERVAL, BALANCE_FACTOR],
+        params: &[RING_REBUILD_INTERVAL, BALANCE_FACTOR],
     },
     StrategyInfo {
         name: "maglev",
@@ -131,7 +131,12 @@ const INFOS: &[StrategyInfo] = &[
                 doc: "lookup table entries; a prime up to 5000011, ideally > 100 x endpoints",
                 tune: &[],
             },
-            REBUILD_INTERVAL,
+            ParamInfo {
+                name: "rebuild_interval_ms",
+                default: "100",
+                doc: "while changes come faster, build the table at most this often (at the balancer's ticks) and patch it between (new endpoints wait for the build); 0: build on every change, as Envoy",
+                tune: &[],
+            },
             BALANCE_FACTOR,
         ],
     },
@@ -156,7 +161,7 @@ fn build(name: &str, params: &Params) -> Option<Result<BoxStrategy, ParamError>>
 
 fn build_consistent(name: &str, params: &Params) -> Result<BoxStrategy, ParamError> {
     let nodes = params.u32_in(name, "nodes", 4..=MAX_NODES, DEFAULT_NODES)?;
-    let rebuild = rebuild_interval(name, params)?;
+    let rebuild = rebuild_interval(name, params, Duration::ZERO)?;
     let factor = balance_factor(name, params)?;
     Ok(BoxStrategy::new(
         ConsistentHash::with_nodes(nodes)
@@ -166,7 +171,7 @@ fn build_consistent(name: &str, params: &Params) -> Result<BoxStrategy, ParamErr
 }
 
 fn build_ketama(name: &str, params: &Params) -> Result<BoxStrategy, ParamError> {
-    let rebuild = rebuild_interval(name, params)?;
+    let rebuild = rebuild_interval(name, params, Duration::ZERO)?;
     let factor = balance_factor(name, params)?;
     Ok(BoxStrategy::new(
         Ketama::new()
@@ -179,14 +184,21 @@ fn build_maglev(name: &str, params: &Params) -> Result<BoxStrategy, ParamError> 
     let size = params.u32_in(name, "table_size", 2..=MAX_TABLE_SIZE, DEFAULT_TABLE_SIZE)?;
     let maglev = Maglev::try_with_table_size(size)
         .map_err(|e| invalid(name, "table_size", &size.to_string(), &e.to_string()))?;
-    let maglev = maglev.with_rebuild_interval(rebuild_interval(name, params)?);
+    let maglev =
+        maglev.with_rebuild_interval(rebuild_interval(name, params, TICKED_REBUILD_INTERVAL)?);
     let factor = balance_factor(name, params)?;
     Ok(BoxStrategy::new(maglev.with_balance_factor_opt(factor)))
 }
 
-/// The `rebuild_interval_ms` parameter: [`TICKED_REBUILD_INTERVAL`] when absent.
-fn rebuild_interval(name: &str, params: &Params) -> Result<Duration, ParamError> {
-    let default = u32::try_from(TICKED_REBUILD_INTERVAL.as_millis()).unwrap_or(u32::MAX);
+/// The `rebuild_interval_ms` parameter, `default` when absent: [`TICKED_REBUILD_INTERVAL`] for
+/// `maglev`, zero for the rings (held changes save a ring little under steady churn at this
+/// interval; see [`ConsistentHash::with_rebuild_interval`]).
+fn rebuild_interval(
+    name: &str,
+    params: &Params,
+    default: Duration,
+) -> Result<Duration, ParamError> {
+    let default = u32::try_from(default.as_millis()).unwrap_or(u32::MAX);
     let rebuild = params.u32_in(name, "rebuild_interval_ms", 0..=60_000, default)?;
     Ok(Duration::from_millis(u64::from(rebuild)))
 }

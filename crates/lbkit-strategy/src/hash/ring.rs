@@ -19,12 +19,12 @@
 //! points and one chunk: 0.53–0.79× the pick of a binary search over every group at 1 000
 //! and 10 000 endpoints (the index is remade with each patch, O(groups + buckets)).
 //!
-//! **Changes faster than the rebuild interval** (`rebuild_interval_ms`, 100 ms in the catalog):
-//! a change within the interval of the last patch ("splice") shares the last spliced ring's
+//! **Changes faster than the rebuild interval** (`rebuild_interval_ms`, off unless set): a
+//! change within the interval of the last build or full patch ("splice") shares the spliced ring's
 //! points whole and makes only a slot table, O(n): the points of endpoints gone, down or
 //! drained stay, walked past by picks (nginx's walk past a down server's points), and new
-//! endpoints wait. The balancer's first tick after the interval patches the last spliced ring
-//! with every change since in one splice (`pending.rs` has the rules). A change held costs
+//! endpoints wait. The balancer's first tick (or publish) from the interval's end patches the
+//! spliced ring with every change since in one splice (`pending.rs` has the rules). A change held costs
 //! 0.18 ms at the ketama cap (10 000 endpoints at weight 100), where a patch remakes about
 //! 3 200 chunks and groups (4.3 ms on the same machine); a splice of k changes costs about k
 //! patches while they share few chunks (ten: 33 ms) and less once they do (25: 2.6 ms a
@@ -98,7 +98,8 @@ fn dead() -> EndpointIdx {
 
 /// Prepared ring of [`ConsistentHash`](super::ConsistentHash) or [`Ketama`](super::Ketama).
 ///
-/// Built over the eligible endpoints of one snapshot; immutable after prepare. The next
+/// Built over the eligible endpoints of one snapshot (or, while changes are held, over those of
+/// the last snapshot spliced, the ones now gone marked dead); immutable after prepare. The next
 /// snapshot's ring is patched from it and shares its unchanged chunks (see the module's
 /// "What a change costs"); within the rebuild interval of the last patch, it shares all of
 /// them and walks past the points of the endpoints gone (see

@@ -274,6 +274,9 @@ fn tag_zone_rings_patched_pick_as_rebuilt() {
         ..Stages::default()
     };
     patched_pick_as_rebuilt(spec, &[b"blue", b"green", b"", b"red"], &stages);
+    // Changes held within a rebuild interval, in every tag set's zone rings, then spliced at
+    // the balancer's tick.
+    pick_as_rebuilt(spec, &[b"blue", b"green", b"", b"red"], &stages, true);
 }
 
 /// With metadata subsets (`version`, three values moving with the variant; requests ask for
@@ -316,6 +319,19 @@ fn patched_pick_as_rebuilt(
     tags: &[&[u8]],
     stages: &Stages,
 ) {
+    pick_as_rebuilt(spec, tags, stages, false);
+}
+
+/// [`patched_pick_as_rebuilt`]; when `held`, with `rebuild_interval_ms = 100` and, in each
+/// round, five more changes published 10 ms after the first (held in the rings that have
+/// nothing to splice at once), then the balancer ticked at the interval's end: picks are
+/// compared after the tick, and at least one round must have held its changes.
+fn pick_as_rebuilt(
+    spec: impl Fn(EndpointSpec, usize) -> EndpointSpec,
+    tags: &[&[u8]],
+    stages: &Stages,
+    held: bool,
+) {
     use lbkit_core::{Balancer, Prepared, RequestTag, SnapshotBuilder};
     use std::borrow::Cow;
     use std::collections::BTreeMap;
@@ -338,18 +354,39 @@ fn patched_pick_as_rebuilt(
             .with_attrs(attrs);
         p.select(&mut cx, lb.availability())
     };
+    let params = || match held {
+        true => Params::from_pairs([("rebuild_interval_ms", "100")]),
+        false => Params::new(),
+    };
+    let ms = std::time::Duration::from_millis;
     for name in ["consistent-hash", "ketama"] {
         let mut b = SnapshotBuilder::new();
         let first = b.reset_from(specs(&set).iter().map(Cow::Borrowed), now);
-        let lb = Balancer::new(build(name, Params::new()).unwrap(), first, now)
+        let lb = Balancer::new(build(name, params()).unwrap(), first, now)
             .with_stages(stages.clone(), now);
+        let mut holds = 0;
         for round in 1..=8 {
             churn(&mut rng, &mut set);
-            // A second apart: past the rebuild interval, every change is patched in.
-            let at = now.saturating_add(std::time::Duration::from_secs(round));
-            let next = b.reset_from(specs(&set).iter().map(Cow::Borrowed), at);
+            // A second apart: past any rebuild interval, every change is patched in.
+            let at = now.saturating_add(ms(1_000 * round));
+            let mut next = b.reset_from(specs(&set).iter().map(Cow::Borrowed), at);
             lb.publish(next.clone(), at);
-            let fresh = Balancer::new(build(name, Params::new()).unwrap(), next, at)
+            if held {
+                churn(&mut rng, &mut set);
+                next = b.reset_from(
+                    specs(&set).iter().map(Cow::Borrowed),
+                    at.saturating_add(ms(10)),
+                );
+                lb.publish(next.clone(), at.saturating_add(ms(10)));
+                holds += usize::from(lb.current().refresh_at().is_some());
+                lb.tick(at.saturating_add(ms(100)));
+                assert_eq!(
+                    lb.current().refresh_at(),
+                    None,
+                    "{name}: spliced at the tick"
+                );
+            }
+            let fresh = Balancer::new(build(name, params()).unwrap(), next, at)
                 .with_stages(stages.clone(), at);
             let (ours, theirs) = (lb.current(), fresh.current());
             assert_eq!(ours.tag_sets(), theirs.tag_sets(), "{name}");
@@ -365,5 +402,6 @@ fn patched_pick_as_rebuilt(
                 }
             }
         }
+        assert!(!held || holds > 0, "{name}: no round held its changes");
     }
 }

@@ -5,8 +5,9 @@
 //!
 //! * the points of an endpoint gone, down or drained to weight 0 stay, their slot marked dead,
 //!   and a pick walks past them to the next live point, as nginx walks past a down server's
-//!   points (a key of theirs lands where the splice will send it, except where a dead point
-//!   shadowed another endpoint's at the same hash; no other key moves);
+//!   points (a key of theirs lands where a rebuild without the new endpoints would send it,
+//!   except where a dead point shadowed another endpoint's at the same hash; the other keys
+//!   stay until the splice gives the new endpoints theirs);
 //! * an endpoint that changed (same key) keeps its points until the splice (a new weight
 //!   reshapes them then);
 //! * an endpoint new to the set has no points until the splice;
@@ -103,6 +104,7 @@ impl Held {
                     distinct += u32::from(count(s) > 0);
                 }
                 (s, None) => {
+                    debug_assert!(count(s) as usize <= live, "a slot's points are on the ring");
                     endpoint[s as usize] = dead();
                     live -= count(s) as usize;
                     gone = true;
@@ -117,8 +119,10 @@ impl Held {
         if live == 0 || fresh.saturating_mul(10) > kept {
             return None;
         }
+        // A changed endpoint on the ring whose points are not the ones it put.
         let reshaped = |&(at, was): &(usize, Option<usize>)| {
-            let was = was.and_then(|w| from.endpoints().get(w));
+            let on_ring = was.filter(|&w| base.slot.get(w).is_some_and(|&s| s != NO_SLOT));
+            let was = on_ring.and_then(|w| from.endpoints().get(w));
             let now = snapshot.endpoints().get(at);
             was.zip(now)
                 .is_some_and(|(was, now)| !same_points(was, now))
