@@ -100,7 +100,9 @@ pub struct ControllerConfig {
     pub outlier: Option<OutlierConfig>,
     /// How often [`Controller::run`] ticks its [`Target`] (re-prepares time-driven pickers:
     /// warm-up, slow start, response-time weights, and builds the Maglev table the catalog's
-    /// `maglev` patches between builds: `rebuild_interval_ms`). Default `None`: no ticks, and
+    /// `maglev` patches between builds: `rebuild_interval_ms`; the same for the changes a
+    /// `consistent-hash` or `ketama` ring holds when its `rebuild_interval_ms` is set).
+    /// Default `None`: no ticks, and
     /// a picker that asked to be prepared again waits for the next change; `run` ends
     /// when its source ends (unless health checks or outlier detection keep it going).
     pub refresh: Option<Duration>,
@@ -260,7 +262,8 @@ impl<S: Strategy> Target for Publisher<S> {
 /// A publish callback for [`Controller::run`] that prepares each snapshot for `balancer` and
 /// swaps it in, reading `clock` once per publish (no ticks: use [`Publisher`] and
 /// [`ControllerConfig::refresh`] for warm-up, response-time weights and the catalog's `maglev`,
-/// whose table patched between builds is built at a tick).
+/// whose table patched between builds is built at a tick, as are the changes a ring with
+/// `rebuild_interval_ms` holds).
 pub fn publisher<S: Strategy>(
     balancer: Arc<Balancer<S>>,
     clock: Clock,
