@@ -205,18 +205,6 @@ fn catalog_rings_hold_changes_until_the_first_tick_after_the_interval() {
     use lbkit_core::{Balancer, SnapshotBuilder, Update};
     let ms = Timestamp::from_millis;
     let spec = |i: u32| EndpointSpec::new(format!("10.1.0.{i}:80"));
-    let address = |s: &Snapshot, i: lbkit_core::EndpointIdx| s.endpoint(i).address().to_owned();
-    // Each key's endpoint, by address, as `picker` picks it from `snapshot`.
-    let picks = |picker: &dyn Picker, snapshot: &Snapshot| -> Vec<String> {
-        let mut rng = FastRng::seed_from_u64(1);
-        (0..2_000)
-            .map(|k| {
-                let key = format!("key-{k}");
-                let mut cx = PickContext::new(Timestamp::ZERO, &mut rng).with_key(key.as_bytes());
-                address(snapshot, picker.pick(&mut cx).unwrap())
-            })
-            .collect()
-    };
     for name in ["consistent-hash", "ketama"] {
         let strategy =
             || build(name, Params::from_pairs([("rebuild_interval_ms", "100")])).unwrap();
@@ -262,4 +250,19 @@ fn catalog_rings_hold_changes_until_the_first_tick_after_the_interval() {
             "{name}: {err}"
         );
     }
+}
+
+/// Each of 2 000 keys' endpoint, by address, as `picker` picks it from `snapshot`.
+fn picks(picker: &dyn Picker, snapshot: &Snapshot) -> Vec<String> {
+    let mut rng = FastRng::seed_from_u64(1);
+    (0..2_000)
+        .map(|k| {
+            let key = format!("key-{k}");
+            let mut cx = PickContext::new(Timestamp::ZERO, &mut rng).with_key(key.as_bytes());
+            snapshot
+                .endpoint(picker.pick(&mut cx).unwrap())
+                .address()
+                .to_owned()
+        })
+        .collect()
 }

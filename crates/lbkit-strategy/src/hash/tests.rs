@@ -332,7 +332,7 @@ fn pick_as_rebuilt(
     stages: &Stages,
     held: bool,
 ) {
-    use lbkit_core::{Balancer, Prepared, RequestTag, SnapshotBuilder};
+    use lbkit_core::{Balancer, SnapshotBuilder};
     use std::borrow::Cow;
     use std::collections::BTreeMap;
     let mut rng = FastRng::seed_from_u64(44);
@@ -344,16 +344,6 @@ fn pick_as_rebuilt(
             .collect()
     };
     let now = Timestamp::ZERO;
-    let pick = |p: &Prepared<Box<dyn Picker>>, lb: &Balancer<BoxStrategy>, key: &str, tag| {
-        let mut r = FastRng::seed_from_u64(key.len() as u64);
-        let version: &[u8] = [&b"v0"[..], b"v1", b"v2"][key.len() % 3];
-        let attrs: &[lbkit_core::stage::Attr<'_>] = &[(b"version", version)];
-        let mut cx = PickContext::new(now, &mut r)
-            .with_key(key.as_bytes())
-            .with_tag(RequestTag::new(tag))
-            .with_attrs(attrs);
-        p.select(&mut cx, lb.availability())
-    };
     let params = || match held {
         true => Params::from_pairs([("rebuild_interval_ms", "100")]),
         false => Params::new(),
@@ -373,35 +363,50 @@ fn pick_as_rebuilt(
             lb.publish(next.clone(), at);
             if held {
                 churn(&mut rng, &mut set);
-                next = b.reset_from(
-                    specs(&set).iter().map(Cow::Borrowed),
-                    at.saturating_add(ms(10)),
-                );
-                lb.publish(next.clone(), at.saturating_add(ms(10)));
+                let soon = at.saturating_add(ms(10));
+                next = b.reset_from(specs(&set).iter().map(Cow::Borrowed), soon);
+                lb.publish(next.clone(), soon);
                 holds += usize::from(lb.current().refresh_at().is_some());
                 lb.tick(at.saturating_add(ms(100)));
-                assert_eq!(
-                    lb.current().refresh_at(),
-                    None,
-                    "{name}: spliced at the tick"
-                );
+                assert_eq!(lb.current().refresh_at(), None, "{name}: spliced");
             }
             let fresh = Balancer::new(build(name, params()).unwrap(), next, at)
                 .with_stages(stages.clone(), at);
-            let (ours, theirs) = (lb.current(), fresh.current());
-            assert_eq!(ours.tag_sets(), theirs.tag_sets(), "{name}");
-            assert_eq!(ours.is_staged(), theirs.is_staged(), "{name}");
-            for &tag in tags {
-                for k in 0..200u32 {
-                    let key = format!("user-{k}");
-                    let (a, b) = (
-                        pick(&ours, &lb, &key, tag),
-                        pick(&theirs, &fresh, &key, tag),
-                    );
-                    assert_eq!(a, b, "{name} {tag:?} {key}");
-                }
-            }
+            picks_agree(name, (&lb, &fresh), tags);
         }
         assert!(!held || holds > 0, "{name}: no round held its changes");
+    }
+}
+
+/// `ours` and `theirs` have the same tag sets and stages, and pick alike for 200 keys under
+/// each of `tags`; each request carries a `version` attribute (v0, v1 or v2 by its key).
+fn picks_agree(
+    name: &str,
+    (ours, theirs): (
+        &lbkit_core::Balancer<BoxStrategy>,
+        &lbkit_core::Balancer<BoxStrategy>,
+    ),
+    tags: &[&[u8]],
+) {
+    use lbkit_core::{Balancer, Prepared, RequestTag};
+    let pick = |p: &Prepared<Box<dyn Picker>>, lb: &Balancer<BoxStrategy>, key: &str, tag| {
+        let mut r = FastRng::seed_from_u64(key.len() as u64);
+        let version: &[u8] = [&b"v0"[..], b"v1", b"v2"][key.len() % 3];
+        let attrs: &[lbkit_core::stage::Attr<'_>] = &[(b"version", version)];
+        let mut cx = PickContext::new(Timestamp::ZERO, &mut r)
+            .with_key(key.as_bytes())
+            .with_tag(RequestTag::new(tag))
+            .with_attrs(attrs);
+        p.select(&mut cx, lb.availability())
+    };
+    let (a, b) = (ours.current(), theirs.current());
+    assert_eq!(a.tag_sets(), b.tag_sets(), "{name}");
+    assert_eq!(a.is_staged(), b.is_staged(), "{name}");
+    for &tag in tags {
+        for k in 0..200u32 {
+            let key = format!("user-{k}");
+            let picks = (pick(&a, ours, &key, tag), pick(&b, theirs, &key, tag));
+            assert_eq!(picks.0, picks.1, "{name} {tag:?} {key}");
+        }
     }
 }

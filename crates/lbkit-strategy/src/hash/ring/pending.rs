@@ -82,12 +82,7 @@ impl Held {
         snapshot: &Snapshot,
         same_points: fn(&Endpoint, &Endpoint) -> bool,
     ) -> Option<Held> {
-        let mut now: Vec<Option<usize>> = d.pairs(from.len(), snapshot.len()).collect();
-        for &(at, was) in &d.changed {
-            if let Some(was) = was {
-                now[was] = Some(at);
-            }
-        }
+        let now = by_key(d, from.len(), snapshot.len());
         let mut endpoint = base.endpoint.to_vec();
         let mut slot = vec![NO_SLOT; snapshot.len()];
         let (mut live, mut distinct, mut kept, mut gone) = (base.stored, 0, 0, false);
@@ -119,23 +114,44 @@ impl Held {
         if live == 0 || fresh.saturating_mul(10) > kept {
             return None;
         }
-        // A changed endpoint on the ring whose points are not the ones it put.
-        let reshaped = |&(at, was): &(usize, Option<usize>)| {
-            let on_ring = was.filter(|&w| base.slot.get(w).is_some_and(|&s| s != NO_SLOT));
-            let was = on_ring.and_then(|w| from.endpoints().get(w));
-            let now = snapshot.endpoints().get(at);
-            was.zip(now)
-                .is_some_and(|(was, now)| !same_points(was, now))
-        };
-        let changed = d.changed.iter().any(reshaped);
+        let changed = || reshaped(base, (d, from), snapshot, same_points);
         Some(Held {
             endpoint,
             slot,
             live,
             distinct,
-            waiting: gone || fresh > 0 || changed,
+            waiting: gone || fresh > 0 || changed(),
         })
     }
+}
+
+/// For each endpoint of the last set (`from` of them), its index in the next (of `next`) by
+/// key, from their diff `d`: the same object, or a changed endpoint of the same key.
+fn by_key(d: &diff::Diff, from: usize, next: usize) -> Vec<Option<usize>> {
+    let mut now: Vec<Option<usize>> = d.pairs(from, next).collect();
+    for &(at, was) in &d.changed {
+        if let Some(was) = was {
+            now[was] = Some(at);
+        }
+    }
+    now
+}
+
+/// Whether an endpoint on `base` (spliced for `from`) changed (`d`) so that it puts in
+/// `snapshot` points other than the ones it put (`same_points` says).
+fn reshaped(
+    base: &RingPicker,
+    (d, from): (&diff::Diff, &Snapshot),
+    snapshot: &Snapshot,
+    same_points: fn(&Endpoint, &Endpoint) -> bool,
+) -> bool {
+    d.changed.iter().any(|&(at, was)| {
+        let on_ring = was.filter(|&w| base.slot.get(w).is_some_and(|&s| s != NO_SLOT));
+        let was = on_ring.and_then(|w| from.endpoints().get(w));
+        let now = snapshot.endpoints().get(at);
+        was.zip(now)
+            .is_some_and(|(was, now)| !same_points(was, now))
+    })
 }
 
 // === impl RingPicker ===
@@ -193,12 +209,7 @@ impl RingPicker {
         }
         let d = diff::between(from.endpoints(), snapshot.endpoints(), None)?;
         let held = Held::of(base, (&d, from), snapshot, next.same_points)?;
-        // An endpoint waiting to join the ring takes no load: the bound weighs it 0.
-        let bound = next.balance.map(|(factor, weigh)| {
-            let endpoints = snapshot.endpoints().iter().zip(&held.slot);
-            let weights = endpoints.map(|(e, &s)| if s == NO_SLOT { 0 } else { weigh(e) });
-            Bound::with_weights(factor, snapshot, weights.map(|w| w as f64).collect())
-        });
+        let bound = next.balance.map(|b| waiting_bound(b, snapshot, &held.slot));
         let splice = if held.waiting {
             let spliced = self.splice.last.clone().unwrap_or_else(|| {
                 let (ring, snapshot) = (self.share(), last.clone());
@@ -255,4 +266,16 @@ impl RingPicker {
             ..*self
         }
     }
+}
+
+/// The load bound over `snapshot` of a ring whose slots are `slot`: an endpoint waiting to
+/// join it (no slot) takes no load, so the bound weighs it 0.
+fn waiting_bound(
+    (factor, weigh): (BalanceFactor, Weigh),
+    snapshot: &Arc<Snapshot>,
+    slot: &[Slot],
+) -> Bound {
+    let endpoints = snapshot.endpoints().iter().zip(slot);
+    let weights = endpoints.map(|(e, &s)| if s == NO_SLOT { 0 } else { weigh(e) });
+    Bound::with_weights(factor, snapshot, weights.map(|w| w as f64).collect())
 }

@@ -243,6 +243,55 @@ fn waiting_model(
     Some((points, owners.len()))
 }
 
+/// The specs of a set of the tests of changes that wait (port → weight, healthy).
+fn wait_specs(set: &std::collections::BTreeMap<u32, (u32, bool)>) -> Vec<EndpointSpec> {
+    let spec = |(&p, &(w, up))| {
+        EndpointSpec::new(address(p))
+            .with_weight(w)
+            .with_healthy(up)
+    };
+    set.iter().map(spec).collect()
+}
+
+/// One step of [`changes_within_the_interval_wait_and_splice_as_a_rebuild`]: `made`, the ring
+/// of `next` (at `now`), against `model` ([`waiting_model`], `None` past the interval) and
+/// `rebuilt`, with `at` the last splice's time and `next_at` the strategy's arguments at a
+/// time. Whether the ring was held, and the last splice's time after it.
+fn check_step<'a>(
+    made: &RingPicker,
+    (next, now): (&Arc<Snapshot>, Timestamp),
+    (model, rebuilt): (Option<(Points, usize)>, &RingPicker),
+    (at, interval): (Timestamp, std::time::Duration),
+    next_at: &dyn Fn(Timestamp) -> pending::Next<'a>,
+) -> (bool, Timestamp) {
+    let due = at.saturating_add(interval);
+    if made.splice.last.is_some() {
+        let (points, owners) = model.expect("the model splices");
+        let (shown, _, distinct, _) = parts(made);
+        assert_eq!((shown, distinct as usize), (points, owners));
+        lookups_agree(made);
+        assert_eq!(made.refresh_at(), Some(due));
+        let ticked = made.next(next, next, &next_at(due)).expect("spliced");
+        assert_eq!(parts(&ticked), parts(rebuilt));
+        assert_eq!((ticked.refresh_at(), ticked.splice.at), (None, due));
+        return (true, at);
+    }
+    assert_eq!(parts(made), parts(rebuilt));
+    assert_eq!(made.refresh_at(), None);
+    if made.splice.at != now {
+        // Nothing waits: the last splice's ring, renumbered.
+        assert!(model.is_some() && made.splice.at == at);
+        return (false, at);
+    }
+    if now < due {
+        assert!(
+            model.is_none(),
+            "spliced within the interval: the model holds"
+        );
+    }
+    (false, now)
+}
+
 /// Changes within the rebuild interval of the last splice wait: 150 sets 10, 30 or 150 ms
 /// apart (endpoints coming, going, drained, re-weighted: their points change, down and up),
 /// under either collision
@@ -255,17 +304,8 @@ fn waiting_model(
 #[test]
 fn changes_within_the_interval_wait_and_splice_as_a_rebuild() {
     use lbkit_core::FastRng;
-    use std::collections::BTreeMap;
     use std::time::Duration;
     let interval = Duration::from_millis(100);
-    let specs = |set: &BTreeMap<u32, (u32, bool)>| -> Vec<EndpointSpec> {
-        let spec = |(&p, &(w, up))| {
-            EndpointSpec::new(address(p))
-                .with_weight(w)
-                .with_healthy(up)
-        };
-        set.iter().map(spec).collect()
-    };
     for (space, per) in [(u32::MAX, 40), (4096, 40), (u32::MAX, 2)] {
         for collision in [Collision::KeepFirst, Collision::KeepLast] {
             let put = put_weighted(space, per);
@@ -277,59 +317,36 @@ fn changes_within_the_interval_wait_and_splice_as_a_rebuild() {
                 now,
             };
             let mut rng = FastRng::seed_from_u64(44);
-            let mut set: BTreeMap<u32, (u32, bool)> = (0..40).map(|p| (p, (1, true))).collect();
+            let mut set = (0..40).map(|p| (p, (1, true))).collect();
             let mut b = SnapshotBuilder::new();
             let mut now = Timestamp::ZERO;
-            let mut last = b.reset_from(specs(&set).iter().map(Cow::Borrowed), now);
+            let mut last = b.reset_from(wait_specs(&set).iter().map(Cow::Borrowed), now);
             let mut made = ring(&last, collision, &put);
             let (mut base, mut base_at) = (last.clone(), now);
             let (mut held, mut why) = (0, [0u32; 3]);
             for _ in 0..150 {
                 mutate(&mut rng, &mut set);
-                now =
-                    now.saturating_add(Duration::from_millis([10, 30, 150][rng.below(3) as usize]));
-                let next = b.reset_from(specs(&set).iter().map(Cow::Borrowed), now);
-                let rebuilt = ring(&next, collision, &put);
+                let step = Duration::from_millis([10, 30, 150][rng.below(3) as usize]);
+                now = now.saturating_add(step);
+                let next = b.reset_from(wait_specs(&set).iter().map(Cow::Borrowed), now);
                 let model = (now < base_at.saturating_add(interval))
                     .then(|| waiting_model(&ring(&base, collision, &put), &base, &next, &mut why))
                     .flatten();
                 made = made.next(&last, &next, &next_at(now)).expect("not rebuilt");
-                if made.splice.last.is_some() {
-                    held += 1;
-                    let (points, owners) = model.expect("the model splices");
-                    let (shown, _, distinct, _) = parts(&made);
-                    assert_eq!((shown, distinct as usize), (points, owners));
-                    lookups_agree(&made);
-                    let due = base_at.saturating_add(interval);
-                    assert_eq!(made.refresh_at(), Some(due));
-                    let ticked = made.next(&next, &next, &next_at(due)).expect("spliced");
-                    assert_eq!(parts(&ticked), parts(&rebuilt));
-                    assert_eq!((ticked.refresh_at(), ticked.splice.at), (None, due));
-                } else {
-                    assert_eq!(parts(&made), parts(&rebuilt));
-                    assert_eq!(made.refresh_at(), None);
-                    let nothing_waits = made.splice.at != now;
-                    if now < base_at.saturating_add(interval) && !nothing_waits {
-                        assert!(
-                            model.is_none(),
-                            "spliced within the interval: the model holds"
-                        );
-                    }
-                    if !nothing_waits {
-                        (base, base_at) = (next.clone(), now);
-                    } else {
-                        // Nothing waits: the last splice's ring, renumbered.
-                        assert!(model.is_some() && made.splice.at == base_at);
-                    }
+                let rebuilt = ring(&next, collision, &put);
+                let step = (model, &rebuilt);
+                let (was_held, at) =
+                    check_step(&made, (&next, now), step, (base_at, interval), &next_at);
+                held += usize::from(was_held);
+                if at != base_at {
+                    (base, base_at) = (next.clone(), at);
                 }
                 last = next;
             }
             assert!(held >= 40, "{held} held ({space}, {per})");
             // The third reason (none kept) has its own test.
-            assert!(
-                why[..2].iter().all(|&n| n > 0),
-                "reasons to splice met: {why:?}"
-            );
+            let met = why[..2].iter().all(|&n| n > 0);
+            assert!(met, "reasons to splice met: {why:?}");
         }
     }
 }
@@ -389,7 +406,17 @@ fn no_endpoint_left_splices_and_waiting_endpoints_take_no_load() {
     assert!(r3.points().all(|(_, e)| e.get() != 4) && r3.refresh_at().is_some());
     // Picks walk past the dead points, first and further candidates (`probe`), with a load
     // bound: as a ring built without the endpoint that is down.
-    let without = ring(&s3, Collision::KeepFirst, &put);
+    picks_walk_past_dead_points(&r3, &ring(&s3, Collision::KeepFirst, &put));
+    let s4 = snap(&twelve, None);
+    let r4 = r3.next(&s3, &s4, &next_at(40)).expect("back");
+    assert_eq!((r4.refresh_at(), r4.splice.at), (None, r2.splice.at));
+    assert_eq!(parts(&r4), parts(&r2));
+}
+
+/// Picks of `held` (a ring with dead slots) equal those of `without` (built without their
+/// endpoints), for 2 000 keys at probes 0 to 2, more than 50 of the keys landing on a dead
+/// point.
+fn picks_walk_past_dead_points(held: &RingPicker, without: &RingPicker) {
     let mut rng = lbkit_core::FastRng::seed_from_u64(4);
     let mut walked = 0;
     for k in 0..2_000u32 {
@@ -401,14 +428,10 @@ fn no_endpoint_left_splices_and_waiting_endpoints_take_no_load() {
                 cx.probe = probe;
                 r.pick(&mut cx).unwrap()
             };
-            assert_eq!(pick(&r3), pick(&without), "{key} probe {probe}");
+            assert_eq!(pick(held), pick(without), "{key} probe {probe}");
         }
         walked +=
-            usize::from(r3.owner(r3.position(consistent::key_point(key.as_bytes()))) == dead());
+            usize::from(held.owner(held.position(consistent::key_point(key.as_bytes()))) == dead());
     }
     assert!(walked > 50, "{walked} keys landed on a dead point");
-    let s4 = snap(&twelve, None);
-    let r4 = r3.next(&s3, &s4, &next_at(40)).expect("back");
-    assert_eq!((r4.refresh_at(), r4.splice.at), (None, r2.splice.at));
-    assert_eq!(parts(&r4), parts(&r2));
 }
