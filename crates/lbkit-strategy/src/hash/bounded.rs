@@ -68,20 +68,27 @@ impl Bound {
         snapshot: &Arc<Snapshot>,
         weight: impl Fn(&Endpoint) -> u64,
     ) -> Self {
-        let weights: Box<[f64]> = snapshot
-            .endpoints()
-            .iter()
-            .map(|e| weight(e) as f64)
+        Bound::holding(factor, snapshot, weight, std::iter::repeat(true))
+    }
+
+    /// [`new`](Self::new), where only the endpoints `holds` says own keys (one item for each
+    /// endpoint, in position order; missing items say no) weigh: the others weigh 0. An
+    /// endpoint new to a patched Maglev table or waiting to join a held ring takes no load.
+    pub(crate) fn holding(
+        factor: BalanceFactor,
+        snapshot: &Arc<Snapshot>,
+        weight: impl Fn(&Endpoint) -> u64,
+        holds: impl IntoIterator<Item = bool>,
+    ) -> Self {
+        let holds = holds.into_iter().chain(std::iter::repeat(false));
+        let weights = (snapshot.endpoints().iter().zip(holds))
+            .map(|(e, h)| if h { weight(e) as f64 } else { 0.0 })
             .collect();
         Bound::with_weights(factor, snapshot, weights)
     }
 
     /// A bound over the eligible endpoints of `snapshot` weighing `weights[position]`.
-    pub(crate) fn with_weights(
-        factor: BalanceFactor,
-        snapshot: &Arc<Snapshot>,
-        weights: Box<[f64]>,
-    ) -> Self {
+    fn with_weights(factor: BalanceFactor, snapshot: &Arc<Snapshot>, weights: Box<[f64]>) -> Self {
         let total_weight = snapshot.eligible().iter().map(|&i| weights[i.get()]).sum();
         Bound {
             factor: factor.get(),
@@ -95,11 +102,6 @@ impl Bound {
     #[cfg(test)]
     pub(crate) fn weight(&self, idx: EndpointIdx) -> (f64, f64) {
         (self.weights[idx.get()], self.total_weight)
-    }
-
-    /// The same bound with every endpoint weighing the same (Dubbo's ring ignores weights).
-    pub(crate) fn unweighted(factor: BalanceFactor, snapshot: &Arc<Snapshot>) -> Self {
-        Bound::new(factor, snapshot, |_| 1)
     }
 
     #[inline]

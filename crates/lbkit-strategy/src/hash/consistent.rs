@@ -173,7 +173,7 @@ impl Strategy for ConsistentHash {
         for &idx in snapshot.eligible() {
             self.put(snapshot, idx, &mut points);
         }
-        let bound = self.balance.map(|f| Bound::unweighted(f, snapshot));
+        let bound = self.balance.map(|f| Bound::new(f, snapshot, one));
         let layout = (Collision::KeepLast, KeyPoint::Md5);
         RingPicker::new(points, layout, bound, snapshot, now)
     }

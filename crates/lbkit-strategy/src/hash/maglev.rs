@@ -296,16 +296,9 @@ impl Maglev {
     ) -> MaglevPicker {
         let distinct = holds.iter().filter(|&&h| h).count();
         // Bounds over the endpoints that own entries: one new to a patched table takes no load.
-        let bound = self.balance.map(|f| {
-            let weights = (snapshot.endpoints().iter().zip(&holds[..])).map(|(e, &h)| {
-                if h {
-                    f64::from(e.weight())
-                } else {
-                    0.0
-                }
-            });
-            Bound::with_weights(f, snapshot, weights.collect())
-        });
+        let weight = |e: &lbkit_core::Endpoint| u64::from(e.weight());
+        let bound =
+            (self.balance).map(|f| Bound::holding(f, snapshot, weight, holds.iter().copied()));
         MaglevPicker {
             table,
             holds,

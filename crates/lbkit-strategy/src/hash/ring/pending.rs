@@ -209,24 +209,23 @@ impl RingPicker {
         }
         let d = diff::between(from.endpoints(), snapshot.endpoints(), None)?;
         let held = Held::of(base, (&d, from), snapshot, next.same_points)?;
-        let bound = next.balance.map(|b| waiting_bound(b, snapshot, &held.slot));
-        let splice = if held.waiting {
-            let spliced = self.splice.last.clone().unwrap_or_else(|| {
-                let (ring, snapshot) = (self.share(), last.clone());
-                Arc::new(Spliced { ring, snapshot })
-            });
-            let (last, due) = (Some(spliced), Some(due));
-            Splice {
-                last,
-                due,
-                ..base.splice
-            }
-        } else {
-            Splice {
-                last: None,
-                due: None,
-                ..base.splice
-            }
+        // An endpoint waiting to join the ring (no slot) takes no load.
+        let holds = held.slot.iter().map(|&s| s != NO_SLOT);
+        let bound = (next.balance).map(|(f, weigh)| Bound::holding(f, snapshot, weigh, holds));
+        // Nothing waits: the spliced ring, renumbered, asking for nothing.
+        let last = held.waiting.then(|| {
+            let spliced = || {
+                Arc::new(Spliced {
+                    ring: self.share(),
+                    snapshot: last.clone(),
+                })
+            };
+            self.splice.last.clone().unwrap_or_else(spliced)
+        });
+        let splice = Splice {
+            due: last.as_ref().map(|_| due),
+            last,
+            ..base.splice
         };
         let (free, counts) = match splice.last {
             Some(_) => (Box::default(), Box::default()),
@@ -266,16 +265,4 @@ impl RingPicker {
             ..*self
         }
     }
-}
-
-/// The load bound over `snapshot` of a ring whose slots are `slot`: an endpoint waiting to
-/// join it (no slot) takes no load, so the bound weighs it 0.
-fn waiting_bound(
-    (factor, weigh): (BalanceFactor, Weigh),
-    snapshot: &Arc<Snapshot>,
-    slot: &[Slot],
-) -> Bound {
-    let endpoints = snapshot.endpoints().iter().zip(slot);
-    let weights = endpoints.map(|(e, &s)| if s == NO_SLOT { 0 } else { weigh(e) });
-    Bound::with_weights(factor, snapshot, weights.map(|w| w as f64).collect())
 }
